@@ -12,7 +12,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +30,14 @@ class InputError(ValueError):
         super().__init__(f"{where}: {what}{message}")
 
 
-def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
+def read_jsonl(
+    path: str | os.PathLike, on_error: Callable[[InputError], None] | None = None
+) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield `(line_number, record)` for every non-blank line of a JSON-lines file.
 
     Raises `InputError` for invalid UTF-8, invalid JSON, a line that is not a JSON object,
-    and an empty file; the error names the file and the 1-based line.
+    and an empty file; the error names the file and the 1-based line. With `on_error`, a
+    bad line is handed to it instead and reading goes on (a missing or empty file still raises).
     """
     path = Path(path)
     if not path.exists():
@@ -45,17 +48,26 @@ def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise InputError(path, line_no, None, f"invalid UTF-8 ({e.reason} at byte {e.start})")
-            if not line.strip():
-                continue
-            seen_any = True
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise InputError(path, line_no, None, f"invalid JSON: {e.msg} (column {e.colno})")
-            if not isinstance(record, dict):
-                raise InputError(path, line_no, None, f"expected a JSON object, got {type(record).__name__}")
-            yield line_no, record
+                error = InputError(path, line_no, None, f"invalid UTF-8 ({e.reason} at byte {e.start})")
+                seen_any = True
+            else:
+                if not line.strip():
+                    continue
+                seen_any = True
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    error = InputError(path, line_no, None, f"invalid JSON: {e.msg} (column {e.colno})")
+                else:
+                    if isinstance(record, dict):
+                        yield line_no, record
+                        continue
+                    error = InputError(
+                        path, line_no, None, f"expected a JSON object, got {type(record).__name__}"
+                    )
+            if on_error is None:
+                raise error
+            on_error(error)
     if not seen_any:
         raise InputError(path, None, None, "file is empty")
 
@@ -83,7 +95,7 @@ def atomic_directory(final: str | os.PathLike, *, overwrite: bool = False) -> It
     """
     final = Path(final)
     if final.exists() and not overwrite:
-        raise FileExistsError(f"{final} already exists (pass overwrite to replace it)")
+        raise FileExistsError(f"{final} already exists (use --overwrite to replace it)")
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:

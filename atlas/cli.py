@@ -1,0 +1,55 @@
+"""The `atlas` command line: one subcommand group per job.
+
+Each group lives in its own module with a `register(subparsers)` function; a handler takes
+the parsed arguments and returns the exit code. Heavy libraries are imported inside the
+handlers so that `atlas --help` stays quick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Modules that add subcommands; each has register(subparsers).
+COMMAND_MODULES = (
+    "atlas.cli_corpus",
+    "atlas.cli_run",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser with every subcommand registered."""
+    parser = argparse.ArgumentParser(
+        prog="atlas",
+        description="Few-shot retrieval-augmented seq2seq: Contriever retriever + FiD T5 reader.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `atlas` console script; returns the process exit code."""
+    from tasks.io import InputError
+
+    from atlas.config import ConfigError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0 if args.command is None else 2
+    try:
+        return int(args.func(args) or 0)
+    except (InputError, ConfigError, FileNotFoundError, FileExistsError) as e:
+        print(f"atlas {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"atlas {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,389 @@
+"""The passage corpus: prepared once into a memory-mapped Arrow file, read by row or by id.
+
+`prepare_corpus` streams documents from JSON lines, DPR TSV or a saved `datasets` dataset,
+splits long documents into ~100-word passages, and writes them batch by batch to one Arrow
+stream file, so memory stays bounded whatever the corpus size (30M passages never live as
+Python dicts). `Corpus` opens the result as a `datasets.Dataset` backed by that file
+(memory-mapped) plus a sorted hash table of passage ids for lookup by id.
+
+A prepared corpus folder holds:
+    passages.arrow     columns id, doc_id, title, section, text, wikipedia_id (all strings)
+    id_hashes.npy      sorted 64-bit hashes of the passage ids   (N,) uint64
+    id_rows.npy        the row of each hash                      (N,) int64
+    corpus.json        counts, chunking settings, sources and the content fingerprint
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import time
+from array import array
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from tasks.io import InputError, atomic_directory, read_jsonl, require_str
+
+COLUMNS = ("id", "doc_id", "title", "section", "text", "wikipedia_id")
+SCHEMA = pa.schema([(name, pa.string()) for name in COLUMNS])
+FORMAT_VERSION = 1
+_WRITE_BATCH = 8192
+
+
+@dataclass
+class PrepareStats:
+    """What `prepare_corpus` read and wrote."""
+
+    documents: int = 0
+    passages: int = 0
+    words: int = 0
+    skipped: int = 0
+    skipped_reasons: list[str] = field(default_factory=list)  # the first few, for the user
+
+
+def id_hash(passage_id: str) -> int:
+    """A stable 64-bit hash of a passage id (blake2b), identical across runs and platforms."""
+    return int.from_bytes(hashlib.blake2b(passage_id.encode("utf-8"), digest_size=8).digest(), "little")
+
+
+def chunk_text(text: str, chunk_words: int, stride: int | None = None) -> list[str]:
+    """Split `text` into windows of `chunk_words` whitespace-separated words.
+
+    Windows start every `stride` words (default: `chunk_words`, i.e. no overlap); the last
+    window ends at the last word, so every word is in at least one passage. A text that
+    fits in one window, or `chunk_words <= 0`, is returned unchanged as a single passage.
+    """
+    words = text.split()
+    if chunk_words <= 0 or len(words) <= chunk_words:
+        return [text]
+    stride = stride or chunk_words
+    if not 0 < stride <= chunk_words:
+        raise ValueError(f"stride must be in 1..chunk_words ({chunk_words}), got {stride}")
+    passages = []
+    start = 0
+    while True:
+        passages.append(" ".join(words[start : start + chunk_words]))
+        if start + chunk_words >= len(words):
+            return passages
+        start += stride
+
+
+OnError = Callable[[InputError], None] | None
+
+
+def _document(record: dict, path: Path, line: int) -> dict[str, str]:
+    return {
+        "id": require_str(record, "id", path, line),
+        "text": require_str(record, "text", path, line),
+        "title": require_str(record, "title", path, line, optional=True),
+        "section": require_str(record, "section", path, line, optional=True),
+        "wikipedia_id": require_str(record, "wikipedia_id", path, line, optional=True),
+    }
+
+
+def _checked(records: Iterator[tuple[int, dict]], path: Path, on_error: OnError):
+    """Validate each raw record into a document; a bad one goes to `on_error` (or raises)."""
+    for line_no, record in records:
+        try:
+            yield line_no, _document(record, path, line_no)
+        except InputError as e:
+            if on_error is None:
+                raise
+            on_error(e)
+
+
+def _tsv_records(path: Path, on_error: OnError) -> Iterator[tuple[int, dict]]:
+    """DPR's `id \\t text \\t title` (an optional header row `id text title` is skipped)."""
+    seen_any = False
+    with open(path, "rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as e:
+                error = InputError(path, line_no, None, f"invalid UTF-8 ({e.reason} at byte {e.start})")
+            else:
+                if not line.strip():
+                    continue
+                seen_any = True
+                row = next(csv.reader([line], delimiter="\t"))
+                if line_no == 1 and [c.strip().lower() for c in row] == ["id", "text", "title"]:
+                    continue
+                if len(row) == 3 and row[0].strip():
+                    yield line_no, {"id": row[0], "text": row[1], "title": row[2]}
+                    continue
+                error = (
+                    InputError(path, line_no, "id", "empty id")
+                    if len(row) == 3
+                    else InputError(
+                        path, line_no, None,
+                        f"expected 3 tab-separated columns (id, text, title), got {len(row)}",
+                    )
+                )
+            if on_error is None:
+                raise error
+            on_error(error)
+    if not seen_any:
+        raise InputError(path, None, None, "file is empty")
+
+
+def _dataset_records(path: Path) -> Iterator[tuple[int, dict]]:
+    """A dataset saved with `datasets.Dataset.save_to_disk`; the 'line' is the 1-based row."""
+    import datasets
+
+    ds = datasets.load_from_disk(str(path))
+    if isinstance(ds, datasets.DatasetDict):
+        raise InputError(path, None, None, f"holds splits {list(ds)}: pass one split's folder")
+    if len(ds) == 0:
+        raise InputError(path, None, None, "dataset is empty")
+    yield from enumerate(ds, start=1)
+
+
+def iter_documents(path: str | Path, on_error: OnError = None) -> Iterator[tuple[int, dict]]:
+    """Yield `(line, document)` from one input, choosing the reader by its form.
+
+    `.tsv` → DPR TSV; a folder → a saved `datasets` dataset; anything else → JSON lines.
+    Each document is `{id, title, text, section, wikipedia_id}` (strings). A malformed record
+    raises `InputError` (file, line, field), or is passed to `on_error` when one is given.
+    """
+    path = Path(path)
+    if path.is_dir():
+        records = _dataset_records(path)
+    elif not path.exists():
+        raise InputError(path, None, None, "file not found")
+    elif path.suffix.lower() == ".tsv":
+        records = _tsv_records(path, on_error)
+    else:
+        records = read_jsonl(path, on_error)
+    return _checked(records, path, on_error)
+
+
+def _hash_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def prepare_corpus(
+    inputs: list[str | Path],
+    out: str | Path,
+    *,
+    chunk_words: int = 100,
+    stride: int | None = None,
+    skip_invalid: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> PrepareStats:
+    """Read documents from `inputs`, chunk them and write a prepared corpus folder at `out`.
+
+    Passage ids are `"{doc_id}-{i}"` (i = chunk number) when chunking is on, the document id
+    when `chunk_words <= 0`; they are stable across runs. Malformed records raise
+    `InputError` (file, line, field) unless `skip_invalid`, which skips and counts them.
+    The folder is written under a temporary name and renamed at the end.
+    """
+    from tqdm.auto import tqdm
+
+    if not inputs:
+        raise ValueError("no input files given")
+    stats = PrepareStats()
+
+    def skip(error: InputError) -> None:
+        stats.skipped += 1
+        if len(stats.skipped_reasons) < 5:
+            stats.skipped_reasons.append(str(error))
+    hashes = array("Q")  # 8 bytes per passage: bounded, unlike a set of Python strings
+    sources = array("q")  # (input index << 40) | line, to name both places of a duplicate
+    with atomic_directory(out, overwrite=overwrite) as tmp:
+        arrow_path = tmp / "passages.arrow"
+        columns: dict[str, list[str]] = {name: [] for name in COLUMNS}
+        bar = tqdm(desc="preparing corpus", unit=" docs", disable=not progress, mininterval=1.0)
+        with pa.OSFile(str(arrow_path), "wb") as sink, pa.ipc.new_stream(sink, SCHEMA) as writer:
+            for input_no, path in enumerate(map(Path, inputs)):
+                for line_no, doc in iter_documents(path, skip if skip_invalid else None):
+                    if not doc["text"].strip():
+                        error = InputError(path, line_no, "text", "empty text")
+                        if not skip_invalid:
+                            raise error
+                        skip(error)
+                        continue
+                    pieces = chunk_text(doc["text"], chunk_words, stride)
+                    stats.documents += 1
+                    stats.words += len(doc["text"].split())
+                    for i, piece in enumerate(pieces):
+                        pid = doc["id"] if chunk_words <= 0 else f"{doc['id']}-{i}"
+                        for name, value in (("id", pid), ("doc_id", doc["id"]), ("text", piece)):
+                            columns[name].append(value)
+                        for name in ("title", "section", "wikipedia_id"):
+                            columns[name].append(doc[name])
+                        hashes.append(id_hash(pid))
+                        sources.append((input_no << 40) | line_no)
+                    bar.update(1)
+                    if len(columns["id"]) >= _WRITE_BATCH:
+                        writer.write_batch(pa.record_batch([columns[c] for c in COLUMNS], schema=SCHEMA))
+                        columns = {name: [] for name in COLUMNS}
+            if columns["id"]:
+                writer.write_batch(pa.record_batch([columns[c] for c in COLUMNS], schema=SCHEMA))
+        bar.close()
+        stats.passages = len(hashes)
+        if stats.passages == 0:
+            raise InputError(inputs[0], None, None, "no valid documents in the input")
+
+        hash_array = np.frombuffer(hashes, dtype=np.uint64)
+        order = np.argsort(hash_array, kind="stable")
+        sorted_hashes = hash_array[order]
+        duplicates = _duplicate_rows(arrow_path, sorted_hashes, order)
+        if duplicates:
+            src = np.frombuffer(sources, dtype=np.int64)
+
+            def place(row: int) -> tuple[Path, int]:
+                return Path(inputs[src[row] >> 40]), int(src[row] & ((1 << 40) - 1))
+
+            first, later = duplicates[0]
+            if not skip_invalid:
+                first_path, first_line = place(first)
+                raise InputError(
+                    *place(later), "id", f"duplicate id (first seen at {first_path}:{first_line})"
+                )
+            # drop every passage of a later document whose id was already taken
+            dropped_sources = np.unique(src[[later for _, later in duplicates]])
+            drop = np.isin(src, dropped_sources)
+            for s in dropped_sources:
+                skip(InputError(Path(inputs[s >> 40]), int(s & ((1 << 40) - 1)), "id", "duplicate id"))
+            _rewrite_without(arrow_path, drop)
+            stats.documents -= int(dropped_sources.size)
+            stats.passages = int((~drop).sum())
+            hash_array = hash_array[~drop]
+            order = np.argsort(hash_array, kind="stable")
+            sorted_hashes = hash_array[order]
+        np.save(tmp / "id_hashes.npy", sorted_hashes)
+        np.save(tmp / "id_rows.npy", order.astype(np.int64))
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "fingerprint": _hash_file(arrow_path),
+            "count": stats.passages,
+            "chunk_words": chunk_words,
+            "stride": stride or chunk_words,
+            "sources": [str(Path(p).resolve()) for p in inputs],
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "stats": asdict(stats),
+        }
+        (tmp / "corpus.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return stats
+
+
+def _duplicate_rows(arrow_path: Path, sorted_hashes: np.ndarray, order: np.ndarray) -> list[tuple[int, int]]:
+    """Pairs (first row, later row) whose passage ids are equal (hash ties are verified)."""
+    tie = np.flatnonzero(sorted_hashes[1:] == sorted_hashes[:-1])
+    if tie.size == 0:
+        return []
+    import datasets
+
+    ds = datasets.Dataset.from_file(str(arrow_path))
+    pairs = []
+    for i in tie:
+        a, b = sorted((int(order[i]), int(order[i + 1])))
+        if ds[a]["id"] == ds[b]["id"]:
+            pairs.append((a, b))
+    return sorted(pairs, key=lambda p: p[1])
+
+
+def _rewrite_without(arrow_path: Path, drop: np.ndarray) -> None:
+    """Rewrite the Arrow file without the rows flagged in `drop` (N,) bool."""
+    tmp = arrow_path.with_suffix(".rewrite")
+    start = 0
+    with pa.memory_map(str(arrow_path)) as source, pa.OSFile(str(tmp), "wb") as sink:
+        with pa.ipc.new_stream(sink, SCHEMA) as writer:
+            for batch in pa.ipc.open_stream(source):
+                keep = ~drop[start : start + batch.num_rows]
+                start += batch.num_rows
+                writer.write_batch(batch.filter(pa.array(keep)))
+    tmp.replace(arrow_path)
+
+
+class Corpus:
+    """A prepared corpus, memory-mapped: random access by row and by passage id.
+
+    `corpus[row]` → `{id, doc_id, title, section, text, wikipedia_id}`.
+    """
+
+    def __init__(self, path: str | Path):
+        import datasets
+
+        self.path = Path(path)
+        manifest_path = self.path / "corpus.json"
+        if not manifest_path.exists():
+            raise FileNotFoundError(
+                f"{self.path} is not a prepared corpus (no corpus.json); "
+                "make one with `atlas corpus prepare INPUT... --out DIR`"
+            )
+        self.manifest: dict[str, Any] = json.loads(manifest_path.read_text())
+        self.fingerprint: str = self.manifest["fingerprint"]
+        self.dataset = datasets.Dataset.from_file(str(self.path / "passages.arrow"))
+        self._hashes = np.load(self.path / "id_hashes.npy", mmap_mode="r")
+        self._rows = np.load(self.path / "id_rows.npy", mmap_mode="r")
+        if len(self.dataset) != self.manifest["count"] or len(self._hashes) != len(self.dataset):
+            raise ValueError(
+                f"{self.path}: corpus files disagree (manifest count {self.manifest['count']}, "
+                f"{len(self.dataset)} passages, {len(self._hashes)} ids): prepare it again"
+            )
+
+    @classmethod
+    def load(cls, path: str | Path) -> Corpus:
+        """Open the prepared corpus folder at `path` (memory-mapped, nothing read eagerly)."""
+        return cls(path)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, row: int) -> dict[str, str]:
+        if not -len(self) <= row < len(self):
+            raise IndexError(f"row {row} out of range for a corpus of {len(self)} passages")
+        return self.dataset[int(row)]
+
+    def rows(self, rows) -> list[dict[str, str]]:
+        """The passages at `rows` (any int sequence), in that order."""
+        rows = [int(r) for r in rows]
+        if not rows:
+            return []
+        columns = self.dataset[rows]
+        return [dict(zip(columns, values)) for values in zip(*columns.values())]
+
+    def rows_for_ids(self, ids: list[str]) -> np.ndarray:
+        """Row numbers of the passages with these ids, `(len(ids),)` int64; KeyError if absent."""
+        hashes = np.fromiter((id_hash(i) for i in ids), dtype=np.uint64, count=len(ids))
+        pos = np.searchsorted(self._hashes, hashes)
+        out = np.empty(len(ids), dtype=np.int64)
+        for n, (pid, p, h) in enumerate(zip(ids, pos, hashes)):
+            # walk the (astronomically rare) run of equal hashes until the id itself matches
+            while p < len(self._hashes) and self._hashes[p] == h:
+                row = int(self._rows[p])
+                if self.dataset[row]["id"] == pid:
+                    out[n] = row
+                    break
+                p += 1
+            else:
+                raise KeyError(f"passage id {pid!r} is not in the corpus {self.path}")
+        return out
+
+    def get(self, passage_id: str) -> dict[str, str]:
+        """The passage with this id (KeyError if absent)."""
+        return self[int(self.rows_for_ids([passage_id])[0])]
+
+    def __contains__(self, passage_id: str) -> bool:
+        try:
+            self.rows_for_ids([passage_id])
+        except KeyError:
+            return False
+        return True
+
+    def iter_batches(self, batch_size: int, start: int = 0) -> Iterator[tuple[int, list[dict[str, str]]]]:
+        """Yield `(first_row, passages)` for consecutive batches from row `start` on."""
+        for first in range(start, len(self), batch_size):
+            yield first, self.rows(range(first, min(first + batch_size, len(self))))

@@ -1,0 +1,98 @@
+"""Config loading: YAML → typed dataclasses, overrides, and every rejection path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from atlas.config import AtlasConfig, ConfigError, load_config, save_config
+
+CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_yaml_and_overrides_load_into_typed_sections(tmp_path):
+    path = write(tmp_path, "training:\n  lr: 4e-5\n  steps: 10\nretriever:\n  loss: adist\n")
+    config = load_config(path, ["training.lr=1e-4", "index.spec=IVF1024,PQ64", "task.shots=64"])
+    assert isinstance(config, AtlasConfig)
+    assert config.training.lr == pytest.approx(1e-4) and isinstance(config.training.lr, float)
+    assert config.training.steps == 10
+    assert config.retriever.loss == "adist"
+    assert config.index.spec == "IVF1024,PQ64"
+    assert config.task.shots == 64
+    assert config.reader.n_context == 40  # untouched defaults survive
+
+
+def test_yaml_1_1_exponent_strings_become_floats(tmp_path):
+    config = load_config(write(tmp_path, "training:\n  lr: 5e-5\n"))
+    assert config.training.lr == pytest.approx(5e-5)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("training:\n  lrr: 1\n", "unknown key 'training.lrr' (valid keys: accumulation_steps"),
+        ("trainer:\n  lr: 1\n", "unknown key 'trainer'"),
+        ("training:\n  steps: ten\n", "'training.steps' must be int, got 'ten'"),
+        ("training:\n  steps: 1.5\n", "'training.steps' must be int, got 1.5"),
+        ("retriever:\n  tied: 'yes'\n", "'retriever.tied' must be bool"),
+        ("retriever:\n  pooling: max\n", "'retriever.pooling' must be one of 'mean', 'cls', got 'max'"),
+        ("task:\n  train_data: a.jsonl\n", "'task.train_data' must be a list"),
+        ("training: 3\n", "'training' must be a mapping"),
+        ("- a\n- b\n", "the top level must be a mapping"),
+        ("training: [\n", "invalid YAML"),
+    ],
+)
+def test_rejections_name_key_and_file(tmp_path, text, message):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(path) in str(info.value)
+    assert message in str(info.value)
+
+
+def test_override_rejections_name_the_override():
+    with pytest.raises(ConfigError, match=r"override 'training\.nope=1': unknown key 'training\.nope'"):
+        load_config(None, ["training.nope=1"])
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        load_config(None, ["training.lr"])
+    with pytest.raises(ConfigError, match="'training.lr' must be float, got 'fast'"):
+        load_config(None, ["training.lr=fast"])
+
+
+def test_missing_required_value_is_reported():
+    from dataclasses import dataclass
+
+    from atlas.config import _build
+
+    @dataclass
+    class Needs:
+        path: str
+        n: int = 1
+
+    with pytest.raises(ConfigError, match="x.yaml: missing required value 'section.path'"):
+        _build(Needs, {"n": 2}, "section", "x.yaml")
+
+
+def test_missing_file():
+    with pytest.raises(ConfigError, match="nope.yaml: config file not found"):
+        load_config("nope.yaml")
+
+
+def test_saved_config_reloads_identically(tmp_path):
+    config = load_config(None, ["training.lr=3e-5", "task.train_data=[a.jsonl, b.jsonl]"])
+    save_config(config, tmp_path / "resolved.yaml")
+    assert load_config(tmp_path / "resolved.yaml") == config
+    assert yaml.safe_load((tmp_path / "resolved.yaml").read_text())["training"]["lr"] == 3e-5
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_every_shipped_recipe_validates(path):
+    load_config(path)
