@@ -1,35 +1,90 @@
-"""`atlas train|evaluate|ask|score|quickstart`: the jobs that run the whole model."""
+"""`atlas train|evaluate|ask`: the jobs that run the whole model."""
 
 from __future__ import annotations
 
 import argparse
-import sys
+import json
+import logging
+from pathlib import Path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the model-running commands to the `atlas` parser."""
     train = subparsers.add_parser("train", help="train reader + retriever from a YAML recipe")
-    train.add_argument("config", nargs="?", help="a YAML recipe from configs/")
+    train.add_argument("config", nargs="?", help="a YAML recipe from configs/ (omit with --resume)")
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. training.lr=4e-5")
-    train.add_argument("--resume", metavar="DIR", help="continue a run from its output folder")
-    train.set_defaults(func=_not_built("train"))
+    train.add_argument("--resume", metavar="DIR", help="continue the run in DIR (its latest checkpoint)")
+    train.set_defaults(func=_train)
 
-    evaluate = subparsers.add_parser("evaluate", help="generate and score on a data file")
-    evaluate.add_argument("checkpoint")
-    evaluate.set_defaults(func=_not_built("evaluate"))
+    evaluate = subparsers.add_parser("evaluate", help="generate on a data file and score with the task's metrics")
+    evaluate.add_argument("checkpoint", help="a checkpoint folder or a run folder")
+    evaluate.add_argument("--data", required=True, help="examples to evaluate on")
+    evaluate.add_argument("--index", help="index folder to retrieve from (default: the run's)")
+    evaluate.add_argument("--task", help="task name (default: the run's)")
+    evaluate.add_argument("--out", help="output folder (default: CHECKPOINT/eval-<data name>)")
+    evaluate.add_argument("overrides", nargs="*", help="dotted overrides, e.g. evaluation.max_examples=100")
+    evaluate.set_defaults(func=_evaluate)
 
-    ask = subparsers.add_parser("ask", help="answer one question and show the evidence")
-    ask.add_argument("checkpoint")
+    ask = subparsers.add_parser("ask", help="answer one question and show the evidence passages")
+    ask.add_argument("checkpoint", help="a checkpoint folder or a run folder")
     ask.add_argument("question")
-    ask.set_defaults(func=_not_built("ask"))
+    ask.add_argument("--index", help="index folder to retrieve from (default: the run's)")
+    ask.add_argument("--show", type=int, default=3, help="evidence passages to print")
+    ask.set_defaults(func=_ask)
 
-    quickstart = subparsers.add_parser("quickstart", help="the end-to-end demo on shipped data")
-    quickstart.set_defaults(func=_not_built("quickstart"))
+
+def _train(args: argparse.Namespace) -> int:
+    from atlas.config import load_config
+    from atlas.train import train
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.resume:
+        if args.config or args.overrides:
+            raise SystemExit("atlas train --resume DIR takes no config: the run's own config is used")
+        summary = train(None, resume=args.resume)
+    else:
+        if not args.config:
+            raise SystemExit("atlas train: give a config (e.g. configs/quickstart.yaml) or --resume DIR")
+        summary = train(load_config(args.config, args.overrides))
+    print(json.dumps({"step": summary["step"], "final_loss": summary["losses"][-1] if summary["losses"] else None,
+                      "eval": summary["eval"], "checkpoint": summary["checkpoint"]}, indent=2))
+    return 0
 
 
-def _not_built(name: str):
-    def handler(args: argparse.Namespace) -> int:
-        print(f"atlas {name}: not built yet in this version", file=sys.stderr)
-        return 2
+def _load(checkpoint: str, index: str | None, overrides: list[str]):
+    from atlas.build import build_atlas
+    from atlas.checkpoint import checkpoint_config, resolve_checkpoint
 
-    return handler
+    folder = resolve_checkpoint(checkpoint)
+    extra = [f"index.path={index}"] if index else []
+    config = checkpoint_config(folder, [*overrides, *extra])
+    return folder, config, build_atlas(config, checkpoint=folder)
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from atlas.evaluate import evaluate
+    from tasks.base import get_task
+
+    folder, config, model = _load(args.checkpoint, args.index, args.overrides)
+    task = get_task(args.task or config.task.name, **({} if args.task else config.task.options))
+    out = Path(args.out) if args.out else folder / f"eval-{Path(args.data).stem}"
+    metrics = evaluate(model, task, args.data, config.evaluation, out_dir=out)
+    print(json.dumps(metrics, indent=2))
+    print(f"predictions and metrics written to {out}")
+    return 0
+
+
+def _ask(args: argparse.Namespace) -> int:
+    from tasks.base import Example, get_task
+
+    _, config, model = _load(args.checkpoint, args.index, [])
+    model.eval()
+    task = get_task(config.task.name, **config.task.options)
+    query = task.query(args.question) if hasattr(task, "query") else args.question
+    example = Example(id="ask", query=query, target=None, answers=[])
+    answers, passages = model.predict([example])
+    print(f"Q: {args.question}\nA: {task.postprocess(example, answers[0])}")
+    for rank, passage in enumerate((passages or [[]])[0][: args.show], start=1):
+        text = passage["text"] if len(passage["text"]) < 300 else passage["text"][:297] + "..."
+        print(f"  [{rank}] {passage.get('title') or passage['id']} (score {passage.get('score', 0):.3f}): {text}")
+    return 0

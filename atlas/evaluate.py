@@ -1,0 +1,135 @@
+"""Evaluation: predict on a data file, score with the task's own metrics, add retrieval metrics.
+
+Writes `predictions.jsonl` (one line per example: the prediction, the gold answers and the
+retrieved passages with their scores), `metrics.json`, and for KILT tasks `kilt_predictions.jsonl`
+in KILT's own output format.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from atlas.config import EvaluationConfig
+from tasks.base import Example
+from tasks.io import atomic_write_json, write_jsonl
+from tasks.metrics import has_answer
+
+
+def retrieval_metrics(examples: list[Example], passages: list[list[dict]], ks: list[int]) -> dict[str, float]:
+    """Answer recall@k (a passage has the answer: DPR's token-sequence match) and MRR@max(k).
+
+    Also gold-passage recall@k when examples name gold passages (`metadata["gold_ids"]`,
+    matched against passage ids and doc ids). Examples without answers are left out.
+    """
+    scored = [(e, ps) for e, ps in zip(examples, passages) if e.answers]
+    metrics: dict[str, float] = {}
+    if not scored:
+        return metrics
+    first_hit = []
+    for example, ps in scored:
+        rank = next((i for i, p in enumerate(ps[: max(ks)]) if has_answer(example.answers, p["text"])), None)
+        first_hit.append(rank)
+    for k in ks:
+        metrics[f"answer_recall@{k}"] = 100.0 * sum(r is not None and r < k for r in first_hit) / len(scored)
+    metrics[f"answer_mrr@{max(ks)}"] = sum(1.0 / (r + 1) for r in first_hit if r is not None) / len(scored)
+    gold = [(e.metadata.get("gold_ids"), ps) for e, ps in scored if e.metadata.get("gold_ids")]
+    for k in ks if gold else []:
+        hits = sum(any({p["id"], p.get("doc_id")} & set(ids) for p in ps[:k]) for ids, ps in gold)
+        metrics[f"gold_recall@{k}"] = 100.0 * hits / len(gold)
+    return metrics
+
+
+def _batches(items: list, size: int):
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _passage_summary(passages: list[dict] | None) -> list[dict]:
+    return [{"id": p.get("id"), "score": p.get("score"), "title": p.get("title"),
+             **({"wikipedia_id": p["wikipedia_id"]} if p.get("wikipedia_id") else {})} for p in passages or []]
+
+
+@torch.no_grad()
+def predict_generation(model, task, examples: list[Example], config: EvaluationConfig):
+    """Generate answers: → (raw generated texts, passages per example (all retrieved) or None)."""
+    n_read = model.reader_config.n_context
+    n_retrieve = max([n_read, *config.retrieval_k])
+    predictions, retrieved = [], []
+    for batch in _batches(examples, config.batch_size):
+        passages = model.passages_for(batch, n_retrieve)
+        read = None if passages is None else [ps[:n_read] for ps in passages]
+        input_ids, attention_mask = model.reader_inputs([e.query for e in batch], read)
+        generated = model.reader.generate(input_ids, attention_mask, max_length=model.reader_config.generation_max_length,
+                                          num_beams=model.reader_config.num_beams)
+        texts = model.reader_tokenizer.batch_decode(generated, skip_special_tokens=False)
+        predictions.extend(texts)
+        retrieved.extend(passages or [None] * len(batch))
+    return predictions, (None if model.closed_book else retrieved)
+
+
+@torch.no_grad()
+def predict_multiple_choice(model, task, examples: list[Example], config: EvaluationConfig):
+    """Score option letters under every eval permutation and average back (de-biased).
+
+    → (predicted letters, passages per example, probabilities of the original options).
+    """
+    from tasks.multiple_choice import aggregate, permute, predict_letter
+
+    mode = task.options.get("eval_permutations", "single")
+    predictions, retrieved, probabilities = [], [], []
+    for batch in _batches(examples, config.batch_size):
+        passages = model.passages_for(batch, model.reader_config.n_context)
+        for n, example in enumerate(batch):
+            shown = permute(example, mode)
+            letters = sorted(example.options)
+            ctx = None if passages is None else [passages[n]] * len(shown)
+            logits = model.option_logits(shown, letters, ctx)  # (n_permutations, n_options)
+            probs = logits.float().softmax(-1)
+            per_permutation = [dict(zip(letters, row.tolist())) for row in probs]
+            original = aggregate(shown, per_permutation)
+            probabilities.append(original)
+            predictions.append(predict_letter(original))
+            retrieved.append(None if passages is None else passages[n])
+    return predictions, (None if model.closed_book else retrieved), probabilities
+
+
+def evaluate(model, task, data_path: str | Path, config: EvaluationConfig, *, out_dir: str | Path | None = None,
+             examples: list[Example] | None = None) -> dict[str, float]:
+    """Predict on `data_path` (or on `examples`), score, and write the outputs under `out_dir`."""
+    model.eval()
+    if examples is None:
+        examples = task.load(data_path)
+    if config.max_examples is not None:
+        examples = examples[: config.max_examples]
+    multiple_choice = all(e.options for e in examples)
+    probabilities = None
+    if multiple_choice:
+        predictions, retrieved, probabilities = predict_multiple_choice(model, task, examples, config)
+    else:
+        predictions, retrieved = predict_generation(model, task, examples, config)
+    metrics = dict(task.evaluate(examples, predictions, retrieved=retrieved))
+    if retrieved is not None and not multiple_choice:
+        metrics.update(retrieval_metrics(examples, retrieved, config.retrieval_k))
+    metrics = {k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v) for k, v in metrics.items()}
+    if not multiple_choice:
+        predictions = [task.postprocess(e, p) for e, p in zip(examples, predictions)]
+    if out_dir is not None:
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(out_dir / "metrics.json", metrics)
+        if config.write_predictions:
+            write_jsonl(out_dir / "predictions.jsonl", (
+                {"id": e.id, "query": e.query, "prediction": p, "answers": e.answers,
+                 **({"probabilities": probabilities[i]} if probabilities else {}),
+                 "passages": _passage_summary(retrieved[i] if retrieved else None)}
+                for i, (e, p) in enumerate(zip(examples, predictions))
+            ))
+            if hasattr(task, "provenance"):
+                write_jsonl(out_dir / "kilt_predictions.jsonl", (
+                    {"id": e.id, "output": [{"answer": p, "provenance": task.provenance(retrieved[i] if retrieved else [])}]}
+                    for i, (e, p) in enumerate(zip(examples, predictions))
+                ))
+    return metrics

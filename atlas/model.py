@@ -1,0 +1,199 @@
+"""Atlas: a retriever, an index and a FiD reader, wired together (and nothing more).
+
+`Atlas.losses(examples)` is one training step's forward pass: retrieve `retriever.n_context`
+passages per query, let the reader read the first `reader.n_context` of them, recompute the
+retriever scores with the current encoders, and add the retriever loss (whose gold scores
+come from the reader under no-grad). `Atlas.predict(examples)` generates answers.
+
+Shapes: B examples, K passages, L reader tokens per passage, T target tokens, d retriever dim.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import numpy as np
+import torch
+from torch import nn
+
+from atlas.config import IndexConfig, ReaderConfig, RetrieverConfig
+from reader.fid import IGNORE_INDEX, FiDReader
+from retriever.encoder import Retriever
+from retriever.losses import RetrieverLoss
+from tasks.base import Example
+
+
+class Atlas(nn.Module):
+    """Retriever + index + FiD reader.
+
+    Args (keyword-only, built by `atlas.build`):
+        reader: the FiD reader; reader_tokenizer: its tokenizer (T5 sentinels, eos appended).
+        retriever: query/passage encoders, or None for closed-book / given-passages runs.
+        index: a `retriever.index.PassageIndex` to search, or None.
+        retriever_loss: the loss that trains the retriever through the reader.
+        reader_config, retriever_config, index_config: the run's settings (read-only).
+    """
+
+    def __init__(self, *, reader: FiDReader, reader_tokenizer, retriever: Retriever | None,
+                 index, retriever_loss: RetrieverLoss, reader_config: ReaderConfig,
+                 retriever_config: RetrieverConfig, index_config: IndexConfig, closed_book: bool = False):
+        super().__init__()
+        self.reader = reader
+        self.reader_tokenizer = reader_tokenizer
+        self.retriever = retriever
+        self.index = index
+        self.retriever_loss = retriever_loss
+        self.reader_config = reader_config
+        self.retriever_config = retriever_config
+        self.index_config = index_config
+        self.closed_book = closed_book
+
+    # ------------------------------------------------------------------ retrieval
+    @property
+    def trains_retriever(self) -> bool:
+        """Whether this run sends a retriever loss (the loss is not `none` and there is an index)."""
+        return self.retriever is not None and self.retriever_loss.trains_retriever and not self.closed_book
+
+    @torch.no_grad()
+    def retrieve(self, examples: list[Example], k: int) -> list[list[dict]]:
+        """The top-k passages for each example, as dicts (id, title, text, score, row, …).
+
+        An example's own source passage (`source_id`, pretext tasks) is dropped after
+        over-retrieving by `index.filtering_overretrieve_ratio`. With `rerank_overretrieve`
+        > k, that many candidates are re-scored with the current passage encoder (between
+        index refreshes the stored embeddings are stale).
+        """
+        if self.index is None or self.retriever is None:
+            raise ValueError("retrieval needs a retriever and an index (set index.path)")
+        filtering = any(e.source_id for e in examples)
+        n = k * self.index_config.filtering_overretrieve_ratio if filtering else k
+        n = max(n, self.index_config.rerank_overretrieve)
+        vectors = self.retriever.embed_queries([e.query for e in examples])  # (B, d)
+        hits = self.index.search(vectors, n)
+        results = []
+        for example, example_hits, query_vector in zip(examples, hits, vectors):
+            passages = [asdict(h) for h in example_hits if not example.source_id or h.id != example.source_id]
+            if self.index_config.rerank_overretrieve > k and passages:
+                passage_vectors = self.retriever.embed_passages(passages)  # (n, d)
+                scores = passage_vectors @ query_vector
+                order = np.argsort(-scores, kind="stable")
+                passages = [{**passages[i], "score": float(scores[i])} for i in order]
+            results.append(passages[:k])
+        return results
+
+    def retriever_scores(self, queries: list[str], passages: list[list[dict]]) -> torch.Tensor:
+        """s(q, d_k) = E_q(q) · E_p(d_k) with the current encoders: → (B, K), with gradient.
+
+        The query side always runs with gradient. The passage side runs with gradient only
+        when the passage encoder is trained; a frozen one is read from the index's stored
+        embeddings where it kept them (identical to re-encoding), else re-encoded under no-grad.
+        """
+        query_vectors = self.retriever.encode_queries(queries)  # (B, d)
+        flat = [p for ps in passages for p in ps]
+        n_passages = len(passages[0])
+        passage_trainable = any(p.requires_grad for p in self.retriever.passage_encoder.parameters())
+        if passage_trainable:
+            passage_vectors = self.retriever.encode_passages(flat)
+        elif self.index is not None and self.index.vectors is not None and all("row" in p for p in flat):
+            passage_vectors = torch.from_numpy(self.index.embeddings([p["row"] for p in flat]))
+        else:
+            with torch.no_grad():
+                passage_vectors = self.retriever.encode_passages(flat)
+        passage_vectors = passage_vectors.to(query_vectors.dtype).view(len(queries), n_passages, -1)
+        return torch.einsum("bd,bkd->bk", query_vectors, passage_vectors)
+
+    # ------------------------------------------------------------------ reader inputs
+    def reader_inputs(self, queries: list[str], passages: list[list[dict]] | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokenise each (query, passage) pair: → input_ids, attention_mask, each (B, K, L).
+
+        Closed-book (passages None): K = 1 and the reader reads the query alone. Every example
+        must have the same number of passages K.
+        """
+        if passages is None:
+            texts = list(queries)
+            n_passages = 1
+        else:
+            n_passages = len(passages[0])
+            if any(len(ps) != n_passages for ps in passages) or n_passages == 0:
+                raise ValueError(f"every example needs the same number (>0) of passages, got "
+                                 f"{[len(ps) for ps in passages]}")
+            texts = [
+                self.reader_config.passage_format.format(query=q, title=p.get("title", ""), text=p.get("text", ""))
+                for q, ps in zip(queries, passages) for p in ps
+            ]
+        encoded = self.reader_tokenizer(texts, max_length=self.reader_config.text_maxlength, truncation=True,
+                                        padding="longest", return_tensors="pt")
+        shape = (len(queries), n_passages, -1)
+        return encoded["input_ids"].view(shape), encoded["attention_mask"].view(shape)
+
+    def target_labels(self, targets: list[str]) -> torch.Tensor:
+        """Tokenise targets: → (B, T) ids with IGNORE_INDEX (-100) at padding."""
+        encoded = self.reader_tokenizer(targets, max_length=self.reader_config.answer_maxlength, truncation=True,
+                                        padding="longest", return_tensors="pt")
+        return encoded["input_ids"].masked_fill(encoded["attention_mask"] == 0, IGNORE_INDEX)
+
+    def passages_for(self, examples: list[Example], k: int) -> list[list[dict]] | None:
+        """Given passages when examples carry them, none when closed-book, else retrieved ones."""
+        if self.closed_book:
+            return None
+        if all(e.passages for e in examples):
+            return [list(e.passages[:k]) for e in examples]
+        return self.retrieve(examples, k)
+
+    # ------------------------------------------------------------------ training
+    def losses(self, examples: list[Example], targets: list[str]) -> dict[str, torch.Tensor]:
+        """One training forward pass: → {"reader": scalar, "retriever": scalar, "total": scalar}.
+
+        The reader reads the first `reader.n_context` passages; the retriever loss covers all
+        `retriever.n_context`. When both are equal and the reader has no dropout, the
+        training pass's encoder states double as the eval-mode states of the gold scores.
+        """
+        n_retrieved = max(self.retriever_config.n_context, self.reader_config.n_context)
+        passages = self.passages_for(examples, n_retrieved)
+        queries = [e.query for e in examples]
+        labels = self.target_labels(targets)
+        read = None if passages is None else [ps[: self.reader_config.n_context] for ps in passages]
+        input_ids, attention_mask = self.reader_inputs(queries, read)
+        encoder_states = self.reader.encode(input_ids, attention_mask)  # (B, K, L, H)
+        reader_loss = self.reader(attention_mask=attention_mask, labels=labels, encoder_states=encoder_states).loss
+        losses = {"reader": reader_loss}
+        if self.trains_retriever and passages is not None:
+            scored = [ps[: self.retriever_config.n_context] for ps in passages]
+            scores = self.retriever_scores(queries, scored)  # (B, K)
+            same = self.retriever_config.n_context == self.reader_config.n_context
+            reuse = same and self.reader.is_dropout_free()
+            gold_ids, gold_mask = (input_ids, attention_mask) if same else self.reader_inputs(queries, scored)
+            retriever_loss = self.retriever_loss(
+                self.reader, scores, gold_ids, gold_mask, labels, dim=self.retriever.dim,
+                encoder_states=encoder_states.detach() if reuse else None,
+            )
+            losses["retriever"] = retriever_loss
+        total = reader_loss + losses["retriever"] if "retriever" in losses else reader_loss
+        losses["total"] = total
+        return losses
+
+    # ------------------------------------------------------------------ inference
+    @torch.no_grad()
+    def predict(self, examples: list[Example]) -> tuple[list[str], list[list[dict]] | None]:
+        """Generate an answer for each example: → (answers, the passages read or None)."""
+        passages = self.passages_for(examples, self.reader_config.n_context)
+        input_ids, attention_mask = self.reader_inputs([e.query for e in examples], passages)
+        generated = self.reader.generate(input_ids, attention_mask, max_length=self.reader_config.generation_max_length,
+                                         num_beams=self.reader_config.num_beams)
+        answers = self.reader_tokenizer.batch_decode(generated, skip_special_tokens=True)
+        return [a.strip() for a in answers], passages
+
+    @torch.no_grad()
+    def option_logits(self, examples: list[Example], letters: list[str],
+                      passages: list[list[dict]] | None) -> torch.Tensor:
+        """Multiple choice: logits of each option letter at the first answer position: → (B, n)."""
+        option_ids = []
+        for letter in letters:
+            ids = self.reader_tokenizer(letter, add_special_tokens=False)["input_ids"]
+            if len(ids) != 1:
+                raise ValueError(f"option label {letter!r} is not a single reader token ({ids})")
+            option_ids.append(ids[0])
+        input_ids, attention_mask = self.reader_inputs([e.query for e in examples], passages)
+        sentinel = self.reader_tokenizer.convert_tokens_to_ids("<extra_id_0>")
+        prefix = torch.full((len(examples), 1), sentinel, dtype=torch.long)
+        return self.reader.score_options(input_ids, attention_mask, torch.tensor(option_ids), prefix_ids=prefix)

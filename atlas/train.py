@@ -1,0 +1,250 @@
+"""The training recipe: a plain loop you can read top to bottom.
+
+setup (model, data, optimizers) → for each step: accumulate `accumulation_steps` micro-batches
+(each loss divided by that number), clip, step both optimizers and schedulers, log → evaluate
+and save on schedule → final save and evaluation. Everything needed to continue exactly —
+both optimizers and schedulers, RNG states, the data position — is in each checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from atlas.build import build_atlas
+from atlas.checkpoint import (
+    checkpoint_config,
+    load_training_state,
+    resolve_checkpoint,
+    save_checkpoint,
+    set_rng_state,
+)
+from atlas.config import AtlasConfig, save_config
+from atlas.evaluate import evaluate
+from tasks.base import Example, get_task
+from tasks.io import atomic_write_json
+
+logger = logging.getLogger(__name__)
+
+
+def lr_multiplier(step: int, *, warmup: int, total: int, kind: str) -> float:
+    """Learning-rate factor after `step` optimizer steps: linear warm-up, then linear/cosine/constant."""
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    if kind == "constant" or total <= warmup:
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    if kind == "linear":
+        return 1.0 - progress
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+@dataclass
+class DataPosition:
+    """Where the example stream stands: the epoch and the offset in that epoch's order."""
+
+    epoch: int = 0
+    offset: int = 0
+
+
+class ExampleStream:
+    """Training examples in a seeded order per epoch; the position is saved for resuming.
+
+    The target of an example is drawn per (seed, epoch, example) — e.g. a random gold
+    answer per epoch — so that a resumed run draws exactly the same targets.
+    """
+
+    def __init__(self, examples: list[Example], task, seed: int, position: DataPosition | None = None):
+        if not examples:
+            raise ValueError("no training examples (task.train_data is empty?)")
+        self.examples = examples
+        self.task = task
+        self.seed = seed
+        self.position = position or DataPosition()
+
+    def _order(self, epoch: int) -> list[int]:
+        order = list(range(len(self.examples)))
+        random.Random(f"order-{self.seed}-{epoch}").shuffle(order)
+        return order
+
+    def next_batch(self, size: int) -> tuple[list[Example], list[str]]:
+        """The next `size` examples with their targets (wrapping into the next epoch)."""
+        batch, targets = [], []
+        order = self._order(self.position.epoch)
+        while len(batch) < size:
+            if self.position.offset >= len(order):
+                self.position = DataPosition(self.position.epoch + 1, 0)
+                order = self._order(self.position.epoch)
+            index = order[self.position.offset]
+            example = self.examples[index]
+            rng = random.Random(f"target-{self.seed}-{self.position.epoch}-{index}")
+            query, target = self.task.training_pair(example, rng)
+            batch.append(example if query == example.query else _with_query(example, query))
+            targets.append(target)
+            self.position.offset += 1
+        return batch, targets
+
+
+def _with_query(example: Example, query: str) -> Example:
+    from dataclasses import replace
+
+    return replace(example, query=query)
+
+
+def load_training_examples(config: AtlasConfig, task) -> list[Example]:
+    """All examples of `task.train_data`, reduced to a seeded `task.shots` subset when set."""
+    examples = [e for path in config.task.train_data for e in task.load(path)]
+    if config.task.shots is not None:
+        from tasks.fewshot import sample_shots
+
+        examples = sample_shots(examples, config.task.shots, seed=config.training.seed)
+    return examples
+
+
+def make_optimizers(model, config: AtlasConfig):
+    """AdamW for the reader (`lr`) and, when the retriever trains, for it (`lr_retriever`)."""
+    t = config.training
+    reader_opt = torch.optim.AdamW(model.reader.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+    retriever_opt = None
+    if model.trains_retriever:
+        params = [p for p in model.retriever.parameters() if p.requires_grad]
+        if params:
+            retriever_opt = torch.optim.AdamW(params, lr=t.lr_retriever, weight_decay=t.weight_decay)
+    schedule = lambda step: lr_multiplier(step, warmup=t.warmup_steps, total=t.steps, kind=t.scheduler)  # noqa: E731
+    schedulers = [torch.optim.lr_scheduler.LambdaLR(o, schedule) for o in (reader_opt, retriever_opt) if o]
+    return reader_opt, retriever_opt, schedulers
+
+
+class _Log:
+    """Console/TensorBoard/JSONL metrics: one line per logged step in `{output_dir}/log.jsonl`."""
+
+    def __init__(self, output_dir: Path, resume: bool):
+        self.path = output_dir / "log.jsonl"
+        self.file = open(self.path, "a" if resume else "w", encoding="utf-8")
+        self.tensorboard = None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tensorboard = SummaryWriter(str(output_dir / "tensorboard"))
+        except ImportError:  # tensorboard is an optional extra
+            pass
+
+    def write(self, step: int, values: dict[str, float]) -> None:
+        self.file.write(json.dumps({"step": step, **values}) + "\n")
+        self.file.flush()
+        if self.tensorboard is not None:
+            for key, value in values.items():
+                self.tensorboard.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        self.file.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+
+
+def train(config: AtlasConfig, *, resume: str | Path | None = None, progress: bool = True) -> dict:
+    """Run the recipe `config` (or continue the run in `resume`); returns the final summary.
+
+    Summary: {"step", "losses": [total loss per step], "eval": metrics, "checkpoint": path}.
+    """
+    from tqdm.auto import tqdm
+
+    checkpoint = None
+    if resume is not None:
+        checkpoint = resolve_checkpoint(resume)
+        config = checkpoint_config(checkpoint)
+    t = config.training
+    output_dir = Path(t.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    save_config(config, output_dir / "config.yaml")
+    torch.manual_seed(t.seed)
+    random.seed(t.seed)
+
+    # ---- setup
+    model = build_atlas(config, checkpoint=checkpoint)
+    task = get_task(config.task.name, **config.task.options)
+    examples = load_training_examples(config, task)
+    atomic_write_json(output_dir / "train_examples.json", [e.id for e in examples])
+    reader_opt, retriever_opt, schedulers = make_optimizers(model, config)
+    optimizers = [o for o in (reader_opt, retriever_opt) if o is not None]
+    stream = ExampleStream(examples, task, t.seed)
+    step = 0
+    if checkpoint is not None:
+        state = load_training_state(checkpoint)
+        reader_opt.load_state_dict(state["reader_optimizer"])
+        if retriever_opt is not None:
+            retriever_opt.load_state_dict(state["retriever_optimizer"])
+        for scheduler, saved in zip(schedulers, state["schedulers"]):
+            scheduler.load_state_dict(saved)
+        stream.position = DataPosition(**state["data_position"])
+        step = state["step"]
+        set_rng_state(state["rng"])
+        logger.info("resumed from %s at step %d", checkpoint, step)
+    log = _Log(output_dir, resume=checkpoint is not None)
+
+    def save(at_step: int) -> Path:
+        return save_checkpoint(output_dir, at_step, model=model, config=config, keep_last=t.keep_last,
+                               training_state={
+                                   "reader_optimizer": reader_opt.state_dict(),
+                                   "retriever_optimizer": retriever_opt.state_dict() if retriever_opt else None,
+                                   "schedulers": [s.state_dict() for s in schedulers],
+                                   "data_position": vars(stream.position).copy(),
+                               })
+
+    def run_eval(at_step: int) -> dict:
+        if not config.task.eval_data:
+            return {}
+        metrics = evaluate(model, task, config.task.eval_data[0], config.evaluation,
+                           out_dir=output_dir / f"eval-step-{at_step:06d}")
+        log.write(at_step, {f"eval/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
+        return metrics
+
+    # ---- the loop
+    losses: list[float] = []
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=t.precision == "bf16")
+    bar = tqdm(total=t.steps, initial=step, desc="training", disable=not progress, dynamic_ncols=True)
+    started = time.perf_counter()
+    metrics: dict = {}
+    while step < t.steps:
+        model.train()
+        step_losses: dict[str, float] = {}
+        for _ in range(t.accumulation_steps):
+            batch, targets = stream.next_batch(t.batch_size)
+            with autocast:
+                parts = model.losses(batch, targets)
+            (parts["total"] / t.accumulation_steps).backward()
+            for name, value in parts.items():
+                step_losses[name] = step_losses.get(name, 0.0) + value.item() / t.accumulation_steps
+        for optimizer in optimizers:
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            torch.nn.utils.clip_grad_norm_(params, t.clip_norm)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        for scheduler in schedulers:
+            scheduler.step()
+        step += 1
+        losses.append(step_losses["total"])
+        rate = (step - bar.initial) / max(1e-9, time.perf_counter() - started)
+        if step % max(1, t.log_every) == 0 or step == t.steps:
+            log.write(step, {**{f"loss/{k}": v for k, v in step_losses.items()},
+                             "lr": schedulers[0].get_last_lr()[0], "steps_per_s": rate})
+        bar.set_postfix({k: f"{v:.4f}" for k, v in step_losses.items()} | {"lr": f"{schedulers[0].get_last_lr()[0]:.2e}"})
+        bar.update(1)
+        if t.eval_every and step % t.eval_every == 0 and step < t.steps:
+            metrics = run_eval(step)
+        if t.save_every and step % t.save_every == 0 and step < t.steps:
+            save(step)
+    bar.close()
+    final = save(step)
+    metrics = run_eval(step)
+    log.close()
+    summary = {"step": step, "losses": losses, "eval": metrics, "checkpoint": str(final)}
+    atomic_write_json(output_dir / "summary.json", summary)
+    return summary
