@@ -25,6 +25,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     evaluate.add_argument("overrides", nargs="*", help="dotted overrides, e.g. evaluation.max_examples=100")
     evaluate.set_defaults(func=_evaluate)
 
+    score = subparsers.add_parser("score", help="score a predictions file against gold with the task's metrics")
+    score.add_argument("--task", required=True, help="qa, kilt, mmlu, fever")
+    score.add_argument("--gold", required=True, help="gold examples (the task's own format; KILT jsonl for kilt)")
+    score.add_argument("--pred", required=True, help="predictions ({id|question, answer} lines; KILT format)")
+    score.set_defaults(func=_score)
+
     ask = subparsers.add_parser("ask", help="answer one question and show the evidence passages")
     ask.add_argument("checkpoint", help="a checkpoint folder or a run folder")
     ask.add_argument("question")
@@ -71,6 +77,13 @@ def _evaluate(args: argparse.Namespace) -> int:
     metrics = evaluate(model, task, args.data, config.evaluation, out_dir=out)
     print(json.dumps(metrics, indent=2))
     print(f"predictions and metrics written to {out}")
+    return 0
+
+
+def _score(args: argparse.Namespace) -> int:
+    from tasks.score import score_files
+
+    print(json.dumps(score_files(args.task, args.gold, args.pred), indent=2))
     return 0
 
 

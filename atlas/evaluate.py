@@ -72,26 +72,26 @@ def predict_generation(model, task, examples: list[Example], config: EvaluationC
 
 @torch.no_grad()
 def predict_multiple_choice(model, task, examples: list[Example], config: EvaluationConfig):
-    """Score option letters under every eval permutation and average back (de-biased).
+    """Score the option letters of every eval presentation (the task's permutations, identity
+    first) and average the probabilities back onto the original options (de-biased).
 
-    → (predicted letters, passages per example, probabilities of the original options).
+    → (letters predicted on the original order, passages per example or None,
+       de-biased probabilities of the original options per example).
     """
-    from tasks.multiple_choice import aggregate, permute, predict_letter
+    from tasks.multiple_choice import aggregate
 
-    mode = task.options.get("eval_permutations", "single")
     predictions, retrieved, probabilities = [], [], []
     for batch in _batches(examples, config.batch_size):
         passages = model.passages_for(batch, model.reader_config.n_context)
         for n, example in enumerate(batch):
-            shown = permute(example, mode)
+            shown = task.eval_presentations(example)
             letters = sorted(example.options)
-            ctx = None if passages is None else [passages[n]] * len(shown)
-            logits = model.option_logits(shown, letters, ctx)  # (n_permutations, n_options)
-            probs = logits.float().softmax(-1)
-            per_permutation = [dict(zip(letters, row.tolist())) for row in probs]
-            original = aggregate(shown, per_permutation)
-            probabilities.append(original)
-            predictions.append(predict_letter(original))
+            context = None if passages is None else [passages[n]] * len(shown)
+            probs = model.option_logits(shown, letters, context).float().softmax(-1)  # (P, n_options)
+            per_presentation = [dict(zip(letters, row.tolist())) for row in probs]
+            identity = per_presentation[0]
+            predictions.append(max(letters, key=lambda letter: identity[letter]))
+            probabilities.append(aggregate(shown, per_presentation))
             retrieved.append(None if passages is None else passages[n])
     return predictions, (None if model.closed_book else retrieved), probabilities
 
@@ -110,7 +110,10 @@ def evaluate(model, task, data_path: str | Path, config: EvaluationConfig, *, ou
         predictions, retrieved, probabilities = predict_multiple_choice(model, task, examples, config)
     else:
         predictions, retrieved = predict_generation(model, task, examples, config)
-    metrics = dict(task.evaluate(examples, predictions, retrieved=retrieved))
+    if multiple_choice:
+        metrics = dict(task.evaluate(examples, predictions, letter_probs=probabilities))
+    else:
+        metrics = dict(task.evaluate(examples, predictions, retrieved=retrieved))
     if retrieved is not None and not multiple_choice:
         metrics.update(retrieval_metrics(examples, retrieved, config.retrieval_k))
     metrics = {k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v) for k, v in metrics.items()}
@@ -127,9 +130,9 @@ def evaluate(model, task, data_path: str | Path, config: EvaluationConfig, *, ou
                  "passages": _passage_summary(retrieved[i] if retrieved else None)}
                 for i, (e, p) in enumerate(zip(examples, predictions))
             ))
-            if hasattr(task, "provenance"):
-                write_jsonl(out_dir / "kilt_predictions.jsonl", (
-                    {"id": e.id, "output": [{"answer": p, "provenance": task.provenance(retrieved[i] if retrieved else [])}]}
-                    for i, (e, p) in enumerate(zip(examples, predictions))
-                ))
+            if hasattr(task, "provenance"):  # KILT: its own output format, provenance from retrieval
+                from tasks.kilt import write_kilt_predictions
+
+                write_kilt_predictions(out_dir / "kilt_predictions.jsonl", [e.id for e in examples], predictions,
+                                       [task.provenance(ps or []) for ps in (retrieved or [None] * len(examples))])
     return metrics

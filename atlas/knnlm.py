@@ -1,0 +1,270 @@
+"""kNN-LM keys: hidden states of a language model captured by forward hooks, and datastore building.
+
+Works with any causal LM from `transformers` whose blocks we can locate (GPT-2 style
+`transformer.h`, LLaMA style `model.layers`) and with a T5 model's decoder run with teacher
+forcing (the decoder reads the text itself; the encoder reads a fixed prompt, by default
+just the end-of-sequence token).
+
+Key specs are `"{type}:{block}"` with a Python-style block index (`-1` = last block):
+  layer_output   the block's output (the residual stream after the block)
+  ffn_input      the input of the feed-forward sublayer, i.e. after its layer norm
+                 (Khandelwal et al.'s best key, at the last block)
+  attn_output    the attention sublayer's output before the residual add (Xu et al.)
+  ffn_output     the feed-forward sublayer's output before the residual add (Xu et al.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from retriever.datastore import Datastore, DatastoreWriter, fill_datastore
+
+
+@dataclass(frozen=True)
+class BlockParts:
+    """Where the hookable sublayers of one architecture live."""
+
+    blocks: Callable[[nn.Module], nn.ModuleList]
+    attention: Callable[[nn.Module], nn.Module]  # block → attention module
+    feed_forward: Callable[
+        [nn.Module], nn.Module
+    ]  # block → FFN core (its input is post-layer-norm)
+
+
+ARCHITECTURES: dict[str, BlockParts] = {
+    "gpt2": BlockParts(lambda m: m.transformer.h, lambda b: b.attn, lambda b: b.mlp),
+    "llama": BlockParts(lambda m: m.model.layers, lambda b: b.self_attn, lambda b: b.mlp),
+    "t5": BlockParts(
+        lambda m: m.decoder.block,
+        lambda b: b.layer[0].SelfAttention,
+        lambda b: b.layer[-1].DenseReluDense,
+    ),
+}
+
+
+def architecture_of(model: nn.Module) -> str:
+    """Registry name for `model`, from its structure; ValueError lists the supported ones."""
+    if hasattr(model, "decoder") and hasattr(model.decoder, "block"):
+        return "t5"
+    if hasattr(model, "transformer") and hasattr(model.transformer, "h"):
+        return "gpt2"
+    if hasattr(model, "model") and hasattr(model.model, "layers"):
+        return "llama"
+    raise ValueError(
+        f"cannot locate the blocks of {type(model).__name__}; supported layouts: {sorted(ARCHITECTURES)}"
+    )
+
+
+def _first(output):
+    """Attention modules (and some blocks) return tuples whose first element is the hidden state."""
+    return output[0] if isinstance(output, (tuple, list)) else output
+
+
+# key type → (sublayer finder, whether the key is the module's input rather than its output)
+KEY_TYPES: dict[str, tuple[Callable[[BlockParts, nn.Module], nn.Module], bool]] = {
+    "layer_output": (lambda parts, block: block, False),
+    "ffn_input": (lambda parts, block: parts.feed_forward(block), True),
+    "attn_output": (lambda parts, block: parts.attention(block), False),
+    "ffn_output": (lambda parts, block: parts.feed_forward(block), False),
+}
+
+
+def parse_key_spec(spec: str, n_blocks: int) -> tuple[str, int]:
+    """'ffn_input:-1' → ('ffn_input', n_blocks - 1); ValueError names the valid types and range."""
+    kind, _, layer = spec.partition(":")
+    if kind not in KEY_TYPES:
+        raise ValueError(f"unknown key type '{kind}' in '{spec}'; valid types: {sorted(KEY_TYPES)}")
+    try:
+        index = int(layer) if layer else -1
+    except ValueError:
+        raise ValueError(f"key spec '{spec}': block index '{layer}' is not an integer") from None
+    if not -n_blocks <= index < n_blocks:
+        raise ValueError(f"key spec '{spec}': block index must be in [{-n_blocks}, {n_blocks - 1}]")
+    return kind, index % n_blocks
+
+
+class KeyedLM:
+    """Runs a language model on token windows and returns logits plus the requested hidden states.
+
+    `__call__(input_ids (B, T)) -> (logits (B, T, V), {spec: (B, T, d)})`; logits at position t
+    predict token t+1. Hooks are registered once and only read while a call is in progress.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        key_specs: Iterable[str],
+        *,
+        encoder_input_ids: list[int] | None = None,
+    ):
+        self.model = model.eval()
+        self.architecture = architecture_of(model)
+        parts = ARCHITECTURES[self.architecture]
+        blocks = parts.blocks(model)
+        self.n_blocks = len(blocks)
+        self.key_specs = list(dict.fromkeys(key_specs))
+        if self.architecture == "t5" and encoder_input_ids is None:
+            encoder_input_ids = [model.config.eos_token_id]
+        self.encoder_input_ids = encoder_input_ids
+        self._captured: dict[str, torch.Tensor] | None = None
+        self._handles = []
+        for spec in self.key_specs:
+            kind, index = parse_key_spec(spec, self.n_blocks)
+            find, is_input = KEY_TYPES[kind]
+            module = find(parts, blocks[index])
+            if is_input:
+                hook = self._module_input_hook(spec)
+                self._handles.append(module.register_forward_pre_hook(hook))
+            else:
+                self._handles.append(module.register_forward_hook(self._module_output_hook(spec)))
+
+    def _module_input_hook(self, spec: str):
+        def hook(module, args):
+            if self._captured is not None:
+                self._captured[spec] = args[0].detach()
+
+        return hook
+
+    def _module_output_hook(self, spec: str):
+        def hook(module, args, output):
+            if self._captured is not None:
+                self._captured[spec] = _first(output).detach()
+
+        return hook
+
+    def remove(self) -> None:
+        """Detach the hooks from the model."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the model's parameters (inputs are moved there)."""
+        return next(self.model.parameters()).device
+
+    @torch.no_grad()
+    def __call__(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        input_ids = input_ids.to(self.device)
+        self._captured = {}
+        try:
+            if self.architecture == "t5":
+                encoder_ids = torch.tensor(
+                    [self.encoder_input_ids] * len(input_ids), device=self.device
+                )
+                logits = self.model(input_ids=encoder_ids, decoder_input_ids=input_ids).logits
+            else:
+                logits = self.model(input_ids=input_ids).logits
+            captured = self._captured
+        finally:
+            self._captured = None
+        missing = [spec for spec in self.key_specs if spec not in captured]
+        if missing:
+            raise RuntimeError(f"hooks for {missing} did not fire on {type(self.model).__name__}")
+        return logits, captured
+
+    def key_dims(self) -> dict[str, int]:
+        """Width d of every requested key (one dummy forward pass)."""
+        _, keys = self(torch.zeros((1, 2), dtype=torch.long))
+        return {spec: int(value.shape[-1]) for spec, value in keys.items()}
+
+
+def load_lm(path: str | Path, *, device: str | torch.device = "cpu") -> nn.Module:
+    """A causal LM (or a T5 model) from a local folder; a lone config.json builds a fresh model."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+    path = Path(path)
+    config_path = path if path.is_file() else path / "config.json"
+    if not config_path.exists():
+        raise FileNotFoundError(
+            f"{path}: neither a model folder with config.json nor a config file"
+        )
+    config = AutoConfig.from_pretrained(config_path.parent if path.is_dir() else path)
+    auto = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
+    has_weights = path.is_dir() and any(path.glob("*.safetensors"))
+    model = auto.from_pretrained(path) if has_weights else auto.from_config(config)
+    return model.to(device).eval()
+
+
+def tokenize_text_file(path: str | Path, tokenizer) -> np.ndarray:
+    """Token ids (N,) int64 of a text file: each line's tokens followed by the EOS token.
+
+    The EOS-per-line convention is WikiText's (`<eos>` at every newline).
+    """
+    if tokenizer.eos_token_id is None:
+        raise ValueError(f"tokenizer {type(tokenizer).__name__} has no EOS token to mark line ends")
+    ids: list[int] = []
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            ids.extend(tokenizer(line.strip(), add_special_tokens=False)["input_ids"])
+            ids.append(tokenizer.eos_token_id)
+    return np.asarray(ids, dtype=np.int64)
+
+
+def lm_producer(keyed_lm: KeyedLM):
+    """A datastore producer: windows (B, T) → float16 keys and float32 log p_LM(target) (B, T)."""
+
+    def produce(windows: np.ndarray, targets: np.ndarray):
+        logits, keys = keyed_lm(torch.from_numpy(windows))
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        target_ids = torch.from_numpy(targets).to(logprobs.device).unsqueeze(-1)
+        target_logprobs = logprobs.gather(-1, target_ids).squeeze(-1)  # (B, T)
+        return (
+            {spec: value.to(torch.float16).cpu().numpy() for spec, value in keys.items()},
+            target_logprobs.cpu().numpy().astype(np.float32),
+        )
+
+    return produce
+
+
+def build_datastore(
+    path: str | Path,
+    model: nn.Module,
+    token_ids: np.ndarray,
+    key_specs: list[str],
+    *,
+    context: int,
+    stride: int,
+    batch_size: int = 8,
+    progress: bool = True,
+    meta: dict | None = None,
+) -> Datastore:
+    """Build (or resume building) the datastore of `model` over `token_ids` (N,) for `key_specs`.
+
+    Rows: N-1 (key at position t, value token t+1); also stores log p_LM(value), so the same
+    call over a test text gives its sliding-window perplexity and its kNN queries.
+    """
+    keyed = KeyedLM(model, key_specs)
+    try:
+        meta = {
+            "context": context,
+            "stride": stride,
+            "architecture": keyed.architecture,
+            "n_tokens": len(token_ids),
+            "first_ids": [int(t) for t in token_ids[:16]],
+            **(meta or {}),
+        }
+        writer = DatastoreWriter(
+            path,
+            n_rows=len(token_ids) - 1,
+            key_dims=keyed.key_dims(),
+            with_lm_logprobs=True,
+            meta=meta,
+        )
+        return fill_datastore(
+            writer,
+            token_ids,
+            lm_producer(keyed),
+            context=context,
+            stride=stride,
+            batch_size=batch_size,
+            progress=progress,
+        )
+    finally:
+        keyed.remove()

@@ -1,0 +1,219 @@
+"""The task interface: an `Example`, the `Task` base class, and the one task registry.
+
+A task turns raw records into `Example`s (query text for the reader, target text, gold
+answers) and scores predictions with the benchmark's own metric. Adding a task = adding one
+module that defines a `Task` subclass decorated with `@register_task("name")` and importing it
+in `tasks/__init__.py`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from tasks.io import InputError, read_jsonl
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Example:
+    """One task instance, ready for the reader.
+
+    `query` is the reader's input text (the passages are appended by the reader), `target` the
+    training target text (None where unknown), `answers` the gold answers used for scoring,
+    `passages` passages given with the example (None: retrieve them), `options` the choices of
+    a multiple-choice question (letter → text), `source_id` the id of the corpus passage the
+    example was made from (pretext tasks: retrieving it would be trivial, so it is filtered out).
+    """
+
+    id: str
+    query: str
+    target: str | None
+    answers: list[str]
+    passages: list[dict] | None = None
+    options: dict[str, str] | None = None
+    source_id: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+class Task:
+    """Base class of task adapters.
+
+    Subclasses set `name`, `metrics` (the primary metric first) and `default_options`, and
+    implement `parse_record` (one raw record → an Example) and `evaluate`.
+    """
+
+    name: ClassVar[str] = ""
+    metrics: ClassVar[tuple[str, ...]] = ()
+    default_options: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, **options: Any):
+        unknown = sorted(set(options) - set(self.default_options))
+        if unknown:
+            valid = ", ".join(sorted(self.default_options)) or "(none)"
+            raise ValueError(
+                f"unknown option(s) {', '.join(unknown)} for task '{self.name}'; valid: {valid}"
+            )
+        self.options: dict[str, Any] = {**self.default_options, **options}
+
+    # ---------------------------------------------------------------- loading
+
+    def iter_records(
+        self, path: str | os.PathLike, on_error: Callable[[InputError], None] | None = None
+    ) -> Iterator[tuple[str, int, dict[str, Any]]]:
+        """Yield `(file, line_number, raw_record)` from `path` (JSON lines unless overridden).
+
+        `file` is the file the record came from (a task may read a folder of files); unreadable
+        lines go to `on_error` where given (else they raise).
+        """
+        for line, record in read_jsonl(path, on_error):
+            yield str(path), line, record
+
+    def parse_record(
+        self, record: dict[str, Any], path: str, line: int, index: int
+    ) -> Example | None:
+        """Turn one raw record into an Example; raise `InputError(path, line, field, ...)`.
+
+        None means a valid record this task has no use for (e.g. a passage with no section for
+        the `section` pretext task); it is counted and left out.
+        """
+        raise NotImplementedError
+
+    def load(self, path: str | os.PathLike, *, skip_invalid: bool = False) -> list[Example]:
+        """Read every example of `path`.
+
+        A malformed record raises `tasks.io.InputError` naming the file, the line and the field;
+        with `skip_invalid` it is logged and skipped instead (file-level errors still raise).
+        Example ids must be unique within the file.
+        """
+        examples: list[Example] = []
+        seen: dict[str, str] = {}
+        skipped = unused = 0
+
+        def skip(error: InputError) -> None:
+            nonlocal skipped
+            skipped += 1
+            logger.warning("skipping invalid record: %s", error)
+
+        records = self.iter_records(path, skip if skip_invalid else None)
+        for index, (source, line, record) in enumerate(records):
+            try:
+                example = self.parse_record(record, source, line, index)
+                if example is None:
+                    unused += 1
+                    continue
+                if example.id in seen:
+                    raise InputError(
+                        source,
+                        line,
+                        "id",
+                        f"duplicate id '{example.id}' (first at {seen[example.id]})",
+                    )
+            except InputError as error:
+                if not skip_invalid:
+                    raise
+                skip(error)
+                continue
+            seen[example.id] = f"{source}:{line}"
+            examples.append(example)
+        if unused:
+            logger.info("%s: %d record(s) not usable by task '%s'", path, unused, self.name)
+        if skipped:
+            logger.warning(
+                "%s: skipped %d invalid record(s), kept %d", path, skipped, len(examples)
+            )
+        return examples
+
+    # ---------------------------------------------------------------- training
+
+    def train_target(self, example: Example, rng: random.Random) -> str:
+        """The target text for one training presentation (default: the example's target)."""
+        if example.target is None:
+            raise ValueError(f"example '{example.id}' has no target to train on")
+        return example.target
+
+    def training_examples(self, examples: list[Example]) -> list[Example]:
+        """The training set built from loaded examples (default: unchanged; MMLU permutes)."""
+        return examples
+
+    def training_pair(self, example: Example, rng: random.Random) -> tuple[str, str]:
+        """`(query, target)` for one training presentation; pretext tasks re-noise the query."""
+        return example.query, self.train_target(example, rng)
+
+    # ---------------------------------------------------------------- scoring
+
+    def postprocess(self, example: Example, prediction: str) -> str:
+        """Turn the reader's generated text into the answer that is scored and written out."""
+        return strip_sentinels(prediction)
+
+    def evaluate(
+        self,
+        examples: list[Example],
+        predictions: list[str],
+        *,
+        retrieved: list[list[dict]] | None = None,
+    ) -> dict[str, float]:
+        """Score `predictions` (one per example, raw generated text) → metrics, primary first.
+
+        `retrieved` (per example, the retrieved passages as dicts) is used by tasks that score
+        provenance (KILT); the others ignore it.
+        """
+        raise NotImplementedError
+
+
+def strip_sentinels(text: str) -> str:
+    """Drop T5 sentinel tokens (`<extra_id_N>`) and the pad/eos markers, then strip spaces."""
+    return " ".join(re.sub(r"<extra_id_\d+>|</s>|<pad>", " ", text).split())
+
+
+def check_lengths(examples: list[Example], predictions: list[str]) -> None:
+    """Raise ValueError unless there is exactly one prediction per example."""
+    if len(examples) != len(predictions):
+        raise ValueError(f"{len(predictions)} predictions for {len(examples)} examples")
+
+
+def mean(values: list[float]) -> float:
+    """Plain left-to-right mean (the order official scorers sum in); 0.0 for no values."""
+    total = 0.0
+    for value in values:
+        total += value
+    return total / len(values) if values else 0.0
+
+
+def format_template(template: str, option: str, **fields: str) -> str:
+    """`template.format(**fields)`, with an error naming the option on a bad placeholder."""
+    try:
+        return template.format(**fields)
+    except (KeyError, IndexError, ValueError) as error:
+        valid = ", ".join("{" + name + "}" for name in fields)
+        raise ValueError(f"bad {option} {template!r}: {error}; placeholders: {valid}") from None
+
+
+TASKS: dict[str, type[Task]] = {}
+
+
+def register_task(name: str) -> Callable[[type[Task]], type[Task]]:
+    """Class decorator: add a Task subclass to `TASKS` under `name`."""
+
+    def decorate(cls: type[Task]) -> type[Task]:
+        if name in TASKS:
+            raise ValueError(f"task '{name}' is registered twice")
+        TASKS[name] = cls
+        return cls
+
+    return decorate
+
+
+def get_task(name: str, **options: Any) -> Task:
+    """Build the task registered as `name`; an unknown name raises ValueError listing the valid."""
+    import tasks  # noqa: F401  (importing the package registers every task module)
+
+    if name not in TASKS:
+        raise ValueError(f"unknown task '{name}'; valid: {', '.join(sorted(TASKS))}")
+    return TASKS[name](**options)

@@ -1,0 +1,218 @@
+"""KILT tasks from native KILT jsonl: `{"id", "input", "output": [{"answer", "provenance"}]}`.
+
+One adapter covers every KILT dataset; the dataset (taken from the file name, e.g.
+`hotpotqa-dev-kilt.jsonl`, or the `kilt_task` option) decides the target handling and the
+primary metric (KILT's leaderboard metric):
+
+| dataset                          | kind            | target                           | primary  |
+|----------------------------------|-----------------|----------------------------------|----------|
+| fever                            | fact checking   | SUPPORTS/REFUTES → "true"/"false" | accuracy |
+| aidayago2, wned, cweb            | entity linking  | the Wikipedia title              | accuracy |
+| trex, structured_zeroshot (zsRE) | slot filling    | the object entity                | accuracy |
+| nq, hotpotqa, triviaqa           | open-domain QA  | a gold answer                    | em       |
+| eli5                             | long-form QA    | a gold answer                    | rougel   |
+| wow                              | dialogue        | the next utterance               | f1       |
+
+Dialogue inputs (turns separated by new lines) are joined with `dialogue_separator`. Predictions
+are scored by `tasks.kilt_scoring`, the port of KILT's official scorers; provenance is the
+retrieved passages' `wikipedia_id`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from pathlib import Path
+from typing import Any, ClassVar
+
+from tasks.base import Example, Task, check_lengths, format_template, register_task
+from tasks.io import InputError, require_str
+from tasks.kilt_scoring import (
+    gold_answers,
+    score_kilt,
+    write_kilt_predictions,  # noqa: F401  (re-exported: the evaluation loop writes with it)
+)
+
+logger = logging.getLogger(__name__)
+
+# dataset → (kind, primary metric)
+KILT_DATASETS: dict[str, tuple[str, str]] = {
+    "fever": ("fact_checking", "accuracy"),
+    "aidayago2": ("entity_linking", "accuracy"),
+    "wned": ("entity_linking", "accuracy"),
+    "cweb": ("entity_linking", "accuracy"),
+    "trex": ("slot_filling", "accuracy"),
+    "structured_zeroshot": ("slot_filling", "accuracy"),
+    "nq": ("qa", "em"),
+    "hotpotqa": ("qa", "em"),
+    "triviaqa": ("qa", "em"),
+    "eli5": ("long_form_qa", "rougel"),
+    "wow": ("dialogue", "f1"),
+    "generic": ("qa", "em"),
+}
+_ALIASES = {"zsre": "structured_zeroshot", "zeroshot": "structured_zeroshot", "aida": "aidayago2"}
+FEVER_TO_WORD = {"SUPPORTS": "true", "REFUTES": "false"}
+WORD_TO_FEVER = {word: label for label, word in FEVER_TO_WORD.items()}
+DOWNSTREAM_METRICS = ("accuracy", "em", "f1", "rougel")
+
+
+def infer_kilt_dataset(path: str | os.PathLike) -> str:
+    """The KILT dataset named by a file name (`nq-dev-kilt.jsonl` → `nq`), or `generic`."""
+    stem = Path(path).name.lower()
+    for name in sorted([*KILT_DATASETS, *_ALIASES], key=len, reverse=True):
+        if stem.startswith((name + "-", name + "_", name + ".")):
+            return _ALIASES.get(name, name)
+    return "generic"
+
+
+@register_task("kilt")
+class KiltTask(Task):
+    """Any KILT dataset in native KILT format, scored with KILT's official definitions."""
+
+    name = "kilt"
+    metrics = ("em", "accuracy", "f1", "rougel")
+    default_options: ClassVar[dict[str, Any]] = {
+        "kilt_task": "auto",
+        "query_template": "question: {input} answer: <extra_id_0>",
+        "target_template": "<extra_id_0> {answer}",
+        "dialogue_separator": " / ",
+        "provenance_key": "wikipedia_id",
+    }
+
+    def __init__(self, **options: Any):
+        super().__init__(**options)
+        chosen = self.options["kilt_task"]
+        chosen = _ALIASES.get(chosen, chosen)
+        if chosen != "auto" and chosen not in KILT_DATASETS:
+            valid = ", ".join(["auto", *KILT_DATASETS])
+            raise ValueError(f"unknown kilt_task '{chosen}'; valid: {valid}")
+        self.options["kilt_task"] = chosen
+
+    def dataset_for(self, path: str | os.PathLike) -> str:
+        """The KILT dataset of a file: the `kilt_task` option, or inferred from its name."""
+        chosen = self.options["kilt_task"]
+        return infer_kilt_dataset(path) if chosen == "auto" else chosen
+
+    def load(self, path: str | os.PathLike, *, skip_invalid: bool = False) -> list[Example]:
+        """Read a KILT file (see `Task.load`); warns where the dataset is not recognised."""
+        if self.dataset_for(path) == "generic":
+            logger.warning(
+                "%s: KILT dataset not recognised from the file name; scoring as generic QA "
+                "(set task option kilt_task to one of %s)",
+                path,
+                ", ".join(KILT_DATASETS),
+            )
+        return super().load(path, skip_invalid=skip_invalid)
+
+    def parse_record(self, record: dict[str, Any], path: str, line: int, index: int) -> Example:
+        """One KILT record → Example; gold record kept in `metadata['kilt']` for scoring."""
+        dataset = self.dataset_for(path)
+        example_id = require_str(record, "id", path, line).strip()
+        text = require_str(record, "input", path, line)
+        if not text.strip():
+            raise InputError(path, line, "input", "the input is empty")
+        outputs = record.get("output", [])
+        if not isinstance(outputs, list):
+            raise InputError(path, line, "output", "expected a list")
+        for n, output in enumerate(outputs):
+            if not isinstance(output, dict):
+                raise InputError(path, line, f"output[{n}]", "expected an object")
+            if output.get("answer") is not None and not isinstance(output["answer"], str):
+                raise InputError(path, line, f"output[{n}].answer", "expected a string")
+            provenance = output.get("provenance")
+            if provenance is not None and (
+                not isinstance(provenance, list) or not all(isinstance(p, dict) for p in provenance)
+            ):
+                raise InputError(
+                    path, line, f"output[{n}].provenance", "expected a list of objects"
+                )
+        gold = {"id": example_id, "input": text, "output": outputs}
+        # The official scorer's gold answers (a set), kept here in file order.
+        golds = gold_answers(gold)
+        answers = [
+            a for a in dict.fromkeys((o.get("answer") or "").strip() for o in outputs) if a in golds
+        ]
+        if dataset == "fever":
+            unknown = [a for a in answers if a not in FEVER_TO_WORD]
+            if unknown:
+                raise InputError(
+                    path,
+                    line,
+                    "output.answer",
+                    f"unknown FEVER label {unknown[0]!r}; valid: {', '.join(FEVER_TO_WORD)}",
+                )
+        if KILT_DATASETS[dataset][0] == "dialogue":
+            text = self.options["dialogue_separator"].join(
+                t.strip() for t in text.split("\n") if t.strip()
+            )
+        query = format_template(
+            self.options["query_template"], "query_template", input=text.strip()
+        )
+        target = self._target(dataset, answers[0]) if answers else None
+        return Example(
+            id=example_id,
+            query=query,
+            target=target,
+            answers=answers,
+            metadata={"kilt": gold, "kilt_task": dataset},
+        )
+
+    def _target(self, dataset: str, answer: str) -> str:
+        word = FEVER_TO_WORD[answer] if dataset == "fever" else answer
+        return format_template(self.options["target_template"], "target_template", answer=word)
+
+    def train_target(self, example: Example, rng: random.Random) -> str:
+        """A gold answer drawn at random per presentation (FEVER labels as true/false)."""
+        if not example.answers:
+            raise ValueError(f"example '{example.id}' has no answers to train on")
+        return self._target(example.metadata["kilt_task"], rng.choice(example.answers))
+
+    def postprocess(self, example: Example, prediction: str) -> str:
+        """Generated text → the KILT answer (FEVER: "true"/"false" → SUPPORTS/REFUTES)."""
+        answer = super().postprocess(example, prediction)
+        if example.metadata.get("kilt_task") == "fever":
+            return WORD_TO_FEVER.get(answer.lower(), answer)
+        return answer
+
+    def provenance(self, passages: list[dict]) -> list[dict]:
+        """KILT provenance entries for retrieved passages that carry a page id (in rank order)."""
+        key = self.options["provenance_key"]
+        entries = []
+        for passage in passages:
+            if passage.get(key) is not None:
+                entry = {"wikipedia_id": str(passage[key])}
+                if passage.get("title"):
+                    entry["title"] = passage["title"]
+                entries.append(entry)
+        return entries
+
+    def evaluate(
+        self,
+        examples: list[Example],
+        predictions: list[str],
+        *,
+        retrieved: list[list[dict]] | None = None,
+    ) -> dict[str, float]:
+        """Official KILT metrics; with `retrieved`, also R-precision, recall@k and KILT-*.
+
+        The primary metric (first key) is the dataset's leaderboard metric.
+        """
+        check_lengths(examples, predictions)
+        if retrieved is not None and len(retrieved) != len(examples):
+            raise ValueError(f"{len(retrieved)} retrieval lists for {len(examples)} examples")
+        datasets = {e.metadata["kilt_task"] for e in examples}
+        if len(datasets) > 1:
+            raise ValueError(f"examples from several KILT datasets: {sorted(datasets)}")
+        gold_records = [e.metadata["kilt"] for e in examples]
+        guess_records = []
+        for n, (example, prediction) in enumerate(zip(examples, predictions)):
+            output: dict[str, Any] = {"answer": self.postprocess(example, prediction)}
+            if retrieved is not None:
+                output["provenance"] = self.provenance(retrieved[n])
+            guess_records.append({"id": example.id, "output": [output]})
+        scores = score_kilt(gold_records, guess_records)
+        if retrieved is None:
+            scores = {name: scores[name] for name in DOWNSTREAM_METRICS}
+        primary = KILT_DATASETS[datasets.pop() if datasets else "generic"][1]
+        return {primary: scores[primary], **{k: v for k, v in scores.items() if k != primary}}

@@ -1,0 +1,216 @@
+"""Pretraining pretext tasks made from corpus passages `{"id", "title", "section"?, "text"}`.
+
+- `mlm`: T5 span corruption: about `noise_density` of the words, in spans of mean length
+  `mean_span_length`, are replaced by sentinels `<extra_id_i>` in the query; the target lists
+  each sentinel followed by the words it hides (word-level: no tokenizer is needed here).
+- `lm`: the passage is cut at a random word, the cut drawn between `min_context_ratio` and
+  `max_context_ratio` of its words; prefix → continuation.
+- `section`: `"{title}, {section}"` → the section's text (passages without a section are unused).
+Every example carries its passage id in `source_id`, so that retrieving that very passage (a
+trivial retrieval) can be filtered out. Examples are made with a seeded RNG at load time;
+`training_pair` draws a fresh corruption / cut for each presentation.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, ClassVar
+
+from tasks.base import (
+    Example,
+    Task,
+    check_lengths,
+    format_template,
+    mean,
+    register_task,
+    strip_sentinels,
+)
+from tasks.io import InputError, require_str
+from tasks.metrics import exact_match, f1, rouge_l
+
+
+def _span_lengths(num_items: int, num_segments: int, rng: random.Random) -> list[int]:
+    """Split `num_items` into `num_segments` random positive lengths (T5's random segmentation)."""
+    boundaries = [i < num_segments - 1 for i in range(num_items - 1)]
+    rng.shuffle(boundaries)
+    boundaries.append(True)
+    lengths, previous = [], -1
+    for i, is_end in enumerate(boundaries):
+        if is_end:
+            lengths.append(i - previous)
+            previous = i
+    return lengths
+
+
+def span_corrupt(
+    words: list[str], noise_density: float, mean_span_length: float, rng: random.Random
+) -> tuple[str, str]:
+    """T5 span corruption of a word list → (input with sentinels, target of sentinel + words).
+
+    The number of noise words is round(len · density) clamped to [1, len − 1]; the number of
+    spans round(noise / mean_span_length), at least 1. Spans alternate non-noise, noise.
+    """
+    length = len(words)
+    if length < 2:
+        raise ValueError("span corruption needs at least 2 words")
+    num_noise = min(max(round(length * noise_density), 1), length - 1)
+    num_spans = max(round(num_noise / mean_span_length), 1)
+    num_spans = min(num_spans, num_noise, length - num_noise)
+    noise_lengths = _span_lengths(num_noise, num_spans, rng)
+    keep_lengths = _span_lengths(length - num_noise, num_spans, rng)
+    inputs: list[str] = []
+    outputs: list[str] = []
+    offset = 0
+    for i, (keep, noise) in enumerate(zip(keep_lengths, noise_lengths)):
+        sentinel = f"<extra_id_{i}>"
+        inputs += words[offset : offset + keep] + [sentinel]
+        offset += keep
+        outputs += [sentinel] + words[offset : offset + noise]
+        offset += noise
+    return " ".join(inputs), " ".join(outputs)
+
+
+def lm_split(
+    words: list[str], min_ratio: float, max_ratio: float, rng: random.Random
+) -> tuple[str, str]:
+    """Cut a word list at a random word between the two ratios → (prefix, continuation).
+
+    The cut k (the prefix's word count) is uniform in [⌊n·min⌋, ⌊n·max⌋] clamped to [1, n − 1].
+    """
+    n = len(words)
+    if n < 2:
+        raise ValueError("a prefix/continuation split needs at least 2 words")
+    low = min(max(int(n * min_ratio), 1), n - 1)
+    high = min(max(int(n * max_ratio), low), n - 1)
+    cut = rng.randint(low, high)
+    return " ".join(words[:cut]), " ".join(words[cut:])
+
+
+class _PretextTask(Task):
+    """Shared loading and scoring of the pretext tasks (EM, F1, ROUGE-L of the target)."""
+
+    metrics = ("exact_match", "f1", "rougel")
+    base_options: ClassVar[dict[str, Any]] = {"seed": 0, "min_words": 2, "max_words": 512}
+
+    def parse_record(
+        self, record: dict[str, Any], path: str, line: int, index: int
+    ) -> Example | None:
+        """A corpus passage → a pretext example (seeded by the option `seed` and the line)."""
+        passage = {
+            "id": require_str(record, "id", path, line),
+            "title": require_str(record, "title", path, line, optional=True),
+            "section": require_str(record, "section", path, line, optional=True),
+            "text": require_str(record, "text", path, line),
+        }
+        if not passage["id"].strip():
+            raise InputError(path, line, "id", "the id is empty")
+        rng = random.Random(f"{self.options['seed']}:{passage['id']}")
+        return self.from_passage(passage, rng)
+
+    def _words(self, text: str) -> list[str] | None:
+        words = text.split()[: self.options["max_words"]]
+        return words if len(words) >= max(2, self.options["min_words"]) else None
+
+    def from_passage(self, passage: dict[str, str], rng: random.Random) -> Example | None:
+        """One example from a passage dict, or None where the passage is too short / unusable."""
+        raise NotImplementedError
+
+    def training_pair(self, example: Example, rng: random.Random) -> tuple[str, str]:
+        """A fresh corruption / cut of the example's passage for this presentation."""
+        fresh = self.from_passage(example.metadata["passage"], rng)
+        return fresh.query, fresh.target
+
+    def evaluate(
+        self,
+        examples: list[Example],
+        predictions: list[str],
+        *,
+        retrieved: list[list[dict]] | None = None,
+    ) -> dict[str, float]:
+        """Mean EM, F1 and ROUGE-L of the generated text (sentinels dropped) against the target."""
+        check_lengths(examples, predictions)
+        em_scores, f1_scores, rouge_scores = [], [], []
+        for example, prediction in zip(examples, predictions):
+            answer = self.postprocess(example, prediction)
+            gold = example.answers[0]
+            em_scores.append(float(exact_match(answer, gold)))
+            f1_scores.append(f1(answer, gold))
+            rouge_scores.append(rouge_l(answer, gold) if answer else 0.0)
+        return {"exact_match": mean(em_scores), "f1": mean(f1_scores), "rougel": mean(rouge_scores)}
+
+    def _example(self, passage: dict, query: str, target: str) -> Example:
+        return Example(
+            id=passage["id"],
+            query=query,
+            target=target,
+            answers=[strip_sentinels(target)],
+            source_id=passage["id"],
+            metadata={"passage": passage},
+        )
+
+
+@register_task("mlm")
+class MaskedLanguageModelling(_PretextTask):
+    """T5 span corruption of a passage, answered with retrieval of *other* passages."""
+
+    name = "mlm"
+    default_options: ClassVar[dict[str, Any]] = {
+        **_PretextTask.base_options,
+        "noise_density": 0.15,
+        "mean_span_length": 3.0,
+    }
+
+    def from_passage(self, passage: dict[str, str], rng: random.Random) -> Example | None:
+        """The passage's words with random spans replaced by sentinels → the hidden spans."""
+        words = self._words(passage["text"])
+        if words is None:
+            return None
+        query, target = span_corrupt(
+            words, self.options["noise_density"], self.options["mean_span_length"], rng
+        )
+        return self._example(passage, query, target)
+
+
+@register_task("lm")
+class PrefixLanguageModelling(_PretextTask):
+    """Continue a passage from a random prefix."""
+
+    name = "lm"
+    default_options: ClassVar[dict[str, Any]] = {
+        **_PretextTask.base_options,
+        "min_context_ratio": 0.5,
+        "max_context_ratio": 0.5,
+    }
+
+    def from_passage(self, passage: dict[str, str], rng: random.Random) -> Example | None:
+        """Prefix of the passage → its continuation."""
+        words = self._words(passage["text"])
+        if words is None:
+            return None
+        prefix, continuation = lm_split(
+            words, self.options["min_context_ratio"], self.options["max_context_ratio"], rng
+        )
+        return self._example(passage, prefix, continuation)
+
+
+@register_task("section")
+class SectionGeneration(_PretextTask):
+    """Generate a section's text from the page title and the section name."""
+
+    name = "section"
+    default_options: ClassVar[dict[str, Any]] = {
+        **_PretextTask.base_options,
+        "query_template": "{title}, {section}",
+    }
+
+    def from_passage(self, passage: dict[str, str], rng: random.Random) -> Example | None:
+        """`"{title}, {section}"` → the section text (None where the passage has no section)."""
+        if not passage["section"].strip() or self._words(passage["text"]) is None:
+            return None
+        query = format_template(
+            self.options["query_template"],
+            "query_template",
+            title=passage["title"].strip(),
+            section=passage["section"].strip(),
+        )
+        return self._example(passage, query, " ".join(self._words(passage["text"])))

@@ -1,0 +1,122 @@
+"""Score a prediction file against a gold file with the task's own metrics (`atlas score`).
+
+- `kilt`: both files in KILT's formats; KILT's official downstream + retrieval metrics.
+- `qa`, `fever`, pretext tasks: prediction lines `{"id" | "question", "answer" | "prediction"}`
+  (`question` matches the gold question text when the line has no id).
+- `mmlu`: prediction lines `{"id", "prediction": "B"}` (ids as the `mmlu` task assigns them,
+  `<file stem>:<line>`), optionally with `"probs": {"A": …}`, the de-biased probabilities of
+  the original options, which adds the de-biased accuracy.
+Every gold example needs exactly one prediction: missing, duplicate and unknown ids are errors.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from tasks.base import Example, get_task
+from tasks.io import InputError, read_jsonl
+from tasks.kilt import KILT_DATASETS, KiltTask
+from tasks.kilt_scoring import DEFAULT_KS, score_kilt_files
+
+
+def _prediction_text(record: dict, path, line: int) -> str:
+    for key in ("prediction", "answer"):
+        if key in record:
+            value = record[key]
+            if isinstance(value, list) and len(value) == 1:
+                value = value[0]
+            if not isinstance(value, str):
+                raise InputError(path, line, key, "expected a string")
+            return value
+    raise InputError(path, line, "prediction", "missing required field (or 'answer')")
+
+
+def _match_predictions(
+    examples: list[Example], pred_path: str | os.PathLike, gold_path: str | os.PathLike
+) -> tuple[list[str], list[dict[str, float]] | None]:
+    """One prediction (and optional letter probabilities) per gold example, in gold order."""
+    by_id = {example.id: n for n, example in enumerate(examples)}
+    by_question: dict[str, int] = {}
+    for n, example in enumerate(examples):
+        by_question.setdefault(example.metadata.get("question", ""), n)
+    predictions: list[str | None] = [None] * len(examples)
+    probs: list[dict[str, float] | None] = [None] * len(examples)
+    where: dict[int, int] = {}
+    for line, record in read_jsonl(pred_path):
+        if "id" in record:
+            key = str(record["id"]).strip()
+            if key not in by_id:
+                raise InputError(
+                    pred_path, line, "id", f"id '{key}' is not in the gold file {gold_path}"
+                )
+            n = by_id[key]
+        elif isinstance(record.get("question"), str):
+            if record["question"] not in by_question:
+                raise InputError(
+                    pred_path, line, "question", f"question not in the gold file {gold_path}"
+                )
+            n = by_question[record["question"]]
+        else:
+            raise InputError(pred_path, line, "id", "missing required field (or 'question')")
+        if n in where:
+            raise InputError(
+                pred_path,
+                line,
+                "id",
+                f"second prediction for '{examples[n].id}' (first at line {where[n]})",
+            )
+        where[n] = line
+        predictions[n] = _prediction_text(record, pred_path, line)
+        if "probs" in record:
+            value = record["probs"]
+            if not isinstance(value, dict) or not all(
+                isinstance(p, (int, float)) and not isinstance(p, bool) for p in value.values()
+            ):
+                raise InputError(
+                    pred_path, line, "probs", "expected an object letter → probability"
+                )
+            probs[n] = {str(k): float(v) for k, v in value.items()}
+    missing = [examples[n].id for n, p in enumerate(predictions) if p is None]
+    if missing:
+        shown = ", ".join(missing[:5]) + (" …" if len(missing) > 5 else "")
+        raise ValueError(f"{pred_path}: no prediction for {len(missing)} gold example(s): {shown}")
+    with_probs = sum(p is not None for p in probs)
+    if 0 < with_probs < len(examples):
+        raise ValueError(
+            f"{pred_path}: 'probs' given for {with_probs} of {len(examples)} predictions"
+        )
+    return predictions, (probs if with_probs else None)  # type: ignore[return-value]
+
+
+def score_files(
+    task_name: str,
+    gold_path: str | os.PathLike,
+    pred_path: str | os.PathLike,
+    *,
+    ks: tuple[int, ...] = DEFAULT_KS,
+    retrieval_only: bool = False,
+    **options: Any,
+) -> dict[str, float]:
+    """Metrics of the predictions in `pred_path` against `gold_path`, primary metric first.
+
+    `ks` and `retrieval_only` apply to KILT; `options` are the task's options (e.g. `kilt_task`).
+    """
+    task = get_task(task_name, **options)
+    if isinstance(task, KiltTask):
+        scores = score_kilt_files(gold_path, pred_path, ks=ks, downstream=not retrieval_only)
+        if retrieval_only:
+            return scores
+        primary = KILT_DATASETS[task.dataset_for(gold_path)][1]
+        return {primary: scores[primary], **{k: v for k, v in scores.items() if k != primary}}
+    if retrieval_only:
+        raise ValueError(f"retrieval_only scoring needs KILT files, not task '{task_name}'")
+    examples = task.load(gold_path)
+    predictions, probs = _match_predictions(examples, pred_path, gold_path)
+    if probs is not None:
+        if task_name != "mmlu":
+            raise ValueError(
+                f"'probs' in predictions is only used by the mmlu task, not '{task_name}'"
+            )
+        return task.evaluate(examples, predictions, letter_probs=probs)
+    return task.evaluate(examples, predictions)

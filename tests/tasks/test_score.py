@@ -1,0 +1,83 @@
+"""`score_files`: scoring prediction files from anywhere with the tasks' metrics."""
+
+from __future__ import annotations
+
+import pytest
+
+from tasks.io import InputError
+from tasks.score import score_files
+
+
+def test_qa_by_id_or_question(tmp_path, write_jsonl):
+    gold = write_jsonl(
+        tmp_path / "gold.jsonl",
+        [
+            {"question": "who?", "answer": ["Bob", "Robert"]},
+            {"question": "when?", "answer": ["1999"]},
+        ],
+    )
+    pred = write_jsonl(
+        tmp_path / "pred.jsonl",
+        [{"id": "1", "answer": "in 1999"}, {"question": "who?", "prediction": "robert"}],
+    )
+    scores = score_files("qa", gold, pred)
+    assert scores == {"exact_match": 0.5, "f1": pytest.approx((1 + 2 / 3) / 2, rel=1e-15)}
+
+    write_jsonl(pred, [{"id": "1", "answer": "x"}])
+    with pytest.raises(ValueError, match=r"pred\.jsonl: no prediction for 1 gold example\(s\): 0"):
+        score_files("qa", gold, pred)
+    write_jsonl(pred, [{"id": "0", "answer": "x"}, {"question": "who?", "answer": "y"}])
+    with pytest.raises(InputError, match=r"pred\.jsonl:2: field 'id': second prediction for '0'"):
+        score_files("qa", gold, pred)
+    write_jsonl(pred, [{"id": "9", "answer": "x"}])
+    with pytest.raises(
+        InputError, match=r"pred\.jsonl:1: field 'id': id '9' is not in the gold file"
+    ):
+        score_files("qa", gold, pred)
+    write_jsonl(pred, [{"id": "0", "answer": 3}, {"id": "1", "answer": "x"}])
+    with pytest.raises(InputError, match=r"pred\.jsonl:1: field 'answer': expected a string"):
+        score_files("qa", gold, pred)
+
+
+def test_kilt_files_primary_metric_first(shared_data, tmp_path, write_jsonl):
+    gold = write_jsonl(
+        tmp_path / "eli5-dev-kilt.jsonl",
+        [
+            {
+                "id": "a",
+                "input": "why?",
+                "output": [{"answer": "because it is"}, {"provenance": [{"wikipedia_id": "5"}]}],
+            }
+        ],
+    )
+    pred = write_jsonl(
+        tmp_path / "pred.jsonl",
+        [{"id": "a", "output": [{"answer": "because", "provenance": [{"wikipedia_id": "5"}]}]}],
+    )
+    scores = score_files("kilt", gold, pred, ks=(1, 5))
+    assert (
+        next(iter(scores)) == "rougel"
+        and scores["Rprec"] == 1.0
+        and scores["KILT-rougel"] == scores["rougel"]
+    )
+
+
+def test_mmlu_predictions_with_probabilities(shared_data, tmp_path, write_jsonl):
+    gold = shared_data / "mmlu" / "dev" / "anatomy_dev.csv"
+    answers = [line.rstrip("\n").rsplit(",", 1)[1] for line in gold.open()]
+    records = [
+        {
+            "id": f"anatomy_dev:{n + 1}",
+            "prediction": "A",
+            "probs": {a: float(a == answers[n]) for a in "ABCD"},
+        }
+        for n in range(5)
+    ]
+    pred = write_jsonl(tmp_path / "pred.jsonl", records)
+    scores = score_files("mmlu", gold, pred)
+    assert scores["debiased_accuracy"] == 1.0 and scores["accuracy"] == answers.count("A") / 5
+    assert scores["debiased_accuracy/other"] == 1.0  # anatomy → health → other
+    records[0].pop("probs")
+    write_jsonl(pred, records)
+    with pytest.raises(ValueError, match="'probs' given for 4 of 5 predictions"):
+        score_files("mmlu", gold, pred)
