@@ -14,7 +14,9 @@ import sys
 # Modules that add subcommands; each has register(subparsers).
 COMMAND_MODULES = (
     "atlas.cli_corpus",
+    "atlas.cli_index",
     "atlas.cli_run",
+    "atlas.cli_knnlm",
 )
 
 

@@ -28,6 +28,7 @@ from atlas.checkpoint import (
 )
 from atlas.config import AtlasConfig, save_config
 from atlas.evaluate import evaluate
+from atlas.refresh import parse_refresh_schedule, refresh_due, refresh_index
 from tasks.base import Example, get_task
 from tasks.io import atomic_write_json
 
@@ -193,6 +194,13 @@ def train(config: AtlasConfig | None, *, resume: str | Path | None = None, progr
         set_rng_state(state["rng"])
         logger.info("resumed from %s at step %d", checkpoint, step)
     log = _Log(output_dir, resume=checkpoint is not None)
+    refresh_schedule = parse_refresh_schedule(config.index.refresh)
+    passage_side_trains = model.trains_retriever and any(
+        p.requires_grad for p in model.retriever.passage_encoder.parameters())
+    if checkpoint is not None and passage_side_trains and refresh_schedule:
+        # the saved passage encoder has moved on since the index was built: re-embed once
+        refresh_index(model, model.index.corpora[0].path, output_dir / "index-refreshed", config.index,
+                      batch_size=config.retriever.batch_size)
 
     def save(at_step: int) -> Path:
         return save_checkpoint(output_dir, at_step, model=model, config=config, keep_last=t.keep_last,
@@ -237,6 +245,10 @@ def train(config: AtlasConfig | None, *, resume: str | Path | None = None, progr
             scheduler.step()
         step += 1
         losses.append(step_losses["total"])
+        if passage_side_trains and refresh_due(step, refresh_schedule):
+            refresh_index(model, model.index.corpora[0].path, output_dir / "index-refreshed", config.index,
+                          batch_size=config.retriever.batch_size)
+            log.write(step, {"index_refreshed": 1.0})
         rate = (step - first_step) / max(1e-9, time.perf_counter() - started)
         if step % max(1, t.log_every) == 0 or step == t.steps:
             log.write(step, {**{f"loss/{k}": v for k, v in step_losses.items()},

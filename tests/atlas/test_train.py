@@ -169,3 +169,34 @@ def test_cli_train_evaluate_ask(tiny_world, tmp_path, capsys):
     assert main(["ask", str(out), "who first climbed mount olo", "--show", "2"]) == 0
     printed = capsys.readouterr().out
     assert printed.startswith("Q: who first climbed mount olo\nA: ") and "[2]" in printed
+
+
+def test_refresh_schedule_parsing():
+    from atlas.refresh import parse_refresh_schedule, refresh_due
+
+    schedule = parse_refresh_schedule("0-1000:500,1000-10000:2000")
+    due = [s for s in range(1, 10001) if refresh_due(s, schedule)]
+    assert due == [500, 1000, 3000, 5000, 7000, 9000]
+    assert parse_refresh_schedule("never") == []
+    with pytest.raises(ValueError, match="bad range '10:5'; expected START-END:EVERY"):
+        parse_refresh_schedule("10:5")
+    with pytest.raises(ValueError, match="needs START < END"):
+        parse_refresh_schedule("5-5:1")
+
+
+def test_full_retriever_training_refreshes_the_index(tiny_world, tmp_path):
+    """Tied encoders train the passage side: the index is re-embedded on schedule."""
+    import numpy as np
+
+    from retriever.index import PassageIndex
+
+    out = tmp_path / "tied"
+    config = tiny_config(tiny_world, out, "retriever.tied=true", "training.steps=2", "index.refresh=0-2:1",
+                         "index.rerank_overretrieve=5", "training.lr_retriever=1e-2")
+    train(config, progress=False)
+    refreshed = PassageIndex.load(out / "index-refreshed")
+    original = PassageIndex.load(tiny_world["index"])
+    assert refreshed.manifest["encoder_fingerprint"] != original.manifest["encoder_fingerprint"]
+    assert not np.array_equal(np.asarray(refreshed.vectors), np.asarray(original.vectors))
+    logged = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged if "index_refreshed" in r] == [1, 2]
