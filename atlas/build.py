@@ -20,10 +20,11 @@ def _reader_tokenizer(config: AtlasConfig, checkpoint: Path | None):
         return build_reader_tokenizer(checkpoint / "reader")
     if config.reader.tokenizer:
         return build_reader_tokenizer(config.reader.tokenizer)
-    folder = Path(config.reader.model)
-    if folder.is_dir() and any((folder / f).exists() for f in ("tokenizer.json", "spiece.model", "tokenizer_config.json")):
-        return build_reader_tokenizer(folder)
-    return build_reader_tokenizer(None)
+    from reader.fid import READER_PRESETS
+
+    if config.reader.model in READER_PRESETS:
+        return build_reader_tokenizer(None)  # the MiniLM WordPiece vocabulary with T5 sentinels
+    return build_reader_tokenizer(config.reader.model)  # the model's own folder or hub name
 
 
 def _freeze_passage_side(retriever: Retriever, config: AtlasConfig) -> None:

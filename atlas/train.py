@@ -63,8 +63,6 @@ class ExampleStream:
     """
 
     def __init__(self, examples: list[Example], task, seed: int, position: DataPosition | None = None):
-        if not examples:
-            raise ValueError("no training examples (task.train_data is empty?)")
         self.examples = examples
         self.task = task
         self.seed = seed
@@ -77,6 +75,8 @@ class ExampleStream:
 
     def next_batch(self, size: int) -> tuple[list[Example], list[str]]:
         """The next `size` examples with their targets (wrapping into the next epoch)."""
+        if not self.examples:
+            raise ValueError("no training examples (is task.train_data empty?)")
         batch, targets = [], []
         order = self._order(self.position.epoch)
         while len(batch) < size:
@@ -99,10 +99,26 @@ def _with_query(example: Example, query: str) -> Example:
     return replace(example, query=query)
 
 
+def load_examples(task, path: str | Path) -> list[Example]:
+    """The task's examples from a data file, or from every passage of a prepared corpus folder
+    (pretext tasks: the passage ids then match the index's, so trivial retrievals are found)."""
+    if not (Path(path) / "corpus.json").is_file():
+        return task.load(path)
+    from retriever.corpus import Corpus
+
+    examples = []
+    for first, passages in Corpus.load(path).iter_batches(4096):
+        for offset, passage in enumerate(passages):
+            example = task.parse_record(passage, str(path), first + offset + 1, first + offset)
+            if example is not None:
+                examples.append(example)
+    return examples
+
+
 def load_training_examples(config: AtlasConfig, task) -> list[Example]:
     """All examples of `task.train_data`, reduced to a seeded `task.shots` subset when set,
     then expanded by the task (e.g. MMLU's option permutations)."""
-    examples = [e for path in config.task.train_data for e in task.load(path)]
+    examples = [e for path in config.task.train_data for e in load_examples(task, path)]
     if config.task.shots is not None:
         from tasks.fewshot import sample_shots
 

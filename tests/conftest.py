@@ -38,7 +38,7 @@ def tiny_encoder_path(tmp_path_factory) -> Path:
     torch.manual_seed(0)
     config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
                         num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
-    BertModel(config).save_pretrained(str(folder))
+    BertModel(config, add_pooling_layer=False).save_pretrained(str(folder))
     tokenizer.save_pretrained(str(folder))
     return folder
 

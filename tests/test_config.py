@@ -9,7 +9,7 @@ import yaml
 
 from atlas.config import AtlasConfig, ConfigError, load_config, save_config
 
-CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").rglob("*.yaml"))
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -93,6 +93,24 @@ def test_saved_config_reloads_identically(tmp_path):
     assert yaml.safe_load((tmp_path / "resolved.yaml").read_text())["training"]["lr"] == 3e-5
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_recipes_exist():
+    names = {p.stem for p in CONFIGS}
+    assert {"nq-64shot", "triviaqa-64shot", "mmlu-5shot", "mmlu-5shot-multitask", "mmlu-zeroshot",
+            "fever-64shot", "pretrain-mlm"} <= names
+    assert {f"kilt-{t}" for t in ("fever", "aida", "trex", "zsre", "nq", "hotpotqa", "triviaqa", "eli5", "wow")} <= names
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[str(p.relative_to(p.parents[1])) for p in CONFIGS])
 def test_every_shipped_recipe_validates(path):
-    load_config(path)
+    """Types and keys, and every named component exists: task + options, loss, index spec, schedule."""
+    from atlas.refresh import parse_refresh_schedule
+    from retriever.index_types import index_type
+    from retriever.losses import build_retriever_loss
+    from tasks.base import get_task
+
+    config = load_config(path)
+    get_task(config.task.name, **config.task.options)
+    build_retriever_loss(config.retriever.loss, emdr_granularity=config.retriever.emdr_granularity)
+    index_type(config.index.spec, 768)
+    parse_refresh_schedule(config.index.refresh)
+    assert config.reader.n_context <= config.retriever.n_context

@@ -1,0 +1,334 @@
+"""Fusion-in-Decoder reader over Hugging Face `T5ForConditionalGeneration`.
+
+Each (query, passage) pair is encoded independently, the K encoder outputs are concatenated
+along the sequence axis and the decoder cross-attends to all of them (Izacard & Grave, 2021).
+Shapes are passed explicitly: nothing is stored on the T5 config between calls, so one
+reader can serve batches with different K.
+
+Notation: B examples, K passages each, L tokens per passage, H = d_model, T target tokens.
+Target ids use -100 at ignored (padding) positions, as Hugging Face losses do.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import T5Config, T5ForConditionalGeneration
+from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
+
+from reader import attention_scores, passage_scores
+from tasks.io import atomic_directory
+
+IGNORE_INDEX = -100
+
+# Presets built from config (no pretrained T5 exists offline). Sizes follow the T5 papers;
+# `t5-tiny` / `t5-mini` are for tests and laptops.
+READER_PRESETS: dict[str, dict] = {
+    "t5-tiny": {
+        "d_model": 64,
+        "d_ff": 128,
+        "d_kv": 16,
+        "num_heads": 4,
+        "num_layers": 2,
+        "num_decoder_layers": 2,
+    },
+    "t5-mini": {
+        "d_model": 256,
+        "d_ff": 1024,
+        "d_kv": 32,
+        "num_heads": 8,
+        "num_layers": 4,
+        "num_decoder_layers": 4,
+    },
+    "t5-small": {
+        "d_model": 512,
+        "d_ff": 2048,
+        "d_kv": 64,
+        "num_heads": 8,
+        "num_layers": 6,
+        "num_decoder_layers": 6,
+    },
+    "t5-base": {
+        "d_model": 768,
+        "d_ff": 3072,
+        "d_kv": 64,
+        "num_heads": 12,
+        "num_layers": 12,
+        "num_decoder_layers": 12,
+    },
+    # T5 v1.1 / lm-adapt layout: gated-GELU feed-forward, untied output embedding.
+    "t5-v1_1-small": {
+        "d_model": 512,
+        "d_ff": 1024,
+        "d_kv": 64,
+        "num_heads": 6,
+        "num_layers": 8,
+        "num_decoder_layers": 8,
+        "feed_forward_proj": "gated-gelu",
+        "tie_word_embeddings": False,
+    },
+}
+
+
+def preset_config(
+    name: str,
+    vocab_size: int,
+    pad_token_id: int = 0,
+    eos_token_id: int = 1,
+    dropout: float | None = None,
+) -> T5Config:
+    """The T5Config of preset `name`, sized for a tokenizer of `vocab_size` tokens.
+
+    The decoder start token is the pad token, as in T5. Raises ValueError for an unknown name.
+    """
+    if name not in READER_PRESETS:
+        raise ValueError(f"unknown reader preset {name!r}; valid presets: {sorted(READER_PRESETS)}")
+    kwargs = dict(READER_PRESETS[name])
+    if dropout is not None:
+        kwargs["dropout_rate"] = dropout
+    return T5Config(
+        vocab_size=vocab_size,
+        pad_token_id=pad_token_id,
+        eos_token_id=eos_token_id,
+        decoder_start_token_id=pad_token_id,
+        **kwargs,
+    )
+
+
+class FiDReader(nn.Module):
+    """A T5 encoder-decoder read as Fusion-in-Decoder.
+
+    Args:
+        t5: the wrapped `T5ForConditionalGeneration` (any T5 / v1.1 / lm-adapt config).
+    """
+
+    def __init__(self, t5: T5ForConditionalGeneration) -> None:
+        super().__init__()
+        self.t5 = t5
+
+    @property
+    def config(self) -> T5Config:
+        """The wrapped model's config (read-only use; FiD keeps no state there)."""
+        return self.t5.config
+
+    @property
+    def n_decoder_layers(self) -> int:
+        """Number of decoder blocks."""
+        return len(self.t5.decoder.block)
+
+    def is_dropout_free(self) -> bool:
+        """True when no dropout is active in train mode, so train- and eval-mode outputs agree."""
+        return all(m.p == 0 for m in self.modules() if isinstance(m, nn.Dropout)) and (
+            self.t5.config.dropout_rate == 0
+        )
+
+    # --- encoding ---------------------------------------------------------------------
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Encode every passage independently.
+
+        Args:
+            input_ids: (B, K, L) token ids of the formatted (query, passage) pairs.
+            attention_mask: (B, K, L), 1 for real tokens.
+        Returns:
+            (B, K, L, H) encoder states (with gradient when grad is enabled).
+        """
+        batch, n_passages, length = input_ids.shape
+        states = self.t5.encoder(
+            input_ids=input_ids.reshape(batch * n_passages, length),
+            attention_mask=attention_mask.reshape(batch * n_passages, length),
+        ).last_hidden_state  # (B·K, L, H)
+        return states.view(batch, n_passages, length, -1)
+
+    @staticmethod
+    def fuse(
+        encoder_states: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[BaseModelOutput, torch.Tensor]:
+        """Concatenate passages: (B, K, L, H) states and (B, K, L) mask → (B, K·L, H), (B, K·L)."""
+        batch, n_passages, length, hidden = encoder_states.shape
+        fused = encoder_states.reshape(batch, n_passages * length, hidden)
+        return BaseModelOutput(last_hidden_state=fused), attention_mask.reshape(
+            batch, n_passages * length
+        )
+
+    def shift_right(self, labels: torch.Tensor) -> torch.Tensor:
+        """Decoder inputs for targets `labels` (B, T): start token prepended, -100 → pad."""
+        return self.t5._shift_right(labels)
+
+    # --- training / scoring -----------------------------------------------------------
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        decoder_input_ids: torch.Tensor | None = None,
+        encoder_states: torch.Tensor | None = None,
+    ) -> Seq2SeqLMOutput:
+        """Read K passages per example and decode.
+
+        Args:
+            input_ids: (B, K, L); may be None when `encoder_states` is given.
+            attention_mask: (B, K, L).
+            labels: (B, T) target ids, -100 where ignored; gives `.loss` (mean token CE).
+            decoder_input_ids: (B, T) explicit decoder inputs (default: labels shifted right).
+            encoder_states: (B, K, L, H) states from `encode`, reused instead of re-encoding.
+        Returns:
+            `Seq2SeqLMOutput` with `loss`, `logits` (B, T, V) and
+            `encoder_last_hidden_state` (B, K·L, H).
+        """
+        if encoder_states is None:
+            if input_ids is None:
+                raise ValueError("FiDReader.forward needs input_ids or encoder_states")
+            encoder_states = self.encode(input_ids, attention_mask)
+        encoder_outputs, fused_mask = self.fuse(encoder_states, attention_mask)
+        return self.t5(
+            encoder_outputs=encoder_outputs,
+            attention_mask=fused_mask,
+            labels=labels,
+            decoder_input_ids=decoder_input_ids,
+            use_cache=False,
+        )
+
+    @torch.no_grad()
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        max_length: int = 32,
+        num_beams: int = 1,
+    ) -> torch.Tensor:
+        """Greedy (`num_beams`=1) or beam-search decoding of the answer.
+
+        Args:
+            input_ids, attention_mask: (B, K, L).
+            max_length: most tokens generated after the start token.
+        Returns:
+            (B, T') generated ids starting with the decoder start token.
+        """
+        encoder_outputs, fused_mask = self.fuse(
+            self.encode(input_ids, attention_mask), attention_mask
+        )
+        return self.t5.generate(
+            encoder_outputs=encoder_outputs,
+            attention_mask=fused_mask,
+            max_new_tokens=max_length,
+            num_beams=num_beams,
+            do_sample=False,
+            decoder_start_token_id=self.t5.config.decoder_start_token_id,
+            eos_token_id=self.t5.config.eos_token_id,
+            pad_token_id=self.t5.config.pad_token_id,
+        )
+
+    @torch.no_grad()
+    def score_options(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        option_token_ids: torch.Tensor,
+        prefix_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logits of each option's token at the first answer position (multiple choice).
+
+        Args:
+            input_ids, attention_mask: (B, K, L).
+            option_token_ids: (n_options,) one token id per option (e.g. "A".."D").
+            prefix_ids: (B, P) target tokens before the answer (e.g. `<extra_id_0>`), or None.
+        Returns:
+            (B, n_options) logits.
+        """
+        batch = input_ids.shape[0]
+        start = torch.full(
+            (batch, 1),
+            self.t5.config.decoder_start_token_id,
+            dtype=torch.long,
+            device=input_ids.device,
+        )
+        decoder_input_ids = start if prefix_ids is None else torch.cat([start, prefix_ids], dim=1)
+        logits = self.forward(input_ids, attention_mask, decoder_input_ids=decoder_input_ids).logits
+        return logits[:, -1, :].index_select(-1, option_token_ids.to(logits.device))
+
+    # --- gold scores for the retriever losses (no gradient; callers set eval mode) -------
+    def per_passage_token_logprobs(
+        self,
+        encoder_states: torch.Tensor,
+        attention_mask: torch.Tensor,
+        labels: torch.Tensor,
+        temperature: float = 1.0,
+    ) -> torch.Tensor:
+        """(B, K, T) log p(a_t | a_<t, q, d_k) reading passage k alone; see `passage_scores`."""
+        return passage_scores.per_passage_token_logprobs(
+            self, encoder_states, attention_mask, labels, temperature
+        )
+
+    def leave_one_out_nll(
+        self, encoder_states: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor
+    ) -> torch.Tensor:
+        """(B, K) mean target NLL reading all passages but k; see `passage_scores`."""
+        return passage_scores.leave_one_out_nll(self, encoder_states, attention_mask, labels)
+
+    def cross_attention_scores(
+        self, encoder_states: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor
+    ) -> torch.Tensor:
+        """(B, K) attention-times-value-norm score per passage; see `attention_scores`."""
+        return attention_scores.cross_attention_scores(self, encoder_states, attention_mask, labels)
+
+    # --- memory / persistence ---------------------------------------------------------
+    def gradient_checkpointing_enable(self) -> None:
+        """Recompute T5 block activations in the backward pass (less memory, ~1/3 more time)."""
+        self.t5.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": False}
+        )
+
+    def gradient_checkpointing_disable(self) -> None:
+        """Keep activations (the default)."""
+        self.t5.activation_checkpointing_disable()
+
+    def save_pretrained(self, path: str | Path, overwrite: bool = False) -> None:
+        """Write a plain Hugging Face T5 folder (config.json + safetensors), atomically."""
+        with atomic_directory(Path(path), overwrite=overwrite) as tmp:
+            self.t5.save_pretrained(str(tmp), safe_serialization=True)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> FiDReader:
+        """Load a folder written by `save_pretrained` (or any local HF T5 folder)."""
+        folder = Path(path)
+        if not (folder / "config.json").is_file():
+            raise ValueError(f"{folder}: not a Hugging Face model folder (no config.json)")
+        return cls(T5ForConditionalGeneration.from_pretrained(str(folder)))
+
+
+def build_reader(
+    model: str,
+    vocab_size: int,
+    pad_token_id: int = 0,
+    eos_token_id: int = 1,
+    dropout: float | None = None,
+    seed: int | None = None,
+) -> FiDReader:
+    """A FiD reader from a preset name (random init, sized to the vocabulary) or a local folder.
+
+    Args:
+        model: a name in READER_PRESETS or a local Hugging Face T5 folder.
+        vocab_size, pad_token_id, eos_token_id: from the reader tokenizer (presets only).
+        dropout: overrides the dropout rate (presets and folders).
+        seed: seeds the random initialisation of a preset.
+    """
+    if model in READER_PRESETS:
+        config = preset_config(model, vocab_size, pad_token_id, eos_token_id, dropout)
+        if seed is not None:
+            torch.manual_seed(seed)
+        return FiDReader(T5ForConditionalGeneration(config))
+    folder = Path(model)
+    if folder.is_dir():
+        kwargs = {} if dropout is None else {"dropout_rate": dropout}
+        # fp32 master weights whatever the folder stores (a shipped fp16 checkpoint would
+        # otherwise load as fp16, which CPU training cannot use); autocast handles bf16 runs
+        return FiDReader(T5ForConditionalGeneration.from_pretrained(str(folder), dtype=torch.float32, **kwargs))
+    if "/" in model and not model.startswith((".", "/")):  # a hub name, e.g. google/t5-base-lm-adapt
+        kwargs = {} if dropout is None else {"dropout_rate": dropout}
+        return FiDReader(T5ForConditionalGeneration.from_pretrained(model, **kwargs))
+    raise ValueError(
+        f"reader model {model!r} is neither a preset ({sorted(READER_PRESETS)}), a local folder "
+        "nor a hub name (owner/name)"
+    )

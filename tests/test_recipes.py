@@ -1,0 +1,41 @@
+"""Every small-model recipe runs: one training step and a short evaluation on its real data,
+with the reader and retriever swapped for tiny ones (the recipe's task, data, loss and
+schedule are what is exercised)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from atlas.config import load_config
+from atlas.train import train
+
+SMALL = sorted((Path(__file__).resolve().parents[1] / "configs" / "small").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SMALL, ids=[p.stem for p in SMALL])
+def test_small_recipe_runs_a_step(path, tiny_world, shared_data, tmp_path, monkeypatch):
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])  # recipes name ../shared/data relative to the repo
+    config = load_config(path)
+    overrides = [
+        f"retriever.model={tiny_world['encoder']}", f"index.path={tiny_world['index']}", "index.corpus=null",
+        "index.refresh=never", "reader.model=t5-tiny", "reader.text_maxlength=64",
+        "retriever.n_context=2", "reader.n_context=2", f"training.output_dir={tmp_path / 'run'}",
+        f"training.steps={min(config.training.steps, 1)}", "training.batch_size=1", "training.save_every=0",
+        "evaluation.max_examples=2", "evaluation.batch_size=2", "reader.generation_max_length=4",
+        "retriever.tied=false", "retriever.train_passage_encoder=false", "retriever.passage_maxlength=256",
+    ]
+    if config.task.shots:
+        overrides.append("task.shots=2")
+    if config.task.name in ("mlm", "lm", "section"):
+        overrides.append(f"task.train_data=[{tiny_world['corpus']}]")
+    if not config.task.eval_data or not all(Path(p).exists() for p in config.task.eval_data):
+        overrides.append("task.eval_data=[]")
+    if config.task.train_data and not all(Path(p).exists() for p in config.task.train_data if config.training.steps):
+        pytest.skip(f"{path.name}: training data {config.task.train_data} is not on this machine")
+    summary = train(load_config(path, overrides), progress=False)
+    assert summary["step"] == min(config.training.steps, 1)
+    assert all(loss == loss and loss > 0 for loss in summary["losses"])  # finite, positive
+    if config.task.eval_data and overrides[-1] != "task.eval_data=[]":
+        assert summary["eval"], "an evaluation ran and produced metrics"
