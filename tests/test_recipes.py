@@ -30,12 +30,19 @@ def test_small_recipe_runs_a_step(path, tiny_world, shared_data, tmp_path, monke
         overrides.append("task.shots=2")
     if config.task.name in ("mlm", "lm", "section"):
         overrides.append(f"task.train_data=[{tiny_world['corpus']}]")
-    if not config.task.eval_data or not all(Path(p).exists() for p in config.task.eval_data):
-        overrides.append("task.eval_data=[]")
-    if config.task.train_data and not all(Path(p).exists() for p in config.task.train_data if config.training.steps):
-        pytest.skip(f"{path.name}: training data {config.task.train_data} is not on this machine")
-    summary = train(load_config(path, overrides), progress=False)
+    if config.task.name == "fever":  # no FEVER data ships here: four hand-written claims
+        claims = tmp_path / "claims.jsonl"
+        claims.write_text('{"claim": "Quimper is the capital of Zorbland.", "label": "SUPPORTS"}\n'
+                          '{"claim": "Belmont is in Zorbland.", "label": "REFUTES"}\n'
+                          '{"claim": "Olo is a mountain.", "label": "SUPPORTS"}\n'
+                          '{"claim": "Fenwick is a city.", "label": "NOT ENOUGH INFO"}\n')
+        overrides += [f"task.train_data=[{claims}]", f"task.eval_data=[{claims}]"]
+    resolved = load_config(path, overrides)
+    missing = [p for p in resolved.task.train_data + resolved.task.eval_data if not Path(p).exists()]
+    if missing:
+        pytest.skip(f"{path.name}: data {missing} is not on this machine")
+    summary = train(resolved, progress=False)
     assert summary["step"] == min(config.training.steps, 1)
     assert all(loss == loss and loss > 0 for loss in summary["losses"])  # finite, positive
-    if config.task.eval_data and overrides[-1] != "task.eval_data=[]":
+    if resolved.task.eval_data:
         assert summary["eval"], "an evaluation ran and produced metrics"
