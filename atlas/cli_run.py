@@ -14,6 +14,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("config", nargs="?", help="a YAML recipe from configs/ (omit with --resume)")
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. training.lr=4e-5")
     train.add_argument("--resume", metavar="DIR", help="continue the run in DIR (its latest checkpoint)")
+    train.add_argument("--stop-at", type=int, metavar="STEP",
+                       help="end this session after STEP with a checkpoint (e.g. a job's time slot); "
+                            "--resume continues to training.steps")
     train.set_defaults(func=_train)
 
     evaluate = subparsers.add_parser("evaluate", help="generate on a data file and score with the task's metrics")
@@ -47,11 +50,11 @@ def _train(args: argparse.Namespace) -> int:
     if args.resume:
         if args.config or args.overrides:
             raise SystemExit("atlas train --resume DIR takes no config: the run's own config is used")
-        summary = train(None, resume=args.resume)
+        summary = train(None, resume=args.resume, stop_at=args.stop_at)
     else:
         if not args.config:
             raise SystemExit("atlas train: give a config (e.g. configs/quickstart.yaml) or --resume DIR")
-        summary = train(load_config(args.config, args.overrides))
+        summary = train(load_config(args.config, args.overrides), stop_at=args.stop_at)
     print(json.dumps({"step": summary["step"], "final_loss": summary["losses"][-1] if summary["losses"] else None,
                       "eval": summary["eval"], "checkpoint": summary["checkpoint"]}, indent=2))
     return 0

