@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "atlas.cli_index",
     "atlas.cli_run",
     "atlas.cli_knnlm",
+    "atlas.cli_quickstart",
 )
 
 

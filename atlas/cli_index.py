@@ -11,7 +11,9 @@ from collections.abc import Callable
 DEFAULT_ENCODER = "minilm"
 
 
-def _reports_errors(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+def _reports_errors(
+    handler: Callable[[argparse.Namespace], int],
+) -> Callable[[argparse.Namespace], int]:
     """Turn the index's own errors (mismatch, corrupt file, unknown id, bad spec) into a one-line
     message and exit code 2 instead of a traceback."""
 
@@ -28,11 +30,17 @@ def _reports_errors(handler: Callable[[argparse.Namespace], int]) -> Callable[[a
 
 
 def _add_encoder_arguments(parser: argparse.ArgumentParser, *, default: str | None) -> None:
-    parser.add_argument("--encoder", default=default,
-                        help="retriever folder, encoder folder (HF / sentence-transformers), 'minilm' or 'contriever'"
-                        + ("" if default else "; default: the one the index was built with"))
-    parser.add_argument("--allow-encoder-mismatch", action="store_true",
-                        help="search even if the encoder's fingerprint differs from the index's (experts)")
+    parser.add_argument(
+        "--encoder",
+        default=default,
+        help="retriever folder, encoder folder (HF / sentence-transformers), 'minilm' or 'contriever'"
+        + ("" if default else "; default: the one the index was built with"),
+    )
+    parser.add_argument(
+        "--allow-encoder-mismatch",
+        action="store_true",
+        help="search even if the encoder's fingerprint differs from the index's (experts)",
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -40,26 +48,44 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     index = subparsers.add_parser("index", help="build, update, search and inspect passage indexes")
     commands = index.add_subparsers(dest="index_command", metavar="SUBCOMMAND", required=True)
 
-    build = commands.add_parser("build", help="embed a prepared corpus and save an index (resumable)")
+    build = commands.add_parser(
+        "build", help="embed a prepared corpus and save an index (resumable)"
+    )
     build.add_argument("--corpus", required=True, help="a folder made by `atlas corpus prepare`")
     build.add_argument("--out", required=True, help="the index folder to write")
-    build.add_argument("--encoder", default=DEFAULT_ENCODER, help="retriever/encoder folder, 'minilm' or 'contriever'")
-    build.add_argument("--spec", default="Flat", help="Flat, IVF{n},Flat, IVF{n},PQ{m}, PQ{m}, HNSW{M}, SQ8")
-    build.add_argument("--keep-embeddings", action="store_true", help="also keep the float16 embeddings")
+    build.add_argument(
+        "--encoder",
+        default=DEFAULT_ENCODER,
+        help="retriever/encoder folder, 'minilm' or 'contriever'",
+    )
+    build.add_argument(
+        "--spec", default="Flat", help="Flat, IVF{n},Flat, IVF{n},PQ{m}, PQ{m}, HNSW{M}, SQ8"
+    )
+    build.add_argument(
+        "--keep-embeddings", action="store_true", help="also keep the float16 embeddings"
+    )
     build.add_argument("--batch-size", type=int, default=64)
     build.add_argument("--chunk-size", type=int, default=8192, help="passages per resumable chunk")
-    build.add_argument("--train-sample", type=int, default=262144, help="vectors sampled to train the index")
+    build.add_argument(
+        "--train-sample", type=int, default=262144, help="vectors sampled to train the index"
+    )
     build.add_argument("--nprobe", type=int, default=32, help="IVF lists probed at search time")
     build.add_argument("--ef-search", type=int, default=128, help="HNSW search breadth")
     build.add_argument("--seed", type=int, default=0)
     build.add_argument("--overwrite", action="store_true", help="replace an existing --out")
-    build.add_argument("--restart", action="store_true", help="discard an unfinished build instead of resuming")
+    build.add_argument(
+        "--restart", action="store_true", help="discard an unfinished build instead of resuming"
+    )
     build.set_defaults(func=_build)
 
     add = commands.add_parser("add", help="embed new passages and add them to an index in place")
     add.add_argument("--index", required=True)
-    add.add_argument("--corpus", required=True, nargs="+", help="a prepared corpus folder, or document files")
-    add.add_argument("--chunk-words", type=int, default=100, help="words per passage when preparing files")
+    add.add_argument(
+        "--corpus", required=True, nargs="+", help="a prepared corpus folder, or document files"
+    )
+    add.add_argument(
+        "--chunk-words", type=int, default=100, help="words per passage when preparing files"
+    )
     add.add_argument("--batch-size", type=int, default=64)
     _add_encoder_arguments(add, default=None)
     add.set_defaults(func=_add)
@@ -85,10 +111,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     info.add_argument("--verify", action="store_true", help="also check every file's SHA-256")
     info.set_defaults(func=_info)
 
-    evaluate = subparsers.add_parser("evaluate-retrieval", help="answer / gold recall@k and MRR of an index")
+    evaluate = subparsers.add_parser(
+        "evaluate-retrieval", help="answer / gold recall@k and MRR of an index"
+    )
     evaluate.add_argument("--index", required=True)
-    evaluate.add_argument("--data", required=True, help="JSONL with question and answers (or answer)")
-    evaluate.add_argument("-k", type=int, nargs="+", default=[1, 5, 20], help="cut-offs (default 1 5 20)")
+    evaluate.add_argument(
+        "--data", required=True, help="JSONL with question and answers (or answer)"
+    )
+    evaluate.add_argument(
+        "-k", type=int, nargs="+", default=[1, 5, 20], help="cut-offs (default 1 5 20)"
+    )
     evaluate.add_argument("--out", help="write per-question results to this JSONL file")
     evaluate.add_argument("--max-examples", type=int, default=None)
     evaluate.add_argument("--corpus", help="the base corpus's folder if it moved since the build")
@@ -111,9 +143,14 @@ def _load_retriever(encoder: str | None, index_folder: str | None = None):
 def _load_index(args: argparse.Namespace):
     from retriever.index import PassageIndex
 
-    return PassageIndex.load(args.index, retriever=_load_retriever(args.encoder, args.index), corpus=args.corpus,
-                             allow_encoder_mismatch=args.allow_encoder_mismatch, nprobe=args.nprobe,
-                             ef_search=args.ef_search)
+    return PassageIndex.load(
+        args.index,
+        retriever=_load_retriever(args.encoder, args.index),
+        corpus=args.corpus,
+        allow_encoder_mismatch=args.allow_encoder_mismatch,
+        nprobe=args.nprobe,
+        ef_search=args.ef_search,
+    )
 
 
 @_reports_errors
@@ -123,10 +160,22 @@ def _build(args: argparse.Namespace) -> int:
     from retriever.index_build import build_index
 
     started = time.perf_counter()
-    out = build_index(args.corpus, _load_retriever(args.encoder), args.out, spec=args.spec,
-                      batch_size=args.batch_size, chunk_size=args.chunk_size, train_sample=args.train_sample,
-                      keep_embeddings=args.keep_embeddings, nprobe=args.nprobe, ef_search=args.ef_search,
-                      seed=args.seed, overwrite=args.overwrite, restart=args.restart, encoder_source=args.encoder)
+    out = build_index(
+        args.corpus,
+        _load_retriever(args.encoder),
+        args.out,
+        spec=args.spec,
+        batch_size=args.batch_size,
+        chunk_size=args.chunk_size,
+        train_sample=args.train_sample,
+        keep_embeddings=args.keep_embeddings,
+        nprobe=args.nprobe,
+        ef_search=args.ef_search,
+        seed=args.seed,
+        overwrite=args.overwrite,
+        restart=args.restart,
+        encoder_source=args.encoder,
+    )
     print(f"index built in {time.perf_counter() - started:.1f} s → {out}")
     return 0
 
@@ -135,9 +184,14 @@ def _build(args: argparse.Namespace) -> int:
 def _add(args: argparse.Namespace) -> int:
     from retriever.index_update import add_passages
 
-    stats = add_passages(args.index, args.corpus, _load_retriever(args.encoder, args.index),
-                         batch_size=args.batch_size, chunk_words=args.chunk_words,
-                         allow_encoder_mismatch=args.allow_encoder_mismatch)
+    stats = add_passages(
+        args.index,
+        args.corpus,
+        _load_retriever(args.encoder, args.index),
+        batch_size=args.batch_size,
+        chunk_words=args.chunk_words,
+        allow_encoder_mismatch=args.allow_encoder_mismatch,
+    )
     print(f"added {stats.added} passages; {stats.count} live passages in {args.index}")
     return 0
 
@@ -147,8 +201,10 @@ def _remove(args: argparse.Namespace) -> int:
     from retriever.index_update import read_id_file, remove_passages
 
     stats = remove_passages(args.index, read_id_file(args.ids))
-    print(f"removed {stats.removed} passages ({stats.already_removed} already removed); "
-          f"{stats.count} live passages in {args.index}")
+    print(
+        f"removed {stats.removed} passages ({stats.already_removed} already removed); "
+        f"{stats.count} live passages in {args.index}"
+    )
     return 0
 
 
@@ -185,7 +241,9 @@ def _evaluate(args: argparse.Namespace) -> int:
     from tasks.io import write_jsonl
 
     examples = read_retrieval_examples(args.data)[: args.max_examples]
-    metrics, records = evaluate_retrieval(_load_index(args), examples, ks=args.k, batch_size=args.batch_size)
+    metrics, records = evaluate_retrieval(
+        _load_index(args), examples, ks=args.k, batch_size=args.batch_size
+    )
     if args.out:
         write_jsonl(args.out, records)
     print(json.dumps(metrics, indent=2))

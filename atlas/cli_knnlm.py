@@ -1,8 +1,8 @@
-"""`atlas knnlm {build,tune,eval}` and `atlas dispersion`: nearest-neighbour LMs from the command line.
+"""`atlas knnlm {build,tune,eval}` and `atlas dispersion`: nearest-neighbour LMs on the CLI.
 
     atlas knnlm build MODEL TEXT DATASTORE --keys ffn_input:-1 attn_output:-1
     atlas knnlm tune  MODEL DATASTORE VALID_TEXT --key ffn_input:-1 --out tuning.json
-    atlas knnlm eval  MODEL DATASTORE TEST_TEXT --key ffn_input:-1 --tuning tuning.json --out results/
+    atlas knnlm eval  MODEL DATASTORE TEST_TEXT --key ffn_input:-1 --tuning tuning.json --out res/
     atlas dispersion  MODEL TEXT
 
 MODEL is a local folder (weights + tokenizer) of a causal LM or a T5 model. The text of TUNE

@@ -44,14 +44,14 @@ def mean_pairwise_cosine_distance(
 def dispersion_regularised_loss(
     ce_loss: torch.Tensor, final_hidden: torch.Tensor, mu: float, mask: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """L = CE − μ · dispersion(final hidden states of the batch (B, T, d), non-padding `mask` (B, T))."""
+    """L = CE − μ · dispersion(final hidden states (B, T, d), non-padding mask (B, T))."""
     if mu == 0.0:
         return ce_loss
     return ce_loss - mu * mean_pairwise_cosine_distance(final_hidden, mask)
 
 
 class DispersionAccumulator:
-    """Running Σ unit vectors and count per key, giving the exact all-pairs dispersion at any time."""
+    """Running Σ unit vectors and count per key: the exact all-pairs dispersion at any time."""
 
     def __init__(self):
         self.sums: dict[str, torch.Tensor] = {}
@@ -68,7 +68,7 @@ class DispersionAccumulator:
         out = {}
         for name, total in self.sums.items():
             m = self.counts[name]
-            # Zero vectors normalise to zero and would bias the identity; real hidden states are never exactly 0.
+            # Zero vectors normalise to zero and would bias the identity; hidden states never are.
             out[name] = float(1.0 - (total.pow(2).sum() - m) / (m * (m - 1)))
         return out
 

@@ -57,7 +57,8 @@ def architecture_of(model: nn.Module) -> str:
     if hasattr(model, "model") and hasattr(model.model, "layers"):
         return "llama"
     raise ValueError(
-        f"cannot locate the blocks of {type(model).__name__}; supported layouts: {sorted(ARCHITECTURES)}"
+        f"cannot locate the blocks of {type(model).__name__}; "
+        f"supported layouts: {sorted(ARCHITECTURES)}"
     )
 
 

@@ -1,4 +1,4 @@
-"""kNN-LM search and interpolation: neighbours from a datastore, p_kNN with a temperature, λ/τ tuning.
+"""kNN-LM search and interpolation: neighbours, p_kNN with a temperature τ, λ/τ tuning.
 
     p(y | x) = λ · p_kNN(y | x) + (1 − λ) · p_LM(y | x)
     p_kNN(y | x) ∝ Σ_{neighbours i with value y} exp(−d_i / τ)
@@ -74,7 +74,7 @@ def perplexity(logprobs: np.ndarray) -> float:
 def exact_distances(
     queries: np.ndarray, keys: np.ndarray, ids: np.ndarray, metric: str, chunk: int = 128
 ) -> np.ndarray:
-    """Distances recomputed from stored keys: queries (Q, d), keys (N, d), ids (Q, k) → (Q, k) float64.
+    """Distances from stored keys: queries (Q, d), keys (N, d), ids (Q, k) → (Q, k) float64.
 
     l2: ‖q − k‖² (= ‖q‖² − 2 q·k + ‖k‖², summed as squared differences to avoid cancellation);
     ip: −q·k (so that smaller is nearer in both). `chunk` queries at a time bound the gathered keys.
@@ -107,7 +107,7 @@ def build_knn_index(
     add_chunk: int = 65_536,
     seed: int = 0,
 ) -> faiss.Index:
-    """Train and fill a FAISS index of `spec` (e.g. 'IVF1024,PQ32') over one key type; cached on disk."""
+    """Train and fill a FAISS index of `spec` (e.g. 'IVF1024,PQ32') over one key; cached on disk."""
     cache = datastore.path / (
         key_file_name(key_name)[:-4] + f".{spec.replace(',', '_')}.{metric}.faiss"
     )
@@ -175,7 +175,7 @@ def knn_lm_logprobs(
     query_chunk: int = 2048,
     limit: int | None = None,
 ) -> dict[tuple[float, float], np.ndarray]:
-    """Per-token kNN-LM log-probs of a query store for each (λ, τ) in `settings`, streamed in chunks.
+    """Per-token kNN-LM log-probs of a query store for each (λ, τ) in `settings`, in chunks.
 
     The query store holds the test text's keys, targets (values) and LM log-probs. Returns
     {(λ, τ): (Q,) float64}.

@@ -198,7 +198,7 @@ class FiDReader(nn.Module):
         max_length: int = 32,
         num_beams: int = 1,
     ) -> torch.Tensor:
-        """Greedy (`num_beams`=1) or beam-search decoding of the answer.
+        """Greedy (`num_beams`=1) or beam-search decoding of the answer (call in eval mode).
 
         Args:
             input_ids, attention_mask: (B, K, L).
@@ -324,8 +324,12 @@ def build_reader(
         kwargs = {} if dropout is None else {"dropout_rate": dropout}
         # fp32 master weights whatever the folder stores (a shipped fp16 checkpoint would
         # otherwise load as fp16, which CPU training cannot use); autocast handles bf16 runs
-        return FiDReader(T5ForConditionalGeneration.from_pretrained(str(folder), dtype=torch.float32, **kwargs))
-    if "/" in model and not model.startswith((".", "/")):  # a hub name, e.g. google/t5-base-lm-adapt
+        return FiDReader(
+            T5ForConditionalGeneration.from_pretrained(str(folder), dtype=torch.float32, **kwargs)
+        )
+    if "/" in model and not model.startswith(
+        (".", "/")
+    ):  # a hub name, e.g. google/t5-base-lm-adapt
         kwargs = {} if dropout is None else {"dropout_rate": dropout}
         return FiDReader(T5ForConditionalGeneration.from_pretrained(model, **kwargs))
     raise ValueError(

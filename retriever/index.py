@@ -1,0 +1,378 @@
+"""A saved passage index: load (checked), search, and update in place (add / remove passages).
+
+An index folder holds
+    manifest.json      what it is: encoder and corpus fingerprints, spec, counts, dim, dtype,
+                       faiss version, created, the corpus segments, and every file's size
+                       and SHA-256 (so a truncated or corrupted file is named, not crashed on)
+    vectors.gN.npy     float16 (N, d) embeddings: the index itself for `Flat` (searched by
+                       chunked torch matmul), else present only with `keep_embeddings`
+    index.gN.faiss     the FAISS index for every other spec, saved and loaded compressed only
+    removed.gN.npy     (N,) bool: positions of removed passages, never returned by search
+Files carry a generation number N; an update writes new files, then atomically replaces
+`manifest.json`, so a crash at any moment leaves the previous index intact.
+
+Positions (`Hit.row`) number the passages across segments: the build's corpus first, then
+each `add`ed corpus in turn. Build an index with `retriever.index_build.build_index`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+from retriever.corpus import Corpus
+from retriever.fingerprint import hash_file
+from retriever.index_types import exact_search, index_type, set_search_params
+from tasks.io import atomic_write_json
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+
+
+class InvalidIndexError(ValueError):
+    """An index folder that cannot be used as it is; the message says which file and why."""
+
+
+class EncoderMismatchError(InvalidIndexError):
+    """The encoder offered for search is not the one the index was built with."""
+
+
+class CorpusMismatchError(InvalidIndexError):
+    """The corpus offered is not the one the index was built on."""
+
+
+@dataclass
+class Hit:
+    """One retrieved passage. `row` is its index position (the row of `PassageIndex.embeddings`)."""
+
+    id: str
+    score: float
+    title: str
+    text: str
+    row: int
+    wikipedia_id: str = ""
+    doc_id: str = ""
+    section: str = ""
+
+
+def read_manifest(path: str | os.PathLike) -> dict:
+    """The parsed `manifest.json` of an index folder, with a clear error when absent or corrupt."""
+    manifest_path = Path(path) / MANIFEST
+    if not manifest_path.is_file():
+        raise FileNotFoundError(
+            f"{path} is not an index (no {MANIFEST}); build one with `atlas index build`"
+        )
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InvalidIndexError(f"{manifest_path}: corrupted manifest ({e})") from None
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise InvalidIndexError(
+            f"{manifest_path}: format_version {manifest.get('format_version')!r}, expected {FORMAT_VERSION}"
+        )
+    return manifest
+
+
+def file_record(path: Path) -> dict:
+    """Size and SHA-256 of a file, as stored in the manifest."""
+    return {"name": path.name, "bytes": path.stat().st_size, "sha256": hash_file(path)}
+
+
+def check_file(folder: Path, record: dict, *, verify_hash: bool) -> Path:
+    """Raise `InvalidIndexError` naming the file when it is missing, truncated or (optionally) corrupted."""
+    path = folder / record["name"]
+    if not path.is_file():
+        raise InvalidIndexError(f"{path}: missing index file")
+    size = path.stat().st_size
+    if size != record["bytes"]:
+        raise InvalidIndexError(
+            f"{path}: truncated or altered ({size} bytes, manifest says {record['bytes']})"
+        )
+    if verify_hash and hash_file(path) != record["sha256"]:
+        raise InvalidIndexError(f"{path}: corrupted (SHA-256 differs from the manifest)")
+    return path
+
+
+def check_encoder(
+    manifest: dict, fingerprint: str, where: str, *, allow_mismatch: bool = False
+) -> None:
+    """Refuse an encoder whose passage fingerprint differs from the one the index was built with."""
+    if fingerprint != manifest["encoder_fingerprint"] and not allow_mismatch:
+        raise EncoderMismatchError(
+            f"{where}: the index was built with passage encoder {manifest['encoder_fingerprint'][:12]}… but "
+            f"the encoder given has fingerprint {fingerprint[:12]}…; its vectors would not be comparable. "
+            "Rebuild the index with this encoder (or pass --allow-encoder-mismatch if you know better)"
+        )
+
+
+def open_corpus(folder: Path, segment: dict, override: str | os.PathLike | None = None) -> Corpus:
+    """Open a segment's corpus (relative paths are inside the index) and check its fingerprint."""
+    path = Path(override) if override is not None else folder / segment["corpus"]
+    corpus = Corpus.load(path)
+    if corpus.fingerprint != segment["fingerprint"]:
+        raise CorpusMismatchError(
+            f"corpus {path} (fingerprint {corpus.fingerprint[:12]}…) is not the corpus the index {folder} was "
+            f"built on (fingerprint {segment['fingerprint'][:12]}…); build an index for it with `atlas index build`"
+        )
+    if len(corpus) != segment["count"]:
+        raise CorpusMismatchError(
+            f"corpus {path} has {len(corpus)} passages, the index expects {segment['count']}"
+        )
+    return corpus
+
+
+class PassageIndex:
+    """A loaded index: vectors (or a FAISS index) + the corpora their positions point into.
+
+    Use `PassageIndex.load`; then `search(queries, k)` with strings (needs the retriever it
+    was loaded with) or with query vectors (Q, d).
+    """
+
+    def __init__(
+        self,
+        folder: Path,
+        manifest: dict,
+        *,
+        corpora: list[Corpus],
+        vectors: np.ndarray | None,
+        faiss_index: faiss.Index | None,
+        removed: np.ndarray,
+        retriever=None,
+        nprobe: int | None = None,
+        ef_search: int | None = None,
+    ):
+        self.folder = folder
+        self.manifest = manifest
+        self.corpora = corpora
+        self.vectors = vectors  # (N, d) float16 memmap, or None
+        self.faiss_index = faiss_index
+        self.removed = removed  # (N,) bool
+        self.retriever = retriever
+        self._offsets = np.array([s["offset"] for s in manifest["segments"]], dtype=np.int64)
+        self.nprobe = nprobe if nprobe is not None else manifest.get("nprobe", 32)
+        self.ef_search = ef_search if ef_search is not None else manifest.get("ef_search", 128)
+        if faiss_index is not None:
+            set_search_params(faiss_index, nprobe=self.nprobe, ef_search=self.ef_search)
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike,
+        *,
+        retriever=None,
+        corpus: str | os.PathLike | None = None,
+        allow_encoder_mismatch: bool = False,
+        verify: bool = True,
+        mmap: bool = True,
+        nprobe: int | None = None,
+        ef_search: int | None = None,
+    ) -> PassageIndex:
+        """Open an index folder on CPU, checking files, encoder and corpus.
+
+        retriever: a `Retriever` whose passage fingerprint must equal the manifest's (unless
+        `allow_encoder_mismatch`); needed to search with strings. corpus: the base corpus's
+        folder when it moved (its fingerprint must match). verify: check every file's SHA-256
+        (sizes are always checked). mmap: memory-map the FAISS index where FAISS allows
+        (float16 vectors are always memory-mapped); an index opened so is read-only.
+        """
+        folder = Path(path)
+        manifest = read_manifest(folder)
+        if retriever is not None:
+            check_encoder(
+                manifest,
+                retriever.passage_fingerprint(),
+                str(folder),
+                allow_mismatch=allow_encoder_mismatch,
+            )
+        files = manifest["files"]
+        for record in files.values():
+            check_file(folder, record, verify_hash=verify)
+        corpora = [
+            open_corpus(folder, seg, corpus if i == 0 else None)
+            for i, seg in enumerate(manifest["segments"])
+        ]
+        vectors = None
+        if "vectors" in files:
+            vectors = _load_npy(folder / files["vectors"]["name"], mmap_mode="r")
+            if vectors.shape != (manifest["total"], manifest["dim"]) or vectors.dtype != np.float16:
+                raise InvalidIndexError(
+                    f"{folder / files['vectors']['name']}: shape {vectors.shape} {vectors.dtype}, "
+                    f"manifest says ({manifest['total']}, {manifest['dim']}) float16"
+                )
+        faiss_index = None
+        if "faiss" in files:
+            faiss_index = read_faiss(folder / files["faiss"]["name"], mmap=mmap)
+            if faiss_index.ntotal != manifest["total"] or faiss_index.d != manifest["dim"]:
+                raise InvalidIndexError(
+                    f"{folder / files['faiss']['name']}: {faiss_index.ntotal} vectors of dim "
+                    f"{faiss_index.d}, manifest says {manifest['total']} of dim {manifest['dim']}"
+                )
+        removed = _load_npy(folder / files["removed"]["name"])
+        return cls(
+            folder,
+            manifest,
+            corpora=corpora,
+            vectors=vectors,
+            faiss_index=faiss_index,
+            removed=removed.astype(bool),
+            retriever=retriever,
+            nprobe=nprobe,
+            ef_search=ef_search,
+        )
+
+    def __len__(self) -> int:
+        """The number of live (not removed) passages."""
+        return int(self.manifest["count"])
+
+    @property
+    def dim(self) -> int:
+        """The embedding dimension d."""
+        return int(self.manifest["dim"])
+
+    def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Map index positions to (segment number, row in that segment's corpus)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        segment = np.searchsorted(self._offsets, rows, side="right") - 1
+        return segment, rows - self._offsets[segment]
+
+    def passages(self, rows) -> list[dict]:
+        """The passage dicts at index positions `rows`, in that order."""
+        segments, local = self.locate(np.asarray(list(rows), dtype=np.int64))
+        return [self.corpora[int(s)][int(r)] for s, r in zip(segments, local)]
+
+    def embeddings(self, rows) -> np.ndarray:
+        """The stored float16 embeddings at positions `rows` as (len(rows), d) float32.
+
+        Available for `Flat` indexes and for others built with `keep_embeddings`."""
+        if self.vectors is None:
+            raise InvalidIndexError(
+                f"{self.folder}: embeddings were not kept (spec {self.manifest['spec']}); "
+                "rebuild with --keep-embeddings"
+            )
+        return np.asarray(self.vectors[np.asarray(rows, dtype=np.int64)], dtype=np.float32)
+
+    def search_vectors(self, query_vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k positions of live passages: (Q, d) float32 → (scores, rows), each (Q, k).
+
+        Rows are -1 (score -inf) where fewer than k passages are live."""
+        query_vectors = np.ascontiguousarray(query_vectors, dtype=np.float32)
+        if query_vectors.ndim != 2 or query_vectors.shape[1] != self.dim:
+            raise ValueError(f"query vectors must be (Q, {self.dim}), got {query_vectors.shape}")
+        any_removed = bool(self.removed.any())
+        if self.faiss_index is None:
+            scores, rows = exact_search(
+                query_vectors, self.vectors, k, "ip", exclude=self.removed if any_removed else None
+            )
+        else:
+            params = None
+            if any_removed:
+                bitmap = np.packbits(~self.removed, bitorder="little")  # live positions
+                selector = faiss.IDSelectorBitmap(len(self.removed), faiss.swig_ptr(bitmap))
+                params = _search_parameters(self.faiss_index, selector, self.nprobe, self.ef_search)
+            scores, rows = self.faiss_index.search(query_vectors, k, params=params)
+        if rows.shape[1] < k:  # exact search returns at most the number of live passages
+            pad = k - rows.shape[1]
+            rows = np.pad(rows, ((0, 0), (0, pad)), constant_values=-1)
+            scores = np.pad(scores, ((0, 0), (0, pad)), constant_values=-np.inf)
+        return scores, rows
+
+    def search(
+        self, queries: list[str] | np.ndarray, k: int, *, batch_size: int = 64
+    ) -> list[list[Hit]]:
+        """Retrieve the top-k passages for each query: Q lists of Hits, best first.
+
+        queries: strings (embedded with the retriever's query encoder) or (Q, d) vectors as a
+        numpy array or torch tensor."""
+        if len(queries) == 0:
+            return []
+        if isinstance(queries[0], str):
+            if self.retriever is None:
+                raise ValueError("searching with strings needs the index loaded with a retriever")
+            query_vectors = self.retriever.embed_queries(list(queries), batch_size=batch_size)
+        else:
+            if hasattr(queries, "detach"):  # a torch tensor, possibly with grad or on GPU
+                queries = queries.detach().float().cpu().numpy()
+            query_vectors = np.asarray(queries, dtype=np.float32)
+        scores, rows = self.search_vectors(query_vectors, k)
+        hits: list[list[Hit]] = []
+        for q_scores, q_rows in zip(scores, rows):
+            keep = q_rows >= 0
+            passages = self.passages(q_rows[keep])
+            hits.append(
+                [
+                    Hit(
+                        id=p["id"],
+                        score=float(s),
+                        title=p["title"],
+                        text=p["text"],
+                        row=int(r),
+                        wikipedia_id=p.get("wikipedia_id") or "",
+                        doc_id=p.get("doc_id") or "",
+                        section=p.get("section") or "",
+                    )
+                    for p, s, r in zip(passages, q_scores[keep], q_rows[keep])
+                ]
+            )
+        return hits
+
+    def info(self) -> dict:
+        """A summary for `atlas index info`: the manifest plus sizes on disk."""
+        return index_summary(self.manifest)
+
+
+def index_summary(manifest: dict) -> dict:
+    """The manifest without file hashes, plus total bytes on disk and bytes per live passage."""
+    size = sum(r["bytes"] for r in manifest["files"].values())
+    return {
+        **{k: v for k, v in manifest.items() if k != "files"},
+        "bytes_on_disk": size,
+        "bytes_per_passage": round(size / max(manifest["count"], 1), 2),
+        "files": {role: r["name"] for role, r in manifest["files"].items()},
+    }
+
+
+def _search_parameters(index: faiss.Index, selector, nprobe: int, ef_search: int):
+    """Search parameters carrying an id selector (and the index family's own knob)."""
+    if faiss.try_extract_index_ivf(index) is not None:
+        return faiss.SearchParametersIVF(sel=selector, nprobe=nprobe)
+    if getattr(faiss.downcast_index(index), "hnsw", None) is not None:
+        return faiss.SearchParametersHNSW(sel=selector, efSearch=ef_search)
+    return faiss.SearchParameters(sel=selector)
+
+
+def _load_npy(path: Path, mmap_mode: str | None = None) -> np.ndarray:
+    try:
+        return np.load(path, mmap_mode=mmap_mode, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise InvalidIndexError(f"{path}: unreadable array ({e})") from None
+
+
+def read_faiss(path: Path, *, mmap: bool = True) -> faiss.Index:
+    """Read a FAISS index file, memory-mapped where the index type allows; clear error if corrupt."""
+    try:
+        if mmap:
+            try:
+                flags = faiss.IO_FLAG_MMAP | faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY
+                return faiss.read_index(str(path), flags)
+            except RuntimeError:
+                pass  # this index type cannot be mapped: read it into memory
+        return faiss.read_index(str(path))
+    except RuntimeError as e:
+        raise InvalidIndexError(
+            f"{path}: unreadable FAISS index ({str(e).splitlines()[0]})"
+        ) from None
+
+
+def write_manifest(folder: Path, manifest: dict) -> None:
+    """Atomically replace the manifest (the commit point of every build and update)."""
+    atomic_write_json(folder / MANIFEST, manifest)
+
+
+def index_type_of(manifest: dict):
+    """The registry entry (retriever.index_types.INDEX_TYPES) of a manifest's spec."""
+    return index_type(manifest["spec"], manifest["dim"])

@@ -1,0 +1,239 @@
+"""Build a passage index, resumably: embed the corpus chunk by chunk, then index the vectors.
+
+Embeddings go into a float16 `.npy` memmap in a work folder beside the output
+(`OUT.building/`), one chunk of `chunk_size` passages at a time; after each chunk the
+memmap is flushed and `progress.json` is atomically rewritten. Kill the build at any
+moment and the same call continues after the last completed chunk. Each chunk's vectors
+depend only on its passages and the batch size, and the creation time is kept from the
+first attempt, so a resumed build writes the same bytes as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import faiss
+import numpy as np
+from numpy.lib.format import open_memmap
+from tqdm.auto import tqdm
+
+from retriever.corpus import Corpus
+from retriever.index import FORMAT_VERSION, file_record, write_manifest
+from retriever.index_types import build_faiss_index, index_type
+from tasks.io import atomic_directory, atomic_write_json
+
+PROGRESS = "progress.json"
+
+
+def work_dir_for(out: str | os.PathLike) -> Path:
+    """The folder holding a build's partial embeddings and progress (removed on success)."""
+    out = Path(out)
+    return out.with_name(out.name + ".building")
+
+
+def embed_corpus(
+    corpus: Corpus,
+    retriever,
+    work_dir: Path,
+    *,
+    batch_size: int = 64,
+    chunk_size: int = 8192,
+    progress: bool = True,
+    restart: bool = False,
+    on_chunk: Callable[[int], None] | None = None,
+) -> tuple[Path, dict]:
+    """Embed every passage of `corpus` into `work_dir/vectors.npy` ((N, d) float16), resumably.
+
+    Returns the file and the progress record. A work folder left by an earlier attempt is
+    resumed when it was started with the same encoder, corpus, chunk and batch size;
+    otherwise `ValueError` says what differs (`restart=True` discards it). `on_chunk(i)` is
+    called after chunk i is durably recorded (progress reporting; tests stop builds there).
+    """
+    settings = {
+        "encoder_fingerprint": retriever.passage_fingerprint(),
+        "corpus_fingerprint": corpus.fingerprint,
+        "count": len(corpus),
+        "dim": retriever.dim,
+        "chunk_size": chunk_size,
+        "batch_size": batch_size,
+    }
+    vectors_path, progress_path = work_dir / "vectors.npy", work_dir / PROGRESS
+    if restart and work_dir.exists():
+        shutil.rmtree(work_dir)
+    if progress_path.is_file():
+        state = json.loads(progress_path.read_text())
+        differing = [k for k in settings if state.get(k) != settings[k]]
+        if differing:
+            raise ValueError(
+                f"{work_dir}: an unfinished build with different {', '.join(differing)} is there; "
+                "pass --restart to discard it"
+            )
+        vectors = open_memmap(vectors_path, mode="r+")
+    else:
+        work_dir.mkdir(parents=True, exist_ok=True)
+        state = {
+            **settings,
+            "completed_chunks": 0,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        vectors = open_memmap(
+            vectors_path, mode="w+", dtype=np.float16, shape=(len(corpus), retriever.dim)
+        )
+        atomic_write_json(progress_path, state)
+    n_chunks = -(-len(corpus) // chunk_size)
+    done_rows = min(state["completed_chunks"] * chunk_size, len(corpus))
+    bar = tqdm(
+        total=len(corpus),
+        initial=done_rows,
+        unit="passage",
+        desc="embedding",
+        disable=not progress,
+        dynamic_ncols=True,
+    )
+    for chunk in range(state["completed_chunks"], n_chunks):
+        start = chunk * chunk_size
+        stop = min(start + chunk_size, len(corpus))
+        passages = corpus.rows(range(start, stop))
+        vectors[start:stop] = retriever.embed_passages(passages, batch_size=batch_size).astype(
+            np.float16
+        )
+        vectors.flush()  # the data must be on disk before progress says so
+        state["completed_chunks"] = chunk + 1
+        atomic_write_json(progress_path, state)
+        bar.update(stop - start)
+        if on_chunk is not None:
+            on_chunk(chunk)
+    bar.close()
+    del vectors
+    return vectors_path, state
+
+
+def train_and_fill(
+    spec: str,
+    vectors: np.ndarray,
+    *,
+    train_sample: int = 262144,
+    seed: int = 0,
+    add_chunk: int = 65536,
+) -> faiss.Index:
+    """A FAISS index of `spec` (inner product) trained on a seeded sample of `vectors`
+    ((N, d) float16/32, memmap ok) and filled with all of them, chunk by chunk."""
+    n, dim = vectors.shape
+    index = build_faiss_index(spec, dim, "ip")
+    if index_type(spec, dim).needs_training:
+        rng = np.random.default_rng(seed)
+        sample = np.sort(rng.choice(n, size=min(train_sample, n), replace=False))
+        index.train(np.asarray(vectors[sample], dtype=np.float32))
+    for start in range(0, n, add_chunk):
+        index.add(np.asarray(vectors[start : start + add_chunk], dtype=np.float32))
+    return index
+
+
+def link_or_copy(source: Path, target: Path) -> None:
+    """Hard-link `source` at `target` (no copy on one file system), else copy it."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
+
+
+def build_index(
+    corpus_path: str | os.PathLike,
+    retriever,
+    out: str | os.PathLike,
+    *,
+    spec: str = "Flat",
+    batch_size: int = 64,
+    chunk_size: int = 8192,
+    train_sample: int = 262144,
+    keep_embeddings: bool = False,
+    nprobe: int = 32,
+    ef_search: int = 128,
+    seed: int = 0,
+    progress: bool = True,
+    overwrite: bool = False,
+    restart: bool = False,
+    on_chunk: Callable[[int], None] | None = None,
+    encoder_source: str | None = None,
+) -> Path:
+    """Embed the prepared corpus at `corpus_path` with `retriever`'s passage encoder and save
+    an index of `spec` at `out` (written atomically). Resumable: see `embed_corpus`.
+
+    A `Flat` index is the float16 embeddings themselves (exact search by torch matmul); any
+    other spec saves only its FAISS index unless `keep_embeddings`. `encoder_source` (the
+    path or name the retriever was loaded from) is recorded so search can default to it.
+    """
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"{out} already exists (pass --overwrite to replace it)")
+    index_type(spec, retriever.dim)  # reject a bad spec before minutes of embedding
+    corpus = Corpus.load(corpus_path)
+    work_dir = work_dir_for(out)
+    vectors_path, state = embed_corpus(
+        corpus,
+        retriever,
+        work_dir,
+        batch_size=batch_size,
+        chunk_size=chunk_size,
+        progress=progress,
+        restart=restart,
+        on_chunk=on_chunk,
+    )
+    vectors = np.load(vectors_path, mmap_mode="r")
+    files: dict[str, dict] = {}
+    with atomic_directory(out, overwrite=overwrite) as tmp:
+        if spec.strip() != "Flat":
+            faiss.write_index(
+                train_and_fill(spec, vectors, train_sample=train_sample, seed=seed),
+                str(tmp / "index.g1.faiss"),
+            )
+            files["faiss"] = file_record(tmp / "index.g1.faiss")
+        if spec.strip() == "Flat" or keep_embeddings:
+            link_or_copy(vectors_path, tmp / "vectors.g1.npy")
+            files["vectors"] = file_record(tmp / "vectors.g1.npy")
+        np.save(tmp / "removed.g1.npy", np.zeros(len(corpus), dtype=bool))
+        files["removed"] = file_record(tmp / "removed.g1.npy")
+        write_manifest(
+            tmp,
+            {
+                "format_version": FORMAT_VERSION,
+                "spec": spec.strip(),
+                "metric": "ip",
+                "dim": retriever.dim,
+                "dtype": "float16",
+                "count": len(corpus),
+                "total": len(corpus),
+                "generation": 1,
+                "encoder_fingerprint": state["encoder_fingerprint"],
+                "encoder": {
+                    "source": encoder_source,
+                    "passage_format": retriever.passage_format,
+                    "passage_maxlength": retriever.passage_maxlength,
+                },
+                "segments": [
+                    {
+                        "corpus": str(Path(corpus_path).resolve()),
+                        "fingerprint": corpus.fingerprint,
+                        "count": len(corpus),
+                        "offset": 0,
+                    }
+                ],
+                "keep_embeddings": "vectors" in files,
+                "nprobe": nprobe,
+                "ef_search": ef_search,
+                "train_sample": train_sample,
+                "seed": seed,
+                "faiss_version": faiss.__version__,
+                "created": state["created"],
+                "build": {"batch_size": batch_size, "chunk_size": chunk_size},
+                "files": files,
+            },
+        )
+    del vectors
+    shutil.rmtree(work_dir)
+    return out

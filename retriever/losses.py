@@ -1,0 +1,304 @@
+"""Retriever losses: the retriever is trained through the reader (SPEC "The model, exactly").
+
+Each loss has two halves:
+  * `gold_scores`: what the reader thinks of each passage, computed under `torch.no_grad()`
+    with the reader in eval mode (its mode is restored afterwards), so the retriever loss
+    never sends gradient into the reader;
+  * `loss`: the retriever-side objective from the raw retriever scores s (B, K) (inner
+    products; scaled here to s' = s / sqrt(dim)) and the gold scores.
+
+For `adist`, `pdist` and `loop`: KL(p_gold ‖ p_retr), p_gold = softmax(gold / τ_gold),
+p_retr = softmax(s' / τ_score), summed over passages and averaged over the batch.
+`emdr` maximises log Σ_k p_retr(d_k | q) · p_reader(a | q, d_k)^(1/τ_gold).
+
+This module depends on the reader only through the `GoldReader` protocol (the methods of
+`reader.fid.FiDReader`), keeping `retriever/` independent of `reader/`.
+
+Shapes: B examples, K passages, L tokens per passage, H reader width, T target tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from typing import ClassVar, Protocol
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+
+
+class GoldReader(Protocol):
+    """What the gold computations need from the reader (implemented by `FiDReader`)."""
+
+    training: bool
+
+    def train(self, mode: bool = True): ...
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor: ...
+    def per_passage_token_logprobs(
+        self,
+        encoder_states: torch.Tensor,
+        attention_mask: torch.Tensor,
+        labels: torch.Tensor,
+        temperature: float = 1.0,
+    ) -> torch.Tensor: ...
+    def leave_one_out_nll(
+        self,
+        encoder_states: torch.Tensor,
+        attention_mask: torch.Tensor,
+        labels: torch.Tensor,
+    ) -> torch.Tensor: ...
+    def cross_attention_scores(
+        self,
+        encoder_states: torch.Tensor,
+        attention_mask: torch.Tensor,
+        labels: torch.Tensor,
+    ) -> torch.Tensor: ...
+
+
+def masked_log_softmax(logits: torch.Tensor, present: torch.Tensor | None) -> torch.Tensor:
+    """log softmax over passages (last axis); absent passages (present False) get -inf."""
+    if present is not None:
+        logits = logits.masked_fill(~present, float("-inf"))
+    return F.log_softmax(logits, dim=-1)
+
+
+def scaled_log_probs(
+    scores: torch.Tensor, dim: int, temperature: float, present: torch.Tensor | None = None
+) -> torch.Tensor:
+    """log softmax(s / sqrt(dim) / temperature) over passages: (B, K) → (B, K)."""
+    return masked_log_softmax(scores.float() / math.sqrt(dim) / temperature, present)
+
+
+def kl_distillation(
+    scores: torch.Tensor,
+    gold: torch.Tensor,
+    *,
+    dim: int,
+    temperature_gold: float,
+    temperature_score: float,
+    present: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """KL(p_gold ‖ p_retr) summed over passages, averaged over the batch.
+
+    Args:
+        scores: (B, K) raw retriever inner products (with gradient).
+        gold: (B, K) gold scores (no gradient).
+        dim: retriever embedding dimension (for the 1/sqrt(dim) scaling).
+        present: (B, K) bool, False for padding passages (left out of both distributions).
+    Returns:
+        scalar loss.
+    """
+    log_p_gold = masked_log_softmax(gold.float() / temperature_gold, present)
+    log_p_retr = scaled_log_probs(scores, dim, temperature_score, present)
+    terms = log_p_gold.exp() * (log_p_gold - log_p_retr)
+    if present is not None:  # absent passages: 0 · (-inf - -inf) would be nan
+        terms = torch.where(present, terms, torch.zeros_like(terms))
+    return terms.sum(-1).mean()
+
+
+class RetrieverLoss(ABC):
+    """A retriever loss: gold scores from the reader, then the loss on retriever scores."""
+
+    name: ClassVar[str]
+    trains_retriever: ClassVar[bool] = True
+
+    def __init__(self, *, temperature_gold: float = 0.01, temperature_score: float = 0.01) -> None:
+        if temperature_gold <= 0 or temperature_score <= 0:
+            raise ValueError(
+                f"temperatures must be positive, got gold={temperature_gold}, "
+                f"score={temperature_score}"
+            )
+        self.temperature_gold = temperature_gold
+        self.temperature_score = temperature_score
+
+    def gold_scores(
+        self,
+        reader: GoldReader,
+        input_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor,
+        labels: torch.Tensor,
+        encoder_states: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The reader's gold scores, under no-grad with the reader in eval mode.
+
+        Args:
+            input_ids: (B, K, L) reader inputs for all K passages the loss covers.
+            attention_mask: (B, K, L).
+            labels: (B, T), -100 at ignored positions.
+            encoder_states: (B, K, L, H) eval-mode encoder states to reuse (for example the
+                training pass's states when the reader has no dropout); encoded here if None.
+        Returns:
+            gold scores: (B, K), or (B, K, T) for token-level EMDR².
+        """
+        was_training = reader.training
+        reader.train(False)
+        try:
+            with torch.no_grad():
+                if encoder_states is None:
+                    encoder_states = reader.encode(input_ids, attention_mask)
+                return self._gold(reader, encoder_states.detach(), attention_mask, labels)
+        finally:
+            reader.train(was_training)
+
+    @abstractmethod
+    def _gold(
+        self,
+        reader: GoldReader,
+        encoder_states: torch.Tensor,
+        attention_mask: torch.Tensor,
+        labels: torch.Tensor,
+    ) -> torch.Tensor:
+        """Gold scores from eval-mode encoder states (B, K, L, H)."""
+
+    def loss(
+        self,
+        scores: torch.Tensor,
+        gold: torch.Tensor,
+        labels: torch.Tensor,
+        *,
+        dim: int,
+        present: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The loss from retriever scores (B, K) and gold scores; default: KL distillation.
+
+        `present` (B, K) bool marks real passages; padding passages are left out.
+        """
+        return kl_distillation(
+            scores,
+            gold,
+            dim=dim,
+            temperature_gold=self.temperature_gold,
+            temperature_score=self.temperature_score,
+            present=present,
+        )
+
+    def __call__(
+        self,
+        reader: GoldReader,
+        scores: torch.Tensor,
+        input_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor,
+        labels: torch.Tensor,
+        *,
+        dim: int,
+        encoder_states: torch.Tensor | None = None,
+    ) -> torch.Tensor | None:
+        """Gold scores then loss; scores: (B, K) raw inner products. Returns a scalar.
+
+        Passages whose attention mask is all zero (padding rows) are left out of the loss.
+        """
+        gold = self.gold_scores(reader, input_ids, attention_mask, labels, encoder_states)
+        present = attention_mask.bool().any(-1)  # (B, K)
+        return self.loss(scores, gold, labels, dim=dim, present=present)
+
+
+class AttentionDistillation(RetrieverLoss):
+    """`adist`: gold = cross-attention probability × value norm mass on each passage."""
+
+    name = "adist"
+
+    def _gold(self, reader, encoder_states, attention_mask, labels):
+        return reader.cross_attention_scores(encoder_states, attention_mask, labels)
+
+
+class PerplexityDistillation(RetrieverLoss):
+    """`pdist`: gold = mean token log-likelihood of the target reading passage k alone."""
+
+    name = "pdist"
+
+    def _gold(self, reader, encoder_states, attention_mask, labels):
+        token_logprobs = reader.per_passage_token_logprobs(encoder_states, attention_mask, labels)
+        n_tokens = (labels != IGNORE_INDEX).sum(-1).clamp(min=1)  # (B,)
+        return token_logprobs.sum(-1) / n_tokens.unsqueeze(-1)
+
+
+class LeaveOneOut(RetrieverLoss):
+    """`loop`: gold = mean token NLL of the target reading every passage but k."""
+
+    name = "loop"
+
+    def _gold(self, reader, encoder_states, attention_mask, labels):
+        return reader.leave_one_out_nll(encoder_states, attention_mask, labels)
+
+
+class EMDR(RetrieverLoss):
+    """`emdr`: −log Σ_k p_retr(d_k | q) · p_reader(a | q, d_k)^(1/τ_gold), batch mean.
+
+    granularity "sequence" (default): p_reader(a | q, d_k) = Π_t p(a_t | …), gold (B, K) is
+    Σ_t log p(a_t | …). granularity "token" (the reference implementation's): the mixture
+    is taken per target token with the reader's logits divided by τ_gold inside the softmax,
+    −Σ_{b,t} log Σ_k p_retr(k) · softmax(z_{k,t} / τ_gold)[a_t] / (number of target tokens);
+    gold (B, K, T).
+    """
+
+    name = "emdr"
+    GRANULARITIES = ("sequence", "token")
+
+    def __init__(
+        self,
+        *,
+        temperature_gold: float = 0.01,
+        temperature_score: float = 0.01,
+        granularity: str = "sequence",
+    ) -> None:
+        super().__init__(temperature_gold=temperature_gold, temperature_score=temperature_score)
+        if granularity not in self.GRANULARITIES:
+            raise ValueError(
+                f"unknown emdr granularity {granularity!r}; valid: {list(self.GRANULARITIES)}"
+            )
+        self.granularity = granularity
+
+    def _gold(self, reader, encoder_states, attention_mask, labels):
+        if self.granularity == "token":
+            return reader.per_passage_token_logprobs(
+                encoder_states, attention_mask, labels, temperature=self.temperature_gold
+            )
+        return reader.per_passage_token_logprobs(encoder_states, attention_mask, labels).sum(-1)
+
+    def loss(self, scores, gold, labels, *, dim, present=None):
+        # Absent passages get log p_retr = -inf, so they drop out of the mixtures.
+        log_p_retr = scaled_log_probs(scores, dim, self.temperature_score, present)  # (B, K)
+        if self.granularity == "token":
+            mixed = torch.logsumexp(log_p_retr.unsqueeze(-1) + gold.float(), dim=1)  # (B, T)
+            valid = labels != IGNORE_INDEX
+            return -(mixed * valid).sum() / valid.sum().clamp(min=1)
+        return -torch.logsumexp(log_p_retr + gold.float() / self.temperature_gold, dim=-1).mean()
+
+
+class NoRetrieverLoss(RetrieverLoss):
+    """`none`: the retriever is frozen; no gold scores are computed and the loss is None."""
+
+    name = "none"
+    trains_retriever = False
+
+    def _gold(self, reader, encoder_states, attention_mask, labels):
+        raise RuntimeError("the 'none' retriever loss computes no gold scores")
+
+    def __call__(
+        self, reader, scores, input_ids, attention_mask, labels, *, dim, encoder_states=None
+    ):
+        return None
+
+
+RETRIEVER_LOSSES: dict[str, type[RetrieverLoss]] = {
+    cls.name: cls
+    for cls in (AttentionDistillation, PerplexityDistillation, LeaveOneOut, EMDR, NoRetrieverLoss)
+}
+
+
+def build_retriever_loss(
+    name: str,
+    *,
+    temperature_gold: float = 0.01,
+    temperature_score: float = 0.01,
+    emdr_granularity: str = "sequence",
+) -> RetrieverLoss:
+    """The retriever loss registered as `name`; ValueError listing the valid names otherwise."""
+    if name not in RETRIEVER_LOSSES:
+        raise ValueError(f"unknown retriever loss {name!r}; valid: {sorted(RETRIEVER_LOSSES)}")
+    kwargs = {"temperature_gold": temperature_gold, "temperature_score": temperature_score}
+    if name == "emdr":
+        kwargs["granularity"] = emdr_granularity
+    return RETRIEVER_LOSSES[name](**kwargs)

@@ -1,0 +1,111 @@
+"""ContrieverEncoder / Retriever: parity with sentence-transformers, pooling, save/load, fingerprints."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from retriever.encoder import ContrieverEncoder, Retriever, default_encoder_path
+
+TEXTS = [
+    "The Eiffel Tower is in Paris.",
+    "who wrote the declaration of independence",
+    (
+        "A much longer passage about the history of the printing press, movable type, Gutenberg, and the "
+        "spread of literacy across Europe during the fifteenth and sixteenth centuries."
+    ),
+    "short",
+    "Photosynthesis converts light energy into chemical energy in plants.",
+]
+
+
+@pytest.fixture(scope="module")
+def minilm() -> ContrieverEncoder:
+    return ContrieverEncoder.from_pretrained(default_encoder_path("minilm"))
+
+
+def test_reads_sentence_transformers_settings(minilm):
+    assert (
+        minilm.pooling == "mean"
+        and minilm.normalize
+        and minilm.max_length == 256
+        and minilm.dim == 384
+    )
+
+
+def test_matches_sentence_transformers_encode(minilm):
+    from sentence_transformers import SentenceTransformer
+
+    reference = SentenceTransformer(default_encoder_path("minilm"), device="cpu").encode(
+        TEXTS, batch_size=2, convert_to_numpy=True
+    )
+    ours = minilm.encode_texts(TEXTS, batch_size=2)
+    assert ours.dtype == np.float32 and ours.shape == (5, 384)
+    np.testing.assert_allclose(ours, reference, atol=1e-5)
+
+
+def test_mean_pooling_ignores_padding(minilm):
+    # the same text alone (no padding) and beside a long text (heavy padding) → same vector
+    alone = minilm.encode_texts([TEXTS[3]], batch_size=1)
+    padded = minilm.encode_texts([TEXTS[2], TEXTS[3]], batch_size=2)[1]
+    np.testing.assert_allclose(alone[0], padded, atol=1e-5)
+
+
+def test_mean_pooling_formula_in_float64(minilm):
+    batch = minilm.tokenize(TEXTS[:3])
+    with torch.no_grad():
+        hidden = minilm.model(**batch).last_hidden_state.double()
+        pooled = minilm(**batch).double()
+    for i in range(3):
+        n = int(batch["attention_mask"][i].sum())
+        mean = hidden[i, :n].mean(dim=0)
+        expected = mean / mean.norm()
+        torch.testing.assert_close(pooled[i], expected, atol=1e-5, rtol=0)
+
+
+def test_sorted_and_unsorted_batches_give_input_order(minilm):
+    sorted_ = minilm.encode_texts(TEXTS, batch_size=2, sort_by_length=True)
+    naive = minilm.encode_texts(TEXTS, batch_size=2, sort_by_length=False)
+    one_by_one = np.stack([minilm.encode_texts([t])[0] for t in TEXTS])
+    np.testing.assert_allclose(sorted_, one_by_one, atol=1e-5)
+    np.testing.assert_allclose(naive, one_by_one, atol=1e-5)
+
+
+def test_cls_pooling_takes_first_token(minilm):
+    cls_encoder = ContrieverEncoder(minilm.model, minilm.tokenizer, pooling="cls", normalize=False)
+    batch = minilm.tokenize(TEXTS[:2])
+    with torch.no_grad():
+        expected = minilm.model(**batch).last_hidden_state[:, 0]
+        torch.testing.assert_close(cls_encoder(**batch), expected)
+    with pytest.raises(ValueError, match="valid: mean, cls"):
+        ContrieverEncoder(minilm.model, minilm.tokenizer, pooling="max")
+
+
+def test_retriever_gradients_and_round_trip(tmp_path, minilm):
+    retriever = Retriever.from_pretrained(default_encoder_path("minilm"), tied=False)
+    assert not retriever.tied
+    q = retriever.encode_queries(["who wrote hamlet"])
+    assert q.shape == (1, 384) and q.requires_grad
+    q.sum().backward()
+    assert retriever.query_encoder.model.embeddings.word_embeddings.weight.grad is not None
+    passage = {"title": "Hamlet", "text": "Hamlet is a tragedy by William Shakespeare."}
+    assert retriever.format_passage(passage) == "Hamlet Hamlet is a tragedy by William Shakespeare."
+    assert retriever.format_passage({"title": "", "text": "x"}) == "x"
+    fingerprint = retriever.passage_fingerprint()
+    retriever.save_pretrained(tmp_path / "r")
+    loaded = Retriever.from_pretrained(tmp_path / "r")
+    assert not loaded.tied and loaded.passage_fingerprint() == fingerprint
+    np.testing.assert_allclose(
+        loaded.embed_passages([passage]), retriever.embed_passages([passage]), atol=1e-6
+    )
+    # any change to what fixes a passage embedding changes the fingerprint
+    with torch.no_grad():
+        loaded.passage_encoder.model.embeddings.word_embeddings.weight[0, 0] += 1e-3
+    assert loaded.passage_fingerprint() != fingerprint
+    other_format = Retriever(query_encoder=minilm, passage_format="{text}")
+    assert (
+        other_format.passage_fingerprint() != Retriever(query_encoder=minilm).passage_fingerprint()
+    )
+    with pytest.raises(ValueError, match="unknown field"):
+        Retriever(query_encoder=minilm, passage_format="{body}")

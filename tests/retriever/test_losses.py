@@ -1,0 +1,210 @@
+"""Retriever losses: formulas by hand in float64, gold scores, gradient isolation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from reader.fid import FiDReader
+from retriever.losses import RETRIEVER_LOSSES, build_retriever_loss, kl_distillation
+from tests.reader.conftest import random_batch, tiny_t5
+from tests.reader.test_gold_scores import naive_token_logprobs
+
+DIM = 16
+
+
+def softmax(values: list[float]) -> list[float]:
+    top = max(values)
+    exps = [math.exp(v - top) for v in values]
+    return [e / sum(exps) for e in exps]
+
+
+def random_scores_and_gold(seed: int = 0, batch: int = 3, n_passages: int = 4):
+    gen = torch.Generator().manual_seed(seed)
+    scores = torch.randn(batch, n_passages, generator=gen, dtype=torch.float64) * 3
+    gold = torch.randn(batch, n_passages, generator=gen, dtype=torch.float64)
+    return scores, gold
+
+
+@pytest.mark.parametrize("name", ["adist", "pdist", "loop"])
+def test_kl_losses_equal_the_formula(name):
+    scores, gold = random_scores_and_gold()
+    tau_gold, tau_score = 0.5, 0.3
+    expected = 0.0
+    for b in range(3):
+        p_gold = softmax([g / tau_gold for g in gold[b].tolist()])
+        p_retr = softmax([s / math.sqrt(DIM) / tau_score for s in scores[b].tolist()])
+        expected += sum(pg * (math.log(pg) - math.log(pr)) for pg, pr in zip(p_gold, p_retr))
+    expected /= 3
+    loss = build_retriever_loss(name, temperature_gold=tau_gold, temperature_score=tau_score)
+    got = loss.loss(scores, gold, labels=torch.zeros(3, 1), dim=DIM)
+    assert abs(got.item() - expected) < 1e-5
+    assert (
+        abs(
+            kl_distillation(
+                scores, gold, dim=DIM, temperature_gold=tau_gold, temperature_score=tau_score
+            ).item()
+            - expected
+        )
+        < 1e-5
+    )
+
+
+def test_emdr_sequence_equals_the_formula():
+    scores, _ = random_scores_and_gold(seed=1)
+    sequence_logprob = -torch.rand(3, 4, dtype=torch.float64) * 3  # log p_reader(a | q, d_k)
+    tau_gold, tau_score = 0.5, 0.3
+    expected = 0.0
+    for b in range(3):
+        p_retr = softmax([s / math.sqrt(DIM) / tau_score for s in scores[b].tolist()])
+        mixture = sum(
+            pr * math.exp(lp) ** (1 / tau_gold)
+            for pr, lp in zip(p_retr, sequence_logprob[b].tolist())
+        )
+        expected -= math.log(mixture)
+    expected /= 3
+    loss = build_retriever_loss("emdr", temperature_gold=tau_gold, temperature_score=tau_score)
+    assert (
+        abs(loss.loss(scores, sequence_logprob, torch.zeros(3, 1), dim=DIM).item() - expected)
+        < 1e-5
+    )
+
+
+def test_emdr_token_equals_the_reference_mixture():
+    scores, _ = random_scores_and_gold(seed=2)
+    token_logprob = -torch.rand(3, 4, 5, dtype=torch.float64) * 3  # tempered log p(a_t | q, d_k)
+    labels = torch.ones(3, 5, dtype=torch.long)
+    labels[0, 3:] = -100
+    labels[2, 4] = -100
+    expected, count = 0.0, 0
+    for b in range(3):
+        p_retr = softmax([s / math.sqrt(DIM) / 0.3 for s in scores[b].tolist()])
+        for t in range(5):
+            if labels[b, t] == -100:
+                continue
+            expected -= math.log(
+                sum(p_retr[k] * math.exp(token_logprob[b, k, t].item()) for k in range(4))
+            )
+            count += 1
+    loss = build_retriever_loss(
+        "emdr", temperature_gold=0.5, temperature_score=0.3, emdr_granularity="token"
+    )
+    assert abs(loss.loss(scores, token_logprob, labels, dim=DIM).item() - expected / count) < 1e-5
+
+
+def test_gold_scores_equal_naive_references():
+    reader = FiDReader(tiny_t5())
+    input_ids, mask, labels = random_batch(n_passages=3)
+    naive = naive_token_logprobs(reader.t5, input_ids, mask, labels).detach()  # (B, K, T)
+    n_valid = (labels != -100).sum(-1, keepdim=True)
+    pdist = build_retriever_loss("pdist").gold_scores(reader, input_ids, mask, labels)
+    torch.testing.assert_close(pdist, naive.sum(-1) / n_valid, atol=1e-5, rtol=0)
+    emdr = build_retriever_loss("emdr").gold_scores(reader, input_ids, mask, labels)
+    torch.testing.assert_close(emdr, naive.sum(-1), atol=1e-5, rtol=0)
+    with torch.no_grad():
+        states = reader.encode(input_ids, mask)
+        loop_expected = reader.leave_one_out_nll(states, mask, labels)
+        adist_expected = reader.cross_attention_scores(states, mask, labels)
+    torch.testing.assert_close(
+        build_retriever_loss("loop").gold_scores(reader, input_ids, mask, labels), loop_expected
+    )
+    torch.testing.assert_close(
+        build_retriever_loss("adist").gold_scores(reader, input_ids, mask, labels), adist_expected
+    )
+    # Reusing precomputed (eval-mode) encoder states gives the same gold scores.
+    torch.testing.assert_close(
+        build_retriever_loss("pdist").gold_scores(
+            reader, None, mask, labels, encoder_states=states
+        ),
+        pdist,
+    )
+
+
+@pytest.mark.parametrize("name", ["adist", "pdist", "loop", "emdr"])
+def test_gold_is_computed_in_eval_mode_and_mode_is_restored(name):
+    t5 = tiny_t5()
+    t5.config.dropout_rate = 0.5
+    noisy = FiDReader(type(t5)(t5.config))
+    noisy.load_state_dict(FiDReader(t5).state_dict())
+    input_ids, mask, labels = random_batch()
+    loss = build_retriever_loss(name)
+    eval_gold = loss.gold_scores(noisy.eval(), input_ids, mask, labels)
+    noisy.train()
+    with torch.no_grad():  # the premise: in train mode dropout changes the reader's outputs
+        train_mode = noisy.per_passage_token_logprobs(noisy.encode(input_ids, mask), mask, labels)
+        eval_mode = noisy.eval().per_passage_token_logprobs(
+            noisy.encode(input_ids, mask), mask, labels
+        )
+    assert not torch.allclose(train_mode, eval_mode)
+    noisy.train()
+    for _ in range(2):  # dropout would make these differ from each other and from eval_gold
+        torch.testing.assert_close(loss.gold_scores(noisy, input_ids, mask, labels), eval_gold)
+    assert noisy.training
+
+
+@pytest.mark.parametrize("name", ["adist", "pdist", "loop", "emdr"])
+def test_gradient_reaches_the_query_encoder_and_never_the_reader(name):
+    reader = FiDReader(tiny_t5()).train()
+    input_ids, mask, labels = random_batch(n_passages=3)
+    torch.manual_seed(0)
+    query_encoder = torch.nn.Linear(8, DIM)
+    passage_embeddings = torch.randn(2, 3, DIM)
+    query_embeddings = query_encoder(torch.randn(2, 8))  # (B, dim)
+    scores = torch.einsum("bd,bkd->bk", query_embeddings, passage_embeddings)
+    scores.retain_grad()
+    loss = build_retriever_loss(name, temperature_gold=1.0, temperature_score=1.0)
+    value = loss(reader, scores, input_ids, mask, labels, dim=DIM)
+    value.backward()
+    for parameter in reader.parameters():
+        assert parameter.grad is None or torch.count_nonzero(parameter.grad) == 0
+    assert torch.count_nonzero(query_encoder.weight.grad) > 0
+    assert torch.count_nonzero(scores.grad) > 0
+
+
+def test_reordering_passages_reorders_gold_and_keeps_the_loss():
+    reader = FiDReader(tiny_t5())
+    input_ids, mask, labels = random_batch(n_passages=4)
+    order = torch.tensor([2, 3, 1, 0])
+    scores = torch.randn(2, 4)
+    for name in ("adist", "pdist", "loop", "emdr"):
+        loss = build_retriever_loss(name, temperature_gold=1.0, temperature_score=1.0)
+        gold = loss.gold_scores(reader, input_ids, mask, labels)
+        permuted = loss.gold_scores(reader, input_ids[:, order], mask[:, order], labels)
+        torch.testing.assert_close(permuted, gold[:, order], atol=1e-5, rtol=1e-5)
+        value = loss(reader, scores, input_ids, mask, labels, dim=DIM)
+        permuted_value = loss(
+            reader, scores[:, order], input_ids[:, order], mask[:, order], labels, dim=DIM
+        )
+        torch.testing.assert_close(value, permuted_value, atol=1e-5, rtol=1e-5)
+
+
+def test_registry_and_none():
+    assert sorted(RETRIEVER_LOSSES) == ["adist", "emdr", "loop", "none", "pdist"]
+    with pytest.raises(
+        ValueError,
+        match=r"unknown retriever loss 'kl'; valid: \['adist', 'emdr', 'loop', 'none', 'pdist'\]",
+    ):
+        build_retriever_loss("kl")
+    with pytest.raises(ValueError, match="granularity"):
+        build_retriever_loss("emdr", emdr_granularity="word")
+    none = build_retriever_loss("none")
+    assert not none.trains_retriever
+    input_ids, mask, labels = random_batch()
+    assert none(FiDReader(tiny_t5()), torch.randn(2, 3), input_ids, mask, labels, dim=DIM) is None
+
+
+@pytest.mark.parametrize("name", ["adist", "pdist", "loop", "emdr"])
+def test_padding_passages_are_left_out(name):
+    reader = FiDReader(tiny_t5())
+    input_ids, mask, labels = random_batch(batch=1, n_passages=3)
+    padded_ids = torch.cat([input_ids, torch.zeros_like(input_ids[:, :1])], dim=1)
+    padded_mask = torch.cat([mask, torch.zeros_like(mask[:, :1])], dim=1)
+    scores = torch.randn(1, 4, requires_grad=True)
+    loss = build_retriever_loss(name, temperature_gold=0.5, temperature_score=0.5)
+    padded = loss(reader, scores, padded_ids, padded_mask, labels, dim=DIM)
+    padded.backward()
+    real = loss(reader, scores[:, :3], input_ids, mask, labels, dim=DIM)
+    torch.testing.assert_close(padded, real, atol=1e-5, rtol=1e-5)
+    assert torch.isfinite(scores.grad).all() and scores.grad[0, 3] == 0

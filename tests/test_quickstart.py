@@ -1,0 +1,118 @@
+"""The shipped demo, the shipped atlas-mini reader and `atlas quickstart` end to end (--tiny)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from atlas.demo import make_demo
+from atlas.quickstart import DEMO, MINI_READER, RECIPE, edit_passage, pick_edit, replace_fact, run_quickstart
+from tasks.base import Example
+from tasks.io import read_jsonl
+from tasks.metrics import has_answer
+
+DEMO_FILES = ("encyclopedia.jsonl", "train.jsonl", "heldout.jsonl")
+
+
+def _records(name: str) -> list[dict]:
+    return [record for _, record in read_jsonl(DEMO / name)]
+
+
+def test_the_shipped_demo_is_exactly_what_the_generator_writes(tmp_path):
+    assert make_demo.main(["--out", str(tmp_path)]) == 0
+    for name in DEMO_FILES:
+        assert (tmp_path / name).read_bytes() == (DEMO / name).read_bytes(), name
+
+
+def test_every_answer_is_in_its_gold_passage_and_the_splits_do_not_overlap():
+    passages = {p["id"]: p for p in _records("encyclopedia.jsonl")}
+    train, heldout = _records("train.jsonl"), _records("heldout.jsonl")
+    assert len(train) == make_demo.N_TRAIN and len(heldout) >= 300
+    for question in train + heldout:
+        assert has_answer(question["answers"], passages[question["gold_doc"]]["text"]), question
+    assert not {q["question"] for q in train} & {q["question"] for q in heldout}
+
+
+def test_replace_fact_replaces_whole_words_in_any_case_only():
+    assert replace_fact("Tin and tinsel; TIN.", "tin", "salt") == "salt and tinsel; salt."
+    with pytest.raises(ValueError, match="'copper' does not occur"):
+        replace_fact("Tin and tinsel.", "copper", "salt")
+
+
+def test_pick_edit_prefers_a_right_answer_and_a_replacement_of_the_same_relation():
+    def example(answer):
+        return Example(id=answer, query="q", target=None, answers=[answer])
+
+    examples = [example("Quimper"), example("1820"), example("Belmont"), example("1750")]
+    passages = [[{"text": "capital Quimper, founded 1820"}], [{"text": "founded 1820"}],
+                [{"text": "capital Belmont"}], [{"text": "founded 1750"}]]
+    relations = ["capital", "year", "capital", "year"]
+    # the reader got only example 1 right: it is chosen, and 1750 (same relation) replaces 1820
+    assert pick_edit(examples, ["x", "1820", "y", "z"], passages, relations) == (1, "1750")
+    # nothing right: the first question grounded in its top passage; 1820 is in that passage, so skipped
+    assert pick_edit(examples, ["x", "x", "x", "x"], passages, relations) == (0, "Belmont")
+    assert pick_edit(examples, ["x"] * 4, [[{"text": "nothing"}]] * 4, relations) is None
+
+
+def test_edit_passage_updates_the_index_in_place(tiny_world, tmp_path):
+    from atlas.build import build_atlas
+    from atlas.config import load_config
+
+    index = tmp_path / "index"
+    shutil.copytree(tiny_world["index"], index)
+    model = build_atlas(load_config(None, [f"retriever.model={tiny_world['encoder']}", f"index.path={index}",
+                                           "reader.model=t5-tiny", "retriever.loss=none"]))
+    passage = model.index.corpora[0].get("p1")
+    change = edit_passage(model, index, passage, "Quimper", "Lorient", tmp_path / "edit", progress=False)
+    assert change["after"] == "The capital of Zorbland is Lorient. Zorbland is an island."
+    hits = model.index.search(["The capital of Zorbland"], 5)[0]
+    texts = {hit.id: hit.text for hit in hits}
+    assert len(model.index) == 5 and texts["p1"] == change["after"]
+    assert not any("Quimper" in text for text in texts.values())
+
+
+def test_the_recipe_is_valid_and_configs_quickstart_is_the_same_file():
+    from atlas.config import load_config
+
+    config = load_config(RECIPE)
+    assert config.reader.model == "atlas/demo/atlas-mini" and config.task.name == "qa"
+    assert (DEMO.parents[1] / "configs" / "quickstart.yaml").resolve() == RECIPE
+
+
+needs_mini = pytest.mark.skipif(not (MINI_READER / "config.json").is_file(), reason="atlas-mini not exported")
+
+
+@needs_mini
+def test_atlas_mini_loads_with_plain_transformers_and_matches_its_card():
+    import torch
+    from transformers import T5ForConditionalGeneration
+
+    from atlas.demo.export_mini import demo_mlm_loss
+
+    model = T5ForConditionalGeneration.from_pretrained(str(MINI_READER))
+    assert next(model.parameters()).dtype == torch.float16
+    assert sum(f.stat().st_size for f in MINI_READER.iterdir()) <= 50 * 2**20
+    card = json.loads((MINI_READER / "card.json").read_text())
+    assert card["architecture"]["parameters"] == sum(p.numel() for p in model.parameters())
+    assert demo_mlm_loss(MINI_READER) == pytest.approx(card["demo_mlm_loss"]["value"], abs=1e-4)
+    assert f"{card['demo_mlm_loss']['value']:.4f}" in (MINI_READER / "README.md").read_text()
+
+
+@needs_mini
+def test_quickstart_tiny_runs_end_to_end_and_the_edit_reaches_the_answerer(tmp_path):
+    lines: list[str] = []
+    report = run_quickstart(tmp_path / "qs", tiny=True, progress=False, echo=lines.append)
+    out = tmp_path / "qs"
+    for name in ("report.json", "report.md", "corpus/corpus.json", "index/manifest.json", "eval-before/metrics.json"):
+        assert (out / name).is_file(), name
+    assert json.loads((out / "report.json").read_text()) == report
+    before, after = report["table"]
+    assert before["answer_recall@1"] >= 75.0 and after["answer_recall@2"] >= 75.0  # MiniLM on the demo
+    assert [len(a["evidence"]) for a in report["answers"]] == [2, 2, 2]
+    edit = report["edit"]
+    assert edit["done"] and edit["edited_passage_retrieved"], edit
+    assert edit["replacement"] in edit["after"] and edit["gold"] not in edit["after"]
+    assert isinstance(edit["follows_edit"], bool)
+    assert any("after the edit" in line for line in lines)
