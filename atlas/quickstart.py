@@ -1,0 +1,252 @@
+"""`atlas quickstart`: the whole system on the shipped demo (or your documents) in minutes, offline.
+
+prepare the corpus → build the MiniLM index → few-shot fine-tune the shipped `atlas-mini` reader
+(and the query encoder) → evaluate on held-out questions (EM, F1, answer recall@k) → answer three
+questions with their evidence → edit a fact in one passage, update the index with the same
+`add_passages` / `remove_passages` that `atlas index add|remove` run, and ask again: the answer
+follows the new text with no retraining. Everything lands in one output folder:
+
+    OUT/corpus/  OUT/index/  OUT/train/ (checkpoint, log, evaluations)  OUT/edit/
+    OUT/report.json  OUT/report.md
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from atlas.config import AtlasConfig, load_config
+from tasks.io import atomic_write_json, atomic_write_text, read_jsonl, write_jsonl
+from tasks.metrics import has_answer, normalize_answer
+
+DEMO = Path(__file__).resolve().parent / "demo"
+MINI_READER = DEMO / "atlas-mini"
+RECIPE = DEMO / "quickstart.yaml"
+# Small enough for CI (about a minute on 2 cores): fewer shots, steps, passages and questions.
+TINY_OVERRIDES = ["task.shots=16", "training.steps=6", "training.warmup_steps=1", "training.batch_size=2",
+                  "retriever.n_context=2", "reader.n_context=2", "reader.text_maxlength=96",
+                  "evaluation.max_examples=8", "evaluation.retrieval_k=[1,2]", "training.log_every=1"]
+MAX_USER_TRAIN = 64
+
+
+@dataclass
+class QuickstartData:
+    """What one quickstart run reads: documents to index, training and held-out questions."""
+
+    documents: list[Path]
+    train: Path
+    heldout: Path
+
+
+def demo_data() -> QuickstartData:
+    """The shipped demo: the fictional encyclopedia and its train / held-out questions."""
+    return QuickstartData([DEMO / "encyclopedia.jsonl"], DEMO / "train.jsonl", DEMO / "heldout.jsonl")
+
+
+def user_data(docs: Path, questions: Path | None, out: Path, seed: int = 0) -> QuickstartData:
+    """The user's documents. With `questions` (QA jsonl about them), a seeded split: up to 64 to
+    fine-tune on, the rest held out. Without, the reader is fine-tuned on the demo's questions over
+    an index of both corpora and evaluated on the demo's held-out questions."""
+    if questions is None:
+        demo = demo_data()
+        return QuickstartData([Path(docs), *demo.documents], demo.train, demo.heldout)
+    records = [record for _, record in read_jsonl(questions)]
+    if len(records) < 4:
+        raise ValueError(f"{questions}: need at least 4 questions to fine-tune and evaluate, got {len(records)}")
+    order = list(range(len(records)))
+    random.Random(seed).shuffle(order)
+    n_train = min(MAX_USER_TRAIN, len(records) // 2)
+    split = out / "questions"
+    split.mkdir(parents=True, exist_ok=True)
+    write_jsonl(split / "train.jsonl", [records[i] for i in sorted(order[:n_train])])
+    write_jsonl(split / "heldout.jsonl", [records[i] for i in sorted(order[n_train:])])
+    return QuickstartData([Path(docs)], split / "train.jsonl", split / "heldout.jsonl")
+
+
+def quickstart_config(out: Path, data: QuickstartData, *, tiny: bool = False, reader: str | Path | None = None,
+                      overrides: list[str] = ()) -> AtlasConfig:
+    """The recipe `atlas/demo/quickstart.yaml` with its paths pointed into `out`."""
+    reader = str(reader or MINI_READER)
+    reader = str(Path(reader).resolve()) if Path(reader).exists() else reader  # else a preset name
+    paths = [f"reader.model={reader}", f"index.path={(out / 'index').resolve()}",
+             f"task.train_data=[{data.train.resolve()}]", f"task.eval_data=[{data.heldout.resolve()}]",
+             f"training.output_dir={(out / 'train').resolve()}"]
+    return load_config(RECIPE, [*paths, *(TINY_OVERRIDES if tiny else []), *overrides])
+
+
+def answer_with_evidence(model, examples, n_evidence: int = 3) -> list[dict]:
+    """Answer each example; → [{"question", "answer", "gold", "evidence": [{id, title, text, score}]}]."""
+    answers, passages = model.predict(examples)
+    shown = []
+    for example, answer, read in zip(examples, answers, passages or [[]] * len(examples)):
+        shown.append({"question": example.metadata.get("question", example.query), "answer": answer,
+                      "gold": example.answers,
+                      "evidence": [{k: p.get(k) for k in ("id", "title", "text", "score")} for p in read[:n_evidence]]})
+    return shown
+
+
+def replace_fact(text: str, old: str, new: str) -> str:
+    """`text` with every whole-word occurrence of `old` (any case) replaced by `new`."""
+    pattern = re.compile(rf"(?<!\w){re.escape(old)}(?!\w)", re.IGNORECASE)
+    edited, count = pattern.subn(new, text)
+    if count == 0:
+        raise ValueError(f"{old!r} does not occur in the passage")
+    return edited
+
+
+def edit_passage(model, index_path: Path, passage: dict, old: str, new: str, work: Path,
+                 progress: bool = True) -> dict:
+    """Change `old` to `new` in one indexed passage and update the index in place (remove the
+    passage, add the edited one under the same id), then reload it into `model`.
+
+    Uses `retriever.index_update.remove_passages` / `add_passages`, the functions behind
+    `atlas index remove|add`. → {"id", "before", "after"} (the passage text before and after).
+    """
+    from retriever.index import PassageIndex
+    from retriever.index_update import add_passages, remove_passages
+
+    edited = {"id": passage["id"], "title": passage.get("title", ""), "text": replace_fact(passage["text"], old, new)}
+    work.mkdir(parents=True, exist_ok=True)
+    edited_file = work / f"edited-{len(list(work.glob('edited-*.jsonl')))}.jsonl"
+    write_jsonl(edited_file, [edited])
+    remove_passages(index_path, [passage["id"]])
+    add_passages(index_path, [edited_file], model.retriever, chunk_words=0, progress=progress)
+    model.index = PassageIndex.load(index_path, retriever=model.retriever)
+    return {"id": passage["id"], "before": passage["text"], "after": edited["text"]}
+
+
+def pick_edit(examples, predictions: list[str], passages: list[list[dict]], relations: list[str | None]):
+    """A question whose top passage holds its answer — preferably one the reader got right — and a
+    replacement answer: another question's answer of the same relation (or any other answer) that
+    the passage does not contain. → (example index, replacement) or None."""
+    answers = [e.answers[0] for e in examples]
+
+    def grounded(i: int) -> bool:
+        return bool(passages[i]) and has_answer([answers[i]], passages[i][0]["text"])
+
+    right = [i for i in range(len(examples)) if normalize_answer(predictions[i]) == normalize_answer(answers[i])]
+    for i in [i for i in right if grounded(i)] + [i for i in range(len(examples)) if grounded(i) and i not in right]:
+        same_kind = [a for j, a in enumerate(answers) if relations[j] is not None and relations[j] == relations[i]]
+        for candidate in same_kind + answers:
+            if normalize_answer(candidate) != normalize_answer(answers[i]) and not has_answer([candidate], passages[i][0]["text"]):
+                return i, candidate
+    return None
+
+
+def _metrics_row(name: str, metrics: dict, ks: list[int]) -> dict:
+    return {"model": name, "exact_match": 100 * metrics["exact_match"], "f1": 100 * metrics["f1"],
+            **{f"answer_recall@{k}": metrics.get(f"answer_recall@{k}", float("nan")) for k in ks}}
+
+
+def format_table(rows: list[dict]) -> str:
+    """A Markdown table of metric rows (the first key is the row label, numbers to one decimal)."""
+    header = list(rows[0])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        lines.append("| " + " | ".join(f"{v:.1f}" if isinstance(v, float) else str(v) for v in row.values()) + " |")
+    return "\n".join(lines)
+
+
+def run_quickstart(out: str | Path, *, docs: str | Path | None = None, questions: str | Path | None = None,
+                   tiny: bool = False, reader: str | Path | None = None, overrides: list[str] = (),
+                   progress: bool = True, echo: Callable[[str], None] = print) -> dict:
+    """Run every quickstart step into the folder `out` (created; must not exist yet); → the report."""
+    from atlas.build import build_atlas
+    from atlas.checkpoint import checkpoint_config
+    from atlas.evaluate import evaluate, predict_generation
+    from atlas.train import train
+    from retriever.corpus import prepare_corpus
+    from retriever.encoder import build_retriever
+    from retriever.index_build import build_index
+    from tasks.base import get_task
+
+    out = Path(out)
+    if out.exists():
+        raise FileExistsError(f"{out} already exists (choose another --out)")
+    out.mkdir(parents=True)
+    started = time.perf_counter()
+    timings: dict[str, float] = {}
+
+    def stage(name: str, since: float) -> float:
+        timings[name] = round(time.perf_counter() - since, 1)
+        return time.perf_counter()
+
+    data = demo_data() if docs is None else user_data(Path(docs), Path(questions) if questions else None, out)
+    config = quickstart_config(out, data, tiny=tiny, reader=reader, overrides=overrides)
+    echo(f"[1/6] preparing the corpus from {', '.join(str(d) for d in data.documents)}")
+    t = time.perf_counter()
+    stats = prepare_corpus(data.documents, out / "corpus", chunk_words=100, progress=progress)
+    echo(f"      {stats.documents} documents → {stats.passages} passages")
+    t = stage("prepare", t)
+    echo("[2/6] building the MiniLM index")
+    retriever = build_retriever(config.retriever)
+    build_index(out / "corpus", retriever, out / "index", spec=config.index.spec, batch_size=config.retriever.batch_size,
+                progress=progress, encoder_source=config.retriever.model)
+    del retriever
+    t = stage("index", t)
+
+    task = get_task(config.task.name, **config.task.options)
+    ks = config.evaluation.retrieval_k
+    echo(f"[3/6] evaluating atlas-mini before fine-tuning on {data.heldout.name}")
+    before = evaluate(build_atlas(config), task, data.heldout, config.evaluation, out_dir=out / "eval-before")
+    t = stage("eval_before", t)
+    shots = config.task.shots or sum(1 for _ in read_jsonl(data.train))
+    echo(f"[4/6] fine-tuning reader + query encoder on {shots} questions, {config.training.steps} steps")
+    summary = train(config, progress=progress)
+    after = summary["eval"]
+    t = stage("train_and_eval", t)
+    rows = [_metrics_row("atlas-mini, no fine-tuning", before, ks),
+            _metrics_row(f"atlas-mini, {shots}-shot fine-tuned", after, ks)]
+    table = format_table(rows)
+    echo(table)
+
+    echo("[5/6] answers with their evidence")
+    checkpoint = Path(summary["checkpoint"])
+    model = build_atlas(checkpoint_config(checkpoint), checkpoint=checkpoint)
+    model.eval()
+    examples = task.load(data.heldout)[: config.evaluation.max_examples]
+    shown = answer_with_evidence(model, examples[:3])
+    for item in shown:
+        echo(f"  Q: {item['question']}\n  A: {item['answer']}   (gold: {' | '.join(item['gold'])})")
+        for p in item["evidence"]:
+            echo(f"     [{p['score']:.2f}] {p['title']}: {p['text'][:110]}…")
+    t = stage("answers", t)
+
+    echo("[6/6] editing a fact in the corpus and updating the index (no retraining)")
+    predictions, passages = predict_generation(model, task, examples, config.evaluation)
+    predictions = [task.postprocess(e, p) for e, p in zip(examples, predictions)]
+    relations = [r.get("relation") for _, r in read_jsonl(data.heldout)][: len(examples)]
+    choice = pick_edit(examples, predictions, [ps[: config.reader.n_context] for ps in passages], relations)
+    edit: dict = {"done": False, "reason": "no held-out question has its answer in its top passage"}
+    if choice is not None:
+        i, replacement = choice
+        example, passage = examples[i], passages[i][0]
+        change = edit_passage(model, out / "index", passage, example.answers[0], replacement, out / "edit",
+                              progress=progress)
+        new_answer, new_passages = model.predict([example])
+        follows = normalize_answer(new_answer[0]) == normalize_answer(replacement)
+        edit = {"done": True, "question": example.metadata.get("question"), "gold": example.answers[0],
+                "old_answer": predictions[i], "old_answer_right": normalize_answer(predictions[i]) == normalize_answer(example.answers[0]),
+                "replacement": replacement, "new_answer": new_answer[0], "follows_edit": follows,
+                "edited_passage_retrieved": any(p["id"] == passage["id"] for p in new_passages[0]), **change}
+        echo(f"  Q: {edit['question']}\n  before the edit: {edit['old_answer']}\n"
+             f"  edited passage {change['id']}: …{example.answers[0]} → {replacement}…\n"
+             f"  after the edit:  {edit['new_answer']}   ({'follows the new text' if follows else 'did not follow'})")
+    else:
+        echo(f"  skipped: {edit['reason']}")
+    stage("edit", t)
+
+    report = {"out": str(out.resolve()), "tiny": tiny, "documents": [str(d) for d in data.documents],
+              "passages": stats.passages, "shots": shots, "steps": config.training.steps,
+              "table": rows, "answers": shown, "edit": edit, "timings_s": timings,
+              "wall_s": round(time.perf_counter() - started, 1), "checkpoint": str(checkpoint)}
+    atomic_write_json(out / "report.json", report)
+    atomic_write_text(out / "report.md", f"# atlas quickstart\n\n{table}\n\n```json\n"
+                      f"{json.dumps({'edit': edit, 'timings_s': timings}, indent=2)}\n```\n")
+    echo(f"done in {report['wall_s']:.0f} s; everything is in {out}")
+    return report
