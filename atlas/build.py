@@ -49,8 +49,16 @@ def build_index(config: AtlasConfig, retriever: Retriever):
                   nprobe=config.index.nprobe, ef_search=config.index.ef_search)
     if path is None:
         return None
-    return PassageIndex.load(path, retriever=retriever, allow_encoder_mismatch=config.index.allow_encoder_mismatch,
-                             nprobe=config.index.nprobe, ef_search=config.index.ef_search)
+    index = PassageIndex.load(path, retriever=retriever, allow_encoder_mismatch=config.index.allow_encoder_mismatch,
+                              nprobe=config.index.nprobe, ef_search=config.index.ef_search)
+    if config.index.sharded:
+        import torch.distributed as dist
+
+        from retriever.sharded import ShardedPassageIndex
+
+        if dist.is_initialized():
+            index = ShardedPassageIndex.from_index(index, dist.get_rank(), dist.get_world_size())
+    return index
 
 
 def build_atlas(config: AtlasConfig, *, checkpoint: str | Path | None = None, with_index: bool = True) -> Atlas:

@@ -103,6 +103,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     search.add_argument("--nprobe", type=int, default=None)
     search.add_argument("--ef-search", type=int, default=None)
     search.add_argument("--json", action="store_true", help="print JSON lines instead of text")
+    search.add_argument("--sharded", action="store_true",
+                        help="under torchrun: each rank searches 1/N of the index; rank 0 prints")
     _add_encoder_arguments(search, default=None)
     search.set_defaults(func=_search)
 
@@ -211,7 +213,19 @@ def _remove(args: argparse.Namespace) -> int:
 @_reports_errors
 def _search(args: argparse.Namespace) -> int:
     index = _load_index(args)
-    for query, hits in zip(args.queries, index.search(args.queries, args.k)):
+    if args.sharded:
+        from atlas.distributed import init_distributed, shutdown
+        from retriever.sharded import ShardedPassageIndex
+
+        context = init_distributed()
+        index = ShardedPassageIndex.from_index(index, context.rank, context.world_size)
+        results = index.search(args.queries, args.k)
+        shutdown(context)
+        if not context.is_main:
+            return 0
+    else:
+        results = index.search(args.queries, args.k)
+    for query, hits in zip(args.queries, results):
         if args.json:
             print(json.dumps({"query": query, "hits": [vars(h) for h in hits]}, ensure_ascii=False))
             continue

@@ -63,6 +63,8 @@ class IndexConfig:
     filtering_overretrieve_ratio: int = 2
     allow_encoder_mismatch: bool = False
     chunk_size: int = 8192  # passages embedded per resumable chunk
+    # Under torchrun: each rank searches 1/N of the index (True) or the whole of it (False).
+    sharded: bool = False
 
 
 @dataclass

@@ -244,12 +244,15 @@ def train(config: AtlasConfig | None, *, resume: str | Path | None = None, progr
         return path
 
     def run_eval(at_step: int) -> dict:
-        if not config.task.eval_data or not context.is_main:
+        # a sharded index is searched by all ranks together, so all of them evaluate
+        # (redundantly); otherwise rank 0 alone does
+        if not config.task.eval_data or not (context.is_main or config.index.sharded):
             context.barrier()
             return {}
         metrics = evaluate(model, task, config.task.eval_data[0], config.evaluation,
-                           out_dir=output_dir / f"eval-step-{at_step:06d}")
-        log.write(at_step, {f"eval/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
+                           out_dir=output_dir / f"eval-step-{at_step:06d}" if context.is_main else None)
+        if log is not None:
+            log.write(at_step, {f"eval/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
         context.barrier()
         return metrics
 
