@@ -159,8 +159,10 @@ def _load_index(args: argparse.Namespace):
 def _build(args: argparse.Namespace) -> int:
     import time
 
+    from atlas.distributed import init_distributed, shutdown
     from retriever.index_build import build_index
 
+    context = init_distributed()  # under torchrun the ranks share the embedding work
     started = time.perf_counter()
     out = build_index(
         args.corpus,
@@ -177,7 +179,14 @@ def _build(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         restart=args.restart,
         encoder_source=args.encoder,
+        progress=context.is_main,
+        rank=context.rank,
+        world_size=context.world_size,
+        barrier=context.barrier,
     )
+    shutdown(context)
+    if not context.is_main:
+        return 0
     print(f"index built in {time.perf_counter() - started:.1f} s → {out}")
     return 0
 

@@ -46,8 +46,15 @@ def embed_corpus(
     progress: bool = True,
     restart: bool = False,
     on_chunk: Callable[[int], None] | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+    barrier: Callable[[], None] = lambda: None,
 ) -> tuple[Path, dict]:
     """Embed every passage of `corpus` into `work_dir/vectors.npy` ((N, d) float16), resumably.
+
+    With `world_size` > 1 (under torchrun, `work_dir` on a file system all ranks share), rank r
+    embeds chunks r, r + N, r + 2N, … into the same file and records its own progress, so the
+    result is the single-process file byte for byte; `barrier` synchronises the ranks.
 
     Returns the file and the progress record. A work folder left by an earlier attempt is
     resumed when it was started with the same encoder, corpus, chunk and batch size;
@@ -63,8 +70,10 @@ def embed_corpus(
         "batch_size": batch_size,
     }
     vectors_path, progress_path = work_dir / "vectors.npy", work_dir / PROGRESS
-    if restart and work_dir.exists():
+    if restart and work_dir.exists() and rank == 0:
         shutil.rmtree(work_dir)
+    if rank != 0:  # rank 0 creates (or checks) the shared file first
+        barrier()
     if progress_path.is_file():
         state = json.loads(progress_path.read_text())
         differing = [k for k in settings if state.get(k) != settings[k]]
@@ -85,8 +94,16 @@ def embed_corpus(
             vectors_path, mode="w+", dtype=np.float16, shape=(len(corpus), retriever.dim)
         )
         atomic_write_json(progress_path, state)
+    if rank == 0:
+        barrier()
     n_chunks = -(-len(corpus) // chunk_size)
-    done_rows = min(state["completed_chunks"] * chunk_size, len(corpus))
+    rank_progress = work_dir / f"progress.rank{rank}-of-{world_size}.json"
+    if world_size == 1:
+        todo = list(range(state["completed_chunks"], n_chunks))
+    else:
+        done = set(json.loads(rank_progress.read_text())["done"]) if rank_progress.is_file() else set()
+        todo = [c for c in range(rank, n_chunks, world_size) if c not in done]
+    done_rows = len(corpus) - sum(min(chunk_size, len(corpus) - c * chunk_size) for c in todo)
     bar = tqdm(
         total=len(corpus),
         initial=done_rows,
@@ -95,7 +112,7 @@ def embed_corpus(
         disable=not progress,
         dynamic_ncols=True,
     )
-    for chunk in range(state["completed_chunks"], n_chunks):
+    for chunk in todo:
         start = chunk * chunk_size
         stop = min(start + chunk_size, len(corpus))
         passages = corpus.rows(range(start, stop))
@@ -103,8 +120,12 @@ def embed_corpus(
             np.float16
         )
         vectors.flush()  # the data must be on disk before progress says so
-        state["completed_chunks"] = chunk + 1
-        atomic_write_json(progress_path, state)
+        if world_size == 1:
+            state["completed_chunks"] = chunk + 1
+            atomic_write_json(progress_path, state)
+        else:
+            done.add(chunk)
+            atomic_write_json(rank_progress, {"done": sorted(done)})
         bar.update(stop - start)
         if on_chunk is not None:
             on_chunk(chunk)
@@ -159,6 +180,9 @@ def build_index(
     overwrite: bool = False,
     restart: bool = False,
     on_chunk: Callable[[int], None] | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+    barrier: Callable[[], None] = lambda: None,
     encoder_source: str | None = None,
 ) -> Path:
     """Embed the prepared corpus at `corpus_path` with `retriever`'s passage encoder and save
@@ -183,7 +207,14 @@ def build_index(
         progress=progress,
         restart=restart,
         on_chunk=on_chunk,
+        rank=rank,
+        world_size=world_size,
+        barrier=barrier,
     )
+    barrier()  # every chunk is embedded
+    if rank != 0:  # rank 0 alone trains the FAISS index and writes the folder
+        barrier()
+        return out
     vectors = np.load(vectors_path, mmap_mode="r")
     files: dict[str, dict] = {}
     with atomic_directory(out, overwrite=overwrite) as tmp:
@@ -236,4 +267,5 @@ def build_index(
         )
     del vectors
     shutil.rmtree(work_dir)
+    barrier()  # the folder is complete: release the other ranks
     return out

@@ -134,8 +134,10 @@ reader and the default retriever share one tokenizer. Loads with plain
   {p['corpus']['passages']} passages of 100 words, {p['corpus']['words']:,} words (WikiText-2 valid+test
   articles and the 820 NaturalQuestions evidence paragraphs of nq824; CC BY-SA).
 - Optimisation: {p['steps']} steps of batch {p['batch_size']}, AdamW lr {p['lr']}, {p['scheduler']} schedule.
-- Loss (token cross-entropy): {p['first_loss']:.3f} at the first step → {p['final_loss']:.3f} (mean of the last
-  five logged steps). Wall time: {wall} on a 2-core CPU shared with other jobs.
+- Loss (token cross-entropy): {p['first_loss']:.3f} at the first logged step → {p['final_loss']:.3f} (mean of
+  the last five logged steps). Wall time: {wall} on a 2-core CPU shared with other jobs, index build included.
+- It is a weak model: this much compute (400 small steps) teaches word statistics, not reading.
+  Few-shot fine-tuning with retrieval is what makes it answer; see `atlas quickstart`.
 
 ## Check figure
 Closed-book span-corruption loss on the shipped demo encyclopedia (`atlas/demo/encyclopedia.jsonl`,

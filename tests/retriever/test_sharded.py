@@ -79,3 +79,20 @@ def test_two_ranks_equal_one_process(index_folders, tiny_encoder_path, spec, tmp
     for a, b in zip(single, sharded):
         assert [h["id"] for h in a["hits"]] == [h["id"] for h in b["hits"]]
         assert [h["score"] for h in a["hits"]] == [h["score"] for h in b["hits"]]
+
+
+@pytest.mark.slow
+def test_index_built_on_two_ranks_equals_a_single_process_build(index_folders, tiny_encoder_path, tmp_path):
+    """Chunks of 7 passages split over 2 ranks: the same vectors file, the same search results."""
+    corpus = index_folders["Flat"].parent / "corpus"
+    out = tmp_path / "two-rank-index"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "atlas",
+           "index", "build", "--corpus", str(corpus), "--encoder", str(tiny_encoder_path), "--out", str(out),
+           "--chunk-size", "7"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    single = np.load(index_folders["Flat"] / "vectors.g1.npy")
+    assert np.array_equal(np.load(out / "vectors.g1.npy"), single)
+    assert search(out, tiny_encoder_path, nproc=None, cwd=tmp_path) == search(
+        index_folders["Flat"], tiny_encoder_path, nproc=None, cwd=tmp_path)
