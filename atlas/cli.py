@@ -35,9 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `atlas` console script; returns the process exit code."""
-    from tasks.io import InputError
-
     from atlas.config import ConfigError
+    from tasks.io import InputError
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -46,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if args.command is None else 2
     try:
         return int(args.func(args) or 0)
-    except (InputError, ConfigError, FileNotFoundError, FileExistsError) as e:
+    except (InputError, ConfigError, ValueError, FileNotFoundError, FileExistsError) as e:
         print(f"atlas {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

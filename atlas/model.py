@@ -161,8 +161,17 @@ class Atlas(nn.Module):
         read = None if passages is None else [ps[: self.reader_config.n_context] for ps in passages]
         input_ids, attention_mask = self.reader_inputs(queries, read)
         encoder_states = self.reader.encode(input_ids, attention_mask)  # (B, K, L, H)
-        reader_loss = self.reader(attention_mask=attention_mask, labels=labels, encoder_states=encoder_states).loss
+        mu = self.reader_config.dispersion_weight
+        output = self.reader(attention_mask=attention_mask, labels=labels, encoder_states=encoder_states,
+                             output_hidden_states=mu > 0)
+        reader_loss = output.loss
         losses = {"reader": reader_loss}
+        if mu > 0:
+            from atlas.dispersion import mean_pairwise_cosine_distance
+
+            dispersion = mean_pairwise_cosine_distance(output.decoder_hidden_states[-1], labels != IGNORE_INDEX)
+            losses["dispersion"] = dispersion
+            reader_loss = reader_loss - mu * dispersion
         if self.trains_retriever and passages is not None:
             scored = [ps[: self.retriever_config.n_context] for ps in passages]
             scores = self.retriever_scores(queries, scored)  # (B, K)

@@ -46,19 +46,32 @@ def refresh_due(step: int, schedule: list[RefreshRange]) -> bool:
     return any(r.start < step <= r.end and (step - r.start) % r.every == 0 for r in schedule)
 
 
-def refresh_index(model, corpus_path: str | Path, out: str | Path, index_config, *, batch_size: int = 64):
+def refresh_index(model, corpus_path: str | Path, out: str | Path, index_config, *, batch_size: int = 64,
+                  context=None):
     """Re-embed `corpus_path` with the model's current passage encoder into `out`; swap it in.
 
-    The new index replaces `model.index` (same spec, search settings and safety checks).
+    Under torchrun (`context`, an `atlas.distributed.DistributedContext`) the ranks share the
+    embedding work and rank 0 writes the folder; every rank then loads it (sharded again
+    when `index.sharded`). The new index has the same spec, search settings and checks.
     """
     from retriever.index import PassageIndex
     from retriever.index_build import build_index
 
+    rank, world_size = (context.rank, context.world_size) if context is not None else (0, 1)
+    barrier = context.barrier if context is not None else (lambda: None)
+    was_training = model.retriever.training
     model.retriever.eval()
     build_index(corpus_path, model.retriever, out, spec=index_config.spec, batch_size=batch_size,
                 chunk_size=index_config.chunk_size, train_sample=index_config.train_sample,
                 keep_embeddings=index_config.keep_embeddings, nprobe=index_config.nprobe,
-                ef_search=index_config.ef_search, progress=False, overwrite=True, restart=True)
-    model.index = PassageIndex.load(out, retriever=model.retriever, nprobe=index_config.nprobe,
-                                    ef_search=index_config.ef_search)
-    return model.index
+                ef_search=index_config.ef_search, progress=False, overwrite=True, restart=True,
+                rank=rank, world_size=world_size, barrier=barrier)
+    model.retriever.train(was_training)
+    index = PassageIndex.load(out, retriever=model.retriever, nprobe=index_config.nprobe,
+                              ef_search=index_config.ef_search)
+    if index_config.sharded and world_size > 1:
+        from retriever.sharded import ShardedPassageIndex
+
+        index = ShardedPassageIndex.from_index(index, rank, world_size)
+    model.index = index
+    return index

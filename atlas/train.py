@@ -136,7 +136,7 @@ def make_optimizers(model, config: AtlasConfig):
         params = [p for p in model.retriever.parameters() if p.requires_grad]
         if params:
             retriever_opt = torch.optim.AdamW(params, lr=t.lr_retriever, weight_decay=t.weight_decay)
-    schedule = lambda step: lr_multiplier(step, warmup=t.warmup_steps, total=t.steps, kind=t.scheduler)  # noqa: E731
+    schedule = lambda step: lr_multiplier(step, warmup=t.warmup_steps, total=t.steps, kind=t.scheduler)
     schedulers = [torch.optim.lr_scheduler.LambdaLR(o, schedule) for o in (reader_opt, retriever_opt) if o]
     return reader_opt, retriever_opt, schedulers
 
@@ -225,10 +225,15 @@ def train(config: AtlasConfig | None, *, resume: str | Path | None = None, progr
     refresh_schedule = parse_refresh_schedule(config.index.refresh)
     passage_side_trains = model.trains_retriever and any(
         p.requires_grad for p in model.retriever.passage_encoder.parameters())
-    if checkpoint is not None and passage_side_trains and refresh_schedule:
-        # the saved passage encoder has moved on since the index was built: re-embed once
+
+    def refresh() -> None:
         refresh_index(model, model.index.corpora[0].path, output_dir / "index-refreshed", config.index,
-                      batch_size=config.retriever.batch_size)
+                      batch_size=config.retriever.batch_size, context=context)
+        if log is not None:
+            log.write(step, {"index_refreshed": 1.0})
+
+    if checkpoint is not None and passage_side_trains and refresh_schedule:
+        refresh()  # the saved passage encoder has moved on since the index was built
 
     def save(at_step: int) -> Path | None:
         path = None
@@ -290,10 +295,7 @@ def train(config: AtlasConfig | None, *, resume: str | Path | None = None, progr
         step += 1
         losses.append(step_losses["total"])
         if passage_side_trains and refresh_due(step, refresh_schedule):
-            refresh_index(model, model.index.corpora[0].path, output_dir / "index-refreshed", config.index,
-                          batch_size=config.retriever.batch_size)
-            if log is not None:
-                log.write(step, {"index_refreshed": 1.0})
+            refresh()
         rate = (step - first_step) / max(1e-9, time.perf_counter() - started)
         if log is not None and (step % max(1, t.log_every) == 0 or step == t.steps):
             log.write(step, {**{f"loss/{k}": v for k, v in step_losses.items()},

@@ -164,6 +164,7 @@ class FiDReader(nn.Module):
         labels: torch.Tensor | None = None,
         decoder_input_ids: torch.Tensor | None = None,
         encoder_states: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
     ) -> Seq2SeqLMOutput:
         """Read K passages per example and decode.
 
@@ -173,6 +174,7 @@ class FiDReader(nn.Module):
             labels: (B, T) target ids, -100 where ignored; gives `.loss` (mean token CE).
             decoder_input_ids: (B, T) explicit decoder inputs (default: labels shifted right).
             encoder_states: (B, K, L, H) states from `encode`, reused instead of re-encoding.
+            output_hidden_states: also return `decoder_hidden_states` (each (B, T, H)).
         Returns:
             `Seq2SeqLMOutput` with `loss`, `logits` (B, T, V) and
             `encoder_last_hidden_state` (B, K·L, H).
@@ -188,6 +190,7 @@ class FiDReader(nn.Module):
             labels=labels,
             decoder_input_ids=decoder_input_ids,
             use_cache=False,
+            output_hidden_states=output_hidden_states,
         )
 
     @torch.no_grad()

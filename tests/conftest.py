@@ -65,8 +65,8 @@ def tiny_world(tmp_path_factory, tiny_encoder_path) -> dict:
     """A 5-passage prepared corpus, a Flat index of it (tiny encoder) and 4 QA examples."""
     import json
 
-    from retriever.corpus import prepare_corpus
     from atlas.config import RetrieverConfig
+    from retriever.corpus import prepare_corpus
     from retriever.encoder import build_retriever
     from retriever.index_build import build_index
 

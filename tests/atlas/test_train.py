@@ -200,3 +200,24 @@ def test_full_retriever_training_refreshes_the_index(tiny_world, tmp_path):
     assert not np.array_equal(np.asarray(refreshed.vectors), np.asarray(original.vectors))
     logged = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in logged if "index_refreshed" in r] == [1, 2]
+
+
+def test_dispersion_auxiliary_loss(tiny_world, tmp_path):
+    """total = CE − μ·dispersion, dispersion = mean pairwise cosine distance of final decoder
+    states over target tokens, checked against a brute-force pairwise loop."""
+    model = build_atlas(tiny_config(tiny_world, tmp_path / "d", "reader.dispersion_weight=0.5",
+                                    "retriever.loss=none"))
+    model.eval()
+    examples = get_task("qa").load(tiny_world["qa"])[:2]
+    targets = ["<extra_id_0> Quimper", "<extra_id_0> Anna Brook"]
+    losses = model.losses(examples, targets)
+    labels = model.target_labels(targets)
+    passages = model.passages_for(examples, 3)
+    ids, mask = model.reader_inputs([e.query for e in examples], passages)
+    out = model.reader(ids, mask, labels=labels, output_hidden_states=True)
+    hidden = out.decoder_hidden_states[-1].double()
+    vectors = hidden[labels != -100]
+    pairs = [(i, j) for i in range(len(vectors)) for j in range(len(vectors)) if i != j]
+    brute = sum(1 - torch.nn.functional.cosine_similarity(vectors[i], vectors[j], dim=0) for i, j in pairs) / len(pairs)
+    assert losses["dispersion"].item() == pytest.approx(brute.item(), rel=1e-5)
+    assert losses["total"].item() == pytest.approx(out.loss.item() - 0.5 * brute.item(), rel=1e-5)
