@@ -42,9 +42,14 @@ def retrieval_metrics(examples: list[Example], passages: list[list[dict]], ks: l
     return metrics
 
 
-def _batches(items: list, size: int):
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
+def _batches(items: list, size: int, desc: str = "evaluating"):
+    """Consecutive batches of `items`, with a progress bar (on stderr) for long evaluations."""
+    from tqdm.auto import tqdm
+
+    with tqdm(total=len(items), desc=desc, unit="ex", disable=len(items) < 2 * size, mininterval=2.0) as bar:
+        for start in range(0, len(items), size):
+            yield items[start : start + size]
+            bar.update(min(size, len(items) - start))
 
 
 def _passage_summary(passages: list[dict] | None) -> list[dict]:

@@ -180,7 +180,7 @@ class KiltTask(Task):
         key = self.options["provenance_key"]
         entries = []
         for passage in passages:
-            if passage.get(key) is not None:
+            if passage.get(key) not in (None, ""):  # corpora without page ids store ""
                 entry = {"wikipedia_id": str(passage[key])}
                 if passage.get("title"):
                     entry["title"] = passage["title"]
