@@ -39,7 +39,13 @@ def main(argv: list[str] | None = None) -> int:
     from tasks.io import InputError
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    # dotted overrides may follow options (`atlas evaluate RUN --data F evaluation.batch_size=32`),
+    # where argparse has already closed the positional list
+    if extra and hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 0 if args.command is None else 2

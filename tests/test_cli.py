@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from atlas.cli import main
 
 
@@ -38,3 +40,17 @@ def test_bad_input_is_one_clear_error_and_exit_code_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"atlas corpus: error: {src}:2: field 'text': missing required field" in err
     assert not (tmp_path / "c").exists()
+
+
+def test_overrides_after_options_are_collected(monkeypatch):
+    from atlas import cli
+
+    seen = {}
+    parser = cli.build_parser()
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    evaluate = parser._subparsers._group_actions[0].choices["evaluate"]
+    evaluate.set_defaults(func=lambda args: seen.setdefault("args", args) and 0)
+    assert main(["evaluate", "run", "--data", "d.jsonl", "evaluation.batch_size=32", "task.shots=4"]) == 0
+    assert seen["args"].overrides == ["evaluation.batch_size=32", "task.shots=4"]
+    with pytest.raises(SystemExit):
+        main(["evaluate", "run", "--data", "d.jsonl", "--nope"])
