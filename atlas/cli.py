@@ -49,6 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0 if args.command is None else 2
+    # our own progress bars say what is happening; transformers' per-file ones only add noise
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     try:
         return int(args.func(args) or 0)
     except (InputError, ConfigError, ValueError, FileNotFoundError, FileExistsError) as e:
