@@ -1,7 +1,7 @@
 """`atlas quickstart`: the whole system on the shipped demo (or your documents) in minutes, offline.
 
 prepare the corpus → build the MiniLM index → few-shot fine-tune the shipped `atlas-mini` reader
-(and the query encoder) → evaluate on held-out questions (EM, F1, answer recall@k) → answer three
+(and, with a retriever loss, the query encoder) → evaluate on held-out questions (EM, F1, answer recall@k) → answer three
 questions with their evidence → edit a fact in one passage, update the index with the same
 `add_passages` / `remove_passages` that `atlas index add|remove` run, and ask again: the answer
 follows the new text with no retraining. Everything lands in one output folder:
@@ -29,7 +29,7 @@ MINI_READER = DEMO / "atlas-mini"
 RECIPE = DEMO / "quickstart.yaml"
 # Small enough for CI (about a minute on 2 cores): fewer shots, steps, passages and questions.
 TINY_OVERRIDES = ["task.shots=16", "training.steps=6", "training.warmup_steps=1", "training.batch_size=2",
-                  "retriever.n_context=2", "reader.n_context=2", "reader.text_maxlength=96",
+                  "reader.text_maxlength=96",
                   "evaluation.max_examples=8", "evaluation.retrieval_k=[1,2]", "training.log_every=1"]
 MAX_USER_TRAIN = 64
 
@@ -196,7 +196,8 @@ def run_quickstart(out: str | Path, *, docs: str | Path | None = None, questions
     before = evaluate(build_atlas(config), task, data.heldout, config.evaluation, out_dir=out / "eval-before")
     t = stage("eval_before", t)
     shots = config.task.shots or sum(1 for _ in read_jsonl(data.train))
-    echo(f"[4/6] fine-tuning reader + query encoder on {shots} questions, {config.training.steps} steps")
+    trained = "reader + query encoder" if config.retriever.loss != "none" else "reader (retriever frozen)"
+    echo(f"[4/6] fine-tuning the {trained} on {shots} questions, {config.training.steps} steps")
     summary = train(config, progress=progress)
     after = summary["eval"]
     t = stage("train_and_eval", t)

@@ -116,3 +116,18 @@ def test_quickstart_tiny_runs_end_to_end_and_the_edit_reaches_the_answerer(tmp_p
     assert edit["replacement"] in edit["after"] and edit["gold"] not in edit["after"]
     assert isinstance(edit["follows_edit"], bool)
     assert any("after the edit" in line for line in lines)
+
+
+def test_pretext_tasks_read_a_prepared_corpus_folder_with_its_passage_ids(tmp_path):
+    """configs/pretrain-mini.yaml trains `mlm` on the prepared corpus the index is built from."""
+    from retriever.corpus import Corpus, prepare_corpus
+    from tasks.base import get_task
+
+    prepare_corpus([DEMO / "encyclopedia.jsonl"], tmp_path / "corpus", chunk_words=30, progress=False)
+    corpus = Corpus.load(tmp_path / "corpus")
+    examples = get_task("mlm").load(tmp_path / "corpus")
+    usable = [p["id"] for p in corpus.rows(range(len(corpus))) if len(p["text"].split()) >= 2]  # min_words
+    assert len(usable) < len(corpus)  # some 30-word chunkings leave a one-word tail
+    assert [e.source_id for e in examples] == usable
+    assert examples[0].metadata["passage"]["text"] == corpus[0]["text"]
+    assert all("<extra_id_0>" in e.query for e in examples)
