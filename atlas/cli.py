@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()  # e.g. the benign "unexpected pooler weights" load report
     try:
         return int(args.func(args) or 0)
     except (InputError, ConfigError, ValueError, FileNotFoundError, FileExistsError) as e:
