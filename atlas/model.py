@@ -18,6 +18,7 @@ from torch import nn
 
 from atlas.config import IndexConfig, ReaderConfig, RetrieverConfig
 from reader.fid import IGNORE_INDEX, FiDReader
+from reader.inputs import encode_reader_inputs, encode_targets
 from retriever.encoder import Retriever
 from retriever.losses import RetrieverLoss
 from tasks.base import Example
@@ -106,32 +107,18 @@ class Atlas(nn.Module):
     def reader_inputs(self, queries: list[str], passages: list[list[dict]] | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Tokenise each (query, passage) pair: → input_ids, attention_mask, each (B, K, L).
 
-        Closed-book (passages None): K = 1 and the reader reads the query alone. Every example
-        must have the same number of passages K.
+        Closed-book (passages None): K = 1 and the reader reads the query alone. Examples with
+        fewer passages than the longest list get fully masked rows.
         """
-        if passages is None:
-            texts = list(queries)
-            n_passages = 1
-        else:
-            n_passages = len(passages[0])
-            if any(len(ps) != n_passages for ps in passages) or n_passages == 0:
-                raise ValueError(f"every example needs the same number (>0) of passages, got "
-                                 f"{[len(ps) for ps in passages]}")
-            texts = [
-                self.reader_config.passage_format.format(query=q, title=p.get("title", ""), text=p.get("text", ""))
-                for q, ps in zip(queries, passages) for p in ps
-            ]
-        encoded = self.reader_tokenizer(texts, max_length=self.reader_config.text_maxlength, truncation=True,
-                                        padding="longest", return_tensors="pt")
-        shape = (len(queries), n_passages, -1)
+        input_ids, attention_mask = encode_reader_inputs(
+            self.reader_tokenizer, queries, passages if passages is not None else [[] for _ in queries],
+            self.reader_config.text_maxlength, self.reader_config.passage_format)
         device = self.reader.t5.device
-        return encoded["input_ids"].view(shape).to(device), encoded["attention_mask"].view(shape).to(device)
+        return input_ids.to(device), attention_mask.to(device)
 
     def target_labels(self, targets: list[str]) -> torch.Tensor:
         """Tokenise targets: → (B, T) ids with IGNORE_INDEX (-100) at padding."""
-        encoded = self.reader_tokenizer(targets, max_length=self.reader_config.answer_maxlength, truncation=True,
-                                        padding="longest", return_tensors="pt")
-        labels = encoded["input_ids"].masked_fill(encoded["attention_mask"] == 0, IGNORE_INDEX)
+        labels = encode_targets(self.reader_tokenizer, targets, self.reader_config.answer_maxlength)
         return labels.to(self.reader.t5.device)
 
     def passages_for(self, examples: list[Example], k: int) -> list[list[dict]] | None:
