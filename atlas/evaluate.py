@@ -15,31 +15,23 @@ import torch
 from atlas.config import EvaluationConfig
 from tasks.base import Example
 from tasks.io import atomic_write_json, write_jsonl
-from tasks.metrics import has_answer
+from retriever.index import Hit
+from retriever.retrieval_eval import RetrievalExample, score_retrieval
 
 
 def retrieval_metrics(examples: list[Example], passages: list[list[dict]], ks: list[int]) -> dict[str, float]:
-    """Answer recall@k (a passage has the answer: DPR's token-sequence match) and MRR@max(k).
-
-    Also gold-passage recall@k when examples name gold passages (`metadata["gold_ids"]`,
-    matched against passage ids and doc ids). Examples without answers are left out.
-    """
+    """Answer recall@k (DPR's has-answer match) and MRR, plus gold-passage recall@k where
+    examples name gold ids (`metadata["gold_ids"]`); examples without answers are left out.
+    The same scorer as `atlas evaluate-retrieval` (`retriever.retrieval_eval.score_retrieval`)."""
     scored = [(e, ps) for e, ps in zip(examples, passages) if e.answers]
-    metrics: dict[str, float] = {}
     if not scored:
-        return metrics
-    first_hit = []
-    for example, ps in scored:
-        rank = next((i for i, p in enumerate(ps[: max(ks)]) if has_answer(example.answers, p["text"])), None)
-        first_hit.append(rank)
-    for k in ks:
-        metrics[f"answer_recall@{k}"] = 100.0 * sum(r is not None and r < k for r in first_hit) / len(scored)
-    metrics[f"answer_mrr@{max(ks)}"] = sum(1.0 / (r + 1) for r in first_hit if r is not None) / len(scored)
-    gold = [(e.metadata.get("gold_ids"), ps) for e, ps in scored if e.metadata.get("gold_ids")]
-    for k in ks if gold else []:
-        hits = sum(any({p["id"], p.get("doc_id")} & set(ids) for p in ps[:k]) for ids, ps in gold)
-        metrics[f"gold_recall@{k}"] = 100.0 * hits / len(gold)
-    return metrics
+        return {}
+    hits = [[Hit(**{f: p.get(f, "") for f in ("id", "title", "text", "doc_id")}, score=float(p.get("score") or 0.0),
+                 row=int(p.get("row", -1))) for p in ps[: max(ks)]] for _, ps in scored]
+    queries = [RetrievalExample(question=e.query, answers=e.answers, gold_ids=list(e.metadata.get("gold_ids", [])))
+               for e, _ in scored]
+    metrics, _ = score_retrieval(queries, hits, ks)
+    return {k: v for k, v in metrics.items() if not k.startswith("n")}
 
 
 def _batches(items: list, size: int, desc: str = "evaluating"):
