@@ -140,7 +140,7 @@ def pick_edit(examples, predictions: list[str], passages: list[list[dict]], rela
 
 def _metrics_row(name: str, metrics: dict, ks: list[int]) -> dict:
     return {"model": name, "exact_match": 100 * metrics["exact_match"], "f1": 100 * metrics["f1"],
-            **{f"answer_recall@{k}": metrics.get(f"answer_recall@{k}", float("nan")) for k in ks}}
+            **{f"answer_recall@{k}": 100 * metrics.get(f"answer_recall@{k}", float("nan")) for k in ks}}
 
 
 def format_table(rows: list[dict]) -> str:

@@ -83,7 +83,7 @@ def frozen_recall(args, out: Path) -> dict:
     model = build_atlas(config)
     examples = get_task("qa").load(args.data / "nq824" / "dev.jsonl")[: args.max_dev]
     passages = [ps for start in range(0, len(examples), 64) for ps in model.retrieve(examples[start:start + 64], 20)]
-    return retrieval_metrics(examples, passages, [5, 20])
+    return {k: 100 * v for k, v in retrieval_metrics(examples, passages, [5, 20]).items()}  # percent
 
 
 def run_variant(args, out: Path, variant: str) -> dict:
@@ -201,8 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, m in results["variants"].items():
         rows.append({"variant": name, "EM": 100 * m["exact_match"], "F1": 100 * m["f1"],
                      "EM / closed-book": m["exact_match"] / closed if closed else float("nan"),
-                     "recall@5": m.get("answer_recall@5", float("nan")),
-                     "recall@20": m.get("answer_recall@20", float("nan")), "wall_s": m["wall_s"]})
+                     "recall@5": 100 * m.get("answer_recall@5", float("nan")),
+                     "recall@20": 100 * m.get("answer_recall@20", float("nan")), "wall_s": m["wall_s"]})
     (args.out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     print(json.dumps(results, default=str))
     print(format_table(rows))
