@@ -44,7 +44,7 @@ def base_overrides(args, out: Path, variant: str) -> list[str]:
     loss = "none" if variant in ("closed_book", "frozen") else variant
     return [
         "retriever.model=minilm", f"retriever.loss={loss}", f"retriever.n_context={args.passages}",
-        "retriever.passage_maxlength=128", "retriever.temperature_gold=0.1", "retriever.temperature_score=0.1",
+        "retriever.temperature_gold=0.1", "retriever.temperature_score=0.1",
         f"index.path={out / 'index'}", f"reader.model={args.reader}", f"reader.n_context={args.passages}",
         "reader.text_maxlength=192", "reader.answer_maxlength=16", "reader.generation_max_length=16",
         "reader.dropout=0.0", "task.name=qa", f"task.train_data=[{args.data / 'nq824' / 'train-64.jsonl'}]",
@@ -68,7 +68,7 @@ def prepare(args, out: Path) -> None:
     if not (out / "corpus").exists():
         prepare_corpus(documents, out / "corpus", chunk_words=100, progress=False)
     if not (out / "index").exists():
-        retriever = build_retriever(RetrieverConfig(model="minilm", passage_maxlength=128))
+        retriever = build_retriever(RetrieverConfig(model="minilm"))
         build_index(out / "corpus", retriever, out / "index", progress=True, encoder_source="minilm")
 
 

@@ -29,7 +29,9 @@ class Example:
     training target text (None where unknown), `answers` the gold answers used for scoring,
     `passages` passages given with the example (None: retrieve them), `options` the choices of
     a multiple-choice question (letter → text), `source_id` the id of the corpus passage the
-    example was made from (pretext tasks: retrieving it would be trivial, so it is filtered out).
+    example was made from (pretext tasks: retrieving it would be trivial, so it is filtered out),
+    `evidence` a passage `{id, title, text}` known to hold the answer (pretext tasks that teach
+    reading): retrieval keeps it among the passages read, in place of the last one if it missed it.
     """
 
     id: str
@@ -39,6 +41,7 @@ class Example:
     passages: list[dict] | None = None
     options: dict[str, str] | None = None
     source_id: str | None = None
+    evidence: dict | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
 
 

@@ -89,15 +89,20 @@ def test_atlas_mini_loads_with_plain_transformers_and_matches_its_card():
     import torch
     from transformers import T5ForConditionalGeneration
 
-    from atlas.demo.export_mini import demo_mlm_loss
+    from atlas.demo.export_mini import demo_mlm_loss, demo_reading_em
 
     model = T5ForConditionalGeneration.from_pretrained(str(MINI_READER))
     assert next(model.parameters()).dtype == torch.float16
     assert sum(f.stat().st_size for f in MINI_READER.iterdir()) <= 50 * 2**20
     card = json.loads((MINI_READER / "card.json").read_text())
+    readme = (MINI_READER / "README.md").read_text()
     assert card["architecture"]["parameters"] == sum(p.numel() for p in model.parameters())
     assert demo_mlm_loss(MINI_READER) == pytest.approx(card["demo_mlm_loss"]["value"], abs=1e-4)
-    assert f"{card['demo_mlm_loss']['value']:.4f}" in (MINI_READER / "README.md").read_text()
+    assert f"{card['demo_mlm_loss']['value']:.4f}" in readme
+    assert demo_reading_em(MINI_READER) == pytest.approx(card["demo_reading"]["exact_match"], abs=1e-4)
+    assert f"{100 * card['demo_reading']['exact_match']:.1f}%" in readme
+    for stage in card["pretraining"]:
+        assert f"{stage['steps']} steps of batch {stage['batch_size']}" in readme
 
 
 @needs_mini

@@ -1,10 +1,13 @@
 """Export a pretraining run's reader as the shipped `atlas-mini` (fp16 safetensors + model card).
 
-    python -m atlas.demo.export_mini runs/pretrain-mini atlas/demo/atlas-mini --wall-s 2100
+    python -m atlas.demo.export_mini runs/pretrain-mini-ssm atlas/demo/atlas-mini --wall-s 8000
 
-The card's figures come from the run itself (config, log, corpus manifest) and from
-`demo_mlm_loss`, a closed-book span-corruption loss on the shipped demo encyclopedia that anyone
-can recompute from the shipped files (a test does).
+The card's figures come from the runs themselves (config, log, corpus manifest) — a run that
+continued from an exported reader (its `reader.model` folder has a `card.json`) inherits that
+card's stages — and from two check figures that anyone can recompute from the shipped files (a
+test does): `demo_mlm_loss`, a closed-book span-corruption loss on the shipped demo encyclopedia,
+and `demo_reading`, exact match on the demo's held-out questions with the gold passage given and
+no fine-tuning.
 """
 
 from __future__ import annotations
@@ -20,6 +23,23 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+TASK_DESCRIPTIONS = {
+    "mlm": "T5 span corruption; each corrupted passage is read with the top passages the frozen retriever "
+           "finds, the passage itself filtered out (no trivial retrievals)",
+    "ssm": "salient span masking asked as questions (REALM): a wh-word and the words around an entity, date, "
+           "number or noun phrase of one sentence → the span, read from the top passages the frozen "
+           "retriever finds for that query",
+}
+
+
+def _load(reader_folder: str | Path):
+    from reader.fid import build_reader
+    from reader.tokenizer import build_reader_tokenizer
+
+    tokenizer = build_reader_tokenizer(reader_folder)
+    reader = build_reader(str(reader_folder), vocab_size=len(tokenizer))
+    reader.eval()
+    return reader, tokenizer
 
 
 def demo_mlm_loss(reader_folder: str | Path, passages: str | Path = HERE / "encyclopedia.jsonl", seed: int = 0,
@@ -29,15 +49,11 @@ def demo_mlm_loss(reader_folder: str | Path, passages: str | Path = HERE / "ency
 
     Token-weighted over all target tokens, accumulated in float64.
     """
-    from reader.fid import IGNORE_INDEX, build_reader
-    from reader.tokenizer import build_reader_tokenizer
+    from reader.fid import IGNORE_INDEX
     from tasks.base import get_task
 
-    tokenizer = build_reader_tokenizer(reader_folder)
-    reader = build_reader(str(reader_folder), vocab_size=len(tokenizer))
-    reader.eval()
-    task = get_task("mlm", seed=seed)
-    examples = task.load(passages)
+    reader, tokenizer = _load(reader_folder)
+    examples = get_task("mlm", seed=seed).load(passages)
     total, count = 0.0, 0
     with torch.no_grad():
         for start in range(0, len(examples), batch_size):
@@ -55,8 +71,32 @@ def demo_mlm_loss(reader_folder: str | Path, passages: str | Path = HERE / "ency
     return total / count
 
 
-def _run_facts(run: Path) -> dict:
-    """Steps, batch, final loss and corpus counts of the pretraining run in `run`."""
+def demo_reading_em(reader_folder: str | Path, questions: str | Path = HERE / "heldout.jsonl",
+                    passages: str | Path = HERE / "encyclopedia.jsonl", batch_size: int = 32) -> float:
+    """Exact match (SQuAD normalisation, in [0, 1]) of greedy answers to the `questions`, the reader
+    reading each question's gold passage (`gold_doc`) alone, in the `qa` task's format; no fine-tuning."""
+    from reader.inputs import encode_reader_inputs
+    from tasks.base import get_task
+    from tasks.io import read_jsonl
+
+    reader, tokenizer = _load(reader_folder)
+    by_id = {record["id"]: record for _, record in read_jsonl(passages)}
+    gold = [by_id[record["gold_doc"]] for _, record in read_jsonl(questions)]
+    task = get_task("qa")
+    examples = task.load(questions)
+    predictions = []
+    for start in range(0, len(examples), batch_size):
+        batch = examples[start : start + batch_size]
+        input_ids, attention_mask = encode_reader_inputs(
+            tokenizer, [e.query for e in batch], [[p] for p in gold[start : start + batch_size]], 256)
+        generated = reader.generate(input_ids, attention_mask, max_length=16)
+        predictions += tokenizer.batch_decode(generated, skip_special_tokens=True)
+    return task.evaluate(examples, predictions)["exact_match"]
+
+
+def _run_facts(run: Path, wall_s: float | None) -> list[dict]:
+    """The pretraining stages behind the run in `run`: the stages of the exported reader it started
+    from (its `card.json`), then this run's own (task, steps, batch, losses, corpus, wall time)."""
     from atlas.checkpoint import resolve_checkpoint
     from atlas.config import load_config
 
@@ -65,21 +105,31 @@ def _run_facts(run: Path) -> dict:
     logged = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines() if line.strip()]
     losses = [r["loss/total"] for r in logged if "loss/total" in r]
     corpus = json.loads((Path(config.task.train_data[0]) / "corpus.json").read_text())
-    step = int(checkpoint.name.split("-")[-1])
-    return {"checkpoint": checkpoint, "config": config, "step": step,
-            "final_loss": sum(losses[-5:]) / len(losses[-5:]), "first_loss": losses[0],
-            "corpus": {"documents": corpus["stats"]["documents"], "passages": corpus["count"],
-                       "words": corpus["stats"]["words"], "sources": [Path(s).name for s in corpus["sources"]]}}
+    earlier = []
+    start_card = Path(config.reader.model) / "card.json"
+    if start_card.is_file():
+        earlier = json.loads(start_card.read_text())["pretraining"]
+    stage = {"task": config.task.name, "options": config.task.options, "steps": int(checkpoint.name.split("-")[-1]),
+             "batch_size": config.training.batch_size, "lr": config.training.lr,
+             "scheduler": config.training.scheduler, "warmup_steps": config.training.warmup_steps,
+             "passages_read": config.reader.n_context, "text_maxlength": config.reader.text_maxlength,
+             "retriever": config.retriever.model, "start": "random init" if not earlier else "previous stage",
+             "first_loss": round(losses[0], 4), "final_loss": round(sum(losses[-5:]) / len(losses[-5:]), 4),
+             "wall_s": wall_s,
+             "corpus": {"documents": corpus["stats"]["documents"], "passages": corpus["count"],
+                        "words": corpus["stats"]["words"], "sources": [Path(s).name for s in corpus["sources"]]}}
+    return [*earlier, stage]
 
 
 def export(run: str | Path, out: str | Path, *, wall_s: float | None = None) -> dict:
     """Write `out` (replaced atomically): fp16 safetensors T5, the reader tokenizer, README.md, card.json."""
     from transformers import T5ForConditionalGeneration
 
+    from atlas.checkpoint import resolve_checkpoint
     from tasks.io import atomic_directory
 
-    facts = _run_facts(Path(run))
-    checkpoint, config = facts["checkpoint"], facts["config"]
+    stages = _run_facts(Path(run), wall_s)
+    checkpoint = resolve_checkpoint(run)
     model = T5ForConditionalGeneration.from_pretrained(str(checkpoint / "reader"), dtype=torch.float32)
     n_params = sum(p.numel() for p in model.parameters())
     with atomic_directory(Path(out), overwrite=True) as tmp:
@@ -87,36 +137,45 @@ def export(run: str | Path, out: str | Path, *, wall_s: float | None = None) -> 
         for name in TOKENIZER_FILES:
             if (checkpoint / "reader" / name).is_file():
                 shutil.copyfile(checkpoint / "reader" / name, tmp / name)
-        loss = demo_mlm_loss(tmp)
         t5 = model.config
         card = {
             "architecture": {"type": "T5 (v1.0 layout, ReLU FFN, tied embeddings)", "d_model": t5.d_model,
                              "d_ff": t5.d_ff, "d_kv": t5.d_kv, "num_heads": t5.num_heads,
                              "encoder_layers": t5.num_layers, "decoder_layers": t5.num_decoder_layers,
                              "vocab_size": t5.vocab_size, "parameters": n_params, "dtype": "float16"},
-            "pretraining": {"task": config.task.name, "options": config.task.options, "steps": facts["step"],
-                            "batch_size": config.training.batch_size, "lr": config.training.lr,
-                            "scheduler": config.training.scheduler, "passages_read": config.reader.n_context,
-                            "text_maxlength": config.reader.text_maxlength, "retriever": config.retriever.model,
-                            "first_loss": round(facts["first_loss"], 4), "final_loss": round(facts["final_loss"], 4),
-                            "wall_s": wall_s, "corpus": facts["corpus"]},
-            "demo_mlm_loss": {"value": round(loss, 4), "seed": 0, "data": "atlas/demo/encyclopedia.jsonl"},
+            "pretraining": stages,
+            "demo_mlm_loss": {"value": round(demo_mlm_loss(tmp), 4), "seed": 0,
+                              "data": "atlas/demo/encyclopedia.jsonl"},
+            "demo_reading": {"exact_match": round(demo_reading_em(tmp), 4), "data": "atlas/demo/heldout.jsonl",
+                             "passages": "the gold passage alone", "fine_tuned": False},
         }
         (tmp / "card.json").write_text(json.dumps(card, indent=2) + "\n")
         (tmp / "README.md").write_text(model_card(card))
     return card
 
 
+def _stage_lines(number: int, p: dict) -> str:
+    wall = "not recorded" if p["wall_s"] is None else f"{p['wall_s'] / 60:.0f} min"
+    return f"""{number}. `{p['task']}` — {TASK_DESCRIPTIONS.get(p['task'], p['task'])}; options {json.dumps(p['options'])}.
+   Top-{p['passages_read']} passages of the frozen `{p['retriever']}` retriever, inputs cut to {p['text_maxlength']} tokens;
+   from {p['start']}; {p['steps']} steps of batch {p['batch_size']}, AdamW lr {p['lr']}, {p['warmup_steps']} warm-up
+   steps, {p['scheduler']} schedule. Loss (token cross-entropy) {p['first_loss']:.3f} at the first logged step →
+   {p['final_loss']:.3f} (mean of the last five logged steps). Wall time: {wall} on the 2-core CPU.
+"""
+
+
 def model_card(card: dict) -> str:
     """The Markdown model card of `card` (see `export`)."""
-    a, p = card["architecture"], card["pretraining"]
-    wall = "not recorded" if p["wall_s"] is None else f"{p['wall_s'] / 60:.0f} min"
+    a, stages = card["architecture"], card["pretraining"]
+    corpus = stages[-1]["corpus"]
     return f"""# atlas-mini
 
-A small T5 reader for `atlas`, pretrained here, offline, the Atlas way: retrieval-augmented T5 span
-corruption. It exists so that `atlas quickstart` and the CPU recipes have a reader that is not random;
-it is far too small to know facts by itself and is meant to be fine-tuned (few-shot) with retrieval.
-On GPUs, point the same recipes at `google/t5-base-lm-adapt` and `facebook/contriever` instead.
+A small T5 reader for `atlas`, pretrained here, offline, with retrieval-augmented pretext tasks: Atlas's
+span corruption, then REALM's salient span masking asked as questions, which teaches it to find a
+sentence among retrieved passages and copy the answer out of it. It exists so that `atlas quickstart`
+and the CPU recipes have a reader that can read; it is far too small to know many facts by itself and
+is meant to be fine-tuned (few-shot) with retrieval. On GPUs, point the same recipes at
+`google/t5-base-lm-adapt` and `facebook/contriever` instead.
 
 ## Architecture
 T5 encoder-decoder, d_model {a['d_model']}, d_ff {a['d_ff']}, {a['num_heads']} heads of {a['d_kv']},
@@ -127,29 +186,29 @@ reader and the default retriever share one tokenizer. Loads with plain
 `transformers.T5ForConditionalGeneration.from_pretrained(folder)` (use `dtype=torch.float32` to train).
 
 ## Pretraining
-- Task: `{p['task']}` (T5 span corruption, options {json.dumps(p['options'])}); each corrupted passage is read
-  together with the top-{p['passages_read']} passages that the frozen `{p['retriever']}` retriever finds,
-  the passage itself filtered out (no trivial retrievals). Inputs cut to {p['text_maxlength']} tokens.
-- Data: {', '.join(p['corpus']['sources'])}: {p['corpus']['documents']} documents,
-  {p['corpus']['passages']} passages of 100 words, {p['corpus']['words']:,} words (WikiText-2 valid+test
-  articles and the 820 NaturalQuestions evidence paragraphs of nq824; CC BY-SA).
-- Optimisation: {p['steps']} steps of batch {p['batch_size']}, AdamW lr {p['lr']}, {p['scheduler']} schedule.
-- Loss (token cross-entropy): {p['first_loss']:.3f} at the first logged step → {p['final_loss']:.3f} (mean of
-  the last five logged steps). Wall time: {wall} on a 2-core CPU shared with other jobs, index build included.
-- It is a weak model: this much compute (400 small steps) teaches word statistics, not reading.
-  Few-shot fine-tuning with retrieval is what makes it answer; see `atlas quickstart`.
+Data: {', '.join(corpus['sources'])}: {corpus['documents']} documents, {corpus['passages']} passages of 100
+words, {corpus['words']:,} words (WikiText-2 valid+test articles and the 820 NaturalQuestions evidence
+paragraphs of nq824; CC BY-SA). No question of any benchmark is trained on. Stages:
 
-## Check figure
-Closed-book span-corruption loss on the shipped demo encyclopedia (`atlas/demo/encyclopedia.jsonl`,
-corruption seed {card['demo_mlm_loss']['seed']}): **{card['demo_mlm_loss']['value']:.4f}** nats/token.
-`tests/test_quickstart.py` recomputes it from these weights with `atlas.demo.export_mini.demo_mlm_loss`.
+{"".join(_stage_lines(i + 1, p) for i, p in enumerate(stages))}
+## Check figures
+- Closed-book span-corruption loss on the shipped demo encyclopedia (`atlas/demo/encyclopedia.jsonl`,
+  corruption seed {card['demo_mlm_loss']['seed']}): **{card['demo_mlm_loss']['value']:.4f}** nats/token.
+- Reading without fine-tuning: exact match **{100 * card['demo_reading']['exact_match']:.1f}%** on the demo's
+  held-out questions (`atlas/demo/heldout.jsonl`, made-up facts) with the gold passage given.
+
+`tests/test_quickstart.py` recomputes both from these weights (`atlas.demo.export_mini`).
 
 ## Reproduce
 ```
+pip install -e '.[pretrain]'          # spaCy tags the salient spans
 atlas corpus prepare ../shared/data/wikitext2-articles.jsonl ../shared/data/nq824/documents.jsonl \\
     --out runs/pretrain-mini-corpus
-atlas train configs/pretrain-mini.yaml
-python -m atlas.demo.export_mini runs/pretrain-mini atlas/demo/atlas-mini
+atlas train configs/pretrain-mini.yaml                                   # stage 1: mlm
+python -m atlas.demo.export_mini runs/pretrain-mini runs/atlas-mini-mlm
+atlas index build --corpus runs/pretrain-mini-corpus --encoder minilm --out runs/pretrain-mini-index
+atlas train configs/pretrain-mini-ssm.yaml                               # stage 2: ssm
+python -m atlas.demo.export_mini runs/pretrain-mini-ssm atlas/demo/atlas-mini
 ```
 """
 

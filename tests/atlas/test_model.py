@@ -1,0 +1,33 @@
+"""Atlas wiring: retrieval with evidence passages (pretext tasks that teach reading)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tasks.base import Example
+
+
+def _model(tiny_world):
+    from atlas.build import build_atlas
+    from atlas.config import load_config
+
+    return build_atlas(load_config(None, [f"retriever.model={tiny_world['encoder']}", f"index.path={tiny_world['index']}",
+                                          "reader.model=t5-tiny", "retriever.loss=none"]))
+
+
+def test_a_missed_evidence_passage_replaces_the_last_retrieved_one(tiny_world):
+    model = _model(tiny_world)
+    query = "The capital of Zorbland"
+    plain = model.retrieve([Example(id="q", query=query, target=None, answers=[])], 3)[0]
+    ranked = model.retrieve([Example(id="q", query=query, target=None, answers=[])], 5)[0]
+    missed = ranked[-1]  # a passage the top-3 search does not return
+    evidence = {"id": missed["id"], "title": missed["title"], "text": missed["text"]}
+    example = Example(id="q", query=query, target=None, answers=[], evidence=evidence)
+    got = model.retrieve([example], 3)[0]
+    assert [p["id"] for p in got] == [p["id"] for p in plain[:2]] + [missed["id"]]
+    # its score is the current encoders' inner product, as every other retrieved score
+    expected = float(model.retriever.embed_passages([evidence])[0] @ model.retriever.embed_queries([query])[0])
+    assert np.isclose(got[-1]["score"], expected, atol=1e-4) and np.isclose(got[-1]["score"], missed["score"], atol=2e-3)
+    # evidence already among the top-k: the retrieval is unchanged
+    found = Example(id="q", query=query, target=None, answers=[], evidence={**evidence, "id": plain[1]["id"]})
+    assert [p["id"] for p in model.retrieve([found], 3)[0]] == [p["id"] for p in plain]
