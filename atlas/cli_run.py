@@ -28,10 +28,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     evaluate.add_argument("overrides", nargs="*", help="dotted overrides, e.g. evaluation.max_examples=100")
     evaluate.set_defaults(func=_evaluate)
 
+    per_subject = subparsers.add_parser(
+        "mmlu-per-subject",
+        help="MMLU 5-shot per subject: fine-tune one model per subject on its dev split, evaluate it on "
+             "its test split, merge all subjects into one per-category/overall table")
+    per_subject.add_argument("config", help="the per-subject recipe, e.g. configs/mmlu-5shot.yaml")
+    per_subject.add_argument("overrides", nargs="*", help="dotted overrides, e.g. training.steps=16")
+    per_subject.add_argument("--data-dir", required=True, help="the MMLU root (with dev/ and test/ folders)")
+    per_subject.add_argument("--subjects", help="comma-separated subjects (default: all that have dev and test)")
+    per_subject.add_argument("--out", help="output folder (default: the recipe's training.output_dir)")
+    per_subject.add_argument("--keep-checkpoints", action="store_true",
+                             help="keep each subject's checkpoint (default: deleted once it is evaluated)")
+    per_subject.set_defaults(func=_mmlu_per_subject)
+
     score = subparsers.add_parser("score", help="score a predictions file against gold with the task's metrics")
     score.add_argument("--task", required=True, help="qa, kilt, mmlu, fever")
     score.add_argument("--gold", required=True, help="gold examples (the task's own format; KILT jsonl for kilt)")
-    score.add_argument("--pred", required=True, help="predictions ({id|question, answer} lines; KILT format)")
+    score.add_argument("--pred", required=True,
+                       help="predictions: {id|question, answer} lines, KILT's format for kilt, or the "
+                            "predictions.jsonl of `atlas evaluate` (MMLU: with its probabilities)")
     score.set_defaults(func=_score)
 
     ask = subparsers.add_parser("ask", help="answer one question and show the evidence passages")
@@ -71,15 +86,61 @@ def _load(checkpoint: str, index: str | None, overrides: list[str]):
 
 
 def _evaluate(args: argparse.Namespace) -> int:
+    """`atlas evaluate`: under torchrun every rank predicts its share of the examples (a sharded
+    index is searched by all ranks in lockstep) and rank 0 writes the outputs and the metrics."""
+    import dataclasses
+
+    from atlas.distributed import init_distributed, shutdown
     from atlas.evaluate import evaluate
     from tasks.base import get_task
 
-    folder, config, model = _load(args.checkpoint, args.index, args.overrides)
-    task = get_task(args.task or config.task.name, **({} if args.task else config.task.options))
-    out = Path(args.out) if args.out else folder / f"eval-{Path(args.data).stem}"
-    metrics = evaluate(model, task, args.data, config.evaluation, out_dir=out)
-    print(json.dumps(metrics, indent=2))
-    print(f"predictions and metrics written to {out}")
+    context = init_distributed()  # before the model: a sharded index needs the process group
+    try:
+        folder, config, model = _load(args.checkpoint, args.index, args.overrides)
+        model.to(context.device)
+        task_name, options = (args.task, {}) if args.task else (config.task.name, config.task.options)
+        task = get_task(task_name, **options)
+        out = Path(args.out) if args.out else folder / f"eval-{Path(args.data).stem}"
+        # the config as evaluated: the checkpoint's, with this command's task, data and overrides
+        recorded = dataclasses.replace(config, task=dataclasses.replace(
+            config.task, name=task_name, options=dict(options), eval_data=[str(args.data)]))
+        metrics = evaluate(model, task, args.data, config.evaluation, out_dir=out if context.is_main else None,
+                           run_config=recorded, context=context)
+        if context.is_main:
+            if metrics:
+                print(json.dumps(metrics, indent=2))
+                print(f"predictions and metrics written to {out}")
+            elif config.evaluation.write_predictions:
+                print(f"{args.data}: no gold answers (an unlabelled test set): metrics skipped; "
+                      f"predictions written to {out} (score them later with `atlas score`)")
+            else:
+                print(f"{args.data}: no gold answers (an unlabelled test set): metrics skipped, and "
+                      "evaluation.write_predictions is false: nothing was written")
+    finally:
+        shutdown(context)
+    return 0
+
+
+def _mmlu_per_subject(args: argparse.Namespace) -> int:
+    """`atlas mmlu-per-subject`: see `atlas.mmlu_per_subject` (one model per subject, one table)."""
+    from atlas.config import load_config
+    from atlas.distributed import init_distributed, shutdown
+    from atlas.mmlu_per_subject import run_per_subject
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    config = load_config(args.config, args.overrides)
+    subjects = [s.strip() for s in args.subjects.split(",") if s.strip()] if args.subjects else None
+    context = init_distributed()
+    try:
+        metrics = run_per_subject(config, args.data_dir, out_dir=args.out, subjects=subjects,
+                                  keep_checkpoints=args.keep_checkpoints, context=context)
+        if context.is_main:
+            table = {k: v for k, v in metrics.items() if "/subject/" not in k}
+            print(json.dumps(table, indent=2))
+            out = args.out or config.training.output_dir
+            print(f"per-subject runs, merged predictions and metrics written to {out}")
+    finally:
+        shutdown(context)
     return 0
 
 

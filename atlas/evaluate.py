@@ -1,22 +1,38 @@
-"""Evaluation: predict on a data file, score with the task's own metrics, add retrieval metrics.
+"""Evaluation: predict on a data file, write the predictions, then score them with the task's
+own metrics and add retrieval metrics.
 
-Writes `predictions.jsonl` (one line per example: the prediction, the gold answers and the
-retrieved passages with their scores), `metrics.json`, and for KILT tasks `kilt_predictions.jsonl`
-in KILT's own output format.
+Outputs under `out_dir`, in this order (so that a scoring failure never loses the predictions):
+- `config.yaml`: the fully resolved run config, when the caller passes it (`run_config`);
+- `predictions.jsonl`: one line per example — the prediction, the gold answers, for multiple
+  choice the de-biased `probabilities` of the original options, and the retrieved passages
+  with their scores;
+- `kilt_predictions.jsonl` (KILT tasks): KILT's own output format, one line per input id,
+  `{"id", "output": [{"answer", "provenance": [{"wikipedia_id", "title"?}]}]}`;
+- `metrics.json`: the metrics, unrounded (the official scorers' numbers to the last digit).
+  A file with no gold answers at all (an unlabelled test set, a KILT `test` file without
+  `output`) is not scored: the predictions are written, the metrics skipped with a warning.
+
+Under `torchrun` (pass `context`) the examples are split across the ranks, each rank predicts
+its share, and rank 0 gathers, writes and scores; every rank returns the same metrics.
 """
 
 from __future__ import annotations
 
-import math
+import logging
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from atlas.config import EvaluationConfig
-from tasks.base import Example
-from tasks.io import atomic_write_json, write_jsonl
+from atlas.config import AtlasConfig, EvaluationConfig, save_config
+from atlas.distributed import DistributedContext
 from retriever.index import Hit
 from retriever.retrieval_eval import RetrievalExample, score_retrieval
+from tasks.base import Example
+from tasks.io import atomic_write_json, write_jsonl
+
+logger = logging.getLogger(__name__)
 
 
 def retrieval_metrics(examples: list[Example], passages: list[list[dict]], ks: list[int]) -> dict[str, float]:
@@ -34,11 +50,12 @@ def retrieval_metrics(examples: list[Example], passages: list[list[dict]], ks: l
     return {k: v for k, v in metrics.items() if not k.startswith("n")}
 
 
-def _batches(items: list, size: int, desc: str = "evaluating"):
+def _batches(items: list, size: int, desc: str = "evaluating", show: bool = True):
     """Consecutive batches of `items`, with a progress bar (on stderr) for long evaluations."""
     from tqdm.auto import tqdm
 
-    with tqdm(total=len(items), desc=desc, unit="ex", disable=len(items) < 2 * size, mininterval=2.0) as bar:
+    with tqdm(total=len(items), desc=desc, unit="ex", disable=not show or len(items) < 2 * size,
+              mininterval=2.0) as bar:
         for start in range(0, len(items), size):
             yield items[start : start + size]
             bar.update(min(size, len(items) - start))
@@ -49,16 +66,40 @@ def _passage_summary(passages: list[dict] | None) -> list[dict]:
              **({"wikipedia_id": p["wikipedia_id"]} if p.get("wikipedia_id") else {})} for p in passages or []]
 
 
+@dataclass
+class Predictions:
+    """What the model produced for a list of examples (all lists in example order).
+
+    `texts`: raw generated text (generation) or the letter chosen on the original option order
+    (multiple choice); `passages`: the retrieved passages per example (dicts as
+    `Atlas.retrieve` returns them), None when closed-book; `probabilities`: multiple choice
+    only, the de-biased probability of each original option letter.
+    """
+
+    texts: list[str]
+    passages: list[list[dict]] | None
+    probabilities: list[dict[str, float]] | None = None
+
+    def take(self, n: int) -> Predictions:
+        """The first `n` examples' predictions (drops the padding of a rank's share)."""
+        return Predictions(self.texts[:n], None if self.passages is None else self.passages[:n],
+                           None if self.probabilities is None else self.probabilities[:n])
+
+
 @torch.no_grad()
-def predict_generation(model, task, examples: list[Example], config: EvaluationConfig):
-    """Generate answers: → (raw generated texts, passages per example (all retrieved) or None)."""
+def predict_generation(model, task, examples: list[Example], config: EvaluationConfig, *, show: bool = True):
+    """Generate answers: → (raw generated texts, passages per example (all retrieved) or None).
+
+    Retrieves max(reader.n_context, max(retrieval_k)) passages per example (one index search
+    per batch of `config.batch_size`); the reader reads the first reader.n_context.
+    """
     n_read = model.reader_config.n_context
     n_retrieve = max([n_read, *config.retrieval_k])
     predictions, retrieved = [], []
-    for batch in _batches(examples, config.batch_size):
+    for batch in _batches(examples, config.batch_size, show=show):
         passages = model.passages_for(batch, n_retrieve)
         read = None if passages is None else [ps[:n_read] for ps in passages]
-        input_ids, attention_mask = model.reader_inputs([e.query for e in batch], read)
+        input_ids, attention_mask = model.reader_inputs([e.query for e in batch], read)  # (B, K, L)
         generated = model.reader.generate(input_ids, attention_mask, max_length=model.reader_config.generation_max_length,
                                           num_beams=model.reader_config.num_beams)
         texts = model.reader_tokenizer.batch_decode(generated, skip_special_tokens=False)
@@ -68,17 +109,18 @@ def predict_generation(model, task, examples: list[Example], config: EvaluationC
 
 
 @torch.no_grad()
-def predict_multiple_choice(model, task, examples: list[Example], config: EvaluationConfig):
+def predict_multiple_choice(model, task, examples: list[Example], config: EvaluationConfig, *, show: bool = True):
     """Score the option letters of every eval presentation (the task's permutations, identity
     first) and average the probabilities back onto the original options (de-biased).
 
-    → (letters predicted on the original order, passages per example or None,
-       de-biased probabilities of the original options per example).
+    One index search per batch of `config.batch_size` questions; each question's P
+    presentations share its passages. → (letters predicted on the original order, passages per
+    example or None, de-biased probabilities of the original options per example).
     """
     from tasks.multiple_choice import aggregate
 
     predictions, retrieved, probabilities = [], [], []
-    for batch in _batches(examples, config.batch_size):
+    for batch in _batches(examples, config.batch_size, show=show):
         passages = model.passages_for(batch, model.reader_config.n_context)
         for n, example in enumerate(batch):
             shown = task.eval_presentations(example)
@@ -93,43 +135,181 @@ def predict_multiple_choice(model, task, examples: list[Example], config: Evalua
     return predictions, (None if model.closed_book else retrieved), probabilities
 
 
-def evaluate(model, task, data_path: str | Path, config: EvaluationConfig, *, out_dir: str | Path | None = None,
-             examples: list[Example] | None = None) -> dict[str, float]:
-    """Predict on `data_path` (or on `examples`), score, and write the outputs under `out_dir`."""
+def _predict(model, task, examples: list[Example], config: EvaluationConfig, multiple_choice: bool,
+             show: bool) -> Predictions:
+    if multiple_choice:
+        return Predictions(*predict_multiple_choice(model, task, examples, config, show=show))
+    return Predictions(*predict_generation(model, task, examples, config, show=show))
+
+
+# ----------------------------------------------------------------------------- ranks
+
+
+def rank_share(examples: list[Example], rank: int, world_size: int) -> tuple[list[Example], int]:
+    """This rank's contiguous share of `examples`, padded to ceil(N / world_size) items.
+
+    → (share, n_real): every rank gets the same number of items, so that every rank runs the
+    same number of batches and therefore calls a sharded index's collective search the same
+    number of times; the padding repeats an example and its results are dropped (`n_real`).
+    """
+    total = len(examples)
+    start, end = total * rank // world_size, total * (rank + 1) // world_size
+    share = examples[start:end]
+    size = -(-total // world_size)  # ceil
+    filler = share[-1] if share else examples[-1]
+    return share + [filler] * (size - len(share)), len(share)
+
+
+def _strip_texts(passages: list[list[dict]] | None, has_index: bool) -> list[list[dict]] | None:
+    """Passage dicts without the text of index passages (rank 0 re-reads it by `row` from the
+    memory-mapped corpus: passage text never travels between ranks)."""
+    if passages is None or not has_index:
+        return passages
+    return [None if ps is None else [{k: v for k, v in p.items() if not (k == "text" and int(p.get("row", -1)) >= 0)}
+                                     for p in ps] for ps in passages]
+
+
+def _restore_texts(passages: list[list[dict]] | None, index) -> None:
+    """Fill in, in place, the text of passages that `_strip_texts` sent without it."""
+    if passages is None:
+        return
+    missing = [p for ps in passages if ps for p in ps if "text" not in p]
+    if missing:
+        for p, full in zip(missing, index.passages([int(p["row"]) for p in missing])):
+            p["text"] = full["text"]
+
+
+def _gather(predictions: Predictions, context: DistributedContext, has_index: bool) -> Predictions | None:
+    """All ranks' predictions on rank 0, in rank order (= example order); None on other ranks."""
+    import torch.distributed as dist
+
+    payload = Predictions(predictions.texts, _strip_texts(predictions.passages, has_index), predictions.probabilities)
+    gathered: list[Any] | None = [None] * context.world_size if context.is_main else None
+    dist.gather_object(payload, gathered, dst=0)
+    if not context.is_main:
+        return None
+    texts = [t for part in gathered for t in part.texts]
+    passages = None if gathered[0].passages is None else [ps for part in gathered for ps in part.passages]
+    probabilities = (None if gathered[0].probabilities is None
+                     else [p for part in gathered for p in part.probabilities])
+    return Predictions(texts, passages, probabilities)
+
+
+def _share_result(result: dict | Exception, context: DistributedContext) -> dict[str, float]:
+    """Rank 0's metrics (or its error) on every rank: no rank is left waiting on a failure.
+
+    Rank 0 raises its own exception; the other ranks raise a ValueError carrying its message
+    (exceptions such as `InputError` do not survive pickling, their messages do).
+    """
+    if context.enabled:
+        import torch.distributed as dist
+
+        message = f"{type(result).__name__}: {result}" if isinstance(result, Exception) else None
+        box = [(result, None) if context.is_main and message is None else (None, message)]
+        dist.broadcast_object_list(box, src=0)
+        metrics, message = box[0]
+        if message is not None and not isinstance(result, Exception):
+            raise ValueError(f"evaluation failed on rank 0: {message}")
+        if metrics is not None:
+            result = metrics
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
+# ----------------------------------------------------------------------------- evaluate
+
+
+def evaluate(model, task, data_path: str | Path | None, config: EvaluationConfig, *,
+             out_dir: str | Path | None = None, examples: list[Example] | None = None,
+             run_config: AtlasConfig | None = None, context: DistributedContext | None = None) -> dict[str, float]:
+    """Predict on `data_path` (or on `examples`), write the outputs under `out_dir`, then score.
+
+    Returns the metrics (primary first; {} when the data has no gold answers at all). A file
+    where only some examples have gold answers is an error (raised after the predictions are
+    written). `run_config`, where given, is saved as `out_dir/config.yaml`.
+
+    `context`: under `torchrun`, the process group's ranks (all of them must call this): each
+    predicts ceil(N / world_size) examples (the last rank's share padded, so that a sharded
+    index is searched in lockstep), rank 0 gathers the predictions, writes and scores, and
+    every rank returns rank 0's metrics. Without it, this process evaluates everything alone.
+    """
+    context = context or DistributedContext()
     model.eval()
+    source = str(data_path) if data_path is not None else "the given examples"
     if examples is None:
         examples = task.load(data_path)
     if config.max_examples is not None:
         examples = examples[: config.max_examples]
+    if not examples:
+        raise ValueError(f"{source}: no examples to evaluate")
     multiple_choice = all(e.options for e in examples)
-    probabilities = None
-    if multiple_choice:
-        predictions, retrieved, probabilities = predict_multiple_choice(model, task, examples, config)
-    else:
-        predictions, retrieved = predict_generation(model, task, examples, config)
-    if multiple_choice:
-        metrics = dict(task.evaluate(examples, predictions, letter_probs=probabilities))
-    else:
-        metrics = dict(task.evaluate(examples, predictions, retrieved=retrieved))
-    if retrieved is not None and not multiple_choice:
-        metrics.update(retrieval_metrics(examples, retrieved, config.retrieval_k))
-    metrics = {k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v) for k, v in metrics.items()}
-    if not multiple_choice:
-        predictions = [task.postprocess(e, p) for e, p in zip(examples, predictions)]
+
+    share, n_real = (rank_share(examples, context.rank, context.world_size) if context.enabled
+                     else (examples, len(examples)))
+    mine = _predict(model, task, share, config, multiple_choice, show=context.is_main).take(n_real)
+    has_index = getattr(model, "index", None) is not None
+    outputs = _gather(mine, context, has_index) if context.enabled else mine
+
+    result: dict | Exception = {}
+    if context.is_main:
+        try:
+            result = _write_and_score(model, task, examples, outputs, config, multiple_choice, source,
+                                      out_dir=Path(out_dir) if out_dir is not None else None, run_config=run_config,
+                                      restore_texts=context.enabled and has_index)
+        except Exception as error:  # handed to every rank, then raised on each
+            if not context.enabled:
+                raise
+            result = error
+    return _share_result(result, context)
+
+
+def _write_and_score(model, task, examples: list[Example], outputs: Predictions, config: EvaluationConfig,
+                     multiple_choice: bool, source: str, *, out_dir: Path | None, run_config: AtlasConfig | None,
+                     restore_texts: bool) -> dict[str, float]:
+    """Write config, predictions and KILT predictions, then score (unless unlabelled) → metrics."""
+    retrieved, probabilities = outputs.passages, outputs.probabilities
+    answers = (list(outputs.texts) if multiple_choice
+               else [task.postprocess(e, p) for e, p in zip(examples, outputs.texts)])
     if out_dir is not None:
-        out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(out_dir / "metrics.json", metrics)
+        if run_config is not None:
+            save_config(run_config, out_dir / "config.yaml")
         if config.write_predictions:
             write_jsonl(out_dir / "predictions.jsonl", (
                 {"id": e.id, "query": e.query, "prediction": p, "answers": e.answers,
                  **({"probabilities": probabilities[i]} if probabilities else {}),
                  "passages": _passage_summary(retrieved[i] if retrieved else None)}
-                for i, (e, p) in enumerate(zip(examples, predictions))
+                for i, (e, p) in enumerate(zip(examples, answers))
             ))
             if hasattr(task, "provenance"):  # KILT: its own output format, provenance from retrieval
                 from tasks.kilt import write_kilt_predictions
 
-                write_kilt_predictions(out_dir / "kilt_predictions.jsonl", [e.id for e in examples], predictions,
+                write_kilt_predictions(out_dir / "kilt_predictions.jsonl", [e.id for e in examples], answers,
                                        [task.provenance(ps or []) for ps in (retrieved or [None] * len(examples))])
+
+    unlabelled = [e.id for e in examples if not e.answers]
+    if len(unlabelled) == len(examples):
+        where = f"; predictions written to {out_dir}" if out_dir is not None else ""
+        logger.warning("%s: none of the %d examples has a gold answer (an unlabelled test set): metrics skipped%s",
+                       source, len(examples), where)
+        if out_dir is not None:
+            (out_dir / "metrics.json").unlink(missing_ok=True)  # never leave an older run's scores beside these
+        return {}
+    if unlabelled:
+        shown = ", ".join(unlabelled[:5]) + (" …" if len(unlabelled) > 5 else "")
+        raise ValueError(f"{source}: {len(unlabelled)} of {len(examples)} examples have no gold answer ({shown}); "
+                         "a partly labelled file cannot be scored"
+                         + (f" (predictions were written to {out_dir})" if out_dir is not None else ""))
+
+    if multiple_choice:
+        metrics = dict(task.evaluate(examples, outputs.texts, letter_probs=probabilities))
+    else:
+        if restore_texts:
+            _restore_texts(retrieved, model.index)
+        metrics = dict(task.evaluate(examples, outputs.texts, retrieved=retrieved))
+        if retrieved is not None:
+            metrics.update(retrieval_metrics(examples, retrieved, config.retrieval_k))
+    if out_dir is not None:
+        atomic_write_json(out_dir / "metrics.json", metrics)
     return metrics

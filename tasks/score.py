@@ -4,8 +4,10 @@
 - `qa`, `fever`, pretext tasks: prediction lines `{"id" | "question", "answer" | "prediction"}`
   (`question` matches the gold question text when the line has no id).
 - `mmlu`: prediction lines `{"id", "prediction": "B"}` (ids as the `mmlu` task assigns them,
-  `<file stem>:<line>`), optionally with `"probs": {"A": …}`, the de-biased probabilities of
-  the original options, which adds the de-biased accuracy.
+  `<file stem>:<line>`), optionally with the de-biased probabilities of the original options,
+  `"probabilities": {"A": …}` (as `atlas evaluate` writes them in predictions.jsonl) or
+  `"probs"`, which adds the de-biased accuracy. `atlas evaluate`'s own predictions.jsonl scores
+  to the metrics it printed.
 Every gold example needs exactly one prediction: missing, duplicate and unknown ids are errors.
 """
 
@@ -18,6 +20,10 @@ from tasks.base import Example, get_task
 from tasks.io import InputError, read_jsonl
 from tasks.kilt import KILT_DATASETS, KiltTask
 from tasks.kilt_scoring import DEFAULT_KS, score_kilt_files
+
+# Where a prediction line may carry the de-biased letter probabilities (MMLU): the name
+# `atlas evaluate` writes, and the short form.
+PROBABILITY_KEYS = ("probabilities", "probs")
 
 
 def _prediction_text(record: dict, path, line: int) -> str:
@@ -68,13 +74,22 @@ def _match_predictions(
             )
         where[n] = line
         predictions[n] = _prediction_text(record, pred_path, line)
-        if "probs" in record:
-            value = record["probs"]
-            if not isinstance(value, dict) or not all(
-                isinstance(p, (int, float)) and not isinstance(p, bool) for p in value.values()
+        keys = [key for key in PROBABILITY_KEYS if key in record]
+        if len(keys) > 1:
+            raise InputError(
+                pred_path, line, keys[1], f"give either '{keys[0]}' or '{keys[1]}', not both"
+            )
+        if keys:
+            value = record[keys[0]]
+            if (
+                not isinstance(value, dict)
+                or not value
+                or not all(
+                    isinstance(p, (int, float)) and not isinstance(p, bool) for p in value.values()
+                )
             ):
                 raise InputError(
-                    pred_path, line, "probs", "expected an object letter → probability"
+                    pred_path, line, keys[0], "expected an object letter → probability"
                 )
             probs[n] = {str(k): float(v) for k, v in value.items()}
     missing = [examples[n].id for n, p in enumerate(predictions) if p is None]
@@ -84,7 +99,8 @@ def _match_predictions(
     with_probs = sum(p is not None for p in probs)
     if 0 < with_probs < len(examples):
         raise ValueError(
-            f"{pred_path}: 'probs' given for {with_probs} of {len(examples)} predictions"
+            f"{pred_path}: letter probabilities ('probabilities' or 'probs') given for "
+            f"{with_probs} of {len(examples)} predictions"
         )
     return predictions, (probs if with_probs else None)  # type: ignore[return-value]
 
@@ -116,7 +132,7 @@ def score_files(
     if probs is not None:
         if task_name != "mmlu":
             raise ValueError(
-                f"'probs' in predictions is only used by the mmlu task, not '{task_name}'"
+                f"letter probabilities in predictions are only used by the mmlu task, not '{task_name}'"
             )
         return task.evaluate(examples, predictions, letter_probs=probs)
     return task.evaluate(examples, predictions)

@@ -79,5 +79,48 @@ def test_mmlu_predictions_with_probabilities(shared_data, tmp_path, write_jsonl)
     assert scores["debiased_accuracy/other"] == 1.0  # anatomy → health → other
     records[0].pop("probs")
     write_jsonl(pred, records)
-    with pytest.raises(ValueError, match="'probs' given for 4 of 5 predictions"):
+    with pytest.raises(
+        ValueError,
+        match=r"probabilities \('probabilities' or 'probs'\) given for 4 of 5 predictions",
+    ):
+        score_files("mmlu", gold, pred)
+
+
+def test_mmlu_scores_evaluate_output_with_probabilities(shared_data, tmp_path, write_jsonl):
+    """`atlas evaluate` writes `probabilities` (not `probs`) beside each prediction, with its query,
+    gold answers and passages: `atlas score` reads that file and adds the de-biased accuracy."""
+    gold = shared_data / "mmlu" / "dev" / "anatomy_dev.csv"
+    answers = [line.rstrip("\n").rsplit(",", 1)[1] for line in gold.open()]
+    records = [
+        {
+            "id": f"anatomy_dev:{n + 1}",
+            "query": "question: … answers: (A) … Answer: <extra_id_0>",
+            "prediction": "A",
+            "answers": [answers[n]],
+            # de-biased: right on the first 3 questions, "D" (wrong unless the answer is D) after
+            "probabilities": {
+                a: (0.7 if a == (answers[n] if n < 3 else "D") else 0.1) for a in "ABCD"
+            },
+            "passages": [{"id": "p1", "score": 1.5, "title": "Anatomy"}],
+        }
+        for n in range(5)
+    ]
+    pred = write_jsonl(tmp_path / "predictions.jsonl", records)
+    scores = score_files("mmlu", gold, pred)
+    debiased = (3 + sum(answers[n] == "D" for n in (3, 4))) / 5
+    assert scores["debiased_accuracy"] == debiased and scores["accuracy"] == answers.count("A") / 5
+    assert scores["debiased_accuracy/subject/anatomy"] == debiased
+    records[2]["probs"] = records[2]["probabilities"]
+    write_jsonl(pred, records)
+    with pytest.raises(
+        InputError,
+        match=r"predictions\.jsonl:3: field 'probs': give either 'probabilities' or 'probs', not both",
+    ):
+        score_files("mmlu", gold, pred)
+    records[2].pop("probs")
+    records[2]["probabilities"] = {"A": "high"}
+    write_jsonl(pred, records)
+    with pytest.raises(
+        InputError, match=r":3: field 'probabilities': expected an object letter → probability"
+    ):
         score_files("mmlu", gold, pred)
