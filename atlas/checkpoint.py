@@ -4,15 +4,20 @@
         reader/             Hugging Face T5 folder (safetensors) + the reader tokenizer
         retriever/          query/ (and passage/ when untied) HF encoder folders + retriever.json
         config.yaml         the fully resolved run config
-        training_state.pt   both optimizers and schedulers, RNG states, step, data position
+        training_state.pt   both optimizers and schedulers, RNG states, step, data position,
+                            the world size and the global batch it was trained with
     {output_dir}/checkpoints/latest   the name of the newest complete checkpoint
 
 `training_state.pt` holds only tensors and plain Python values, so it loads with
-`torch.load(weights_only=True)`.
+`torch.load(weights_only=True)`. Its reader optimizer state is a plain torch AdamW state dict
+whether or not the run used DeepSpeed (ZeRO's partitions are gathered before saving), so a
+checkpoint resumes at any world size, with or without DeepSpeed.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import random
 import shutil
 from pathlib import Path
@@ -22,6 +27,8 @@ import torch
 
 from atlas.config import AtlasConfig, load_config, save_config
 from tasks.io import atomic_directory, atomic_write_text
+
+logger = logging.getLogger(__name__)
 
 STATE_FILE = "training_state.pt"
 
@@ -54,15 +61,21 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(output_dir: str | Path, step: int, *, model, config: AtlasConfig,
-                    training_state: dict[str, Any], keep_last: int = 2) -> Path:
+                    training_state: dict[str, Any], keep_last: int = 2,
+                    reader_weights: dict[str, torch.Tensor] | None = None) -> Path:
     """Write checkpoint `step` atomically, point `latest` at it and keep only the newest `keep_last`.
 
     `training_state`: optimizer/scheduler state dicts, data position, step — plain values and tensors.
+    `reader_weights`: the reader's full T5 state dict when the module holds only a partition
+    of it (DeepSpeed ZeRO-3, gathered by the caller); by default the module's own weights.
     """
     root = checkpoint_root(output_dir)
     final = root / f"step-{step:06d}"
     with atomic_directory(final, overwrite=True) as tmp:
-        model.reader.save_pretrained(tmp / "reader")
+        if reader_weights is None:
+            model.reader.save_pretrained(tmp / "reader")
+        else:
+            model.reader.t5.save_pretrained(str(tmp / "reader"), state_dict=reader_weights, safe_serialization=True)
         model.reader_tokenizer.save_pretrained(str(tmp / "reader"))
         if model.retriever is not None:
             model.retriever.save_pretrained(tmp / "retriever")
@@ -97,3 +110,36 @@ def load_training_state(checkpoint: str | Path) -> dict[str, Any]:
 def checkpoint_config(checkpoint: str | Path, overrides: list[str] = ()) -> AtlasConfig:
     """The config a checkpoint was trained with, plus optional overrides."""
     return load_config(Path(checkpoint) / "config.yaml", list(overrides))
+
+
+def global_batch_size(batch_size: int, accumulation_steps: int, world_size: int) -> int:
+    """Examples per optimizer step: per-rank batch × accumulation steps × ranks."""
+    return batch_size * accumulation_steps * world_size
+
+
+def per_rank_batch_size(global_batch: int, accumulation_steps: int, world_size: int) -> int:
+    """The per-rank batch that keeps `global_batch` examples per optimizer step on `world_size`
+    ranks with `accumulation_steps` micro-batches; ValueError when it does not divide."""
+    share = accumulation_steps * world_size
+    if global_batch % share:
+        raise ValueError(
+            f"cannot keep the checkpoint's global batch of {global_batch} examples on {world_size} rank(s) "
+            f"× {accumulation_steps} accumulation step(s): {global_batch} is not divisible by {share}; "
+            f"resume on a number of ranks that divides {global_batch // accumulation_steps}")
+    return global_batch // share
+
+
+def config_for_world_size(config: AtlasConfig, state: dict[str, Any], world_size: int) -> AtlasConfig:
+    """The checkpoint's config with `training.batch_size` set so that a resumed run on
+    `world_size` ranks keeps the global batch it was trained with (same data order, same
+    examples per optimizer step); `accumulation_steps` stays. Checkpoints written before the
+    global batch was stored keep their per-rank batch."""
+    t = config.training
+    if "global_batch" not in state:
+        return config
+    batch = per_rank_batch_size(int(state["global_batch"]), t.accumulation_steps, world_size)
+    if batch != t.batch_size:
+        logger.info("resuming on %d rank(s) instead of %d: per-rank batch %d → %d (global batch %d)",
+                    world_size, state.get("world_size", "?"), t.batch_size, batch, state["global_batch"])
+        config = dataclasses.replace(config, training=dataclasses.replace(t, batch_size=batch))
+    return config

@@ -67,3 +67,29 @@ def no_sync_unless(last: bool, module) -> contextlib.AbstractContextManager:
     if last or not hasattr(module, "no_sync"):
         return contextlib.nullcontext()
     return module.no_sync()
+
+
+def average_gradients(parameters, context: DistributedContext) -> None:
+    """Average the gradients of `parameters` over the ranks, as DDP would, for parameters that
+    no DDP or DeepSpeed engine reduces (the retriever when DeepSpeed holds the reader).
+
+    A parameter whose gradient is None on every rank stays None (the optimizer skips it, as
+    with DDP); one that has a gradient on some ranks only counts zeros on the others.
+    """
+    if not context.enabled:
+        return
+    parameters = [p for p in parameters if p.requires_grad]
+    if not parameters:
+        return
+    present = torch.tensor([p.grad is not None for p in parameters], dtype=torch.float32, device=context.device)
+    dist.all_reduce(present)
+    used = [p for p, n in zip(parameters, present.tolist()) if n > 0]
+    if not used:
+        return
+    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in used])
+    dist.all_reduce(flat)
+    flat /= context.world_size
+    offset = 0
+    for p in used:
+        p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
+        offset += p.numel()

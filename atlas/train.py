@@ -4,6 +4,12 @@ setup (model, data, optimizers) → for each step: accumulate `accumulation_step
 (each loss divided by that number), clip, step both optimizers and schedulers, log → evaluate
 and save on schedule → final save and evaluation. Everything needed to continue exactly —
 both optimizers and schedulers, RNG states, the data position — is in each checkpoint.
+
+With `training.deepspeed` the reader runs inside a DeepSpeed ZeRO engine
+(`atlas.deepspeed_engine`): its backward divides by the accumulation steps and its step
+clips and steps the reader's optimizer and schedule; the retriever's are stepped here as
+always. A checkpoint stores the global batch (batch × accumulation × ranks); resuming on a
+different number of ranks keeps it by changing the per-rank batch.
 """
 
 from __future__ import annotations
@@ -21,13 +27,20 @@ import torch
 from atlas.build import build_atlas
 from atlas.checkpoint import (
     checkpoint_config,
+    config_for_world_size,
+    global_batch_size,
     load_training_state,
     resolve_checkpoint,
     save_checkpoint,
     set_rng_state,
 )
 from atlas.config import AtlasConfig, save_config
-from atlas.distributed import DistributedContext, init_distributed, no_sync_unless
+from atlas.distributed import (
+    DistributedContext,
+    average_gradients,
+    init_distributed,
+    no_sync_unless,
+)
 from atlas.evaluate import evaluate
 from atlas.refresh import parse_refresh_schedule, refresh_due, refresh_index
 from tasks.base import Example, get_task
@@ -100,26 +113,11 @@ def _with_query(example: Example, query: str) -> Example:
     return replace(example, query=query)
 
 
-def load_examples(task, path: str | Path) -> list[Example]:
-    """The task's examples from a data file, or from every passage of a prepared corpus folder
-    (pretext tasks: the passage ids then match the index's, so trivial retrievals are found)."""
-    if not (Path(path) / "corpus.json").is_file():
-        return task.load(path)
-    from retriever.corpus import Corpus
-
-    examples = []
-    for first, passages in Corpus.load(path).iter_batches(4096):
-        for offset, passage in enumerate(passages):
-            example = task.parse_record(passage, str(path), first + offset + 1, first + offset)
-            if example is not None:
-                examples.append(example)
-    return examples
-
-
 def load_training_examples(config: AtlasConfig, task) -> list[Example]:
-    """All examples of `task.train_data`, reduced to a seeded `task.shots` subset when set,
-    then expanded by the task (e.g. MMLU's option permutations)."""
-    examples = [e for path in config.task.train_data for e in load_examples(task, path)]
+    """All examples of `task.train_data` (data files; for pretext tasks also prepared corpus
+    folders, whose passage ids match the index's so that trivial retrievals are found), reduced
+    to a seeded `task.shots` subset when set, then expanded by the task (MMLU's permutations)."""
+    examples = [e for path in config.task.train_data for e in task.load(path)]
     if config.task.shots is not None:
         from tasks.fewshot import sample_shots
 
@@ -146,7 +144,7 @@ class _Log:
 
     def __init__(self, output_dir: Path, resume: bool):
         self.path = output_dir / "log.jsonl"
-        self.file = open(self.path, "a" if resume else "w", encoding="utf-8")
+        self.file = open(self.path, "a" if resume else "w", encoding="utf-8")  # noqa: SIM115 (closed by close())
         self.tensorboard = None
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -175,18 +173,26 @@ def train(config: AtlasConfig | None, *, resume: str | Path | None = None, progr
     `stop_at` ends this session after that step with a checkpoint (no final evaluation), as
     a job that runs out of its time slot would; `resume` then carries on to `training.steps`.
     Under `torchrun` each of the N ranks reads `training.batch_size` examples of every global
-    batch of N × batch_size, gradients are averaged by DDP, and rank 0 saves and evaluates.
+    batch of N × batch_size, gradients are averaged by DDP (or DeepSpeed), and rank 0 saves
+    and evaluates. A resumed run keeps the checkpoint's global batch at any number of ranks.
 
     Summary: {"step", "losses": [total loss per step], "eval": metrics, "checkpoint": path}.
     """
     from tqdm.auto import tqdm
 
     context = context or init_distributed()
-    checkpoint = None
+    checkpoint = state = None
     if resume is not None:
         checkpoint = resolve_checkpoint(resume)
-        config = checkpoint_config(checkpoint)
+        state = load_training_state(checkpoint)
+        config = config_for_world_size(checkpoint_config(checkpoint), state, context.world_size)
     t = config.training
+    ds_config = None
+    if t.deepspeed:  # fail before the model is built: a missing extra or a bad JSON file
+        from atlas.deepspeed_engine import load_deepspeed_config, require_deepspeed
+
+        require_deepspeed()
+        ds_config = load_deepspeed_config(t.deepspeed, t, context.world_size)
     output_dir = Path(t.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     if context.is_main:
@@ -196,23 +202,31 @@ def train(config: AtlasConfig | None, *, resume: str | Path | None = None, progr
 
     # ---- setup
     model = build_atlas(config, checkpoint=checkpoint).to(context.device)
-    engine = model
-    if context.enabled:
-        from torch.nn.parallel import DistributedDataParallel
-
-        # unused: the retriever's parameters when its loss is `none`, the reader's lm head in MC scoring
-        engine = DistributedDataParallel(model, find_unused_parameters=True)
     task = get_task(config.task.name, **config.task.options)
     examples = load_training_examples(config, task)
     if context.is_main:
         atomic_write_json(output_dir / "train_examples.json", [e.id for e in examples])
     reader_opt, retriever_opt, schedulers = make_optimizers(model, config)
-    optimizers = [o for o in (reader_opt, retriever_opt) if o is not None]
+    engine, deepspeed = model, None
+    if ds_config is not None:  # the reader inside DeepSpeed; the retriever keeps its own AdamW
+        from atlas.deepspeed_engine import DeepSpeedReader
+
+        deepspeed = DeepSpeedReader(model.reader, reader_opt, schedulers[0], ds_config=ds_config, context=context)
+    elif context.enabled:
+        from torch.nn.parallel import DistributedDataParallel
+
+        # unused: the retriever's parameters when its loss is `none`, the reader's lm head in MC scoring
+        engine = DistributedDataParallel(model, find_unused_parameters=True)
+    # what this loop steps itself (DeepSpeed steps the reader's optimizer and schedule)
+    own_optimizers = [o for o in (None if deepspeed else reader_opt, retriever_opt) if o is not None]
+    own_schedulers = schedulers[1:] if deepspeed else schedulers
     stream = ExampleStream(examples, task, t.seed)
     step = 0
-    if checkpoint is not None:
-        state = load_training_state(checkpoint)
-        reader_opt.load_state_dict(state["reader_optimizer"])
+    if state is not None:
+        if deepspeed is not None:
+            deepspeed.load_optimizer_state(state["reader_optimizer"])
+        else:
+            reader_opt.load_state_dict(state["reader_optimizer"])
         if retriever_opt is not None:
             retriever_opt.load_state_dict(state["retriever_optimizer"])
         for scheduler, saved in zip(schedulers, state["schedulers"]):
@@ -236,22 +250,30 @@ def train(config: AtlasConfig | None, *, resume: str | Path | None = None, progr
         refresh()  # the saved passage encoder has moved on since the index was built
 
     def save(at_step: int) -> Path | None:
+        # under DeepSpeed every rank takes part in gathering the reader's weights and Adam state
+        reader_weights, reader_state = (deepspeed.consolidated_state(at_step) if deepspeed is not None
+                                        else (None, reader_opt.state_dict()))
         path = None
         if context.is_main:
             path = save_checkpoint(output_dir, at_step, model=model, config=config, keep_last=t.keep_last,
-                               training_state={
-                                   "reader_optimizer": reader_opt.state_dict(),
-                                   "retriever_optimizer": retriever_opt.state_dict() if retriever_opt else None,
-                                   "schedulers": [s.state_dict() for s in schedulers],
-                                   "data_position": vars(stream.position).copy(),
-                               })
+                                   reader_weights=reader_weights,
+                                   training_state={
+                                       "reader_optimizer": reader_state,
+                                       "retriever_optimizer": retriever_opt.state_dict() if retriever_opt else None,
+                                       "schedulers": [s.state_dict() for s in schedulers],
+                                       "data_position": vars(stream.position).copy(),
+                                       "world_size": context.world_size,
+                                       "global_batch": global_batch_size(t.batch_size, t.accumulation_steps,
+                                                                         context.world_size),
+                                   })
         context.barrier()
         return path
 
     def run_eval(at_step: int) -> dict:
-        # a sharded index is searched by all ranks together, so all of them evaluate
-        # (redundantly); otherwise rank 0 alone does
-        if not config.task.eval_data or not (context.is_main or config.index.sharded):
+        # a sharded index, or ZeRO-3's partitioned reader, is used by all ranks together, so all
+        # of them evaluate (redundantly, in lockstep); otherwise rank 0 alone does
+        all_ranks = config.index.sharded or (deepspeed is not None and deepspeed.forward_needs_all_ranks)
+        if not config.task.eval_data or not (context.is_main or all_ranks):
             context.barrier()
             return {}
         metrics = evaluate(model, task, config.task.eval_data[0], config.evaluation,
@@ -263,7 +285,7 @@ def train(config: AtlasConfig | None, *, resume: str | Path | None = None, progr
 
     # ---- the loop
     losses: list[float] = []
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=t.precision == "bf16")
+    autocast = torch.autocast(model.reader.t5.device.type, dtype=torch.bfloat16, enabled=t.precision == "bf16")
     bar = tqdm(total=t.steps, initial=step, desc="training", disable=not (progress and context.is_main),
                dynamic_ncols=True)
     started, first_step = time.perf_counter(), step
@@ -276,17 +298,23 @@ def train(config: AtlasConfig | None, *, resume: str | Path | None = None, progr
             # every rank draws the same global batch and keeps its own slice of it
             batch, targets = stream.next_batch(t.batch_size * context.world_size)
             mine = slice(context.rank * t.batch_size, (context.rank + 1) * t.batch_size)
-            with no_sync_unless(micro == t.accumulation_steps - 1, engine), autocast:
-                parts = engine(batch[mine], targets[mine])
-                (parts["total"] / t.accumulation_steps).backward()
+            with no_sync_unless(micro == t.accumulation_steps - 1, engine):
+                with autocast:  # the forward pass only (backward runs in the forward's dtypes)
+                    parts = engine(batch[mine], targets[mine])
+                if deepspeed is not None:
+                    deepspeed.backward(parts["total"])  # divides by the accumulation steps itself
+                else:
+                    (parts["total"] / t.accumulation_steps).backward()
             for name, value in parts.items():
                 step_losses[name] = step_losses.get(name, 0.0) + value.item() / t.accumulation_steps
-        for optimizer in optimizers:
+        if deepspeed is not None and retriever_opt is not None:  # no DDP around the retriever
+            average_gradients(model.retriever.parameters(), context)
+        for optimizer in own_optimizers:
             params = [p for group in optimizer.param_groups for p in group["params"]]
             torch.nn.utils.clip_grad_norm_(params, t.clip_norm)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-        for scheduler in schedulers:
+        for scheduler in own_schedulers:
             scheduler.step()
         if context.enabled:  # log the global batch's mean, as one process with the whole batch would
             values = torch.tensor(list(step_losses.values()), dtype=torch.float64)

@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from atlas.checkpoint import load_training_state
 from atlas.config import load_config, save_config
 from atlas.train import train
 
@@ -36,7 +37,7 @@ def torchrun(config_or_resume: list[str], tmp_path, nproc: int = 2) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            "-m", "atlas", "train", *config_or_resume]
-    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    result = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
 
 
@@ -66,7 +67,8 @@ def test_two_ranks_match_one_process_with_the_whole_batch(tiny_world, tmp_path):
 
 @pytest.mark.slow
 def test_accumulation_under_ddp_and_resume_on_one_rank(tiny_world, tmp_path):
-    """2 ranks × batch 1 × 2 micro-batches, stopped at step 2, resumed on 1 rank × batch 2 × 2."""
+    """2 ranks × batch 1 × 2 micro-batches, stopped at step 2, resumed on 1 rank: the stored
+    global batch (4) makes it 1 rank × batch 2 × 2, with the same data order and losses."""
     straight = recipe(tiny_world, tmp_path / "straight", tmp_path, "training.batch_size=2",
                       "training.accumulation_steps=2", "training.steps=4")
     train(straight, progress=False)
@@ -74,10 +76,38 @@ def test_accumulation_under_ddp_and_resume_on_one_rank(tiny_world, tmp_path):
                  "training.accumulation_steps=2", "training.steps=4")
     save_config(two, tmp_path / "two.yaml")
     torchrun([str(tmp_path / "two.yaml"), "--stop-at", "2"], tmp_path)
-    # continue on one process with the same global batch: 1 rank × 2 examples instead of 2 × 1
-    config_path = tmp_path / "two" / "checkpoints" / "step-000002" / "config.yaml"
-    text = config_path.read_text()
-    assert "batch_size: 1\n" in text
-    config_path.write_text(text.replace("batch_size: 1\n", "batch_size: 2\n", 1))
+    state = load_training_state(tmp_path / "two" / "checkpoints" / "step-000002")
+    assert (state["world_size"], state["global_batch"]) == (2, 4)
     train(None, resume=tmp_path / "two", progress=False)
+    assert "batch_size: 2\n" in (tmp_path / "two" / "checkpoints" / "step-000004" / "config.yaml").read_text()
     assert logged(tmp_path / "two") == pytest.approx(logged(tmp_path / "straight"), abs=1e-5)
+
+
+@pytest.mark.slow
+def test_one_rank_checkpoint_resumes_on_two_ranks(tiny_world, tmp_path):
+    """1 rank × batch 2 × 2 micro-batches, stopped at step 2, resumed under torchrun on 2 ranks:
+    batch 1 per rank keeps the global batch of 4, the data order and the losses."""
+    straight = recipe(tiny_world, tmp_path / "straight", tmp_path, "training.batch_size=2",
+                      "training.accumulation_steps=2", "training.steps=4")
+    train(straight, progress=False)
+    one = recipe(tiny_world, tmp_path / "one", tmp_path, "training.batch_size=2",
+                 "training.accumulation_steps=2", "training.steps=4")
+    train(one, progress=False, stop_at=2)
+    torchrun(["--resume", str(tmp_path / "one")], tmp_path)
+    state = load_training_state(tmp_path / "one" / "checkpoints" / "step-000004")
+    assert (state["world_size"], state["global_batch"], state["step"]) == (2, 4, 4)
+    assert "batch_size: 1\n" in (tmp_path / "one" / "checkpoints" / "step-000004" / "config.yaml").read_text()
+    assert logged(tmp_path / "one") == pytest.approx(logged(tmp_path / "straight"), abs=1e-5)
+
+
+def test_resuming_keeps_the_global_batch_or_says_why_it_cannot():
+    from atlas.checkpoint import config_for_world_size, per_rank_batch_size
+
+    assert [per_rank_batch_size(8, 2, world) for world in (1, 2, 4)] == [4, 2, 1]
+    with pytest.raises(ValueError, match="global batch of 6 examples on 4 rank\\(s\\) × 1 accumulation step"
+                                         "\\(s\\): 6 is not divisible by 4; resume on a number of ranks that divides 6"):
+        per_rank_batch_size(6, 1, 4)
+    config = load_config(None, ["training.batch_size=3", "training.accumulation_steps=2"])
+    assert config_for_world_size(config, {"global_batch": 12, "world_size": 2}, 1).training.batch_size == 6
+    assert config_for_world_size(config, {"global_batch": 12, "world_size": 2}, 2) is config
+    assert config_for_world_size(config, {}, 4) is config  # older checkpoints: per-rank batch kept
