@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
+
+import torch
 
 from atlas.config import AtlasConfig
 from atlas.model import Atlas
@@ -32,32 +35,65 @@ def _freeze_passage_side(retriever: Retriever, config: AtlasConfig) -> None:
         retriever.passage_encoder.requires_grad_(False)
 
 
+def _rank_context() -> tuple[int, int, Callable[[], None]]:
+    """(rank, world size, barrier) of the default process group, or of one process."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size(), dist.barrier
+    return 0, 1, lambda: None
+
+
+def _agree_on_rank0(value: bool) -> bool:
+    """Rank 0's `value` on every rank (a file check that must not differ between ranks)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return bool(box[0])
+
+
 def build_index(config: AtlasConfig, retriever: Retriever):
-    """Open `index.path`, or build an index of `index.corpus` under the run folder once."""
+    """Open `index.path`, or build an index of `index.corpus` under the run folder once.
+
+    Under torchrun the ranks build it together (retriever/index_build.py: rank r embeds
+    chunks r, r + N, …; rank 0 trains the FAISS index and writes the folder; barriers keep
+    them in step), so no two ranks write the same files. `training.output_dir` must be on a
+    file system every rank sees. The passage encoder runs on this rank's GPU when there is
+    one and is put back where it was afterwards.
+    """
     from retriever.index import PassageIndex
 
     path = config.index.path
+    rank, world_size, barrier = _rank_context()
     if path is None and config.index.corpus:
         from retriever.index_build import build_index as build
 
         path = Path(config.training.output_dir) / "index"
-        if not path.exists():
-            logger.info("building the index of %s at %s", config.index.corpus, path)
-            build(config.index.corpus, retriever, path, spec=config.index.spec,
-                  batch_size=config.retriever.batch_size, chunk_size=config.index.chunk_size,
-                  train_sample=config.index.train_sample, keep_embeddings=config.index.keep_embeddings,
-                  nprobe=config.index.nprobe, ef_search=config.index.ef_search)
+        if _agree_on_rank0(not path.exists()):
+            if rank == 0:
+                logger.info("building the index of %s at %s on %d rank(s)", config.index.corpus, path, world_size)
+            home = next(retriever.parameters()).device
+            if torch.cuda.is_available():
+                retriever.to(torch.device("cuda", torch.cuda.current_device()))
+            try:
+                build(config.index.corpus, retriever, path, spec=config.index.spec,
+                      batch_size=config.retriever.batch_size, chunk_size=config.index.chunk_size,
+                      train_sample=config.index.train_sample, keep_embeddings=config.index.keep_embeddings,
+                      nprobe=config.index.nprobe, ef_search=config.index.ef_search, progress=rank == 0,
+                      rank=rank, world_size=world_size, barrier=barrier)
+            finally:
+                retriever.to(home)
     if path is None:
         return None
     index = PassageIndex.load(path, retriever=retriever, allow_encoder_mismatch=config.index.allow_encoder_mismatch,
                               nprobe=config.index.nprobe, ef_search=config.index.ef_search)
-    if config.index.sharded:
-        import torch.distributed as dist
-
+    if config.index.sharded and world_size > 1:
         from retriever.sharded import ShardedPassageIndex
 
-        if dist.is_initialized():
-            index = ShardedPassageIndex.from_index(index, dist.get_rank(), dist.get_world_size())
+        index = ShardedPassageIndex.from_index(index, rank, world_size)
     return index
 
 

@@ -18,8 +18,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     prepare.add_argument("inputs", nargs="+", metavar="INPUT", help="JSONL, .tsv or dataset folder")
     prepare.add_argument("--out", required=True, help="output folder (written atomically)")
     prepare.add_argument("--chunk-words", type=int, default=100, help="words per passage (0: no chunking)")
-    prepare.add_argument("--stride", type=int, default=None, help="words between passage starts")
-    prepare.add_argument("--skip-invalid", action="store_true", help="skip and count bad records")
+    prepare.add_argument(
+        "--stride", type=int, default=None,
+        help="words between passage starts, 1..chunk-words (default: chunk-words, no overlap; "
+        "e.g. 50 with --chunk-words 100 overlaps passages by 50 words)",
+    )
+    prepare.add_argument(
+        "--skip-invalid", action="store_true",
+        help="skip and count bad records (and empty input files, with a warning) instead of failing",
+    )
     prepare.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     prepare.set_defaults(func=_prepare)
 
@@ -45,6 +52,8 @@ def _prepare(args: argparse.Namespace) -> int:
     )
     for reason in stats.skipped_reasons:
         print(f"  skipped: {reason}")
+    for path in stats.skipped_files:
+        print(f"  skipped empty input: {path}")
     return 0
 
 

@@ -133,21 +133,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     evaluate.set_defaults(func=_evaluate)
 
 
-def _load_retriever(encoder: str | None, index_folder: str | None = None):
+def compute_device(context=None):
+    """Where the encoder runs: the rank's device under torchrun (`context`, an
+    `atlas.distributed.DistributedContext`), else the first GPU if there is one, else the CPU."""
+    import torch
+
+    if context is not None:
+        return context.device
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _load_retriever(encoder: str | None, index_folder: str | None = None, *, device=None):
+    """The retriever named by `encoder` (default: the one the index records), on `device`
+    (default: `compute_device()`), in eval mode."""
     from retriever.encoder import Retriever, default_encoder_path
     from retriever.index import read_manifest
 
     if encoder is None:
         encoder = read_manifest(index_folder).get("encoder", {}).get("source") or DEFAULT_ENCODER
-    return Retriever.from_pretrained(default_encoder_path(encoder))
+    retriever = Retriever.from_pretrained(default_encoder_path(encoder))
+    return retriever.to(device if device is not None else compute_device()).eval()
 
 
-def _load_index(args: argparse.Namespace):
+def _load_index(args: argparse.Namespace, *, device=None):
     from retriever.index import PassageIndex
 
     return PassageIndex.load(
         args.index,
-        retriever=_load_retriever(args.encoder, args.index),
+        retriever=_load_retriever(args.encoder, args.index, device=device),
         corpus=args.corpus,
         allow_encoder_mismatch=args.allow_encoder_mismatch,
         nprobe=args.nprobe,
@@ -166,7 +179,7 @@ def _build(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     out = build_index(
         args.corpus,
-        _load_retriever(args.encoder),
+        _load_retriever(args.encoder, device=compute_device(context)),
         args.out,
         spec=args.spec,
         batch_size=args.batch_size,
@@ -221,19 +234,20 @@ def _remove(args: argparse.Namespace) -> int:
 
 @_reports_errors
 def _search(args: argparse.Namespace) -> int:
-    index = _load_index(args)
     if args.sharded:
         from atlas.distributed import init_distributed, shutdown
         from retriever.sharded import ShardedPassageIndex
 
         context = init_distributed()
-        index = ShardedPassageIndex.from_index(index, context.rank, context.world_size)
+        loaded = _load_index(args, device=compute_device(context))
+        index = ShardedPassageIndex.from_index(loaded, context.rank, context.world_size)
+        del loaded  # this rank keeps only its shard (see retriever/sharded.py)
         results = index.search(args.queries, args.k)
         shutdown(context)
         if not context.is_main:
             return 0
     else:
-        results = index.search(args.queries, args.k)
+        results = _load_index(args).search(args.queries, args.k)
     for query, hits in zip(args.queries, results):
         if args.json:
             print(json.dumps({"query": query, "hits": [vars(h) for h in hits]}, ensure_ascii=False))

@@ -1,11 +1,15 @@
 """Benchmark `prepare_corpus`: documents/s and peak RSS, against a plain json.loads loop.
 
-Each measurement runs in a fresh child process so its peak RSS is its own. Workloads:
+Each measurement runs in a fresh child process; its peak RSS is the kernel's high-water mark
+(VmHWM) reset after the imports (`/proc/self/clear_refs`), so it is the child's own (ru_maxrss
+would carry the parent's over fork + exec) and counts the work, not the libraries. Workloads:
 (a) the real nq824 + WikiText-2 documents, chunked to 100 words;
 (b) synthetic corpora of 100k and 1M one-passage documents (written once under --workdir),
     to show that peak RSS stays bounded as N grows.
 The baseline reads the same files with `json.loads` into a list of dicts (what the
-reference implementation does). Prints a JSON object, then a table.
+reference implementation does). Issue 2 target: peak RSS stays bounded as N grows — here,
+peak RSS at the largest synthetic N ≤ 1.5 × at the smallest (10× the documents by default),
+where the baseline's grows with N. Prints a JSON object, then a table.
 
     python bench/corpus_prepare.py [--sizes 100000 1000000] [--workdir runs/bench-corpus]
 """
@@ -15,12 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import resource
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from index_data import print_targets, target  # bench/index_data.py
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
@@ -28,8 +33,11 @@ SHARED = ROOT.parent / "shared" / "data"
 
 def _child(kind: str, out: str, inputs: list[str]) -> None:
     sys.path.insert(0, str(ROOT))
+    from index_data import peak_rss_bytes, reset_peak_rss  # bench/index_data.py
+
     from retriever.corpus import prepare_corpus  # import cost is not the work being measured
 
+    baseline = reset_peak_rss()
     start = time.perf_counter()
     if kind == "atlas":
         stats = prepare_corpus(inputs, out, chunk_words=100, overwrite=True, progress=False)
@@ -41,8 +49,9 @@ def _child(kind: str, out: str, inputs: list[str]) -> None:
                 records.extend(json.loads(line) for line in f if line.strip())
         documents = passages = len(records)
     seconds = time.perf_counter() - start
-    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"seconds": seconds, "peak_rss_mib": peak_mib, "documents": documents, "passages": passages}))
+    peak = peak_rss_bytes()
+    print(json.dumps({"seconds": seconds, "peak_rss_mib": peak / 2**20, "growth_mib": (peak - baseline) / 2**20,
+                      "documents": documents, "passages": passages}))
 
 
 def measure(kind: str, inputs: list[Path], out: Path) -> dict:
@@ -94,12 +103,23 @@ def main() -> None:
             "passages": ours["passages"],
             "atlas_docs_per_s": ours["documents"] / ours["seconds"],
             "atlas_peak_rss_mib": ours["peak_rss_mib"],
+            "atlas_growth_mib": ours["growth_mib"],
             "json_loop_docs_per_s": base["documents"] / base["seconds"],
             "json_loop_peak_rss_mib": base["peak_rss_mib"],
+            "json_loop_growth_mib": base["growth_mib"],
             "time_ratio_atlas_over_json": ours["seconds"] / base["seconds"],
             "rss_ratio_atlas_over_json": ours["peak_rss_mib"] / base["peak_rss_mib"],
         })
-    print(json.dumps({"benchmark": "corpus_prepare", "results": results}, indent=2))
+    synthetic_rows = [r for r in results if r["workload"].startswith("synthetic-")]
+    targets = []
+    if len(synthetic_rows) >= 2:
+        small, large = synthetic_rows[0], synthetic_rows[-1]
+        growth = large["documents"] / small["documents"]
+        targets.append(target(
+            f"peak RSS at {large['documents']:,} docs / at {small['documents']:,} ({growth:.0f}× the documents)",
+            large["atlas_peak_rss_mib"] / small["atlas_peak_rss_mib"], "<=", 1.5,
+            f"json loop: {large['json_loop_peak_rss_mib'] / small['json_loop_peak_rss_mib']:.1f}×"))
+    print(json.dumps({"benchmark": "corpus_prepare", "results": results, "targets": targets}, indent=2))
     print(f"\n{'workload':<18}{'docs':>9}{'passages':>10}{'atlas doc/s':>13}{'RSS MiB':>9}"
           f"{'json doc/s':>12}{'RSS MiB':>9}{'time×':>7}{'RSS×':>7}")
     for r in results:
@@ -107,6 +127,7 @@ def main() -> None:
               f"{r['atlas_peak_rss_mib']:>9.0f}{r['json_loop_docs_per_s']:>12.0f}"
               f"{r['json_loop_peak_rss_mib']:>9.0f}{r['time_ratio_atlas_over_json']:>7.2f}"
               f"{r['rss_ratio_atlas_over_json']:>7.2f}")
+    print_targets(targets)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import logging
 import time
 from array import array
 from collections.abc import Callable, Iterator
@@ -35,6 +36,8 @@ SCHEMA = pa.schema([(name, pa.string()) for name in COLUMNS])
 FORMAT_VERSION = 1
 _WRITE_BATCH = 8192
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass
 class PrepareStats:
@@ -45,6 +48,7 @@ class PrepareStats:
     words: int = 0
     skipped: int = 0
     skipped_reasons: list[str] = field(default_factory=list)  # the first few, for the user
+    skipped_files: list[str] = field(default_factory=list)  # empty inputs (with skip_invalid)
 
 
 def id_hash(passage_id: str) -> int:
@@ -52,19 +56,42 @@ def id_hash(passage_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(passage_id.encode("utf-8"), digest_size=8).digest(), "little")
 
 
+def check_chunking(chunk_words: int, stride: int | None) -> int | None:
+    """Validate chunking settings; return the effective stride (None when not chunking).
+
+    `chunk_words <= 0` turns chunking off (one passage per document), and then a stride
+    makes no sense. Otherwise the stride must be in 1..chunk_words: `None` means
+    `chunk_words` (no overlap), a smaller stride overlaps windows by chunk_words − stride
+    words; 0 is rejected (it is not "no overlap": that is the default) and so is a stride
+    above chunk_words (it would skip the words between windows).
+    """
+    if chunk_words <= 0:
+        if stride is not None:
+            raise ValueError(f"stride {stride} given without chunking (chunk_words {chunk_words}); "
+                             "set chunk_words > 0 or leave the stride out")
+        return None
+    if stride is None:
+        return chunk_words
+    if not 0 < stride <= chunk_words:
+        raise ValueError(
+            f"stride must be in 1..chunk_words ({chunk_words}), got {stride} "
+            "(leave it out for no overlap; a stride above chunk_words would skip words)"
+        )
+    return stride
+
+
 def chunk_text(text: str, chunk_words: int, stride: int | None = None) -> list[str]:
     """Split `text` into windows of `chunk_words` whitespace-separated words.
 
-    Windows start every `stride` words (default: `chunk_words`, i.e. no overlap); the last
-    window ends at the last word, so every word is in at least one passage. A text that
-    fits in one window, or `chunk_words <= 0`, is returned unchanged as a single passage.
+    Windows start every `stride` words (None: `chunk_words`, i.e. no overlap; see
+    `check_chunking` for the valid values); the last window ends at the last word, so every
+    word is in at least one passage. A text that fits in one window, or `chunk_words <= 0`,
+    is returned unchanged as a single passage.
     """
+    stride = check_chunking(chunk_words, stride)
     words = text.split()
     if chunk_words <= 0 or len(words) <= chunk_words:
         return [text]
-    stride = stride or chunk_words
-    if not 0 < stride <= chunk_words:
-        raise ValueError(f"stride must be in 1..chunk_words ({chunk_words}), got {stride}")
     passages = []
     start = 0
     while True:
@@ -163,6 +190,24 @@ def iter_documents(path: str | Path, on_error: OnError = None) -> Iterator[tuple
     return _checked(records, path, on_error)
 
 
+def is_empty_input(path: str | Path) -> bool:
+    """Whether a JSONL / TSV file holds nothing but white space (reads until the first other
+    byte), or a dataset folder holds no rows. A missing path is not "empty" (it is an error)."""
+    path = Path(path)
+    if path.is_dir():
+        import datasets
+
+        ds = datasets.load_from_disk(str(path))
+        return not isinstance(ds, datasets.DatasetDict) and len(ds) == 0
+    if not path.is_file():
+        return False
+    with open(path, "rb") as f:
+        while block := f.read(1 << 16):
+            if block.strip():
+                return False
+    return True
+
+
 def _hash_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -184,14 +229,18 @@ def prepare_corpus(
     """Read documents from `inputs`, chunk them and write a prepared corpus folder at `out`.
 
     Passage ids are `"{doc_id}-{i}"` (i = chunk number) when chunking is on, the document id
-    when `chunk_words <= 0`; they are stable across runs. Malformed records raise
-    `InputError` (file, line, field) unless `skip_invalid`, which skips and counts them.
-    The folder is written under a temporary name and renamed at the end.
+    when `chunk_words <= 0`; they are stable across runs. `stride`: words between passage
+    starts, 1..chunk_words (None: no overlap); anything else raises `ValueError` before any
+    input is read. Malformed records raise `InputError` (file, line, field) unless
+    `skip_invalid`, which skips and counts them, and also skips an empty input file with a
+    warning (listed in `stats.skipped_files`). A missing input is always an error. The
+    folder is written under a temporary name and renamed at the end.
     """
     from tqdm.auto import tqdm
 
     if not inputs:
         raise ValueError("no input files given")
+    check_chunking(chunk_words, stride)
     stats = PrepareStats()
 
     def skip(error: InputError) -> None:
@@ -206,6 +255,10 @@ def prepare_corpus(
         bar = tqdm(desc="preparing corpus", unit=" docs", disable=not progress, mininterval=1.0)
         with pa.OSFile(str(arrow_path), "wb") as sink, pa.ipc.new_stream(sink, SCHEMA) as writer:
             for input_no, path in enumerate(map(Path, inputs)):
+                if skip_invalid and is_empty_input(path):
+                    logger.warning("%s: skipped: the input is empty", path)
+                    stats.skipped_files.append(str(path))
+                    continue
                 for line_no, doc in iter_documents(path, skip if skip_invalid else None):
                     if not doc["text"].strip():
                         error = InputError(path, line_no, "text", "empty text")
@@ -233,7 +286,8 @@ def prepare_corpus(
         bar.close()
         stats.passages = len(hashes)
         if stats.passages == 0:
-            raise InputError(inputs[0], None, None, "no valid documents in the input")
+            where = inputs[0] if len(inputs) == 1 else f"{inputs[0]} (and {len(inputs) - 1} more)"
+            raise InputError(where, None, None, "no valid documents in the input")
 
         hash_array = np.frombuffer(hashes, dtype=np.uint64)
         order = np.argsort(hash_array, kind="stable")
@@ -269,7 +323,7 @@ def prepare_corpus(
             "fingerprint": _hash_file(arrow_path),
             "count": stats.passages,
             "chunk_words": chunk_words,
-            "stride": stride or chunk_words,
+            "stride": check_chunking(chunk_words, stride),
             "sources": [str(Path(p).resolve()) for p in inputs],
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "stats": asdict(stats),

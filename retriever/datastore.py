@@ -62,6 +62,50 @@ def sliding_windows(n_tokens: int, context: int, stride: int) -> list[tuple[int,
     return windows
 
 
+# Metadata that says what produced the keys: two stores can be searched against each other (or
+# one resumed) only when these agree. Written by `atlas.knnlm.build_datastore`.
+PRODUCER_FIELDS = ("architecture", "model_fingerprint", "tokenizer_fingerprint", "encoder_input_ids")
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def describe_differences(old: dict, new: dict, fields: list[str]) -> str:
+    """'meta.text: stored 'a', now 'b'; …' for the differing fields (one level into dicts)."""
+    parts = []
+    for name in fields:
+        a, b = old.get(name), new.get(name)
+        if isinstance(a, dict) and isinstance(b, dict):
+            for key in sorted(set(a) | set(b)):
+                if a.get(key) != b.get(key):
+                    parts.append(f"{name}.{key}: stored {_short(a.get(key))}, now {_short(b.get(key))}")
+        else:
+            parts.append(f"{name}: stored {_short(a)}, now {_short(b)}")
+    return "; ".join(parts)
+
+
+def check_same_producer(query_store: Datastore, datastore: Datastore) -> None:
+    """Refuse to search `datastore` with keys from a different model, tokenizer or prompt.
+
+    Compares `PRODUCER_FIELDS` of the two manifests' metadata; stores whose producer recorded
+    none of them (generic producers) are accepted, one-sided records are refused.
+    """
+    a, b = query_store.manifest.get("meta", {}), datastore.manifest.get("meta", {})
+    recorded = [f for f in PRODUCER_FIELDS if f in a or f in b]
+    differing = [f for f in recorded if a.get(f) != b.get(f)]
+    if differing:
+        details = "; ".join(
+            f"{f}: {_short(a.get(f, '(not recorded)'))} vs {_short(b.get(f, '(not recorded)'))}"
+            for f in differing
+        )
+        raise ValueError(
+            f"query store {query_store.path} and datastore {datastore.path} were built by "
+            f"different producers ({details}); rebuild the query store with the datastore's model"
+        )
+
+
 class Datastore:
     """Read access to a complete datastore folder (arrays opened as read-only memmaps)."""
 
@@ -141,7 +185,8 @@ class DatastoreWriter:
             ]
             if mismatched:
                 raise ValueError(
-                    f"{manifest_path}: an existing datastore differs in {mismatched}; "
+                    f"{manifest_path}: an existing datastore differs in {mismatched} "
+                    f"({describe_differences(old, self.manifest, mismatched)}); "
                     "use a new folder or delete this one"
                 )
             self.manifest = old

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,6 +32,8 @@ ENCODER_CONFIG = "contriever_config.json"
 RETRIEVER_CONFIG = "retriever.json"
 # The user-facing default on GPU machines (resolved by the hub, never by tests).
 CONTRIEVER_HUB_NAME = "facebook/contriever"
+
+logger = logging.getLogger(__name__)
 
 
 def default_encoder_path(model: str = "minilm") -> str:
@@ -136,6 +139,16 @@ class ContrieverEncoder(nn.Module):
             if (folder / ENCODER_CONFIG).is_file():
                 settings.update(json.loads((folder / ENCODER_CONFIG).read_text()))
         if pooling is not None:
+            if pooling not in POOLINGS:
+                raise ValueError(f"unknown pooling {pooling!r}; valid: {', '.join(POOLINGS)}")
+            if settings.get("pooling", pooling) != pooling:
+                logger.warning(
+                    "%s was saved with %s pooling; using %s pooling as asked (its embeddings "
+                    "will differ from the ones it was trained to give)",
+                    path,
+                    settings["pooling"],
+                    pooling,
+                )
             settings["pooling"] = pooling
         if normalize is not None:
             settings["normalize"] = normalize
@@ -388,22 +401,28 @@ class Retriever(nn.Module):
 
     @classmethod
     def from_pretrained(
-        cls, path: str | os.PathLike, *, tied: bool | None = None, **settings
+        cls,
+        path: str | os.PathLike,
+        *,
+        tied: bool | None = None,
+        pooling: Pooling | None = None,
+        **settings,
     ) -> Retriever:
         """Load a folder written by `save_pretrained`, or build a pair from one encoder folder.
 
         From a plain encoder folder (HF or sentence-transformers), `tied=False` copies the
-        encoder so that the two sides can diverge. Keyword settings (`passage_format`,
-        `query_maxlength`, `passage_maxlength`) override the stored ones.
+        encoder so that the two sides can diverge. `pooling` ("mean" / "cls") overrides the
+        pooling stored with the encoder(s) (None: keep it). Keyword settings
+        (`passage_format`, `query_maxlength`, `passage_maxlength`) override the stored ones.
         """
         folder = Path(path)
         if (folder / RETRIEVER_CONFIG).is_file():
             stored = json.loads((folder / RETRIEVER_CONFIG).read_text())
-            query_encoder = ContrieverEncoder.from_pretrained(folder / "query")
+            query_encoder = ContrieverEncoder.from_pretrained(folder / "query", pooling=pooling)
             passage_encoder = (
                 None
                 if stored.pop("tied")
-                else ContrieverEncoder.from_pretrained(folder / "passage")
+                else ContrieverEncoder.from_pretrained(folder / "passage", pooling=pooling)
             )
             if tied is True and passage_encoder is not None:
                 raise ValueError(
@@ -413,7 +432,7 @@ class Retriever(nn.Module):
                 passage_encoder = copy.deepcopy(query_encoder)
             stored.update(settings)
             return cls(query_encoder=query_encoder, passage_encoder=passage_encoder, **stored)
-        query_encoder = ContrieverEncoder.from_pretrained(path)
+        query_encoder = ContrieverEncoder.from_pretrained(path, pooling=pooling)
         settings.setdefault("passage_maxlength", query_encoder.max_length or 256)
         passage_encoder = None if tied in (None, True) else copy.deepcopy(query_encoder)
         return cls(query_encoder=query_encoder, passage_encoder=passage_encoder, **settings)
@@ -422,11 +441,14 @@ class Retriever(nn.Module):
 def build_retriever(config) -> Retriever:
     """Build a `Retriever` from a `RetrieverConfig` (atlas/config.py).
 
-    The passage encoder is frozen unless it is tied or `train_passage_encoder` is set.
+    `config.pooling` decides the pooling of both encoders (a folder saved with another
+    pooling is overridden, with a warning). The passage encoder is frozen unless it is tied
+    or `train_passage_encoder` is set.
     """
     retriever = Retriever.from_pretrained(
         default_encoder_path(config.model),
         tied=config.tied,
+        pooling=config.pooling,
         passage_format=config.passage_format,
         query_maxlength=config.query_maxlength,
         passage_maxlength=config.passage_maxlength,

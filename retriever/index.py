@@ -11,6 +11,17 @@ An index folder holds
 Files carry a generation number N; an update writes new files, then atomically replaces
 `manifest.json`, so a crash at any moment leaves the previous index intact.
 
+Loading checks every file's size against the manifest (a truncated file is named at once);
+the SHA-256 of every byte is checked only when asked (`PassageIndex.load(verify=True)`,
+`atlas index info --verify`): hashing a 49 GB flat index takes minutes, and every rank of a
+job loads the index. A same-size corruption is otherwise caught where FAISS or numpy cannot
+parse the file, or not at all inside the vector data: run `--verify` after copying an index.
+
+Loading memory-maps what it can: float16 vectors always; FAISS indexes with the flags FAISS
+supports for their family (`index_types.faiss_read_flags`): IVF inverted lists become a
+read-only `OnDiskInvertedLists` over the file, flat codes (PQ, SQ8) and HNSW storage are
+mapped in place. Mapped pages are shared by every process on the machine that opens the file.
+
 Positions (`Hit.row`) number the passages across segments: the build's corpus first, then
 each `add`ed corpus in turn. Build an index with `retriever.index_build.build_index`.
 """
@@ -27,7 +38,7 @@ import numpy as np
 
 from retriever.corpus import Corpus
 from retriever.fingerprint import hash_file
-from retriever.index_types import exact_search, index_type, set_search_params
+from retriever.index_types import exact_search, faiss_read_flags, index_type, set_search_params
 from tasks.io import atomic_write_json
 
 MANIFEST = "manifest.json"
@@ -167,7 +178,7 @@ class PassageIndex:
         retriever=None,
         corpus: str | os.PathLike | None = None,
         allow_encoder_mismatch: bool = False,
-        verify: bool = True,
+        verify: bool = False,
         mmap: bool = True,
         nprobe: int | None = None,
         ef_search: int | None = None,
@@ -176,9 +187,10 @@ class PassageIndex:
 
         retriever: a `Retriever` whose passage fingerprint must equal the manifest's (unless
         `allow_encoder_mismatch`); needed to search with strings. corpus: the base corpus's
-        folder when it moved (its fingerprint must match). verify: check every file's SHA-256
-        (sizes are always checked). mmap: memory-map the FAISS index where FAISS allows
-        (float16 vectors are always memory-mapped); an index opened so is read-only.
+        folder when it moved (its fingerprint must match). verify: also check every file's
+        SHA-256 against the manifest (reads every byte; sizes are always checked). mmap:
+        memory-map the FAISS index with the flags of its family (float16 vectors are always
+        memory-mapped); an index opened so is read-only (`mmap=False` to `add` to it).
         """
         folder = Path(path)
         manifest = read_manifest(folder)
@@ -206,7 +218,8 @@ class PassageIndex:
                 )
         faiss_index = None
         if "faiss" in files:
-            faiss_index = read_faiss(folder / files["faiss"]["name"], mmap=mmap)
+            flags = faiss_read_flags(manifest["spec"], manifest["dim"], mmap=mmap)
+            faiss_index = read_faiss(folder / files["faiss"]["name"], io_flags=flags)
             if faiss_index.ntotal != manifest["total"] or faiss_index.d != manifest["dim"]:
                 raise InvalidIndexError(
                     f"{folder / files['faiss']['name']}: {faiss_index.ntotal} vectors of dim "
@@ -259,7 +272,8 @@ class PassageIndex:
     def search_vectors(self, query_vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-k positions of live passages: (Q, d) float32 → (scores, rows), each (Q, k).
 
-        Rows are -1 (score -inf) where fewer than k passages are live."""
+        Best first, ties in score to the lower position (`best_first`); rows are -1 (score
+        -inf) where fewer than k passages are live."""
         query_vectors = np.ascontiguousarray(query_vectors, dtype=np.float32)
         if query_vectors.ndim != 2 or query_vectors.shape[1] != self.dim:
             raise ValueError(f"query vectors must be (Q, {self.dim}), got {query_vectors.shape}")
@@ -269,12 +283,16 @@ class PassageIndex:
                 query_vectors, self.vectors, k, "ip", exclude=self.removed if any_removed else None
             )
         else:
-            params = None
-            if any_removed:
-                bitmap = np.packbits(~self.removed, bitorder="little")  # live positions
-                selector = faiss.IDSelectorBitmap(len(self.removed), faiss.swig_ptr(bitmap))
-                params = _search_parameters(self.faiss_index, selector, self.nprobe, self.ef_search)
-            scores, rows = self.faiss_index.search(query_vectors, k, params=params)
+            scores, rows = search_live(
+                self.faiss_index,
+                query_vectors,
+                k,
+                removed=self.removed if any_removed else None,
+                nprobe=self.nprobe,
+                ef_search=self.ef_search,
+            )
+        # one order for every path (FAISS and top-k leave ties in heap order); -inf if missing
+        scores, rows = best_first(np.where(rows >= 0, scores, -np.inf).astype(np.float32), rows, k)
         if rows.shape[1] < k:  # exact search returns at most the number of live passages
             pad = k - rows.shape[1]
             rows = np.pad(rows, ((0, 0), (0, pad)), constant_values=-1)
@@ -336,6 +354,63 @@ def index_summary(manifest: dict) -> dict:
     }
 
 
+def best_first(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The best k of candidate lists, in one canonical order: (Q, C) scores and positions →
+    (Q, min(k, C)) each, highest score first, ties to the lower position, missing (-1) last.
+
+    The one order every search path uses, so that a sharded search, whose candidates come
+    from several ranks, returns exactly what one process returns."""
+    missing = rows < 0
+    order = np.lexsort((np.where(missing, np.iinfo(np.int64).max, rows),
+                        np.where(missing, np.inf, -scores)), axis=-1)[:, :k]
+    return np.take_along_axis(scores, order, -1), np.take_along_axis(rows, order, -1)
+
+
+def search_live(
+    index: faiss.Index,
+    query_vectors: np.ndarray,
+    k: int,
+    *,
+    removed: np.ndarray | None = None,
+    nprobe: int = 32,
+    ef_search: int = 128,
+) -> tuple[np.ndarray, np.ndarray]:
+    """FAISS top-k that never returns a removed id: (Q, d) float32 → scores, ids (Q, k).
+
+    removed: (ntotal,) bool over the index's ids, or None. Most index types take an id
+    selector in their search parameters; `IndexPQ` takes no parameters at all, so it is
+    searched wider and the removed ids dropped: a query whose top k' holds k live ids has its
+    answer (every other live id ranks lower); the others are searched again with k' doubled,
+    up to k + (number removed), where at most that many can be removed (exact, and memory
+    stays ~Q × k' even when many passages are removed). Missing results: id -1, score -inf.
+    """
+    query_vectors = np.ascontiguousarray(query_vectors, dtype=np.float32)
+    n_removed = 0 if removed is None else int(np.count_nonzero(removed))
+    if n_removed == 0:
+        return index.search(query_vectors, k)
+    if not isinstance(faiss.downcast_index(index), faiss.IndexPQ):
+        bitmap = np.packbits(~removed, bitorder="little")  # live ids
+        selector = faiss.IDSelectorBitmap(len(removed), faiss.swig_ptr(bitmap))
+        params = _search_parameters(index, selector, nprobe, ef_search)
+        return index.search(query_vectors, k, params=params)
+    out_scores = np.full((len(query_vectors), k), -np.inf, dtype=np.float32)
+    out_ids = np.full((len(query_vectors), k), -1, dtype=np.int64)
+    todo = np.arange(len(query_vectors))
+    widest = min(k + n_removed, index.ntotal)
+    wide = min(widest, 2 * k + 64)
+    while todo.size:
+        scores, ids = index.search(query_vectors[todo], wide)
+        live = (ids >= 0) & ~removed[np.maximum(ids, 0)]
+        done = (live.sum(axis=1) >= k) | (wide >= widest)
+        order = np.argsort(~live, axis=1, kind="stable")[:, :k]  # live first, rank order kept
+        ids = np.take_along_axis(np.where(live, ids, -1), order, 1)
+        scores = np.take_along_axis(np.where(live, scores, -np.inf).astype(np.float32), order, 1)
+        out_ids[todo[done], : ids.shape[1]] = ids[done]
+        out_scores[todo[done], : ids.shape[1]] = scores[done]
+        todo, wide = todo[~done], min(widest, 2 * wide)
+    return out_scores, out_ids
+
+
 def _search_parameters(index: faiss.Index, selector, nprobe: int, ef_search: int):
     """Search parameters carrying an id selector (and the index family's own knob)."""
     if faiss.try_extract_index_ivf(index) is not None:
@@ -352,16 +427,15 @@ def _load_npy(path: Path, mmap_mode: str | None = None) -> np.ndarray:
         raise InvalidIndexError(f"{path}: unreadable array ({e})") from None
 
 
-def read_faiss(path: Path, *, mmap: bool = True) -> faiss.Index:
-    """Read a FAISS index file, memory-mapped where the index type allows; clear error if corrupt."""
+def read_faiss(path: Path, *, io_flags: int = 0) -> faiss.Index:
+    """Read a FAISS index file with `io_flags` (`index_types.faiss_read_flags`: memory-mapped
+    and read-only for the index's family, or 0: into memory, writable).
+
+    No silent fallback: a file FAISS cannot read with these flags raises `InvalidIndexError`
+    naming it (truncated, corrupted, or not of the family the manifest says).
+    """
     try:
-        if mmap:
-            try:
-                flags = faiss.IO_FLAG_MMAP | faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY
-                return faiss.read_index(str(path), flags)
-            except RuntimeError:
-                pass  # this index type cannot be mapped: read it into memory
-        return faiss.read_index(str(path))
+        return faiss.read_index(str(path), io_flags)
     except RuntimeError as e:
         raise InvalidIndexError(
             f"{path}: unreadable FAISS index ({str(e).splitlines()[0]})"

@@ -141,9 +141,15 @@ def train_and_fill(
     train_sample: int = 262144,
     seed: int = 0,
     add_chunk: int = 65536,
+    on_added: Callable[[int], None] | None = None,
 ) -> faiss.Index:
-    """A FAISS index of `spec` (inner product) trained on a seeded sample of `vectors`
-    ((N, d) float16/32, memmap ok) and filled with all of them, chunk by chunk."""
+    """A FAISS index of `spec` (inner product) trained on a seeded sample of `vectors` and
+    filled with all of them, chunk by chunk.
+
+    vectors: (N, d) float16/32 — an array, a memmap, or any object with `.shape` that returns
+    float rows for `vectors[start:stop]` and for a sorted int64 array of rows (the scale
+    benchmark passes generated vectors). `on_added(n)` is called after each chunk with the
+    number of vectors added so far (progress)."""
     n, dim = vectors.shape
     index = build_faiss_index(spec, dim, "ip")
     if index_type(spec, dim).needs_training:
@@ -152,6 +158,8 @@ def train_and_fill(
         index.train(np.asarray(vectors[sample], dtype=np.float32))
     for start in range(0, n, add_chunk):
         index.add(np.asarray(vectors[start : start + add_chunk], dtype=np.float32))
+        if on_added is not None:
+            on_added(min(start + add_chunk, n))
     return index
 
 

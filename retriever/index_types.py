@@ -6,6 +6,8 @@ the kNN-LM datastore):
 * `build_faiss_index(spec, dim, metric)` turns a spec from the registry `INDEX_TYPES`
   (`Flat`, `IVF{n},Flat`, `IVF{n},PQ{m}`, `PQ{m}`, `HNSW{M}`, `SQ8`) into an untrained
   `faiss.Index`; an unknown spec raises `ValueError` listing the valid forms.
+* `faiss_read_flags(spec, dim)` gives the `faiss.read_index` flags that memory-map a saved
+  index of that family (FAISS supports different flags per family, and rejects a mix);
 * `exact_search(queries, vectors, k)` is brute-force top-k by torch matmul + `topk`, over
   the vectors in chunks of rows so memory stays bounded whatever N is. On this CPU it is
   ~2.5-3x faster than `faiss.IndexFlatIP` at k=100 (bench/index_exact_search.py), and it
@@ -33,6 +35,12 @@ class IndexType:
 
     `needs_training` says whether `index.train(sample)` must run before `add`;
     `search_param` names the knob set at search time (`nprobe`, `efSearch`) or is None.
+    `mmap` says how FAISS memory-maps a saved index of the family: "inverted_lists" (IVF:
+    `IO_FLAG_MMAP` turns the lists into a read-only `OnDiskInvertedLists` over the file) or
+    "codes" (flat-code indexes and HNSW: `IO_FLAG_MMAP_IFC` maps the code array / storage).
+    `shard` says how a sharded index (retriever/sharded.py) splits it over ranks: "rows"
+    (each rank keeps a contiguous range of positions; exact) or "replicate" (HNSW: a graph
+    restricted to some ids is searched differently, so each rank searches the whole of it).
     """
 
     pattern: str
@@ -40,6 +48,8 @@ class IndexType:
     needs_training: bool
     search_param: str | None
     check: Callable[[re.Match, int], None]
+    mmap: Literal["inverted_lists", "codes"] = "codes"
+    shard: Literal["rows", "replicate"] = "rows"
 
 
 def _no_check(match: re.Match, dim: int) -> None:
@@ -71,13 +81,17 @@ def _check_ivf_pq(match: re.Match, dim: int) -> None:
 INDEX_TYPES: dict[str, IndexType] = {
     "flat": IndexType(r"Flat", "Flat", False, None, _no_check),
     "ivf_flat": IndexType(
-        r"IVF(?P<n>\d+),Flat", "IVF1024,Flat", True, "nprobe", _check_positive("n")
+        r"IVF(?P<n>\d+),Flat", "IVF1024,Flat", True, "nprobe", _check_positive("n"),
+        mmap="inverted_lists",
     ),
     "ivf_pq": IndexType(
-        r"IVF(?P<n>\d+),PQ(?P<m>\d+)", "IVF1024,PQ64", True, "nprobe", _check_ivf_pq
+        r"IVF(?P<n>\d+),PQ(?P<m>\d+)", "IVF1024,PQ64", True, "nprobe", _check_ivf_pq,
+        mmap="inverted_lists",
     ),
     "pq": IndexType(r"PQ(?P<m>\d+)", "PQ64", True, None, _check_pq),
-    "hnsw": IndexType(r"HNSW(?P<M>\d+)", "HNSW32", False, "efSearch", _check_positive("M")),
+    "hnsw": IndexType(
+        r"HNSW(?P<M>\d+)", "HNSW32", False, "efSearch", _check_positive("M"), shard="replicate"
+    ),
     "sq8": IndexType(r"SQ8", "SQ8", True, None, _no_check),
 }
 
@@ -97,6 +111,20 @@ def parse_spec(spec: str, dim: int) -> tuple[str, re.Match]:
 def index_type(spec: str, dim: int) -> IndexType:
     """The registry entry that `spec` belongs to (validated against `dim`)."""
     return INDEX_TYPES[parse_spec(spec, dim)[0]]
+
+
+def faiss_read_flags(spec: str, dim: int, *, mmap: bool = True) -> int:
+    """The `faiss.read_index` flags for a saved index of `spec`: memory-mapped and read-only
+    when `mmap`, else 0 (read into memory, writable).
+
+    FAISS 1.15 maps IVF inverted lists with `IO_FLAG_MMAP` and flat codes / HNSW storage with
+    `IO_FLAG_MMAP_IFC`; it rejects both at once on an IVF file, so the family decides.
+    """
+    if not mmap:
+        return 0
+    kind = index_type(spec, dim).mmap
+    flag = faiss.IO_FLAG_MMAP if kind == "inverted_lists" else faiss.IO_FLAG_MMAP_IFC
+    return flag | faiss.IO_FLAG_READ_ONLY
 
 
 def check_metric(metric: str) -> None:

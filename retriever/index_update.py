@@ -76,8 +76,14 @@ def add_passages(
     index are refused (remove them first, to replace a passage).
     """
     folder = Path(index_path)
+    # verified in full: the new files are derived from these bytes, and an update reads and
+    # rewrites all of them anyway
     index = PassageIndex.load(
-        folder, retriever=retriever, allow_encoder_mismatch=allow_encoder_mismatch, mmap=False
+        folder,
+        retriever=retriever,
+        allow_encoder_mismatch=allow_encoder_mismatch,
+        mmap=False,
+        verify=True,
     )
     manifest = index.manifest
     generation = manifest["generation"] + 1

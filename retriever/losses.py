@@ -58,10 +58,28 @@ class GoldReader(Protocol):
 
 
 def masked_log_softmax(logits: torch.Tensor, present: torch.Tensor | None) -> torch.Tensor:
-    """log softmax over passages (last axis); absent passages (present False) get -inf."""
+    """log softmax over passages (last axis); absent passages (present False) get -inf.
+
+    A row with no present passage at all is left unmasked (finite values) so that nothing
+    downstream turns into nan; callers drop such rows with `example_mean`.
+    """
     if present is not None:
-        logits = logits.masked_fill(~present, float("-inf"))
+        empty = ~present.any(-1, keepdim=True)  # (B, 1)
+        logits = logits.masked_fill(~(present | empty), float("-inf"))
     return F.log_softmax(logits, dim=-1)
+
+
+def example_mean(per_example: torch.Tensor, present: torch.Tensor | None) -> torch.Tensor:
+    """Mean of a per-example loss (B,) over the examples with at least one present passage.
+
+    With `present` None every example counts. When no example has a passage the result is
+    a zero that still belongs to the graph (so `backward()` works and sends zero gradient).
+    """
+    if present is None:
+        return per_example.mean()
+    has_passage = present.any(-1)  # (B,)
+    total = torch.where(has_passage, per_example, torch.zeros_like(per_example)).sum()
+    return total / has_passage.sum().clamp(min=1)
 
 
 def scaled_log_probs(
@@ -86,7 +104,9 @@ def kl_distillation(
         scores: (B, K) raw retriever inner products (with gradient).
         gold: (B, K) gold scores (no gradient).
         dim: retriever embedding dimension (for the 1/sqrt(dim) scaling).
-        present: (B, K) bool, False for padding passages (left out of both distributions).
+        present: (B, K) bool, False for padding passages: they get zero probability in both
+            distributions (which are renormalised over the present ones); an example with no
+            present passage is left out of the batch mean.
     Returns:
         scalar loss.
     """
@@ -95,7 +115,7 @@ def kl_distillation(
     terms = log_p_gold.exp() * (log_p_gold - log_p_retr)
     if present is not None:  # absent passages: 0 · (-inf - -inf) would be nan
         terms = torch.where(present, terms, torch.zeros_like(terms))
-    return terms.sum(-1).mean()
+    return example_mean(terms.sum(-1), present)
 
 
 class RetrieverLoss(ABC):
@@ -184,14 +204,21 @@ class RetrieverLoss(ABC):
         *,
         dim: int,
         encoder_states: torch.Tensor | None = None,
+        present: torch.Tensor | None = None,
     ) -> torch.Tensor | None:
         """Gold scores then loss; scores: (B, K) raw inner products. Returns a scalar.
 
-        Passages whose attention mask is all zero (padding rows) are left out of the loss.
+        present: (B, K) bool, the real passages. Default: the rows whose attention mask is not
+        all zero (`reader.inputs` pads ragged passage lists with fully masked rows). Give it
+        explicitly where a real reader row is not a passage (a query read alone because the
+        example has no passage). Absent passages get zero probability on both sides.
         """
         gold = self.gold_scores(reader, input_ids, attention_mask, labels, encoder_states)
-        present = attention_mask.bool().any(-1)  # (B, K)
-        return self.loss(scores, gold, labels, dim=dim, present=present)
+        if present is None:
+            present = attention_mask.bool().any(-1)  # (B, K)
+        elif present.shape != scores.shape:
+            raise ValueError(f"present mask {tuple(present.shape)} does not match scores {tuple(scores.shape)}")
+        return self.loss(scores, gold, labels, dim=dim, present=present.to(scores.device))
 
 
 class AttentionDistillation(RetrieverLoss):
@@ -263,8 +290,11 @@ class EMDR(RetrieverLoss):
         if self.granularity == "token":
             mixed = torch.logsumexp(log_p_retr.unsqueeze(-1) + gold.float(), dim=1)  # (B, T)
             valid = labels != IGNORE_INDEX
-            return -(mixed * valid).sum() / valid.sum().clamp(min=1)
-        return -torch.logsumexp(log_p_retr + gold.float() / self.temperature_gold, dim=-1).mean()
+            if present is not None:  # an example with no passage has no mixture
+                valid = valid & present.any(-1, keepdim=True)
+            return -torch.where(valid, mixed, torch.zeros_like(mixed)).sum() / valid.sum().clamp(min=1)
+        mixed = torch.logsumexp(log_p_retr + gold.float() / self.temperature_gold, dim=-1)  # (B,)
+        return example_mean(-mixed, present)
 
 
 class NoRetrieverLoss(RetrieverLoss):
@@ -277,7 +307,8 @@ class NoRetrieverLoss(RetrieverLoss):
         raise RuntimeError("the 'none' retriever loss computes no gold scores")
 
     def __call__(
-        self, reader, scores, input_ids, attention_mask, labels, *, dim, encoder_states=None
+        self, reader, scores, input_ids, attention_mask, labels, *, dim, encoder_states=None,
+        present=None,
     ):
         return None
 

@@ -210,3 +210,61 @@ def test_encoder_mismatch_and_evaluate_retrieval(tmp_path, capsys):
     assert ranks[2] is None and metrics["answer_recall@1"] == pytest.approx(
         sum(r == 1 for r in ranks) / 3
     )
+
+
+def test_info_verify_catches_what_a_load_does_not_hash(tmp_path, capsys):
+    """Loading checks sizes only; `index info --verify` reads every byte against the SHA-256."""
+    encoder = save_tiny_retriever(tmp_path / "enc", 0)
+    docs = write_docs(tmp_path / "d.jsonl", {"p": "paris is the capital of france", "b": "berlin"})
+    run(capsys, "corpus", "prepare", docs, "--out", tmp_path / "c")
+    run(capsys, "index", "build", "--corpus", tmp_path / "c", "--encoder", encoder, "--out", tmp_path / "i")
+    vectors = tmp_path / "i" / "vectors.g1.npy"
+    data = bytearray(vectors.read_bytes())
+    data[-1] ^= 0x01  # one bit of one float16: same size, still a valid array
+    vectors.write_bytes(bytes(data))
+    code, out, _ = run(capsys, "index", "info", tmp_path / "i")
+    assert code == 0 and json.loads(out)["verified"] is False
+    code, _, err = run(capsys, "index", "info", tmp_path / "i", "--verify")
+    assert code == 2 and "vectors.g1.npy: corrupted (SHA-256 differs from the manifest)" in err
+    vectors.write_bytes(bytes(data[:-2]))
+    code, _, err = run(capsys, "index", "search", tmp_path / "i", "capital")
+    assert code == 2 and "vectors.g1.npy: truncated or altered" in err
+
+
+def test_encoder_runs_on_the_available_device(tmp_path, capsys, monkeypatch):
+    """build / search / evaluate-retrieval put the retriever on `compute_device` (the rank's
+    device under torchrun, else cuda when available, else cpu)."""
+    from atlas.distributed import DistributedContext
+
+    assert cli_index.compute_device() == torch.device("cpu")  # no GPU on the test machine
+    context = DistributedContext(rank=1, world_size=2, local_rank=1, device=torch.device("cuda", 1))
+    assert cli_index.compute_device(context) == torch.device("cuda", 1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert cli_index.compute_device() == torch.device("cuda", 3)
+    monkeypatch.undo()
+
+    encoder = save_tiny_retriever(tmp_path / "enc", 0)
+    moved = cli_index._load_retriever(str(encoder), device=torch.device("meta"))
+    assert {p.device.type for p in moved.parameters()} == {"meta"} and not moved.training
+
+    seen: list[torch.device] = []
+    real_load = cli_index._load_retriever
+
+    def recording_load(encoder, index_folder=None, *, device=None):
+        retriever = real_load(encoder, index_folder, device=device)
+        seen.append(device if device is not None else cli_index.compute_device())
+        assert next(retriever.parameters()).device.type == "cpu"
+        return retriever
+
+    monkeypatch.setattr(cli_index, "_load_retriever", recording_load)
+    monkeypatch.setattr(cli_index, "compute_device", lambda context=None: torch.device("cpu", 0))
+    docs = write_docs(tmp_path / "d.jsonl", {"p": "paris is the capital of france"})
+    run(capsys, "corpus", "prepare", docs, "--out", tmp_path / "c")
+    assert run(capsys, "index", "build", "--corpus", tmp_path / "c", "--encoder", encoder,
+               "--out", tmp_path / "i")[0] == 0
+    assert run(capsys, "index", "search", tmp_path / "i", "capital")[0] == 0
+    data = tmp_path / "q.jsonl"
+    data.write_text(json.dumps({"question": "capital of france", "answers": ["Paris"]}) + "\n")
+    assert run(capsys, "evaluate-retrieval", "--index", tmp_path / "i", "--data", data)[0] == 0
+    assert seen == [torch.device("cpu", 0)] * 3

@@ -113,6 +113,48 @@ def test_bad_stride_is_rejected():
 
 
 @pytest.mark.parametrize(
+    "chunk_words, stride, message",
+    [
+        (100, 0, r"stride must be in 1..chunk_words \(100\), got 0 \(leave it out for no overlap"),
+        (100, 101, r"stride must be in 1..chunk_words \(100\), got 101"),
+        (100, -5, r"stride must be in 1..chunk_words \(100\), got -5"),
+        (0, 50, r"stride 50 given without chunking \(chunk_words 0\)"),
+    ],
+)
+def test_bad_stride_is_rejected_before_reading_anything(tmp_path, chunk_words, stride, message):
+    """Checked up front, even when no document is long enough to be chunked, and even when
+    the inputs do not exist: the settings are wrong whatever the data."""
+    short = write_jsonl(tmp_path / "short.jsonl", [{"id": "a", "text": "three short words"}])
+    for inputs in ([short], [tmp_path / "missing.jsonl"]):
+        with pytest.raises(ValueError, match=message):
+            prepare_corpus(inputs, tmp_path / "out", chunk_words=chunk_words, stride=stride, progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_stride_overlaps_passages_and_is_recorded(tmp_path):
+    doc = {"id": "d", "text": " ".join(f"w{i}" for i in range(10))}
+    corpus = prepare(tmp_path, write_jsonl(tmp_path / "d.jsonl", [doc]), chunk_words=4, stride=3)
+    assert [corpus[i]["text"] for i in range(len(corpus))] == ["w0 w1 w2 w3", "w3 w4 w5 w6", "w6 w7 w8 w9"]
+    assert corpus.manifest["stride"] == 3
+    default = tmp_path / "default"
+    prepare_corpus([tmp_path / "d.jsonl"], default, chunk_words=4, progress=False)
+    assert json.loads((default / "corpus.json").read_text())["stride"] == 4  # None = no overlap
+
+
+def test_cli_rejects_stride_zero_with_a_clear_message(tmp_path, capsys):
+    import argparse
+
+    from atlas import cli_corpus
+
+    src = write_jsonl(tmp_path / "d.jsonl", DOCS)
+    parser = argparse.ArgumentParser(prog="atlas")
+    cli_corpus.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["corpus", "prepare", str(src), "--out", str(tmp_path / "o"), "--stride", "0"])
+    with pytest.raises(ValueError, match="got 0"):
+        args.func(args)
+
+
+@pytest.mark.parametrize(
     "content, line, field, message",
     [
         (b'{"id": "a", "text": "ok"}\n{"id": "b", "text": \n', 2, None, "invalid JSON"),
@@ -158,6 +200,54 @@ def test_empty_file(tmp_path, suffix):
     empty.write_text("\n\n")
     with pytest.raises(InputError, match="file is empty"):
         prepare_corpus([empty], tmp_path / "out", progress=False)
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".tsv"])
+def test_skip_invalid_skips_an_empty_file_with_a_warning(tmp_path, suffix, caplog):
+    empty = tmp_path / f"empty{suffix}"
+    empty.write_text(" \n\n")
+    good = write_jsonl(tmp_path / "good.jsonl", DOCS)
+    with caplog.at_level("WARNING", logger="retriever.corpus"):
+        stats = prepare_corpus([empty, good], tmp_path / "out", skip_invalid=True, progress=False)
+    assert stats.skipped_files == [str(empty)] and stats.documents == 3
+    assert f"{empty}: skipped: the input is empty" in caplog.text
+    assert Corpus.load(tmp_path / "out").manifest["stats"]["skipped_files"] == [str(empty)]
+    # only empty inputs: still nothing to index, which is an error
+    with pytest.raises(InputError, match="no valid documents in the input"):
+        prepare_corpus([empty], tmp_path / "out2", skip_invalid=True, progress=False)
+    # a missing file is not "empty": it is a mistake, --skip-invalid or not
+    with pytest.raises(InputError, match="missing.jsonl: file not found"):
+        prepare_corpus([tmp_path / "missing.jsonl", good], tmp_path / "out3", skip_invalid=True, progress=False)
+
+
+def test_tsv_invalid_utf8_names_file_and_line(tmp_path):
+    tsv = tmp_path / "p.tsv"
+    tsv.write_bytes(b"1\tgood text\tT1\n2\tcaf\xe9 au lait\tT2\n")
+    with pytest.raises(InputError) as info:
+        prepare_corpus([tsv], tmp_path / "out", progress=False)
+    assert (info.value.path, info.value.line) == (str(tsv), 2)
+    assert f"{tsv}:2: invalid UTF-8" in str(info.value)
+
+
+def test_skip_invalid_on_tsv_counts_and_keeps_the_rest(tmp_path):
+    tsv = tmp_path / "p.tsv"
+    tsv.write_bytes(
+        b"id\ttext\ttitle\n"
+        b"1\tfirst passage\tT1\n"
+        b"2\tcaf\xe9\tT2\n"  # invalid UTF-8
+        b"3\tonly two columns\n"
+        b"\tempty id\tT4\n"
+        b"5\t   \tT5\n"  # empty text
+        b"1\tduplicate id\tT6\n"
+        b"7\tlast passage\tT7\n"
+    )
+    stats = prepare_corpus([tsv], tmp_path / "out", skip_invalid=True, progress=False, chunk_words=0)
+    corpus = Corpus.load(tmp_path / "out")
+    assert (stats.documents, stats.passages, stats.skipped) == (2, 2, 5)
+    assert [corpus[i]["id"] for i in range(len(corpus))] == ["1", "7"]
+    assert corpus.get("1")["text"] == "first passage"
+    reasons = "\n".join(stats.skipped_reasons)
+    assert f"{tsv}:3: invalid UTF-8" in reasons and f"{tsv}:4: expected 3 tab-separated columns" in reasons
 
 
 def test_skip_invalid_counts_and_keeps_the_rest(tmp_path):

@@ -141,3 +141,37 @@ def test_existing_folder_with_other_settings_is_refused(tmp_path):
             batch_size=4,
             progress=False,
         )
+
+
+def test_mismatch_message_names_the_differing_metadata(tmp_path):
+    ids = np.arange(20)
+    new_writer(tmp_path / "ds", len(ids), meta={"text": "toy", "context": 5})
+    with pytest.raises(ValueError) as info:
+        new_writer(tmp_path / "ds", len(ids), meta={"text": "other", "context": 5})
+    assert "meta.text: stored 'toy', now 'other'" in str(info.value)
+    assert "meta.context" not in str(info.value)
+
+
+def test_stores_from_different_producers_are_not_searched_together(tmp_path):
+    from retriever.datastore import check_same_producer
+
+    ids = np.arange(20)
+    kwargs = {"context": 5, "stride": 5, "batch_size": 4, "progress": False}
+
+    def store(name, **meta):
+        writer = new_writer(tmp_path / name, len(ids), meta={"text": name, **meta})
+        return fill_datastore(writer, ids, position_producer, **kwargs)
+
+    generic_a, generic_b = store("a"), store("b")
+    check_same_producer(generic_a, generic_b)  # no producer recorded on either side: accepted
+    same_1 = store("m1", model_fingerprint="f1", tokenizer_fingerprint="t1")
+    same_2 = store("m2", model_fingerprint="f1", tokenizer_fingerprint="t1")
+    check_same_producer(same_1, same_2)
+    other_model = store("m3", model_fingerprint="f2", tokenizer_fingerprint="t1")
+    with pytest.raises(ValueError, match=r"different producers \(model_fingerprint: 'f1' vs 'f2'\)"):
+        check_same_producer(same_1, other_model)
+    other_tokenizer = store("m4", model_fingerprint="f1", tokenizer_fingerprint="t2")
+    with pytest.raises(ValueError, match="tokenizer_fingerprint: 't1' vs 't2'"):
+        check_same_producer(same_1, other_tokenizer)
+    with pytest.raises(ValueError, match=r"model_fingerprint: '\(not recorded\)' vs 'f1'"):
+        check_same_producer(generic_a, same_1)  # one-sided: cannot be verified

@@ -109,3 +109,32 @@ def test_retriever_gradients_and_round_trip(tmp_path, minilm):
     )
     with pytest.raises(ValueError, match="unknown field"):
         Retriever(query_encoder=minilm, passage_format="{body}")
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_build_retriever_honours_config_pooling(tmp_path, tied, caplog):
+    """`retriever.pooling` reaches both encoders: cls pooling gives the first token's state,
+    a different vector from mean pooling, and a different passage fingerprint (so an index
+    built with one refuses the other)."""
+    from atlas.config import RetrieverConfig
+    from retriever.encoder import build_retriever
+
+    mean = build_retriever(RetrieverConfig(model="minilm", tied=tied))
+    cls = build_retriever(RetrieverConfig(model="minilm", tied=tied, pooling="cls"))
+    assert {mean.query_encoder.pooling, mean.passage_encoder.pooling} == {"mean"}
+    assert {cls.query_encoder.pooling, cls.passage_encoder.pooling} == {"cls"}
+    assert "saved with mean pooling; using cls pooling as asked" in caplog.text  # MiniLM's own is mean
+    passage = {"title": "Hamlet", "text": "Hamlet is a tragedy by William Shakespeare."}
+    cls_vector, mean_vector = cls.embed_passages([passage])[0], mean.embed_passages([passage])[0]
+    assert np.abs(cls_vector - mean_vector).max() > 1e-2
+    encoder = cls.passage_encoder
+    batch = encoder.tokenize([cls.format_passage(passage)], cls.passage_maxlength)
+    with torch.no_grad():
+        first = encoder.model(**batch).last_hidden_state[:, 0]
+    np.testing.assert_allclose(cls_vector, torch.nn.functional.normalize(first, dim=-1)[0].numpy(), atol=1e-5)
+    assert cls.passage_fingerprint() != mean.passage_fingerprint()
+    # a saved retriever keeps its pooling, and the config overrides it on the way back in
+    cls.save_pretrained(tmp_path / "r")
+    assert Retriever.from_pretrained(tmp_path / "r").query_encoder.pooling == "cls"
+    reloaded = build_retriever(RetrieverConfig(model=str(tmp_path / "r"), tied=tied))
+    assert {reloaded.query_encoder.pooling, reloaded.passage_encoder.pooling} == {"mean"}

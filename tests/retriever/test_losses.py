@@ -208,3 +208,90 @@ def test_padding_passages_are_left_out(name):
     real = loss(reader, scores[:, :3], input_ids, mask, labels, dim=DIM)
     torch.testing.assert_close(padded, real, atol=1e-5, rtol=1e-5)
     assert torch.isfinite(scores.grad).all() and scores.grad[0, 3] == 0
+
+
+@pytest.mark.parametrize("name", ["adist", "pdist", "loop", "emdr"])
+def test_an_example_without_passages_is_left_out_of_the_batch_mean(name):
+    """present all False for one example: the loss is the mean over the other examples, and
+    no nan reaches the scores' gradient."""
+    scores, gold = random_scores_and_gold(seed=4, batch=3, n_passages=4)
+    scores.requires_grad_(True)
+    present = torch.tensor([[1, 1, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]], dtype=torch.bool)
+    loss = build_retriever_loss(name, temperature_gold=0.5, temperature_score=0.3)
+    labels = torch.zeros(3, 1)
+    value = loss.loss(scores, gold, labels, dim=DIM, present=present)
+    value.backward()
+    expected = sum(
+        loss.loss(scores[b : b + 1, : int(present[b].sum())].detach(),
+                  gold[b : b + 1, : int(present[b].sum())], labels[:1], dim=DIM)
+        for b in (0, 2)
+    ) / 2
+    assert value.item() == pytest.approx(expected.item(), abs=1e-6)
+    assert torch.isfinite(scores.grad).all()
+    assert not scores.grad[1].any() and not scores.grad[0, 3]
+    nothing = loss.loss(scores, gold, labels, dim=DIM, present=torch.zeros(3, 4, dtype=torch.bool))
+    assert nothing.item() == 0.0
+
+
+def hand_retriever_loss(name: str, scores: list[float], gold: list[float], dim: int,
+                        tau_gold: float, tau_score: float) -> float:
+    """One example's retriever loss in float64 from its own K_b scores and gold scores."""
+    p_retr = softmax([s / math.sqrt(dim) / tau_score for s in scores])
+    if name == "emdr":
+        return -math.log(sum(pr * math.exp(g / tau_gold) for pr, g in zip(p_retr, gold)))
+    p_gold = softmax([g / tau_gold for g in gold])
+    return sum(pg * (math.log(pg) - math.log(pr)) for pg, pr in zip(p_gold, p_retr) if pg > 0)
+
+
+@pytest.mark.parametrize("name", ["adist", "pdist", "loop", "emdr"])
+def test_atlas_retriever_loss_with_uneven_passage_lists(name, tiny_world, tmp_path):
+    """Examples with 3, 1 and 2 given passages in one batch: the batch's retriever loss is the
+    mean of the per-example losses (each example run alone, and a float64 hand computation
+    from each example's own gold and retriever scores)."""
+    from atlas.build import build_atlas
+    from atlas.config import load_config
+    from tasks.base import Example
+    from tests.conftest import TINY_DOCS
+
+    tau_gold, tau_score = 0.5, 0.2
+    config = load_config(None, [
+        f"retriever.model={tiny_world['encoder']}", f"retriever.loss={name}",
+        "retriever.n_context=3", f"retriever.temperature_gold={tau_gold}",
+        f"retriever.temperature_score={tau_score}", f"index.path={tiny_world['index']}",
+        "reader.model=t5-tiny", "reader.n_context=3", "reader.text_maxlength=48",
+        "reader.dropout=0.0", "reader.answer_maxlength=8", f"training.output_dir={tmp_path}",
+    ])
+    torch.manual_seed(0)
+    model = build_atlas(config).train()
+    docs = [dict(d) for d in TINY_DOCS]
+    examples = [
+        Example(id="a", query="question: capital of zorbland? answer: <extra_id_0>", target=None,
+                answers=[], passages=docs[:3]),
+        Example(id="b", query="question: who climbed olo? answer: <extra_id_0>", target=None,
+                answers=[], passages=docs[3:4]),
+        Example(id="c", query="question: tarsia currency? answer: <extra_id_0>", target=None,
+                answers=[], passages=[docs[4], docs[1]]),
+    ]
+    targets = ["<extra_id_0> Quimper", "<extra_id_0> Anna Brook climbed it", "<extra_id_0> florin"]
+
+    batch = model.losses(examples, targets)["retriever"]
+    alone = [model.losses([e], [t])["retriever"].item() for e, t in zip(examples, targets)]
+    assert batch.item() == pytest.approx(sum(alone) / 3, abs=2e-5)
+
+    hand = []
+    with torch.no_grad():
+        for example, target in zip(examples, targets):
+            scores = model.retriever_scores([example.query], [example.passages])[0]  # (K_b,)
+            ids, mask = model.reader_inputs([example.query], [example.passages])
+            gold = model.retriever_loss.gold_scores(model.reader, ids, mask, model.target_labels([target]))
+            hand.append(hand_retriever_loss(name, scores.double().tolist(), gold[0].double().tolist(),
+                                            model.retriever.dim, tau_gold, tau_score))
+    assert hand[1] == 0.0 or name == "emdr"  # one passage: both distributions are [1]
+    assert batch.item() == pytest.approx(sum(hand) / 3, abs=2e-5)
+
+    # The padded (B, K) scores: zeros where an example has no k-th passage.
+    with torch.no_grad():
+        padded = model.retriever_scores([e.query for e in examples], [e.passages for e in examples])
+    assert padded.shape == (3, 3) and padded[1, 1:].eq(0).all() and padded[2, 2] == 0
+    assert model.passage_presence([e.passages for e in examples]).tolist() == [
+        [True, True, True], [True, False, False], [True, True, False]]
