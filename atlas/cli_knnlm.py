@@ -8,6 +8,11 @@
 MODEL is a local folder (weights + tokenizer) of a causal LM or a T5 model. The text of TUNE
 and EVAL is turned into a "query store" (keys, next tokens and LM log-probs over the same
 sliding windows as the datastore), kept beside the datastore so that reruns are cheap.
+
+Every store records the fingerprint of the model (configuration + weights) and of the
+tokenizer that built it, and a hash of its token stream: TUNE and EVAL refuse a MODEL other
+than the datastore's, and a cached query store (or a half-built datastore) is reused or
+resumed only by the same model, tokenizer and text.
 """
 
 from __future__ import annotations
@@ -100,6 +105,7 @@ def register(subparsers) -> None:
 
 
 def _model_and_tokens(model_dir: Path, text: Path):
+    """(model, tokenizer, token ids (N,)) for a model folder and a text file."""
     from transformers import AutoTokenizer
 
     from atlas.knnlm import load_lm, tokenize_text_file
@@ -107,14 +113,14 @@ def _model_and_tokens(model_dir: Path, text: Path):
     if not text.is_file():
         raise FileNotFoundError(f"{text}: text file not found")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    return load_lm(model_dir), tokenize_text_file(text, tokenizer)
+    return load_lm(model_dir), tokenizer, tokenize_text_file(text, tokenizer)
 
 
 def run_build(args) -> int:
     """Handler of `atlas knnlm build`."""
     from atlas.knnlm import build_datastore
 
-    model, ids = _model_and_tokens(args.model, args.text)
+    model, tokenizer, ids = _model_and_tokens(args.model, args.text)
     store = build_datastore(
         args.datastore,
         model,
@@ -124,20 +130,42 @@ def run_build(args) -> int:
         stride=args.stride,
         batch_size=args.batch_size,
         meta={"text": str(args.text.resolve())},
+        tokenizer=tokenizer,
     )
     print(f"datastore {args.datastore}: {len(store)} rows, keys {store.key_names}")
     return 0
 
 
 def _query_store(args, train):
-    """The text's keys/targets/LM log-probs, with the datastore's windows, cached beside it."""
-    from atlas.knnlm import build_datastore
+    """The text's keys/targets/LM log-probs, with the datastore's windows, cached beside it.
+
+    The model must be the one the datastore was built with (same fingerprint and tokenizer),
+    else its query keys would live in another space: refused with the two fingerprints. A
+    cached query store is reused only when its model, tokenizer and text are the same too.
+    """
+    from atlas.knnlm import (
+        KeyedLM,
+        build_datastore,
+        check_datastore_producer,
+        model_fingerprint,
+        producer_meta,
+    )
 
     if args.key not in train.key_names:
         raise ValueError(
             f"{train.path}: key '{args.key}' not stored; stored keys: {train.key_names}"
         )
-    model, ids = _model_and_tokens(args.model, args.text)
+    model, tokenizer, ids = _model_and_tokens(args.model, args.text)
+    fingerprint = model_fingerprint(model)
+    keyed = KeyedLM(model, [args.key])
+    try:
+        expected = producer_meta(model, keyed, tokenizer=tokenizer, fingerprint=fingerprint)
+    finally:
+        keyed.remove()
+    try:
+        check_datastore_producer(train.path, expected)
+    except ValueError as error:
+        raise ValueError(f"{error} (model given: {args.model})") from None
     meta = train.manifest["meta"]
     folder = (
         args.datastore.parent
@@ -152,6 +180,8 @@ def _query_store(args, train):
         stride=meta["stride"],
         batch_size=args.batch_size,
         meta={"text": str(args.text.resolve())},
+        tokenizer=tokenizer,
+        fingerprint=fingerprint,
     )
 
 
@@ -238,7 +268,7 @@ def run_dispersion(args) -> int:
     from atlas.dispersion import layer_dispersion, recommend_key
     from tasks.io import atomic_write_json
 
-    model, ids = _model_and_tokens(args.model, args.text)
+    model, _, ids = _model_and_tokens(args.model, args.text)
     values = layer_dispersion(
         model,
         ids,

@@ -4,6 +4,11 @@ A recipe is a YAML mapping with one section per component (`retriever`, `index`,
 `task`, `training`, `evaluation`). Every key is checked against the dataclasses below: an
 unknown key, a value of the wrong type or a missing required value raises `ConfigError`
 naming the key and the file (or the command-line override it came from).
+
+Names that select a registered component are checked against their registry once the
+overrides are applied: `task.name` against the task registry (`tasks.base.TASKS`),
+`task.options.*` against that task's `default_options` (name, and type = the default's
+type), and `retriever.loss` against `retriever.losses.RETRIEVER_LOSSES`.
 """
 
 from __future__ import annotations
@@ -104,7 +109,7 @@ class TrainingConfig:
 
     output_dir: str = "runs/default"
     steps: int = 30
-    batch_size: int = 1
+    batch_size: int = 1  # per rank and micro-batch; a resumed run keeps the global batch instead
     accumulation_steps: int = 1
     lr: float = 4e-5
     lr_retriever: float = 4e-5
@@ -118,6 +123,8 @@ class TrainingConfig:
     eval_every: int = 0  # 0 = only at the end
     save_every: int = 0  # 0 = only at the end
     keep_last: int = 2
+    # A DeepSpeed JSON config (e.g. configs/deepspeed/zero3.json): ZeRO stage 1–3 for the reader
+    # (atlas/deepspeed_engine.py); batch sizes, accumulation and clipping come from the fields above.
     deepspeed: str | None = None
 
 
@@ -254,10 +261,69 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
+def _option_type(default: Any) -> Any:
+    """The annotation a task option's value is checked against: its default's type."""
+    if default is None:
+        return Any
+    if isinstance(default, list):
+        return list[Any]
+    if isinstance(default, dict):
+        return dict[str, Any]
+    return type(default)
+
+
+def _source_of(key: str, origins: dict[str, str], default: str) -> str:
+    """The file or override that last set `key` (or a section containing it)."""
+    parts = key.split(".")
+    for depth in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:depth])
+        if prefix in origins:
+            return origins[prefix]
+    return default
+
+
+def validate_components(config: AtlasConfig, origins: dict[str, str] | None = None,
+                        source: str = "<defaults>") -> None:
+    """Check registry names and task options; coerce option values to their defaults' types.
+
+    `origins` maps dotted keys set by overrides to the override's text, so that an error
+    names where the offending value came from (else `source`, the file).
+    """
+    import tasks  # noqa: F401  (importing the package registers every task)
+    from retriever.losses import RETRIEVER_LOSSES
+    from tasks.base import TASKS
+
+    origins = origins or {}
+    loss = config.retriever.loss
+    if loss not in RETRIEVER_LOSSES:
+        where = _source_of("retriever.loss", origins, source)
+        raise ConfigError(f"{where}: 'retriever.loss' must be one of "
+                          f"{', '.join(sorted(RETRIEVER_LOSSES))}; got {loss!r}")
+    name = config.task.name
+    if name not in TASKS:
+        where = _source_of("task.name", origins, source)
+        raise ConfigError(f"{where}: 'task.name' must be one of {', '.join(sorted(TASKS))}; "
+                          f"got {name!r}")
+    defaults = TASKS[name].default_options
+    checked = {}
+    for option, value in config.task.options.items():
+        key = f"task.options.{option}"
+        where = _source_of(key, origins, source)
+        if option not in defaults:
+            valid = ", ".join(sorted(defaults)) or "(none)"
+            raise ConfigError(f"{where}: unknown key '{key}' for task '{name}' "
+                              f"(valid options: {valid})")
+        checked[option] = _coerce(value, _option_type(defaults[option]), key, where)
+    config.task.options = checked
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> AtlasConfig:
     """Load a YAML recipe (or the defaults when `path` is None) and apply dotted overrides.
 
     Raises `ConfigError` naming the offending key and the file or override it came from.
+    Registry names and task options are checked on the final config (`validate_components`),
+    so an override may fix what the file alone would get wrong (say, `task.name` with the
+    options written for it).
     """
     tree: dict = {}
     source = "<defaults>"
@@ -274,10 +340,15 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> At
         if not isinstance(tree, dict):
             raise ConfigError(f"{source}: the top level must be a mapping")
     config = _build(AtlasConfig, tree, "", source)
+    origins: dict[str, str] = {}
     for text in overrides:
         key, value = parse_override(text)
         _set_dotted(tree, key, value, f"override '{text}'")
         config = _build(AtlasConfig, tree, "", f"override '{text}'")
+        # A later override of a section replaces what earlier ones set inside it.
+        origins = {k: v for k, v in origins.items() if not k.startswith(key + ".")}
+        origins[key] = f"override '{text}'"
+    validate_components(config, origins, source)
     return config
 
 

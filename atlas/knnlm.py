@@ -15,6 +15,8 @@ Key specs are `"{type}:{block}"` with a Python-style block index (`-1` = last bl
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +25,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from retriever.datastore import Datastore, DatastoreWriter, fill_datastore
+from retriever.datastore import (
+    MANIFEST,
+    PRODUCER_FIELDS,
+    Datastore,
+    DatastoreWriter,
+    fill_datastore,
+)
+from retriever.fingerprint import hash_json, hash_state_dict, hash_tokenizer
 
 
 @dataclass(frozen=True)
@@ -224,6 +233,77 @@ def lm_producer(keyed_lm: KeyedLM):
     return produce
 
 
+def model_fingerprint(model: nn.Module) -> str:
+    """SHA-256 of a model's configuration and weights: what produced a datastore's keys.
+
+    The config is taken as JSON without bookkeeping entries (`_name_or_path`,
+    `transformers_version`, other `_`-prefixed keys), so the same weights loaded from another
+    folder or saved by another library version give the same fingerprint; the weights are
+    hashed by name, dtype, shape and bytes (`retriever.fingerprint.hash_state_dict`).
+    """
+    config = getattr(model, "config", None)
+    settings = {}
+    if config is not None:
+        settings = {
+            k: v
+            for k, v in json.loads(config.to_json_string(use_diff=False)).items()
+            if not k.startswith("_") and k != "transformers_version"
+        }
+    return hash_json({"config": settings, "weights": hash_state_dict(model.state_dict())})
+
+
+def token_ids_fingerprint(token_ids: np.ndarray) -> str:
+    """SHA-256 of a token stream (as int64), so that an edited text is never taken for the old one."""
+    return hashlib.sha256(np.ascontiguousarray(token_ids, dtype=np.int64).tobytes()).hexdigest()
+
+
+def producer_meta(
+    model: nn.Module,
+    keyed: KeyedLM,
+    *,
+    tokenizer=None,
+    fingerprint: str | None = None,
+) -> dict:
+    """The `PRODUCER_FIELDS` of a datastore built by `model` (and `tokenizer`, when known)."""
+    return {
+        "architecture": keyed.architecture,
+        "model_fingerprint": fingerprint or model_fingerprint(model),
+        "tokenizer_fingerprint": None if tokenizer is None else hash_tokenizer(tokenizer),
+        "encoder_input_ids": keyed.encoder_input_ids,
+    }
+
+
+def check_datastore_producer(path: str | Path, expected: dict) -> None:
+    """Refuse a datastore folder (complete or half-built) made by another model or tokenizer.
+
+    `expected` holds the `PRODUCER_FIELDS` of the model about to use (or resume) it. A folder
+    without a manifest is new and passes; one whose manifest predates fingerprints cannot be
+    verified and is refused too.
+    """
+    manifest_path = Path(path) / MANIFEST
+    if not manifest_path.exists():
+        return
+    meta = json.loads(manifest_path.read_text()).get("meta", {})
+    if "model_fingerprint" not in meta:
+        raise ValueError(
+            f"{path}: datastore has no model fingerprint (built by an older version), so it "
+            "cannot be checked against this model; delete it or use a new folder"
+        )
+    for field in PRODUCER_FIELDS:
+        if meta.get(field) != expected.get(field):
+            what = {
+                "model_fingerprint": "model (configuration or weights)",
+                "tokenizer_fingerprint": "tokenizer",
+                "architecture": "architecture",
+                "encoder_input_ids": "T5 encoder prompt",
+            }[field]
+            raise ValueError(
+                f"{path}: datastore was built with a different {what}: "
+                f"{field} {meta.get(field)!r} there, {expected.get(field)!r} here; "
+                "use the model it was built with, or a new folder"
+            )
+
+
 def build_datastore(
     path: str | Path,
     model: nn.Module,
@@ -235,20 +315,31 @@ def build_datastore(
     batch_size: int = 8,
     progress: bool = True,
     meta: dict | None = None,
+    tokenizer=None,
+    fingerprint: str | None = None,
 ) -> Datastore:
     """Build (or resume building) the datastore of `model` over `token_ids` (N,) for `key_specs`.
 
     Rows: N-1 (key at position t, value token t+1); also stores log p_LM(value), so the same
     call over a test text gives its sliding-window perplexity and its kNN queries.
+
+    The manifest records the producer (`producer_meta`: model fingerprint, tokenizer
+    fingerprint when `tokenizer` is given, architecture, T5 prompt) and a hash of the token
+    stream; an existing folder made by another model, tokenizer or text is refused, never
+    resumed or reused. `fingerprint`: a precomputed `model_fingerprint(model)` (hashing the
+    weights of a large model takes a while).
     """
     keyed = KeyedLM(model, key_specs)
     try:
+        producer = producer_meta(model, keyed, tokenizer=tokenizer, fingerprint=fingerprint)
+        check_datastore_producer(path, producer)
         meta = {
             "context": context,
             "stride": stride,
-            "architecture": keyed.architecture,
+            **producer,
             "n_tokens": len(token_ids),
             "first_ids": [int(t) for t in token_ids[:16]],
+            "tokens_sha256": token_ids_fingerprint(token_ids),
             **(meta or {}),
         }
         writer = DatastoreWriter(

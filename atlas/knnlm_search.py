@@ -18,7 +18,7 @@ import faiss
 import numpy as np
 import torch
 
-from retriever.datastore import Datastore, key_file_name
+from retriever.datastore import Datastore, check_same_producer, key_file_name
 from retriever.index_types import build_faiss_index, exact_search, set_search_params
 
 
@@ -177,9 +177,11 @@ def knn_lm_logprobs(
 ) -> dict[tuple[float, float], np.ndarray]:
     """Per-token kNN-LM log-probs of a query store for each (λ, τ) in `settings`, in chunks.
 
-    The query store holds the test text's keys, targets (values) and LM log-probs. Returns
-    {(λ, τ): (Q,) float64}.
+    The query store holds the test text's keys, targets (values) and LM log-probs; it must
+    come from the datastore's model and tokenizer (`check_same_producer`, ValueError
+    otherwise). Returns {(λ, τ): (Q,) float64}.
     """
+    check_same_producer(query_store, datastore)
     n = len(query_store) if limit is None else min(limit, len(query_store))
     queries, targets, lm = query_store.keys(key_name), query_store.values, query_store.lm_logprobs
     values = datastore.values

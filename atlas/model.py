@@ -62,7 +62,8 @@ class Atlas(nn.Module):
         An example's own source passage (`source_id`, pretext tasks) is dropped after
         over-retrieving by `index.filtering_overretrieve_ratio`. With `rerank_overretrieve`
         > k, that many candidates are re-scored with the current passage encoder (between
-        index refreshes the stored embeddings are stale).
+        index refreshes the stored embeddings are stale). An example's `evidence` passage that
+        the search missed replaces the k-th passage, scored with the current passage encoder.
         """
         if self.index is None or self.retriever is None:
             raise ValueError("retrieval needs a retriever and an index (set index.path)")
@@ -79,29 +80,53 @@ class Atlas(nn.Module):
                 scores = passage_vectors @ query_vector
                 order = np.argsort(-scores, kind="stable")
                 passages = [{**passages[i], "score": float(scores[i])} for i in order]
-            results.append(passages[:k])
+            passages = passages[:k]
+            if example.evidence is not None and all(p["id"] != example.evidence["id"] for p in passages):
+                score = float(self.retriever.embed_passages([example.evidence])[0] @ query_vector)
+                passages = passages[: k - 1] + [{**example.evidence, "score": score}]
+            results.append(passages)
         return results
 
     def retriever_scores(self, queries: list[str], passages: list[list[dict]]) -> torch.Tensor:
         """s(q, d_k) = E_q(q) · E_p(d_k) with the current encoders: → (B, K), with gradient.
 
+        K = max(1, the longest passage list), as in `reader_inputs`: an example with fewer
+        passages is padded with zero scores at k ≥ len(passages[b]); `passage_presence` gives
+        the matching (B, K) mask, with which the retriever loss leaves those entries out.
+
         The query side always runs with gradient. The passage side runs with gradient only
         when the passage encoder is trained; a frozen one is read from the index's stored
         embeddings where it kept them (identical to re-encoding), else re-encoded under no-grad.
         """
+        if len(queries) != len(passages):
+            raise ValueError(f"{len(queries)} queries but {len(passages)} passage lists")
         query_vectors = self.retriever.encode_queries(queries)  # (B, d)
         flat = [p for ps in passages for p in ps]
-        n_passages = len(passages[0])
+        n_passages = max(1, max((len(ps) for ps in passages), default=0))
+        if not flat:  # nothing to score; every entry is padding
+            return query_vectors.new_zeros(len(queries), n_passages) + 0.0 * query_vectors.sum()
         passage_trainable = any(p.requires_grad for p in self.retriever.passage_encoder.parameters())
         if passage_trainable:
-            passage_vectors = self.retriever.encode_passages(flat)
+            passage_vectors = self.retriever.encode_passages(flat)  # (ΣK_b, d)
         elif self.index is not None and self.index.vectors is not None and all("row" in p for p in flat):
             passage_vectors = torch.from_numpy(self.index.embeddings([p["row"] for p in flat])).to(query_vectors.device)
         else:
             with torch.no_grad():
                 passage_vectors = self.retriever.encode_passages(flat)
-        passage_vectors = passage_vectors.to(query_vectors.dtype).view(len(queries), n_passages, -1)
-        return torch.einsum("bd,bkd->bk", query_vectors, passage_vectors)
+        passage_vectors = passage_vectors.to(query_vectors.dtype)
+        # Ragged lists → (B, K, d), zero rows for absent passages (their scores are 0 and masked).
+        padded = passage_vectors.new_zeros(len(queries) * n_passages, passage_vectors.shape[-1])
+        slots = torch.tensor([b * n_passages + k for b, ps in enumerate(passages) for k in range(len(ps))],
+                             device=padded.device)
+        padded = padded.index_copy(0, slots, passage_vectors).view(len(queries), n_passages, -1)
+        return torch.einsum("bd,bkd->bk", query_vectors, padded)
+
+    @staticmethod
+    def passage_presence(passages: list[list[dict]], device: torch.device | None = None) -> torch.Tensor:
+        """(B, K) bool, True where example b has a k-th passage (K as in `retriever_scores`)."""
+        n_passages = max(1, max((len(ps) for ps in passages), default=0))
+        lengths = torch.tensor([len(ps) for ps in passages], device=device)
+        return torch.arange(n_passages, device=device).unsqueeze(0) < lengths.unsqueeze(1)
 
     # ------------------------------------------------------------------ reader inputs
     def reader_inputs(self, queries: list[str], passages: list[list[dict]] | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -165,9 +190,12 @@ class Atlas(nn.Module):
             same = self.retriever_config.n_context == self.reader_config.n_context
             reuse = same and self.reader.is_dropout_free()
             gold_ids, gold_mask = (input_ids, attention_mask) if same else self.reader_inputs(queries, scored)
+            # Padding passages (an example with fewer than K) get no probability on either
+            # side; an example that closed-book reads its query alone has no passage at all.
             retriever_loss = self.retriever_loss(
                 self.reader, scores, gold_ids, gold_mask, labels, dim=self.retriever.dim,
                 encoder_states=encoder_states.detach() if reuse else None,
+                present=self.passage_presence(scored, scores.device),
             )
             losses["retriever"] = retriever_loss
         total = reader_loss + losses["retriever"] if "retriever" in losses else reader_loss

@@ -204,6 +204,7 @@ def stage_build(args, run_dir: Path) -> dict:
             batch_size=16,
             progress=True,
             meta={"text": name},
+            tokenizer=tokenizer,
         )
         walls[f"{name}_wall_s"] = round(time.time() - start, 1)
         walls[f"{name}_rows"] = int(len(ids) - 1)
@@ -275,11 +276,21 @@ def stage_eval(args, run_dir: Path) -> dict:
     dispersion = layer_dispersion(
         model, encode_words(tokenizer, holdout_words), key_specs=specs, context=args.context
     )
+    # Rows of the whole test text; the test store may hold fewer (built with --test-tokens).
+    test_text_tokens = len(read_words(DATA / "test.txt")) - 1
+    if len(test) < test_text_tokens or (args.test_tokens and args.test_tokens < len(test)):
+        print(
+            f"[eval] test set truncated (--test-tokens): scoring the first "
+            f"{min(args.test_tokens or len(test), len(test))} of {test_text_tokens} test tokens "
+            f"per key (the test store holds {len(test)})",
+            flush=True,
+        )
     out = {
         "dispersion": dispersion,
         "recommended_key": recommend_key(dispersion),
         "dispersion_wall_s": round(time.time() - start, 1),
-        "test_tokens": len(test),
+        "test_tokens": len(test),  # rows in the test store
+        "test_text_tokens": test_text_tokens,  # rows of the whole test.txt
         "lm_test_ppl": perplexity(test.lm_logprobs),
         "lm_holdout_ppl": perplexity(holdout.lm_logprobs),
         "k": args.k,
@@ -316,29 +327,160 @@ def stage_eval(args, run_dir: Path) -> dict:
     if not args.paper_key_only:
         for key in specs[1:]:
             record(evaluate_key(train, holdout, test, key, args.k, limit, tune_on), "exact")
+    out["summary"] = summarise(out)
     return out
 
 
+GOAL_RELATIVE_CUT = 0.10  # issue 8: kNN-LM cuts test perplexity by ≥ 10% relative
+
+
+def relative_cut(knn_ppl: float, lm_ppl: float) -> float:
+    """Relative perplexity reduction of the kNN-LM vs the LM alone on the same tokens: 1 − knn/lm."""
+    return 1.0 - knn_ppl / lm_ppl
+
+
+def spearman(xs: list[float], ys: list[float]) -> float | None:
+    """Spearman rank correlation (no ties expected); None with fewer than 3 points."""
+    if len(xs) < 3:
+        return None
+    def rank(values: list[float]) -> dict[int, int]:
+        return {i: r for r, i in enumerate(sorted(range(len(values)), key=values.__getitem__))}
+
+    rx, ry = rank(xs), rank(ys)
+    n = len(xs)
+    return 1.0 - 6.0 * sum((rx[i] - ry[i]) ** 2 for i in range(n)) / (n * (n * n - 1))
+
+
+def summarise(ev: dict) -> dict:
+    """Relative cuts per row, the issue-8 goal verdict, and dispersion vs kNN-LM perplexity.
+
+    Adds to every row `relative_cut` and `relative_cut_tau1` (1 − kNN-LM/LM perplexity on the
+    row's own tokens) and `full_test` (the row scored every test token); returns the summary
+    that `stage_eval` stores under `eval["summary"]`.
+    """
+    for row in ev["rows"]:
+        row["relative_cut"] = relative_cut(row["test_ppl"], row["lm_ppl"])
+        row["relative_cut_tau1"] = relative_cut(row["test_ppl_tau1"], row["lm_ppl"])
+        row["full_test"] = row["tokens"] == ev["test_text_tokens"]
+    scored = sorted({row["tokens"] for row in ev["rows"]})
+    summary: dict = {
+        "test_text_tokens": ev["test_text_tokens"],
+        "test_tokens_scored": scored,
+        "truncated": any(n < ev["test_text_tokens"] for n in scored),
+        "goal_relative_cut": GOAL_RELATIVE_CUT,
+    }
+    paper = next((r for r in ev["rows"] if r["key"] == PAPER_KEY and r["search"] == "exact"), None)
+    if paper is not None:
+        summary["paper_key_exact"] = {
+            "relative_cut": paper["relative_cut"],
+            "tokens": paper["tokens"],
+            "met": paper["relative_cut"] >= GOAL_RELATIVE_CUT,
+        }
+    best = max(ev["rows"], key=lambda r: r["relative_cut"])
+    summary["best_row"] = {
+        "key": best["key"],
+        "search": best["search"],
+        "relative_cut": best["relative_cut"],
+        "tokens": best["tokens"],
+        "met": best["relative_cut"] >= GOAL_RELATIVE_CUT,
+    }
+    full = [r for r in ev["rows"] if r["full_test"]]
+    if full:
+        best_full = max(full, key=lambda r: r["relative_cut"])
+        summary["goal_met_on_full_test"] = best_full["relative_cut"] >= GOAL_RELATIVE_CUT
+        summary["best_full_test_row"] = {
+            "key": best_full["key"],
+            "search": best_full["search"],
+            "relative_cut": best_full["relative_cut"],
+        }
+    else:
+        summary["goal_met_on_full_test"] = None  # no row scored the whole test text
+    # Keys are compared on the same tokens with the same (exact) search.
+    exact = [r for r in ev["rows"] if r["search"] == "exact"]
+    best_key = min(exact, key=lambda r: r["test_ppl"]) if exact else None
+    summary["best_knnlm_key"] = best_key["key"] if best_key else None
+    summary["best_knnlm_key_ppl"] = best_key["test_ppl"] if best_key else None
+    summary["recommended_key"] = ev["recommended_key"]
+    summary["keys_compared"] = [r["key"] for r in exact]
+    if len(exact) < 2:
+        summary["most_dispersed_gives_best"] = None
+        summary["why_not_answered"] = "fewer than two keys evaluated (--paper-key-only?)"
+    elif ev["recommended_key"] not in summary["keys_compared"]:
+        summary["most_dispersed_gives_best"] = None
+        summary["why_not_answered"] = "the most dispersed key has no exact-search row"
+    else:
+        summary["most_dispersed_gives_best"] = best_key["key"] == ev["recommended_key"]
+    points = [(ev["dispersion"][r["key"]], r["test_ppl"]) for r in exact if r["key"] in ev["dispersion"]]
+    # More dispersed → lower kNN-LM perplexity would give a negative correlation.
+    summary["spearman_dispersion_vs_knnlm_ppl"] = spearman(*map(list, zip(*points))) if points else None
+    return summary
+
+
 def print_table(result: dict) -> None:
-    """Short human-readable table; ratios are kNN-LM / LM perplexity on the same tokens."""
+    """Short human-readable table: relative cuts and ratios are vs the LM on the same tokens."""
     ev = result["eval"]
+    summary = ev["summary"]
     print(
-        f"\nLM alone: test ppl {ev['lm_test_ppl']:.2f} over all {ev['test_tokens']} test tokens, "
-        f"holdout ppl {ev['lm_holdout_ppl']:.2f}; k = {ev['k']}"
+        f"\nLM alone: test ppl {ev['lm_test_ppl']:.2f} over the {ev['test_tokens']} tokens of the "
+        f"test store ({ev['test_text_tokens']} in test.txt), holdout ppl "
+        f"{ev['lm_holdout_ppl']:.2f}; k = {ev['k']}"
     )
+    if summary["truncated"]:
+        print(
+            f"NOTE: --test-tokens truncates the test set: rows marked '*' score only the first "
+            f"{min(summary['test_tokens_scored'])} of the {ev['test_text_tokens']} test tokens "
+            f"(each row's 'LM ppl' is the LM on its own tokens)"
+        )
     print(
-        f"{'key':15} {'search':30} {'disp':>6} {'tokens':>7} {'LM ppl':>7} {'λ':>5} {'τ':>5} "
-        f"{'kNN-LM':>7} {'ratio':>6} {'τ=1':>7} {'ratio':>6}"
+        f"{'key':15} {'search':30} {'disp':>6} {'tokens':>8} {'LM ppl':>7} {'λ':>5} {'τ':>5} "
+        f"{'kNN-LM':>7} {'ratio':>6} {'cut':>6} {'τ=1':>7} {'cut':>6}"
     )
     for row in ev["rows"]:
         disp = ev["dispersion"].get(row["key"], float("nan"))
+        mark = " " if row["full_test"] else "*"
         print(
-            f"{row['key']:15} {row['search']:30} {disp:6.3f} {row['tokens']:7d} {row['lm_ppl']:7.2f} "
-            f"{row['lambda']:5.2f} {row['tau']:5g} {row['test_ppl']:7.2f} "
-            f"{row['test_ppl'] / row['lm_ppl']:6.3f} {row['test_ppl_tau1']:7.2f} "
-            f"{row['test_ppl_tau1'] / row['lm_ppl']:6.3f}"
+            f"{row['key']:15} {row['search']:30} {disp:6.3f} {row['tokens']:7d}{mark} "
+            f"{row['lm_ppl']:7.2f} {row['lambda']:5.2f} {row['tau']:5g} {row['test_ppl']:7.2f} "
+            f"{row['test_ppl'] / row['lm_ppl']:6.3f} {100 * row['relative_cut']:5.1f}% "
+            f"{row['test_ppl_tau1']:7.2f} {100 * row['relative_cut_tau1']:5.1f}%"
         )
-    print(f"recommended key by dispersion: {ev['recommended_key']}")
+    goal = f"≥{100 * GOAL_RELATIVE_CUT:.0f}% relative cut of test perplexity"
+    verdict = {True: "MET", False: "NOT met", None: "not measured"}
+    if "paper_key_exact" in summary:
+        paper = summary["paper_key_exact"]
+        print(
+            f"issue-8 goal ({goal}), paper key {PAPER_KEY} exact: {100 * paper['relative_cut']:.1f}% "
+            f"→ {verdict[paper['met']]}"
+            + (
+                ""
+                if paper["tokens"] == ev["test_text_tokens"]
+                else f" on the first {paper['tokens']} of {ev['test_text_tokens']} tokens only"
+            )
+        )
+    if summary["goal_met_on_full_test"] is None:
+        best = summary["best_row"]
+        print(
+            f"issue-8 goal on the full test text: not measured (every row is truncated); best "
+            f"truncated row {best['key']} {best['search']}: {100 * best['relative_cut']:.1f}%"
+        )
+    else:
+        best = summary["best_full_test_row"]
+        print(
+            f"issue-8 goal on the full test text: {verdict[summary['goal_met_on_full_test']]} "
+            f"(best full-test row {best['key']} {best['search']}: {100 * best['relative_cut']:.1f}%)"
+        )
+    if summary["best_knnlm_key"] is None:
+        print(f"recommended key by dispersion: {ev['recommended_key']} (no exact-search row to compare)")
+    else:
+        answer = {True: "yes", False: "no", None: f"not answered: {summary.get('why_not_answered')}"}
+        rho = summary["spearman_dispersion_vs_knnlm_ppl"]
+        print(
+            f"best kNN-LM key (exact search, {len(summary['keys_compared'])} keys): "
+            f"{summary['best_knnlm_key']} (ppl {summary['best_knnlm_key_ppl']:.2f}); "
+            f"most dispersed key: {ev['recommended_key']}; does the most dispersed layer give the "
+            f"best kNN-LM? {answer[summary['most_dispersed_gives_best']]}"
+            + (f"; Spearman(dispersion, kNN-LM ppl) = {rho:+.2f}" if rho is not None else "")
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

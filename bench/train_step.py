@@ -5,18 +5,23 @@ Part 1 (steps): one Atlas-style training step with a FiD reader built from confi
 synthetic token ids: retriever scores from the MiniLM query encoder (fwd + bwd; passage
 embeddings precomputed = frozen passage encoder, the few-shot default) or a learnable (B, K)
 score tensor, gold scores, reader loss, backward, AdamW step. Each (loss, gradient
-checkpointing) setting runs in its own process so its peak RSS is its own. When the reader
-has no dropout (`--dropout 0`), the gold scores reuse the training pass's encoder states.
+checkpointing) setting runs in a fresh process (a new `python` started by `subprocess`), and
+its peak RSS is that process's own high-water mark (`VmHWM`, see `peak_rss_gib`). When the
+reader has no dropout (`--dropout 0`), the gold scores reuse the training pass's encoder states.
+Ratios to the `none` step (same checkpointing setting): wall time, CPU time, FLOPs, peak RSS;
+issue 4's target is `pdist` and `adist` ≤ 1.5× `none` in wall time per step.
 
-Part 2 (gold cost, `--gold-cost`): seconds for the gold scores of one batch, three ways:
+Part 2 (gold cost; `--no-gold-cost` skips it): seconds for one batch's gold scores, three ways:
   naive     a separate full reader pass (encoder + decoder) per passage, as the reference
             does for `loop` (K passes over K-1 passages) and per-passage scoring;
   batched   one eval-mode encoder pass over B·K passages, then batched decoder passes
             (what `RetrieverLoss.gold_scores` does when not given encoder states);
   reused    decoder passes only, on encoder states already computed by the training pass.
+"before/after" = naive / reused: the reference's second reader pass vs reusing encoder states.
 
     .venv/bin/python bench/train_step.py                       # issue shape, all losses
     .venv/bin/python bench/train_step.py --passages 5 --length 64 --steps 2   # quick
+    .venv/bin/python bench/train_step.py --model t5-tiny --passages 3 --length 32 --steps 1  # smoke
 Prints a JSON object, then a short table of ratios to the `none` step.
 """
 
@@ -25,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -45,9 +51,39 @@ from retriever.losses import build_retriever_loss
 LOSSES = ["none", "adist", "pdist", "loop", "emdr"]
 
 
+def _proc_status_kib(field: str) -> int | None:
+    """A `/proc/self/status` memory line (VmHWM, VmRSS) in KiB; None off Linux."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
 def peak_rss_gib() -> float:
-    """Peak resident set size of this process (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    """Peak resident set size of this process's own address space, in GiB.
+
+    `VmHWM` (the high-water mark of the memory map that `exec` created) rather than
+    `ru_maxrss`: at `exec` Linux folds the peak of the address space being replaced (the
+    parent's, shared or copied by vfork/fork) into the child's `ru_maxrss`, so a child would
+    report at least its parent's peak (measured here: a child of a 400 MiB parent reports
+    ~410 MiB in `ru_maxrss` and 13 MiB in `VmHWM`).
+    Off Linux, `ru_maxrss` is the fallback (and may include the parent's peak).
+    """
+    hwm = _proc_status_kib("VmHWM")
+    if hwm is not None:
+        return hwm / 2**20
+    divisor = 2**30 if sys.platform == "darwin" else 2**20  # bytes on macOS, KiB elsewhere
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / divisor
+
+
+def current_rss_gib() -> float | None:
+    """Resident set size now (VmRSS), in GiB; None off Linux."""
+    rss = _proc_status_kib("VmRSS")
+    return None if rss is None else rss / 2**20
 
 
 def synthetic_batch(args, vocab_size: int):
@@ -107,6 +143,7 @@ def run_setting(args, loss_name: str, checkpointing: bool) -> dict:
     retriever_loss = build_retriever_loss(loss_name, temperature_gold=0.01, temperature_score=0.01)
     reuse = reader.is_dropout_free()
     optimizer = torch.optim.AdamW(list(reader.parameters()) + scores_source.parameters, lr=1e-5)
+    rss_before_steps = current_rss_gib()  # model, optimizer and batch built, no step yet
     times, cpu_times, gold_times = [], [], []
     flop_counter = FlopCounterMode(display=False)
     for step in range(args.steps + 1):
@@ -148,6 +185,8 @@ def run_setting(args, loss_name: str, checkpointing: bool) -> dict:
         "gflops_per_step": flop_counter.get_total_flops() / 1e9,
         "step_times": times,
         "peak_rss_gib": round(peak_rss_gib(), 3),
+        "rss_before_steps_gib": None if rss_before_steps is None else round(rss_before_steps, 3),
+        "pid": os.getpid(),
     }
 
 
@@ -199,6 +238,110 @@ def gold_cost(args) -> list[dict]:
     return rows
 
 
+TARGET_RATIO = 1.5  # issue 4: pdist and adist steps ≤ 1.5× the `none` step
+TARGET_LOSSES = ("pdist", "adist")
+
+
+def run_in_fresh_process(loss_name: str, checkpointing: bool) -> dict:
+    """One (loss, checkpointing) setting in a new Python process; its JSON row."""
+    argv = [
+        sys.executable,
+        __file__,
+        *sys.argv[1:],
+        "--single",
+        json.dumps({"loss": loss_name, "checkpointing": checkpointing}),
+    ]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"setting {loss_name} checkpointing={checkpointing} failed:\n{done.stderr[-4000:]}"
+        )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def add_ratios(rows: list[dict]) -> None:
+    """Each row's ratios to the `none` row of the same checkpointing setting (when measured)."""
+    for row in rows:
+        base = next(
+            (r for r in rows if r["loss"] == "none" and r["checkpointing"] == row["checkpointing"]),
+            None,
+        )
+        if base is None:
+            continue
+        row["ratio_to_none"] = row["seconds_per_step"] / base["seconds_per_step"]
+        row["cpu_ratio_to_none"] = row["cpu_seconds_per_step"] / base["cpu_seconds_per_step"]
+        row["flops_ratio_to_none"] = row["gflops_per_step"] / base["gflops_per_step"]
+        row["rss_ratio_to_none"] = row["peak_rss_gib"] / base["peak_rss_gib"]
+
+
+def target_verdicts(rows: list[dict]) -> list[dict]:
+    """Issue 4's target per checkpointing setting: every TARGET_LOSSES step ≤ 1.5× `none`."""
+    verdicts = []
+    for checkpointing in sorted({r["checkpointing"] for r in rows}):
+        measured = {
+            r["loss"]: r["ratio_to_none"]
+            for r in rows
+            if r["checkpointing"] == checkpointing and r["loss"] in TARGET_LOSSES
+            and "ratio_to_none" in r
+        }
+        verdicts.append(
+            {
+                "checkpointing": checkpointing,
+                "ratios": measured,
+                "met": all(v <= TARGET_RATIO for v in measured.values()) if measured else None,
+                "missing": [loss for loss in TARGET_LOSSES if loss not in measured],
+            }
+        )
+    return verdicts
+
+
+def _ratio(row: dict, key: str) -> str:
+    return f"{row[key]:.2f}" if key in row else "-"
+
+
+def print_table(args, result: dict) -> None:
+    """Short table after the JSON: per-loss ratios to `none`, the target, the gold ratios."""
+    print(
+        f"\n{args.model} B={args.batch} K={args.passages} L={args.length} T={args.target_length} "
+        f"dropout={args.dropout} retriever={args.retriever} threads={result['shape']['threads']}"
+    )
+    if result["steps"]:
+        reuse = result["steps"][0]["encoder_states_reused"]
+        print(
+            "gold scores "
+            + ("reuse the training pass's encoder states (dropout 0)" if reuse else
+               "run their own eval-mode encoder pass (dropout > 0; --dropout 0 reuses states)")
+        )
+        print(
+            f"{'loss':7s} {'ckpt':5s} {'s/step':>7s} {'gold s':>7s} {'x none':>7s} {'cpu x':>6s} "
+            f"{'GFLOP':>7s} {'flop x':>7s} {'peak GiB':>9s} {'rss x':>6s}"
+        )
+        for row in result["steps"]:
+            print(
+                f"{row['loss']:7s} {('on' if row['checkpointing'] else 'off'):5s} "
+                f"{row['seconds_per_step']:7.2f} {row['gold_seconds']:7.2f} "
+                f"{_ratio(row, 'ratio_to_none'):>7s} {_ratio(row, 'cpu_ratio_to_none'):>6s} "
+                f"{row['gflops_per_step']:7.1f} {_ratio(row, 'flops_ratio_to_none'):>7s} "
+                f"{row['peak_rss_gib']:9.2f} {_ratio(row, 'rss_ratio_to_none'):>6s}"
+            )
+        for verdict in result["target"]:
+            ckpt = "on" if verdict["checkpointing"] else "off"
+            shown = ", ".join(f"{k} {v:.2f}x" for k, v in verdict["ratios"].items()) or "none measured"
+            state = {True: "MET", False: "NOT met", None: "not measured"}[verdict["met"]]
+            missing = f" (missing: {', '.join(verdict['missing'])})" if verdict["missing"] else ""
+            print(
+                f"issue-4 target (pdist, adist ≤ {TARGET_RATIO}x none), checkpointing {ckpt}: "
+                f"{shown} → {state}{missing}"
+            )
+    for row in result["gold_cost"]:
+        print(
+            f"gold {row['loss']:6s} before/after (naive second reader pass / reused encoder "
+            f"states): {row['naive_over_reused']:.1f}x  [naive {row['naive_seconds']:.2f} s, "
+            f"batched {row['batched_seconds']:.2f} s, reused {row['reused_seconds']:.2f} s; "
+            f"naive/batched {row['naive_over_batched']:.1f}x; cpu time {row['cpu_naive_over_reused']:.1f}x]"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="t5-small")
@@ -215,12 +358,16 @@ def main() -> None:
     parser.add_argument("--losses", default=",".join(LOSSES))
     parser.add_argument("--checkpointing", choices=["off", "on", "both"], default="both")
     parser.add_argument("--retriever", choices=["minilm", "learnable"], default="minilm")
-    parser.add_argument("--gold-cost", action="store_true", help="also measure gold scoring alone")
-    parser.add_argument("--gold-losses", default="pdist,loop")
+    parser.add_argument("--no-gold-cost", action="store_true", help="skip part 2 (gold cost)")
+    parser.add_argument("--gold-losses", default="pdist,adist,loop")
     parser.add_argument("--no-steps", action="store_true", help="skip part 1")
     parser.add_argument("--single", help=argparse.SUPPRESS)  # internal: one setting per process
     args = parser.parse_args()
     args.gold_losses = args.gold_losses.split(",")
+    losses = args.losses.split(",")
+    unknown = sorted(set(losses + args.gold_losses) - set(LOSSES))
+    if unknown:
+        parser.error(f"unknown loss(es) {unknown}; valid: {LOSSES}")
 
     if args.single:
         setting = json.loads(args.single)
@@ -237,63 +384,26 @@ def main() -> None:
         "retriever": args.retriever,
         "threads": torch.get_num_threads(),
     }
-    result: dict = {"shape": shape, "steps": [], "gold_cost": []}
+    result: dict = {"shape": shape, "steps": [], "target": [], "gold_cost": []}
     if not args.no_steps:
         flags = {"off": [False], "on": [True], "both": [False, True]}[args.checkpointing]
         for checkpointing in flags:
-            for loss_name in args.losses.split(","):
-                argv = [
-                    sys.executable,
-                    __file__,
-                    *sys.argv[1:],
-                    "--single",
-                    json.dumps({"loss": loss_name, "checkpointing": checkpointing}),
-                ]
-                out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
-                row = json.loads(out.strip().splitlines()[-1])
+            for loss_name in losses:
+                row = run_in_fresh_process(loss_name, checkpointing)
                 print(
-                    f"  {loss_name:6s} checkpointing={checkpointing!s:5s} {row['seconds_per_step']:.2f} s/step"
-                    f" gold {row['gold_seconds']:.2f} s  {row['peak_rss_gib']:.2f} GiB",
+                    f"  {loss_name:6s} checkpointing={checkpointing!s:5s} "
+                    f"{row['seconds_per_step']:.2f} s/step gold {row['gold_seconds']:.2f} s  "
+                    f"{row['peak_rss_gib']:.2f} GiB",
                     file=sys.stderr,
                 )
                 result["steps"].append(row)
-        for row in result["steps"]:
-            base = next(
-                r
-                for r in result["steps"]
-                if r["loss"] == "none" and r["checkpointing"] == row["checkpointing"]
-            )
-            row["ratio_to_none"] = row["seconds_per_step"] / base["seconds_per_step"]
-            row["cpu_ratio_to_none"] = row["cpu_seconds_per_step"] / base["cpu_seconds_per_step"]
-            row["flops_ratio_to_none"] = row["gflops_per_step"] / base["gflops_per_step"]
-    if args.gold_cost:
+        add_ratios(result["steps"])
+        result["target"] = target_verdicts(result["steps"])
+    if not args.no_gold_cost:
         result["gold_cost"] = gold_cost(args)
 
     print(json.dumps(result, indent=1))
-    print(
-        f"\n{args.model} B={args.batch} K={args.passages} L={args.length} T={args.target_length} "
-        f"dropout={args.dropout} retriever={args.retriever}"
-    )
-    if result["steps"]:
-        print(
-            f"{'loss':7s} {'ckpt':5s} {'s/step':>7s} {'gold s':>7s} {'x none':>7s} {'cpu x none':>10s} "
-            f"{'GFLOP':>7s} {'flop x none':>11s} {'peak GiB':>9s}"
-        )
-        for row in result["steps"]:
-            print(
-                f"{row['loss']:7s} {('on' if row['checkpointing'] else 'off'):5s} "
-                f"{row['seconds_per_step']:7.2f} {row['gold_seconds']:7.2f} {row['ratio_to_none']:7.2f} "
-                f"{row['cpu_ratio_to_none']:10.2f} {row['gflops_per_step']:7.0f} "
-                f"{row['flops_ratio_to_none']:11.2f} "
-                f"{row['peak_rss_gib']:9.2f}"
-            )
-    for row in result["gold_cost"]:
-        print(
-            f"gold {row['loss']:6s} naive {row['naive_seconds']:.2f} s, batched {row['batched_seconds']:.2f} s, "
-            f"reused {row['reused_seconds']:.2f} s  (naive/batched {row['naive_over_batched']:.1f}x, "
-            f"naive/reused {row['naive_over_reused']:.1f}x; cpu time {row['cpu_naive_over_batched']:.1f}x, "
-            f"{row['cpu_naive_over_reused']:.1f}x)"
-        )
+    print_table(args, result)
 
 
 if __name__ == "__main__":

@@ -114,3 +114,72 @@ def test_every_shipped_recipe_validates(path):
     index_type(config.index.spec, 768)
     parse_refresh_schedule(config.index.refresh)
     assert config.reader.n_context <= config.retriever.n_context
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("task:\n  name: mlm\n  options:\n    noise_densty: 0.2\n",
+         ("unknown key 'task.options.noise_densty' for task 'mlm' (valid options: max_words, "
+          "mean_span_length, min_words, noise_density, seed)")),
+        ("task:\n  name: mlm\n  options:\n    noise_density: high\n",
+         "'task.options.noise_density' must be float, got 'high'"),
+        ("task:\n  name: mlm\n  options:\n    seed: 1.5\n",
+         "'task.options.seed' must be int, got 1.5"),
+        ("task:\n  name: qa\n  options:\n    noise_density: 0.2\n",
+         ("unknown key 'task.options.noise_density' for task 'qa' (valid options: "
+          "query_template, target_template)")),
+        ("task:\n  name: qa\n  options:\n    query_template: [a, b]\n",
+         "'task.options.query_template' must be str, got ['a', 'b']"),
+        ("task:\n  name: trivia\n", "'task.name' must be one of fever, kilt, lm, mlm, mmlu, "),
+        ("task:\n  name: trivia\n", "; got 'trivia'"),
+        ("retriever:\n  loss: kl\n",
+         "'retriever.loss' must be one of adist, emdr, loop, none, pdist; got 'kl'"),
+    ],
+)
+def test_registry_names_and_task_options_are_checked_at_load(tmp_path, text, message):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value).startswith(f"{path}: ")
+    assert message in str(info.value)
+
+
+def test_task_option_errors_name_the_override_that_set_them(tmp_path):
+    path = write(tmp_path, "task:\n  name: mlm\n")
+    with pytest.raises(ConfigError, match=r"^override 'task\.options\.noise_density=lots': "
+                                          r"'task\.options\.noise_density' must be float"):
+        load_config(path, ["training.steps=3", "task.options.noise_density=lots"])
+    with pytest.raises(ConfigError, match=r"^override 'task\.options=\{span: 3\}': unknown key "
+                                          r"'task\.options\.span' for task 'mlm'"):
+        load_config(path, ["task.options={span: 3}"])
+    with pytest.raises(ConfigError, match=r"^override 'retriever\.loss=adistt': 'retriever\.loss' "
+                                          r"must be one of adist, emdr, loop, none, pdist"):
+        load_config(path, ["retriever.loss=adistt"])
+    # an option set in the file but invalid for the task chosen by an override: blame the file
+    mlm = write(tmp_path, "task:\n  name: mlm\n  options:\n    noise_density: 0.3\n")
+    with pytest.raises(ConfigError, match=rf"^{mlm}: unknown key 'task\.options\.noise_density' "
+                                          r"for task 'qa'"):
+        load_config(mlm, ["task.name=qa"])
+
+
+def test_task_options_are_typed_like_their_defaults(tmp_path):
+    from tasks.base import TASKS, get_task
+
+    path = write(tmp_path, "task:\n  name: mlm\n  options:\n    mean_span_length: 2\n    seed: 7\n")
+    config = load_config(path, ["task.options.noise_density=0.3"])
+    assert config.task.options == {"mean_span_length": 2.0, "seed": 7, "noise_density": 0.3}
+    assert isinstance(config.task.options["mean_span_length"], float)  # an int where a float goes
+    # an override can switch the task together with the options written for it
+    qa = write(tmp_path, "task:\n  name: qa\n  options:\n    query_template: 'q: {question}'\n")
+    assert load_config(qa).task.options == {"query_template": "q: {question}"}
+    switched = load_config(qa, ["task.name=mlm", "task.options={noise_density: 0.2}"])
+    assert switched.task.name == "mlm" and switched.task.options == {"noise_density": 0.2}
+    get_task(switched.task.name, **switched.task.options)
+    # every registered task's defaults pass their own check
+    for name, task in TASKS.items():
+        overrides = [f"task.name={name}"] + [
+            f"task.options.{k}={v!r}" if isinstance(v, str) else f"task.options.{k}={v}"
+            for k, v in task.default_options.items()
+        ]
+        assert load_config(None, overrides).task.options == task.default_options, name

@@ -341,3 +341,146 @@ def test_cli_build_tune_eval_and_dispersion(tmp_path, capsys):
         "layer_output:0",
         "ffn_input:-1",
     }
+
+
+def test_model_fingerprint_follows_weights_and_config_not_the_folder(tmp_path):
+    from atlas.knnlm import load_lm, model_fingerprint
+
+    model = tiny_gpt2(seed=0)
+    model.save_pretrained(tmp_path / "a")
+    model.save_pretrained(tmp_path / "b")
+    reloaded = load_lm(tmp_path / "b")
+    assert model_fingerprint(load_lm(tmp_path / "a")) == model_fingerprint(reloaded)
+    assert model_fingerprint(model) == model_fingerprint(reloaded)
+    assert model_fingerprint(tiny_gpt2(seed=1)) != model_fingerprint(model)  # same architecture
+    nudged = tiny_gpt2(seed=0)
+    with torch.no_grad():
+        nudged.transformer.h[1].mlp.c_fc.bias[0] += 1e-3
+    assert model_fingerprint(nudged) != model_fingerprint(model)
+    other_config = tiny_gpt2(seed=0)
+    other_config.config.layer_norm_epsilon = 1e-3  # same weights, different computation
+    assert model_fingerprint(other_config) != model_fingerprint(model)
+
+
+def test_datastore_of_another_model_is_never_resumed_or_reused(tmp_path):
+    ids = np.random.default_rng(11).integers(0, VOCAB, size=60)
+    args = {"context": 10, "stride": 4, "batch_size": 2, "progress": False}
+    first, second = tiny_gpt2(seed=0), tiny_gpt2(seed=1)  # same architecture and sizes
+    store = build_datastore(tmp_path / "done", first, ids, ["ffn_input:-1"], **args)
+    meta = store.manifest["meta"]
+    assert len(meta["model_fingerprint"]) == 64 and meta["architecture"] == "gpt2"
+    with pytest.raises(ValueError, match="built with a different model"):
+        build_datastore(tmp_path / "done", second, ids, ["ffn_input:-1"], **args)
+    # the same model reuses the finished store
+    assert build_datastore(tmp_path / "done", first, ids, ["ffn_input:-1"], **args).manifest == (
+        store.manifest
+    )
+
+    # a half-built store is not resumed by another model either
+    calls = {"n": 0}
+
+    def kill_on_third_forward(module, inputs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt("simulated kill")
+
+    handle = first.register_forward_pre_hook(kill_on_third_forward)
+    with pytest.raises(KeyboardInterrupt):
+        build_datastore(tmp_path / "half", first, ids, ["ffn_input:-1"], **args)
+    handle.remove()
+    with pytest.raises(ValueError, match="half: datastore was built with a different model"):
+        build_datastore(tmp_path / "half", second, ids, ["ffn_input:-1"], **args)
+
+    # an edited text of the same length and opening is not taken for the old one
+    edited = ids.copy()
+    edited[-5] = (edited[-5] + 1) % VOCAB
+    with pytest.raises(ValueError, match=r"differs in \['meta'\] \(meta.tokens_sha256: stored"):
+        build_datastore(tmp_path / "done", first, edited, ["ffn_input:-1"], **args)
+
+    # a query store of the second model cannot be searched against the first model's store
+    queries = build_datastore(tmp_path / "q", second, ids, ["ffn_input:-1"], **args)
+    with pytest.raises(ValueError, match="built by different producers \\(model_fingerprint"):
+        knn_lm_logprobs(queries, store, "ffn_input:-1", k=4, settings=[(0.5, 1.0)])
+    with pytest.raises(ValueError, match="different producers"):
+        grid_search(queries, store, "ffn_input:-1", k=4, lambdas=[0.5], temperatures=[1.0])
+
+
+def test_datastore_without_fingerprint_is_refused(tmp_path):
+    import json
+
+    ids = np.random.default_rng(12).integers(0, VOCAB, size=30)
+    model = tiny_gpt2()
+    args = {"context": 10, "stride": 4, "progress": False}
+    build_datastore(tmp_path / "old", model, ids, ["ffn_input:-1"], **args)
+    manifest = json.loads((tmp_path / "old" / "manifest.json").read_text())
+    del manifest["meta"]["model_fingerprint"]  # as written before fingerprints existed
+    (tmp_path / "old" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="no model fingerprint"):
+        build_datastore(tmp_path / "old", model, ids, ["ffn_input:-1"], **args)
+
+
+def write_word_lm(folder, words, seed: int = 0):
+    """A model folder: tiny GPT-2 (seeded) + a word-level tokenizer over `words`."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(
+        tokenizer_object=core, unk_token="<unk>", eos_token="<eos>"
+    ).save_pretrained(folder)
+    tiny_gpt2(seed=seed).save_pretrained(folder)
+    return folder
+
+
+def test_cli_refuses_a_datastore_built_with_another_model_or_tokenizer(tmp_path):
+    import argparse
+    import json
+
+    from atlas.cli_knnlm import register
+
+    words = ["<unk>", "<eos>"] + [f"w{i}" for i in range(VOCAB - 2)]
+    built_with = write_word_lm(tmp_path / "lm", words, seed=0)
+    retrained = write_word_lm(tmp_path / "lm-retrained", words, seed=1)  # same architecture
+    # same weights, but the word ids are shuffled: keys and values would mean other words
+    shuffled = write_word_lm(tmp_path / "lm-other-vocab", words[:2] + words[2:][::-1], seed=0)
+    rng = np.random.default_rng(8)
+    for name, n_lines in [("train", 20), ("valid", 4)]:
+        lines = [" ".join(f"w{j}" for j in rng.integers(0, 12, size=6)) for _ in range(n_lines)]
+        (tmp_path / f"{name}.txt").write_text("\n".join(lines) + "\n")
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+
+    def run(*argv):
+        args = parser.parse_args([str(a) for a in argv])
+        return args.func(args)
+
+    ds = tmp_path / "ds"
+    assert run("knnlm", "build", built_with, tmp_path / "train.txt", ds, "--context", 16,
+               "--stride", 8) == 0
+    meta = json.loads((ds / "manifest.json").read_text())["meta"]
+    assert len(meta["tokenizer_fingerprint"]) == 64
+    tune = ["--k", 4, "--lambdas", 0.3, "--temperatures", 1, "--out", tmp_path / "t.json"]
+    with pytest.raises(ValueError, match=r"different model \(configuration or weights\).*"
+                                         r"model given: .*lm-retrained"):
+        run("knnlm", "tune", retrained, ds, tmp_path / "valid.txt", *tune)
+    with pytest.raises(ValueError, match="datastore was built with a different tokenizer"):
+        run("knnlm", "tune", shuffled, ds, tmp_path / "valid.txt", *tune)
+    with pytest.raises(ValueError, match="different model"):
+        run("knnlm", "build", retrained, tmp_path / "train.txt", ds, "--context", 16,
+            "--stride", 8)
+    assert not list(tmp_path.glob("ds-queries-*"))  # nothing was cached for the wrong models
+    assert run("knnlm", "tune", built_with, ds, tmp_path / "valid.txt", *tune) == 0
+    cached = tmp_path / "ds-queries-valid-ffn_input@-1"
+    assert json.loads((cached / "manifest.json").read_text())["meta"]["model_fingerprint"] == (
+        meta["model_fingerprint"]
+    )
+    # the datastore is rebuilt with another model in place: the stale cached query store is refused
+    import shutil
+
+    shutil.rmtree(ds)
+    assert run("knnlm", "build", retrained, tmp_path / "train.txt", ds, "--context", 16,
+               "--stride", 8) == 0
+    with pytest.raises(ValueError, match="ds-queries-valid-ffn_input@-1: datastore was built "
+                                         "with a different model"):
+        run("knnlm", "tune", retrained, ds, tmp_path / "valid.txt", *tune)
