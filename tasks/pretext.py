@@ -118,7 +118,13 @@ class _PretextTask(Task):
     def parse_record(
         self, record: dict[str, Any], path: str, line: int, index: int
     ) -> Example | None:
-        """A corpus passage → a pretext example (seeded by the option `seed` and the line)."""
+        """A corpus passage → a pretext example (seeded by the option `seed` and the passage id)."""
+        passage = self.passage(record, path, line)
+        return self.from_passage(passage, random.Random(f"{self.options['seed']}:{passage['id']}"))
+
+    @staticmethod
+    def passage(record: dict[str, Any], path: str, line: int) -> dict[str, str]:
+        """The checked `{id, title, section, text}` of a corpus record (InputError if malformed)."""
         passage = {
             "id": require_str(record, "id", path, line),
             "title": require_str(record, "title", path, line, optional=True),
@@ -127,8 +133,7 @@ class _PretextTask(Task):
         }
         if not passage["id"].strip():
             raise InputError(path, line, "id", "the id is empty")
-        rng = random.Random(f"{self.options['seed']}:{passage['id']}")
-        return self.from_passage(passage, rng)
+        return passage
 
     def _words(self, text: str) -> list[str] | None:
         words = text.split()[: self.options["max_words"]]
