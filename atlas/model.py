@@ -82,10 +82,20 @@ class Atlas(nn.Module):
                 passages = [{**passages[i], "score": float(scores[i])} for i in order]
             passages = passages[:k]
             if example.evidence is not None and all(p["id"] != example.evidence["id"] for p in passages):
-                score = float(self.retriever.embed_passages([example.evidence])[0] @ query_vector)
-                passages = passages[: k - 1] + [{**example.evidence, "score": score}]
+                passages = passages[: k - 1] + [self._scored_evidence(example.evidence, query_vector)]
             results.append(passages)
         return results
+
+    def _scored_evidence(self, evidence: dict, query_vector: np.ndarray) -> dict:
+        """`evidence` with its retrieval score for `query_vector` (d,): read from the index's stored
+        embedding where the index holds that passage (and no reranking asks for fresh ones),
+        else encoded now; with its index position (`row`) where it has one."""
+        position = self.index.position_of(evidence["id"])
+        if position is not None and self.index.vectors is not None and not self.index_config.rerank_overretrieve:
+            vector = self.index.embeddings([position])[0]
+        else:
+            vector = self.retriever.embed_passages([evidence])[0]
+        return {**evidence, "score": float(vector @ query_vector), **({"row": position} if position is not None else {})}
 
     def retriever_scores(self, queries: list[str], passages: list[list[dict]]) -> torch.Tensor:
         """s(q, d_k) = E_q(q) · E_p(d_k) with the current encoders: → (B, K), with gradient.

@@ -258,6 +258,21 @@ class PassageIndex:
         segments, local = self.locate(np.asarray(list(rows), dtype=np.int64))
         return [self.corpora[int(s)][int(r)] for s, r in zip(segments, local)]
 
+    def position_of(self, passage_id: str) -> int | None:
+        """The index position of the live passage with this id, or None where there is none.
+
+        Later segments are looked at first: an edited passage (removed, then added again under
+        the same id) lives in the newest segment that holds it."""
+        for segment in range(len(self.corpora) - 1, -1, -1):
+            try:
+                row = int(self.corpora[segment].rows_for_ids([passage_id])[0])
+            except KeyError:
+                continue
+            position = int(self._offsets[segment]) + row
+            if not self.removed[position]:
+                return position
+        return None
+
     def embeddings(self, rows) -> np.ndarray:
         """The stored float16 embeddings at positions `rows` as (len(rows), d) float32.
 

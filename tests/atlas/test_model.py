@@ -25,9 +25,25 @@ def test_a_missed_evidence_passage_replaces_the_last_retrieved_one(tiny_world):
     example = Example(id="q", query=query, target=None, answers=[], evidence=evidence)
     got = model.retrieve([example], 3)[0]
     assert [p["id"] for p in got] == [p["id"] for p in plain[:2]] + [missed["id"]]
-    # its score is the current encoders' inner product, as every other retrieved score
-    expected = float(model.retriever.embed_passages([evidence])[0] @ model.retriever.embed_queries([query])[0])
-    assert np.isclose(got[-1]["score"], expected, atol=1e-4) and np.isclose(got[-1]["score"], missed["score"], atol=2e-3)
+    # scored as the search scores it (stored float16 vector · query), ≈ a fresh encoding's score
+    assert np.isclose(got[-1]["score"], missed["score"], atol=1e-6) and got[-1]["row"] == missed["row"]
+    fresh = float(model.retriever.embed_passages([evidence])[0] @ model.retriever.embed_queries([query])[0])
+    assert np.isclose(got[-1]["score"], fresh, atol=2e-3)
     # evidence already among the top-k: the retrieval is unchanged
     found = Example(id="q", query=query, target=None, answers=[], evidence={**evidence, "id": plain[1]["id"]})
     assert [p["id"] for p in model.retrieve([found], 3)[0]] == [p["id"] for p in plain]
+
+
+def test_evidence_outside_the_index_is_encoded_and_inside_it_read_from_the_index(tiny_world):
+    model = _model(tiny_world)
+    query = "The capital of Zorbland"
+    query_vector = model.retriever.embed_queries([query])[0]
+    inside = model.index.passages([3])[0]
+    scored = model._scored_evidence({k: inside[k] for k in ("id", "title", "text")}, query_vector)
+    assert scored["row"] == 3 and model.index.position_of(inside["id"]) == 3
+    stored = model.index.embeddings([3])[0]
+    assert scored["score"] == float(stored @ query_vector)  # the stored vector, bit for bit
+    outside = {"id": "new", "title": "Nowhere", "text": "Nothing is indexed about this."}
+    scored = model._scored_evidence(outside, query_vector)
+    assert "row" not in scored and model.index.position_of("new") is None
+    assert np.isclose(scored["score"], float(model.retriever.embed_passages([outside])[0] @ query_vector))
