@@ -6,8 +6,12 @@
 - `lm`: the passage is cut at a random word, the cut drawn between `min_context_ratio` and
   `max_context_ratio` of its words; prefix → continuation.
 - `section`: `"{title}, {section}"` → the section's text (passages without a section are unused).
-Every example carries its passage id in `source_id`, so that retrieving that very passage (a
-trivial retrieval) can be filtered out. Examples are made with a seeded RNG at load time;
+What becomes of the passage an example was made from is the option `source_passage`:
+- `filter` (default): its id is the example's `source_id`, so that retrieving that very passage
+  (a trivial retrieval, Atlas's and REALM's term) is filtered out;
+- `keep`: plain retrieval, which may return it;
+- `ensure`: it is the example's `evidence`, kept among the passages read — the target is then
+  in what the reader reads, which teaches a small reader to copy from its passages. Examples are made with a seeded RNG at load time;
 `training_pair` draws a fresh corruption / cut for each presentation.
 """
 
@@ -29,6 +33,8 @@ from tasks.base import (
 )
 from tasks.io import InputError, require_str
 from tasks.metrics import exact_match, f1, rouge_l
+
+SOURCE_PASSAGE = ("filter", "keep", "ensure")
 
 
 def _span_lengths(num_items: int, num_segments: int, rng: random.Random) -> list[int]:
@@ -92,7 +98,14 @@ class _PretextTask(Task):
     """Shared loading and scoring of the pretext tasks (EM, F1, ROUGE-L of the target)."""
 
     metrics = ("exact_match", "f1", "rougel")
-    base_options: ClassVar[dict[str, Any]] = {"seed": 0, "min_words": 2, "max_words": 512}
+    base_options: ClassVar[dict[str, Any]] = {"seed": 0, "min_words": 2, "max_words": 512,
+                                              "source_passage": "filter"}
+
+    def __init__(self, **options: Any):
+        super().__init__(**options)
+        if self.options["source_passage"] not in SOURCE_PASSAGE:
+            raise ValueError(f"{self.name}: source_passage must be one of {', '.join(SOURCE_PASSAGE)}; "
+                             f"got {self.options['source_passage']!r}")
 
     def iter_records(
         self, path, on_error: Callable[[InputError], None] | None = None
@@ -167,12 +180,15 @@ class _PretextTask(Task):
         return {"exact_match": mean(em_scores), "f1": mean(f1_scores), "rougel": mean(rouge_scores)}
 
     def _example(self, passage: dict, query: str, target: str) -> Example:
+        """The example, with the source passage filtered, kept or ensured (`source_passage`)."""
+        mode = self.options["source_passage"]
         return Example(
             id=passage["id"],
             query=query,
             target=target,
             answers=[strip_sentinels(target)],
-            source_id=passage["id"],
+            source_id=passage["id"] if mode == "filter" else None,
+            evidence={key: passage.get(key, "") for key in ("id", "title", "text")} if mode == "ensure" else None,
             metadata={"passage": passage},
         )
 

@@ -127,9 +127,6 @@ class SalientSpanQuestions(_PretextTask):
         format_template(self.options["target_template"], "target_template", answer="a")
         if not 0 <= self.options["min_context_words"] <= self.options["max_context_words"]:
             raise ValueError("ssm: need 0 <= min_context_words <= max_context_words")
-        if self.options["source_passage"] not in ("ensure", "keep", "filter"):
-            raise ValueError(f"ssm: source_passage must be one of ensure, keep, filter; "
-                             f"got {self.options['source_passage']!r}")
         self._pipeline = None
 
     def iter_records(
@@ -183,9 +180,4 @@ class SalientSpanQuestions(_PretextTask):
         question, answer = span_question(passage["text"], candidate, rng.randint(low, high), rng.randint(low, high))
         query = format_template(self.options["query_template"], "query_template", question=question)
         target = format_template(self.options["target_template"], "target_template", answer=answer)
-        example = self._example(passage, query, target)
-        if self.options["source_passage"] != "filter":
-            example.source_id = None
-        if self.options["source_passage"] == "ensure":
-            example.evidence = {key: passage[key] for key in ("id", "title", "text")}
-        return example
+        return self._example(passage, query, target)

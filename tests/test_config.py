@@ -121,7 +121,7 @@ def test_every_shipped_recipe_validates(path):
     [
         ("task:\n  name: mlm\n  options:\n    noise_densty: 0.2\n",
          ("unknown key 'task.options.noise_densty' for task 'mlm' (valid options: max_words, "
-          "mean_span_length, min_words, noise_density, seed)")),
+          "mean_span_length, min_words, noise_density, seed, source_passage)")),
         ("task:\n  name: mlm\n  options:\n    noise_density: high\n",
          "'task.options.noise_density' must be float, got 'high'"),
         ("task:\n  name: mlm\n  options:\n    seed: 1.5\n",

@@ -124,7 +124,7 @@ def test_quickstart_tiny_runs_end_to_end_and_the_edit_reaches_the_answerer(tmp_p
 
 
 def test_pretext_tasks_read_a_prepared_corpus_folder_with_its_passage_ids(tmp_path):
-    """configs/pretrain-mini.yaml trains `mlm` on the prepared corpus the index is built from."""
+    """Pretext tasks (configs/pretrain-mini.yaml: `ssm`) train on the prepared corpus the index is built from."""
     from retriever.corpus import Corpus, prepare_corpus
     from tasks.base import get_task
 

@@ -1,6 +1,6 @@
 """Export a pretraining run's reader as the shipped `atlas-mini` (fp16 safetensors + model card).
 
-    python -m atlas.demo.export_mini runs/pretrain-mini-ssm atlas/demo/atlas-mini --wall-s 8000
+    python -m atlas.demo.export_mini runs/pretrain-mini-fid atlas/demo/atlas-mini --wall-s 1500
 
 The card's figures come from the runs themselves (config, log, corpus manifest) — a run that
 continued from an exported reader (its `reader.model` folder has a `card.json`) inherits that
@@ -24,8 +24,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 TASK_DESCRIPTIONS = {
-    "mlm": "T5 span corruption; each corrupted passage is read with the top passages the frozen retriever "
-           "finds, the passage itself filtered out (no trivial retrievals)",
+    "mlm": "T5 span corruption, each corrupted passage read with the top passages the frozen retriever finds",
     "ssm": "salient span masking asked as questions (REALM): a wh-word and the words around an entity, date, "
            "number or noun phrase of one sentence → the span, read from the top passages the frozen "
            "retriever finds for that query",
@@ -170,9 +169,9 @@ def model_card(card: dict) -> str:
     corpus = stages[-1]["corpus"]
     return f"""# atlas-mini
 
-A small T5 reader for `atlas`, pretrained here, offline, with retrieval-augmented pretext tasks: Atlas's
-span corruption, then REALM's salient span masking asked as questions, which teaches it to find a
-sentence among retrieved passages and copy the answer out of it. It exists so that `atlas quickstart`
+A small T5 reader for `atlas`, pretrained here from random weights, offline, with a retrieval-augmented
+pretext task: REALM's salient span masking asked as questions, which teaches it to find a sentence
+among retrieved passages and copy the answer out of it. It exists so that `atlas quickstart`
 and the CPU recipes have a reader that can read; it is far too small to know many facts by itself and
 is meant to be fine-tuned (few-shot) with retrieval. On GPUs, point the same recipes at
 `google/t5-base-lm-adapt` and `facebook/contriever` instead.
@@ -204,11 +203,11 @@ paragraphs of nq824; CC BY-SA). No question of any benchmark is trained on. Stag
 pip install -e '.[pretrain]'          # spaCy tags the salient spans
 atlas corpus prepare ../shared/data/wikitext2-articles.jsonl ../shared/data/nq824/documents.jsonl \\
     --out runs/pretrain-mini-corpus
-atlas train configs/pretrain-mini.yaml                                   # stage 1: mlm
-python -m atlas.demo.export_mini runs/pretrain-mini runs/atlas-mini-mlm
 atlas index build --corpus runs/pretrain-mini-corpus --encoder minilm --out runs/pretrain-mini-index
-atlas train configs/pretrain-mini-ssm.yaml                               # stage 2: ssm
-python -m atlas.demo.export_mini runs/pretrain-mini-ssm atlas/demo/atlas-mini
+atlas train configs/pretrain-mini.yaml                                   # stage 1: one passage
+python -m atlas.demo.export_mini runs/pretrain-mini runs/atlas-mini-stage1
+atlas train configs/pretrain-mini-fid.yaml                               # stage 2: four passages
+python -m atlas.demo.export_mini runs/pretrain-mini-fid atlas/demo/atlas-mini --wall-s SECONDS
 ```
 """
 

@@ -84,3 +84,13 @@ def test_passage_without_text_is_an_error(tmp_path, write_jsonl):
     path = write_jsonl(tmp_path / "corpus.jsonl", [{"id": "p1", "title": "x"}])
     with pytest.raises(ValueError, match=r"corpus\.jsonl:1: field 'text': missing required field"):
         get_task("mlm").load(path)
+
+
+def test_the_source_passage_is_filtered_kept_or_ensured(tmp_path, write_jsonl):
+    path = write_jsonl(tmp_path / "c.jsonl", [{"id": "p1", "title": "T", "text": " ".join(WORDS[:30])}])
+    filtered, kept, ensured = (get_task("mlm", source_passage=mode).load(path)[0] for mode in ("filter", "keep", "ensure"))
+    assert (filtered.source_id, filtered.evidence) == ("p1", None)
+    assert (kept.source_id, kept.evidence) == (None, None)
+    assert ensured.source_id is None and ensured.evidence == {"id": "p1", "title": "T", "text": " ".join(WORDS[:30])}
+    with pytest.raises(ValueError, match="lm: source_passage must be one of filter, keep, ensure"):
+        get_task("lm", source_passage="drop")

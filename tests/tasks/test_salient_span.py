@@ -73,5 +73,5 @@ def test_bad_records_and_options_are_named(tmp_path, write_jsonl):
         get_task("ssm").load(path)
     with pytest.raises(ValueError, match="min_context_words"):
         get_task("ssm", min_context_words=5, max_context_words=2)
-    with pytest.raises(ValueError, match="source_passage must be one of ensure, keep, filter"):
+    with pytest.raises(ValueError, match="source_passage must be one of filter, keep, ensure"):
         get_task("ssm", source_passage="drop")
