@@ -42,15 +42,18 @@ GOALS = {"em_retrieval_augmented": 35.0, "em_ratio_to_closed_book": 3.0, "recall
 def base_overrides(args, out: Path, variant: str) -> list[str]:
     """The recipe of one variant, as dotted overrides of the defaults."""
     loss = "none" if variant in ("closed_book", "frozen") else variant
+    # a trained retriever's loss covers more candidates than the reader reads, so that it can
+    # lift a passage from below the reader's cut into it (Atlas: retriever_n_context)
+    scored = args.passages if loss == "none" else args.retrieve
     return [
-        "retriever.model=minilm", f"retriever.loss={loss}", f"retriever.n_context={args.passages}",
+        "retriever.model=minilm", f"retriever.loss={loss}", f"retriever.n_context={scored}",
         "retriever.temperature_gold=0.1", "retriever.temperature_score=0.1",
         f"index.path={out / 'index'}", f"reader.model={args.reader}", f"reader.n_context={args.passages}",
         "reader.text_maxlength=192", "reader.answer_maxlength=16", "reader.generation_max_length=16",
         "reader.dropout=0.0", "task.name=qa", f"task.train_data=[{args.data / 'nq824' / 'train-64.jsonl'}]",
         f"task.eval_data=[{args.data / 'nq824' / 'dev.jsonl'}]", f"task.closed_book={variant == 'closed_book'}",
         f"training.output_dir={out / variant}", f"training.steps={args.steps}", "training.batch_size=4",
-        f"training.lr={args.lr}", "training.lr_retriever=1e-5", "training.warmup_steps=5", "training.log_every=5",
+        f"training.lr={args.lr}", f"training.lr_retriever={args.lr_retriever}", "training.warmup_steps=5", "training.log_every=5",
         "training.keep_last=1", "evaluation.batch_size=16", "evaluation.retrieval_k=[5,20]",
         f"evaluation.max_examples={args.max_dev}",
     ]
@@ -173,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--lr", type=float, default=5e-4)
-    parser.add_argument("--passages", type=int, default=5)
+    parser.add_argument("--passages", type=int, default=5, help="passages the reader reads")
+    parser.add_argument("--retrieve", type=int, default=20, help="passages a retriever loss covers")
+    parser.add_argument("--lr-retriever", type=float, default=4e-5)
     parser.add_argument("--max-dev", type=int, default=578)
     parser.add_argument("--no-swap", action="store_true")
     args = parser.parse_args(argv)
