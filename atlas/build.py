@@ -55,6 +55,24 @@ def _agree_on_rank0(value: bool) -> bool:
     return bool(box[0])
 
 
+def _init_reader_embeddings(reader: FiDReader, tokenizer, config: AtlasConfig) -> None:
+    """Token embeddings of a preset reader from the encoder `reader.init_embeddings` names."""
+    from transformers import AutoModel, AutoTokenizer
+
+    from reader.embedding_init import transfer_token_embeddings
+    from reader.fid import READER_PRESETS
+    from retriever.encoder import default_encoder_path
+
+    if config.reader.model not in READER_PRESETS:
+        raise ValueError(f"reader.init_embeddings applies to a reader built from a preset "
+                         f"({sorted(READER_PRESETS)}); reader.model {config.reader.model!r} has its own weights")
+    source = default_encoder_path(config.reader.init_embeddings)
+    encoder = AutoModel.from_pretrained(source)
+    vocab = AutoTokenizer.from_pretrained(source).get_vocab()
+    n = transfer_token_embeddings(reader.t5, tokenizer, encoder.get_input_embeddings().weight, vocab)
+    logger.info("reader token embeddings: %d of %d from %s", n, len(tokenizer), source)
+
+
 def build_index(config: AtlasConfig, retriever: Retriever):
     """Open `index.path`, or build an index of `index.corpus` under the run folder once.
 
@@ -111,6 +129,8 @@ def build_atlas(config: AtlasConfig, *, checkpoint: str | Path | None = None, wi
         reader = build_reader(config.reader.model, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
                               eos_token_id=tokenizer.eos_token_id, dropout=config.reader.dropout,
                               seed=config.training.seed)
+        if config.reader.init_embeddings:
+            _init_reader_embeddings(reader, tokenizer, config)
     if config.reader.gradient_checkpointing:
         reader.gradient_checkpointing_enable()
 

@@ -88,6 +88,9 @@ class ReaderConfig:
     generation_max_length: int = 32
     num_beams: int = 1
     dropout: float | None = None
+    # A preset reader (random init) starts its token embeddings from this encoder's ("minilm",
+    # a folder or hub name) for the tokens both vocabularies have; None = random
+    init_embeddings: str | None = None
     # μ of the auxiliary loss CE − μ·dispersion (mean pairwise cosine distance of the final
     # decoder states; "On the predictive power of representation dispersion"); 0 = off.
     dispersion_weight: float = 0.0

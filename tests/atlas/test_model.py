@@ -29,9 +29,13 @@ def test_a_missed_evidence_passage_replaces_the_last_retrieved_one(tiny_world):
     assert np.isclose(got[-1]["score"], missed["score"], atol=1e-6) and got[-1]["row"] == missed["row"]
     fresh = float(model.retriever.embed_passages([evidence])[0] @ model.retriever.embed_queries([query])[0])
     assert np.isclose(got[-1]["score"], fresh, atol=2e-3)
-    # evidence already among the top-k: the retrieval is unchanged
-    found = Example(id="q", query=query, target=None, answers=[], evidence={**evidence, "id": plain[1]["id"]})
-    assert [p["id"] for p in model.retrieve([found], 3)[0]] == [p["id"] for p in plain]
+    # evidence among the top-k: read as given (an excerpt here) in place of its own copy
+    excerpt = {"id": plain[1]["id"], "title": plain[1]["title"], "text": plain[1]["text"][:20]}
+    found = Example(id="q", query=query, target=None, answers=[], evidence=excerpt)
+    got = model.retrieve([found], 3)[0]
+    assert [p["id"] for p in got] == [p["id"] for p in plain]
+    assert got[1]["text"] == excerpt["text"] and np.isclose(got[1]["score"], plain[1]["score"], atol=1e-6)
+    assert [p["text"] for p in got[::2]] == [p["text"] for p in plain[::2]]
 
 
 def test_evidence_outside_the_index_is_encoded_and_inside_it_read_from_the_index(tiny_world):
