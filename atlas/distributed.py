@@ -59,6 +59,9 @@ def init_distributed() -> DistributedContext:
 def shutdown(context: DistributedContext) -> None:
     """Leave the process group (when this process created one)."""
     if context.enabled and dist.is_initialized():
+        # a rank that tears gloo down while a peer is still in its last collective can kill that
+        # peer ("terminate called without an active exception"): leave together
+        dist.barrier()
         dist.destroy_process_group()
 
 

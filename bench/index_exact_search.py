@@ -1,7 +1,7 @@
 """Benchmark exact (brute-force) top-k search: ours vs faiss IndexFlatIP vs a plain torch matmul.
 
 Synthetic Gaussian vectors N × d (default 1M × 384 and 1M × 768), 1000 queries, k = 100.
-- ours: `retriever.index_types.exact_search` (chunked torch matmul + running top-k), on
+- ours: `retriever.index_types.exact_search` (chunks widened by torch, `faiss.knn` per chunk, running top-k), on
   float32 vectors and on the float16 vectors a Flat index stores;
 - faiss: `IndexFlatIP.search` on the same float32 vectors;
 - torch: `torch.topk(q @ V.T)` in query batches of 100 with no chunking over N (fastest

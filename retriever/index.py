@@ -4,8 +4,8 @@ An index folder holds
     manifest.json      what it is: encoder and corpus fingerprints, spec, counts, dim, dtype,
                        faiss version, created, the corpus segments, and every file's size
                        and SHA-256 (so a truncated or corrupted file is named, not crashed on)
-    vectors.gN.npy     float16 (N, d) embeddings: the index itself for `Flat` (searched by
-                       chunked torch matmul), else present only with `keep_embeddings`
+    vectors.gN.npy     float16 (N, d) embeddings: the index itself for `Flat` (searched in
+                       chunks by `exact_search`), else present only with `keep_embeddings`
     index.gN.faiss     the FAISS index for every other spec, saved and loaded compressed only
     removed.gN.npy     (N,) bool: positions of removed passages, never returned by search
 Files carry a generation number N; an update writes new files, then atomically replaces

@@ -196,7 +196,7 @@ def build_index(
     """Embed the prepared corpus at `corpus_path` with `retriever`'s passage encoder and save
     an index of `spec` at `out` (written atomically). Resumable: see `embed_corpus`.
 
-    A `Flat` index is the float16 embeddings themselves (exact search by torch matmul); any
+    A `Flat` index is the float16 embeddings themselves (searched in chunks by `exact_search`); any
     other spec saves only its FAISS index unless `keep_embeddings`. `encoder_source` (the
     path or name the retriever was loaded from) is recorded so search can default to it.
     """

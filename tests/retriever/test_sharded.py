@@ -203,6 +203,7 @@ def test_sharded_flat_rank_reads_only_its_rows(tmp_path, make_synthetic_corpus, 
 
 BUILD_SCRIPT = r"""
 import json, sys
+from pathlib import Path
 from atlas.build import build_index
 from atlas.config import AtlasConfig, IndexConfig, RetrieverConfig, TrainingConfig
 from atlas.distributed import init_distributed, shutdown
@@ -221,7 +222,8 @@ def counting(passages, **kwargs):
     return original(passages, **kwargs)
 retriever.embed_passages = counting
 index = build_index(config, retriever)
-print(json.dumps({"rank": context.rank, "embedded": embedded, "count": len(index)}))
+# one file per rank: two ranks printing to one stdout can interleave their lines
+Path(out_dir, f"report-{context.rank}.json").write_text(json.dumps({"rank": context.rank, "embedded": embedded, "count": len(index)}))
 shutdown(context)
 """
 
@@ -238,7 +240,7 @@ def test_run_index_is_built_once_shared_by_the_ranks(index_folders, tiny_encoder
     result = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[2],
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
-    reports = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    reports = [json.loads((tmp_path / "run" / f"report-{rank}.json").read_text()) for rank in (0, 1)]
     assert sorted(r["rank"] for r in reports) == [0, 1] and all(r["count"] == 61 for r in reports)
     embedded = [set(r["embedded"]) for r in reports]
     assert embedded[0] and embedded[1] and not embedded[0] & embedded[1]
