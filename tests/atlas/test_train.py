@@ -83,11 +83,14 @@ def test_resume_with_dropout_restores_the_random_state(tiny_world, tmp_path, mon
 
 def test_bf16_precision_autocasts_the_forward_pass(tiny_world, tmp_path):
     """training.precision=bf16 autocasts on the model's device (here the CPU): the losses move
-    by bf16 rounding (measured: relative 1e-4 at step 1, 1e-3 at step 3; fp32 repeats exactly)."""
+    by bf16 rounding (fp32 repeats exactly)."""
     fp32 = train(tiny_config(tiny_world, tmp_path / "fp32", "training.steps=3"), progress=False)["losses"]
     bf16 = train(tiny_config(tiny_world, tmp_path / "bf16", "training.steps=3", "training.precision=bf16"),
                  progress=False)["losses"]
-    assert all(1e-5 < abs(b - a) / a < 1e-2 for a, b in zip(fp32, bf16))
+    relative = [abs(b - a) / a for a, b in zip(fp32, bf16)]
+    # bf16 moves the losses (at some step by more than fp32 noise), but only by rounding; a single
+    # step may land within 1e-5 by chance (measured: 1.1e-4, 9.7e-6, 2.1e-3)
+    assert max(relative) > 1e-4 and all(r < 1e-2 for r in relative), relative
 
 
 def test_resume_restores_both_optimizers_and_schedulers(tiny_world, tmp_path):
