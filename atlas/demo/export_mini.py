@@ -179,8 +179,7 @@ def model_card(card: dict) -> str:
     skill = (f"With the gold passage given and no fine-tuning it answers {100 * reading:.1f}% of the demo's held-out "
              "questions exactly (check figures below)." if reading > 0 else
              "At this size and this much CPU pretraining it has **not yet learned to copy**: with the gold "
-             "passage given and no fine-tuning it answers none of the demo's held-out questions exactly; it "
-             "has learnt the answer types (a number for *how many*, a name for *who*) and generic answers.")
+             "passage given and no fine-tuning it answers none of the demo's held-out questions exactly.")
     if len(stages) > 1:
         reproduce = """atlas train configs/pretrain-mini.yaml                                   # stage 1: one passage
 python -m atlas.demo.export_mini runs/pretrain-mini runs/atlas-mini-stage1
