@@ -23,9 +23,9 @@ def _reader_tokenizer(config: AtlasConfig, checkpoint: Path | None):
         return build_reader_tokenizer(checkpoint / "reader")
     if config.reader.tokenizer:
         return build_reader_tokenizer(config.reader.tokenizer)
-    from reader.fid import READER_PRESETS
+    from reader.fid import READER_PRESETS, WARM_START_PRESETS
 
-    if config.reader.model in READER_PRESETS:
+    if config.reader.model in READER_PRESETS or config.reader.model in WARM_START_PRESETS:
         return build_reader_tokenizer(None)  # the MiniLM WordPiece vocabulary with T5 sentinels
     return build_reader_tokenizer(config.reader.model)  # the model's own folder or hub name
 
@@ -124,13 +124,18 @@ def build_atlas(config: AtlasConfig, *, checkpoint: str | Path | None = None, wi
     checkpoint = Path(checkpoint) if checkpoint is not None else None
     tokenizer = _reader_tokenizer(config, checkpoint)
     if checkpoint is not None:
-        reader = FiDReader.from_pretrained(checkpoint / "reader")
+        reader = FiDReader.from_pretrained(checkpoint / "reader", dropout=config.reader.dropout)
     else:
         reader = build_reader(config.reader.model, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
                               eos_token_id=tokenizer.eos_token_id, dropout=config.reader.dropout,
-                              seed=config.training.seed)
+                              seed=config.training.seed, tokenizer=tokenizer, encoder=config.reader.encoder)
         if config.reader.init_embeddings:
             _init_reader_embeddings(reader, tokenizer, config)
+    if config.reader.trainable_encoder_layers is not None:
+        if not hasattr(reader.t5, "set_trainable_encoder_layers"):
+            raise ValueError("reader.trainable_encoder_layers applies to warm-started readers (reader.model a "
+                             "warm-start preset or folder); this reader is a plain T5")
+        reader.t5.set_trainable_encoder_layers(config.reader.trainable_encoder_layers)
     if config.reader.gradient_checkpointing:
         reader.gradient_checkpointing_enable()
 

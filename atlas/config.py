@@ -79,6 +79,12 @@ class ReaderConfig:
     """The Fusion-in-Decoder T5 reader."""
 
     model: str = "t5-tiny"  # a local HF folder, a hub name, or a preset built from config
+    # warm-start presets (reader.warm_start, e.g. "minilm-fid"): the pre-trained encoder under the
+    # new T5 decoder ("minilm", a folder or hub name); None = the preset's own
+    encoder: str | None = None
+    # train only the top n encoder blocks of a warm-started reader (its token embedding frozen);
+    # None = all of it
+    trainable_encoder_layers: int | None = None
     tokenizer: str | None = None  # defaults to the model folder
     n_context: int = 40  # passages the reader reads (the first n of the retrieved ones)
     text_maxlength: int = 512
@@ -118,6 +124,9 @@ class TrainingConfig:
     accumulation_steps: int = 1
     lr: float = 4e-5
     lr_retriever: float = 4e-5
+    # the reader encoder's learning rate when it is pre-trained and the decoder is new
+    # (warm-started readers); None = lr
+    lr_encoder: float | None = None
     weight_decay: float = 0.01
     warmup_steps: int = 5
     scheduler: Literal["linear", "cosine", "constant"] = "linear"

@@ -148,7 +148,10 @@ class DeepSpeedReader:
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)  # its per-step INFO lines drown the log
         if len(optimizer.param_groups) != 1:
             raise ValueError(f"the reader's optimizer has {len(optimizer.param_groups)} parameter groups; "
-                             "checkpoint consolidation supports one")
+                             "checkpoint consolidation supports one (leave training.lr_encoder unset)")
+        if any(not p.requires_grad for p in reader.parameters()):
+            raise ValueError("under DeepSpeed the whole reader trains (checkpoint consolidation covers every "
+                             "parameter): leave reader.trainable_encoder_layers unset")
         self.context = context
         _ensure_process_group(context)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(

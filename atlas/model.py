@@ -187,7 +187,8 @@ class Atlas(nn.Module):
         input_ids, attention_mask = self.reader_inputs(queries, read)
         encoder_states = self.reader.encode(input_ids, attention_mask)  # (B, K, L, H)
         mu = self.reader_config.dispersion_weight
-        output = self.reader(attention_mask=attention_mask, labels=labels, encoder_states=encoder_states,
+        output = self.reader(input_ids=input_ids, attention_mask=attention_mask, labels=labels,
+                             encoder_states=encoder_states,
                              output_hidden_states=mu > 0)
         reader_loss = output.loss
         losses = {"reader": reader_loss}

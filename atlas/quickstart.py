@@ -1,10 +1,10 @@
 """`atlas quickstart`: the whole system on the shipped demo (or your documents) in minutes, offline.
 
-prepare the corpus → build the MiniLM index → few-shot fine-tune the shipped `atlas-mini` reader
+prepare the corpus → build the MiniLM index → few-shot fine-tune the shipped `atlas-reader`
 (and, with a retriever loss, the query encoder) → evaluate on held-out questions (EM, F1, answer recall@k) → answer three
-questions with their evidence → edit a fact in one passage, update the index with the same
-`add_passages` / `remove_passages` that `atlas index add|remove` run, and ask again: the answer
-follows the new text with no retraining. Everything lands in one output folder:
+questions with their evidence → edit facts in up to 25 passages, update the index with the same
+`add_passages` / `remove_passages` that `atlas index add|remove` run, and ask again: the share of
+answers that follow the new text with no retraining is reported. Everything lands in one output folder:
 
     OUT/corpus/  OUT/index/  OUT/train/ (checkpoint, log, evaluations)  OUT/edit/
     OUT/report.json  OUT/report.md
@@ -25,7 +25,7 @@ from tasks.io import atomic_write_json, atomic_write_text, read_jsonl, write_jso
 from tasks.metrics import has_answer, normalize_answer
 
 DEMO = Path(__file__).resolve().parent / "demo"
-MINI_READER = DEMO / "atlas-mini"
+SHIPPED_READER = DEMO / "atlas-reader"
 RECIPE = DEMO / "quickstart.yaml"
 # Small enough for CI (about a minute on 2 cores): fewer shots, steps, passages and questions.
 TINY_OVERRIDES = ["task.shots=16", "training.steps=6", "training.warmup_steps=1", "training.batch_size=2",
@@ -71,7 +71,7 @@ def user_data(docs: Path, questions: Path | None, out: Path, seed: int = 0) -> Q
 def quickstart_config(out: Path, data: QuickstartData, *, tiny: bool = False, reader: str | Path | None = None,
                       overrides: list[str] = ()) -> AtlasConfig:
     """The recipe `atlas/demo/quickstart.yaml` with its paths pointed into `out`."""
-    reader = str(reader or MINI_READER)
+    reader = str(reader or SHIPPED_READER)
     reader = str(Path(reader).resolve()) if Path(reader).exists() else reader  # else a preset name
     paths = [f"reader.model={reader}", f"index.path={(out / 'index').resolve()}",
              f"task.train_data=[{data.train.resolve()}]", f"task.eval_data=[{data.heldout.resolve()}]",
@@ -99,43 +99,71 @@ def replace_fact(text: str, old: str, new: str) -> str:
     return edited
 
 
-def edit_passage(model, index_path: Path, passage: dict, old: str, new: str, work: Path,
-                 progress: bool = True) -> dict:
-    """Change `old` to `new` in one indexed passage and update the index in place (remove the
-    passage, add the edited one under the same id), then reload it into `model`.
+def edit_passages(model, index_path: Path, edits: list[tuple[dict, str, str]], work: Path,
+                  progress: bool = True) -> list[dict]:
+    """Change `old` to `new` in each `(passage, old, new)` of `edits` (distinct passages) and update
+    the index in place in one remove + one add (same ids), then reload it into `model`.
 
     Uses `retriever.index_update.remove_passages` / `add_passages`, the functions behind
-    `atlas index remove|add`. → {"id", "before", "after"} (the passage text before and after).
+    `atlas index remove|add`. → per edit {"id", "before", "after"} (the passage text before and after).
     """
     from retriever.index import PassageIndex
     from retriever.index_update import add_passages, remove_passages
 
-    edited = {"id": passage["id"], "title": passage.get("title", ""), "text": replace_fact(passage["text"], old, new)}
+    ids = [passage["id"] for passage, _, _ in edits]
+    if len(set(ids)) != len(ids):
+        raise ValueError("edit_passages: each passage may be edited once per call")
+    edited = [{"id": passage["id"], "title": passage.get("title", ""), "text": replace_fact(passage["text"], old, new)}
+              for passage, old, new in edits]
     work.mkdir(parents=True, exist_ok=True)
     edited_file = work / f"edited-{len(list(work.glob('edited-*.jsonl')))}.jsonl"
-    write_jsonl(edited_file, [edited])
-    remove_passages(index_path, [passage["id"]])
+    write_jsonl(edited_file, edited)
+    remove_passages(index_path, ids)
     add_passages(index_path, [edited_file], model.retriever, chunk_words=0, progress=progress)
     model.index = PassageIndex.load(index_path, retriever=model.retriever)
-    return {"id": passage["id"], "before": passage["text"], "after": edited["text"]}
+    return [{"id": e["id"], "before": passage["text"], "after": e["text"]} for (passage, _, _), e in zip(edits, edited)]
+
+
+def edit_passage(model, index_path: Path, passage: dict, old: str, new: str, work: Path,
+                 progress: bool = True) -> dict:
+    """`edit_passages` for one passage: → {"id", "before", "after"}."""
+    return edit_passages(model, index_path, [(passage, old, new)], work, progress=progress)[0]
 
 
 def pick_edit(examples, predictions: list[str], passages: list[list[dict]], relations: list[str | None]):
     """A question whose top passage holds its answer — preferably one the reader got right — and a
     replacement answer: another question's answer of the same relation (or any other answer) that
     the passage does not contain. → (example index, replacement) or None."""
+    chosen = pick_edits(examples, predictions, passages, relations, 1)
+    return chosen[0] if chosen else None
+
+
+def pick_edits(examples, predictions: list[str], passages: list[list[dict]], relations: list[str | None],
+               n: int) -> list[tuple[int, str]]:
+    """Up to `n` edits as `pick_edit` chooses them, each on another top passage (questions the reader
+    got right first, then the others whose top passage holds the answer). → [(example index, replacement)]."""
     answers = [e.answers[0] for e in examples]
 
     def grounded(i: int) -> bool:
         return bool(passages[i]) and has_answer([answers[i]], passages[i][0]["text"])
 
     right = [i for i in range(len(examples)) if normalize_answer(predictions[i]) == normalize_answer(answers[i])]
-    for i in [i for i in right if grounded(i)] + [i for i in range(len(examples)) if grounded(i) and i not in right]:
+    order = [i for i in right if grounded(i)] + [i for i in range(len(examples)) if grounded(i) and i not in right]
+    chosen: list[tuple[int, str]] = []
+    used: set = set()
+    for i in order:
+        if len(chosen) == n:
+            break
+        passage = passages[i][0]
+        if passage.get("id", id(passage)) in used:
+            continue
         same_kind = [a for j, a in enumerate(answers) if relations[j] is not None and relations[j] == relations[i]]
         for candidate in same_kind + answers:
-            if normalize_answer(candidate) != normalize_answer(answers[i]) and not has_answer([candidate], passages[i][0]["text"]):
-                return i, candidate
-    return None
+            if normalize_answer(candidate) != normalize_answer(answers[i]) and not has_answer([candidate], passage["text"]):
+                chosen.append((i, candidate))
+                used.add(passage.get("id", id(passage)))
+                break
+    return chosen
 
 
 def _metrics_row(name: str, metrics: dict, ks: list[int]) -> dict:
@@ -154,8 +182,10 @@ def format_table(rows: list[dict]) -> str:
 
 def run_quickstart(out: str | Path, *, docs: str | Path | None = None, questions: str | Path | None = None,
                    tiny: bool = False, reader: str | Path | None = None, overrides: list[str] = (),
-                   progress: bool = True, echo: Callable[[str], None] = print) -> dict:
-    """Run every quickstart step into the folder `out` (created; must not exist yet); → the report."""
+                   n_edits: int = 25, progress: bool = True, echo: Callable[[str], None] = print) -> dict:
+    """Run every quickstart step into the folder `out` (created; must not exist yet); → the report.
+
+    `n_edits`: how many facts (on distinct passages) are edited at the last step (4 with `tiny`)."""
     from atlas.build import build_atlas
     from atlas.checkpoint import checkpoint_config
     from atlas.evaluate import evaluate, predict_generation
@@ -176,6 +206,7 @@ def run_quickstart(out: str | Path, *, docs: str | Path | None = None, questions
         timings[name] = round(time.perf_counter() - since, 1)
         return time.perf_counter()
 
+    n_edits = min(n_edits, 4) if tiny else n_edits
     data = demo_data() if docs is None else user_data(Path(docs), Path(questions) if questions else None, out)
     config = quickstart_config(out, data, tiny=tiny, reader=reader, overrides=overrides)
     echo(f"[1/6] preparing the corpus from {', '.join(str(d) for d in data.documents)}")
@@ -192,7 +223,8 @@ def run_quickstart(out: str | Path, *, docs: str | Path | None = None, questions
 
     task = get_task(config.task.name, **config.task.options)
     ks = config.evaluation.retrieval_k
-    echo(f"[3/6] evaluating atlas-mini before fine-tuning on {data.heldout.name}")
+    reader_name = Path(config.reader.model).name
+    echo(f"[3/6] evaluating {reader_name} before fine-tuning on {data.heldout.name}")
     before = evaluate(build_atlas(config), task, data.heldout, config.evaluation, out_dir=out / "eval-before")
     t = stage("eval_before", t)
     shots = config.task.shots or sum(1 for _ in read_jsonl(data.train))
@@ -201,8 +233,8 @@ def run_quickstart(out: str | Path, *, docs: str | Path | None = None, questions
     summary = train(config, progress=progress)
     after = summary["eval"]
     t = stage("train_and_eval", t)
-    rows = [_metrics_row("atlas-mini, no fine-tuning", before, ks),
-            _metrics_row(f"atlas-mini, {shots}-shot fine-tuned", after, ks)]
+    rows = [_metrics_row(f"{reader_name}, no fine-tuning", before, ks),
+            _metrics_row(f"{reader_name}, {shots}-shot fine-tuned", after, ks)]
     table = format_table(rows)
     echo(table)
 
@@ -218,26 +250,40 @@ def run_quickstart(out: str | Path, *, docs: str | Path | None = None, questions
             echo(f"     [{p['score']:.2f}] {p['title']}: {p['text'][:110]}…")
     t = stage("answers", t)
 
-    echo("[6/6] editing a fact in the corpus and updating the index (no retraining)")
+    echo(f"[6/6] editing up to {n_edits} facts in the corpus and updating the index (no retraining)")
     predictions, passages = predict_generation(model, task, examples, config.evaluation)
     predictions = [task.postprocess(e, p) for e, p in zip(examples, predictions)]
     relations = [r.get("relation") for _, r in read_jsonl(data.heldout)][: len(examples)]
-    choice = pick_edit(examples, predictions, [ps[: config.reader.n_context] for ps in passages], relations)
+    read = [ps[: config.reader.n_context] for ps in passages]
+    choices = pick_edits(examples, predictions, read, relations, n_edits)
     edit: dict = {"done": False, "reason": "no held-out question has its answer in its top passage"}
-    if choice is not None:
-        i, replacement = choice
-        example, passage = examples[i], passages[i][0]
-        change = edit_passage(model, out / "index", passage, example.answers[0], replacement, out / "edit",
-                              progress=progress)
-        new_answer, new_passages = model.predict([example])
-        follows = normalize_answer(new_answer[0]) == normalize_answer(replacement)
-        edit = {"done": True, "question": example.metadata.get("question"), "gold": example.answers[0],
-                "old_answer": predictions[i], "old_answer_right": normalize_answer(predictions[i]) == normalize_answer(example.answers[0]),
-                "replacement": replacement, "new_answer": new_answer[0], "follows_edit": follows,
-                "edited_passage_retrieved": any(p["id"] == passage["id"] for p in new_passages[0]), **change}
-        echo(f"  Q: {edit['question']}\n  before the edit: {edit['old_answer']}\n"
-             f"  edited passage {change['id']}: …{example.answers[0]} → {replacement}…\n"
-             f"  after the edit:  {edit['new_answer']}   ({'follows the new text' if follows else 'did not follow'})")
+    if choices:
+        changes = edit_passages(model, out / "index", [(read[i][0], examples[i].answers[0], replacement)
+                                                       for i, replacement in choices], out / "edit", progress=progress)
+        asked = [examples[i] for i, _ in choices]
+        new_answers, new_passages = model.predict(asked)
+        facts = []
+        for (i, replacement), change, new_answer, new_read in zip(choices, changes, new_answers, new_passages):
+            facts.append({"question": examples[i].metadata.get("question"), "gold": examples[i].answers[0],
+                          "old_answer": predictions[i],
+                          "old_answer_right": normalize_answer(predictions[i]) == normalize_answer(examples[i].answers[0]),
+                          "replacement": replacement, "new_answer": new_answer,
+                          "follows_edit": normalize_answer(new_answer) == normalize_answer(replacement),
+                          "edited_passage_retrieved": any(p["id"] == change["id"] for p in new_read), **change})
+        followed = sum(f["follows_edit"] for f in facts)
+        right = [f for f in facts if f["old_answer_right"]]
+        edit = {"done": True, "edited": len(facts), "followed": followed,
+                "follow_rate": 100 * followed / len(facts),
+                "right_before": len(right), "follow_rate_right_before":
+                    100 * sum(f["follows_edit"] for f in right) / len(right) if right else float("nan"),
+                "retrieved_after": sum(f["edited_passage_retrieved"] for f in facts), **facts[0], "facts": facts}
+        first = facts[0]
+        echo(f"  Q: {first['question']}\n  before the edit: {first['old_answer']}\n"
+             f"  edited passage {first['id']}: …{first['gold']} → {first['replacement']}…\n"
+             f"  after the edit:  {first['new_answer']}   "
+             f"({'follows the new text' if first['follows_edit'] else 'did not follow'})")
+        echo(f"  {followed} of {len(facts)} edited facts are answered from the new text "
+             f"({edit['follow_rate']:.0f}%; {len(right)} of them were answered right before the edit)")
     else:
         echo(f"  skipped: {edit['reason']}")
     stage("edit", t)

@@ -126,9 +126,15 @@ def load_training_examples(config: AtlasConfig, task) -> list[Example]:
 
 
 def make_optimizers(model, config: AtlasConfig):
-    """AdamW for the reader (`lr`) and, when the retriever trains, for it (`lr_retriever`)."""
+    """AdamW for the reader (`lr`; its encoder `lr_encoder` when set) and, when the retriever
+    trains, for it (`lr_retriever`). Frozen parameters are left out."""
     t = config.training
-    reader_opt = torch.optim.AdamW(model.reader.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+    encoder_ids = {id(p) for p in model.reader.t5.encoder.parameters()} if t.lr_encoder is not None else set()
+    trainable = [p for p in model.reader.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in trainable if id(p) not in encoder_ids], "lr": t.lr}]
+    if encoder_ids:
+        groups.append({"params": [p for p in trainable if id(p) in encoder_ids], "lr": t.lr_encoder})
+    reader_opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=t.lr, weight_decay=t.weight_decay)
     retriever_opt = None
     if model.trains_retriever:
         params = [p for p in model.retriever.parameters() if p.requires_grad]

@@ -1,7 +1,7 @@
 """Few-shot effectiveness on real Wikipedia questions (nq824) and the corpus-swap test (issue 6).
 
 Corpus: ../shared/data/nq824/documents.jsonl + ../shared/data/wikitext2-articles.jsonl, chunked to
-100 words, MiniLM Flat index. Reader: the shipped atlas-mini, fine-tuned on nq824/train-64.jsonl
+100 words, MiniLM Flat index. Reader: the shipped atlas-reader, fine-tuned on nq824/train-64.jsonl
 (64-shot) and evaluated on nq824/dev.jsonl, in these variants (each a fresh fine-tune):
 
     closed_book   same reader, no passages (the baseline the ratios are taken against)
@@ -33,7 +33,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from atlas.quickstart import MINI_READER, format_table, replace_fact  # noqa: E402
+from atlas.quickstart import SHIPPED_READER, format_table, replace_fact  # noqa: E402
 
 VARIANTS = ("closed_book", "frozen", "pdist", "adist", "emdr", "loop")
 GOALS = {"em_retrieval_augmented": 35.0, "em_ratio_to_closed_book": 3.0, "recall@5_lift": 3.0, "swap_follow": 80.0}
@@ -55,7 +55,7 @@ def base_overrides(args, out: Path, variant: str) -> list[str]:
         f"training.output_dir={out / variant}", f"training.steps={args.steps}", "training.batch_size=4",
         f"training.lr={args.lr}", f"training.lr_retriever={args.lr_retriever}", "training.warmup_steps=5", "training.log_every=5",
         "training.keep_last=1", "evaluation.batch_size=16", "evaluation.retrieval_k=[5,20]",
-        f"evaluation.max_examples={args.max_dev}",
+        f"evaluation.max_examples={args.max_dev}", *args.set,
     ]
 
 
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, default=REPO_ROOT.parent / "shared" / "data")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "bench-nq824")
-    parser.add_argument("--reader", default=str(MINI_READER))
+    parser.add_argument("--reader", default=str(SHIPPED_READER))
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--lr", type=float, default=5e-4)
@@ -181,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr-retriever", type=float, default=4e-5)
     parser.add_argument("--max-dev", type=int, default=578)
     parser.add_argument("--no-swap", action="store_true")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a dotted config override for every variant (repeatable), e.g. "
+                             "reader.trainable_encoder_layers=3")
     args = parser.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
     unknown = sorted(set(variants) - set(VARIANTS))

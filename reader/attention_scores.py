@@ -32,6 +32,7 @@ def cross_attention_scores(
     encoder_states: torch.Tensor,
     attention_mask: torch.Tensor,
     labels: torch.Tensor,
+    input_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention-times-value-norm mass that the decoder puts on each passage.
 
@@ -39,6 +40,7 @@ def cross_attention_scores(
         encoder_states: (B, K, L, H) from `FiDReader.encode`.
         attention_mask: (B, K, L).
         labels: (B, T), -100 at ignored positions (teacher-forced decoder inputs).
+        input_ids: (B, K, L) the encoder input ids (needed by a reader with a copy head).
     Returns:
         (B, K) float32 scores (see the module docstring).
     """
@@ -51,7 +53,7 @@ def cross_attention_scores(
 
     handles = [m.register_forward_pre_hook(capture, with_kwargs=True) for m in modules]
     try:
-        reader(attention_mask=attention_mask, encoder_states=encoder_states, labels=labels)
+        reader(input_ids=input_ids, attention_mask=attention_mask, encoder_states=encoder_states, labels=labels)
     finally:
         for handle in handles:
             handle.remove()

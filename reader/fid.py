@@ -19,6 +19,12 @@ from transformers import T5Config, T5ForConditionalGeneration
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
 from reader import attention_scores, passage_scores
+from reader.warm_start import (
+    WARM_START_PRESETS,
+    WarmStartedT5,
+    build_warm_started,
+    is_warm_started_folder,
+)
 from tasks.io import atomic_directory
 
 IGNORE_INDEX = -100
@@ -118,6 +124,24 @@ class FiDReader(nn.Module):
         """Number of decoder blocks."""
         return len(self.t5.decoder.block)
 
+    @property
+    def copies_from_source(self) -> bool:
+        """Whether the decoder points into the input tokens (a copy head), so that every decoder
+        pass needs the encoder input ids (`source_kwargs`)."""
+        return bool(getattr(self.t5, "copies_from_source", False))
+
+    def source_kwargs(self, input_ids: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """Extra decoder-pass arguments: `{"source_ids": (B, K·L)}` for a copy head, else `{}`.
+
+        Args:
+            input_ids: (B, K, L) the encoder input ids (None only for readers without a copy head).
+        """
+        if not self.copies_from_source:
+            return {}
+        if input_ids is None:
+            raise ValueError("this reader copies from its input (copy head): pass input_ids with encoder_states")
+        return {"source_ids": input_ids.reshape(input_ids.shape[0], -1)}
+
     def is_dropout_free(self) -> bool:
         """True when no dropout is active in train mode, so train- and eval-mode outputs agree."""
         return all(m.p == 0 for m in self.modules() if isinstance(m, nn.Dropout)) and (
@@ -169,7 +193,8 @@ class FiDReader(nn.Module):
         """Read K passages per example and decode.
 
         Args:
-            input_ids: (B, K, L); may be None when `encoder_states` is given.
+            input_ids: (B, K, L); may be None when `encoder_states` is given (except for a
+                reader with a copy head, which points into these ids).
             attention_mask: (B, K, L).
             labels: (B, T) target ids, -100 where ignored; gives `.loss` (mean token CE).
             decoder_input_ids: (B, T) explicit decoder inputs (default: labels shifted right).
@@ -191,6 +216,7 @@ class FiDReader(nn.Module):
             decoder_input_ids=decoder_input_ids,
             use_cache=False,
             output_hidden_states=output_hidden_states,
+            **self.source_kwargs(input_ids),
         )
 
     @torch.no_grad()
@@ -221,6 +247,7 @@ class FiDReader(nn.Module):
             decoder_start_token_id=self.t5.config.decoder_start_token_id,
             eos_token_id=self.t5.config.eos_token_id,
             pad_token_id=self.t5.config.pad_token_id,
+            **self.source_kwargs(input_ids),
         )
 
     @torch.no_grad()
@@ -258,23 +285,36 @@ class FiDReader(nn.Module):
         attention_mask: torch.Tensor,
         labels: torch.Tensor,
         temperature: float = 1.0,
+        input_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """(B, K, T) log p(a_t | a_<t, q, d_k) reading passage k alone; see `passage_scores`."""
         return passage_scores.per_passage_token_logprobs(
-            self, encoder_states, attention_mask, labels, temperature
+            self, encoder_states, attention_mask, labels, temperature, input_ids=input_ids
         )
 
     def leave_one_out_nll(
-        self, encoder_states: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor
+        self,
+        encoder_states: torch.Tensor,
+        attention_mask: torch.Tensor,
+        labels: torch.Tensor,
+        input_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """(B, K) mean target NLL reading all passages but k; see `passage_scores`."""
-        return passage_scores.leave_one_out_nll(self, encoder_states, attention_mask, labels)
+        return passage_scores.leave_one_out_nll(
+            self, encoder_states, attention_mask, labels, input_ids=input_ids
+        )
 
     def cross_attention_scores(
-        self, encoder_states: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor
+        self,
+        encoder_states: torch.Tensor,
+        attention_mask: torch.Tensor,
+        labels: torch.Tensor,
+        input_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """(B, K) attention-times-value-norm score per passage; see `attention_scores`."""
-        return attention_scores.cross_attention_scores(self, encoder_states, attention_mask, labels)
+        return attention_scores.cross_attention_scores(
+            self, encoder_states, attention_mask, labels, input_ids=input_ids
+        )
 
     # --- memory / persistence ---------------------------------------------------------
     def gradient_checkpointing_enable(self) -> None:
@@ -288,17 +328,21 @@ class FiDReader(nn.Module):
         self.t5.activation_checkpointing_disable()
 
     def save_pretrained(self, path: str | Path, overwrite: bool = False) -> None:
-        """Write a plain Hugging Face T5 folder (config.json + safetensors), atomically."""
+        """Write the reader folder atomically: a plain Hugging Face T5 folder (config.json +
+        safetensors), or for a warm-started reader its own folder (`reader.warm_start`)."""
         with atomic_directory(Path(path), overwrite=overwrite) as tmp:
             self.t5.save_pretrained(str(tmp), safe_serialization=True)
 
     @classmethod
-    def from_pretrained(cls, path: str | Path) -> FiDReader:
-        """Load a folder written by `save_pretrained` (or any local HF T5 folder)."""
+    def from_pretrained(cls, path: str | Path, dropout: float | None = None) -> FiDReader:
+        """Load a folder written by `save_pretrained` (or any local HF T5 folder), fp32 weights."""
         folder = Path(path)
         if not (folder / "config.json").is_file():
             raise ValueError(f"{folder}: not a Hugging Face model folder (no config.json)")
-        return cls(T5ForConditionalGeneration.from_pretrained(str(folder)))
+        if is_warm_started_folder(folder):
+            return cls(WarmStartedT5.from_folder(folder, dropout=dropout))
+        kwargs = {} if dropout is None else {"dropout_rate": dropout}
+        return cls(T5ForConditionalGeneration.from_pretrained(str(folder), dtype=torch.float32, **kwargs))
 
 
 def build_reader(
@@ -308,15 +352,27 @@ def build_reader(
     eos_token_id: int = 1,
     dropout: float | None = None,
     seed: int | None = None,
+    tokenizer=None,
+    encoder: str | None = None,
 ) -> FiDReader:
     """A FiD reader from a preset name (random init, sized to the vocabulary) or a local folder.
 
     Args:
-        model: a name in READER_PRESETS or a local Hugging Face T5 folder.
+        model: a name in READER_PRESETS (plain T5), in WARM_START_PRESETS (a pre-trained
+            encoder under a new T5 decoder, `reader.warm_start`), or a local reader folder.
         vocab_size, pad_token_id, eos_token_id: from the reader tokenizer (presets only).
         dropout: overrides the dropout rate (presets and folders).
         seed: seeds the random initialisation of a preset.
+        tokenizer: the reader tokenizer (warm-start presets map the encoder's embedding to its ids).
+        encoder: the pre-trained encoder of a warm-start preset ("minilm", a folder, a hub name).
     """
+    if model in WARM_START_PRESETS:
+        if tokenizer is None:
+            raise ValueError(f"reader preset {model!r} needs the reader tokenizer")
+        return FiDReader(build_warm_started(model, tokenizer, encoder=encoder, dropout=dropout, seed=seed))
+    if encoder is not None:
+        raise ValueError(f"reader.encoder applies to the warm-start presets ({sorted(WARM_START_PRESETS)}), "
+                         f"not to reader.model {model!r}")
     if model in READER_PRESETS:
         config = preset_config(model, vocab_size, pad_token_id, eos_token_id, dropout)
         if seed is not None:
@@ -324,18 +380,16 @@ def build_reader(
         return FiDReader(T5ForConditionalGeneration(config))
     folder = Path(model)
     if folder.is_dir():
-        kwargs = {} if dropout is None else {"dropout_rate": dropout}
         # fp32 master weights whatever the folder stores (a shipped fp16 checkpoint would
         # otherwise load as fp16, which CPU training cannot use); autocast handles bf16 runs
-        return FiDReader(
-            T5ForConditionalGeneration.from_pretrained(str(folder), dtype=torch.float32, **kwargs)
-        )
+        return FiDReader.from_pretrained(folder, dropout=dropout)
     if "/" in model and not model.startswith(
         (".", "/")
     ):  # a hub name, e.g. google/t5-base-lm-adapt
         kwargs = {} if dropout is None else {"dropout_rate": dropout}
         return FiDReader(T5ForConditionalGeneration.from_pretrained(model, **kwargs))
     raise ValueError(
-        f"reader model {model!r} is neither a preset ({sorted(READER_PRESETS)}), a local folder "
+        f"reader model {model!r} is neither a preset ({sorted(READER_PRESETS | WARM_START_PRESETS)}), "
+        "a local folder "
         "nor a hub name (owner/name)"
     )

@@ -42,6 +42,7 @@ def per_passage_token_logprobs(
     attention_mask: torch.Tensor,
     labels: torch.Tensor,
     temperature: float = 1.0,
+    input_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Token log-likelihoods of the target with the reader reading each passage alone.
 
@@ -52,6 +53,7 @@ def per_passage_token_logprobs(
         attention_mask: (B, K, L).
         labels: (B, T), -100 at ignored positions.
         temperature: divides the logits before the softmax (1 = the reader's distribution).
+        input_ids: (B, K, L) the encoder input ids (needed by a reader with a copy head).
     Returns:
         (B, K, T) log p(a_t | a_<t, q, d_k); 0 at ignored positions.
     """
@@ -60,6 +62,7 @@ def per_passage_token_logprobs(
     mask = attention_mask.reshape(batch * n_passages, 1, length)
     repeated_labels = labels.repeat_interleave(n_passages, dim=0)  # (B·K, T)
     logits = reader(
+        input_ids=None if input_ids is None else input_ids.reshape(batch * n_passages, 1, length),
         attention_mask=mask,
         encoder_states=states,
         decoder_input_ids=reader.shift_right(repeated_labels),
@@ -73,6 +76,7 @@ def leave_one_out_nll(
     encoder_states: torch.Tensor,
     attention_mask: torch.Tensor,
     labels: torch.Tensor,
+    input_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Mean token NLL of the target when the reader reads all passages except passage k.
 
@@ -81,6 +85,7 @@ def leave_one_out_nll(
 
     Args:
         encoder_states: (B, K, L, H); attention_mask: (B, K, L); labels: (B, T).
+        input_ids: (B, K, L) the encoder input ids (needed by a reader with a copy head).
     Returns:
         (B, K) mean NLL over the non-ignored target tokens (higher = passage k matters more).
     """
@@ -103,6 +108,7 @@ def leave_one_out_nll(
             decoder_input_ids=decoder_input_ids,
             past_key_values=cache,
             use_cache=True,
+            **reader.source_kwargs(input_ids),
         )
         cross_cache = output.past_key_values.cross_attention_cache
         scores.append(-target_token_logprobs(output.logits, labels).sum(-1) / n_tokens)

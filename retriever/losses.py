@@ -42,18 +42,21 @@ class GoldReader(Protocol):
         attention_mask: torch.Tensor,
         labels: torch.Tensor,
         temperature: float = 1.0,
+        input_ids: torch.Tensor | None = None,
     ) -> torch.Tensor: ...
     def leave_one_out_nll(
         self,
         encoder_states: torch.Tensor,
         attention_mask: torch.Tensor,
         labels: torch.Tensor,
+        input_ids: torch.Tensor | None = None,
     ) -> torch.Tensor: ...
     def cross_attention_scores(
         self,
         encoder_states: torch.Tensor,
         attention_mask: torch.Tensor,
         labels: torch.Tensor,
+        input_ids: torch.Tensor | None = None,
     ) -> torch.Tensor: ...
 
 
@@ -158,7 +161,7 @@ class RetrieverLoss(ABC):
             with torch.no_grad():
                 if encoder_states is None:
                     encoder_states = reader.encode(input_ids, attention_mask)
-                return self._gold(reader, encoder_states.detach(), attention_mask, labels)
+                return self._gold(reader, encoder_states.detach(), attention_mask, labels, input_ids)
         finally:
             reader.train(was_training)
 
@@ -169,8 +172,10 @@ class RetrieverLoss(ABC):
         encoder_states: torch.Tensor,
         attention_mask: torch.Tensor,
         labels: torch.Tensor,
+        input_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Gold scores from eval-mode encoder states (B, K, L, H)."""
+        """Gold scores from eval-mode encoder states (B, K, L, H); `input_ids` (B, K, L) for a
+        reader that copies from its input."""
 
     def loss(
         self,
@@ -226,8 +231,8 @@ class AttentionDistillation(RetrieverLoss):
 
     name = "adist"
 
-    def _gold(self, reader, encoder_states, attention_mask, labels):
-        return reader.cross_attention_scores(encoder_states, attention_mask, labels)
+    def _gold(self, reader, encoder_states, attention_mask, labels, input_ids=None):
+        return reader.cross_attention_scores(encoder_states, attention_mask, labels, input_ids=input_ids)
 
 
 class PerplexityDistillation(RetrieverLoss):
@@ -235,8 +240,9 @@ class PerplexityDistillation(RetrieverLoss):
 
     name = "pdist"
 
-    def _gold(self, reader, encoder_states, attention_mask, labels):
-        token_logprobs = reader.per_passage_token_logprobs(encoder_states, attention_mask, labels)
+    def _gold(self, reader, encoder_states, attention_mask, labels, input_ids=None):
+        token_logprobs = reader.per_passage_token_logprobs(encoder_states, attention_mask, labels,
+                                                           input_ids=input_ids)
         n_tokens = (labels != IGNORE_INDEX).sum(-1).clamp(min=1)  # (B,)
         return token_logprobs.sum(-1) / n_tokens.unsqueeze(-1)
 
@@ -246,8 +252,8 @@ class LeaveOneOut(RetrieverLoss):
 
     name = "loop"
 
-    def _gold(self, reader, encoder_states, attention_mask, labels):
-        return reader.leave_one_out_nll(encoder_states, attention_mask, labels)
+    def _gold(self, reader, encoder_states, attention_mask, labels, input_ids=None):
+        return reader.leave_one_out_nll(encoder_states, attention_mask, labels, input_ids=input_ids)
 
 
 class EMDR(RetrieverLoss):
@@ -277,12 +283,14 @@ class EMDR(RetrieverLoss):
             )
         self.granularity = granularity
 
-    def _gold(self, reader, encoder_states, attention_mask, labels):
+    def _gold(self, reader, encoder_states, attention_mask, labels, input_ids=None):
         if self.granularity == "token":
             return reader.per_passage_token_logprobs(
-                encoder_states, attention_mask, labels, temperature=self.temperature_gold
+                encoder_states, attention_mask, labels, temperature=self.temperature_gold,
+                input_ids=input_ids,
             )
-        return reader.per_passage_token_logprobs(encoder_states, attention_mask, labels).sum(-1)
+        return reader.per_passage_token_logprobs(encoder_states, attention_mask, labels,
+                                                 input_ids=input_ids).sum(-1)
 
     def loss(self, scores, gold, labels, *, dim, present=None):
         # Absent passages get log p_retr = -inf, so they drop out of the mixtures.
@@ -303,7 +311,7 @@ class NoRetrieverLoss(RetrieverLoss):
     name = "none"
     trains_retriever = False
 
-    def _gold(self, reader, encoder_states, attention_mask, labels):
+    def _gold(self, reader, encoder_states, attention_mask, labels, input_ids=None):
         raise RuntimeError("the 'none' retriever loss computes no gold scores")
 
     def __call__(

@@ -1,4 +1,4 @@
-"""The shipped demo, the shipped atlas-mini reader and `atlas quickstart` end to end (--tiny)."""
+"""The shipped demo, the shipped atlas-reader and `atlas quickstart` end to end (--tiny)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,17 @@ import shutil
 import pytest
 
 from atlas.demo import make_demo
-from atlas.quickstart import DEMO, MINI_READER, RECIPE, edit_passage, pick_edit, replace_fact, run_quickstart
+from atlas.quickstart import (
+    DEMO,
+    RECIPE,
+    SHIPPED_READER,
+    edit_passage,
+    edit_passages,
+    pick_edit,
+    pick_edits,
+    replace_fact,
+    run_quickstart,
+)
 from tasks.base import Example
 from tasks.io import read_jsonl
 from tasks.metrics import has_answer
@@ -73,35 +83,70 @@ def test_edit_passage_updates_the_index_in_place(tiny_world, tmp_path):
     assert not any("Quimper" in text for text in texts.values())
 
 
+def test_pick_edits_takes_distinct_passages_right_answers_first():
+    def example(answer):
+        return Example(id=answer, query="q", target=None, answers=[answer])
+
+    examples = [example("Quimper"), example("1820"), example("Belmont"), example("1750"), example("Lorient")]
+    passages = [[{"id": "a", "text": "capital Quimper, founded 1820"}], [{"id": "a", "text": "capital Quimper, founded 1820"}],
+                [{"id": "b", "text": "capital Belmont"}], [{"id": "c", "text": "founded 1750"}],
+                [{"id": "d", "text": "capital Lorient"}]]
+    relations = ["capital", "year", "capital", "year", "capital"]
+    chosen = pick_edits(examples, ["x", "1820", "Belmont", "z", "w"], passages, relations, n=10)
+    assert [i for i, _ in chosen][:2] == [1, 2]  # the right answers first
+    assert len({passages[i][0]["id"] for i, _ in chosen}) == len(chosen) == 4  # passage "a" edited once
+    assert len(pick_edits(examples, ["x"] * 5, passages, relations, n=2)) == 2
+
+
+def test_edit_passages_updates_several_passages_in_one_index_update(tiny_world, tmp_path):
+    from atlas.build import build_atlas
+    from atlas.config import load_config
+
+    index = tmp_path / "index"
+    shutil.copytree(tiny_world["index"], index)
+    model = build_atlas(load_config(None, [f"retriever.model={tiny_world['encoder']}", f"index.path={index}",
+                                           "reader.model=t5-tiny", "retriever.loss=none"]))
+    corpus = model.index.corpora[0]
+    changes = edit_passages(model, index, [(corpus.get("p1"), "Quimper", "Lorient"),
+                                           (corpus.get("p3"), "florin", "ducat")], tmp_path / "edit", progress=False)
+    assert [c["id"] for c in changes] == ["p1", "p3"]
+    texts = {hit.id: hit.text for hit in model.index.search(["capital"], 5)[0]}
+    assert len(model.index) == 5 and "Lorient" in texts["p1"] and "ducat" in texts["p3"]
+    with pytest.raises(ValueError, match="edited once per call"):
+        edit_passages(model, index, [(corpus.get("p2"), "Olo", "X"), (corpus.get("p2"), "Tarsia", "Y")],
+                      tmp_path / "edit", progress=False)
+
+
 def test_the_recipe_is_valid_and_configs_quickstart_is_the_same_file():
     from atlas.config import load_config
 
     config = load_config(RECIPE)
-    assert config.reader.model == "atlas/demo/atlas-mini" and config.task.name == "qa"
+    assert config.reader.model == "atlas/demo/atlas-reader" and config.task.name == "qa"
     assert (DEMO.parents[1] / "configs" / "quickstart.yaml").resolve() == RECIPE
 
 
-needs_mini = pytest.mark.skipif(not (MINI_READER / "config.json").is_file(), reason="atlas-mini not exported")
+needs_mini = pytest.mark.skipif(not (SHIPPED_READER / "config.json").is_file(), reason="atlas-reader not exported")
 
 
 @needs_mini
-def test_atlas_mini_loads_with_plain_transformers_and_matches_its_card():
-    import torch
-    from transformers import T5ForConditionalGeneration
+def test_the_shipped_reader_is_a_small_fp16_delta_and_matches_its_card():
+    from safetensors.torch import load_file
 
-    from atlas.demo.export_mini import demo_mlm_loss, demo_reading_em
+    from atlas.demo.export_reader import demo_reading_em
+    from reader.fid import FiDReader
 
-    model = T5ForConditionalGeneration.from_pretrained(str(MINI_READER))
-    assert next(model.parameters()).dtype == torch.float16
-    assert sum(f.stat().st_size for f in MINI_READER.iterdir()) <= 50 * 2**20
-    card = json.loads((MINI_READER / "card.json").read_text())
-    readme = (MINI_READER / "README.md").read_text()
-    assert card["architecture"]["parameters"] == sum(p.numel() for p in model.parameters())
-    assert demo_mlm_loss(MINI_READER) == pytest.approx(card["demo_mlm_loss"]["value"], abs=1e-4)
-    assert f"{card['demo_mlm_loss']['value']:.4f}" in readme
-    assert demo_reading_em(MINI_READER) == pytest.approx(card["demo_reading"]["exact_match"], abs=1e-4)
+    stored = load_file(str(SHIPPED_READER / "model.safetensors"))
+    assert {t.dtype for t in stored.values()} == {__import__("torch").float16}
+    assert sum(f.stat().st_size for f in SHIPPED_READER.iterdir()) <= 35 * 2**20
+    assert not any("embeddings" in name for name in stored)  # read from the installed MiniLM
+    card = json.loads((SHIPPED_READER / "card.json").read_text())
+    readme = (SHIPPED_READER / "README.md").read_text()
+    reader = FiDReader.from_pretrained(SHIPPED_READER)
+    assert card["architecture"]["parameters"] == sum(p.numel() for p in reader.parameters())
+    assert card["architecture"]["parameters_shipped"] == sum(t.numel() for t in stored.values())
+    assert demo_reading_em(SHIPPED_READER) == pytest.approx(card["demo_reading"]["exact_match"], abs=1e-4)
     assert f"{100 * card['demo_reading']['exact_match']:.1f}%" in readme
-    for stage in card["pretraining"]:
+    for stage in card["training"]:
         assert f"{stage['steps']} steps of batch {stage['batch_size']}" in readme
 
 
@@ -119,7 +164,9 @@ def test_quickstart_tiny_runs_end_to_end_and_the_edit_reaches_the_answerer(tmp_p
     edit = report["edit"]
     assert edit["done"] and edit["edited_passage_retrieved"], edit
     assert edit["replacement"] in edit["after"] and edit["gold"] not in edit["after"]
-    assert isinstance(edit["follows_edit"], bool)
+    assert 1 <= edit["edited"] <= 4 and len({f["id"] for f in edit["facts"]}) == edit["edited"]
+    assert edit["followed"] == sum(f["follows_edit"] for f in edit["facts"])
+    assert edit["retrieved_after"] == edit["edited"]  # MiniLM finds every edited passage again
     assert any("after the edit" in line for line in lines)
 
 

@@ -1,0 +1,131 @@
+"""Does the reader read? SQuAD v1.1 dev, official EM / F1, with the gold paragraph (K=1) and with the
+gold among K=5 passages (4 distractors retrieved by MiniLM from all dev paragraphs, gold slot shuffled).
+
+Readers compared in the same run: the shipped reader (atlas/demo/atlas-reader) and any others given
+with --reader NAME=DIR (e.g. the retired atlas-mini exported from git history, or a checkpoint's
+reader/ folder at equal training steps). Also measured: reader inference throughput (questions/s at
+K=5, greedy, batch 16, this machine's threads).
+
+    .venv/bin/python bench/reading.py                                   # 1000 seeded dev questions
+    .venv/bin/python bench/reading.py --reader atlas-mini=runs/atlas-mini --max-dev 300
+Prints a JSON object, then a table. Never runs in the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+SQUAD_DEV = REPO_ROOT.parent / "shared" / "data" / "squad" / "dev-v1.1.json"
+SHIPPED = REPO_ROOT / "atlas" / "demo" / "atlas-reader"
+TARGETS = {"k1_exact_match": 60.0, "k1_f1": 70.0, "k5_gap_em": 10.0, "k5_questions_per_s": 20.0}
+
+
+def distractor_passages(examples, pool, retriever, k: int, seed: int) -> list[list[dict]]:
+    """Per example: its gold paragraph and the k-1 other paragraphs of `pool` (examples whose gold
+    paragraphs form the corpus) that MiniLM ranks highest for its question, in a seeded shuffled order."""
+    import numpy as np
+
+    paragraphs = sorted({e.passages[0]["text"]: e.passages[0]["title"] for e in pool}.items())
+    vectors = retriever.embed_passages([{"title": title, "text": text} for text, title in paragraphs])
+    queries = retriever.embed_queries([e.metadata["question"] for e in examples])
+    scores = queries @ vectors.T
+    out = []
+    for n, example in enumerate(examples):
+        gold = example.passages[0]
+        order = np.argsort(-scores[n], kind="stable")
+        others = [{"id": f"d{i}", "title": paragraphs[i][1], "text": paragraphs[i][0]}
+                  for i in order if paragraphs[i][0] != gold["text"]][: k - 1]
+        passages = [gold, *others]
+        random.Random(f"{seed}-{example.id}").shuffle(passages)
+        out.append(passages)
+    return out
+
+
+def read(reader, tokenizer, task, examples, passages, *, max_length: int, batch_size: int) -> tuple[dict, float]:
+    """Generate an answer for every example from its passages → (SQuAD metrics in %, questions/s)."""
+    import torch
+
+    from reader.inputs import encode_reader_inputs
+
+    predictions, started = [], time.perf_counter()
+    with torch.no_grad():
+        for start in range(0, len(examples), batch_size):
+            chunk = examples[start: start + batch_size]
+            ids, mask = encode_reader_inputs(tokenizer, [e.query for e in chunk],
+                                             passages[start: start + batch_size], max_length)
+            generated = reader.generate(ids, mask, max_length=24)
+            predictions += tokenizer.batch_decode(generated, skip_special_tokens=True)
+    rate = len(examples) / (time.perf_counter() - started)
+    metrics = task.evaluate(examples, predictions)
+    return {k: 100 * v for k, v in metrics.items()}, rate
+
+
+def main(argv: list[str] | None = None) -> int:
+    from atlas.quickstart import format_table
+    from reader.fid import FiDReader
+    from reader.tokenizer import build_reader_tokenizer
+    from retriever.encoder import Retriever, default_encoder_path
+    from tasks.base import get_task
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reader", action="append", default=[], metavar="NAME=DIR",
+                        help="another reader folder to compare (repeatable)")
+    parser.add_argument("--max-dev", type=int, default=1000, help="seeded sample of dev questions (0 = all 10,570)")
+    parser.add_argument("--text-maxlength", type=int, default=320, help="reader tokens per (question, passage)")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "bench-reading")
+    args = parser.parse_args(argv)
+    if not SQUAD_DEV.is_file():
+        print(f"skipped: {SQUAD_DEV} not found")
+        return 0
+
+    task = get_task("reading")
+    everything = task.load(SQUAD_DEV)
+    examples = everything
+    if args.max_dev:
+        examples = random.Random(args.seed).sample(everything, min(args.max_dev, len(everything)))
+    retriever = Retriever.from_pretrained(default_encoder_path("minilm"))
+    retriever.eval()
+    gold_only = [e.passages for e in examples]
+    with_distractors = distractor_passages(examples, everything, retriever, 5, args.seed)
+
+    readers = {"shipped (atlas-reader)": SHIPPED}
+    for item in args.reader:
+        name, _, folder = item.partition("=")
+        readers[name] = Path(folder)
+    rows, results = [], {}
+    for name, folder in readers.items():
+        reader = FiDReader.from_pretrained(folder).eval()
+        tokenizer = build_reader_tokenizer(folder if (folder / "tokenizer.json").is_file() else None)
+        k1, _ = read(reader, tokenizer, task, examples, gold_only, max_length=args.text_maxlength,
+                     batch_size=args.batch_size)
+        k5, rate = read(reader, tokenizer, task, examples, with_distractors, max_length=args.text_maxlength,
+                        batch_size=args.batch_size)
+        results[name] = {"folder": str(folder), "k1": k1, "k5": k5, "k5_questions_per_s": rate}
+        rows.append({"reader": name, "EM K=1": k1["exact_match"], "F1 K=1": k1["f1"], "EM K=5": k5["exact_match"],
+                     "F1 K=5": k5["f1"], "q/s K=5": rate})
+    shipped = results["shipped (atlas-reader)"]
+    report = {"dev_questions": len(examples), "text_maxlength": args.text_maxlength, "readers": results,
+              "targets": TARGETS,
+              "met": {"k1_exact_match": shipped["k1"]["exact_match"] >= TARGETS["k1_exact_match"],
+                      "k1_f1": shipped["k1"]["f1"] >= TARGETS["k1_f1"],
+                      "k5_gap_em": shipped["k1"]["exact_match"] - shipped["k5"]["exact_match"] <= TARGETS["k5_gap_em"],
+                      "k5_questions_per_s": shipped["k5_questions_per_s"] >= TARGETS["k5_questions_per_s"]}}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2))
+    print(format_table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,197 @@
+"""Reading comprehension (SQuAD v1.1): question + the paragraph that holds the answer → answer.
+
+Used as an intermediate stage that teaches a reader to read before few-shot fine-tuning, and
+to measure reading (SQuAD-official EM/F1). Accepted inputs:
+- the official SQuAD JSON `{data: [{title, paragraphs: [{context, qas: [{id, question,
+  answers: [{text, answer_start}]}]}]}]}`;
+- JSON lines `{id?, question, context, title?, answers: [{text, answer_start}] | [str]}`.
+
+Each example carries its passages (no retrieval): the gold paragraph and, with the option
+`distractors: n`, n other paragraphs of the same article (the hardest negatives: same topic,
+same names), in a seeded shuffled order, so the reader learns to find the passage and not only
+to copy from one. `max_words: n` cuts the gold paragraph to a seeded window of n words that
+holds the answer (training inputs then match a corpus of ~100-word passages, and cost less).
+
+Bad records (missing field, empty context, an answer that is not in its context at
+`answer_start`) raise an `InputError` naming the file, the record (`data[i].paragraphs[j]
+.qas[k]` for SQuAD JSON, the line for JSON lines) and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+from tasks.base import Example, Task, check_lengths, format_template, mean, register_task
+from tasks.io import InputError, read_jsonl, require_str
+from tasks.metrics import max_exact_match, max_f1
+
+
+def _window(context: str, start: int, end: int, max_words: int, rng: random.Random) -> str:
+    """A window of at most `max_words` whitespace words of `context` that holds chars [start, end)."""
+    words, offsets, position = context.split(), [], 0
+    for word in words:
+        position = context.index(word, position)
+        offsets.append(position)
+        position += len(word)
+    if len(words) <= max_words:
+        return context
+    first = max(i for i, o in enumerate(offsets) if o <= start)
+    last = max(i for i, o in enumerate(offsets) if o < end)
+    if last - first + 1 > max_words:
+        return context
+    low, high = max(0, last - max_words + 1), min(first, len(words) - max_words)
+    begin = rng.randint(low, high)
+    return " ".join(words[begin: begin + max_words])
+
+
+@register_task("reading")
+class ReadingTask(Task):
+    """SQuAD-style reading comprehension with SQuAD-official EM / F1 (max over gold answers)."""
+
+    name = "reading"
+    metrics = ("exact_match", "f1")
+    default_options: ClassVar[dict[str, Any]] = {
+        "query_template": "question: {question} answer: <extra_id_0>",
+        "target_template": "<extra_id_0> {answer}",
+        "max_words": None,  # cut the gold paragraph to a window of this many words holding the answer
+        "distractors": 0,  # other paragraphs of the same article read beside the gold one
+        "seed": 0,
+    }
+
+    def __init__(self, **options: Any):
+        super().__init__(**options)
+        format_template(self.options["query_template"], "query_template", question="q")
+        format_template(self.options["target_template"], "target_template", answer="a")
+        for key in ("max_words", "distractors"):
+            value = self.options[key]
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise ValueError(f"task option {key} must be a non-negative integer, got {value!r}")
+
+    # ------------------------------------------------------------------ loading
+    def iter_records(
+        self, path: str | Path, on_error: Callable[[InputError], None] | None = None
+    ) -> Iterator[tuple[str, int, dict[str, Any]]]:
+        """SQuAD JSON → one record per question (with its paragraph and the article's others);
+        JSON lines → one record per line. `line` is the 1-based question number in SQuAD JSON."""
+        path = Path(path)
+        if path.suffix != ".json":
+            for line, record in read_jsonl(path, on_error):
+                yield str(path), line, record
+            return
+        if not path.is_file():
+            raise InputError(path, None, None, "file not found")
+        try:
+            document = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise InputError(path, None, None, f"not a SQuAD JSON file: {error}") from None
+        if not isinstance(document, dict) or not isinstance(document.get("data"), list):
+            raise InputError(path, None, "data", "expected the SQuAD layout {data: [{title, paragraphs}]}")
+        number = 0
+        for i, article in enumerate(document["data"]):
+            paragraphs = article.get("paragraphs") if isinstance(article, dict) else None
+            if not isinstance(paragraphs, list):
+                error = InputError(path, None, f"data[{i}].paragraphs", "missing or not a list")
+                if on_error is None:
+                    raise error
+                on_error(error)
+                continue
+            contexts = [p.get("context") if isinstance(p, dict) else None for p in paragraphs]
+            title = str(article.get("title", "")).replace("_", " ")
+            for j, paragraph in enumerate(paragraphs):
+                qas = paragraph.get("qas") if isinstance(paragraph, dict) else None
+                if not isinstance(qas, list):
+                    error = InputError(path, None, f"data[{i}].paragraphs[{j}].qas", "missing or not a list")
+                    if on_error is None:
+                        raise error
+                    on_error(error)
+                    continue
+                for k, qa in enumerate(qas):
+                    number += 1
+                    yield str(path), number, {
+                        **(qa if isinstance(qa, dict) else {}), "context": paragraph.get("context"),
+                        "title": title, "_where": f"data[{i}].paragraphs[{j}].qas[{k}]",
+                        "_siblings": (contexts, j),
+                    }
+
+    def parse_record(self, record: dict[str, Any], path: str, line: int, index: int) -> Example:
+        """One question with its paragraph → Example with the gold (and distractor) passages."""
+        where = record.get("_where")
+        field = (lambda name: f"{where}.{name}") if where else (lambda name: name)
+        at = None if where else line
+        question = record.get("question")
+        if not isinstance(question, str) or not question.strip():
+            raise InputError(path, at, field("question"), "expected a non-empty string")
+        context = record.get("context")
+        if not isinstance(context, str) or not context.strip():
+            raise InputError(path, at, field("context"), "expected a non-empty string (the paragraph)")
+        answers, spans = self._answers(record, context, path, at, field)
+        example_id = require_str(record, "id", path, line) if "id" in record else str(index)
+        rng = random.Random(f"{self.options['seed']}-{example_id}")
+        text = context
+        if self.options["max_words"] and spans:
+            start, end = spans[0]
+            text = _window(context, start, end, self.options["max_words"], rng)
+        title = str(record.get("title") or "")
+        gold = {"id": f"{example_id}-gold", "title": title, "text": text}
+        passages = [gold] + self._distractors(record, rng, title, example_id)
+        rng.shuffle(passages)
+        return Example(id=example_id, query=self.query(question.strip()), target=self.target(answers[0]),
+                       answers=answers, passages=passages, metadata={"question": question.strip()})
+
+    @staticmethod
+    def _answers(record, context, path, at, field) -> tuple[list[str], list[tuple[int, int]]]:
+        raw = record.get("answers")
+        if not isinstance(raw, list) or not raw:
+            raise InputError(path, at, field("answers"), "expected a non-empty list of answers")
+        answers, spans = [], []
+        for n, answer in enumerate(raw):
+            if isinstance(answer, str):
+                text, start = answer, context.find(answer)
+            elif isinstance(answer, dict) and isinstance(answer.get("text"), str):
+                text, start = answer["text"], answer.get("answer_start")
+                if not isinstance(start, int) or context[start: start + len(text)] != text:
+                    raise InputError(path, at, field(f"answers[{n}]"),
+                                     f"answer {text!r} is not in the context at answer_start={start!r}")
+            else:
+                raise InputError(path, at, field(f"answers[{n}]"), "expected a string or {text, answer_start}")
+            if not text.strip() or start < 0:
+                raise InputError(path, at, field(f"answers[{n}]"), f"answer {text!r} is not in the context")
+            if text not in answers:
+                answers.append(text)
+            spans.append((start, start + len(text)))
+        return answers, spans
+
+    def _distractors(self, record, rng: random.Random, title: str, example_id: str) -> list[dict]:
+        wanted = self.options["distractors"]
+        if not wanted or "_siblings" not in record:
+            return []
+        contexts, own = record["_siblings"]
+        others = [n for n, c in enumerate(contexts) if n != own and isinstance(c, str) and c.strip()]
+        picked = rng.sample(others, min(wanted, len(others)))
+        max_words = self.options["max_words"]
+        return [{"id": f"{example_id}-d{n}", "title": title,
+                 "text": " ".join(contexts[n].split()[:max_words]) if max_words else contexts[n]} for n in picked]
+
+    def query(self, question: str) -> str:
+        """The reader input for `question`."""
+        return format_template(self.options["query_template"], "query_template", question=question)
+
+    def target(self, answer: str) -> str:
+        """The target text for `answer`."""
+        return format_template(self.options["target_template"], "target_template", answer=answer)
+
+    # ------------------------------------------------------------------ scoring
+    def evaluate(self, examples: list[Example], predictions: list[str], *,
+                 retrieved: list[list[dict]] | None = None) -> dict[str, float]:
+        """SQuAD v1.1 official EM and F1 (fractions), each the max over the gold answers."""
+        check_lengths(examples, predictions)
+        em, f1 = [], []
+        for example, prediction in zip(examples, predictions):
+            answer = self.postprocess(example, prediction)
+            em.append(max_exact_match(answer, example.answers))
+            f1.append(max_f1(answer, example.answers))
+        return {"exact_match": mean(em), "f1": mean(f1)}

@@ -1,0 +1,87 @@
+"""The warm-started reader in the training recipe: every retriever loss, the reading stage, frozen
+encoder blocks that stay frozen, two learning rates, and an exact resume."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from atlas.build import build_atlas
+from atlas.checkpoint import checkpoint_config
+from atlas.config import load_config
+from atlas.train import train
+
+
+def warm_config(world, out, *overrides):
+    return load_config(None, [
+        f"retriever.model={world['encoder']}", "retriever.loss=pdist", "retriever.n_context=3",
+        "retriever.temperature_gold=0.1", "retriever.temperature_score=0.1", f"index.path={world['index']}",
+        "reader.model=minilm-fid-tiny", f"reader.encoder={world['encoder']}", "reader.trainable_encoder_layers=1",
+        "reader.n_context=3", "reader.text_maxlength=48", "reader.dropout=0.0", "reader.answer_maxlength=8",
+        "reader.generation_max_length=6", "task.name=qa", f"task.train_data=[{world['qa']}]",
+        f"task.eval_data=[{world['qa']}]", f"training.output_dir={out}", "training.steps=4",
+        "training.batch_size=2", "training.lr=3e-3", "training.lr_encoder=1e-3", "training.lr_retriever=1e-3",
+        "training.warmup_steps=1", "training.log_every=1", "evaluation.retrieval_k=[1,3]", *overrides,
+    ])
+
+
+@pytest.mark.parametrize("loss", ["adist", "pdist", "emdr", "loop"])
+def test_every_retriever_loss_trains_the_query_encoder_through_the_warm_started_reader(tiny_world, tmp_path, loss):
+    config = warm_config(tiny_world, tmp_path / "run", f"retriever.loss={loss}", "training.steps=2")
+    model = build_atlas(config)
+    before = [p.detach().clone() for p in model.retriever.query_encoder.parameters()]
+    summary = train(config, progress=False)
+    assert all(torch.isfinite(torch.tensor(summary["losses"])))
+    trained = build_atlas(checkpoint_config(summary["checkpoint"]), checkpoint=summary["checkpoint"])
+    moved = [not torch.equal(a, b) for a, b in zip(before, trained.retriever.query_encoder.parameters())]
+    assert any(moved)
+
+
+def test_frozen_blocks_stay_the_base_and_the_checkpoint_holds_only_the_rest(tiny_world, tmp_path):
+    summary = train(warm_config(tiny_world, tmp_path / "run", "retriever.loss=none"), progress=False)
+    stored = load_file(str(tmp_path / "run" / "checkpoints" / "step-000004" / "reader" / "model.safetensors"))
+    assert any("encoder.layer.1." in name for name in stored)
+    assert not any("encoder.layer.0." in name or "embeddings" in name for name in stored)
+    trained = build_atlas(checkpoint_config(summary["checkpoint"]), checkpoint=summary["checkpoint"])
+    base = build_atlas(warm_config(tiny_world, tmp_path / "fresh", "retriever.loss=none"))
+    frozen = "encoder.model.encoder.layer.0.attention.self.query.weight"
+    top = "encoder.model.encoder.layer.1.attention.self.query.weight"
+    t_state, b_state = trained.reader.t5.state_dict(), base.reader.t5.state_dict()
+    assert torch.equal(t_state[frozen], b_state[frozen]) and not torch.equal(t_state[top], b_state[top])
+
+
+def test_the_reader_encoder_gets_its_own_learning_rate(tiny_world, tmp_path):
+    from atlas.train import make_optimizers
+
+    config = warm_config(tiny_world, tmp_path / "run")
+    model = build_atlas(config)
+    reader_opt, _, _ = make_optimizers(model, config)
+    encoder = {id(p) for p in model.reader.t5.encoder.parameters()}
+    rates = {(g["lr"], all(id(p) in encoder for p in g["params"])) for g in reader_opt.param_groups}
+    assert rates == {(3e-3, False), (1e-3, True)}
+    assert all(p.requires_grad for g in reader_opt.param_groups for p in g["params"])
+
+
+def test_reading_stage_resumes_bit_identically(tiny_world, tmp_path):
+    squad = tmp_path / "squad.jsonl"
+    squad.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"id": "a", "question": "What is the capital of Zorbland?", "title": "Zorbland",
+         "context": "The capital of Zorbland is Quimper. Zorbland is an island.", "answers": ["Quimper"]},
+        {"id": "b", "question": "Who first climbed Mount Olo?", "title": "Olo",
+         "context": "Mount Olo is 3000 metres high; Anna Brook first climbed it.", "answers": ["Anna Brook"]},
+        {"id": "c", "question": "What is the currency of Tarsia?", "title": "Tarsia",
+         "context": "The currency of Tarsia is the florin. Its capital is Belmont.", "answers": ["florin"]}]))
+    reading = ["retriever.loss=none", "task.name=reading", f"task.train_data=[{squad}]",
+               f"task.eval_data=[{squad}]", "reader.n_context=1", "task.options={max_words: 8}", "training.steps=4"]
+    train(warm_config(tiny_world, tmp_path / "straight", *reading, "training.save_every=2"), progress=False)
+    train(warm_config(tiny_world, tmp_path / "halted", *reading), progress=False, stop_at=2)
+    summary = train(None, resume=tmp_path / "halted", progress=False)
+    def losses(run):
+        rows = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+        return [r["loss/total"] for r in rows if "loss/total" in r]
+
+    assert losses(tmp_path / "straight")[-2:] == losses(tmp_path / "halted")[-2:]
+    assert set(summary["eval"]) >= {"exact_match", "f1"}

@@ -1,0 +1,104 @@
+"""The reading-comprehension task: SQuAD JSON / JSON lines in, gold (+ distractor) passages, SQuAD scores."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from tasks.base import get_task
+from tasks.io import InputError
+from tasks.reading import _window
+
+CONTEXT_A = "The Normans were the people who gave their name to Normandy, a region in France."
+CONTEXT_B = "Rollo was their first ruler. He signed a treaty with the king in 911."
+CONTEXT_C = "Norman architecture is known for its round arches."
+
+
+def _squad(tmp_path, qas_a=None, name="squad.json"):
+    document = {"version": "1.1", "data": [
+        {"title": "The_Normans", "paragraphs": [
+            {"context": CONTEXT_A, "qas": qas_a if qas_a is not None else [
+                {"id": "q1", "question": "What region did the Normans name?",
+                 "answers": [{"text": "Normandy", "answer_start": CONTEXT_A.index("Normandy")},
+                             {"text": "Normandy, a region in France",
+                              "answer_start": CONTEXT_A.index("Normandy")}]}]},
+            {"context": CONTEXT_B, "qas": [
+                {"id": "q2", "question": "When was the treaty signed?",
+                 "answers": [{"text": "911", "answer_start": CONTEXT_B.index("911")}]}]},
+            {"context": CONTEXT_C, "qas": []}]}]}
+    path = tmp_path / name
+    path.write_text(json.dumps(document))
+    return path
+
+
+def test_squad_json_gives_one_example_per_question_with_its_paragraph(tmp_path):
+    examples = get_task("reading").load(_squad(tmp_path))
+    assert [e.id for e in examples] == ["q1", "q2"]
+    first = examples[0]
+    assert first.query == "question: What region did the Normans name? answer: <extra_id_0>"
+    assert first.target == "<extra_id_0> Normandy"
+    assert first.answers == ["Normandy", "Normandy, a region in France"]
+    assert first.passages == [{"id": "q1-gold", "title": "The Normans", "text": CONTEXT_A}]
+
+
+def test_distractors_are_other_paragraphs_of_the_same_article_in_a_seeded_order(tmp_path):
+    path = _squad(tmp_path)
+    examples = get_task("reading", distractors=2).load(path)
+    texts = [p["text"] for p in examples[1].passages]
+    assert sorted(texts) == sorted([CONTEXT_A, CONTEXT_B, CONTEXT_C])
+    again = get_task("reading", distractors=2).load(path)
+    assert [p["id"] for p in again[1].passages] == [p["id"] for p in examples[1].passages]
+    orders = {tuple(p["id"].split("-")[-1] for p in get_task("reading", distractors=2, seed=s).load(path)[1].passages)
+              for s in range(12)}
+    assert len(orders) > 1  # the gold is not always in the same slot
+
+
+def test_a_window_keeps_the_answer_and_at_most_max_words():
+    context = " ".join(f"w{i}" for i in range(300)) + " ANSWER here " + " ".join(f"v{i}" for i in range(300))
+    start = context.index("ANSWER")
+    for seed in range(20):
+        window = _window(context, start, start + len("ANSWER here"), 50, random.Random(seed))
+        assert "ANSWER here" in window and len(window.split()) <= 50
+    assert _window("short text", 0, 5, 50, random.Random(0)) == "short text"
+
+
+@pytest.mark.parametrize(("qa", "field", "message"), [
+    ({"id": "x", "answers": [{"text": "Normans", "answer_start": 4}]}, "qas[0].question", "non-empty string"),
+    ({"id": "x", "question": "Who?", "answers": [{"text": "Normans", "answer_start": 0}]}, "qas[0].answers[0]",
+     "not in the context at answer_start=0"),
+    ({"id": "x", "question": "Who?", "answers": []}, "qas[0].answers", "non-empty list"),
+])
+def test_bad_squad_records_name_the_file_the_record_and_the_field(tmp_path, qa, field, message):
+    path = _squad(tmp_path, qas_a=[qa])
+    with pytest.raises(InputError, match=message) as error:
+        get_task("reading").load(path)
+    assert error.value.path == str(path) and error.value.field == f"data[0].paragraphs[0].{field}"
+    kept = get_task("reading").load(path, skip_invalid=True)
+    assert [e.id for e in kept] == ["q2"]
+
+
+def test_an_empty_context_and_jsonl_errors_name_the_line(tmp_path):
+    path = tmp_path / "reading.jsonl"
+    path.write_text(json.dumps({"question": "q", "context": "Paris is big.", "answers": ["Paris"]}) + "\n"
+                    + json.dumps({"question": "q", "context": "  ", "answers": ["Paris"]}) + "\n")
+    with pytest.raises(InputError, match=r"reading.jsonl:2: field 'context'"):
+        get_task("reading").load(path)
+    assert len(get_task("reading").load(path, skip_invalid=True)) == 1
+
+
+def test_scores_are_squad_official_em_and_f1_max_over_gold(tmp_path):
+    task = get_task("reading")
+    examples = task.load(_squad(tmp_path))
+    # "the Normandy" → EM with "Normandy" (articles dropped); "911 AD" vs "911": F1 = 2·(1/2·1)/(1/2+1) = 2/3
+    metrics = task.evaluate(examples, ["<extra_id_0> the Normandy", "911 AD"])
+    assert metrics["exact_match"] == pytest.approx(0.5)
+    assert metrics["f1"] == pytest.approx((1 + 2 / 3) / 2)
+
+
+def test_options_are_validated():
+    with pytest.raises(ValueError, match="max_words must be a non-negative integer"):
+        get_task("reading", max_words=-3)
+    with pytest.raises(ValueError, match="unknown option"):
+        get_task("reading", windows=3)
