@@ -145,13 +145,17 @@ def compute_device(context=None):
 
 def _load_retriever(encoder: str | None, index_folder: str | None = None, *, device=None):
     """The retriever named by `encoder` (default: the one the index records), on `device`
-    (default: `compute_device()`), in eval mode."""
+    (default: `compute_device()`), in eval mode. With an index, passages are formatted and cut as
+    the index's manifest records (`passage_format`, `passage_maxlength`), so that the encoder's
+    fingerprint matches the one the index was built with."""
     from retriever.encoder import Retriever, default_encoder_path
     from retriever.index import read_manifest
 
+    record = read_manifest(index_folder).get("encoder", {}) if index_folder is not None else {}
     if encoder is None:
-        encoder = read_manifest(index_folder).get("encoder", {}).get("source") or DEFAULT_ENCODER
-    retriever = Retriever.from_pretrained(default_encoder_path(encoder))
+        encoder = record.get("source") or DEFAULT_ENCODER
+    settings = {key: record[key] for key in ("passage_format", "passage_maxlength") if record.get(key) is not None}
+    retriever = Retriever.from_pretrained(default_encoder_path(encoder), **settings)
     return retriever.to(device if device is not None else compute_device()).eval()
 
 

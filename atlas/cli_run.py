@@ -154,6 +154,8 @@ def _score(args: argparse.Namespace) -> int:
 def _ask(args: argparse.Namespace) -> int:
     from tasks.base import Example, get_task
 
+    if not args.question.strip():
+        raise SystemExit("atlas ask: the question is empty")
     _, config, model = _load(args.checkpoint, args.index, [])
     model.eval()
     task = get_task(config.task.name, **config.task.options)

@@ -149,7 +149,7 @@ class EvaluationConfig:
     batch_size: int = 8
     write_predictions: bool = True
     retrieval_k: list[int] = field(default_factory=lambda: [1, 5, 20])
-    max_examples: int | None = None
+    max_examples: int | None = None  # the first n examples of an evaluation file (n ≥ 1); None = all
 
 
 @dataclass
@@ -313,6 +313,12 @@ def validate_components(config: AtlasConfig, origins: dict[str, str] | None = No
         where = _source_of("retriever.loss", origins, source)
         raise ConfigError(f"{where}: 'retriever.loss' must be one of "
                           f"{', '.join(sorted(RETRIEVER_LOSSES))}; got {loss!r}")
+    for key, value in (("evaluation.max_examples", config.evaluation.max_examples),
+                       ("reader.trainable_encoder_layers", config.reader.trainable_encoder_layers)):
+        minimum = 1 if key == "evaluation.max_examples" else 0
+        if value is not None and value < minimum:
+            raise ConfigError(f"{_source_of(key, origins, source)}: '{key}' must be at least {minimum} "
+                              f"(or null for {'all examples' if minimum else 'the whole encoder'}); got {value}")
     name = config.task.name
     if name not in TASKS:
         where = _source_of("task.name", origins, source)

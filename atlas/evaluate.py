@@ -52,7 +52,7 @@ def retrieval_metrics(examples: list[Example], passages: list[list[dict]], ks: l
 
 def _batches(items: list, size: int, desc: str = "evaluating", show: bool = True):
     """Consecutive batches of `items`, with a progress bar (on stderr) for long evaluations."""
-    from tqdm.auto import tqdm
+    from tasks.progress import progress_bar as tqdm
 
     with tqdm(total=len(items), desc=desc, unit="ex", disable=not show or len(items) < 2 * size,
               mininterval=2.0) as bar:

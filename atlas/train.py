@@ -44,7 +44,7 @@ from atlas.distributed import (
 from atlas.evaluate import evaluate
 from atlas.refresh import parse_refresh_schedule, refresh_due, refresh_index
 from tasks.base import Example, get_task
-from tasks.io import atomic_write_json
+from tasks.io import atomic_write_json, atomic_write_text
 
 logger = logging.getLogger(__name__)
 
@@ -148,9 +148,16 @@ def make_optimizers(model, config: AtlasConfig):
 class _Log:
     """Console/TensorBoard/JSONL metrics: one line per logged step in `{output_dir}/log.jsonl`."""
 
-    def __init__(self, output_dir: Path, resume: bool):
+    def __init__(self, output_dir: Path, resume_step: int | None):
+        """`resume_step`: the step of the checkpoint a resumed run starts from (None: a new run).
+        Lines logged after it by the interrupted run are dropped, so that the log of a resumed run
+        equals the log of an uninterrupted one."""
         self.path = output_dir / "log.jsonl"
-        self.file = open(self.path, "a" if resume else "w", encoding="utf-8")  # noqa: SIM115 (closed by close())
+        if resume_step is not None and self.path.is_file():
+            kept = [line for line in self.path.read_text(encoding="utf-8").splitlines()
+                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
+            atomic_write_text(self.path, "".join(line + "\n" for line in kept))
+        self.file = open(self.path, "a" if resume_step is not None else "w", encoding="utf-8")  # noqa: SIM115
         self.tensorboard = None
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -184,7 +191,7 @@ def train(config: AtlasConfig | None, *, resume: str | Path | None = None, progr
 
     Summary: {"step", "losses": [total loss per step], "eval": metrics, "checkpoint": path}.
     """
-    from tqdm.auto import tqdm
+    from tasks.progress import progress_bar as tqdm
 
     context = context or init_distributed()
     checkpoint = state = None
@@ -241,7 +248,7 @@ def train(config: AtlasConfig | None, *, resume: str | Path | None = None, progr
         step = state["step"]
         set_rng_state(state["rng"])
         logger.info("resumed from %s at step %d", checkpoint, step)
-    log = _Log(output_dir, resume=checkpoint is not None) if context.is_main else None
+    log = _Log(output_dir, resume_step=step if checkpoint is not None else None) if context.is_main else None
     refresh_schedule = parse_refresh_schedule(config.index.refresh)
     passage_side_trains = model.trains_retriever and any(
         p.requires_grad for p in model.retriever.passage_encoder.parameters())
@@ -341,7 +348,8 @@ def train(config: AtlasConfig | None, *, resume: str | Path | None = None, progr
         if log is not None and (step % max(1, t.log_every) == 0 or step == t.steps):
             log.write(step, {**{f"loss/{k}": v for k, v in step_losses.items()},
                              "lr": schedulers[0].get_last_lr()[0], "steps_per_s": rate})
-        bar.set_postfix({k: f"{v:.4f}" for k, v in step_losses.items()} | {"lr": f"{schedulers[0].get_last_lr()[0]:.2e}"})
+        bar.set_postfix({k: f"{v:.4f}" for k, v in step_losses.items()} | {"lr": f"{schedulers[0].get_last_lr()[0]:.2e}"},
+                        refresh=False)  # drawn by update(), at most every mininterval
         bar.update(1)
         if t.eval_every and step % t.eval_every == 0 and step < t.steps:
             metrics = run_eval(step)

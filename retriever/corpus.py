@@ -236,7 +236,7 @@ def prepare_corpus(
     warning (listed in `stats.skipped_files`). A missing input is always an error. The
     folder is written under a temporary name and renamed at the end.
     """
-    from tqdm.auto import tqdm
+    from tasks.progress import progress_bar as tqdm
 
     if not inputs:
         raise ValueError("no input files given")

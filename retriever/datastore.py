@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
+from tasks.progress import progress_bar as tqdm
 
 from tasks.io import atomic_write_json
 

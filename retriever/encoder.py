@@ -21,7 +21,7 @@ from typing import Literal
 import numpy as np
 import torch
 from torch import nn
-from tqdm.auto import tqdm
+from tasks.progress import progress_bar as tqdm
 from transformers import AutoModel, AutoTokenizer
 
 from retriever.fingerprint import hash_json, hash_state_dict, hash_tokenizer

@@ -20,7 +20,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 from numpy.lib.format import open_memmap
-from tqdm.auto import tqdm
+from tasks.progress import progress_bar as tqdm
 
 from retriever.corpus import Corpus
 from retriever.index import FORMAT_VERSION, file_record, write_manifest

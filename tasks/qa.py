@@ -74,7 +74,10 @@ class QATask(Task):
     def parse_record(self, record: dict[str, Any], path: str, line: int, index: int) -> Example:
         """One QA record (any of the accepted forms) → Example; target = the first answer."""
         if "question" in record:
-            question = require_str(record, "question", path, line).strip()
+            if not isinstance(record["question"], str):  # an id-like number is not a question
+                raise InputError(path, line, "question",
+                                 f"expected a string, got {type(record['question']).__name__}")
+            question = record["question"].strip()
             if not question:
                 raise InputError(path, line, "question", "the question is empty")
         elif "context" in record:

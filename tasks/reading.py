@@ -57,7 +57,7 @@ class ReadingTask(Task):
     default_options: ClassVar[dict[str, Any]] = {
         "query_template": "question: {question} answer: <extra_id_0>",
         "target_template": "<extra_id_0> {answer}",
-        "max_words": None,  # cut the gold paragraph to a window of this many words holding the answer
+        "max_words": 0,  # cut the gold paragraph to a window of this many words holding the answer; 0 = whole
         "distractors": 0,  # other paragraphs of the same article read beside the gold one
         "seed": 0,
     }
@@ -68,7 +68,7 @@ class ReadingTask(Task):
         format_template(self.options["target_template"], "target_template", answer="a")
         for key in ("max_words", "distractors"):
             value = self.options[key]
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"task option {key} must be a non-negative integer, got {value!r}")
 
     # ------------------------------------------------------------------ loading

@@ -147,7 +147,7 @@ class SalientSpanQuestions(_PretextTask):
         self, path, on_error: Callable[[InputError], None] | None = None
     ) -> Iterator[tuple[str, int, dict[str, Any]]]:
         """The passages of `path`, each with its `salient_spans` (tagged in batches, with progress)."""
-        from tqdm.auto import tqdm
+        from tasks.progress import progress_bar as tqdm
 
         batch: list[tuple[str, int, dict[str, Any]]] = []
         with tqdm(desc="tagging salient spans", unit="passage", mininterval=2.0) as bar:

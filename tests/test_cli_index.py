@@ -268,3 +268,19 @@ def test_encoder_runs_on_the_available_device(tmp_path, capsys, monkeypatch):
     data.write_text(json.dumps({"question": "capital of france", "answers": ["Paris"]}) + "\n")
     assert run(capsys, "evaluate-retrieval", "--index", tmp_path / "i", "--data", data)[0] == 0
     assert seen == [torch.device("cpu", 0)] * 3
+
+
+def test_commands_without_encoder_embed_as_the_index_was_built(tmp_path, capsys):
+    """An index built with other passage settings than the encoder folder's own (the quickstart
+    builds with passage_maxlength 128) is searched, evaluated and extended without --encoder."""
+    from retriever.index_build import build_index
+
+    encoder = save_tiny_retriever(tmp_path / "enc", 0)  # stores passage_maxlength 64
+    docs = write_docs(tmp_path / "d.jsonl", {"p": "paris is the capital of france", "b": "berlin is in germany"})
+    run(capsys, "corpus", "prepare", docs, "--out", tmp_path / "c")
+    retriever = Retriever.from_pretrained(encoder, passage_maxlength=32, passage_format="{text}")
+    build_index(tmp_path / "c", retriever, tmp_path / "i", progress=False, encoder_source=str(encoder))
+    assert search_ids(capsys, tmp_path / "i", "capital of france", 2)  # searched, no fingerprint refusal
+    more = write_docs(tmp_path / "more.jsonl", {"r": "rome is the capital of italy"})
+    code, out, _ = run(capsys, "index", "add", "--index", tmp_path / "i", "--corpus", more)
+    assert code == 0 and "3 live passages" in out

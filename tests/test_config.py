@@ -183,3 +183,11 @@ def test_task_options_are_typed_like_their_defaults(tmp_path):
             for k, v in task.default_options.items()
         ]
         assert load_config(None, overrides).task.options == task.default_options, name
+
+
+def test_counts_that_cannot_work_are_rejected_before_any_training():
+    with pytest.raises(ConfigError, match=r"override 'evaluation.max_examples=0'.*'evaluation.max_examples' must be at least 1"):
+        load_config(None, ["evaluation.max_examples=0"])
+    with pytest.raises(ConfigError, match="'reader.trainable_encoder_layers' must be at least 0"):
+        load_config(None, ["reader.trainable_encoder_layers=-1"])
+    assert load_config(None, ["evaluation.max_examples=1"]).evaluation.max_examples == 1

@@ -200,6 +200,24 @@ def test_cli_train_evaluate_ask(tiny_world, tmp_path, capsys):
     assert main(["ask", str(out), "who first climbed mount olo", "--show", "2"]) == 0
     printed = capsys.readouterr().out
     assert printed.startswith("Q: who first climbed mount olo\nA: ") and "[2]" in printed
+    with pytest.raises(SystemExit, match="the question is empty"):
+        main(["ask", str(out), "  "])
+
+
+def test_a_resumed_run_logs_exactly_what_an_uninterrupted_one_does(tiny_world, tmp_path):
+    straight = tiny_config(tiny_world, tmp_path / "straight", "training.steps=6", "retriever.loss=none")
+    train(straight, progress=False)
+    killed = tiny_config(tiny_world, tmp_path / "killed", "training.steps=6", "retriever.loss=none",
+                         "training.save_every=4")
+    train(killed, progress=False, stop_at=6)  # as if killed after step 6: the last checkpoint is step 4
+    (tmp_path / "killed" / "checkpoints" / "latest").write_text("step-000004\n")
+    train(None, resume=tmp_path / "killed", progress=False)
+
+    def steps(run):
+        return [json.loads(line)["step"] for line in (run / "log.jsonl").read_text().splitlines()]
+
+    assert steps(tmp_path / "killed") == steps(tmp_path / "straight")
+    assert logged_losses(tmp_path / "killed") == logged_losses(tmp_path / "straight")
 
 
 def test_refresh_schedule_parsing():

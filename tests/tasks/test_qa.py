@@ -71,10 +71,13 @@ def test_answers_form_custom_templates_and_random_targets(tmp_path, write_jsonl)
             '{"question": "q", "answers": []}',
             r"bad\.jsonl:2: field 'answers': the list of answers is empty",
         ),
-        ('{"question": 3, "answers": ["x"]}', None),  # ids-like ints are accepted by require_str
         (
             '{"question": "", "answers": ["x"]}',
             r"bad\.jsonl:2: field 'question': the question is empty",
+        ),
+        (
+            '{"question": 5, "answers": ["x"]}',
+            r"bad\.jsonl:2: field 'question': expected a string, got int",
         ),
         (
             '{"context": "What?", "answer": "x"}',
