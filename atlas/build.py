@@ -143,7 +143,9 @@ def build_atlas(config: AtlasConfig, *, checkpoint: str | Path | None = None, wi
     retriever = None
     if needs_retriever:
         if checkpoint is not None and (checkpoint / "retriever").is_dir():
-            retriever = Retriever.from_pretrained(checkpoint / "retriever")
+            retriever = Retriever.from_pretrained(checkpoint / "retriever",
+                                                  passage_format=config.retriever.passage_format,
+                                                  passage_maxlength=config.retriever.passage_maxlength)
         else:
             retriever = build_retriever(config.retriever)
         _freeze_passage_side(retriever, config)

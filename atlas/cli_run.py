@@ -81,6 +81,12 @@ def _load(checkpoint: str, index: str | None, overrides: list[str]):
 
     folder = resolve_checkpoint(checkpoint)
     extra = [f"index.path={index}"] if index else []
+    if index:  # embed queries' passages as the index was built (its manifest's encoder record)
+        from retriever.index import read_manifest
+
+        record = read_manifest(index).get("encoder", {})
+        extra += [f"retriever.{key}={json.dumps(record[key])}" for key in ("passage_format", "passage_maxlength")
+                  if record.get(key) is not None]
     config = checkpoint_config(folder, [*overrides, *extra])
     return folder, config, build_atlas(config, checkpoint=folder)
 
