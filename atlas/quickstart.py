@@ -180,6 +180,17 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def summary_lines(rows: list[dict], edit: dict) -> str:
+    """What the reader got right, in two sentences for the report."""
+    before, after = rows
+    lines = [f"Held-out exact match {before['exact_match']:.1f}% before fine-tuning, {after['exact_match']:.1f}% after "
+             f"({after['model']})."]
+    if edit.get("done"):
+        lines.append(f"After editing {edit['edited']} facts in the corpus and updating the index (no retraining), "
+                     f"{edit['followed']} answers ({edit['follow_rate']:.0f}%) follow the new text.")
+    return " ".join(lines)
+
+
 def run_quickstart(out: str | Path, *, docs: str | Path | None = None, questions: str | Path | None = None,
                    tiny: bool = False, reader: str | Path | None = None, overrides: list[str] = (),
                    n_edits: int = 25, progress: bool = True, echo: Callable[[str], None] = print) -> dict:
@@ -293,7 +304,8 @@ def run_quickstart(out: str | Path, *, docs: str | Path | None = None, questions
               "table": rows, "answers": shown, "edit": edit, "timings_s": timings,
               "wall_s": round(time.perf_counter() - started, 1), "checkpoint": str(checkpoint)}
     atomic_write_json(out / "report.json", report)
-    atomic_write_text(out / "report.md", f"# atlas quickstart\n\n{table}\n\n```json\n"
-                      f"{json.dumps({'edit': edit, 'timings_s': timings}, indent=2)}\n```\n")
+    atomic_write_text(out / "report.md", f"# atlas quickstart\n\n{summary_lines(rows, edit)}\n\n{table}\n\n"
+                      f"```json\n{json.dumps({'edit': edit, 'timings_s': timings}, indent=2)}\n```\n")
+    echo(summary_lines(rows, edit))
     echo(f"done in {report['wall_s']:.0f} s; everything is in {out}")
     return report

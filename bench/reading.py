@@ -82,8 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--text-maxlength", type=int, default=320, help="reader tokens per (question, passage)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "bench-reading")
     args = parser.parse_args(argv)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     if not SQUAD_DEV.is_file():
         print(f"skipped: {SQUAD_DEV} not found")
         return 0
@@ -98,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     gold_only = [e.passages for e in examples]
     with_distractors = distractor_passages(examples, everything, retriever, 5, args.seed)
 
-    readers = {"shipped (atlas-reader)": SHIPPED}
+    readers = {"shipped (atlas-reader)": SHIPPED} if (SHIPPED / "config.json").is_file() else {}
     for item in args.reader:
         name, _, folder = item.partition("=")
         readers[name] = Path(folder)
@@ -113,13 +118,15 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = {"folder": str(folder), "k1": k1, "k5": k5, "k5_questions_per_s": rate}
         rows.append({"reader": name, "EM K=1": k1["exact_match"], "F1 K=1": k1["f1"], "EM K=5": k5["exact_match"],
                      "F1 K=5": k5["f1"], "q/s K=5": rate})
-    shipped = results["shipped (atlas-reader)"]
     report = {"dev_questions": len(examples), "text_maxlength": args.text_maxlength, "readers": results,
-              "targets": TARGETS,
-              "met": {"k1_exact_match": shipped["k1"]["exact_match"] >= TARGETS["k1_exact_match"],
-                      "k1_f1": shipped["k1"]["f1"] >= TARGETS["k1_f1"],
-                      "k5_gap_em": shipped["k1"]["exact_match"] - shipped["k5"]["exact_match"] <= TARGETS["k5_gap_em"],
-                      "k5_questions_per_s": shipped["k5_questions_per_s"] >= TARGETS["k5_questions_per_s"]}}
+              "targets": TARGETS}
+    shipped = results.get("shipped (atlas-reader)")
+    if shipped is not None:
+        report["met"] = {
+            "k1_exact_match": shipped["k1"]["exact_match"] >= TARGETS["k1_exact_match"],
+            "k1_f1": shipped["k1"]["f1"] >= TARGETS["k1_f1"],
+            "k5_gap_em": shipped["k1"]["exact_match"] - shipped["k5"]["exact_match"] <= TARGETS["k5_gap_em"],
+            "k5_questions_per_s": shipped["k5_questions_per_s"] >= TARGETS["k5_questions_per_s"]}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
