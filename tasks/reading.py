@@ -25,9 +25,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
-from tasks.base import Example, Task, check_lengths, format_template, mean, register_task
+from tasks.base import Example, register_task
 from tasks.io import InputError, read_jsonl, require_str
-from tasks.metrics import max_exact_match, max_f1
+from tasks.qa import QATask
 
 
 def _window(context: str, start: int, end: int, max_words: int, rng: random.Random) -> str:
@@ -49,11 +49,11 @@ def _window(context: str, start: int, end: int, max_words: int, rng: random.Rand
 
 
 @register_task("reading")
-class ReadingTask(Task):
-    """SQuAD-style reading comprehension with SQuAD-official EM / F1 (max over gold answers)."""
+class ReadingTask(QATask):
+    """SQuAD-style reading comprehension: QA's query/target templates, random gold answer per epoch
+    and SQuAD-official EM / F1 (max over gold answers), with the passages given by the data."""
 
     name = "reading"
-    metrics = ("exact_match", "f1")
     default_options: ClassVar[dict[str, Any]] = {
         "query_template": "question: {question} answer: <extra_id_0>",
         "target_template": "<extra_id_0> {answer}",
@@ -64,8 +64,6 @@ class ReadingTask(Task):
 
     def __init__(self, **options: Any):
         super().__init__(**options)
-        format_template(self.options["query_template"], "query_template", question="q")
-        format_template(self.options["target_template"], "target_template", answer="a")
         for key in ("max_words", "distractors"):
             value = self.options[key]
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -175,23 +173,3 @@ class ReadingTask(Task):
         max_words = self.options["max_words"]
         return [{"id": f"{example_id}-d{n}", "title": title,
                  "text": " ".join(contexts[n].split()[:max_words]) if max_words else contexts[n]} for n in picked]
-
-    def query(self, question: str) -> str:
-        """The reader input for `question`."""
-        return format_template(self.options["query_template"], "query_template", question=question)
-
-    def target(self, answer: str) -> str:
-        """The target text for `answer`."""
-        return format_template(self.options["target_template"], "target_template", answer=answer)
-
-    # ------------------------------------------------------------------ scoring
-    def evaluate(self, examples: list[Example], predictions: list[str], *,
-                 retrieved: list[list[dict]] | None = None) -> dict[str, float]:
-        """SQuAD v1.1 official EM and F1 (fractions), each the max over the gold answers."""
-        check_lengths(examples, predictions)
-        em, f1 = [], []
-        for example, prediction in zip(examples, predictions):
-            answer = self.postprocess(example, prediction)
-            em.append(max_exact_match(answer, example.answers))
-            f1.append(max_f1(answer, example.answers))
-        return {"exact_match": mean(em), "f1": mean(f1)}

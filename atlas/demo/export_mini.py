@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from atlas.demo.export_reader import demo_reading_em  # noqa: F401  (one definition, shared)
+
 HERE = Path(__file__).resolve().parent
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 TASK_DESCRIPTIONS = {
@@ -68,29 +70,6 @@ def demo_mlm_loss(reader_folder: str | Path, passages: str | Path = HERE / "ency
             total -= picked[mask].sum().item()
             count += int(mask.sum())
     return total / count
-
-
-def demo_reading_em(reader_folder: str | Path, questions: str | Path = HERE / "heldout.jsonl",
-                    passages: str | Path = HERE / "encyclopedia.jsonl", batch_size: int = 32) -> float:
-    """Exact match (SQuAD normalisation, in [0, 1]) of greedy answers to the `questions`, the reader
-    reading each question's gold passage (`gold_doc`) alone, in the `qa` task's format; no fine-tuning."""
-    from reader.inputs import encode_reader_inputs
-    from tasks.base import get_task
-    from tasks.io import read_jsonl
-
-    reader, tokenizer = _load(reader_folder)
-    by_id = {record["id"]: record for _, record in read_jsonl(passages)}
-    gold = [by_id[record["gold_doc"]] for _, record in read_jsonl(questions)]
-    task = get_task("qa")
-    examples = task.load(questions)
-    predictions = []
-    for start in range(0, len(examples), batch_size):
-        batch = examples[start : start + batch_size]
-        input_ids, attention_mask = encode_reader_inputs(
-            tokenizer, [e.query for e in batch], [[p] for p in gold[start : start + batch_size]], 256)
-        generated = reader.generate(input_ids, attention_mask, max_length=16)
-        predictions += tokenizer.batch_decode(generated, skip_special_tokens=True)
-    return task.evaluate(examples, predictions)["exact_match"]
 
 
 def _run_facts(run: Path, wall_s: float | None) -> list[dict]:
