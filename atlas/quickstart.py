@@ -183,8 +183,8 @@ def format_table(rows: list[dict]) -> str:
 def summary_lines(rows: list[dict], edit: dict) -> str:
     """What the reader got right, in two sentences for the report."""
     before, after = rows
-    lines = [f"Held-out exact match {before['exact_match']:.1f}% before fine-tuning, {after['exact_match']:.1f}% after "
-             f"({after['model']})."]
+    lines = [(f"Held-out exact match {before['exact_match']:.1f}% before fine-tuning, "
+              f"{after['exact_match']:.1f}% after ({after['model']}).")]
     if edit.get("done"):
         lines.append(f"After editing {edit['edited']} facts in the corpus and updating the index (no retraining), "
                      f"{edit['followed']} answers ({edit['follow_rate']:.0f}%) follow the new text.")

@@ -32,12 +32,19 @@ import hashlib
 import json
 import math
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import AutoConfig, AutoModel, PreTrainedTokenizerBase, T5Config, T5ForConditionalGeneration
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    PreTrainedTokenizerBase,
+    T5Config,
+    T5ForConditionalGeneration,
+)
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
 READER_KIND = "warm-started-fid"
@@ -184,7 +191,7 @@ class WarmStartedT5(T5ForConditionalGeneration):
         encoder: the `PretrainedEncoder` (its embedding becomes the decoder's `shared`).
     """
 
-    _tied_weights_keys = {"decoder.embed_tokens.weight": "shared.weight", "lm_head.weight": "shared.weight"}
+    _tied_weights_keys: ClassVar[dict[str, str]] = {"decoder.embed_tokens.weight": "shared.weight", "lm_head.weight": "shared.weight"}
 
     def __init__(self, config: T5Config, encoder: PretrainedEncoder) -> None:
         config.num_layers = 0  # the T5 encoder stack is replaced below

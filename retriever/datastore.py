@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tasks.progress import progress_bar as tqdm
 
 from tasks.io import atomic_write_json
+from tasks.progress import progress_bar as tqdm
 
 MANIFEST = "manifest.json"
 PROGRESS = "progress.json"

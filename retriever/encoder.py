@@ -21,10 +21,10 @@ from typing import Literal
 import numpy as np
 import torch
 from torch import nn
-from tasks.progress import progress_bar as tqdm
 from transformers import AutoModel, AutoTokenizer
 
 from retriever.fingerprint import hash_json, hash_state_dict, hash_tokenizer
+from tasks.progress import progress_bar as tqdm
 
 Pooling = Literal["mean", "cls"]
 POOLINGS = ("mean", "cls")

@@ -20,12 +20,12 @@ from pathlib import Path
 import faiss
 import numpy as np
 from numpy.lib.format import open_memmap
-from tasks.progress import progress_bar as tqdm
 
 from retriever.corpus import Corpus
 from retriever.index import FORMAT_VERSION, file_record, write_manifest
 from retriever.index_types import build_faiss_index, index_type
 from tasks.io import atomic_directory, atomic_write_json
+from tasks.progress import progress_bar as tqdm
 
 PROGRESS = "progress.json"
 

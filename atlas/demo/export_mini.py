@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from atlas.demo.export_reader import demo_reading_em  # noqa: F401  (one definition, shared)
+from atlas.demo.export_reader import demo_reading_em  # one definition, shared
 
 HERE = Path(__file__).resolve().parent
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")

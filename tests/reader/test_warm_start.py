@@ -11,7 +11,12 @@ from safetensors.torch import load_file
 from reader.fid import FiDReader, build_reader
 from reader.inputs import encode_reader_inputs, encode_targets
 from reader.tokenizer import build_reader_tokenizer
-from reader.warm_start import CopyHead, build_warm_started, is_warm_started_folder, remap_token_embeddings
+from reader.warm_start import (
+    CopyHead,
+    build_warm_started,
+    is_warm_started_folder,
+    remap_token_embeddings,
+)
 
 SMALL_DECODER = {"num_decoder_layers": 2, "num_heads": 2, "d_kv": 16, "d_ff": 64, "copy": True}
 
