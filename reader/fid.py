@@ -131,7 +131,8 @@ class FiDReader(nn.Module):
         return bool(getattr(self.t5, "copies_from_source", False))
 
     def source_kwargs(self, input_ids: torch.Tensor | None) -> dict[str, torch.Tensor]:
-        """Extra decoder-pass arguments: `{"source_ids": (B, K·L)}` for a copy head, else `{}`.
+        """Extra decoder-pass arguments: `{"source_ids": (B, K·L), "passage_length": L}` for a copy
+        head, else `{}`.
 
         Args:
             input_ids: (B, K, L) the encoder input ids (None only for readers without a copy head).
@@ -140,7 +141,7 @@ class FiDReader(nn.Module):
             return {}
         if input_ids is None:
             raise ValueError("this reader copies from its input (copy head): pass input_ids with encoder_states")
-        return {"source_ids": input_ids.reshape(input_ids.shape[0], -1)}
+        return {"source_ids": input_ids.reshape(input_ids.shape[0], -1), "passage_length": input_ids.shape[-1]}
 
     def is_dropout_free(self) -> bool:
         """True when no dropout is active in train mode, so train- and eval-mode outputs agree."""

@@ -12,6 +12,7 @@ from reader.fid import FiDReader, build_reader
 from reader.inputs import encode_reader_inputs, encode_targets
 from reader.tokenizer import build_reader_tokenizer
 from reader.warm_start import (
+    CONTINUATION_SCALE,
     CopyHead,
     build_warm_started,
     is_warm_started_folder,
@@ -49,7 +50,7 @@ def test_copy_head_equals_the_pointer_generator_formula_in_float64():
     h, e = torch.randn(2, 3, 8, dtype=torch.float64), torch.randn(2, 5, 8, dtype=torch.float64)
     z = torch.randn(2, 3, 11, dtype=torch.float64)
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
-    ids = torch.tensor([[4, 7, 4, 9, 9], [0, 1, 2, 3, 10]])
+    ids = torch.tensor([[4, 7, 4, 9, 9], [5, 1, 2, 3, 10]])  # id 0 is padding in a reader's input
     with torch.no_grad():
         got = head(h, z, e, mask, ids).exp()
     for b in range(2):
@@ -65,6 +66,23 @@ def test_copy_head_equals_the_pointer_generator_formula_in_float64():
                 assert got[b, t, w].item() == pytest.approx(g * vocab[w].item() + (1 - g) * copy, abs=1e-9)
     assert torch.allclose(got.sum(-1), torch.ones(2, 3, dtype=got.dtype))
     assert got[0, :, 9].max() < got[0, :, 4].min()  # 9 sits only under the mask: no copy mass
+
+    # span continuation: +β on the score of input positions whose predecessor is the last output token
+    with torch.no_grad():
+        head.continuation.fill_(3.0 / CONTINUATION_SCALE)
+        previous_output = torch.tensor([[0, 4, 7], [0, 1, 3]])  # y_{t-1}
+        biased = head(h, z, e, mask, ids, decoder_input_ids=previous_output).exp()
+        plain = head(h, z, e, mask, ids).exp()
+    b, t = 0, 1  # y_0 = 4 sits at positions 0 and 2, so positions 1 (id 7) and 3 (masked) follow it
+    scores = torch.stack([head.query(h[b, t]) @ head.key(e[b, j]) for j in range(5)]).detach() / 8**0.5
+    scores = scores + 3.0 * torch.tensor([0, 1, 0, 1, 0], dtype=torch.float64)
+    weights = scores.masked_fill(mask[b] == 0, float("-inf")).softmax(0)
+    context = (weights.unsqueeze(-1) * e[b]).sum(0)
+    g = torch.sigmoid(head.gate(torch.cat([h[b, t], context]))).item()
+    assert biased[b, t, 7].item() == pytest.approx(g * z[b, t].softmax(0)[7].item() + (1 - g) * weights[1].item(),
+                                                   abs=1e-9)
+    assert biased[b, t, 7] > plain[b, t, 7]
+    assert torch.equal(biased[:, 0], plain[:, 0])  # y_{-1} is the start token: no input follows it
 
 
 def test_specials_take_the_rows_of_the_encoder_tokens_with_the_same_role(tokenizer):
