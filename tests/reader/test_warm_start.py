@@ -205,3 +205,29 @@ def test_presets_are_named_and_plain_t5_rejects_warm_start_options(tokenizer):
         build_reader("t5-tiny", vocab_size=len(tokenizer), encoder="minilm")
     with pytest.raises(ValueError, match="unknown warm-start preset"):
         build_warm_started("nope", tokenizer)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(tokenizer, tiny_encoder_path, batch):
+    ids, mask, labels = batch
+    grads = []
+    for checkpointing in (False, True):
+        reader = _reader(tokenizer, tiny_encoder_path, seed=5).train()
+        if checkpointing:
+            reader.gradient_checkpointing_enable()
+            assert reader.t5.encoder.layers[0].gradient_checkpointing  # the BERT blocks too
+        reader(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+        grads.append({n: p.grad.clone() for n, p in reader.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        assert torch.allclose(grads[0][name], grads[1][name], atol=1e-6), name
+
+
+def test_option_scores_are_the_first_answer_position_log_probabilities(tokenizer, tiny_encoder_path, batch):
+    reader = _reader(tokenizer, tiny_encoder_path, seed=6)
+    ids, mask, _ = batch
+    letters = torch.tensor([tokenizer.convert_tokens_to_ids(c) for c in ("a", "b", "c", "d")])
+    prefix = torch.full((2, 1), tokenizer.convert_tokens_to_ids("<extra_id_0>"))
+    scores = reader.score_options(ids, mask, letters, prefix_ids=prefix)
+    start = torch.zeros(2, 1, dtype=torch.long)
+    full = reader(input_ids=ids, attention_mask=mask, decoder_input_ids=torch.cat([start, prefix], 1)).logits
+    assert torch.equal(scores, full[:, -1, letters]) and (scores <= 0).all()  # log-probabilities
