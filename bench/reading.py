@@ -4,7 +4,7 @@ gold among K=5 passages (4 distractors retrieved by MiniLM from all dev paragrap
 Readers compared in the same run: the shipped reader (atlas/demo/atlas-reader) and any others given
 with --reader NAME=DIR (e.g. the retired atlas-mini exported from git history, or a checkpoint's
 reader/ folder at equal training steps). Also measured: reader inference throughput (questions/s at
-K=5, greedy, batch 16, this machine's threads).
+K=5, beam search of 4, batch 16, this machine's threads).
 
     .venv/bin/python bench/reading.py                                   # 1000 seeded dev questions
     .venv/bin/python bench/reading.py --reader atlas-mini=runs/atlas-mini --max-dev 300
@@ -49,7 +49,8 @@ def distractor_passages(examples, pool, retriever, k: int, seed: int) -> list[li
     return out
 
 
-def read(reader, tokenizer, task, examples, passages, *, max_length: int, batch_size: int) -> tuple[dict, float]:
+def read(reader, tokenizer, task, examples, passages, *, max_length: int, batch_size: int,
+         beams: int) -> tuple[dict, float]:
     """Generate an answer for every example from its passages → (SQuAD metrics in %, questions/s)."""
     import torch
 
@@ -61,7 +62,7 @@ def read(reader, tokenizer, task, examples, passages, *, max_length: int, batch_
             chunk = examples[start: start + batch_size]
             ids, mask = encode_reader_inputs(tokenizer, [e.query for e in chunk],
                                              passages[start: start + batch_size], max_length)
-            generated = reader.generate(ids, mask, max_length=24)
+            generated = reader.generate(ids, mask, max_length=24, num_beams=beams)
             predictions += tokenizer.batch_decode(generated, skip_special_tokens=True)
     rate = len(examples) / (time.perf_counter() - started)
     metrics = task.evaluate(examples, predictions)
@@ -81,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-dev", type=int, default=1000, help="seeded sample of dev questions (0 = all 10,570)")
     parser.add_argument("--text-maxlength", type=int, default=320, help="reader tokens per (question, passage)")
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--beams", type=int, default=4, help="beam search width (1 = greedy)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "bench-reading")
@@ -112,13 +114,14 @@ def main(argv: list[str] | None = None) -> int:
         reader = FiDReader.from_pretrained(folder).eval()
         tokenizer = build_reader_tokenizer(folder if (folder / "tokenizer.json").is_file() else None)
         k1, _ = read(reader, tokenizer, task, examples, gold_only, max_length=args.text_maxlength,
-                     batch_size=args.batch_size)
+                     batch_size=args.batch_size, beams=args.beams)
         k5, rate = read(reader, tokenizer, task, examples, with_distractors, max_length=args.text_maxlength,
-                        batch_size=args.batch_size)
+                        batch_size=args.batch_size, beams=args.beams)
         results[name] = {"folder": str(folder), "k1": k1, "k5": k5, "k5_questions_per_s": rate}
         rows.append({"reader": name, "EM K=1": k1["exact_match"], "F1 K=1": k1["f1"], "EM K=5": k5["exact_match"],
                      "F1 K=5": k5["f1"], "q/s K=5": rate})
-    report = {"dev_questions": len(examples), "text_maxlength": args.text_maxlength, "readers": results,
+    report = {"dev_questions": len(examples), "text_maxlength": args.text_maxlength, "beams": args.beams,
+              "readers": results,
               "targets": TARGETS}
     shipped = results.get("shipped (atlas-reader)")
     if shipped is not None:
