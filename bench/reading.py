@@ -120,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = {"folder": str(folder), "k1": k1, "k5": k5, "k5_questions_per_s": rate}
         rows.append({"reader": name, "EM K=1": k1["exact_match"], "F1 K=1": k1["f1"], "EM K=5": k5["exact_match"],
                      "F1 K=5": k5["f1"], "q/s K=5": rate})
+        print(json.dumps({name: results[name]}), flush=True)  # each reader as soon as it is measured
     report = {"dev_questions": len(examples), "text_maxlength": args.text_maxlength, "beams": args.beams,
               "readers": results,
               "targets": TARGETS}

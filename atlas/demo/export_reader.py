@@ -107,7 +107,7 @@ def export(runs: list[str | Path], out: str | Path, *, hardware: str = "", bench
                          "parameters": sum(p.numel() for p in reader.parameters()),
                          "parameters_shipped": shipped, "dtype_shipped": "float16"},
         "training": [_stage(run, hardware) for run in runs],
-        "continuation_beta": round(float(reader.t5.copy_head.beta), 4),
+        "continuation_beta": round(reader.t5.copy_head.beta.item(), 4),
         "demo_reading": {"exact_match": round(demo_reading_em(tmp), 4), "data": "atlas/demo/heldout.jsonl",
                          "passages": "the gold passage alone", "fine_tuned": False},
     }
