@@ -128,7 +128,7 @@ def model_card(card: dict) -> str:
     """The README of the shipped reader, from its card."""
     arch, stages = card["architecture"], card["training"]
     squad = card.get("squad_dev")
-    squad_line = (f"- SQuAD v1.1 dev ({squad['questions']} seeded questions, `bench/reading.py`, whole paragraphs): "
+    squad_line = (f"- SQuAD v1.1 dev ({squad['questions']} seeded questions, `bench/reading.py --beams 1`, whole paragraphs, greedy): "
                   f"with the gold paragraph EM {squad['k1']['exact_match']:.1f} / F1 {squad['k1']['f1']:.1f}; with "
                   f"the gold among 5 retrieved paragraphs EM {squad['k5']['exact_match']:.1f} / F1 "
                   f"{squad['k5']['f1']:.1f}; {squad['k5_questions_per_s']:.1f} questions/s at K=5.\n") if squad else ""
