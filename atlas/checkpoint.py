@@ -104,7 +104,12 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 def load_training_state(checkpoint: str | Path) -> dict[str, Any]:
     """The training state of a checkpoint folder (weights_only: no pickled code runs)."""
-    return torch.load(Path(checkpoint) / STATE_FILE, map_location="cpu", weights_only=True)
+    path = Path(checkpoint) / STATE_FILE
+    if not path.is_file():  # e.g. a run made by `atlas import`: weights and config, no optimizer state
+        raise FileNotFoundError(
+            f"{path}: no training state, so this checkpoint cannot be resumed; start a new run from its "
+            f"weights instead: atlas train {Path(checkpoint) / 'config.yaml'} training.output_dir=DIR …")
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def checkpoint_config(checkpoint: str | Path, overrides: list[str] = ()) -> AtlasConfig:

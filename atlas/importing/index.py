@@ -1,0 +1,271 @@
+"""A facebookresearch/atlas saved index → an Arrow corpus and an index of this project.
+
+The reference saves an index as shards in one folder: `embeddings.{i}.pt`, a float16 tensor
+of shape (d, n_i) (its index keeps embeddings column-wise), and `passages.{i}.pt`, a plain
+pickle of the n_i passage dicts ({"id", "title", "text", "section"?, …}) in the same order.
+
+`import_atlas_index` streams them shard by shard: each shard's vectors are transposed into
+rows of a float16 (N, d) memmap and its passages appended to a JSON-lines file, both in the
+work folder `INDEX.building/` that `atlas index build` uses; after each shard the progress
+is recorded atomically, so a killed import continues after the last completed shard. Only
+one shard is in memory at a time (embedding shards are memory-mapped). The passages then
+become a corpus (`retriever.corpus.prepare_corpus`, one passage per record, ids kept) and
+the vectors an index of any spec (`retriever.index_build.build_index`, which finds every
+chunk already embedded): its manifest carries the fingerprint of the imported passage
+encoder, so the index is searched only with the encoder the vectors came from.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from numpy.lib.format import open_memmap
+
+from atlas.importing.safe_pickle import load_plain_pickle, load_torch_file
+from tasks.io import InputError, atomic_write_json
+
+STATE_FILE = "import-progress.json"
+PASSAGE_FIELDS = ("title", "text", "section", "wikipedia_id")
+_COPY_ROWS = 65536  # vectors transposed per copy: bounds the temporary to 64k × d × 2 bytes
+
+
+def find_shards(src: str | Path) -> list[tuple[Path, Path]]:
+    """The (embeddings, passages) file pairs of a reference index folder, shard 0 first.
+
+    Raises `InputError` naming the missing file when shard numbers have a gap or a shard
+    lacks one of its two files.
+    """
+    src = Path(src)
+    if not src.is_dir():
+        raise InputError(src, None, None, "not a folder (expected the reference's saved index folder)")
+    numbers: dict[str, set[int]] = {"embeddings": set(), "passages": set()}
+    for path in src.iterdir():
+        match = re.fullmatch(r"(embeddings|passages)\.(\d+)\.pt", path.name)
+        if match:
+            numbers[match.group(1)].add(int(match.group(2)))
+    found = numbers["embeddings"] | numbers["passages"]
+    if not found:
+        raise InputError(src, None, None, "no embeddings.{i}.pt / passages.{i}.pt shards here")
+    for shard in range(max(found) + 1):
+        for kind in ("embeddings", "passages"):
+            if shard not in numbers[kind]:
+                raise InputError(src / f"{kind}.{shard}.pt", None, None,
+                                 f"missing shard file (shards found: {', '.join(map(str, sorted(found)))})")
+    return [(src / f"embeddings.{i}.pt", src / f"passages.{i}.pt") for i in range(max(found) + 1)]
+
+
+def _embedding_shard(path: Path, dim: int) -> torch.Tensor:
+    """A shard's vectors as (n, d): the reference's (d, n) layout transposed (a view, not a copy)."""
+    tensor = load_torch_file(path)
+    if not isinstance(tensor, torch.Tensor) or tensor.ndim != 2 or not tensor.is_floating_point():
+        shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+        raise InputError(path, None, None, f"expected a 2-D float tensor (d, n), got {shape}")
+    if tensor.shape[0] == dim:
+        return tensor.t()
+    if tensor.shape[1] == dim:  # forks that store (n, d)
+        return tensor
+    raise InputError(path, None, None, f"shape {tuple(tensor.shape)}: neither dimension is the encoder's "
+                                       f"embedding size {dim} (expected (d, n))")
+
+
+def _passage_record(passage, path: Path, entry: int) -> dict[str, str]:
+    """One reference passage dict as a corpus document; InputError names file, entry and field."""
+    if not isinstance(passage, dict):
+        raise InputError(path, entry, None, f"expected a passage dict, got {type(passage).__name__}")
+    record = {}
+    for field in ("id", *PASSAGE_FIELDS):
+        value = passage.get(field)
+        if value is None:
+            if field in ("id", "text"):
+                raise InputError(path, entry, field, "missing required field")
+            value = ""
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise InputError(path, entry, field, f"expected a string, got {type(value).__name__}")
+        record[field] = str(value)
+    if not record["id"].strip():
+        raise InputError(path, entry, "id", "empty id")
+    if not record["text"].strip():
+        raise InputError(path, entry, "text", "empty text")
+    return record
+
+
+def _resolve_retriever(encoder: str | Path):
+    """The retriever whose passage encoder made the vectors: a run or checkpoint folder
+    (its retriever/), a retriever folder (retriever.json), or a plain encoder folder."""
+    from atlas.checkpoint import resolve_checkpoint
+    from retriever.encoder import Retriever
+
+    path = Path(encoder)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: encoder folder not found")
+    try:
+        path = resolve_checkpoint(path) / "retriever"
+    except FileNotFoundError:
+        pass
+    return Retriever.from_pretrained(path)
+
+
+def import_atlas_index(
+    src: str | Path,
+    *,
+    corpus_out: str | Path,
+    index_out: str | Path,
+    encoder: str | Path,
+    spec: str = "Flat",
+    train_sample: int = 262144,
+    keep_embeddings: bool = False,
+    nprobe: int = 32,
+    ef_search: int = 128,
+    chunk_size: int = 8192,
+    batch_size: int = 64,
+    overwrite: bool = False,
+    restart: bool = False,
+    progress: bool = True,
+    on_shard: Callable[[int], None] | None = None,
+) -> tuple[Path, Path]:
+    """Import the reference index at `src` as a corpus at `corpus_out` and an index of `spec`
+    at `index_out`, fingerprinted to the passage encoder of `encoder` (see `_resolve_retriever`).
+
+    Resumable: a call after an interruption continues after the last completed shard
+    (`restart=True` starts over). Bad input (a missing shard, an unreadable or unsafe file,
+    a shape or count that does not fit, a malformed passage) raises `InputError` naming the
+    file, and leaves no output and no work folder. `on_shard(i)` runs after shard i is recorded.
+    Returns (corpus folder, index folder).
+    """
+    from retriever.corpus import prepare_corpus
+    from retriever.index import read_manifest, write_manifest
+    from retriever.index_build import PROGRESS, build_index, work_dir_for
+    from retriever.index_types import index_type
+
+    src, corpus_out, index_out = Path(src), Path(corpus_out), Path(index_out)
+    shards = find_shards(src)
+    for path in (corpus_out, index_out):
+        if path.exists() and not overwrite and not _resumable_corpus(path, index_out):
+            raise FileExistsError(f"{path} already exists (pass --overwrite to replace it)")
+    retriever = _resolve_retriever(encoder)
+    dim = retriever.dim
+    index_type(spec, dim)  # a bad spec fails before any shard is read
+    counts = []
+    for emb_path, _ in shards:  # headers only (memory-mapped): sizes are known before writing
+        counts.append(int(_embedding_shard(emb_path, dim).shape[0]))
+    total = sum(counts)
+    settings = {"source": str(src.resolve()), "shards": counts, "dim": dim,
+                "encoder_fingerprint": retriever.passage_fingerprint()}
+
+    work = work_dir_for(index_out)
+    state_path, vectors_path, jsonl_path = work / STATE_FILE, work / "vectors.npy", work / "passages.jsonl"
+    if restart and work.exists():
+        shutil.rmtree(work)
+    created: list[Path] = []
+    if work.exists():
+        if not state_path.is_file():
+            raise FileExistsError(f"{work}: an unfinished `atlas index build` is there; remove it or pick another "
+                                  "--index-out")
+        state = json.loads(state_path.read_text())
+        differing = [k for k in settings if state.get(k) != settings[k]]
+        if differing:
+            raise ValueError(f"{work}: an unfinished import with different {', '.join(differing)} is there; "
+                             "pass --restart to discard it")
+        vectors = open_memmap(vectors_path, mode="r+")
+    else:
+        created = [p for p in (work, *work.parents) if not p.exists()]  # removed again on bad input
+        work.mkdir(parents=True)
+        state = {**settings, "completed_shards": 0, "jsonl_bytes": 0,
+                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        vectors = open_memmap(vectors_path, mode="w+", dtype=np.float16, shape=(total, dim))
+        jsonl_path.touch()
+        atomic_write_json(state_path, state)
+
+    starts = [0, *np.cumsum(counts).tolist()]
+    try:
+        with open(jsonl_path, "r+b") as jsonl:
+            jsonl.truncate(state["jsonl_bytes"])  # drop lines of a shard that was not completed
+            jsonl.seek(state["jsonl_bytes"])
+            for shard in range(state["completed_shards"], len(shards)):
+                emb_path, passages_path = shards[shard]
+                passages = load_plain_pickle(passages_path)
+                if not isinstance(passages, list):
+                    raise InputError(passages_path, None, None, f"expected a list of passages, got "
+                                                                f"{type(passages).__name__}")
+                if len(passages) != counts[shard]:
+                    raise InputError(passages_path, None, None, f"{len(passages)} passages, but {emb_path.name} "
+                                                                f"holds {counts[shard]} vectors")
+                lines = [json.dumps(_passage_record(p, passages_path, entry), ensure_ascii=False) + "\n"
+                         for entry, p in enumerate(passages)]
+                rows = _embedding_shard(emb_path, dim)
+                for first in range(0, counts[shard], _COPY_ROWS):
+                    block = rows[first: first + _COPY_ROWS].to(torch.float16).numpy()
+                    vectors[starts[shard] + first: starts[shard] + first + len(block)] = block
+                vectors.flush()
+                jsonl.write("".join(lines).encode("utf-8"))
+                jsonl.flush()
+                os.fsync(jsonl.fileno())
+                del passages, lines, rows
+                state.update(completed_shards=shard + 1, jsonl_bytes=jsonl.tell())
+                atomic_write_json(state_path, state)  # after the data: progress never runs ahead of it
+                if on_shard is not None:
+                    on_shard(shard)
+    except InputError:
+        del vectors
+        _discard(work, created)  # bad input: nothing to resume
+        raise
+    del vectors
+
+    if not _resumable_corpus(corpus_out, index_out, state.get("corpus_fingerprint")):
+        try:
+            prepare_corpus([jsonl_path], corpus_out, chunk_words=0, progress=progress, overwrite=overwrite)
+        except InputError as e:  # name the shard a duplicate id came from, not the work file
+            shard = bisect.bisect_right(starts, (e.line or 1) - 1) - 1
+            _discard(work, created)
+            raise InputError(shards[shard][1], (e.line or 1) - 1 - starts[shard], e.field,
+                             e.message.split(" (first seen")[0]) from None
+        manifest = json.loads((corpus_out / "corpus.json").read_text())
+        manifest["sources"] = [str(p.resolve()) for _, p in shards]
+        atomic_write_json(corpus_out / "corpus.json", manifest)
+        state["corpus_fingerprint"] = manifest["fingerprint"]
+        atomic_write_json(state_path, state)
+
+    # every chunk is already "embedded": build_index only trains/writes the index of `spec`
+    atomic_write_json(work / PROGRESS, {
+        "encoder_fingerprint": settings["encoder_fingerprint"], "corpus_fingerprint": state["corpus_fingerprint"],
+        "count": total, "dim": dim, "chunk_size": chunk_size, "batch_size": batch_size,
+        "completed_chunks": -(-total // chunk_size), "created": state["created"]})
+    build_index(corpus_out, retriever, index_out, spec=spec, batch_size=batch_size, chunk_size=chunk_size,
+                train_sample=train_sample, keep_embeddings=keep_embeddings, nprobe=nprobe, ef_search=ef_search,
+                progress=progress, overwrite=overwrite, encoder_source=str(Path(encoder).resolve()))
+    manifest = read_manifest(index_out)
+    manifest["imported"] = {"source": settings["source"], "shards": len(shards),
+                            "format": "facebookresearch/atlas embeddings.{i}.pt + passages.{i}.pt"}
+    write_manifest(index_out, manifest)
+    return corpus_out, index_out
+
+
+def _discard(work: Path, created: list[Path]) -> None:
+    """Remove the work folder, and the empty parents this import created for it."""
+    shutil.rmtree(work, ignore_errors=True)
+    for parent in created[1:]:
+        try:
+            parent.rmdir()
+        except OSError:  # not empty: something else lives there now
+            break
+
+
+def _resumable_corpus(path: Path, index_out: Path, fingerprint: str | None = None) -> bool:
+    """Whether `path` is the corpus an interrupted import of `index_out` already wrote (a
+    resumed import reuses it instead of refusing an existing output)."""
+    from retriever.index_build import work_dir_for
+
+    state_path = work_dir_for(index_out) / STATE_FILE
+    if path == index_out or not (path / "corpus.json").is_file() or not state_path.is_file():
+        return False
+    expected = fingerprint or json.loads(state_path.read_text()).get("corpus_fingerprint")
+    return expected is not None and json.loads((path / "corpus.json").read_text()).get("fingerprint") == expected
