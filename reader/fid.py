@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import T5Config, T5ForConditionalGeneration
+from transformers import DynamicCache, EncoderDecoderCache, T5Config, T5ForConditionalGeneration
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
 from reader import attention_scores, passage_scores
@@ -28,6 +28,20 @@ from reader.warm_start import (
 from tasks.io import atomic_directory
 
 IGNORE_INDEX = -100
+
+
+class BeamSharedCrossAttentionCache(EncoderDecoderCache):
+    """Decoder cache for beam search whose cross-attention keys/values are never reordered.
+
+    Every beam of one example attends to the same K·L encoder states, and beam search only moves
+    beams within their example, so re-indexing the cross-attention cache is a copy of identical
+    rows: (B·beams, heads, K·L, d_kv) per layer per step, which at K·L = 1,600 costs more than the
+    decoder itself. Only the self-attention cache (the beams' own prefixes) is reordered.
+    """
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Reorder the self-attention cache rows to `beam_idx` (B·beams,); cross-attention stays."""
+        self.self_attention_cache.reorder_cache(beam_idx)
 
 # Presets built from config (no pretrained T5 exists offline). Sizes follow the T5 papers;
 # `t5-tiny` / `t5-mini` are for tests and laptops.
@@ -248,6 +262,7 @@ class FiDReader(nn.Module):
             decoder_start_token_id=self.t5.config.decoder_start_token_id,
             eos_token_id=self.t5.config.eos_token_id,
             pad_token_id=self.t5.config.pad_token_id,
+            past_key_values=BeamSharedCrossAttentionCache(DynamicCache(), DynamicCache()) if num_beams > 1 else None,
             **self.source_kwargs(input_ids),
         )
 

@@ -185,7 +185,9 @@ class CopyHead(nn.Module):
         dtype = torch.promote_types(self.query.weight.dtype, torch.float32)  # float32, or float64 in tests
         h = decoder_states.to(dtype)
         e = encoder_states.to(dtype)
-        scores = self.query(h) @ self.key(e).transpose(1, 2) / math.sqrt(h.shape[-1])  # (B, T, S)
+        # q·(W_k e)ᵀ = (q W_k)·eᵀ: moving W_k to the query side costs T·D² instead of S·D², and in
+        # generation (T = 1 per step, S = K·L fixed) it avoids re-projecting every input token each step
+        scores = (self.query(h) @ self.key.weight.to(dtype)) @ e.transpose(1, 2) / math.sqrt(h.shape[-1])  # (B, T, S)
         if decoder_input_ids is not None:
             previous = F.pad(source_ids, (1, 0), value=-1)[:, :-1]  # (B, S): x_{j-1}
             previous = previous.masked_fill(~F.pad(encoder_mask.bool(), (1, 0))[:, :-1], -1)
