@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "atlas.cli_run",
     "atlas.cli_knnlm",
     "atlas.cli_quickstart",
+    "atlas.cli_serve",
     "atlas.cli_import",
 )
 

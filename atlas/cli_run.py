@@ -75,7 +75,12 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load(checkpoint: str, index: str | None, overrides: list[str]):
+def load_run(checkpoint: str, index: str | None, overrides: list[str]):
+    """Load a run for inference: → (checkpoint folder, its config with `overrides`, the built `Atlas`).
+
+    `checkpoint`: a checkpoint folder or a run folder (its latest checkpoint). `index`: an index
+    folder to retrieve from instead of the run's; queries are then embedded with the passage
+    format and length that index was built with (its manifest's encoder record)."""
     from atlas.build import build_atlas
     from atlas.checkpoint import checkpoint_config, resolve_checkpoint
 
@@ -102,7 +107,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     context = init_distributed()  # before the model: a sharded index needs the process group
     try:
-        folder, config, model = _load(args.checkpoint, args.index, args.overrides)
+        folder, config, model = load_run(args.checkpoint, args.index, args.overrides)
         model.to(context.device)
         task_name, options = (args.task, {}) if args.task else (config.task.name, config.task.options)
         task = get_task(task_name, **options)
@@ -162,7 +167,7 @@ def _ask(args: argparse.Namespace) -> int:
 
     if not args.question.strip():
         raise SystemExit("atlas ask: the question is empty")
-    _, config, model = _load(args.checkpoint, args.index, [])
+    _, config, model = load_run(args.checkpoint, args.index, [])
     model.eval()
     task = get_task(config.task.name, **config.task.options)
     query = task.query(args.question) if hasattr(task, "query") else args.question

@@ -3,7 +3,7 @@
 prepare the corpus → build the MiniLM index → few-shot fine-tune the shipped `atlas-reader`
 (and, with a retriever loss, the query encoder) → evaluate on held-out questions (EM, F1, answer recall@k) → answer three
 questions with their evidence → edit facts in up to 25 passages, update the index with the same
-`add_passages` / `remove_passages` that `atlas index add|remove` run, and ask again: the share of
+`add_passages` that `atlas index add` runs (old versions removed in the same commit), and ask again: the share of
 answers that follow the new text with no retraining is reported. Everything lands in one output folder:
 
     OUT/corpus/  OUT/index/  OUT/train/ (checkpoint, log, evaluations)  OUT/edit/
@@ -102,13 +102,14 @@ def replace_fact(text: str, old: str, new: str) -> str:
 def edit_passages(model, index_path: Path, edits: list[tuple[dict, str, str]], work: Path,
                   progress: bool = True) -> list[dict]:
     """Change `old` to `new` in each `(passage, old, new)` of `edits` (distinct passages) and update
-    the index in place in one remove + one add (same ids), then reload it into `model`.
+    the index in place in one commit that removes the old versions and adds the new ones (same
+    ids; a crash leaves all edits or none), then reload it into `model`.
 
-    Uses `retriever.index_update.remove_passages` / `add_passages`, the functions behind
-    `atlas index remove|add`. → per edit {"id", "before", "after"} (the passage text before and after).
+    Uses `retriever.index_update.add_passages`, the function behind `atlas index add`.
+    → per edit {"id", "before", "after"} (the passage text before and after).
     """
     from retriever.index import PassageIndex
-    from retriever.index_update import add_passages, remove_passages
+    from retriever.index_update import add_passages
 
     ids = [passage["id"] for passage, _, _ in edits]
     if len(set(ids)) != len(ids):
@@ -118,8 +119,7 @@ def edit_passages(model, index_path: Path, edits: list[tuple[dict, str, str]], w
     work.mkdir(parents=True, exist_ok=True)
     edited_file = work / f"edited-{len(list(work.glob('edited-*.jsonl')))}.jsonl"
     write_jsonl(edited_file, edited)
-    remove_passages(index_path, ids)
-    add_passages(index_path, [edited_file], model.retriever, chunk_words=0, progress=progress)
+    add_passages(index_path, [edited_file], model.retriever, chunk_words=0, progress=progress, remove=ids)
     model.index = PassageIndex.load(index_path, retriever=model.retriever)
     return [{"id": e["id"], "before": passage["text"], "after": e["text"]} for (passage, _, _), e in zip(edits, edited)]
 

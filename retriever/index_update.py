@@ -2,9 +2,12 @@
 
 Neither re-embeds the passages already indexed. `add_passages` embeds only the new ones
 and appends them as a new corpus segment; `remove_passages` marks positions removed (search
-never returns them; their vectors stay in the files until the index is rebuilt). Every
-update writes next-generation files and then atomically replaces `manifest.json`: a crash
-leaves the previous index intact, and the superseded files are deleted afterwards.
+never returns them; their vectors stay in the files until the index is rebuilt). Replacing a
+passage is one `add_passages(..., remove=[its id])`: the old version is removed and the new
+one added in the same commit. Every update writes next-generation files, flushes them to disk,
+and then atomically replaces `manifest.json`: a crash (even kill -9 or a power cut) leaves
+either the previous index or the new one, never a mix, and the superseded files are deleted
+afterwards.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,12 +37,29 @@ class UpdateStats:
     count: int = 0  # live passages after the update
 
 
-def _commit(folder: Path, manifest: dict, new_files: dict[str, Path]) -> None:
-    """Record `new_files` (role → written file) in the manifest, replace it, drop superseded files."""
+def _fsync(path: Path) -> None:
+    """Flush a written file, or every file of a written folder and the folder itself, to disk."""
+    paths = [*sorted(p for p in path.rglob("*") if p.is_file()), path] if path.is_dir() else [path]
+    for item in paths:
+        fd = os.open(item, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _commit(folder: Path, manifest: dict, new_files: dict[str, Path], new_dirs: tuple[Path, ...] = ()) -> None:
+    """Record `new_files` (role → written file) in the manifest, replace it, drop superseded files.
+
+    The new files (and `new_dirs`, e.g. a new corpus segment) reach the disk before the manifest
+    that names them: otherwise a power cut could leave a committed manifest over empty files."""
     old_names = {role: rec["name"] for role, rec in manifest["files"].items()}
     for role, path in new_files.items():
         manifest["files"][role] = file_record(path)
+    for path in [*new_files.values(), *new_dirs]:
+        _fsync(path)
     write_manifest(folder, manifest)
+    _fsync(folder)  # the manifest's rename
     for role, name in old_names.items():
         if manifest["files"][role]["name"] != name:
             with contextlib.suppress(FileNotFoundError):
@@ -68,12 +89,15 @@ def add_passages(
     chunk_words: int = 100,
     allow_encoder_mismatch: bool = False,
     progress: bool = True,
+    remove: Sequence[str] = (),
 ) -> UpdateStats:
     """Embed the passages of `new` and append them to the index at `index_path`.
 
     `new` is one prepared corpus folder, or document files (JSONL / TSV) that are prepared
     into `INDEX/corpora/segment-gN/` with `chunk_words`. Passage ids already live in the
-    index are refused (remove them first, to replace a passage).
+    index are refused, unless listed in `remove`: those live passages are marked removed in
+    the same commit, so that replacing a passage (remove + add under the same id) is atomic.
+    An id of `remove` that is not live raises `KeyError` naming it (nothing is changed).
     """
     folder = Path(index_path)
     # verified in full: the new files are derived from these bytes, and an update reads and
@@ -99,8 +123,14 @@ def add_passages(
         )
         segment_path = str(created_segment.relative_to(folder))
     try:
+        replaced = _live_positions_of(index, list(dict.fromkeys(remove)))
+        missing = [i for i in dict.fromkeys(remove) if i not in replaced]
+        if missing:
+            shown = ", ".join(repr(i) for i in missing[:5])
+            raise KeyError(f"{len(missing)} id(s) to replace are not live in the index {folder}: {shown}")
         corpus = Corpus.load(folder / segment_path)
-        clashes = _live_positions_of(index, list(corpus.dataset["id"]))
+        clashes = {i: p for i, p in _live_positions_of(index, list(corpus.dataset["id"])).items()
+                   if i not in replaced}
         if clashes:
             shown = ", ".join(repr(i) for i in list(clashes)[:5])
             raise ValueError(
@@ -133,8 +163,11 @@ def add_passages(
             path = folder / f"index.g{generation}.faiss"
             faiss.write_index(faiss_index, str(path))
             written["faiss"] = path
+        removed = np.concatenate([index.removed, np.zeros(n_new, dtype=bool)])
+        for positions in replaced.values():
+            removed[positions] = True
         path = folder / f"removed.g{generation}.npy"
-        np.save(path, np.concatenate([index.removed, np.zeros(n_new, dtype=bool)]))
+        np.save(path, removed)
         written["removed"] = path
     except BaseException:
         if created_segment is not None:
@@ -148,9 +181,10 @@ def add_passages(
             "offset": old_total,
         }
     )
-    manifest.update(total=old_total + n_new, count=manifest["count"] + n_new, generation=generation)
-    _commit(folder, manifest, written)
-    return UpdateStats(added=n_new, count=manifest["count"])
+    n_replaced = sum(len(positions) for positions in replaced.values())
+    manifest.update(total=old_total + n_new, count=manifest["count"] + n_new - n_replaced, generation=generation)
+    _commit(folder, manifest, written, (created_segment,) if created_segment is not None else ())
+    return UpdateStats(added=n_new, removed=n_replaced, count=manifest["count"])
 
 
 def read_id_file(path: str | os.PathLike) -> list[str]:

@@ -1,0 +1,251 @@
+"""What `atlas serve` does with a loaded run: answer, search, edit the corpus, describe itself.
+
+Threads (why): every use of the model (retrieval, reading) runs on one thread, `model_executor`,
+so that batches never compete for the CPU/GPU and the model needs no locks. Corpus edits run
+on a second thread, `edit_executor` (one at a time: edits are serialised), with a copy of the
+retriever, so that embedding new passages and writing the index does not stall questions.
+An edit is committed on disk first (`retriever.index_update`: new files, then an atomic
+manifest replace), then the reloaded index is swapped in on the model thread between two
+batches: a question is answered wholly from the index before an edit or wholly after it.
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from reader.fid import IGNORE_INDEX
+from tasks.base import Example, get_task
+from tasks.io import write_jsonl
+
+
+class PassageNotFound(KeyError):
+    """A passage id that is not live in the index (HTTP 404)."""
+
+
+class PassageExists(ValueError):
+    """An added passage id that is already live in the index (HTTP 409)."""
+
+
+class EditsRefused(ValueError):
+    """An edit request that is malformed as a whole, e.g. the same id twice (HTTP 422)."""
+
+
+@dataclass(frozen=True)
+class Question:
+    """One question of a micro-batch: the text and the number of passages to read."""
+
+    question: str
+    k: int
+
+
+class AtlasService:
+    """A loaded run (`atlas.model.Atlas` with its index) and the operations the API offers.
+
+    Args:
+        model: the built model, with a retriever and a `PassageIndex` (not sharded).
+        config: the run's resolved `AtlasConfig` (task, reader and retriever settings).
+        checkpoint: the checkpoint folder it was loaded from (reported by `describe`).
+    """
+
+    def __init__(self, model, config, *, checkpoint: str | Path | None = None):
+        from retriever.index import PassageIndex
+
+        if model.retriever is None or not isinstance(model.index, PassageIndex):
+            raise ValueError("atlas serve needs a run with a retriever and a (not sharded) passage index; "
+                             "give one with --index DIR")
+        self.model = model.eval()
+        self.config = config
+        self.checkpoint = Path(checkpoint) if checkpoint is not None else None
+        self.task = get_task(config.task.name, **config.task.options)
+        self.model_executor = ThreadPoolExecutor(1, thread_name_prefix="atlas-model")
+        self.edit_executor = ThreadPoolExecutor(1, thread_name_prefix="atlas-edit")
+        self._edit_retriever = None  # a copy made at the first edit (tokenizers are not thread-safe)
+        self.started = time.monotonic()
+
+    # ------------------------------------------------------------------ state
+    @property
+    def index(self):
+        """The committed index being served (replaced as a whole by each edit)."""
+        return self.model.index
+
+    @property
+    def default_k(self) -> int:
+        """Passages read per question when a request does not say: the run's `reader.n_context`."""
+        return self.model.reader_config.n_context
+
+    def close(self) -> None:
+        """Let running work finish, then stop both threads."""
+        self.edit_executor.shutdown(wait=True)
+        self.model_executor.shutdown(wait=True)
+
+    # ------------------------------------------------------------------ questions (model thread)
+    def _query(self, question: str) -> str:
+        return self.task.query(question) if hasattr(self.task, "query") else question
+
+    @torch.no_grad()
+    def answer(self, questions: Sequence[Question]) -> list[dict]:
+        """Answer a micro-batch: one retrieval and one reader pass per distinct k.
+
+        → per question {"question", "answer", "k", "evidence": [{id, title, text, score,
+        attention}], "attended", "generation"}; `attention` is the passage's share of the reader's
+        cross-attention mass while it produced the answer (`reader.attention_scores`).
+        """
+        index = self.model.index  # one index for the whole batch, whatever an edit does meanwhile
+        results: list[dict | None] = [None] * len(questions)
+        by_k: dict[int, list[int]] = {}
+        for n, q in enumerate(questions):
+            by_k.setdefault(q.k, []).append(n)
+        for k, positions in by_k.items():
+            examples = [Example(id=str(n), query=self._query(questions[n].question), target=None, answers=[])
+                        for n in positions]
+            passages = self.model.retrieve(examples, k)
+            texts, attention = self._read([e.query for e in examples], passages)
+            for row, (n, example, read) in enumerate(zip(positions, examples, passages)):
+                shares = attention[row, : len(read)]
+                shares = shares / shares.sum() if float(shares.sum()) > 0 else shares
+                evidence = [{"id": p["id"], "title": p.get("title") or "", "text": p["text"],
+                             "score": float(p.get("score", 0.0)), "attention": float(s)}
+                            for p, s in zip(read, shares.tolist())]
+                attended = max(evidence, key=lambda e: e["attention"])["id"] if evidence else None
+                results[n] = {"question": questions[n].question, "answer": self.task.postprocess(example, texts[row]),
+                              "k": k, "evidence": evidence, "attended": attended,
+                              "generation": int(index.manifest["generation"])}
+        return results
+
+    def _read(self, queries: list[str], passages: list[list[dict]]) -> tuple[list[str], torch.Tensor]:
+        """Generate answers and score each passage by cross-attention: → (B texts, (B, K) scores)."""
+        model, reader = self.model, self.model.reader
+        input_ids, attention_mask = model.reader_inputs(queries, passages)  # (B, K, L) each
+        rc = model.reader_config
+        # keep the encoder states that generation computes (the encoder is most of the cost of
+        # an answer, and the attention scores below need the same states): a forward hook, so
+        # that FiDReader.generate stays the one way to generate
+        captured: list[torch.Tensor] = []
+
+        def keep(_module, _args, output) -> None:
+            captured.append(output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0])
+
+        handle = reader.t5.encoder.register_forward_hook(keep)
+        try:
+            generated = reader.generate(input_ids, attention_mask, max_length=rc.generation_max_length,
+                                        num_beams=rc.num_beams)  # (B, T') from the decoder start token
+        finally:
+            handle.remove()
+        texts = [t.strip() for t in model.reader_tokenizer.batch_decode(generated, skip_special_tokens=True)]
+        if len(captured) == 1 and captured[0].shape[0] == input_ids.shape[0] * input_ids.shape[1]:
+            states = captured[0].view(*input_ids.shape, -1)  # (B·K, L, H) → (B, K, L, H)
+        else:  # a reader whose generate encodes otherwise: encode again
+            states = reader.encode(input_ids, attention_mask)
+        # teacher-force the generated answer to see where the decoder looked while writing it
+        labels = generated[:, 1:].clone()
+        labels[labels == reader.t5.config.pad_token_id] = IGNORE_INDEX
+        scores = reader.cross_attention_scores(states, attention_mask, labels, input_ids=input_ids)  # (B, K)
+        return texts, scores.float().cpu()
+
+    @torch.no_grad()
+    def search(self, query: str, k: int) -> dict:
+        """Retrieval only: → {"query", "hits": [{id, title, text, score}], "generation"} (model thread)."""
+        index = self.model.index
+        vectors = self.model.retriever.embed_queries([self._query(query)])
+        hits = index.search(vectors, k)[0]
+        return {"query": query, "generation": int(index.manifest["generation"]),
+                "hits": [{"id": h.id, "title": h.title, "text": h.text, "score": h.score} for h in hits]}
+
+    def passage(self, passage_id: str) -> dict:
+        """The live passage with this id: {id, title, text}; `PassageNotFound` if there is none."""
+        index = self.model.index
+        position = index.position_of(passage_id)
+        if position is None:
+            raise PassageNotFound(f"no passage with id {passage_id!r} in the index")
+        record = index.passages([position])[0]
+        return {"id": record["id"], "title": record.get("title") or "", "text": record["text"]}
+
+    # ------------------------------------------------------------------ edits (edit thread)
+    def edit(self, *, add: Sequence[dict] = (), update: Sequence[dict] = (), remove: Sequence[str] = ()) -> dict:
+        """Apply adds, updates and removals to the index as ONE commit, then serve the result.
+
+        add: [{id, title, text}] with new ids; update: [{id, title (None: keep), text}] of live
+        passages (the old version is removed in the same commit); remove: live ids. Raises
+        `PassageExists` / `PassageNotFound` / `EditsRefused` before anything is written.
+        → {"added", "updated", "removed", "count", "generation"}. Call on `edit_executor`.
+        """
+        from retriever.index import PassageIndex
+        from retriever.index_update import add_passages, remove_passages
+
+        index = self.model.index  # the last commit: edits run one at a time on this thread
+        ids = [p["id"] for p in add] + [p["id"] for p in update] + list(remove)
+        if not ids:
+            raise EditsRefused("the edit is empty: give passages to add or update, or ids to remove")
+        repeated = sorted({i for i in ids if ids.count(i) > 1})
+        if repeated:
+            raise EditsRefused(f"each passage may appear once per edit; repeated: {', '.join(map(repr, repeated))}")
+        existing = [p["id"] for p in add if index.position_of(p["id"]) is not None]
+        if existing:
+            raise PassageExists(f"passage id(s) already in the index: {', '.join(map(repr, existing))} "
+                                "(update them instead)")
+        unknown = [i for i in [p["id"] for p in update] + list(remove) if index.position_of(i) is None]
+        if unknown:
+            raise PassageNotFound(f"no passage with id(s) {', '.join(map(repr, unknown))} in the index")
+        new = [{"id": p["id"], "title": p.get("title") or "", "text": p["text"]} for p in add]
+        for p in update:
+            title = p.get("title")
+            new.append({"id": p["id"], "title": self.passage(p["id"])["title"] if title is None else title,
+                        "text": p["text"]})
+        replaced = [p["id"] for p in update] + list(remove)
+        retriever = self._editing_retriever()
+        allow_mismatch = self.model.index_config.allow_encoder_mismatch
+        if new:
+            with tempfile.TemporaryDirectory(prefix="atlas-serve-edit-") as tmp:
+                write_jsonl(Path(tmp) / "passages.jsonl", new)
+                add_passages(index.folder, [Path(tmp) / "passages.jsonl"], retriever, chunk_words=0,
+                             progress=False, remove=replaced, allow_encoder_mismatch=allow_mismatch)
+        else:
+            remove_passages(index.folder, replaced)
+        fresh = PassageIndex.load(index.folder, retriever=retriever, allow_encoder_mismatch=allow_mismatch,
+                                  nprobe=index.nprobe, ef_search=index.ef_search)
+        fresh.retriever = self.model.retriever  # string searches embed on the model thread's copy
+        self.model_executor.submit(setattr, self.model, "index", fresh).result()
+        return {"added": [p["id"] for p in add], "updated": [p["id"] for p in update], "removed": list(remove),
+                "count": len(fresh), "generation": int(fresh.manifest["generation"])}
+
+    def _editing_retriever(self):
+        """The edit thread's own copy of the retriever (same weights, so the same fingerprint)."""
+        if self._edit_retriever is None:
+            self._edit_retriever = copy.deepcopy(self.model.retriever).eval()
+        return self._edit_retriever
+
+    # ------------------------------------------------------------------ description
+    def health(self) -> dict:
+        """Liveness and the state served: live passages, index generation, uptime."""
+        index = self.model.index
+        return {"status": "ok", "passages": len(index), "generation": int(index.manifest["generation"]),
+                "uptime_s": round(time.monotonic() - self.started, 3)}
+
+    def describe(self) -> dict:
+        """The loaded run: checkpoint, task, reader, retriever (encoder fingerprint) and index."""
+        model, config, index = self.model, self.config, self.model.index
+        manifest = index.manifest
+        return {
+            "checkpoint": str(self.checkpoint) if self.checkpoint else None,
+            "task": config.task.name,
+            "reader": {"model": config.reader.model, "class": type(model.reader.t5).__name__,
+                       "parameters": sum(p.numel() for p in model.reader.parameters()),
+                       "n_context": config.reader.n_context, "num_beams": config.reader.num_beams,
+                       "text_maxlength": config.reader.text_maxlength,
+                       "generation_max_length": config.reader.generation_max_length},
+            "retriever": {"model": config.retriever.model, "tied": model.retriever.tied,
+                          "passage_fingerprint": model.retriever.passage_fingerprint()},
+            "index": {"path": str(index.folder), "spec": manifest["spec"], "passages": len(index),
+                      "total": manifest["total"], "dim": manifest["dim"], "generation": manifest["generation"],
+                      "segments": len(manifest["segments"]), "encoder_fingerprint": manifest["encoder_fingerprint"],
+                      "encoder": manifest.get("encoder", {}).get("source")},
+            "device": str(next(model.reader.parameters()).device),
+        }

@@ -1,0 +1,237 @@
+"""`atlas serve` under load on loopback: micro-batched against one-at-a-time, with live edits.
+
+    python bench/serve.py                     # 1,000 asks at concurrency 16 + 50 edits, K=5
+    python bench/serve.py --asks 200 --baseline-asks 64 --edits 10   # a quick look
+
+Serves the demo run (the shipped atlas-reader over the demo encyclopedia, `atlas.serve.demo`)
+twice as `atlas serve` subprocesses on 127.0.0.1: with micro-batching (--max-batch 32), then
+one question per forward pass (--max-batch 1), each asked the demo's held-out questions at K=5
+by `--concurrency` clients. The batched run also makes `--edits` corpus edits while it is
+asked (each adds a passage or rewrites one it added), and checks afterwards that every edit
+is visible and the index size adds up, and that `atlas index info --verify` passes.
+Prints JSON, then a table with the throughput ratio (target: batched >= 2x one-at-a-time).
+Defaults: greedy decoding (reader.num_beams=1) and one torch thread per server (--threads 1:
+on a shared 2-core machine more threads only contend).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, process: subprocess.Popen | None = None, timeout: float = 180.0) -> dict:
+    """Poll GET /api/health until it answers 200 (→ its JSON); RuntimeError when the server died
+    or did not come up within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"the server exited with code {process.returncode} before it was ready")
+        try:
+            response = httpx.get(f"{url}/api/health", timeout=2.0)
+            if response.status_code == 200:
+                return response.json()
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not become healthy within {timeout:.0f} s")
+
+
+def start_server(run: Path, index: Path, *, port: int, max_batch: int, threads: int = 1,
+                 overrides: tuple[str, ...] = ("reader.num_beams=1",), log: Path | None = None) -> subprocess.Popen:
+    """`atlas serve RUN --index INDEX --allow-edits` on 127.0.0.1:`port` as a subprocess."""
+    command = [sys.executable, "-m", "atlas", "serve", str(run), *overrides, "--index", str(index),
+               "--port", str(port), "--allow-edits", "--max-batch", str(max_batch), "--threads", str(threads)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": str(threads)}
+    output = open(log, "w") if log is not None else subprocess.DEVNULL  # noqa: SIM115 (closed with the process)
+    return subprocess.Popen(command, cwd=REPO, env=env, stdout=output, stderr=subprocess.STDOUT)
+
+
+def edit_plan(n_edits: int, tag: str) -> list[tuple[str, str, dict]]:
+    """`n_edits` edits: add passage `{tag}-i` (a made-up fact), and every third edit rewrite the
+    passage added just before. → [(method, path, body)]."""
+    plan = []
+    for n in range(n_edits):
+        if n % 3 == 2:
+            pid = f"{tag}-{n - 1}"
+            plan.append(("PUT", f"/api/passages/{pid}",
+                         {"text": f"The lighthouse of {pid} was rebuilt in {1900 + n} by Orla Venn."}))
+        else:
+            pid = f"{tag}-{n}"
+            plan.append(("POST", "/api/passages", {"passages": [
+                {"id": pid, "title": pid, "text": f"The lighthouse of {pid} was built in {1700 + n} by Ivo Marr."}]}))
+    return plan
+
+
+def expected_texts(plan: list[tuple[str, str, dict]]) -> dict[str, str]:
+    """The text each edited passage must have once the whole plan has been applied in order."""
+    final: dict[str, str] = {}
+    for method, path, body in plan:
+        if method == "POST":
+            final.update({p["id"]: p["text"] for p in body["passages"]})
+        else:
+            final[path.rsplit("/", 1)[1]] = body["text"]
+    return final
+
+
+async def _load(url: str, questions: list[str], asks: int, concurrency: int, k: int,
+                plan: list[tuple[str, str, dict]], token: str | None, timeout: float) -> dict:
+    latencies: list[float] = []
+    errors: list[str] = []
+    edit_errors: list[str] = []
+    batch_sizes: list[int] = []
+    next_ask = 0
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    async def asker(client: httpx.AsyncClient) -> None:
+        nonlocal next_ask
+        while next_ask < asks:
+            n, next_ask = next_ask, next_ask + 1
+            started = time.perf_counter()
+            try:
+                response = await client.post("/api/ask", json={"question": questions[n % len(questions)], "k": k})
+            except httpx.HTTPError as e:
+                errors.append(f"ask {n}: {type(e).__name__}: {e}")
+                continue
+            latencies.append(time.perf_counter() - started)
+            if response.status_code != 200:
+                errors.append(f"ask {n}: HTTP {response.status_code}: {response.text[:200]}")
+            else:
+                batch_sizes.append(response.json()["batch_size"])
+
+    async def editor(client: httpx.AsyncClient) -> None:
+        for n, (method, path, body) in enumerate(plan):
+            while next_ask < (n + 1) * asks // (len(plan) + 1):  # spread the edits over the run
+                await asyncio.sleep(0.01)
+            response = await client.request(method, path, json=body, headers=headers)
+            if response.status_code != 200:
+                edit_errors.append(f"edit {n} {method} {path}: HTTP {response.status_code}: {response.text[:200]}")
+
+    async with httpx.AsyncClient(base_url=url, timeout=timeout,
+                                 limits=httpx.Limits(max_connections=concurrency + 4)) as client:
+        started = time.perf_counter()
+        await asyncio.gather(*(asker(client) for _ in range(concurrency)), editor(client))
+        wall = time.perf_counter() - started
+    ms = np.array(latencies) * 1000
+    return {"asks": asks, "concurrency": concurrency, "k": k, "edits": len(plan), "errors": len(errors),
+            "edit_errors": len(edit_errors), "error_examples": (errors + edit_errors)[:5],
+            "wall_s": round(wall, 2), "throughput_per_s": round(asks / wall, 2),
+            "p50_ms": round(float(np.percentile(ms, 50)), 1) if len(ms) else None,
+            "p99_ms": round(float(np.percentile(ms, 99)), 1) if len(ms) else None,
+            "mean_batch": round(float(np.mean(batch_sizes)), 2) if batch_sizes else None}
+
+
+def load_test(url: str, questions: list[str], *, asks: int, concurrency: int, k: int = 5,
+              plan: list[tuple[str, str, dict]] = (), token: str | None = None, timeout: float = 300.0) -> dict:
+    """Ask `asks` questions (cycling through `questions`) from `concurrency` concurrent clients
+    while applying the edits of `plan` spread over the run. → counts of errors, wall time,
+    throughput (asks/s), p50/p99 latency (ms, as the clients saw it), mean micro-batch size."""
+    return asyncio.run(_load(url, questions, asks, concurrency, k, list(plan), token, timeout))
+
+
+def check_edits(url: str, plan: list[tuple[str, str, dict]], passages_before: int) -> dict:
+    """After a load test: every edited passage has its final text, and the live count adds up.
+    → {"lost_edits": [...ids], "passages": n, "expected_passages": n}."""
+    final = expected_texts(plan)
+    lost = [pid for pid, text in final.items()
+            if httpx.get(f"{url}/api/passages/{pid}", timeout=30).json().get("text") != text]
+    passages = httpx.get(f"{url}/api/health", timeout=30).json()["passages"]
+    return {"lost_edits": lost, "passages": passages, "expected_passages": passages_before + len(final)}
+
+
+def heldout_questions(limit: int = 200) -> list[str]:
+    """The demo's held-out questions (the ones the bench asks)."""
+    from atlas.quickstart import DEMO
+
+    lines = (DEMO / "heldout.jsonl").read_text().splitlines()[:limit]
+    return [json.loads(line)["question"] for line in lines]
+
+
+def _serve_and_load(run: Path, pristine_index: Path, work: Path, *, max_batch: int, asks: int, concurrency: int,
+                    k: int, n_edits: int, threads: int) -> dict:
+    index = work / f"index-batch{max_batch}"
+    shutil.rmtree(index, ignore_errors=True)
+    shutil.copytree(pristine_index, index)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = start_server(run, index, port=port, max_batch=max_batch, threads=threads,
+                           log=work / f"server-batch{max_batch}.log")
+    try:
+        before = wait_healthy(url, process)["passages"]
+        questions = heldout_questions()
+        load_test(url, questions[:8], asks=2 * concurrency, concurrency=concurrency, k=k)  # warm-up
+        plan = edit_plan(n_edits, f"bench{max_batch}")
+        result = load_test(url, questions, asks=asks, concurrency=concurrency, k=k, plan=plan)
+        if plan:
+            result.update(check_edits(url, plan, before))
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+    if plan:
+        from atlas.cli import main as atlas
+
+        result["index_verifies"] = atlas(["index", "info", str(index), "--verify"]) == 0
+    return {"max_batch": max_batch, **result}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run both configurations, print JSON and a table; exit 1 on any error or lost edit."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--asks", type=int, default=1000, help="asks to the micro-batched server")
+    parser.add_argument("--baseline-asks", type=int, default=160,
+                        help="asks to the one-at-a-time server (a rate: fewer asks measure it as well)")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--edits", type=int, default=50, help="edits during the micro-batched run")
+    parser.add_argument("-k", type=int, default=5, help="passages read per question")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of each server")
+    parser.add_argument("--work", help="folder for the demo run and the servers' logs (default: a temporary one)")
+    args = parser.parse_args(argv)
+
+    from atlas.serve.demo import build_demo_run
+
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="atlas-bench-serve-"))
+    run = build_demo_run(work / "demo")
+    batched = _serve_and_load(run, work / "demo" / "index", work, max_batch=32, asks=args.asks,
+                              concurrency=args.concurrency, k=args.k, n_edits=args.edits, threads=args.threads)
+    single = _serve_and_load(run, work / "demo" / "index", work, max_batch=1, asks=args.baseline_asks,
+                             concurrency=args.concurrency, k=args.k, n_edits=0, threads=args.threads)
+    ratio = batched["throughput_per_s"] / single["throughput_per_s"]
+    report = {"batched": batched, "one_at_a_time": single, "throughput_ratio": round(ratio, 2), "target_ratio": 2.0,
+              "machine": {"cpus": os.cpu_count(), "threads_per_server": args.threads}, "work": str(work)}
+    print(json.dumps(report, indent=2))
+    print(f"\n{'server':<16}{'asks':>6}{'errors':>8}{'ask/s':>8}{'p50 ms':>9}{'p99 ms':>9}{'batch':>7}")
+    for name, row in (("micro-batched", batched), ("one-at-a-time", single)):
+        print(f"{name:<16}{row['asks']:>6}{row['errors'] + row['edit_errors']:>8}{row['throughput_per_s']:>8.2f}"
+              f"{row['p50_ms']:>9.0f}{row['p99_ms']:>9.0f}{row['mean_batch']:>7.1f}")
+    print(f"throughput ratio {ratio:.2f}x (target >= 2x) at concurrency {args.concurrency}, K={args.k}; "
+          f"{batched['edits']} edits, lost: {len(batched.get('lost_edits', []))}, "
+          f"index verifies: {batched.get('index_verifies')}")
+    failed = (batched["errors"] or batched["edit_errors"] or batched.get("lost_edits")
+              or batched.get("passages") != batched.get("expected_passages") or batched.get("index_verifies") is False
+              or single["errors"])
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

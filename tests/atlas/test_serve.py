@@ -1,0 +1,312 @@
+"""`atlas serve`: the API in-process, a bounded load test on loopback, and a real browser.
+
+One model load for the module: the shipped atlas-reader over the demo encyclopedia (greedy,
+one torch thread), served from a copy of the demo index that the tests edit. Each test edits
+passages no other test reads, so the order does not matter.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+fastapi = pytest.importorskip("fastapi", reason="atlas serve needs fastapi (pip install -e '.[test]')")
+from fastapi.testclient import TestClient
+
+from atlas.cli import main as atlas_main
+from atlas.cli_serve import is_loopback, serving_token
+from atlas.serve import AtlasService, create_app
+from atlas.serve.demo import build_demo_run
+
+REPO = Path(__file__).resolve().parents[2]
+CAPITAL = "What is the capital of Biole?"
+
+
+def _bench():
+    """bench/serve.py as a module (its load generator and server helpers)."""
+    spec = importlib.util.spec_from_file_location("bench_serve", REPO / "bench" / "serve.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    """The demo run loaded once, serving (and editing) its own copy of the demo index."""
+    import torch
+
+    from atlas.cli_run import load_run
+
+    run = build_demo_run(tmp_path_factory.getbasetemp() / "serve-demo")
+    index = tmp_path_factory.mktemp("serve-api") / "index"
+    shutil.copytree(run.parent / "index", index)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the suite shares 2 cores; more threads only contend
+    folder, config, model = load_run(str(run), str(index), ["reader.num_beams=1"])
+    service = AtlasService(model, config, checkpoint=folder)
+    yield service
+    service.close()
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def client(service):
+    with TestClient(create_app(service, allow_edits=True)) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def live_url(service):
+    """The same service under uvicorn on a loopback port (a real socket), for the load and browser tests."""
+    import uvicorn
+
+    bench = _bench()
+    port = bench.free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(service, allow_edits=True), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    bench.wait_healthy(url, timeout=60)
+    yield url
+    server.should_exit = True
+    thread.join(timeout=30)
+
+
+# ----------------------------------------------------------------------------- questions
+def test_ask_answers_with_evidence_and_the_passage_it_read(client):
+    response = client.post("/api/ask", json={"question": CAPITAL, "k": 2})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["answer"].lower() == "stafairk" and body["k"] == 2 and body["batch_size"] >= 1
+    evidence = body["evidence"]
+    assert evidence[0]["id"] == "country-biole" and len(evidence) == 2
+    assert evidence[0]["score"] >= evidence[1]["score"]
+    assert sum(e["attention"] for e in evidence) == pytest.approx(1.0, abs=1e-4)
+    assert body["attended"] == "country-biole"  # the passage the answer is read from
+    assert "Stafairk" in evidence[0]["text"]
+
+
+def test_batch_ask_and_search(client):
+    questions = [CAPITAL, "What is the capital of Dreagriodros?"]
+    response = client.post("/api/ask/batch", json={"questions": questions})
+    assert response.status_code == 200, response.text
+    answers = response.json()["answers"]
+    assert [a["question"] for a in answers] == questions
+    assert [a["answer"].lower() for a in answers] == ["stafairk", "tidroth"]
+    assert all(a["k"] == 2 for a in answers)  # the run's reader.n_context
+    assert answers[0]["batch_size"] == 2  # one forward pass for both
+    hits = client.post("/api/search", json={"query": "the capital of Biole", "k": 4}).json()["hits"]
+    assert len(hits) == 4 and hits[0]["id"] == "country-biole"
+    assert [h["score"] for h in hits] == sorted((h["score"] for h in hits), reverse=True)
+
+
+def test_info_describes_the_run_and_health_the_index(client, service):
+    info = client.get("/api/info").json()
+    manifest = service.index.manifest
+    assert info["reader"]["class"] == "WarmStartedT5" and info["reader"]["parameters"] > 10**7
+    assert info["retriever"]["passage_fingerprint"] == info["index"]["encoder_fingerprint"] \
+        == manifest["encoder_fingerprint"]
+    assert info["index"]["spec"] == "Flat" and info["index"]["passages"] == len(service.index) >= 136
+    assert info["serving"] == {"edits_allowed": True, "token_required": False, "max_batch": 32,
+                               "batch_window_ms": 5.0, "default_k": 2}
+    health = client.get("/api/health").json()
+    assert health["status"] == "ok" and health["generation"] == manifest["generation"]
+    assert client.get("/").text.startswith("<!doctype html>")
+    assert "/api/ask" in client.get("/openapi.json").json()["paths"]
+
+
+# ----------------------------------------------------------------------------- errors
+LONG = "x" * 2001
+
+
+@pytest.mark.parametrize(("method", "path", "body", "status", "message"), [
+    ("POST", "/api/ask", "{not json", 400, "malformed JSON body"),
+    ("POST", "/api/ask", {"question": "   "}, 422, "the question is empty"),
+    ("POST", "/api/ask", {"question": LONG}, 422, "at most 2000 characters"),
+    ("POST", "/api/ask", {"question": "q", "k": 0}, 422, "body.k"),
+    ("POST", "/api/ask", {"question": "q", "k": 21}, 422, "less than or equal to 20"),
+    ("POST", "/api/ask", {"k": 2}, 422, "body.question: Field required"),
+    ("POST", "/api/ask/batch", {"questions": ["q"] * 65}, 422, "at most 64 items"),
+    ("POST", "/api/ask/batch", {"questions": ["q", ""]}, 422, "question 1 is empty"),
+    ("POST", "/api/search", {"query": "q", "k": 101}, 422, "less than or equal to 100"),
+    ("GET", "/api/passages/no-such-passage", None, 404, "no passage with id 'no-such-passage'"),
+    ("PUT", "/api/passages/no-such-passage", {"text": "t"}, 404, "no passage with id(s) 'no-such-passage'"),
+    ("DELETE", "/api/passages/no-such-passage", None, 404, "'no-such-passage'"),
+    ("PUT", "/api/passages/country-biole", {"text": "y" * 20001}, 422, "at most 20000 characters"),
+    ("POST", "/api/passages", {"passages": [{"id": "country-biole", "text": "t"}]}, 409, "already in the index"),
+    ("POST", "/api/passages", {"passages": [{"id": " x", "text": "t"}]}, 422, "white space"),
+    ("POST", "/api/edits", {}, 422, "the edit is empty"),
+    ("POST", "/api/edits", {"update": [{"id": "country-biole", "text": "t"}], "remove": ["country-biole"]}, 422,
+     "repeated: 'country-biole'"),
+])
+def test_bad_requests_get_a_4xx_with_a_clear_message(client, method, path, body, status, message):
+    content = body if isinstance(body, str) else None
+    response = client.request(method, path, content=content, json=None if content else body,
+                              headers={"content-type": "application/json"})
+    assert response.status_code == status, response.text
+    assert message in response.json()["detail"]
+    assert client.get("/api/health").status_code == 200  # still serving
+
+
+def test_an_oversized_body_is_refused_before_it_is_read(client):
+    response = client.post("/api/ask", content=b"x" * 6_000_000, headers={"content-type": "application/json"})
+    assert response.status_code == 413
+
+
+def test_edits_are_off_unless_allowed_and_need_the_token_when_one_is_set(service):
+    with TestClient(create_app(service)) as plain:
+        response = plain.delete("/api/passages/country-biole")
+        assert response.status_code == 403 and "--allow-edits" in response.json()["detail"]
+        assert plain.post("/api/ask", json={"question": CAPITAL}).status_code == 200  # asking still works
+    with TestClient(create_app(service, allow_edits=True, token="s3cret")) as guarded:
+        body = {"passages": [{"id": "token-test", "text": "Guarded text."}]}
+        assert guarded.post("/api/passages", json=body).status_code == 401
+        wrong = guarded.post("/api/passages", json=body, headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401 and "Bearer" in wrong.json()["detail"]
+        right = guarded.post("/api/passages", json=body, headers={"Authorization": "Bearer s3cret"})
+        assert right.status_code == 200 and right.json()["added"] == ["token-test"]
+        assert guarded.get("/api/info").json()["serving"]["token_required"] is True
+
+
+def test_edits_beyond_loopback_need_a_token(monkeypatch, capsys):
+    monkeypatch.delenv("ATLAS_TOKEN", raising=False)
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.7")
+    assert serving_token("127.0.0.1", True, None) is None
+    assert serving_token("0.0.0.0", False, None) is None  # read-only: no token needed
+    with pytest.raises(ValueError, match="needs a token"):
+        serving_token("0.0.0.0", True, None)
+    monkeypatch.setenv("ATLAS_TOKEN", "from-env")
+    assert serving_token("0.0.0.0", True, None) == "from-env"
+    assert serving_token("0.0.0.0", True, "given") == "given"
+    monkeypatch.delenv("ATLAS_TOKEN")
+    assert atlas_main(["serve", "no-such-run", "--host", "0.0.0.0", "--allow-edits"]) == 2  # before loading
+    assert "needs a token" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- corpus edits
+def test_an_edit_changes_the_answer_at_once_and_is_committed_on_disk(client, service):
+    from retriever.index import PassageIndex
+
+    question = "What is the capital of Dreagriodros?"
+    assert client.post("/api/ask", json={"question": question}).json()["answer"].lower() == "tidroth"
+    before = client.get("/api/health").json()
+    text = client.get("/api/passages/country-dreagriodros").json()["text"].replace("Tidroth", "Morvale")
+    response = client.put("/api/passages/country-dreagriodros", json={"text": text})
+    assert response.status_code == 200, response.text
+    edit = response.json()
+    assert edit["updated"] == ["country-dreagriodros"] and edit["count"] == before["passages"]
+    assert edit["generation"] == before["generation"] + 1
+    after = client.post("/api/ask", json={"question": question}).json()
+    assert after["answer"].lower() == "morvale" and after["generation"] == edit["generation"]
+    on_disk = PassageIndex.load(service.index.folder)  # what a restart would serve
+    assert on_disk.passages([on_disk.position_of("country-dreagriodros")])[0]["text"] == text
+    assert len(on_disk) == before["passages"]
+    assert atlas_main(["index", "info", str(service.index.folder), "--verify"]) == 0
+
+
+def test_add_update_remove_in_one_atomic_edit(client):
+    count = client.get("/api/health").json()["passages"]
+    added = client.post("/api/passages", json={"passages": [
+        {"id": "isle-a", "title": "Isle A", "text": "Isle A is ruled by Queen Ysolde."},
+        {"id": "isle-b", "title": "Isle B", "text": "Isle B exports copper."}]}).json()
+    assert added["added"] == ["isle-a", "isle-b"] and added["count"] == count + 2
+    edit = client.post("/api/edits", json={"add": [{"id": "isle-c", "text": "Isle C has one harbour."}],
+                                           "update": [{"id": "isle-a", "text": "Isle A is ruled by King Odo."}],
+                                           "remove": ["isle-b"]})
+    assert edit.status_code == 200, edit.text
+    assert edit.json()["count"] == count + 2 and edit.json()["generation"] == added["generation"] + 1
+    assert client.get("/api/passages/isle-a").json() == {"id": "isle-a", "title": "Isle A",
+                                                         "text": "Isle A is ruled by King Odo."}
+    assert client.get("/api/passages/isle-b").status_code == 404
+    hits = client.post("/api/search", json={"query": "Who rules Isle A?", "k": 3}).json()["hits"]
+    assert hits[0]["id"] == "isle-a" and "Odo" in hits[0]["text"]
+    assert client.delete("/api/passages/isle-c").json()["count"] == count + 1
+    # a refused edit changes nothing: one unknown id sinks the whole request
+    refused = client.post("/api/edits", json={"add": [{"id": "isle-d", "text": "D."}], "remove": ["isle-zz"]})
+    assert refused.status_code == 404 and client.get("/api/passages/isle-d").status_code == 404
+
+
+# ----------------------------------------------------------------------------- load
+def test_a_bounded_load_with_interleaved_edits_loses_nothing(live_url, service):
+    """The suite's size of bench/serve.py's load test (1,000 asks + 50 edits there)."""
+    bench = _bench()
+    before = httpx_get(f"{live_url}/api/health")["passages"]
+    plan = bench.edit_plan(6, "load")
+    result = bench.load_test(live_url, bench.heldout_questions(32), asks=48, concurrency=16, k=2, plan=plan)
+    print("\nload test:", json.dumps(result))
+    assert result["errors"] == 0 and result["edit_errors"] == 0, result["error_examples"]
+    assert result["mean_batch"] > 1.5  # concurrent questions did share forward passes
+    checked = bench.check_edits(live_url, plan, before)
+    assert checked["lost_edits"] == [] and checked["passages"] == checked["expected_passages"]
+    assert len(service.index) == checked["passages"] == service.index.manifest["count"]
+    assert atlas_main(["index", "info", str(service.index.folder), "--verify"]) == 0
+
+
+def httpx_get(url: str) -> dict:
+    import httpx
+
+    return httpx.get(url, timeout=30).raise_for_status().json()
+
+
+# ----------------------------------------------------------------------------- browser
+def _chromium():
+    """A headless Chromium driven by selenium, or a skip saying why there is none."""
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e '.[test]')")
+    from selenium.webdriver.chrome.service import Service
+
+    browser = next((p for p in ("/usr/bin/chromium", "/usr/bin/chromium-browser") if Path(p).exists()), None)
+    driver = shutil.which("chromedriver") or next(
+        (p for p in ("/usr/bin/chromedriver", "/usr/lib/chromium/chromedriver") if Path(p).exists()), None)
+    if browser is None or driver is None:
+        pytest.skip("no Chromium/chromedriver here: install the Debian packages chromium and chromium-driver "
+                    "(.ci/run does so when it runs as root)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = browser
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                     "--window-size=1000,1100"):
+        options.add_argument(argument)
+    return webdriver.Chrome(service=Service(executable_path=driver), options=options)
+
+
+def test_the_page_asks_shows_evidence_edits_and_shows_the_new_answer(live_url, service):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as seen
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser = _chromium()
+    try:
+        wait = WebDriverWait(browser, 60)
+        browser.get(live_url + "/")
+        wait.until(lambda b: b.find_element(By.ID, "run").text != "loading…")
+        browser.find_element(By.ID, "question").send_keys("What is the capital of Biole?")
+        browser.find_element(By.ID, "ask").click()
+        wait.until(seen.visibility_of_element_located((By.CSS_SELECTOR, "#evidence .passage")))
+        assert browser.find_element(By.ID, "answer").text.lower() == "stafairk"
+        attended = browser.find_element(By.CSS_SELECTOR, "#evidence .passage.attended")
+        assert attended.get_attribute("data-id") == "country-biole"
+        assert attended.find_element(By.TAG_NAME, "mark").text.lower() == "stafairk"  # the answer, highlighted
+        shots = service.checkpoint  # the run folder, for humans to look at
+        browser.save_screenshot(str(shots / "serve-page-before.png"))
+
+        attended.find_element(By.CSS_SELECTOR, "button.edit").click()
+        text = browser.find_element(By.ID, "edit-text")
+        edited = text.get_attribute("value").replace("Stafairk", "Quillmoor")
+        text.clear()
+        text.send_keys(edited)
+        browser.find_element(By.ID, "edit-save").click()
+        wait.until(seen.text_to_be_present_in_element((By.ID, "answer-change"), "→"))
+        assert browser.find_element(By.ID, "answer").text.lower() == "quillmoor"
+        assert "stafairk → quillmoor" in browser.find_element(By.ID, "answer-change").text.lower()
+        first = browser.find_element(By.CSS_SELECTOR, "#evidence .passage")
+        assert "Quillmoor" in first.text and "Stafairk" not in first.text
+        browser.save_screenshot(str(shots / "serve-page-after.png"))
+        assert (shots / "serve-page-after.png").stat().st_size > 10_000
+    finally:
+        browser.quit()
