@@ -112,6 +112,7 @@ class TaskConfig:
     shots: int | None = None  # a seeded k-shot subset of the training data
     closed_book: bool = False
     options: dict[str, Any] = field(default_factory=dict)  # task-specific settings
+    skip_invalid: bool = False  # count, log and skip malformed records instead of stopping at the first
 
 
 @dataclass

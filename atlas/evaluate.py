@@ -238,7 +238,7 @@ def evaluate(model, task, data_path: str | Path | None, config: EvaluationConfig
     model.eval()
     source = str(data_path) if data_path is not None else "the given examples"
     if examples is None:
-        examples = task.load(data_path)
+        examples = task.load(data_path, skip_invalid=bool(run_config and run_config.task.skip_invalid))
     if config.max_examples is not None:
         examples = examples[: config.max_examples]
     if not examples:

@@ -113,11 +113,32 @@ def _with_query(example: Example, query: str) -> Example:
     return replace(example, query=query)
 
 
+def _trainable(task, path, skip_invalid: bool) -> list[Example]:
+    """The examples of `path` that have a training target. One without (e.g. a question with no
+    answers, fine for prediction) is an InputError here, at start, instead of a crash at the step
+    that draws it; with `skip_invalid` it is counted, logged and left out."""
+    from tasks.io import InputError
+
+    kept, skipped = [], 0
+    for example in task.load(path, skip_invalid=skip_invalid):
+        try:
+            task.train_target(example, random.Random(0))
+        except ValueError as error:
+            if not skip_invalid:
+                raise InputError(path, None, "answers", f"{error} (set task.skip_invalid=true to leave it out)") from None
+            skipped += 1
+            continue
+        kept.append(example)
+    if skipped:
+        logger.warning("%s: %d example(s) without a training target skipped", path, skipped)
+    return kept
+
+
 def load_training_examples(config: AtlasConfig, task) -> list[Example]:
     """All examples of `task.train_data` (data files; for pretext tasks also prepared corpus
     folders, whose passage ids match the index's so that trivial retrievals are found), reduced
     to a seeded `task.shots` subset when set, then expanded by the task (MMLU's permutations)."""
-    examples = [e for path in config.task.train_data for e in task.load(path)]
+    examples = [e for path in config.task.train_data for e in _trainable(task, path, config.task.skip_invalid)]
     if config.task.shots is not None:
         from tasks.fewshot import sample_shots
 

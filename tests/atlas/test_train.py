@@ -270,3 +270,18 @@ def test_dispersion_auxiliary_loss(tiny_world, tmp_path):
     brute = sum(1 - torch.nn.functional.cosine_similarity(vectors[i], vectors[j], dim=0) for i, j in pairs) / len(pairs)
     assert losses["dispersion"].item() == pytest.approx(brute.item(), rel=1e-5)
     assert losses["total"].item() == pytest.approx(out.loss.item() - 0.5 * brute.item(), rel=1e-5)
+
+
+def test_a_training_example_without_answers_stops_the_run_at_start_or_is_skipped(tiny_world, tmp_path, caplog):
+    data = tmp_path / "qa.jsonl"
+    lines = tiny_world["qa"].read_text().splitlines()
+    data.write_text("\n".join([lines[0], '{"question": "no answers field"}', *lines[1:]]) + "\n")
+    overrides = [f"task.train_data=[{data}]", "training.steps=2"]
+    from tasks.io import InputError
+
+    with pytest.raises(InputError, match=r"qa\.jsonl: field 'answers': example '1' has no answers"):
+        train(tiny_config(tiny_world, tmp_path / "strict", *overrides))
+    assert not (tmp_path / "strict" / "log.jsonl").exists()  # stopped before the first step
+    train(tiny_config(tiny_world, tmp_path / "lenient", *overrides, "task.skip_invalid=true"))
+    assert sorted(logged_losses(tmp_path / "lenient")) == [1, 2]
+    assert "1 example(s) without a training target skipped" in caplog.text
