@@ -64,10 +64,10 @@ def _serve(args: argparse.Namespace) -> int:
     from atlas.cli_run import load_run
     from atlas.serve import AtlasService, create_app
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     token = serving_token(args.host, args.allow_edits, args.token)  # before the slow load
     if args.max_batch < 1:
         raise ValueError(f"--max-batch must be >= 1, got {args.max_batch}")
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
     folder, config, model = load_run(args.checkpoint, args.index, args.overrides)

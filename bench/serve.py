@@ -4,12 +4,14 @@
     python bench/serve.py --asks 200 --baseline-asks 64 --edits 10   # a quick look
 
 Serves the demo run (the shipped atlas-reader over the demo encyclopedia, `atlas.serve.demo`)
-twice as `atlas serve` subprocesses on 127.0.0.1: with micro-batching (--max-batch 32), then
-one question per forward pass (--max-batch 1), each asked the demo's held-out questions at K=5
-by `--concurrency` clients. The batched run also makes `--edits` corpus edits while it is
-asked (each adds a passage or rewrites one it added), and checks afterwards that every edit
-is visible and the index size adds up, and that `atlas index info --verify` passes.
-Prints JSON, then a table with the throughput ratio (target: batched >= 2x one-at-a-time).
+as `atlas serve` subprocesses on 127.0.0.1, asked the demo's held-out questions at K=5 by
+`--concurrency` clients:
+  1. the load test: micro-batched (--max-batch 32), `--asks` questions while `--edits` corpus
+     edits are made (each adds a passage or rewrites one it added); afterwards every edit must
+     be visible, the index size must add up and `atlas index info --verify` must pass;
+  2. and 3. the throughput ratio, like against like (no edits, `--baseline-asks` each):
+     micro-batched, then one question per forward pass (--max-batch 1).
+`--asks 0` skips the load test. Prints JSON, then a table with the ratio (target: >= 2x).
 Defaults: greedy decoding (reader.num_beams=1) and one torch thread per server (--threads 1:
 on a shared 2-core machine more threads only contend).
 """
@@ -170,13 +172,13 @@ def heldout_questions(limit: int = 200) -> list[str]:
 
 def _serve_and_load(run: Path, pristine_index: Path, work: Path, *, max_batch: int, asks: int, concurrency: int,
                     k: int, n_edits: int, threads: int) -> dict:
-    index = work / f"index-batch{max_batch}"
+    index = work / f"index-batch{max_batch}-edits{n_edits}"
     shutil.rmtree(index, ignore_errors=True)
     shutil.copytree(pristine_index, index)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     process = start_server(run, index, port=port, max_batch=max_batch, threads=threads,
-                           log=work / f"server-batch{max_batch}.log")
+                           log=work / f"server-batch{max_batch}-edits{n_edits}.log")
     try:
         before = wait_healthy(url, process)["passages"]
         questions = heldout_questions()
@@ -212,24 +214,31 @@ def main(argv: list[str] | None = None) -> int:
 
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="atlas-bench-serve-"))
     run = build_demo_run(work / "demo")
-    batched = _serve_and_load(run, work / "demo" / "index", work, max_batch=32, asks=args.asks,
-                              concurrency=args.concurrency, k=args.k, n_edits=args.edits, threads=args.threads)
-    single = _serve_and_load(run, work / "demo" / "index", work, max_batch=1, asks=args.baseline_asks,
-                             concurrency=args.concurrency, k=args.k, n_edits=0, threads=args.threads)
-    ratio = batched["throughput_per_s"] / single["throughput_per_s"]
-    report = {"batched": batched, "one_at_a_time": single, "throughput_ratio": round(ratio, 2), "target_ratio": 2.0,
+    common = {"concurrency": args.concurrency, "k": args.k, "threads": args.threads}
+    rows = {}
+    if args.asks:
+        rows["load test (batched + edits)"] = _serve_and_load(run, work / "demo" / "index", work, max_batch=32,
+                                                              asks=args.asks, n_edits=args.edits, **common)
+    rows["micro-batched"] = _serve_and_load(run, work / "demo" / "index", work, max_batch=32,
+                                            asks=args.baseline_asks, n_edits=0, **common)
+    rows["one-at-a-time"] = _serve_and_load(run, work / "demo" / "index", work, max_batch=1,
+                                            asks=args.baseline_asks, n_edits=0, **common)
+    ratio = rows["micro-batched"]["throughput_per_s"] / rows["one-at-a-time"]["throughput_per_s"]
+    report = {**rows, "throughput_ratio": round(ratio, 2), "target_ratio": 2.0,
               "machine": {"cpus": os.cpu_count(), "threads_per_server": args.threads}, "work": str(work)}
     print(json.dumps(report, indent=2))
-    print(f"\n{'server':<16}{'asks':>6}{'errors':>8}{'ask/s':>8}{'p50 ms':>9}{'p99 ms':>9}{'batch':>7}")
-    for name, row in (("micro-batched", batched), ("one-at-a-time", single)):
-        print(f"{name:<16}{row['asks']:>6}{row['errors'] + row['edit_errors']:>8}{row['throughput_per_s']:>8.2f}"
-              f"{row['p50_ms']:>9.0f}{row['p99_ms']:>9.0f}{row['mean_batch']:>7.1f}")
-    print(f"throughput ratio {ratio:.2f}x (target >= 2x) at concurrency {args.concurrency}, K={args.k}; "
-          f"{batched['edits']} edits, lost: {len(batched.get('lost_edits', []))}, "
-          f"index verifies: {batched.get('index_verifies')}")
-    failed = (batched["errors"] or batched["edit_errors"] or batched.get("lost_edits")
-              or batched.get("passages") != batched.get("expected_passages") or batched.get("index_verifies") is False
-              or single["errors"])
+    print(f"\n{'server':<30}{'asks':>6}{'edits':>6}{'errors':>7}{'ask/s':>7}{'p50 ms':>8}{'p99 ms':>8}{'batch':>6}")
+    for name, row in rows.items():
+        print(f"{name:<30}{row['asks']:>6}{row['edits']:>6}{row['errors'] + row['edit_errors']:>7}"
+              f"{row['throughput_per_s']:>7.2f}{row['p50_ms']:>8.0f}{row['p99_ms']:>8.0f}{row['mean_batch']:>6.1f}")
+    load = rows.get("load test (batched + edits)", {})
+    print(f"throughput ratio {ratio:.2f}x (target >= 2x) at concurrency {args.concurrency}, K={args.k}"
+          + (f"; load test: {load['edits']} edits, lost: {len(load['lost_edits'])}, "
+             f"index size {load['passages']}/{load['expected_passages']}, "
+             f"index verifies: {load['index_verifies']}" if load.get("edits") else ""))
+    failed = any(row["errors"] or row["edit_errors"] or row.get("lost_edits")
+                 or row.get("passages") != row.get("expected_passages") or row.get("index_verifies") is False
+                 for row in rows.values())
     return 1 if failed else 0
 
 

@@ -6,7 +6,9 @@ refused with a 422 naming the field before any model work starts.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field, field_validator
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, Field
 
 MAX_QUESTION_CHARS = 2_000
 MAX_PASSAGE_CHARS = 20_000
@@ -18,10 +20,13 @@ MAX_SEARCH_K = 100
 MAX_BODY_BYTES = 4 * MAX_BATCH * MAX_PASSAGE_CHARS  # room for 64 passages of 20,000 UTF-8 characters
 
 
-def _not_blank(value: str, what: str) -> str:
-    if not value.strip():
-        raise ValueError(f"the {what} is empty")
-    return value
+def _not_blank(what: str):
+    def check(value: str) -> str:
+        if not value.strip():
+            raise ValueError(f"the {what} is empty")
+        return value
+
+    return AfterValidator(check)
 
 
 def _clean_id(value: str) -> str:
@@ -30,85 +35,53 @@ def _clean_id(value: str) -> str:
     return value
 
 
+QuestionText = Annotated[str, Field(max_length=MAX_QUESTION_CHARS), _not_blank("question")]
+PassageId = Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS), AfterValidator(_clean_id)]
+PassageText = Annotated[str, Field(max_length=MAX_PASSAGE_CHARS), _not_blank("passage text")]
+Title = Annotated[str, Field(max_length=MAX_TITLE_CHARS)]
+AskK = Annotated[int | None, Field(default=None, ge=1, le=MAX_ASK_K)]
+
+
 class AskRequest(BaseModel):
     """One question; `k`: passages to retrieve and read (default: the run's `reader.n_context`)."""
 
-    question: str = Field(max_length=MAX_QUESTION_CHARS)
-    k: int | None = Field(default=None, ge=1, le=MAX_ASK_K)
-
-    @field_validator("question")
-    @classmethod
-    def _question(cls, value: str) -> str:
-        return _not_blank(value, "question")
+    question: QuestionText
+    k: AskK = None
 
 
 class BatchAskRequest(BaseModel):
     """Up to `MAX_BATCH` questions answered together (one forward pass where they fit)."""
 
-    questions: list[str] = Field(min_length=1, max_length=MAX_BATCH)
-    k: int | None = Field(default=None, ge=1, le=MAX_ASK_K)
-
-    @field_validator("questions")
-    @classmethod
-    def _questions(cls, values: list[str]) -> list[str]:
-        for n, value in enumerate(values):
-            if len(value) > MAX_QUESTION_CHARS:
-                raise ValueError(f"question {n} has {len(value)} characters, more than {MAX_QUESTION_CHARS}")
-            _not_blank(value, f"question {n}")
-        return values
+    questions: list[QuestionText] = Field(min_length=1, max_length=MAX_BATCH)
+    k: AskK = None
 
 
 class SearchRequest(BaseModel):
     """Retrieval only: the top-k passages for a query."""
 
-    query: str = Field(max_length=MAX_QUESTION_CHARS)
+    query: Annotated[str, Field(max_length=MAX_QUESTION_CHARS), _not_blank("query")]
     k: int = Field(default=5, ge=1, le=MAX_SEARCH_K)
-
-    @field_validator("query")
-    @classmethod
-    def _query(cls, value: str) -> str:
-        return _not_blank(value, "query")
 
 
 class Passage(BaseModel):
     """A passage as the corpus holds it."""
 
-    id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
-    title: str = Field(default="", max_length=MAX_TITLE_CHARS)
-    text: str = Field(max_length=MAX_PASSAGE_CHARS)
-
-    @field_validator("id")
-    @classmethod
-    def _id(cls, value: str) -> str:
-        return _clean_id(value)
-
-    @field_validator("text")
-    @classmethod
-    def _text(cls, value: str) -> str:
-        return _not_blank(value, "passage text")
+    id: PassageId
+    title: Title = ""
+    text: PassageText
 
 
 class PassageUpdate(BaseModel):
     """New text (and optionally a new title; default: keep it) for an existing passage."""
 
-    title: str | None = Field(default=None, max_length=MAX_TITLE_CHARS)
-    text: str = Field(max_length=MAX_PASSAGE_CHARS)
-
-    @field_validator("text")
-    @classmethod
-    def _text(cls, value: str) -> str:
-        return _not_blank(value, "passage text")
+    title: Title | None = None
+    text: PassageText
 
 
 class PassageReplacement(PassageUpdate):
     """An update inside a batch edit: the id of the passage to replace, its new text (and title)."""
 
-    id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
-
-    @field_validator("id")
-    @classmethod
-    def _id(cls, value: str) -> str:
-        return _clean_id(value)
+    id: PassageId
 
 
 class AddRequest(BaseModel):
@@ -122,7 +95,7 @@ class EditRequest(BaseModel):
 
     add: list[Passage] = Field(default_factory=list, max_length=MAX_BATCH)
     update: list[PassageReplacement] = Field(default_factory=list, max_length=MAX_BATCH)
-    remove: list[str] = Field(default_factory=list, max_length=MAX_BATCH)
+    remove: list[PassageId] = Field(default_factory=list, max_length=MAX_BATCH)
 
 
 class Evidence(BaseModel):

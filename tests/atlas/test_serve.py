@@ -133,7 +133,7 @@ LONG = "x" * 2001
     ("POST", "/api/ask", {"question": "q", "k": 21}, 422, "less than or equal to 20"),
     ("POST", "/api/ask", {"k": 2}, 422, "body.question: Field required"),
     ("POST", "/api/ask/batch", {"questions": ["q"] * 65}, 422, "at most 64 items"),
-    ("POST", "/api/ask/batch", {"questions": ["q", ""]}, 422, "question 1 is empty"),
+    ("POST", "/api/ask/batch", {"questions": ["q", ""]}, 422, "body.questions.1: Value error, the question is empty"),
     ("POST", "/api/search", {"query": "q", "k": 101}, 422, "less than or equal to 100"),
     ("GET", "/api/passages/no-such-passage", None, 404, "no passage with id 'no-such-passage'"),
     ("PUT", "/api/passages/no-such-passage", {"text": "t"}, 404, "no passage with id(s) 'no-such-passage'"),
