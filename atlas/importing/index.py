@@ -162,58 +162,11 @@ def import_atlas_index(
                 "encoder_fingerprint": retriever.passage_fingerprint()}
 
     work = work_dir_for(index_out)
-    state_path, vectors_path, jsonl_path = work / STATE_FILE, work / "vectors.npy", work / "passages.jsonl"
-    if restart and work.exists():
-        shutil.rmtree(work)
-    created: list[Path] = []
-    if work.exists():
-        if not state_path.is_file():
-            raise FileExistsError(f"{work}: an unfinished `atlas index build` is there; remove it or pick another "
-                                  "--index-out")
-        state = json.loads(state_path.read_text())
-        differing = [k for k in settings if state.get(k) != settings[k]]
-        if differing:
-            raise ValueError(f"{work}: an unfinished import with different {', '.join(differing)} is there; "
-                             "pass --restart to discard it")
-        vectors = open_memmap(vectors_path, mode="r+")
-    else:
-        created = [p for p in (work, *work.parents) if not p.exists()]  # removed again on bad input
-        work.mkdir(parents=True)
-        state = {**settings, "completed_shards": 0, "jsonl_bytes": 0,
-                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        vectors = open_memmap(vectors_path, mode="w+", dtype=np.float16, shape=(total, dim))
-        jsonl_path.touch()
-        atomic_write_json(state_path, state)
-
-    starts = [0, *np.cumsum(counts).tolist()]
+    state_path, jsonl_path = work / STATE_FILE, work / "passages.jsonl"
+    state, vectors, created = _open_work(work, settings, total, restart=restart)
+    starts = [0, *np.cumsum(counts).tolist()]  # first row of each shard
     try:
-        with open(jsonl_path, "r+b") as jsonl:
-            jsonl.truncate(state["jsonl_bytes"])  # drop lines of a shard that was not completed
-            jsonl.seek(state["jsonl_bytes"])
-            for shard in range(state["completed_shards"], len(shards)):
-                emb_path, passages_path = shards[shard]
-                passages = load_plain_pickle(passages_path)
-                if not isinstance(passages, list):
-                    raise InputError(passages_path, None, None, f"expected a list of passages, got "
-                                                                f"{type(passages).__name__}")
-                if len(passages) != counts[shard]:
-                    raise InputError(passages_path, None, None, f"{len(passages)} passages, but {emb_path.name} "
-                                                                f"holds {counts[shard]} vectors")
-                lines = [json.dumps(_passage_record(p, passages_path, entry), ensure_ascii=False) + "\n"
-                         for entry, p in enumerate(passages)]
-                rows = _embedding_shard(emb_path, dim)
-                for first in range(0, counts[shard], _COPY_ROWS):
-                    block = rows[first: first + _COPY_ROWS].to(torch.float16).numpy()
-                    vectors[starts[shard] + first: starts[shard] + first + len(block)] = block
-                vectors.flush()
-                jsonl.write("".join(lines).encode("utf-8"))
-                jsonl.flush()
-                os.fsync(jsonl.fileno())
-                del passages, lines, rows
-                state.update(completed_shards=shard + 1, jsonl_bytes=jsonl.tell())
-                atomic_write_json(state_path, state)  # after the data: progress never runs ahead of it
-                if on_shard is not None:
-                    on_shard(shard)
+        _copy_shards(shards, starts, dim, state, vectors, work, on_shard=on_shard)
     except InputError:
         del vectors
         _discard(work, created)  # bad input: nothing to resume
@@ -247,6 +200,68 @@ def import_atlas_index(
                             "format": "facebookresearch/atlas embeddings.{i}.pt + passages.{i}.pt"}
     write_manifest(index_out, manifest)
     return corpus_out, index_out
+
+
+def _open_work(work: Path, settings: dict, total: int, *, restart: bool) -> tuple[dict, np.memmap, list[Path]]:
+    """The import's work folder: its progress record, its (N, d) float16 vectors memmap, and the
+    folders this call created (to remove on bad input). An unfinished import with the same
+    `settings` is resumed; one with other settings raises `ValueError` (`restart` discards it)."""
+    state_path, vectors_path = work / STATE_FILE, work / "vectors.npy"
+    if restart and work.exists():
+        shutil.rmtree(work)
+    if work.exists():
+        if not state_path.is_file():
+            raise FileExistsError(f"{work}: an unfinished `atlas index build` is there; remove it or pick another "
+                                  "--index-out")
+        state = json.loads(state_path.read_text())
+        differing = [k for k in settings if state.get(k) != settings[k]]
+        if differing:
+            raise ValueError(f"{work}: an unfinished import with different {', '.join(differing)} is there; "
+                             "pass --restart to discard it")
+        return state, open_memmap(vectors_path, mode="r+"), []
+    created = [p for p in (work, *work.parents) if not p.exists()]
+    work.mkdir(parents=True)
+    state = {**settings, "completed_shards": 0, "jsonl_bytes": 0,
+             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    vectors = open_memmap(vectors_path, mode="w+", dtype=np.float16, shape=(total, settings["dim"]))
+    (work / "passages.jsonl").touch()
+    atomic_write_json(state_path, state)
+    return state, vectors, created
+
+
+def _copy_shards(shards: list[tuple[Path, Path]], starts: list[int], dim: int, state: dict, vectors: np.memmap,
+                 work: Path, *, on_shard: Callable[[int], None] | None) -> None:
+    """Copy shards `state["completed_shards"]`… into the work folder, one at a time: shard i's
+    (d, n_i) vectors into rows starts[i]:starts[i+1] of `vectors` ((N, d) float16), its passages
+    as lines of passages.jsonl; then the progress record, so a killed import resumes there."""
+    with open(work / "passages.jsonl", "r+b") as jsonl:
+        jsonl.truncate(state["jsonl_bytes"])  # drop lines of a shard that was not completed
+        jsonl.seek(state["jsonl_bytes"])
+        for shard in range(state["completed_shards"], len(shards)):
+            emb_path, passages_path = shards[shard]
+            count = starts[shard + 1] - starts[shard]
+            passages = load_plain_pickle(passages_path)
+            if not isinstance(passages, list):
+                raise InputError(passages_path, None, None, f"expected a list of passages, got "
+                                                            f"{type(passages).__name__}")
+            if len(passages) != count:
+                raise InputError(passages_path, None, None, f"{len(passages)} passages, but {emb_path.name} "
+                                                            f"holds {count} vectors")
+            lines = [json.dumps(_passage_record(p, passages_path, entry), ensure_ascii=False) + "\n"
+                     for entry, p in enumerate(passages)]
+            rows = _embedding_shard(emb_path, dim)  # (n_i, d) view of the memory-mapped shard
+            for first in range(0, count, _COPY_ROWS):
+                block = rows[first: first + _COPY_ROWS].to(torch.float16).numpy()
+                vectors[starts[shard] + first: starts[shard] + first + len(block)] = block
+            vectors.flush()
+            jsonl.write("".join(lines).encode("utf-8"))
+            jsonl.flush()
+            os.fsync(jsonl.fileno())
+            del passages, lines, rows
+            state.update(completed_shards=shard + 1, jsonl_bytes=jsonl.tell())
+            atomic_write_json(work / STATE_FILE, state)  # after the data: progress never runs ahead of it
+            if on_shard is not None:
+                on_shard(shard)
 
 
 def _discard(work: Path, created: list[Path]) -> None:

@@ -12,10 +12,10 @@ allow-list of globals: `torch.load(weights_only=True)` (tensors, containers, sca
 from __future__ import annotations
 
 import argparse
-import io
 import pathlib
 import pickle
 import re
+import struct
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -25,14 +25,15 @@ import torch
 from tasks.io import InputError
 
 # What the reference stores besides tensors and containers: its options (`opt`, an argparse
-# Namespace) whose path-valued options may be pathlib paths.
-ALLOWED_GLOBALS: tuple[type, ...] = (
-    argparse.Namespace,
-    pathlib.PosixPath,
-    pathlib.PurePosixPath,
-    pathlib.WindowsPath,
-    pathlib.PureWindowsPath,
-)
+# Namespace of strings and numbers; `opt.device`, a torch.device, is allowed by torch itself).
+# POSIX paths are value types a fork's Path-typed options would add; building one runs nothing.
+ALLOWED_GLOBALS: tuple[type, ...] = (argparse.Namespace, pathlib.PosixPath, pathlib.PurePosixPath)
+
+# What a truncated or damaged pickle raises from deep inside the unpicklers (torch's legacy
+# format: IndexError, AssertionError on a storage key, struct.error; a zip: BadZipFile; a
+# FRAME length: OverflowError): all mean "not a readable file", never a crash.
+_DAMAGED = (EOFError, OSError, RuntimeError, ValueError, TypeError, IndexError, KeyError, AttributeError,
+            AssertionError, OverflowError, MemoryError, struct.error, zipfile.BadZipFile)
 
 
 class UnsafePickleError(InputError):
@@ -43,9 +44,30 @@ def _allowed_names() -> str:
     return ", ".join(f"{g.__module__}.{g.__qualname__}" for g in ALLOWED_GLOBALS)
 
 
-def _refused_global(message: str) -> str:
-    match = re.search(r"GLOBAL ([\w.]+)", message) or re.search(r"global[: ]+'?([\w.]+)", message)
-    return match.group(1) if match else "a global"
+def _refused_global(message: str) -> str | None:
+    """The global an unpickler refused (its message says `GLOBAL module.name`), else None (a
+    damaged file can cut a name short: `GLOBAL .` is no global)."""
+    match = re.search(r"GLOBAL ([A-Za-z_][\w.]*\.[A-Za-z_]\w*)", message)
+    return match.group(1) if match else None
+
+
+def _reason(error: BaseException) -> str:
+    """The cause of a failed load in a few words: torch's weights-only message without its advice
+    to retry with `weights_only=False` (which would run the file's pickled code)."""
+    message = str(error)
+    if "WeightsUnpickler error:" in message:
+        message = message.split("WeightsUnpickler error:", 1)[1]
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    return (lines[0] if lines else type(error).__name__)[:200]
+
+
+def _is_zip(path: Path) -> bool:
+    """Whether `path` ends like a zip file (torch's format since 1.6); a zip end record that
+    `zipfile` rejects is a damaged file."""
+    try:
+        return zipfile.is_zipfile(path)
+    except zipfile.BadZipFile as e:
+        raise InputError(path, None, None, f"truncated or not a torch file ({_reason(e)})") from None
 
 
 def load_torch_file(path: str | Path, *, mmap: bool = True) -> Any:
@@ -59,28 +81,31 @@ def load_torch_file(path: str | Path, *, mmap: bool = True) -> Any:
     path = Path(path)
     if not path.is_file():
         raise InputError(path, None, None, "file not found")
-    use_mmap = mmap and zipfile.is_zipfile(path)
+    use_mmap = mmap and _is_zip(path)
     try:
         with torch.serialization.safe_globals(list(ALLOWED_GLOBALS)):
             return torch.load(path, map_location="cpu", weights_only=True, mmap=use_mmap)
     except pickle.UnpicklingError as e:
-        message = str(e)
-        if "GLOBAL" in message or "global" in message:
+        refused = _refused_global(str(e))
+        if refused is not None:
             raise UnsafePickleError(
                 path, None, None,
-                f"refused to unpickle: it asks for {_refused_global(message)}, which is not in the allow-list "
+                f"refused to unpickle: it asks for {refused}, which is not in the allow-list "
                 f"({_allowed_names()}, tensors and plain containers); nothing from it was executed") from None
-        raise InputError(path, None, None, f"not a readable torch file ({message.splitlines()[0][:200]})") from None
-    except (RuntimeError, EOFError, OSError, ValueError) as e:
-        raise InputError(path, None, None,
-                         f"truncated or not a torch file ({str(e).splitlines()[0][:200]})") from None
+        raise InputError(path, None, None, f"truncated or not a torch file ({_reason(e)})") from None
+    except _DAMAGED as e:
+        raise InputError(path, None, None, f"truncated or not a torch file ({_reason(e)})") from None
+
+
+class _RefusedGlobal(pickle.UnpicklingError):
+    """Raised by `_NoGlobalsUnpickler` for the first global a pickle asks for."""
 
 
 class _NoGlobalsUnpickler(pickle.Unpickler):
     """Builds only what pickle opcodes build themselves: refuses every global lookup."""
 
     def find_class(self, module: str, name: str):
-        raise pickle.UnpicklingError(f"GLOBAL {module}.{name}")
+        raise _RefusedGlobal(f"{module}.{name}")
 
 
 def load_plain_pickle(path: str | Path) -> Any:
@@ -92,18 +117,17 @@ def load_plain_pickle(path: str | Path) -> Any:
     path = Path(path)
     if not path.is_file():
         raise InputError(path, None, None, "file not found")
-    if zipfile.is_zipfile(path):
+    if _is_zip(path):
         return load_torch_file(path, mmap=False)
     try:
         with open(path, "rb") as f:
-            return _NoGlobalsUnpickler(io.BufferedReader(f)).load()
+            return _NoGlobalsUnpickler(f).load()
+    except _RefusedGlobal as e:
+        raise UnsafePickleError(
+            path, None, None,
+            f"refused to unpickle: it asks for {str(e)[:200]}, and a passages file may hold only "
+            "lists, dicts, strings and numbers; nothing from it was executed") from None
     except pickle.UnpicklingError as e:
-        message = str(e)
-        if message.startswith("GLOBAL "):
-            raise UnsafePickleError(
-                path, None, None,
-                f"refused to unpickle: it asks for {message[7:]}, and a passages file may hold only "
-                "lists, dicts, strings and numbers; nothing from it was executed") from None
-        raise InputError(path, None, None, f"not a readable pickle ({message[:200]})") from None
-    except (EOFError, ValueError, TypeError, IndexError, AttributeError, MemoryError) as e:
-        raise InputError(path, None, None, f"truncated or not a pickle ({type(e).__name__}: {e})"[:300]) from None
+        raise InputError(path, None, None, f"not a readable pickle ({_reason(e)})") from None
+    except _DAMAGED as e:
+        raise InputError(path, None, None, f"truncated or not a pickle ({type(e).__name__}: {_reason(e)})") from None

@@ -39,10 +39,11 @@ def _tensor(state: Mapping[str, torch.Tensor], key: str, source: str) -> torch.T
     return value
 
 
-def _count_blocks(state: Mapping[str, torch.Tensor], prefix: str) -> int:
+def _count_blocks(state: Mapping[str, torch.Tensor], prefix: str, source: str) -> int:
+    """How many layers `prefix{i}.…` keys hold; InputError when their numbers have a gap."""
     numbers = {int(m.group(1)) for k in state if (m := re.match(re.escape(prefix) + r"(\d+)\.", k))}
     if numbers and numbers != set(range(len(numbers))):
-        raise InputError("", None, prefix, f"layers {sorted(numbers)} are not numbered 0..{len(numbers) - 1}")
+        raise InputError(source, None, prefix, f"layers {sorted(numbers)} are not numbered 0..{len(numbers) - 1}")
     return len(numbers)
 
 
@@ -75,11 +76,8 @@ def infer_t5_config(state: Mapping[str, torch.Tensor], source: str) -> T5Config:
     lm_head = state.get("lm_head.weight")
     tied = lm_head is None or (lm_head.shape == state["shared.weight"].shape
                                and torch.equal(lm_head, state["shared.weight"]))
-    try:
-        layers = _count_blocks(state, "encoder.block.")
-        decoder_layers = _count_blocks(state, "decoder.block.")
-    except InputError as e:
-        raise InputError(source, None, e.field, e.message) from None
+    layers = _count_blocks(state, "encoder.block.", source)
+    decoder_layers = _count_blocks(state, "decoder.block.", source)
     if inner % heads:
         raise InputError(source, None, "encoder.block.0.layer.0.SelfAttention.q.weight",
                          f"{inner} rows do not split into {heads} heads")
@@ -101,10 +99,7 @@ def infer_bert_config(state: Mapping[str, torch.Tensor], source: str, *, num_att
     positions = _tensor(state, "embeddings.position_embeddings.weight", source).shape[0]
     types = _tensor(state, "embeddings.token_type_embeddings.weight", source).shape[0]
     intermediate = _tensor(state, "encoder.layer.0.intermediate.dense.weight", source).shape[0]
-    try:
-        layers = _count_blocks(state, "encoder.layer.")
-    except InputError as e:
-        raise InputError(source, None, e.field, e.message) from None
+    layers = _count_blocks(state, "encoder.layer.", source)
     heads = num_attention_heads or max(int(hidden) // 64, 1)
     if hidden % heads:
         raise InputError(source, None, "embeddings.word_embeddings.weight",

@@ -38,11 +38,18 @@ def reader_tokenizer_dir(tmp_path_factory) -> Path:
     return folder
 
 
-def tiny_t5(vocab_size: int, *, gated: bool = True, tied: bool = False, seed: int = 0) -> T5ForConditionalGeneration:
-    """A 2+2-layer, 16-wide T5 (lm-adapt layout when gated and untied, T5 v1.0 when relu and tied)."""
+def tiny_t5(vocab_size: int, *, gated: bool = True, tied: bool = False, seed: int = 0,
+            decoder_layers: int = 2) -> T5ForConditionalGeneration:
+    """A 2-layer, 16-wide T5 (lm-adapt layout when gated and untied, T5 v1.0 when relu and tied).
+
+    The sizes the import infers from shapes differ from their defaults and from each other:
+    heads × d_kv = 24 ≠ d_model (as in T5-11B), 8 relative-attention buckets, and
+    `decoder_layers` (generation needs as many as the encoder has: transformers sizes its cache
+    by the encoder's depth)."""
     torch.manual_seed(seed)
-    config = T5Config(vocab_size=vocab_size, d_model=16, d_kv=4, d_ff=24, num_heads=4, num_layers=2,
-                      num_decoder_layers=2, feed_forward_proj="gated-gelu" if gated else "relu",
+    config = T5Config(vocab_size=vocab_size, d_model=16, d_kv=6, d_ff=20, num_heads=4, num_layers=2,
+                      num_decoder_layers=decoder_layers, relative_attention_num_buckets=8,
+                      feed_forward_proj="gated-gelu" if gated else "relu",
                       tie_word_embeddings=tied, dropout_rate=0.0, pad_token_id=0, eos_token_id=1,
                       decoder_start_token_id=0)
     model = T5ForConditionalGeneration(config)
@@ -128,7 +135,7 @@ def test_round_trip_logits_embeddings_and_config(tmp_path, reader_tokenizer_dir,
     from retriever.encoder import Retriever
 
     tokenizer = build_reader_tokenizer(reader_tokenizer_dir)
-    t5 = tiny_t5(len(tokenizer), gated=not untied, tied=untied)  # both T5 layouts across the cases
+    t5 = tiny_t5(len(tokenizer), gated=not untied, tied=untied, decoder_layers=3)  # both T5 layouts across the cases
     query, passage = bert_pair(tiny_encoder_path, untied=untied)
     src = write_atlas_checkpoint(tmp_path / "ref" / "checkpoint" / "step-12", t5, query, passage, module=module)
 
@@ -139,6 +146,9 @@ def test_round_trip_logits_embeddings_and_config(tmp_path, reader_tokenizer_dir,
 
     # reader: FiD over one passage = the plain T5 built from the same tensors, logit for logit
     imported = FiDReader.from_pretrained(folder / "reader").eval()
+    got = imported.t5.config
+    assert (got.d_kv, got.num_heads, got.d_ff, got.num_layers, got.num_decoder_layers,
+            got.relative_attention_num_buckets) == (6, 4, 20, 2, 3, 8)
     assert imported.t5.config.scale_decoder_outputs == untied  # T5 v1.0 scales, lm-adapt does not
     assert torch.equal(imported.t5.lm_head.weight, t5.lm_head.weight)
     assert imported.t5.config.feed_forward_proj == ("relu" if untied else "gated-gelu")
@@ -365,6 +375,31 @@ def test_truncated_checkpoint_is_named(tmp_path, reference_checkpoint):
     src = reference_checkpoint["src"]
     src.write_bytes(src.read_bytes()[: src.stat().st_size // 2])
     _assert_refused(tmp_path, src, reference_checkpoint["kwargs"], InputError, "truncated")
+
+
+def test_truncated_or_corrupt_legacy_format_checkpoint_is_named(tmp_path, reference_checkpoint):
+    """A checkpoint in torch's pre-1.6 (non-zip) format, cut or damaged anywhere: one InputError
+    naming the file, never an IndexError / AssertionError / struct.error from deep inside torch."""
+    src = reference_checkpoint["src"]
+    checkpoint = torch.load(src, weights_only=False)  # our own fixture file
+    torch.save(checkpoint, src, _use_new_zipfile_serialization=False)
+    data = src.read_bytes()
+    damaged = [data[:n] for n in (10, 50, 200, 1000, len(data) // 2)]
+    damaged.append(data[:300] + bytes([0xFF]) + data[301:])  # a storage key's digits overwritten
+    for content in damaged:
+        src.write_bytes(content)
+        _assert_refused(tmp_path, src, reference_checkpoint["kwargs"], InputError, "truncated or not a torch file")
+
+
+def test_windows_paths_are_outside_the_allow_list(tmp_path, reference_checkpoint):
+    """The reference stores its options as strings: a Windows path (which cannot even be built on
+    this system) is refused as a global outside the allow-list, not reported as a truncated file."""
+    from pathlib import PureWindowsPath
+
+    src = reference_checkpoint["src"]
+    _rewrite(src, lambda c: setattr(c["opt"], "checkpoint_dir", PureWindowsPath("C:/ckpt")))
+    error = _assert_refused(tmp_path, src, reference_checkpoint["kwargs"], UnsafePickleError, "allow-list")
+    assert "pathlib.PureWindowsPath" in str(error)
 
 
 class _Payload:

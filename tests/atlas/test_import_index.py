@@ -29,18 +29,19 @@ def write_reference_index(folder: Path, sizes=SIZES, dim: int = DIM, seed: int =
     (N, d) float16 vectors and the passage ids, in index order."""
     generator = torch.Generator().manual_seed(seed)
     folder.mkdir(parents=True, exist_ok=True)
-    vectors, ids, start = [], [], 0
+    # the reference's index keeps one (d, N) float16 tensor and saves column slices of it: each
+    # shard file is a strided view of the whole storage, not a contiguous (d, n_i) tensor
+    embeddings = torch.randn(dim, sum(sizes), generator=generator).to(torch.float16)
+    ids, start = [], 0
     for shard, n in enumerate(sizes):
-        embeddings = torch.randn(dim, n, generator=generator).to(torch.float16)  # (d, n), column per passage
         passages = [{"id": str(1000 + start + i), "title": f"Title {start + i}", "text": f"passage text {start + i}",
                      "section": "History" if i % 2 else ""} for i in range(n)]
-        torch.save(embeddings, folder / f"embeddings.{shard}.pt")
+        torch.save(embeddings[:, start: start + n], folder / f"embeddings.{shard}.pt")
         with open(folder / f"passages.{shard}.pt", "wb") as f:
             pickle.dump(passages, f, protocol=pickle.HIGHEST_PROTOCOL)
-        vectors.append(embeddings.T)
         ids += [p["id"] for p in passages]
         start += n
-    return torch.cat(vectors), ids
+    return embeddings.T.contiguous(), ids
 
 
 def tree(path: Path) -> list[str]:
@@ -80,6 +81,10 @@ def test_same_top_k_ids_and_scores_as_brute_force(tmp_path, reference_index, tin
     np.testing.assert_allclose(scores, expected_scores.numpy(), rtol=1e-5, atol=1e-5)
     hits = loaded.search(queries.numpy(), k)
     assert [h.id for h in hits[0]] == list(ids[expected_rows[0].numpy()])
+
+    if spec == "Flat":  # the reference's float16 vectors, bit for bit, in passage order
+        stored = np.load(index / "vectors.g1.npy")
+        assert stored.dtype == np.float16 and np.array_equal(stored, reference_index["vectors"].numpy())
 
     manifest = json.loads((index / "manifest.json").read_text())
     assert manifest["encoder_fingerprint"] == retriever.passage_fingerprint()
@@ -159,6 +164,37 @@ def test_truncated_passages_are_named(tmp_path, reference_index, tiny_encoder_pa
     assert _refused(tmp_path, reference_index["src"], tiny_encoder_path, match="truncated").path == str(path)
 
 
+def test_corrupt_passages_are_named(tmp_path, reference_index, tiny_encoder_path):
+    """A damaged passages pickle gives an InputError naming it, never a bare OverflowError."""
+    path = reference_index["src"] / "passages.1.pt"
+    path.write_bytes(b"\x80\x04\x95" + b"\xff" * 8 + path.read_bytes()[11:])  # a FRAME of 2**64 - 1 bytes
+    assert _refused(tmp_path, reference_index["src"], tiny_encoder_path, match="truncated").path == str(path)
+
+
+def test_damaged_zip_shard_is_named(tmp_path, reference_index, tiny_encoder_path):
+    """A zip end record that `zipfile` itself rejects (a multi-disk ZIP64 locator): an InputError
+    naming the shard, not a zipfile.BadZipFile."""
+    import struct
+
+    path = reference_index["src"] / "embeddings.1.pt"
+    locator = struct.pack("<4sLQL", b"PK\x06\x07", 1, 0, 2)  # ZIP64 locator: disk 1 of 2
+    end = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 0, 0, 0, 0, 0)
+    path.write_bytes(path.read_bytes()[:100] + locator + end)
+    assert _refused(tmp_path, reference_index["src"], tiny_encoder_path, match="truncated").path == str(path)
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+def test_unreadable_embeddings_error_does_not_advise_unsafe_loading(tmp_path, reference_index, tiny_encoder_path):
+    """torch's own message says to retry with `weights_only=False` (which runs pickled code): the
+    error keeps only the reason (here a plain pickle where a torch file belongs)."""
+    path = reference_index["src"] / "embeddings.1.pt"
+    with open(path, "wb") as f:
+        pickle.dump([[0.5] * DIM] * 4, f, protocol=pickle.HIGHEST_PROTOCOL)
+    error = _refused(tmp_path, reference_index["src"], tiny_encoder_path, match="truncated or not a torch file")
+    assert error.path == str(path) and "Unsupported operand" in str(error)
+    assert "weights_only" not in str(error) and "False" not in str(error)
+
+
 def test_wrong_shapes_are_named(tmp_path, reference_index, tiny_encoder_path):
     src = reference_index["src"]
     torch.save(torch.zeros(16, 4, dtype=torch.float16), src / "embeddings.1.pt")  # d = 16, encoder has 32
@@ -191,13 +227,16 @@ class _Payload:
         return (os.system, (f"touch {self.marker}",))
 
 
-@pytest.mark.parametrize("target", ["passages.1.pt", "embeddings.1.pt"])
+@pytest.mark.parametrize("target", ["passages.1.pt", "passages.1.pt (torch zip)", "embeddings.1.pt"])
 def test_malicious_pickle_is_refused_and_never_runs(tmp_path, reference_index, tiny_encoder_path, target):
     src, marker = reference_index["src"], tmp_path / "PWNED"
     payload = [{"id": "x", "title": "t", "text": "x", "extra": _Payload(marker)}] * 4
-    if target.startswith("passages"):
+    if target == "passages.1.pt":
         with open(src / target, "wb") as f:
             pickle.dump(payload, f)
+    elif target.startswith("passages"):  # the pickle nested in a torch zip file
+        target = "passages.1.pt"
+        torch.save(payload, src / target)
     else:
         torch.save({"embeddings": _Payload(marker)}, src / target)
     error = _refused(tmp_path, src, tiny_encoder_path, error=UnsafePickleError, match="refused to unpickle")
