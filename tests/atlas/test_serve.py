@@ -234,6 +234,7 @@ def test_add_update_remove_in_one_atomic_edit(client):
 
 
 # ----------------------------------------------------------------------------- load
+@pytest.mark.slow
 def test_a_bounded_load_with_interleaved_edits_loses_nothing(live_url, service):
     """The suite's size of bench/serve.py's load test (1,000 asks + 50 edits there)."""
     bench = _bench()

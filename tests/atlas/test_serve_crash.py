@@ -99,6 +99,7 @@ def _bench():
     return module
 
 
+@pytest.mark.slow  # two server starts
 def test_kill_9_of_the_server_during_an_edit_then_restart(tmp_path_factory, tmp_path):
     pytest.importorskip("fastapi", reason="atlas serve needs fastapi (pip install -e '.[test]')")
     import httpx
