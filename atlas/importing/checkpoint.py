@@ -108,6 +108,10 @@ def config_from_options(opt: Any, *, tied: bool, closed_book: bool, source: str)
     """Our `AtlasConfig` from the reference's options (`opt`, a Namespace or dict), and notes
     on the options that have no counterpart here (for import.json)."""
     notes: list[str] = []
+    if closed_book and _option(opt, "use_file_passages") and not _option(opt, "closed_book"):
+        notes.append("use_file_passages (passages read from the data files, no retriever saved): "
+                     "task.closed_book = true, the reader sees the query alone; to read the data files' "
+                     "passages set task.closed_book=false and a retriever.model")
     base = AtlasConfig()
     text_maxlength = int(_option(opt, "text_maxlength", 200))
     retriever_length = min(text_maxlength, BERT_MAX_LENGTH)

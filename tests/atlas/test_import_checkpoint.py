@@ -197,6 +197,19 @@ def test_gold_score_modes_map_to_losses(mode, loss):
     assert config.training.precision == "fp32" and any("fp16" in n for n in notes)
 
 
+def test_file_passages_run_is_imported_closed_book_with_a_note():
+    """The reference's --use_file_passages (without --closed_book) read passages from the data
+    files; with no such mode here the run is closed-book, and import.json says so."""
+    from atlas.importing.checkpoint import config_from_options
+
+    opt = reference_options(use_file_passages=True, closed_book=False)
+    config, notes = config_from_options(opt, tied=False, closed_book=True, source="x")
+    assert config.task.closed_book and any("use_file_passages" in n for n in notes)
+    _, notes = config_from_options(reference_options(use_file_passages=True, closed_book=True), tied=False,
+                                   closed_book=True, source="x")
+    assert not any("use_file_passages" in n for n in notes)
+
+
 def test_evaluate_and_ask_run_on_the_imported_run(tmp_path, reader_tokenizer_dir, tiny_encoder_path, capsys):
     import pickle
 
