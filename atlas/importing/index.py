@@ -148,8 +148,9 @@ def import_atlas_index(
 
     src, corpus_out, index_out = Path(src), Path(corpus_out), Path(index_out)
     shards = find_shards(src)
+    own_corpus = _resumable_corpus(corpus_out, index_out)  # written by the interrupted import (before `restart`)
     for path in (corpus_out, index_out):
-        if path.exists() and not overwrite and not _resumable_corpus(path, index_out):
+        if path.exists() and not overwrite and not (path == corpus_out and own_corpus):
             raise FileExistsError(f"{path} already exists (pass --overwrite to replace it)")
     retriever = _resolve_retriever(encoder)
     dim = retriever.dim
@@ -175,7 +176,8 @@ def import_atlas_index(
 
     if not _resumable_corpus(corpus_out, index_out, state.get("corpus_fingerprint")):
         try:
-            prepare_corpus([jsonl_path], corpus_out, chunk_words=0, progress=progress, overwrite=overwrite)
+            prepare_corpus([jsonl_path], corpus_out, chunk_words=0, progress=progress,
+                           overwrite=overwrite or own_corpus)  # a restarted import replaces its own
         except InputError as e:  # name the shard a duplicate id came from, not the work file
             shard = bisect.bisect_right(starts, (e.line or 1) - 1) - 1
             _discard(work, created)

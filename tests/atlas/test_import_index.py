@@ -133,6 +133,28 @@ def test_interrupted_import_resumes_to_the_same_files(tmp_path, reference_index,
     assert not work.exists()
 
 
+def test_restart_discards_an_interrupted_import_with_its_corpus(tmp_path, reference_index, tiny_encoder_path,
+                                                                 monkeypatch):
+    """Killed while building the index (the corpus already written): `restart=True` starts over
+    and replaces that corpus too, instead of copying every shard and then refusing it."""
+    import retriever.index_build
+
+    def killed(*args, **kwargs):
+        raise Interrupted
+
+    out = _outputs(tmp_path)
+    monkeypatch.setattr(retriever.index_build, "build_index", killed)
+    with pytest.raises(Interrupted):
+        import_atlas_index(reference_index["src"], encoder=tiny_encoder_path, progress=False, **out)
+    assert (out["corpus_out"] / "corpus.json").is_file() and not out["index_out"].exists()
+    monkeypatch.undo()
+    done = []
+    import_atlas_index(reference_index["src"], encoder=tiny_encoder_path, progress=False, restart=True,
+                       on_shard=done.append, **out)
+    assert done == [0, 1, 2]  # started over
+    assert (out["index_out"] / "manifest.json").is_file() and not (tmp_path / "out" / "index.building").exists()
+
+
 # --- bad input: one error naming the file, nothing written ------------------------------------
 
 def _refused(tmp_path, src, encoder, error=InputError, match=""):
