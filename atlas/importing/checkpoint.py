@@ -27,7 +27,7 @@ import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import AutoTokenizer, BertConfig, T5Config
@@ -36,6 +36,9 @@ from atlas.config import AtlasConfig, save_config, validate_components
 from atlas.importing.safe_pickle import load_torch_file
 from atlas.importing.weights import bert_from_state_dict, read_config_file, t5_from_state_dict
 from tasks.io import InputError, atomic_directory, atomic_write_json, atomic_write_text
+
+if TYPE_CHECKING:
+    from retriever.encoder import Retriever
 
 logger = logging.getLogger(__name__)
 
@@ -204,6 +207,35 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
+def _import_retriever(parts: Mapping[str, dict[str, torch.Tensor]], config: AtlasConfig, *, tied: bool,
+                      encoder_source: str | None, retriever_config: str | None, source: str, notes: list[str]) -> Retriever:
+    """The `Retriever` holding a checkpoint's Contriever tensors (`parts` from `split_atlas_state`):
+    one encoder when tied, query + passage when untied, mean pooling, unnormalised, as the
+    reference's Contriever ("average"). BERT's head count comes from `retriever_config`, else the
+    `encoder_source` folder's config.json, else hidden_size / 64 (noted in `notes`)."""
+    from retriever.encoder import ContrieverEncoder, Retriever
+
+    bert_config = None
+    if retriever_config:
+        bert_config = read_config_file(retriever_config, BertConfig)
+    elif encoder_source and (Path(encoder_source) / "config.json").is_file():
+        bert_config = read_config_file(encoder_source, BertConfig)
+    if bert_config is None:
+        notes.append("retriever attention heads are not in any tensor shape: assumed hidden_size / 64 "
+                     "(Contriever's); pass --retriever-config if the encoder differs")
+    tokenizer = _tokenizer(encoder_source, "retriever", "--retriever-tokenizer", source)
+
+    def encoder(state: dict[str, torch.Tensor]) -> ContrieverEncoder:
+        return ContrieverEncoder(bert_from_state_dict(state, source, bert_config), tokenizer,
+                                 pooling="mean", normalize=False)
+
+    return Retriever(query_encoder=encoder(parts["retriever" if tied else "query"]),
+                     passage_encoder=None if tied else encoder(parts["passage"]),
+                     passage_format=config.retriever.passage_format,
+                     query_maxlength=config.retriever.query_maxlength,
+                     passage_maxlength=config.retriever.passage_maxlength)
+
+
 def import_atlas_checkpoint(src: str | Path, out: str | Path, *, reader_tokenizer: str | None = None,
                             retriever_tokenizer: str | None = None, reader_config: str | None = None,
                             retriever_config: str | None = None, overwrite: bool = False) -> Path:
@@ -242,31 +274,10 @@ def import_atlas_checkpoint(src: str | Path, out: str | Path, *, reader_tokenize
                          f"{len(tokenizer)} tokens")
     config, notes = config_from_options(opt, tied=tied, closed_book=closed_book, source=source)
 
-    retriever = None
-    if not closed_book:
-        from retriever.encoder import ContrieverEncoder, Retriever
-
-        encoder_source = retriever_tokenizer or _option(opt, "retriever_model_path")
-        bert_config = None
-        if retriever_config:
-            bert_config = read_config_file(retriever_config, BertConfig)
-        elif encoder_source and (Path(encoder_source) / "config.json").is_file():
-            bert_config = read_config_file(encoder_source, BertConfig)
-        if bert_config is None:
-            notes.append("retriever attention heads are not in any tensor shape: assumed hidden_size / 64 "
-                         "(Contriever's); pass --retriever-config if the encoder differs")
-        bert_tokenizer = _tokenizer(encoder_source, "retriever", "--retriever-tokenizer", source)
-
-        def encoder(state: dict[str, torch.Tensor]) -> ContrieverEncoder:
-            # Contriever pools by mean over non-padding tokens ("average"), unnormalised
-            return ContrieverEncoder(bert_from_state_dict(state, source, bert_config), bert_tokenizer,
-                                     pooling="mean", normalize=False)
-
-        query = encoder(parts["retriever" if tied else "query"])
-        retriever = Retriever(query_encoder=query, passage_encoder=None if tied else encoder(parts["passage"]),
-                              passage_format=config.retriever.passage_format,
-                              query_maxlength=config.retriever.query_maxlength,
-                              passage_maxlength=config.retriever.passage_maxlength)
+    encoder_source = retriever_tokenizer or _option(opt, "retriever_model_path")
+    retriever = None if closed_book else _import_retriever(
+        parts, config, tied=tied, encoder_source=encoder_source, retriever_config=retriever_config,
+        source=source, notes=notes)
 
     from reader.fid import FiDReader
 

@@ -197,6 +197,25 @@ def test_gold_score_modes_map_to_losses(mode, loss):
     assert config.training.precision == "fp32" and any("fp16" in n for n in notes)
 
 
+def test_closed_book_checkpoint_imports_without_a_retriever(tmp_path, reader_tokenizer_dir):
+    """A --closed_book run saved reader tensors only: a run folder without retriever/, closed-book;
+    the same tensors under options that say it retrieved are refused, naming the file."""
+    from atlas.checkpoint import checkpoint_config
+    from reader.tokenizer import build_reader_tokenizer
+
+    t5 = tiny_t5(len(build_reader_tokenizer(reader_tokenizer_dir)))
+    src = tmp_path / "ref" / "model.pth.tar"
+    src.parent.mkdir()
+    state = {f"reader.{k}": v for k, v in t5.state_dict().items()}
+    torch.save({"step": 3, "model": state, "opt": reference_options(closed_book=True, use_file_passages=True)}, src)
+    folder = import_atlas_checkpoint(src, tmp_path / "run", reader_tokenizer=str(reader_tokenizer_dir))
+    assert not (folder / "retriever").exists() and (folder / "reader" / "config.json").is_file()
+    assert checkpoint_config(folder).task.closed_book
+    torch.save({"step": 3, "model": state, "opt": reference_options()}, src)
+    _assert_refused(tmp_path / "again", src, {"reader_tokenizer": str(reader_tokenizer_dir)}, InputError,
+                    "options say it retrieved")
+
+
 def test_file_passages_run_is_imported_closed_book_with_a_note():
     """The reference's --use_file_passages (without --closed_book) read passages from the data
     files; with no such mode here the run is closed-book, and import.json says so."""
