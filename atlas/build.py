@@ -100,6 +100,7 @@ def build_index(config: AtlasConfig, retriever: Retriever):
                 build(config.index.corpus, retriever, path, spec=config.index.spec,
                       batch_size=config.retriever.batch_size, chunk_size=config.index.chunk_size,
                       train_sample=config.index.train_sample, keep_embeddings=config.index.keep_embeddings,
+                      rerank=config.index.rerank or 0,
                       nprobe=config.index.nprobe, ef_search=config.index.ef_search, progress=rank == 0,
                       rank=rank, world_size=world_size, barrier=barrier)
             finally:
@@ -107,7 +108,8 @@ def build_index(config: AtlasConfig, retriever: Retriever):
     if path is None:
         return None
     index = PassageIndex.load(path, retriever=retriever, allow_encoder_mismatch=config.index.allow_encoder_mismatch,
-                              nprobe=config.index.nprobe, ef_search=config.index.ef_search)
+                              nprobe=config.index.nprobe, ef_search=config.index.ef_search,
+                              rerank=config.index.rerank)
     if config.index.sharded and world_size > 1:
         from retriever.sharded import ShardedPassageIndex
 

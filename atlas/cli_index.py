@@ -43,6 +43,14 @@ def _add_encoder_arguments(parser: argparse.ArgumentParser, *, default: str | No
     )
 
 
+def _add_rerank_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--rerank", type=int, default=None, metavar="K'",
+        help="re-score the compressed index's top K' candidates exactly from its float16 vectors "
+        "(needs an index built with --rerank or --keep-embeddings); 0 = off; default: the index's own",
+    )
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `index` command group and `evaluate-retrieval` to the `atlas` parser."""
     index = subparsers.add_parser("index", help="build, update, search and inspect passage indexes")
@@ -59,10 +67,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="retriever/encoder folder, 'minilm' or 'contriever'",
     )
     build.add_argument(
-        "--spec", default="Flat", help="Flat, IVF{n},Flat, IVF{n},PQ{m}, PQ{m}, HNSW{M}, SQ8"
+        "--spec", default="Flat",
+        help="Flat, IVF{n},Flat, IVF{n},PQ{m}, PQ{m}, OPQ{m},PQ{m}, OPQ{m},IVF{n},PQ{m}, HNSW{M}, SQ8"
     )
     build.add_argument(
         "--keep-embeddings", action="store_true", help="also keep the float16 embeddings"
+    )
+    build.add_argument(
+        "--rerank", type=int, default=0, metavar="K'",
+        help="compressed specs: search re-scores the top K' candidates exactly from the float16 "
+        "vectors (kept, memory-mapped on disk; e.g. 10x k); recorded in the manifest; 0 = off",
     )
     build.add_argument("--batch-size", type=int, default=64)
     build.add_argument("--chunk-size", type=int, default=8192, help="passages per resumable chunk")
@@ -102,6 +116,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     search.add_argument("--corpus", help="the base corpus's folder if it moved since the build")
     search.add_argument("--nprobe", type=int, default=None)
     search.add_argument("--ef-search", type=int, default=None)
+    _add_rerank_argument(search)
     search.add_argument("--json", action="store_true", help="print JSON lines instead of text")
     search.add_argument("--sharded", action="store_true",
                         help="under torchrun: each rank searches 1/N of the index; rank 0 prints")
@@ -128,6 +143,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--corpus", help="the base corpus's folder if it moved since the build")
     evaluate.add_argument("--nprobe", type=int, default=None)
     evaluate.add_argument("--ef-search", type=int, default=None)
+    _add_rerank_argument(evaluate)
     evaluate.add_argument("--batch-size", type=int, default=64)
     _add_encoder_arguments(evaluate, default=None)
     evaluate.set_defaults(func=_evaluate)
@@ -169,6 +185,7 @@ def _load_index(args: argparse.Namespace, *, device=None):
         allow_encoder_mismatch=args.allow_encoder_mismatch,
         nprobe=args.nprobe,
         ef_search=args.ef_search,
+        rerank=args.rerank,
     )
 
 
@@ -190,6 +207,7 @@ def _build(args: argparse.Namespace) -> int:
         chunk_size=args.chunk_size,
         train_sample=args.train_sample,
         keep_embeddings=args.keep_embeddings,
+        rerank=args.rerank,
         nprobe=args.nprobe,
         ef_search=args.ef_search,
         seed=args.seed,

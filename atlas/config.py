@@ -67,6 +67,11 @@ class IndexConfig:
     keep_embeddings: bool = False
     refresh: str = "never"  # e.g. "0-1000:500,1000-10000:2000"
     rerank_overretrieve: int = 0  # >0: re-score this many candidates with the current encoder
+    # Two-stage search of a compressed index (issue 16): its top k' candidates re-scored exactly
+    # from the float16 vectors kept memory-mapped on disk. None: the index's own setting (its
+    # manifest); 0: off. Building with k' > 0 keeps the vectors. Not `rerank_overretrieve`
+    # (that re-encodes candidates with the current, training encoder).
+    rerank: int | None = None
     filtering_overretrieve_ratio: int = 2
     allow_encoder_mismatch: bool = False
     chunk_size: int = 8192  # passages embedded per resumable chunk

@@ -21,6 +21,10 @@ SHARED = ROOT.parent / "shared" / "data"
 NQ824_RUN = ROOT / "runs" / "bench-nq824"
 NQ824_DOCUMENTS = [SHARED / "wikitext2-articles.jsonl", SHARED / "nq824" / "documents.jsonl"]
 NQ824_QUESTIONS = SHARED / "nq824" / "dev.jsonl"
+# the larger real set of issue 16: nq824 + WikiText-2 + every SQuAD paragraph (train and dev)
+SQUAD = SHARED / "squad"
+LARGE_RUN = ROOT / "runs" / "bench-large"
+LARGE_QUESTIONS = [SHARED / "nq-open" / "NQ-open.dev.jsonl", SQUAD / "dev-v1.1.json"]
 
 
 def ensure_nq824_corpus(path: Path = NQ824_RUN / "corpus") -> Path:
@@ -49,6 +53,56 @@ def ensure_nq824_index(path: Path = NQ824_RUN / "index", corpus: Path | None = N
         print(f"building the MiniLM Flat index at {path} (~4 min on 2 cores)", file=sys.stderr, flush=True)
         build_index(corpus, build_retriever(RetrieverConfig(model="minilm")), path, progress=True,
                     encoder_source="minilm")
+    return path
+
+
+def squad_documents(out: Path) -> Path:
+    """Every distinct SQuAD v1.1 paragraph (train, then dev) as JSONL documents {id, title, text}
+    at `out` (written once), so that `prepare_corpus` chunks them like any other documents."""
+    if out.is_file():
+        return out
+    import json
+
+    seen: set[str] = set()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    with tmp.open("w") as f:
+        for split in ("train-v1.1.json", "dev-v1.1.json"):
+            for article in json.loads((SQUAD / split).read_text())["data"]:
+                for i, paragraph in enumerate(article["paragraphs"]):
+                    if paragraph["context"] in seen:
+                        continue
+                    seen.add(paragraph["context"])
+                    record = {"id": f"squad-{split[:3]}-{article['title']}-{i}", "title": article["title"].replace("_", " "),
+                              "text": paragraph["context"]}
+                    f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    tmp.rename(out)
+    return out
+
+
+def ensure_large_index(path: Path = LARGE_RUN / "index") -> Path | None:
+    """The MiniLM `Flat` index of nq824 + WikiText-2 + all SQuAD paragraphs (100-word passages,
+    ≈ 30k+) at `path`, built if absent (resumable: an interrupted build continues), or None when
+    the shared data is not there. Embedding takes ~20-40 min on 2 busy cores, once."""
+    if (path / "manifest.json").is_file():
+        return path
+    missing = [str(p) for p in [*NQ824_DOCUMENTS, SQUAD / "train-v1.1.json", *LARGE_QUESTIONS] if not p.is_file()]
+    if missing:
+        print(f"skipping the large real set: {', '.join(missing)} not found", file=sys.stderr)
+        return None
+    sys.path.insert(0, str(ROOT))
+    from atlas.config import RetrieverConfig
+    from retriever.corpus import prepare_corpus
+    from retriever.encoder import build_retriever
+    from retriever.index_build import build_index
+
+    corpus = LARGE_RUN / "corpus"
+    if not (corpus / "corpus.json").is_file():
+        documents = [*NQ824_DOCUMENTS, squad_documents(LARGE_RUN / "squad-paragraphs.jsonl")]
+        prepare_corpus(documents, corpus, chunk_words=100, progress=False)
+    print(f"building the MiniLM Flat index at {path} (once; resumable)", file=sys.stderr, flush=True)
+    build_index(corpus, build_retriever(RetrieverConfig(model="minilm")), path, progress=True,
+                encoder_source="minilm", chunk_size=2048)
     return path
 
 

@@ -59,58 +59,43 @@ def flat_index(vectors: np.ndarray) -> PassageIndex:
                         removed=np.zeros(n, dtype=bool))
 
 
-def run(n: int, dim: int, n_queries: int, chunk_rows: int) -> list[dict]:
+def timed(search, repeats: int):
+    """(best seconds over `repeats` runs, the last run's result): on a shared machine the
+    fastest run is the one least disturbed by other processes."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = search()
+        best = min(best, time.perf_counter() - start)
+    return best, result
+
+
+def run(n: int, dim: int, n_queries: int, chunk_rows: int | None, repeats: int = 1) -> list[dict]:
     rng = np.random.default_rng(0)
     vectors = rng.standard_normal((n, dim), dtype=np.float32)
     queries = rng.standard_normal((n_queries, dim), dtype=np.float32)
     rows = []
     flat = faiss.IndexFlatIP(dim)
     flat.add(vectors)
-    start = time.perf_counter()
-    _, faiss_ids = flat.search(queries, K)
-    rows.append(
-        {
-            "method": "faiss IndexFlatIP (fp32)",
-            "seconds": time.perf_counter() - start,
-            "ids": faiss_ids,
-        }
-    )
+    seconds, (_, faiss_ids) = timed(lambda: flat.search(queries, K), repeats)
+    rows.append({"method": "faiss IndexFlatIP (fp32)", "seconds": seconds, "ids": faiss_ids})
     flat.reset()  # frees its float32 copy
-    start = time.perf_counter()
-    ids = torch_plain(queries, vectors)
-    rows.append(
-        {
-            "method": "torch matmul+topk (fp32, unchunked)",
-            "seconds": time.perf_counter() - start,
-            "ids": ids,
-        }
-    )
-    start = time.perf_counter()
-    _, ids = exact_search(queries, vectors, K, chunk_rows=chunk_rows)
-    rows.append(
-        {"method": "ours exact_search (fp32)", "seconds": time.perf_counter() - start, "ids": ids}
-    )
+    seconds, ids = timed(lambda: torch_plain(queries, vectors), 1)  # far behind: timed once
+    rows.append({"method": "torch matmul+topk (fp32, unchunked)", "seconds": seconds, "ids": ids})
+    seconds, (_, ids) = timed(lambda: exact_search(queries, vectors, K, chunk_rows=chunk_rows), repeats)
+    rows.append({"method": "ours exact_search (fp32)", "seconds": seconds, "ids": ids})
     half = vectors.astype(np.float16)
-    del vectors  # bounded memory at 1M × 768: the float16 copy is what the index keeps
-    start = time.perf_counter()
-    _, ids = exact_search(queries, half, K, chunk_rows=chunk_rows)
-    rows.append(
-        {
-            "method": "ours exact_search (fp16 stored)",
-            "seconds": time.perf_counter() - start,
-            "ids": ids,
-        }
-    )
+    vectors = None  # bounded memory at 1M × 768: the float16 copy is what the index keeps
+    seconds, (_, ids) = timed(lambda: exact_search(queries, half, K, chunk_rows=chunk_rows), repeats)
+    rows.append({"method": "ours exact_search (fp16 stored)", "seconds": seconds, "ids": ids})
     index = flat_index(half)
-    start = time.perf_counter()
-    _, ids = index.search_vectors(queries, K)
-    rows.append(
-        {
-            "method": "ours PassageIndex Flat (fp16)",
-            "seconds": time.perf_counter() - start,
-            "ids": ids,
-        }
-    )
+    seconds, (_, ids) = timed(lambda: index.search_vectors(queries, K), repeats)
+    rows.append({"method": "ours PassageIndex Flat (fp16)", "seconds": seconds, "ids": ids})
+    removed = np.zeros(n, dtype=bool)
+    removed[::1000] = True  # 0.1% removed, spread over every chunk: the masked path
+    index.removed = removed
+    seconds, (_, ids) = timed(lambda: index.search_vectors(queries, K), repeats)
+    rows.append({"method": "ours PassageIndex Flat (fp16), 0.1% removed", "seconds": seconds, "ids": ids})
     best_baseline = max(n_queries / r["seconds"] for r in rows[:2])
     for r in rows:
         r.update(
@@ -132,13 +117,15 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=1_000_000)
     parser.add_argument("--dims", type=int, nargs="+", default=[384, 768])
     parser.add_argument("--queries", type=int, default=1000)
-    parser.add_argument("--chunk-rows", type=int, default=65536)
+    parser.add_argument("--chunk-rows", type=int, default=None, help="default: exact_search's own")
+    parser.add_argument("--repeats", type=int, default=2, help="timed runs per method; the best counts")
     args = parser.parse_args()
-    results = [row for dim in args.dims for row in run(args.n, dim, args.queries, args.chunk_rows)]
+    results = [row for dim in args.dims
+               for row in run(args.n, dim, args.queries, args.chunk_rows, args.repeats)]
     targets = [
         target(f"ours (fp16, as a Flat index stores) / best baseline, N={r['n']} d={r['dim']}",
                r["vs_best_baseline"], ">=", 0.9)
-        for r in results if r["method"] == "ours exact_search (fp16 stored)"
+        for r in results if r["method"] in ("ours exact_search (fp16 stored)", "ours PassageIndex Flat (fp16), 0.1% removed")
     ]
     print(
         json.dumps(
@@ -154,11 +141,11 @@ def main() -> None:
         )
     )
     print(
-        f"\n{'N':>8s} {'d':>4s} {'method':38s} {'q/s':>8s} {'vs best baseline':>17s} {'ids = faiss':>11s}"
+        f"\n{'N':>8s} {'d':>4s} {'method':46s} {'q/s':>8s} {'vs best baseline':>17s} {'ids = faiss':>11s}"
     )
     for r in results:
         print(
-            f"{r['n']:8d} {r['dim']:4d} {r['method']:38s} {r['qps']:8.1f} {r['vs_best_baseline']:17.2f} "
+            f"{r['n']:8d} {r['dim']:4d} {r['method']:46s} {r['qps']:8.1f} {r['vs_best_baseline']:17.2f} "
             f"{r['id_agreement_with_faiss']:11.4f}"
         )
     print_targets(targets)

@@ -6,6 +6,8 @@ An index folder holds
                        and SHA-256 (so a truncated or corrupted file is named, not crashed on)
     vectors.gN.npy     float16 (N, d) embeddings: the index itself for `Flat` (searched in
                        chunks by `exact_search`), else present only with `keep_embeddings`
+                       (implied by `rerank`: the exact scores of a compressed index's
+                       candidates are read from it, memory-mapped; retriever/rerank.py)
     index.gN.faiss     the FAISS index for every other spec, saved and loaded compressed only
     removed.gN.npy     (N,) bool: positions of removed passages, never returned by search
 Files carry a generation number N; an update writes new files, then atomically replaces
@@ -21,6 +23,11 @@ Loading memory-maps what it can: float16 vectors always; FAISS indexes with the 
 supports for their family (`index_types.faiss_read_flags`): IVF inverted lists become a
 read-only `OnDiskInvertedLists` over the file, flat codes (PQ, SQ8) and HNSW storage are
 mapped in place. Mapped pages are shared by every process on the machine that opens the file.
+
+Two-stage search (`rerank` = k' > 0 in the manifest, or given at load): a compressed index
+proposes k' candidates per query and `retriever.rerank.rerank_candidates` returns the top k by
+exact inner product from the memory-mapped float16 vectors. `Flat` is exact already and
+ignores it.
 
 Positions (`Hit.row`) number the passages across segments: the build's corpus first, then
 each `add`ed corpus in turn. Build an index with `retriever.index_build.build_index`.
@@ -38,7 +45,14 @@ import numpy as np
 
 from retriever.corpus import Corpus
 from retriever.fingerprint import hash_file
-from retriever.index_types import exact_search, faiss_read_flags, index_type, set_search_params
+from retriever.index_types import (
+    exact_search,
+    faiss_read_flags,
+    index_type,
+    search_parameters_target,
+    set_search_params,
+)
+from retriever.rerank import advise_random, rerank_candidates
 from tasks.io import atomic_write_json
 
 MANIFEST = "manifest.json"
@@ -156,6 +170,7 @@ class PassageIndex:
         retriever=None,
         nprobe: int | None = None,
         ef_search: int | None = None,
+        rerank: int | None = None,
     ):
         self.folder = folder
         self.manifest = manifest
@@ -169,6 +184,9 @@ class PassageIndex:
         self.ef_search = ef_search if ef_search is not None else manifest.get("ef_search", 128)
         if faiss_index is not None:
             set_search_params(faiss_index, nprobe=self.nprobe, ef_search=self.ef_search)
+        self.rerank = check_rerank(manifest, folder, rerank, has_vectors=vectors is not None)
+        if faiss_index is not None and vectors is not None:
+            advise_random(vectors)  # read only at candidate rows (re-rank, `embeddings`)
 
     @classmethod
     def load(
@@ -182,6 +200,7 @@ class PassageIndex:
         mmap: bool = True,
         nprobe: int | None = None,
         ef_search: int | None = None,
+        rerank: int | None = None,
     ) -> PassageIndex:
         """Open an index folder on CPU, checking files, encoder and corpus.
 
@@ -191,6 +210,8 @@ class PassageIndex:
         SHA-256 against the manifest (reads every byte; sizes are always checked). mmap:
         memory-map the FAISS index with the flags of its family (float16 vectors are always
         memory-mapped); an index opened so is read-only (`mmap=False` to `add` to it).
+        rerank: k' candidates to re-score exactly from the float16 vectors (0: off; None: the
+        manifest's `rerank`); needs the vectors file (`InvalidIndexError` naming it otherwise).
         """
         folder = Path(path)
         manifest = read_manifest(folder)
@@ -236,6 +257,7 @@ class PassageIndex:
             retriever=retriever,
             nprobe=nprobe,
             ef_search=ef_search,
+            rerank=rerank,
         )
 
     def __len__(self) -> int:
@@ -298,14 +320,17 @@ class PassageIndex:
                 query_vectors, self.vectors, k, "ip", exclude=self.removed if any_removed else None
             )
         else:
+            wide = max(k, self.rerank)  # the compressed index proposes k' candidates
             scores, rows = search_live(
                 self.faiss_index,
                 query_vectors,
-                k,
+                wide,
                 removed=self.removed if any_removed else None,
                 nprobe=self.nprobe,
                 ef_search=self.ef_search,
             )
+            if self.rerank:  # exact scores of the candidates, from the memory-mapped vectors
+                scores, rows = rerank_candidates(query_vectors, self.vectors, rows, k)
         # one order for every path (FAISS and top-k leave ties in heap order); -inf if missing
         scores, rows = best_first(np.where(rows >= 0, scores, -np.inf).astype(np.float32), rows, k)
         if rows.shape[1] < k:  # exact search returns at most the number of live passages
@@ -358,6 +383,28 @@ class PassageIndex:
         return index_summary(self.manifest)
 
 
+def check_rerank(manifest: dict, folder: Path, rerank: int | None, *, has_vectors: bool) -> int:
+    """The re-rank width k' to search with: `rerank` if given, else the manifest's (0: off).
+
+    Raises `ValueError` for a negative k', and `InvalidIndexError` naming the index and the
+    missing `files.vectors` entry when a compressed index is asked to re-rank without its
+    float16 vectors (`Flat` is exact already: k' is ignored there)."""
+    value = manifest.get("rerank", 0) if rerank is None else rerank
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        source = f"{folder / MANIFEST}: field rerank" if rerank is None else "rerank"
+        raise ValueError(f"{source} must be an integer k' >= 0 (0 = off), got {value!r}")
+    if manifest.get("spec") == "Flat":
+        return 0
+    if value and not has_vectors:
+        raise InvalidIndexError(
+            f"{folder}: re-ranking {value} candidates needs the float16 vectors file, but "
+            f"{MANIFEST} lists none (files.vectors; spec {manifest.get('spec')}, built without "
+            "--keep-embeddings); rebuild with `atlas index build --rerank K` (which keeps them) "
+            "or search without --rerank"
+        )
+    return value
+
+
 def index_summary(manifest: dict) -> dict:
     """The manifest without file hashes, plus total bytes on disk and bytes per live passage."""
     size = sum(r["bytes"] for r in manifest["files"].values())
@@ -403,7 +450,7 @@ def search_live(
     n_removed = 0 if removed is None else int(np.count_nonzero(removed))
     if n_removed == 0:
         return index.search(query_vectors, k)
-    if not isinstance(faiss.downcast_index(index), faiss.IndexPQ):
+    if not isinstance(search_parameters_target(index), faiss.IndexPQ):
         bitmap = np.packbits(~removed, bitorder="little")  # live ids
         selector = faiss.IDSelectorBitmap(len(removed), faiss.swig_ptr(bitmap))
         params = _search_parameters(index, selector, nprobe, ef_search)

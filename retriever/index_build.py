@@ -181,6 +181,7 @@ def build_index(
     chunk_size: int = 8192,
     train_sample: int = 262144,
     keep_embeddings: bool = False,
+    rerank: int = 0,
     nprobe: int = 32,
     ef_search: int = 128,
     seed: int = 0,
@@ -197,13 +198,18 @@ def build_index(
     an index of `spec` at `out` (written atomically). Resumable: see `embed_corpus`.
 
     A `Flat` index is the float16 embeddings themselves (searched in chunks by `exact_search`); any
-    other spec saves only its FAISS index unless `keep_embeddings`. `encoder_source` (the
+    other spec saves only its FAISS index unless `keep_embeddings`, or `rerank` = k' > 0: then the
+    float16 vectors are kept too and search re-scores the index's k' candidates exactly from them
+    (memory-mapped; recorded in the manifest, overridable at load). `encoder_source` (the
     path or name the retriever was loaded from) is recorded so search can default to it.
     """
     out = Path(out)
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} already exists (pass --overwrite to replace it)")
     index_type(spec, retriever.dim)  # reject a bad spec before minutes of embedding
+    if not isinstance(rerank, int) or rerank < 0:
+        raise ValueError(f"rerank must be an integer k' >= 0 (0 = off), got {rerank!r}")
+    keep_embeddings = keep_embeddings or rerank > 0  # the exact scores are read from them
     corpus = Corpus.load(corpus_path)
     work_dir = work_dir_for(out)
     vectors_path, state = embed_corpus(
@@ -263,6 +269,7 @@ def build_index(
                     }
                 ],
                 "keep_embeddings": "vectors" in files,
+                "rerank": rerank,
                 "nprobe": nprobe,
                 "ef_search": ef_search,
                 "train_sample": train_sample,

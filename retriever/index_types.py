@@ -8,12 +8,10 @@ the kNN-LM datastore):
   `faiss.Index`; an unknown spec raises `ValueError` listing the valid forms.
 * `faiss_read_flags(spec, dim)` gives the `faiss.read_index` flags that memory-map a saved
   index of that family (FAISS supports different flags per family, and rejects a mix);
-* `exact_search(queries, vectors, k)` is brute-force top-k over the vectors in chunks of rows
-  (each widened to float32 by torch, searched by `faiss.knn`, merged by a running top-k), so
-  memory stays bounded whatever N is and a float16 memory-mapped flat index needs no float32
-  copy. Measured (bench/index_exact_search.py, 1M x 384, 1000 queries, k=100): 0.92x
-  `faiss.IndexFlatIP` on float32 vectors, 0.80x on float16 (the widening), 1.7x torch
-  matmul + topk; with current FAISS its blocked GEMM + heap beats matmul + topk here.
+* `exact_search(queries, vectors, k)` is brute-force top-k over the vectors in cache-sized
+  chunks of rows (each widened to float32 by torch into one reused buffer, searched by
+  `faiss.knn`, merged in FAISS heaps), so memory stays bounded whatever N is and a float16
+  memory-mapped flat index needs no float32 copy. Figures: bench/index_exact_search.py.
 """
 
 from __future__ import annotations
@@ -80,6 +78,18 @@ def _check_ivf_pq(match: re.Match, dim: int) -> None:
     _check_pq(match, dim)
 
 
+def _check_opq(match: re.Match, dim: int) -> None:
+    """OPQ{o} rotates the vectors for PQ{m}: FAISS needs o = m (one rotation block per code byte)."""
+    if "n" in match.re.groupindex:  # the IVF form
+        _check_positive("n")(match, dim)
+    _check_pq(match, dim)
+    if int(match.group("o")) != int(match.group("m")):
+        raise ValueError(
+            f"index spec {match.string!r}: OPQ{match.group('o')} must match PQ{match.group('m')} "
+            "(e.g. OPQ64,PQ64)"
+        )
+
+
 # The registry of index families. Keys are family names; values say how a spec is recognised.
 INDEX_TYPES: dict[str, IndexType] = {
     "flat": IndexType(r"Flat", "Flat", False, None, _no_check),
@@ -92,6 +102,15 @@ INDEX_TYPES: dict[str, IndexType] = {
         mmap="inverted_lists",
     ),
     "pq": IndexType(r"PQ(?P<m>\d+)", "PQ64", True, None, _check_pq),
+    # OPQ: a learned rotation before PQ (lower quantisation error on real embeddings). The
+    # flat-code form is not split by rows (its codes sit behind the rotation); each rank
+    # searches all of it. The IVF form splits like IVF-PQ.
+    "opq_pq": IndexType(r"OPQ(?P<o>\d+),PQ(?P<m>\d+)", "OPQ64,PQ64", True, None, _check_opq,
+                        shard="replicate"),
+    "opq_ivf_pq": IndexType(
+        r"OPQ(?P<o>\d+),IVF(?P<n>\d+),PQ(?P<m>\d+)", "OPQ64,IVF1024,PQ64", True, "nprobe", _check_opq,
+        mmap="inverted_lists",
+    ),
     "hnsw": IndexType(
         r"HNSW(?P<M>\d+)", "HNSW32", False, "efSearch", _check_positive("M"), shard="replicate"
     ),
@@ -147,9 +166,18 @@ def build_faiss_index(spec: str, dim: int, metric: Metric = "ip") -> faiss.Index
     index = faiss.index_factory(dim, spec.strip(), _FAISS_METRICS[metric])
     # The factory turns on polysemous training for PQ codes: a simulated-annealing pass that
     # only serves Hamming-filtered search (unused here) and dominates training time (~100x).
-    inner = faiss.downcast_index(faiss.try_extract_index_ivf(index) or index)
+    inner = faiss.try_extract_index_ivf(index) or search_parameters_target(index)
     if hasattr(inner, "do_polysemous_training"):
         inner.do_polysemous_training = False
+    return index
+
+
+def search_parameters_target(index: faiss.Index) -> faiss.Index:
+    """The index that search parameters reach: the inner index of an `IndexPreTransform`
+    (OPQ: FAISS passes the parameters through the rotation), else the index itself; downcast."""
+    index = faiss.downcast_index(index)
+    if isinstance(index, faiss.IndexPreTransform):
+        return faiss.downcast_index(index.index)
     return index
 
 
@@ -168,6 +196,14 @@ def set_search_params(
         hnsw.efSearch = int(ef_search)
 
 
+# Rows widened to float32 at a time by `exact_search`: 12M floats (48 MB) — 32,768 rows at
+# d = 384, 16,384 at d = 768. Measured on 2 cores (400k x 384/768, 1000 queries, k = 100):
+# chunks of this size run at 0.9-1.1x `IndexFlatIP` on float32; 4x larger ones 0.7-0.8x
+# (the widened chunk and FAISS's GEMM tiles no longer share the 32 MB L3), much smaller ones
+# pay FAISS's per-call heap set-up and reorder.
+EXACT_CHUNK_FLOATS = 12 << 20
+
+
 def _as_float32_tensor(array: np.ndarray) -> torch.Tensor:
     """(N, d) array (a read-only memmap slice too) → float32 tensor; never written to."""
     array = np.ascontiguousarray(array)
@@ -178,71 +214,72 @@ def _as_float32_tensor(array: np.ndarray) -> torch.Tensor:
     return tensor.float()
 
 
+def widen_into(buffer: torch.Tensor, rows: np.ndarray) -> np.ndarray:
+    """Widen (C, d) float16/float32 rows into the first C rows of a reused (≥ C, d) float32
+    buffer; returns that (C, d) float32 view as numpy. Reusing one buffer avoids a fresh
+    allocation (page faults, zeroing) per chunk, which cost as much as the widening itself."""
+    rows = np.ascontiguousarray(rows)
+    with warnings.catch_warnings():  # read-only memmap rows: torch warns, nothing writes to them
+        warnings.simplefilter("ignore", UserWarning)
+        source = torch.from_numpy(rows)
+    out = buffer[: len(rows)]
+    out.copy_(source)  # torch widens float16 with SIMD, in parallel; numpy's astype is ~5x slower
+    return out.numpy()
+
+
 def exact_search(
     queries: np.ndarray | torch.Tensor,
     vectors: np.ndarray,
     k: int,
     metric: Metric = "ip",
     *,
-    chunk_rows: int = 65536,
+    chunk_rows: int | None = None,
     exclude: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Brute-force top-k of every query over all rows of `vectors`, in bounded memory.
 
     queries: (Q, d) float; vectors: (N, d) float16/float32 array or memmap, read `chunk_rows`
-    rows at a time (peak extra memory ≈ one float32 chunk, plus Q × chunk_rows × 4 bytes for a
-    chunk that holds excluded rows).
-    exclude: optional (N,) bool mask of rows never to return (e.g. removed passages).
-    Returns `(scores, ids)`, both (Q, k'): k' = min(k, number of eligible rows); ids are
-    row numbers (int64). For "ip" scores are inner products, best (largest) first; for "l2"
-    they are squared Euclidean distances, best (smallest) first, as FAISS reports them.
+    rows at a time (default: `EXACT_CHUNK_FLOATS` / d) and widened into one reused float32
+    buffer (peak extra memory ≈ that buffer; no float32 copy of the store is ever made). Each
+    chunk is searched by `faiss.knn` (blocked GEMM + heaps) and merged into FAISS heaps
+    (`faiss.ResultHeap`). exclude: optional (N,) bool mask of rows never to return (e.g.
+    removed passages): a chunk holding some is compacted to its live rows before widening, so
+    the masked path costs the same as the plain one.
+    Returns `(scores, ids)`, both (Q, k'): k' = min(k, number of eligible rows); ids are row
+    numbers (int64). For "ip" scores are inner products, best (largest) first; for "l2" they
+    are squared Euclidean distances, best (smallest) first, as FAISS reports them.
     """
     check_metric(metric)
-    q = (
-        queries.detach().float().cpu()
-        if isinstance(queries, torch.Tensor)
-        else _as_float32_tensor(queries)
-    )
+    if isinstance(queries, torch.Tensor):
+        queries = queries.detach().float().cpu().numpy()
+    q = np.ascontiguousarray(queries, dtype=np.float32)
     if q.ndim != 2 or vectors.ndim != 2 or q.shape[1] != vectors.shape[1]:
         raise ValueError(
             f"queries {tuple(q.shape)} and vectors {tuple(vectors.shape)} must be (Q, d) and (N, d)"
         )
-    n_rows = vectors.shape[0]
+    n_rows, dim = vectors.shape
     n_eligible = n_rows if exclude is None else int(n_rows - np.count_nonzero(exclude))
     k = min(int(k), n_eligible)
-    best_scores = torch.full((q.shape[0], k), -torch.inf)
-    best_ids = torch.full((q.shape[0], k), -1, dtype=torch.int64)
-    q_sq = (q * q).sum(dim=1, keepdim=True) if metric == "l2" else None
-    q_np = q.contiguous().numpy()
+    if k == 0 or len(q) == 0:
+        return np.zeros((len(q), k), np.float32), np.zeros((len(q), k), np.int64)
+    chunk_rows = int(chunk_rows or max(1024, EXACT_CHUNK_FLOATS // dim))
+    buffer = None if vectors.dtype == np.float32 else torch.empty((min(chunk_rows, n_rows), dim))
     faiss_metric = faiss.METRIC_INNER_PRODUCT if metric == "ip" else faiss.METRIC_L2
+    heap = faiss.ResultHeap(len(q), k, keep_max=metric == "ip")
     for start in range(0, n_rows, chunk_rows):
-        if k == 0:
-            break
-        block = _as_float32_tensor(vectors[start : start + chunk_rows])  # (C, d)
-        chunk_k = min(k, block.shape[0])
-        excluded = None
+        block = vectors[start : start + chunk_rows]  # (C, d)
+        live = None
         if exclude is not None:
-            excluded = torch.from_numpy(np.asarray(exclude[start : start + chunk_rows], dtype=bool))
-        if excluded is None or not bool(excluded.any()):
-            # FAISS's blocked GEMM + heap selection beats matmul + topk here (bench/index_exact_search.py:
-            # ~1.7x at 1M x 384, 1000 queries) and needs no (Q, C) score matrix
-            distances, top_idx_np = faiss.knn(q_np, block.numpy(), chunk_k, metric=faiss_metric)
-            top_scores = torch.from_numpy(distances if metric == "ip" else -distances)
-            top_idx = torch.from_numpy(top_idx_np)
-        else:
-            scores = q @ block.T  # (Q, C)
-            if metric == "l2":
-                # -||q - v||² = 2 q·v - ||v||² - ||q||²: rank by the negated distance so that
-                # one "largest first" top-k serves both metrics.
-                scores = 2 * scores - (block * block).sum(dim=1) - q_sq
-            scores.masked_fill_(excluded, -torch.inf)
-            # unsorted: ordering inside a chunk is wasted work; the small merge below sorts
-            top_scores, top_idx = scores.topk(chunk_k, dim=1, sorted=False)
-        merged_scores = torch.cat([best_scores, top_scores], dim=1)
-        merged_ids = torch.cat([best_ids, top_idx + start], dim=1)
-        best_scores, order = merged_scores.topk(k, dim=1)
-        best_ids = merged_ids.gather(1, order)
-    scores_np = best_scores.numpy()
-    if metric == "l2":
-        scores_np = np.maximum(-scores_np, 0.0)  # rounding can make a distance slightly negative
-    return scores_np.astype(np.float32), best_ids.numpy()
+            keep = ~np.asarray(exclude[start : start + len(block)], dtype=bool)
+            if not keep.all():
+                live = np.flatnonzero(keep)  # chunk row of each live row
+                block = block[live]
+        if len(block) == 0:
+            continue
+        block = widen_into(buffer, block) if buffer is not None else np.ascontiguousarray(block)
+        distances, ids = faiss.knn(q, block, min(k, len(block)), metric=faiss_metric)
+        ids = (live[ids] if live is not None else ids) + start
+        heap.add_result(distances, ids)
+    heap.finalize()  # sorted, best first
+    scores = heap.D if metric == "ip" else np.maximum(heap.D, 0.0)  # rounding: slightly negative
+    return scores.astype(np.float32), heap.I

@@ -65,10 +65,12 @@ def test_registry_specs_build_the_right_faiss_types():
         "IVF8,Flat": faiss.IndexIVFFlat,
         "IVF8,PQ4": faiss.IndexIVFPQ,
         "PQ4": faiss.IndexPQ,
+        "OPQ4,PQ4": faiss.IndexPreTransform,  # a learned rotation, then PQ
         "HNSW8": faiss.IndexHNSWFlat,
         "SQ8": faiss.IndexScalarQuantizer,
     }
-    assert {parse_spec(s, 16)[0] for s in expected} == set(INDEX_TYPES)
+    assert {parse_spec(s, 16)[0] for s in [*expected, "OPQ4,IVF8,PQ4"]} == set(INDEX_TYPES)
+    assert isinstance(faiss.downcast_index(build_faiss_index("OPQ4,IVF8,PQ4", 16)), faiss.IndexPreTransform)
     rng = np.random.default_rng(2)
     data = rng.standard_normal((2000, 16)).astype(np.float32)
     for spec, cls in expected.items():

@@ -1,0 +1,87 @@
+"""Exact re-ranking of a compressed index's candidates from memory-mapped float16 vectors.
+
+A compressed index (PQ, OPQ + PQ, IVF-PQ) keeps only its codes in RAM and ranks by
+approximate scores. With `rerank = k'` the index proposes k' candidates per query and their
+exact inner products are recomputed from the float16 vectors file (`vectors.gN.npy`), which
+stays memory-mapped on disk: only the candidates' rows are read, a batch of queries at a time,
+and the pages touched are dropped from this process's mapping after each batch
+(`madvise(MADV_DONTNEED)`; they stay in the page cache, shared and reclaimable), so resident
+memory stays ≈ the codes plus one batch whatever the number of queries. The top k by exact
+score are returned: when the k true neighbours are among the k' candidates the result is
+the exact search's (bench/index_compressed.py measures how often on real embeddings).
+"""
+
+from __future__ import annotations
+
+import mmap
+
+import numpy as np
+import torch
+
+from retriever.index_types import widen_into
+
+# Candidate vectors widened at a time (float32 bytes): bounds the re-rank's extra memory
+# (plus the file pages of those rows, released after each batch).
+RERANK_BATCH_BYTES = 16 << 20
+
+
+def advise_random(vectors: np.ndarray) -> None:
+    """Tell the kernel that a memory-mapped (N, d) array is read at random rows (re-rank), so
+    that a page fault maps one page and reads no more ahead (less I/O and resident memory).
+    Does nothing for an in-memory array."""
+    mapping = getattr(vectors, "_mmap", None)  # np.memmap keeps its `mmap.mmap` here
+    if isinstance(mapping, mmap.mmap):
+        mapping.madvise(mmap.MADV_RANDOM)
+
+
+def release_pages(vectors: np.ndarray) -> None:
+    """Drop the pages of a memory-mapped array from this process's resident set (they stay in
+    the page cache, so a later read is a cheap minor fault). Does nothing for an in-memory
+    array. Safe for the read-only file mappings `PassageIndex.load` opens: no page is dirty."""
+    mapping = getattr(vectors, "_mmap", None)
+    if isinstance(mapping, mmap.mmap):
+        mapping.madvise(mmap.MADV_DONTNEED)
+
+
+def rerank_candidates(
+    query_vectors: np.ndarray,
+    vectors: np.ndarray,
+    candidates: np.ndarray,
+    k: int,
+    *,
+    batch_bytes: int = RERANK_BATCH_BYTES,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Exact inner-product scores of each query's candidates, best k first.
+
+    query_vectors: (Q, d) float32; vectors: (N, d) float16 (a memmap: only candidate rows are
+    read); candidates: (Q, C) int64 positions, -1 where missing. Returns (scores, rows), each
+    (Q, min(k, C)) float32 / int64, in the canonical order (`retriever.index.best_first`:
+    highest score first, ties to the lower position, missing rows -1 with score -inf last).
+    """
+    from retriever.index import best_first  # index imports this module
+
+    query_vectors = np.ascontiguousarray(query_vectors, dtype=np.float32)
+    candidates = np.asarray(candidates, dtype=np.int64)
+    n_queries, width = candidates.shape
+    if len(query_vectors) != n_queries:
+        raise ValueError(f"{len(query_vectors)} queries but candidates for {n_queries}")
+    dim = vectors.shape[1]
+    scores = np.full((n_queries, width), -np.inf, dtype=np.float32)
+    per_query = max(1, batch_bytes // max(1, width * dim * 4))
+    buffer = torch.empty((min(per_query, n_queries) * width, dim))
+    for start in range(0, n_queries, per_query):
+        rows = candidates[start : start + per_query]  # (b, C)
+        valid = rows >= 0
+        # sorted unique rows: each is read once, in file order
+        unique, inverse = np.unique(rows[valid], return_inverse=True)
+        if unique.size == 0:
+            continue
+        block = widen_into(buffer, vectors[unique])  # (U, d) float32
+        release_pages(vectors)
+        queries = query_vectors[start : start + len(rows)]
+        table = block @ queries.T  # (U, b): every unique row against the batch's queries
+        query_of = np.nonzero(valid)[0]
+        batch_scores = np.full(rows.shape, -np.inf, dtype=np.float32)
+        batch_scores[valid] = table[inverse.ravel(), query_of]
+        scores[start : start + len(rows)] = batch_scores
+    return best_first(scores, candidates, k)
