@@ -12,13 +12,16 @@ one shard is in memory at a time (embedding shards are memory-mapped). The passa
 become a corpus (`retriever.corpus.prepare_corpus`, one passage per record, ids kept) and
 the vectors an index of any spec (`retriever.index_build.build_index`, which finds every
 chunk already embedded): its manifest carries the fingerprint of the imported passage
-encoder, so the index is searched only with the encoder the vectors came from.
+encoder, so the index is searched only with the encoder the vectors came from. That the
+vectors did come from it is checked on the first passages (`_encoder_agreement`, a warning
+and a number in the manifest: an index saved before later training legitimately differs).
 """
 
 from __future__ import annotations
 
 import bisect
 import json
+import logging
 import os
 import re
 import shutil
@@ -36,6 +39,12 @@ from tasks.io import InputError, atomic_write_json
 STATE_FILE = "import-progress.json"
 PASSAGE_FIELDS = ("title", "text", "section", "wikipedia_id")
 _COPY_ROWS = 65536  # vectors transposed per copy: bounds the temporary to 64k × d × 2 bytes
+# the least cosine, over the first passages, between the imported vectors and the same passages
+# embedded again by --encoder, below which a warning says the encoder may not be the index's
+# (the reference embedded in fp16 on GPU: its own encoder agrees to ~0.999)
+AGREEMENT_SAMPLE, MIN_AGREEMENT = 8, 0.98
+
+logger = logging.getLogger(__name__)
 
 
 def find_shards(src: str | Path) -> list[tuple[Path, Path]]:
@@ -173,6 +182,11 @@ def import_atlas_index(
         _discard(work, created)  # bad input: nothing to resume
         raise
     del vectors
+    agreement = _encoder_agreement(retriever, work)
+    if agreement < MIN_AGREEMENT:
+        logger.warning("%s: the first vectors agree with %s's passage encoder only to cosine %.3f: is it the "
+                       "encoder that built this index (an index saved before later retriever training, or "
+                       "another retriever.passage_format, also lower it)?", shards[0][0], encoder, agreement)
 
     if not _resumable_corpus(corpus_out, index_out, state.get("corpus_fingerprint")):
         try:
@@ -198,7 +212,7 @@ def import_atlas_index(
                 train_sample=train_sample, keep_embeddings=keep_embeddings, nprobe=nprobe, ef_search=ef_search,
                 progress=progress, overwrite=overwrite, encoder_source=str(Path(encoder).resolve()))
     manifest = read_manifest(index_out)
-    manifest["imported"] = {"source": settings["source"], "shards": len(shards),
+    manifest["imported"] = {"source": settings["source"], "shards": len(shards), "encoder_agreement": agreement,
                             "format": "facebookresearch/atlas embeddings.{i}.pt + passages.{i}.pt"}
     write_manifest(index_out, manifest)
     return corpus_out, index_out
@@ -264,6 +278,19 @@ def _copy_shards(shards: list[tuple[Path, Path]], starts: list[int], dim: int, s
             atomic_write_json(work / STATE_FILE, state)  # after the data: progress never runs ahead of it
             if on_shard is not None:
                 on_shard(shard)
+
+
+def _encoder_agreement(retriever, work: Path) -> float:
+    """The least cosine between the first `AGREEMENT_SAMPLE` imported vectors ((k, d) of the work
+    folder's vectors.npy) and the same passages embedded by `retriever`'s passage encoder: ~1 when
+    the vectors came from that encoder (fp16 rounding aside), lower when they did not."""
+    stored = np.load(work / "vectors.npy", mmap_mode="r")[:AGREEMENT_SAMPLE].astype(np.float32)  # (k, d)
+    with open(work / "passages.jsonl", encoding="utf-8") as f:
+        docs = [json.loads(line) for line, _ in zip(f, range(len(stored)))]
+    fresh = retriever.embed_passages(docs)  # (k, d) float32
+    cosine = (stored * fresh).sum(1) / np.maximum(np.linalg.norm(stored, axis=1) * np.linalg.norm(fresh, axis=1),
+                                                  1e-12)
+    return round(float(cosine.min()), 4)
 
 
 def _discard(work: Path, created: list[Path]) -> None:

@@ -255,6 +255,8 @@ def test_evaluate_and_ask_run_on_the_imported_run(tmp_path, reader_tokenizer_dir
             pickle.dump(docs[rows], f, protocol=pickle.HIGHEST_PROTOCOL)
     assert main(["import", "atlas-index", str(tmp_path / "ref-index"), "--corpus-out", str(tmp_path / "corpus"),
                  "--index-out", str(tmp_path / "index"), "--encoder", str(tmp_path / "run")]) == 0
+    # the vectors came from the named encoder: re-embedding the first passages agrees (fp16 rounding aside)
+    assert json.loads((tmp_path / "index" / "manifest.json").read_text())["imported"]["encoder_agreement"] > 0.99
 
     (tmp_path / "qa.jsonl").write_text("".join(json.dumps(q) + "\n" for q in [
         {"question": "what is the capital of zorbland", "answers": ["quimper"]},
