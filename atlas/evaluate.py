@@ -27,6 +27,7 @@ import torch
 
 from atlas.config import AtlasConfig, EvaluationConfig, save_config
 from atlas.distributed import DistributedContext
+from reader.surface import decode_answers
 from retriever.index import Hit
 from retriever.retrieval_eval import RetrievalExample, score_retrieval
 from tasks.base import Example
@@ -102,7 +103,7 @@ def predict_generation(model, task, examples: list[Example], config: EvaluationC
         input_ids, attention_mask = model.reader_inputs([e.query for e in batch], read)  # (B, K, L)
         generated = model.reader.generate(input_ids, attention_mask, max_length=model.reader_config.generation_max_length,
                                           num_beams=model.reader_config.num_beams)
-        texts = model.reader_tokenizer.batch_decode(generated, skip_special_tokens=False)
+        texts = decode_answers(model.reader_tokenizer, generated, read, skip_special_tokens=False)
         predictions.extend(texts)
         retrieved.extend(passages or [None] * len(batch))
     return predictions, (None if model.closed_book else retrieved)

@@ -19,6 +19,7 @@ from torch import nn
 from atlas.config import IndexConfig, ReaderConfig, RetrieverConfig
 from reader.fid import IGNORE_INDEX, FiDReader
 from reader.inputs import encode_reader_inputs, encode_targets
+from reader.surface import decode_answers
 from retriever.encoder import Retriever
 from retriever.losses import RetrieverLoss
 from tasks.base import Example
@@ -224,7 +225,7 @@ class Atlas(nn.Module):
         input_ids, attention_mask = self.reader_inputs([e.query for e in examples], passages)
         generated = self.reader.generate(input_ids, attention_mask, max_length=self.reader_config.generation_max_length,
                                          num_beams=self.reader_config.num_beams)
-        answers = self.reader_tokenizer.batch_decode(generated, skip_special_tokens=True)
+        answers = decode_answers(self.reader_tokenizer, generated, passages)
         return [a.strip() for a in answers], passages
 
     @torch.no_grad()

@@ -55,6 +55,7 @@ def read(reader, tokenizer, task, examples, passages, *, max_length: int, batch_
     import torch
 
     from reader.inputs import encode_reader_inputs
+    from reader.surface import decode_answers
 
     predictions, started = [], time.perf_counter()
     with torch.no_grad():
@@ -63,7 +64,7 @@ def read(reader, tokenizer, task, examples, passages, *, max_length: int, batch_
             ids, mask = encode_reader_inputs(tokenizer, [e.query for e in chunk],
                                              passages[start: start + batch_size], max_length)
             generated = reader.generate(ids, mask, max_length=24, num_beams=beams)
-            predictions += tokenizer.batch_decode(generated, skip_special_tokens=True)
+            predictions += decode_answers(tokenizer, generated, passages[start: start + batch_size])
     rate = len(examples) / (time.perf_counter() - started)
     metrics = task.evaluate(examples, predictions)
     return {k: 100 * v for k, v in metrics.items()}, rate

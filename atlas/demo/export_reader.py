@@ -33,6 +33,7 @@ def demo_reading_em(reader_folder: str | Path, questions: str | Path = HERE / "h
     no fine-tuning."""
     from reader.fid import FiDReader
     from reader.inputs import encode_reader_inputs
+    from reader.surface import decode_answers
     from reader.tokenizer import build_reader_tokenizer
     from tasks.base import get_task
     from tasks.io import read_jsonl
@@ -50,7 +51,7 @@ def demo_reading_em(reader_folder: str | Path, questions: str | Path = HERE / "h
             input_ids, attention_mask = encode_reader_inputs(
                 tokenizer, [e.query for e in batch], [[p] for p in gold[start: start + batch_size]], 256)
             generated = reader.generate(input_ids, attention_mask, max_length=16, num_beams=4)
-            predictions += tokenizer.batch_decode(generated, skip_special_tokens=True)
+            predictions += decode_answers(tokenizer, generated, [[p] for p in gold[start: start + batch_size]])
     return task.evaluate(examples, predictions)["exact_match"]
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from reader.fid import IGNORE_INDEX
+from reader.surface import decode_answers
 from tasks.base import Example, get_task
 from tasks.io import write_jsonl
 
@@ -139,7 +140,7 @@ class AtlasService:
                                         num_beams=rc.num_beams)  # (B, T') from the decoder start token
         finally:
             handle.remove()
-        texts = [t.strip() for t in model.reader_tokenizer.batch_decode(generated, skip_special_tokens=True)]
+        texts = [t.strip() for t in decode_answers(model.reader_tokenizer, generated, passages)]
         if len(captured) == 1 and captured[0].shape[0] == input_ids.shape[0] * input_ids.shape[1]:
             states = captured[0].view(*input_ids.shape, -1)  # (B·K, L, H) → (B, K, L, H)
         else:  # a reader whose generate encodes otherwise: encode again

@@ -1,0 +1,85 @@
+"""The surface form of a copied answer: its characters as the passage writes them.
+
+A WordPiece reader tokenizer (the shipped reader's, from MiniLM) lower-cases, strips accents and
+splits punctuation into tokens of their own, so decoding the copied tokens of "3.2 million",
+"rear-view" or "Pelé" gives "3. 2 million", "rear - view", "pele". The official QA normalisation
+deletes punctuation without closing the gap ("3 2 million" ≠ "32 million"), so such answers are
+wrong by exact match although the reader copied the right span. Where the generated text, compared
+without case, accents and whitespace, occurs in a passage the reader read, that passage's own
+characters are returned instead; an answer that is not in any passage (abstractive) is kept as
+generated. Text between special tokens (sentinels, `</s>`) is restored piece by piece, the special
+tokens are kept, so tasks parse the result as before.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Iterable, Mapping, Sequence
+
+
+def _fold_char(char: str) -> str:
+    """One character as the comparison sees it: lower case, no accents, no whitespace ('' if none)."""
+    if char.isspace():
+        return ""
+    return "".join(c for c in unicodedata.normalize("NFKD", char.lower()) if not unicodedata.combining(c))
+
+
+def fold(text: str) -> str:
+    """`text` without case, accents and whitespace (the key an answer is looked up by)."""
+    return "".join(_fold_char(c) for c in text)
+
+
+def find_surface(answer: str, texts: Iterable[str]) -> str | None:
+    """The first span of `texts` that folds to `fold(answer)`, in its original characters, or None."""
+    key = fold(answer)
+    if not key:
+        return None
+    for text in texts:
+        if key not in fold(text):
+            continue
+        folded, origin = [], []  # folded characters and the index in `text` each came from
+        for position, char in enumerate(text):
+            for piece in _fold_char(char):
+                folded.append(piece)
+                origin.append(position)
+        start = "".join(folded).find(key)
+        return text[origin[start]: origin[start + len(key) - 1] + 1]
+    return None
+
+
+def restore_surface(generated: str, passages: Sequence[Mapping[str, str]] | None,
+                    special_tokens: Sequence[str] = ()) -> str:
+    """`generated` with each stretch of text between `special_tokens` replaced by its surface form
+    in `passages` (dicts with "text" and optionally "title") where it occurs there.
+
+    Leading/trailing spaces of a stretch are kept, so "<extra_id_0> 3. 2 million</s>" becomes
+    "<extra_id_0> 3.2 million</s>".
+    """
+    if not passages:
+        return generated
+    texts = [t for p in passages for t in (p.get("text") or "", p.get("title") or "") if t]
+    specials = sorted({s for s in special_tokens if s}, key=len, reverse=True)
+    pieces = re.split(f"({'|'.join(map(re.escape, specials))})", generated) if specials else [generated]
+    restored = []
+    for piece in pieces:
+        core = piece.strip()
+        surface = None if not core or piece in specials else find_surface(core, texts)
+        if surface is None:
+            restored.append(piece)
+        else:
+            lead = piece[: len(piece) - len(piece.lstrip())]
+            trail = piece[len(piece.rstrip()):]
+            restored.append(f"{lead}{surface}{trail}")
+    return "".join(restored)
+
+
+def decode_answers(tokenizer, generated, passages: Sequence[Sequence[Mapping[str, str]] | None] | None, *,
+                   skip_special_tokens: bool = True) -> list[str]:
+    """Decode generated ids (B, T') and give each answer its surface form in the passages its
+    example read (`passages[b]`; None or empty: closed book, kept as decoded)."""
+    texts = tokenizer.batch_decode(generated, skip_special_tokens=skip_special_tokens)
+    if passages is None:
+        return texts
+    specials = () if skip_special_tokens else tokenizer.all_special_tokens
+    return [restore_surface(text, read, specials) for text, read in zip(texts, passages)]

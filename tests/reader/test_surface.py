@@ -1,0 +1,47 @@
+"""Surface forms of copied answers (reader.surface)."""
+
+from __future__ import annotations
+
+import pytest
+
+from reader.surface import decode_answers, find_surface, fold, restore_surface
+from reader.tokenizer import build_reader_tokenizer
+from tasks.metrics import exact_match
+
+PASSAGE = {"title": "Pelé", "text": "About 3.2 million farmers; every car has a rear-view mirror. Pelé scored 1,000 goals."}
+
+
+@pytest.mark.parametrize(("generated", "expected"), [
+    ("3. 2 million", "3.2 million"),
+    ("rear - view mirror", "rear-view mirror"),
+    ("pele", "Pelé"),  # from the text (or the title): accents and case come back
+    ("1, 000 goals", "1,000 goals"),
+    ("h. g. wells", "h. g. wells"),  # not in the passage: kept as generated
+])
+def test_a_copied_span_gets_the_passage_characters(generated, expected):
+    assert restore_surface(generated, [PASSAGE]) == expected
+
+
+def test_special_tokens_stay_and_each_stretch_is_restored_on_its_own():
+    generated = "<pad><extra_id_0> 3. 2 million<extra_id_1> rear - view</s>"
+    specials = ["<pad>", "</s>", "<extra_id_0>", "<extra_id_1>"]
+    assert restore_surface(generated, [PASSAGE], specials) == "<pad><extra_id_0> 3.2 million<extra_id_1> rear-view</s>"
+    assert restore_surface(generated, None, specials) == generated  # closed book: nothing to restore from
+
+
+def test_fold_and_find_map_back_to_original_offsets():
+    assert fold("Rear - View É") == "rear-viewe"
+    assert find_surface("ROUGH", ["no match", "A  rough\tsea"]) == "rough"
+    assert find_surface("a rough sea", ["A  rough\tsea"]) == "A  rough\tsea"  # the passage's own whitespace
+    assert find_surface("", ["anything"]) is None
+
+
+def test_the_wordpiece_reader_tokenizer_loses_the_surface_and_decode_answers_restores_it():
+    tokenizer = build_reader_tokenizer(None)
+    answers = ["3.2 million", "rear-view mirror", "Pelé"]
+    generated = tokenizer(answers, padding=True, return_tensors="pt")["input_ids"]
+    plain = tokenizer.batch_decode(generated, skip_special_tokens=True)
+    assert [exact_match(p, a) for p, a in zip(plain, answers)] == [False, False, False]  # "3. 2 million", "rear - view mirror", "pele"
+    restored = decode_answers(tokenizer, generated, [[PASSAGE]] * 3)
+    assert restored == answers
+    assert decode_answers(tokenizer, generated, None) == plain
