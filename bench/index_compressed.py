@@ -112,11 +112,22 @@ def overlap(ids: np.ndarray, exact_ids: np.ndarray) -> tuple[float, float]:
     return round(top, 4), round(one, 4)
 
 
+def two_stage_search(index, vectors: np.ndarray, queries: np.ndarray, width: int) -> tuple[np.ndarray, float]:
+    """Top-K rows (Q, K) of a FAISS index, re-ranked exactly from `vectors` (N, d) float16 over
+    its top `width` candidates when `width` > 0 (what `PassageIndex.search_vectors` does), and
+    the seconds it took."""
+    from retriever.rerank import rerank_candidates
+
+    start = time.perf_counter()
+    _, ids = index.search(queries, max(K, width))
+    if width:
+        _, ids = rerank_candidates(queries, vectors, ids, K)
+    return ids, time.perf_counter() - start
+
+
 def rerank_rows(name, spec, vectors, queries, exact_ids, exact_qps, answer_recall, *, nprobe, train_sample):
     """One spec: built once, searched plain and with every k' in `RERANKS`."""
     import faiss
-
-    from retriever.rerank import rerank_candidates
 
     start = time.perf_counter()
     index = train_and_fill(spec, vectors, train_sample=train_sample)
@@ -128,11 +139,7 @@ def rerank_rows(name, spec, vectors, queries, exact_ids, exact_qps, answer_recal
     set_search_params(index, nprobe=nprobe)
     rows = []
     for width in (0, *RERANKS):
-        start = time.perf_counter()
-        _, ids = index.search(queries, max(K, width))
-        if width:
-            _, ids = rerank_candidates(queries, vectors, ids, K)
-        seconds = time.perf_counter() - start
+        ids, seconds = two_stage_search(index, vectors, queries, width)
         top, one = overlap(ids, exact_ids)
         row = {"set": name, "spec": spec + (f" + re-rank k'={width}" if width else ""), "rerank": width,
                "ram_bytes_per_passage": round(ram, 1),
@@ -231,14 +238,8 @@ def synthetic_rows(args) -> tuple[list[dict], list[dict]]:
     codes = n * 64
     rows = [{"set": name, "spec": "exact fp16", "rerank": 0, "qps": round(exact_qps, 1), "qps_vs_exact_fp16": 1.0,
              "top100_overlap": 1.0, "1-R@100": 1.0, "ram_bytes_per_passage": 2 * d, "disk_bytes_per_passage": 2 * d}]
-    from retriever.rerank import rerank_candidates
-
     for width in (0, *RERANKS):
-        start = time.perf_counter()
-        _, ids = index.search(queries, max(K, width))
-        if width:
-            _, ids = rerank_candidates(queries, vectors, ids, K)
-        seconds = time.perf_counter() - start
+        ids, seconds = two_stage_search(index, vectors, queries, width)
         top, one = overlap(ids, exact_ids)
         rows.append({"set": name, "spec": "PQ64" + (f" + re-rank k'={width}" if width else ""), "rerank": width,
                      "qps": round(len(queries) / seconds, 1), "qps_vs_exact_fp16": round(len(queries) / seconds / exact_qps, 2),
