@@ -33,7 +33,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from atlas.quickstart import SHIPPED_READER, format_table, replace_fact  # noqa: E402
+from atlas.quickstart import SHIPPED_READER, format_table, replace_fact
 
 VARIANTS = ("closed_book", "frozen", "pdist", "adist", "emdr", "loop")
 GOALS = {"em_retrieval_augmented": 35.0, "em_ratio_to_closed_book": 3.0, "recall@5_lift": 3.0, "swap_follow": 80.0}
@@ -104,6 +104,12 @@ def _kind(answer: str) -> str:
     return "number" if re.search(r"\d", answer) else "text"
 
 
+def _question_word(question: str) -> str:
+    """'who', 'when', 'how many', …: the kind of thing asked for (so a replacement fits the sentence)."""
+    words = question.lower().split()[:2]
+    return " ".join(words) if words and words[0] == "how" else (words[0] if words else "")
+
+
 def corpus_swap(args, out: Path, checkpoint: str) -> dict:
     """Edit the gold passages of rightly answered dev questions and measure who follows the edit."""
     from atlas.build import build_atlas
@@ -128,8 +134,9 @@ def corpus_swap(args, out: Path, checkpoint: str) -> dict:
         batch_answers, batch_passages = model.predict(examples[start:start + 16])
         answers += batch_answers
         passages += batch_passages
-    pool = [e.answers[0] for e in examples]
-    random.Random(0).shuffle(pool)
+    # replacements: other dev answers to the same kind of question (who → a person, when → a date),
+    # short like a real answer; each edit draws its own, so no single odd string stands for all
+    pool = [(_question_word(e.metadata["question"]), e.answers[0]) for e in examples]
     edits, used_passages = [], set()
     for example, record, answer, read in zip(examples, records, answers, passages):
         if normalize_answer(answer) not in {normalize_answer(a) for a in example.answers}:
@@ -138,10 +145,13 @@ def corpus_swap(args, out: Path, checkpoint: str) -> dict:
                      and answer.lower() in p["text"].lower()), None)
         if gold is None:
             continue
-        replacement = next((a for a in pool if _kind(a) == _kind(answer) and normalize_answer(a) != normalize_answer(answer)
-                            and a.lower() not in gold["text"].lower()), None)
-        if replacement is None:
+        asked = _question_word(example.metadata["question"])
+        candidates = sorted({a for word, a in pool if word == asked and _kind(a) == _kind(answer)
+                             and len(a.split()) <= max(3, len(answer.split()) + 1)
+                             and normalize_answer(a) != normalize_answer(answer) and a.lower() not in gold["text"].lower()})
+        if not candidates:
             continue
+        replacement = random.Random(f"swap-{example.id}").choice(candidates)
         try:
             text = replace_fact(gold["text"], answer, replacement)
         except ValueError:  # the answer is in the passage only inside a longer word
@@ -181,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr-retriever", type=float, default=4e-5)
     parser.add_argument("--max-dev", type=int, default=578)
     parser.add_argument("--no-swap", action="store_true")
+    parser.add_argument("--swap-only", metavar="CHECKPOINT",
+                        help="only the corpus swap, with this trained checkpoint (e.g. OUT/frozen/checkpoints/step-000200)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a dotted config override for every variant (repeatable), e.g. "
                              "reader.trainable_encoder_layers=3")
@@ -194,6 +206,13 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     prepare(args, args.out)
+    if args.swap_only:
+        swap = corpus_swap(args, args.out, args.swap_only)
+        (args.out / "swap.json").write_text(json.dumps(swap, indent=2, default=str) + "\n")
+        print(json.dumps(swap, default=str))
+        print(f"corpus swap: {swap['edited']} edited passages, {swap['follow_share']}% of answers follow the edit "
+              f"(goal ≥ {GOALS['swap_follow']:.0f}%)")
+        return 0
     results = {"settings": {k: str(v) for k, v in vars(args).items()}, "recall_before": frozen_recall(args, args.out),
                "variants": {}}
     for variant in variants:
