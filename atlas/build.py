@@ -133,6 +133,8 @@ def build_atlas(config: AtlasConfig, *, checkpoint: str | Path | None = None, wi
                               seed=config.training.seed, tokenizer=tokenizer, encoder=config.reader.encoder)
         if config.reader.init_embeddings:
             _init_reader_embeddings(reader, tokenizer, config)
+    if not config.reader.encoder_dropout:
+        reader.disable_encoder_dropout()
     if config.reader.trainable_encoder_layers is not None:
         if not hasattr(reader.t5, "set_trainable_encoder_layers"):
             raise ValueError("reader.trainable_encoder_layers applies to warm-started readers (reader.model a "
@@ -154,7 +156,8 @@ def build_atlas(config: AtlasConfig, *, checkpoint: str | Path | None = None, wi
     index = build_index(config, retriever) if (with_index and retriever is not None) else None
     loss = build_retriever_loss(config.retriever.loss, temperature_gold=config.retriever.temperature_gold,
                                 temperature_score=config.retriever.temperature_score,
-                                emdr_granularity=config.retriever.emdr_granularity)
+                                emdr_granularity=config.retriever.emdr_granularity,
+                                adist_attention=config.retriever.adist_attention)
     return Atlas(reader=reader, reader_tokenizer=tokenizer, retriever=retriever, index=index, retriever_loss=loss,
                  reader_config=config.reader, retriever_config=config.retriever, index_config=config.index,
                  closed_book=config.task.closed_book)

@@ -50,6 +50,10 @@ class RetrieverConfig:
     temperature_gold: float = 0.01
     temperature_score: float = 0.01
     emdr_granularity: Literal["sequence", "token"] = "sequence"
+    # adist's attention: the decoder's cross-attention ("cross", the paper's), the copy head's pointer
+    # over the input tokens ("copy", readers with a copy head), or "auto" (copy where the reader has
+    # one: bench/gold_signal.py measured its ranking of nq824 passages well above cross-attention's)
+    adist_attention: Literal["auto", "cross", "copy"] = "auto"
     n_context: int = 40  # passages retrieved per query and covered by the retriever loss
     batch_size: int = 64  # encoding batch size
 
@@ -99,6 +103,10 @@ class ReaderConfig:
     generation_max_length: int = 32
     num_beams: int = 1
     dropout: float | None = None
+    # false: no dropout in the reader's encoder (the decoder keeps `dropout`). A retriever loss's gold
+    # scores need eval-mode encoder states; with a dropout-free encoder the training pass's states are
+    # those, so the loss skips a second encoder pass over the passages the reader reads.
+    encoder_dropout: bool = True
     # A preset reader (random init) starts its token embeddings from this encoder's ("minilm",
     # a folder or hub name) for the tokens both vocabularies have; None = random
     init_embeddings: str | None = None
@@ -156,6 +164,9 @@ class EvaluationConfig:
     write_predictions: bool = True
     retrieval_k: list[int] = field(default_factory=lambda: [1, 5, 20])
     max_examples: int | None = None  # the first n examples of an evaluation file (n ≥ 1); None = all
+    # When a retriever loss trains: answer recall of the retriever on the first n training questions,
+    # logged at the start and at every evaluation, with a warning when it falls (0 = off)
+    train_recall_examples: int = 64
 
 
 @dataclass
@@ -325,6 +336,10 @@ def validate_components(config: AtlasConfig, origins: dict[str, str] | None = No
         if value is not None and value < minimum:
             raise ConfigError(f"{_source_of(key, origins, source)}: '{key}' must be at least {minimum} "
                               f"(or null for {'all examples' if minimum else 'the whole encoder'}); got {value}")
+    if config.evaluation.train_recall_examples < 0:
+        key = "evaluation.train_recall_examples"
+        raise ConfigError(f"{_source_of(key, origins, source)}: '{key}' must be at least 0 (0 = off); "
+                          f"got {config.evaluation.train_recall_examples}")
     name = config.task.name
     if name not in TASKS:
         where = _source_of("task.name", origins, source)

@@ -51,6 +51,27 @@ def retrieval_metrics(examples: list[Example], passages: list[list[dict]], ks: l
     return {k: v for k, v in metrics.items() if not k.startswith("n")}
 
 
+RECALL_DROP_WARNING = 1.0  # points of answer recall a retriever loss may cost before the log warns
+
+
+def retriever_recall(model, examples: list[Example], ks: list[int], batch_size: int = 32) -> dict[str, float]:
+    """Answer recall@k (percent) of `model`'s current retriever on `examples` (those with answers):
+    one search for max(ks) passages per example, in batches. The training loop's guard (below)."""
+    examples = [e for e in examples if e.answers]
+    if not examples:
+        return {}
+    passages = [ps for start in range(0, len(examples), batch_size)
+                for ps in model.retrieve(examples[start:start + batch_size], max(ks))]
+    metrics = retrieval_metrics(examples, passages, ks)
+    return {k: 100 * v for k, v in metrics.items() if k.startswith("answer_recall@")}
+
+
+def recall_drops(before: dict[str, float], now: dict[str, float], tolerance: float = RECALL_DROP_WARNING) -> list[str]:
+    """Messages for each answer recall@k that fell by more than `tolerance` points from `before` to `now`."""
+    return [f"{key} {before[key]:.1f} → {value:.1f}" for key, value in now.items()
+            if key in before and value < before[key] - tolerance]
+
+
 def _batches(items: list, size: int, desc: str = "evaluating", show: bool = True):
     """Consecutive batches of `items`, with a progress bar (on stderr) for long evaluations."""
     from tasks.progress import progress_bar as tqdm

@@ -177,8 +177,9 @@ class Atlas(nn.Module):
         """One training forward pass: → {"reader": scalar, "retriever": scalar, "total": scalar}.
 
         The reader reads the first `reader.n_context` passages; the retriever loss covers all
-        `retriever.n_context`. When both are equal and the reader has no dropout, the
-        training pass's encoder states double as the eval-mode states of the gold scores.
+        `retriever.n_context`. When the reader's encoder has no dropout (`reader.dropout: 0`, or
+        `reader.encoder_dropout: false`), the training pass's encoder states double as the eval-mode
+        states of the gold scores, and only scored passages the reader did not read are encoded again.
         """
         n_retrieved = max(self.retriever_config.n_context, self.reader_config.n_context)
         passages = self.passages_for(examples, n_retrieved)
@@ -202,20 +203,49 @@ class Atlas(nn.Module):
         if self.trains_retriever and passages is not None:
             scored = [ps[: self.retriever_config.n_context] for ps in passages]
             scores = self.retriever_scores(queries, scored)  # (B, K)
-            same = self.retriever_config.n_context == self.reader_config.n_context
-            reuse = same and self.reader.is_dropout_free()
-            gold_ids, gold_mask = (input_ids, attention_mask) if same else self.reader_inputs(queries, scored)
+            n_read, n_scored = input_ids.shape[1], scores.shape[1]
+            if n_scored <= n_read:  # the scored passages are the first ones the reader read
+                gold_ids, gold_mask = input_ids[:, :n_scored], attention_mask[:, :n_scored]
+            else:
+                gold_ids, gold_mask = self.reader_inputs(queries, scored)
+            gold_states = self._gold_encoder_states(encoder_states, gold_ids, gold_mask)
             # Padding passages (an example with fewer than K) get no probability on either
             # side; an example that closed-book reads its query alone has no passage at all.
             retriever_loss = self.retriever_loss(
                 self.reader, scores, gold_ids, gold_mask, labels, dim=self.retriever.dim,
-                encoder_states=encoder_states.detach() if reuse else None,
-                present=self.passage_presence(scored, scores.device),
+                encoder_states=gold_states, present=self.passage_presence(scored, scores.device),
             )
             losses["retriever"] = retriever_loss
         total = reader_loss + losses["retriever"] if "retriever" in losses else reader_loss
         losses["total"] = total
         return losses
+
+    def _gold_encoder_states(self, read_states: torch.Tensor, gold_ids: torch.Tensor,
+                             gold_mask: torch.Tensor) -> torch.Tensor | None:
+        """Eval-mode encoder states (B, K_s, L_s, H) of the passages the retriever loss scores, reusing
+        the training pass's states (B, K_r, L_r, H) of those the reader read when the encoder has no
+        dropout (then they are the eval-mode states); only passages beyond the reader's are encoded
+        here, in eval mode, under no-grad. None when nothing can be reused (the loss encodes them all)."""
+        if not self.reader.encoder_is_dropout_free():
+            return None
+        n_scored, length = gold_ids.shape[1], gold_ids.shape[2]
+        n_reused = min(read_states.shape[1], n_scored)
+        reused = read_states[:, :n_reused].detach()
+        if n_reused == n_scored and reused.shape[2] == length:
+            return reused
+        # passages padded to different lengths in the two tokenisations: pad the reused states
+        # (padded positions are masked everywhere downstream)
+        states = reused.new_zeros(reused.shape[0], n_scored, length, reused.shape[-1])
+        states[:, :n_reused, : reused.shape[2]] = reused[:, :, :length]
+        if n_scored > n_reused:
+            was_training = self.reader.training
+            self.reader.train(False)
+            try:
+                with torch.no_grad():
+                    states[:, n_reused:] = self.reader.encode(gold_ids[:, n_reused:], gold_mask[:, n_reused:])
+            finally:
+                self.reader.train(was_training)
+        return states
 
     # ------------------------------------------------------------------ inference
     @torch.no_grad()

@@ -41,7 +41,7 @@ from atlas.distributed import (
     init_distributed,
     no_sync_unless,
 )
-from atlas.evaluate import evaluate
+from atlas.evaluate import evaluate, recall_drops, retriever_recall
 from atlas.refresh import parse_refresh_schedule, refresh_due, refresh_index
 from tasks.base import Example, get_task
 from tasks.io import atomic_write_json, atomic_write_text
@@ -200,6 +200,17 @@ class _Log:
             self.tensorboard.close()
 
 
+def _logged_recall(path: Path) -> dict[str, float] | None:
+    """The retriever's answer recall on training questions at step 0, as the run logged it (None if absent)."""
+    if not path.is_file():
+        return None
+    for line in path.read_text(encoding="utf-8").splitlines():
+        record = json.loads(line) if line.strip() else {}
+        if record.get("step") == 0 and any(k.startswith("train_recall/") for k in record):
+            return {k.removeprefix("train_recall/"): v for k, v in record.items() if k.startswith("train_recall/")}
+    return None
+
+
 def train(config: AtlasConfig | None, *, resume: str | Path | None = None, progress: bool = True,
           stop_at: int | None = None, context: DistributedContext | None = None) -> dict:
     """Run the recipe `config` (or continue the run in `resume`); returns the final summary.
@@ -303,13 +314,41 @@ def train(config: AtlasConfig | None, *, resume: str | Path | None = None, progr
         context.barrier()
         return path
 
+    # The guard against a retriever loss that makes retrieval worse: answer recall of the retriever on
+    # training questions, at the start (kept in the log, so a resumed run compares with the same
+    # figure) and at every evaluation. Every rank searches (a sharded index searches in lockstep).
+    recall_examples = [e for e in examples if e.answers and not e.passages][: config.evaluation.train_recall_examples]
+    recall_ks = sorted({config.reader.n_context, config.retriever.n_context})
+    guard = bool(recall_examples) and model.trains_retriever and model.index is not None
+    recall_before = _logged_recall(output_dir / "log.jsonl") if checkpoint is not None else None
+    if guard and recall_before is None:
+        model.eval()
+        recall_before = retriever_recall(model, recall_examples, recall_ks)
+        if log is not None:
+            log.write(0, {f"train_recall/{k}": v for k, v in recall_before.items()})
+
+    def check_recall(at_step: int) -> dict:
+        if not guard:
+            return {}
+        model.eval()
+        now = retriever_recall(model, recall_examples, recall_ks)
+        if log is not None:
+            log.write(at_step, {f"train_recall/{k}": v for k, v in now.items()})
+            dropped = recall_drops(recall_before or {}, now)
+            if dropped:
+                logger.warning("step %d: the retriever loss '%s' lowered answer recall on %d training questions "
+                               "(%s); check its temperatures and lr_retriever", at_step, config.retriever.loss,
+                               len(recall_examples), ", ".join(dropped))
+        return now
+
     if len(config.task.eval_data) > 1 and context.is_main:
         logger.warning("training evaluates on %s only (the first of task.eval_data); "
                        "`atlas evaluate` scores the others", config.task.eval_data[0])
 
     def run_eval(at_step: int) -> dict:
+        recall_now = check_recall(at_step)
         if not config.task.eval_data:
-            return {}
+            return {f"train_recall/{k}": v for k, v in recall_now.items()}
         out_dir = output_dir / f"eval-step-{at_step:06d}" if context.is_main else None
         if deepspeed is not None and deepspeed.forward_needs_all_ranks:
             # ZeRO-3 gathers parameters in every forward, so all ranks generate the same examples
@@ -322,7 +361,7 @@ def train(config: AtlasConfig | None, *, resume: str | Path | None = None, progr
         if log is not None:
             log.write(at_step, {f"eval/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
         context.barrier()
-        return metrics
+        return {**metrics, **{f"train_recall/{k}": v for k, v in recall_now.items()}}
 
     # ---- the loop
     losses: list[float] = []
@@ -381,6 +420,8 @@ def train(config: AtlasConfig | None, *, resume: str | Path | None = None, progr
     if step == t.steps:
         metrics = run_eval(step)
     summary = {"step": step, "losses": losses, "eval": metrics, "checkpoint": str(final)}
+    if guard:
+        summary["train_recall_before"] = recall_before
     if log is not None:
         log.close()
         atomic_write_json(output_dir / "summary.json", summary)

@@ -78,3 +78,46 @@ def cross_attention_scores(
         total += torch.einsum("btj,bt->bj", weighted, valid_t)
     normaliser = len(modules) * valid_t.sum(-1).clamp(min=1)  # (B,)
     return total.view(batch, n_passages, length).sum(-1) / normaliser.unsqueeze(-1)
+
+
+def copy_attention_scores(
+    reader: FiDReader,
+    encoder_states: torch.Tensor,
+    attention_mask: torch.Tensor,
+    labels: torch.Tensor,
+    input_ids: torch.Tensor,
+) -> torch.Tensor:
+    """Copy mass on each passage, for a reader with a copy head (the gold of `adist` with `attention: copy`).
+
+    gold_k = Σ_t σ(−g_t) · Σ_{j ∈ passage k} α^copy_{t,j} / T_valid: the probability that the reader
+    copies target token t from passage k, averaged over the non-ignored target positions. The copy
+    distribution α^copy is the reader's own pointer over the K·L input tokens and σ(−g_t) its
+    probability of copying rather than generating (`reader.warm_start.CopyHead.copy_attention`).
+
+    Args:
+        encoder_states: (B, K, L, H); attention_mask: (B, K, L); labels: (B, T), -100 ignored;
+        input_ids: (B, K, L) the encoder input ids.
+    Returns:
+        (B, K) float32 scores (float64 for a float64 reader) in [0, 1], summing to at most 1 over passages.
+    """
+    head = getattr(reader.t5, "copy_head", None)
+    if head is None:
+        raise ValueError("copy attention scores need a reader with a copy head (a warm-started reader with copy)")
+    batch, n_passages, length, _ = encoder_states.shape
+    captured: list[tuple] = []
+
+    def capture(_module, args, kwargs):
+        captured.append((args, kwargs))
+
+    handle = head.register_forward_pre_hook(capture, with_kwargs=True)
+    try:
+        reader(input_ids=input_ids, attention_mask=attention_mask, encoder_states=encoder_states, labels=labels)
+    finally:
+        handle.remove()
+    (decoder_states, _vocab, fused, mask, source_ids, *rest), kwargs = captured[0]
+    attention, gate = head.copy_attention(decoder_states, fused, mask, source_ids, *rest, **kwargs)
+    copying = torch.sigmoid(-gate.squeeze(-1))  # (B, T), float32 (float64 for a float64 head)
+    valid_t = (labels != IGNORE_INDEX).to(copying.dtype)
+    per_token = attention.view(batch, -1, n_passages, length).sum(-1)  # (B, T, K)
+    total = torch.einsum("btk,bt->bk", per_token, copying * valid_t)
+    return total / valid_t.sum(-1).clamp(min=1).unsqueeze(-1)

@@ -117,6 +117,15 @@ def preset_config(
     )
 
 
+def _module_dropout(module: nn.Module) -> float:
+    """The dropout rate a module applies itself: an nn.Dropout's p, or an attention module's float
+    `dropout` rate (T5Attention); 0 for anything else."""
+    if isinstance(module, nn.Dropout):
+        return module.p
+    rate = getattr(module, "dropout", None)
+    return rate if isinstance(rate, float) else 0.0
+
+
 class FiDReader(nn.Module):
     """A T5 encoder-decoder read as Fusion-in-Decoder.
 
@@ -162,6 +171,20 @@ class FiDReader(nn.Module):
         return all(m.p == 0 for m in self.modules() if isinstance(m, nn.Dropout)) and (
             self.t5.config.dropout_rate == 0
         )
+
+    def encoder_is_dropout_free(self) -> bool:
+        """True when the encoder applies no dropout in train mode, so that its training-pass states
+        are the eval-mode states (the retriever losses' gold scores can reuse them)."""
+        return all(_module_dropout(m) == 0 for m in self.t5.encoder.modules())
+
+    def disable_encoder_dropout(self) -> None:
+        """No dropout in the encoder (its layers, attention probabilities and embeddings); the decoder
+        keeps its rate. Runtime only: a saved reader keeps its config's `dropout_rate`."""
+        for module in self.t5.encoder.modules():
+            if isinstance(module, nn.Dropout):
+                module.p = 0.0
+            elif isinstance(getattr(module, "dropout", None), float):  # T5Attention: a rate, not a module
+                module.dropout = 0.0
 
     # --- encoding ---------------------------------------------------------------------
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -331,6 +354,18 @@ class FiDReader(nn.Module):
         return attention_scores.cross_attention_scores(
             self, encoder_states, attention_mask, labels, input_ids=input_ids
         )
+
+    def copy_attention_scores(
+        self,
+        encoder_states: torch.Tensor,
+        attention_mask: torch.Tensor,
+        labels: torch.Tensor,
+        input_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """(B, K) copy-head pointer mass per passage (readers with a copy head); see `attention_scores`."""
+        if input_ids is None:
+            raise ValueError("copy attention scores need the encoder input ids")
+        return attention_scores.copy_attention_scores(self, encoder_states, attention_mask, labels, input_ids)
 
     # --- memory / persistence ---------------------------------------------------------
     def gradient_checkpointing_enable(self) -> None:

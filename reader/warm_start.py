@@ -168,19 +168,15 @@ class CopyHead(nn.Module):
         """β, the span-continuation bias (a scalar tensor)."""
         return CONTINUATION_SCALE * self.continuation
 
-    def forward(self, decoder_states: torch.Tensor, vocab_logits: torch.Tensor, encoder_states: torch.Tensor,
-                encoder_mask: torch.Tensor, source_ids: torch.Tensor,
-                decoder_input_ids: torch.Tensor | None = None, passage_length: int | None = None) -> torch.Tensor:
-        """Mixed log-probabilities.
+    def copy_attention(self, decoder_states: torch.Tensor, encoder_states: torch.Tensor, encoder_mask: torch.Tensor,
+                       source_ids: torch.Tensor, decoder_input_ids: torch.Tensor | None = None,
+                       passage_length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The copy distribution over input positions and the gate's logit of generating.
 
-        Args:
-            decoder_states: (B, T, D) final decoder states; vocab_logits: (B, T, V).
-            encoder_states: (B, S, D) fused encoder states; encoder_mask: (B, S), 1 = real token.
-            source_ids: (B, S) the token ids at those positions.
-            decoder_input_ids: (B, T) the decoder inputs (y_{t-1}), for the span-continuation bias.
-            passage_length: L, where S = K·L: a passage's first token has no predecessor.
+        Args: as `forward` (without vocab_logits).
         Returns:
-            (B, T, V) log p(w) (normalised over V), float32 (float64 for a float64 head).
+            attention (B, T, S), rows summing to 1 over the real input tokens; gate (B, T, 1), the logit
+            of generating from the vocabulary (σ(−gate) is the probability of copying).
         """
         dtype = torch.promote_types(self.query.weight.dtype, torch.float32)  # float32, or float64 in tests
         h = decoder_states.to(dtype)
@@ -197,10 +193,27 @@ class CopyHead(nn.Module):
             scores = scores + self.beta.to(dtype) * follows.to(dtype)
         scores = scores.masked_fill(~encoder_mask.bool().unsqueeze(1), torch.finfo(scores.dtype).min)
         attention = scores.softmax(-1)
-        context = attention @ e  # (B, T, D)
-        gate = self.gate(torch.cat([h, context], dim=-1))  # (B, T, 1), logit of generating
+        gate = self.gate(torch.cat([h, attention @ e], dim=-1))  # (B, T, 1), logit of generating
+        return attention, gate
+
+    def forward(self, decoder_states: torch.Tensor, vocab_logits: torch.Tensor, encoder_states: torch.Tensor,
+                encoder_mask: torch.Tensor, source_ids: torch.Tensor,
+                decoder_input_ids: torch.Tensor | None = None, passage_length: int | None = None) -> torch.Tensor:
+        """Mixed log-probabilities.
+
+        Args:
+            decoder_states: (B, T, D) final decoder states; vocab_logits: (B, T, V).
+            encoder_states: (B, S, D) fused encoder states; encoder_mask: (B, S), 1 = real token.
+            source_ids: (B, S) the token ids at those positions.
+            decoder_input_ids: (B, T) the decoder inputs (y_{t-1}), for the span-continuation bias.
+            passage_length: L, where S = K·L: a passage's first token has no predecessor.
+        Returns:
+            (B, T, V) log p(w) (normalised over V), float32 (float64 for a float64 head).
+        """
+        attention, gate = self.copy_attention(decoder_states, encoder_states, encoder_mask, source_ids,
+                                              decoder_input_ids, passage_length)
         copy = torch.zeros_like(vocab_logits, dtype=attention.dtype)
-        copy.scatter_add_(2, source_ids.unsqueeze(1).expand(-1, h.shape[1], -1), attention)
+        copy.scatter_add_(2, source_ids.unsqueeze(1).expand(-1, decoder_states.shape[1], -1), attention)
         log_copy = copy.clamp_min(1e-30).log().masked_fill(copy == 0, float("-inf"))
         return torch.logaddexp(F.logsigmoid(gate) + F.log_softmax(vocab_logits.to(attention.dtype), dim=-1),
                                F.logsigmoid(-gate) + log_copy)

@@ -58,6 +58,15 @@ class GoldReader(Protocol):
         labels: torch.Tensor,
         input_ids: torch.Tensor | None = None,
     ) -> torch.Tensor: ...
+    def copy_attention_scores(
+        self,
+        encoder_states: torch.Tensor,
+        attention_mask: torch.Tensor,
+        labels: torch.Tensor,
+        input_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor: ...
+    @property
+    def copies_from_source(self) -> bool: ...
 
 
 def masked_log_softmax(logits: torch.Tensor, present: torch.Tensor | None) -> torch.Tensor:
@@ -227,12 +236,27 @@ class RetrieverLoss(ABC):
 
 
 class AttentionDistillation(RetrieverLoss):
-    """`adist`: gold = cross-attention probability × value norm mass on each passage."""
+    """`adist`: gold = the attention mass the reader puts on each passage while producing the target.
+
+    attention "cross": cross-attention probability × value norm, over decoder layers (the paper's);
+    "copy": the copy head's pointer probability (a reader with a copy head); "auto": copy where the
+    reader has a copy head, else cross.
+    """
 
     name = "adist"
+    ATTENTIONS = ("auto", "cross", "copy")
+
+    def __init__(self, *, temperature_gold: float = 0.01, temperature_score: float = 0.01,
+                 attention: str = "auto") -> None:
+        super().__init__(temperature_gold=temperature_gold, temperature_score=temperature_score)
+        if attention not in self.ATTENTIONS:
+            raise ValueError(f"unknown adist attention {attention!r}; valid: {list(self.ATTENTIONS)}")
+        self.attention = attention
 
     def _gold(self, reader, encoder_states, attention_mask, labels, input_ids=None):
-        return reader.cross_attention_scores(encoder_states, attention_mask, labels, input_ids=input_ids)
+        copy = self.attention == "copy" or (self.attention == "auto" and reader.copies_from_source)
+        scores = reader.copy_attention_scores if copy else reader.cross_attention_scores
+        return scores(encoder_states, attention_mask, labels, input_ids=input_ids)
 
 
 class PerplexityDistillation(RetrieverLoss):
@@ -333,6 +357,7 @@ def build_retriever_loss(
     temperature_gold: float = 0.01,
     temperature_score: float = 0.01,
     emdr_granularity: str = "sequence",
+    adist_attention: str = "auto",
 ) -> RetrieverLoss:
     """The retriever loss registered as `name`; ValueError listing the valid names otherwise."""
     if name not in RETRIEVER_LOSSES:
@@ -340,4 +365,6 @@ def build_retriever_loss(
     kwargs = {"temperature_gold": temperature_gold, "temperature_score": temperature_score}
     if name == "emdr":
         kwargs["granularity"] = emdr_granularity
+    if name == "adist":
+        kwargs["attention"] = adist_attention
     return RETRIEVER_LOSSES[name](**kwargs)

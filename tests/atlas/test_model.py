@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from tasks.base import Example
 
@@ -51,3 +52,61 @@ def test_evidence_outside_the_index_is_encoded_and_inside_it_read_from_the_index
     scored = model._scored_evidence(outside, query_vector)
     assert "row" not in scored and model.index.position_of("new") is None
     assert np.isclose(scored["score"], float(model.retriever.embed_passages([outside])[0] @ query_vector))
+
+
+READERS = {
+    "t5": ["reader.model=t5-tiny"],
+    "warm-started": ["reader.model=minilm-fid-tiny", "reader.encoder={encoder}"],
+}
+
+
+@pytest.mark.parametrize("reader", sorted(READERS))
+@pytest.mark.parametrize(("n_read", "n_scored"), [(3, 3), (2, 4), (3, 2)])
+def test_gold_scores_reuse_the_training_pass_only_where_it_is_exact(tiny_world, reader, n_read, n_scored):
+    """Reader dropout 0.1 with `reader.encoder_dropout: false`: the training pass's encoder states are the
+    eval-mode ones, so the retriever loss equals the loss with gold scores from a separate eval-mode
+    encoder pass over every scored passage (the definition), while the encoder runs only over the
+    passages nobody encoded yet. With encoder dropout on, every scored passage is encoded again."""
+    import torch
+
+    from atlas.build import build_atlas
+    from atlas.config import load_config
+    from tasks.base import get_task
+
+    examples = get_task("qa").load(tiny_world["qa"])[:2]
+    targets = [e.answers[0] for e in examples]
+    losses, calls = {}, {}
+    for encoder_dropout in (False, True):
+        overrides = [o.format(encoder=tiny_world["encoder"]) for o in READERS[reader]]
+        model = build_atlas(load_config(None, [
+            f"retriever.model={tiny_world['encoder']}", f"index.path={tiny_world['index']}", *overrides,
+            "retriever.loss=pdist", f"retriever.n_context={n_scored}", f"reader.n_context={n_read}",
+            "reader.dropout=0.1", f"reader.encoder_dropout={str(encoder_dropout).lower()}",
+            "reader.text_maxlength=48", "training.seed=3"]))
+        model.train()
+        model.retriever.eval()  # deterministic retriever scores: the comparison is about the gold side
+        assert model.reader.encoder_is_dropout_free() is not encoder_dropout
+        rows: list[int] = []  # passages (B·K rows) of each encoder pass
+
+        def count(_module, _args, kwargs, _output, rows=rows):
+            rows.append(kwargs["input_ids"].shape[0])
+
+        handle = model.reader.t5.encoder.register_forward_hook(count, with_kwargs=True)
+        try:
+            got = model.losses(examples, targets)["retriever"]
+        finally:
+            handle.remove()
+        calls[encoder_dropout] = rows
+        # the definition: gold from an eval-mode pass over all scored passages
+        scored = [ps[:n_scored] for ps in model.retrieve(examples, max(n_read, n_scored))]
+        ids, mask = model.reader_inputs([e.query for e in examples], scored)
+        expected = model.retriever_loss(model.reader, model.retriever_scores([e.query for e in examples], scored),
+                                        ids, mask, model.target_labels(targets), dim=model.retriever.dim,
+                                        present=model.passage_presence(scored))
+        losses[encoder_dropout] = (got, expected)
+    got, expected = losses[False]
+    assert torch.allclose(got, expected, atol=1e-5, rtol=1e-4)
+    assert calls[False] == [2 * n_read] + ([2 * (n_scored - n_read)] if n_scored > n_read else [])
+    assert calls[True] == [2 * n_read, 2 * n_scored]  # the training pass, then an eval pass over all scored
+    got, expected = losses[True]
+    assert torch.allclose(got, expected, atol=1e-5, rtol=1e-4)

@@ -285,3 +285,49 @@ def test_a_training_example_without_answers_stops_the_run_at_start_or_is_skipped
     train(tiny_config(tiny_world, tmp_path / "lenient", *overrides, "task.skip_invalid=true"))
     assert sorted(logged_losses(tmp_path / "lenient")) == [1, 2]
     assert "1 example(s) without a training target skipped" in caplog.text
+
+
+def _logged(run, key):
+    return {r["step"]: r[key] for r in map(json.loads, (run / "log.jsonl").read_text().splitlines()) if key in r}
+
+
+def test_the_training_log_guards_the_retrievers_answer_recall(tiny_world, tmp_path, caplog):
+    """With a retriever loss, answer recall@k of the retriever on the training questions is logged at
+    step 0 (the figure of the untrained retriever, computed here by hand from its retrievals) and at
+    every evaluation; a resumed run compares with the logged step-0 figure and warns when recall fell."""
+    from tasks.metrics import has_answer
+
+    overrides = ("reader.n_context=1", "training.steps=4", "training.save_every=2", "training.eval_every=2")
+    config = tiny_config(tiny_world, tmp_path / "run", *overrides)
+    examples = get_task("qa").load(tiny_world["qa"])
+    untrained = build_atlas(config).eval()
+    retrieved = untrained.retrieve(examples, 3)
+    by_hand = {k: 100 * sum(any(has_answer(e.answers, f"{p['title']} {p['text']}") for p in ps[:k])
+                            for e, ps in zip(examples, retrieved)) / len(examples) for k in (1, 3)}
+
+    train(config, progress=False, stop_at=2)
+    at_1, at_3 = _logged(tmp_path / "run", "train_recall/answer_recall@1"), _logged(tmp_path / "run", "train_recall/answer_recall@3")
+    assert at_1[0] == pytest.approx(by_hand[1]) and at_3[0] == pytest.approx(by_hand[3])
+    assert sorted(at_1) == [0, 2]  # start, and the evaluation at step 2
+
+    # the step-0 figure is the baseline a resumed run keeps: raise it, and the final check must warn
+    log = tmp_path / "run" / "log.jsonl"
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    lines = [{**r, "train_recall/answer_recall@1": 100.0, "train_recall/answer_recall@3": 100.0}
+             if r["step"] == 0 else r for r in lines]
+    log.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    caplog.clear()
+    summary = train(None, resume=tmp_path / "run", progress=False)
+    final = _logged(tmp_path / "run", "train_recall/answer_recall@1")
+    assert sorted(final) == [0, 2, 4] and final[0] == 100.0
+    assert summary["train_recall_before"] == {"answer_recall@1": 100.0, "answer_recall@3": 100.0}
+    assert summary["eval"]["train_recall/answer_recall@1"] == final[4]
+    assert final[4] < 99  # the tiny random encoder does not find every answer first
+    assert "the retriever loss 'pdist' lowered answer recall on 4 training questions (answer_recall@1 100.0 →" in caplog.text
+
+
+def test_no_recall_guard_without_a_retriever_loss(tiny_world, tmp_path):
+    train(tiny_config(tiny_world, tmp_path / "run", "retriever.loss=none", "training.steps=2"), progress=False)
+    assert not _logged(tmp_path / "run", "train_recall/answer_recall@3")
+    with pytest.raises(Exception, match="train_recall_examples' must be at least 0"):
+        tiny_config(tiny_world, tmp_path / "bad", "evaluation.train_recall_examples=-1")

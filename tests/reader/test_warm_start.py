@@ -231,3 +231,47 @@ def test_option_scores_are_the_first_answer_position_log_probabilities(tokenizer
     start = torch.zeros(2, 1, dtype=torch.long)
     full = reader(input_ids=ids, attention_mask=mask, decoder_input_ids=torch.cat([start, prefix], 1)).logits
     assert torch.allclose(scores, full[:, -1, letters], atol=1e-5) and (scores <= 0).all()  # log-probabilities
+
+
+def test_copy_attention_gold_is_the_copy_probability_per_passage_in_float64(tokenizer, tiny_encoder_path, batch):
+    """adist with `attention: copy`: gold_k = Σ_t σ(−g_t) Σ_{j ∈ passage k} α_{t,j} / T_valid, computed here
+    position by position from the decoder's final states (span-continuation bias on)."""
+    from retriever.losses import build_retriever_loss
+
+    reader = _reader(tokenizer, tiny_encoder_path, seed=2).double()
+    head = reader.t5.copy_head
+    with torch.no_grad():
+        head.continuation.fill_(2.0 / CONTINUATION_SCALE)
+    ids, mask, labels = batch
+    batch_size, n_passages, length = ids.shape
+    with torch.no_grad():
+        states = reader.encode(ids, mask)
+        got = build_retriever_loss("adist", adist_attention="copy").gold_scores(reader, ids, mask, labels)
+        fused, fused_mask = states.reshape(batch_size, -1, states.shape[-1]), mask.reshape(batch_size, -1)
+        decoder_in = reader.shift_right(labels)
+        h = reader.t5.decoder(input_ids=decoder_in, encoder_hidden_states=fused,
+                              encoder_attention_mask=fused_mask).last_hidden_state
+    flat_ids = ids.reshape(batch_size, -1)
+    for b in range(batch_size):
+        valid = [t for t in range(labels.shape[1]) if labels[b, t] != -100]
+        expected = torch.zeros(n_passages, dtype=torch.float64)
+        for t in valid:
+            scores = []
+            for j in range(n_passages * length):
+                follows = j % length != 0 and fused_mask[b, j - 1] == 1 and flat_ids[b, j - 1] == decoder_in[b, t]
+                score = float((head.query(h[b, t]) @ head.key(fused[b, j])).detach()) / h.shape[-1] ** 0.5 + 2.0 * bool(follows)
+                scores.append(score if fused_mask[b, j] else float("-inf"))
+            alpha = torch.tensor(scores, dtype=torch.float64).softmax(0)
+            context = (alpha.unsqueeze(-1) * fused[b]).sum(0)
+            copying = 1 - torch.sigmoid(head.gate(torch.cat([h[b, t], context]))).detach().item()
+            expected += copying * alpha.view(n_passages, length).sum(-1)
+        assert torch.allclose(got[b], expected / len(valid), atol=1e-9), (got[b], expected / len(valid))
+    assert (got.sum(-1) < 1).all() and (got >= 0).all()
+    cross = build_retriever_loss("adist", adist_attention="cross").gold_scores(reader, ids, mask, labels)
+    assert torch.equal(build_retriever_loss("adist").gold_scores(reader, ids, mask, labels), got)  # auto → copy
+    assert not torch.allclose(cross.double(), got)
+    plain = FiDReader(build_reader("t5-tiny", vocab_size=len(tokenizer)).t5)
+    with pytest.raises(ValueError, match="copy head"):
+        build_retriever_loss("adist", adist_attention="copy").gold_scores(plain, ids, mask, labels)
+    with pytest.raises(ValueError, match="unknown adist attention 'mean'"):
+        build_retriever_loss("adist", adist_attention="mean")
