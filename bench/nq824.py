@@ -9,12 +9,16 @@ Corpus: ../shared/data/nq824/documents.jsonl + ../shared/data/wikitext2-articles
     pdist adist emdr loop   retrieval-augmented, query encoder trained by that retriever loss
 
 plus answer recall@5/@20 of the retriever before training (frozen MiniLM) and after each variant.
-Corpus swap: for dev questions the `frozen` model answers right with the gold passage among those
-it reads, the answer in that passage is replaced by another dev answer of the same kind (number or
-text), the index is updated (remove + add, no retraining), and the share of answers that follow
-the edited corpus is reported.
+Each variant runs once per `--seeds` seed (mean ± std in the table: 64-shot results are noisy); a finished
+run keeps its result in OUT/VARIANT[-seedN]/bench-result.json, so a killed bench resumes where it stopped.
+Corpus swaps, with the `frozen` model and no retraining: (1) for every dev question it answers right with
+the gold passage among those it reads, the answer in that passage is replaced by another dev answer to
+the same kind of question, the index is updated (remove + add), and the share of answers that follow the
+edited corpus is reported; (2) the whole corpus is swapped for SQuAD dev paragraphs (a new MiniLM index)
+and SQuAD dev questions are asked, EM against the closed-book variant's reader on the same questions.
 
-    .venv/bin/python bench/nq824.py --out runs/bench-nq824                     # full (an hour on 2 cores)
+    .venv/bin/python bench/nq824.py --out runs/bench-nq824                     # ~10 min per variant and seed, 2 cores
+    .venv/bin/python bench/nq824.py --variants frozen,pdist,emdr --seeds 0,1,2
     .venv/bin/python bench/nq824.py --variants closed_book,frozen,pdist --steps 60 --max-dev 100
 Prints a JSON object, then a table. Never runs in the test suite.
 """
@@ -39,8 +43,8 @@ VARIANTS = ("closed_book", "frozen", "pdist", "adist", "emdr", "loop")
 GOALS = {"em_retrieval_augmented": 35.0, "em_ratio_to_closed_book": 3.0, "recall@5_lift": 3.0, "swap_follow": 80.0}
 
 
-def base_overrides(args, out: Path, variant: str) -> list[str]:
-    """The recipe of one variant, as dotted overrides of the defaults."""
+def base_overrides(args, out: Path, variant: str, seed: int = 0) -> list[str]:
+    """The recipe of one variant and seed, as dotted overrides of the defaults."""
     loss = "none" if variant in ("closed_book", "frozen") else variant
     # a trained retriever's loss covers more candidates than the reader reads, so that it can
     # lift a passage from below the reader's cut into it (Atlas: retriever_n_context)
@@ -52,11 +56,17 @@ def base_overrides(args, out: Path, variant: str) -> list[str]:
         "reader.text_maxlength=192", "reader.answer_maxlength=16", "reader.generation_max_length=16",
         "reader.dropout=0.0", "task.name=qa", f"task.train_data=[{args.data / 'nq824' / 'train-64.jsonl'}]",
         f"task.eval_data=[{args.data / 'nq824' / 'dev.jsonl'}]", f"task.closed_book={variant == 'closed_book'}",
-        f"training.output_dir={out / variant}", f"training.steps={args.steps}", "training.batch_size=4",
+        f"training.output_dir={out / run_name(variant, seed)}", f"training.steps={args.steps}", "training.batch_size=4",
+        "reader.trainable_encoder_layers=3", "training.lr_encoder=3e-5", "reader.num_beams=4",
         f"training.lr={args.lr}", f"training.lr_retriever={args.lr_retriever}", "training.warmup_steps=5", "training.log_every=5",
-        "training.keep_last=1", "evaluation.batch_size=16", "evaluation.retrieval_k=[5,20]",
+        f"training.seed={seed}", "training.keep_last=1", "evaluation.batch_size=16", "evaluation.retrieval_k=[5,20]",
         f"evaluation.max_examples={args.max_dev}", *args.set,
     ]
+
+
+def run_name(variant: str, seed: int) -> str:
+    """The run folder of a variant and seed (seed 0 keeps the plain name of earlier results)."""
+    return variant if seed == 0 else f"{variant}-seed{seed}"
 
 
 def prepare(args, out: Path) -> None:
@@ -89,15 +99,87 @@ def frozen_recall(args, out: Path) -> dict:
     return {k: 100 * v for k, v in retrieval_metrics(examples, passages, [5, 20]).items()}  # percent
 
 
-def run_variant(args, out: Path, variant: str) -> dict:
-    """Fine-tune and evaluate one variant; → its metrics, steps and wall time."""
+def run_variant(args, out: Path, variant: str, seed: int = 0) -> dict:
+    """Fine-tune and evaluate one variant with one seed; → its metrics, steps and wall time. A run whose
+    folder already holds a finished summary is read back (the bench resumes where it stopped)."""
     from atlas.config import load_config
     from atlas.train import train
 
+    folder = out / run_name(variant, seed)
+    done = folder / "bench-result.json"
+    if done.is_file() and not args.restart:
+        return json.loads(done.read_text())
     started = time.perf_counter()
-    summary = train(load_config(None, base_overrides(args, out, variant)), progress=False)
-    return {**summary["eval"], "final_train_loss": summary["losses"][-1], "checkpoint": summary["checkpoint"],
-            "wall_s": round(time.perf_counter() - started, 1)}
+    summary = train(load_config(None, base_overrides(args, out, variant, seed)), progress=False)
+    result = {**summary["eval"], "final_train_loss": summary["losses"][-1], "checkpoint": summary["checkpoint"],
+              "train_recall_before": summary.get("train_recall_before"), "seed": seed,
+              "recipe": base_overrides(args, out, variant, seed),
+              "wall_s": round(time.perf_counter() - started, 1)}
+    done.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    return result
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for a single value)."""
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, 0.0
+    return mean, (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+
+
+def squad_corpus_swap(args, out: Path, checkpoint: str, closed_book: str | None) -> dict:
+    """Point the trained model at another corpus: SQuAD dev paragraphs (MiniLM index built here, no
+    retraining), asked SQuAD dev questions; EM vs the same recipe's closed-book reader on them."""
+    from atlas.build import build_atlas
+    from atlas.checkpoint import checkpoint_config
+    from atlas.config import RetrieverConfig
+    from atlas.evaluate import retrieval_metrics
+    from retriever.corpus import prepare_corpus
+    from retriever.encoder import build_retriever
+    from retriever.index_build import build_index
+    from tasks.base import get_task
+    from tasks.io import write_jsonl
+    from tasks.metrics import max_exact_match, max_f1
+
+    started = time.perf_counter()
+    squad = json.loads((args.data / "squad" / "dev-v1.1.json").read_text(encoding="utf-8"))
+    documents, questions = [], []
+    for a, article in enumerate(squad["data"]):
+        for p, paragraph in enumerate(article["paragraphs"]):
+            documents.append({"id": f"squad-{a}-{p}", "title": article["title"].replace("_", " "),
+                              "text": paragraph["context"]})
+            questions += [{"question": qa["question"], "answers": [x["text"] for x in qa["answers"]]}
+                          for qa in paragraph["qas"]]
+    folder = out / "squad-swap"
+    folder.mkdir(parents=True, exist_ok=True)
+    # every 20th question (spread over all 48 articles), the first --max-dev of them
+    questions = questions[::20][: args.max_dev]
+    write_jsonl(folder / "documents.jsonl", documents)
+    write_jsonl(folder / "questions.jsonl", questions)
+    if not (folder / "corpus").exists():
+        prepare_corpus([folder / "documents.jsonl"], folder / "corpus", chunk_words=100, progress=False)
+    if not (folder / "index").exists():
+        build_index(folder / "corpus", build_retriever(RetrieverConfig(model="minilm")), folder / "index",
+                    progress=False, encoder_source="minilm")
+    examples = get_task("qa").load(folder / "questions.jsonl")
+    result = {"documents": len(documents), "questions": len(examples)}
+    for name, path in (("retrieval_augmented", checkpoint), ("closed_book", closed_book)):
+        if path is None:
+            continue
+        model = build_atlas(checkpoint_config(path, [f"index.path={folder / 'index'}"]), checkpoint=path).eval()
+        answers, passages = [], []
+        for start in range(0, len(examples), 16):
+            batch_answers, batch_passages = model.predict(examples[start:start + 16])
+            answers += batch_answers
+            passages += batch_passages or []
+        result[name] = {"exact_match": 100 * sum(max_exact_match(a, e.answers) for a, e in zip(answers, examples)) / len(examples),
+                        "f1": 100 * sum(max_f1(a, e.answers) for a, e in zip(answers, examples)) / len(examples)}
+        if passages:
+            result[name].update({k: 100 * v for k, v in retrieval_metrics(examples, passages, [5]).items()})
+    closed = result.get("closed_book", {}).get("exact_match")
+    result["ratio_to_closed_book"] = result["retrieval_augmented"]["exact_match"] / closed if closed else None
+    result["wall_s"] = round(time.perf_counter() - started, 1)
+    return result
 
 
 def _kind(answer: str) -> str:
@@ -178,26 +260,29 @@ def corpus_swap(args, out: Path, checkpoint: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the variants, the recall baseline and the corpus swap; print JSON and a table."""
+    """Run the variants × seeds, the recall baseline and the corpus swaps; print JSON and a table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, default=REPO_ROOT.parent / "shared" / "data")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "bench-nq824")
     parser.add_argument("--reader", default=str(SHIPPED_READER))
     parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--seeds", default="0", help="comma-separated training seeds (e.g. 0,1,2): mean ± std")
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--passages", type=int, default=5, help="passages the reader reads")
     parser.add_argument("--retrieve", type=int, default=20, help="passages a retriever loss covers")
     parser.add_argument("--lr-retriever", type=float, default=4e-5)
     parser.add_argument("--max-dev", type=int, default=578)
     parser.add_argument("--no-swap", action="store_true")
+    parser.add_argument("--restart", action="store_true", help="re-run variants that already have a result")
     parser.add_argument("--swap-only", metavar="CHECKPOINT",
-                        help="only the corpus swap, with this trained checkpoint (e.g. OUT/frozen/checkpoints/step-000200)")
+                        help="only the corpus swaps, with this trained checkpoint (e.g. OUT/frozen/checkpoints/step-000100)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a dotted config override for every variant (repeatable), e.g. "
-                             "reader.trainable_encoder_layers=3")
+                             "retriever.temperature_gold=0.1")
     args = parser.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         raise ValueError(f"unknown variant(s) {unknown}; valid: {list(VARIANTS)}")
@@ -207,37 +292,67 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     prepare(args, args.out)
     if args.swap_only:
-        swap = corpus_swap(args, args.out, args.swap_only)
-        (args.out / "swap.json").write_text(json.dumps(swap, indent=2, default=str) + "\n")
-        print(json.dumps(swap, default=str))
-        print(f"corpus swap: {swap['edited']} edited passages, {swap['follow_share']}% of answers follow the edit "
-              f"(goal ≥ {GOALS['swap_follow']:.0f}%)")
+        closed = args.out / "closed_book" / "checkpoints" / "latest"
+        closed_ckpt = str(closed.parent / closed.read_text().strip()) if closed.is_file() else None
+        swaps = {"edit": corpus_swap(args, args.out, args.swap_only)}
+        if (args.data / "squad").is_dir():
+            swaps["squad"] = squad_corpus_swap(args, args.out, args.swap_only, closed_ckpt)
+        (args.out / "swap.json").write_text(json.dumps(swaps, indent=2, default=str) + "\n")
+        print(json.dumps(swaps, default=str))
+        print_swaps(swaps)
         return 0
     results = {"settings": {k: str(v) for k, v in vars(args).items()}, "recall_before": frozen_recall(args, args.out),
                "variants": {}}
     for variant in variants:
-        results["variants"][variant] = run_variant(args, args.out, variant)
-        print(json.dumps({variant: results["variants"][variant]}), flush=True)
-    closed = results["variants"].get("closed_book", {}).get("exact_match")
+        runs = []
+        for seed in seeds:
+            runs.append(run_variant(args, args.out, variant, seed))
+            print(json.dumps({variant: runs[-1]}, default=str), flush=True)
+        results["variants"][variant] = {"runs": runs, **{
+            key: mean_std([100 * r[key] for r in runs]) for key in ("exact_match", "f1", "answer_recall@5", "answer_recall@20")
+            if all(key in r for r in runs)}}
+    closed = results["variants"].get("closed_book", {}).get("exact_match", (None,))[0]
     if "frozen" in results["variants"] and not args.no_swap:
-        results["corpus_swap"] = corpus_swap(args, args.out, results["variants"]["frozen"]["checkpoint"])
+        frozen = results["variants"]["frozen"]["runs"][0]["checkpoint"]
+        closed_ckpt = results["variants"].get("closed_book", {}).get("runs", [{}])[0].get("checkpoint")
+        results["corpus_swap"] = {"edit": corpus_swap(args, args.out, frozen)}
+        if (args.data / "squad").is_dir():
+            results["corpus_swap"]["squad"] = squad_corpus_swap(args, args.out, frozen, closed_ckpt)
     results["wall_s"] = round(time.perf_counter() - started, 1)
-    rows = [{"variant": "retriever before training", "EM": float("nan"), "F1": float("nan"),
-             "EM / closed-book": float("nan"), "recall@5": results["recall_before"]["answer_recall@5"],
-             "recall@20": results["recall_before"]["answer_recall@20"], "wall_s": float("nan")}]
+    before = results["recall_before"]
+    rows = [{"variant": "retriever before training", "scored": "", "seeds": "", "EM": "", "F1": "", "EM / closed-book": "",
+             "recall@5": f"{before['answer_recall@5']:.1f}", "recall@20": f"{before['answer_recall@20']:.1f}"}]
+
+    def cell(m, key):
+        return f"{m[key][0]:.1f} ± {m[key][1]:.1f}" if key in m else "-"
+
     for name, m in results["variants"].items():
-        rows.append({"variant": name, "EM": 100 * m["exact_match"], "F1": 100 * m["f1"],
-                     "EM / closed-book": m["exact_match"] / closed if closed else float("nan"),
-                     "recall@5": 100 * m.get("answer_recall@5", float("nan")),
-                     "recall@20": 100 * m.get("answer_recall@20", float("nan")), "wall_s": m["wall_s"]})
+        recipe = dict(o.split("=", 1) for o in m["runs"][0].get("recipe", []))
+        rows.append({"variant": name, "scored": recipe.get("retriever.n_context", "?"), "seeds": len(m["runs"]),
+                     "EM": cell(m, "exact_match"), "F1": cell(m, "f1"),
+                     "EM / closed-book": f"{m['exact_match'][0] / closed:.1f}" if closed else "-",
+                     "recall@5": cell(m, "answer_recall@5"), "recall@20": cell(m, "answer_recall@20")})
     (args.out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     print(json.dumps(results, default=str))
     print(format_table(rows))
-    swap = results.get("corpus_swap")
-    if swap:
-        print(f"corpus swap: {swap['edited']} edited passages, {swap['follow_share']}% of answers follow the edit "
-              f"(goal ≥ {GOALS['swap_follow']:.0f}%)")
+    if results.get("corpus_swap"):
+        print_swaps(results["corpus_swap"])
     return 0
+
+
+def print_swaps(swaps: dict) -> None:
+    """One line per corpus swap, against its goal."""
+    edit = swaps.get("edit")
+    if edit:
+        print(f"corpus edit: {edit['edited']} edited passages, {edit['follow_share']}% of answers follow the edit "
+              f"(goal ≥ {GOALS['swap_follow']:.0f}%)")
+    squad = swaps.get("squad")
+    if squad:
+        ratio = squad.get("ratio_to_closed_book")
+        print(f"corpus swap to SQuAD dev ({squad['documents']} paragraphs, {squad['questions']} questions): EM "
+              f"{squad['retrieval_augmented']['exact_match']:.1f} vs closed-book "
+              f"{squad.get('closed_book', {}).get('exact_match', float('nan')):.1f}"
+              + (f" = {ratio:.1f}× (goal ≥ 3×)" if ratio else ""))
 
 
 if __name__ == "__main__":
