@@ -21,7 +21,7 @@ def test_small_recipe_runs_a_step(path, tiny_world, shared_data, tmp_path, monke
     config = load_config(path)
     overrides = [
         f"retriever.model={tiny_world['encoder']}", f"index.path={tiny_world['index']}", "index.corpus=null",
-        "index.refresh=never", "reader.model=t5-tiny", "reader.text_maxlength=64",
+        "index.refresh=never", "reader.model=t5-tiny", "reader.trainable_encoder_layers=null", "reader.text_maxlength=64",
         "retriever.n_context=2", "reader.n_context=2", f"training.output_dir={tmp_path / 'run'}",
         f"training.steps={min(config.training.steps, 1)}", "training.batch_size=1", "training.save_every=0",
         "evaluation.max_examples=2", "evaluation.batch_size=2", "reader.generation_max_length=4",
