@@ -152,7 +152,7 @@ class TrainingConfig:
     save_every: int = 0  # 0 = only at the end
     keep_last: int = 2
     # A DeepSpeed JSON config (e.g. configs/deepspeed/zero3.json): ZeRO stage 1–3 for the reader
-    # (atlas/deepspeed_engine.py); batch sizes, accumulation and clipping come from the fields above.
+    # (atlas/training/deepspeed_engine.py); batch sizes, accumulation and clipping come from the fields above.
     deepspeed: str | None = None
 
 

@@ -195,7 +195,7 @@ class Atlas(nn.Module):
         reader_loss = output.loss
         losses = {"reader": reader_loss}
         if mu > 0:
-            from atlas.dispersion import mean_pairwise_cosine_distance
+            from atlas.knnlm.dispersion import mean_pairwise_cosine_distance
 
             dispersion = mean_pairwise_cosine_distance(output.decoder_hidden_states[-1], labels != IGNORE_INDEX)
             losses["dispersion"] = dispersion

@@ -36,7 +36,7 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from atlas.quickstart import SHIPPED_READER, format_table
+from atlas.demo.quickstart import SHIPPED_READER, format_table
 
 # name → the registered loss and its settings (every gold is "higher = the passage is worth more")
 GOLDS = {
@@ -72,8 +72,8 @@ def softmax(x: np.ndarray) -> np.ndarray:
 def build_model(args):
     """The Atlas model of bench/nq824.py's recipe over its index (reader: shipped or a checkpoint)."""
     from atlas.build import build_atlas
-    from atlas.checkpoint import checkpoint_config
     from atlas.config import load_config
+    from atlas.training.checkpoint import checkpoint_config
 
     overrides = [f"index.path={args.index}", f"retriever.n_context={args.passages}", "reader.dropout=0.0",
                  f"reader.text_maxlength={args.length}", "reader.answer_maxlength=16"]

@@ -179,7 +179,7 @@ import json, sys, time
 sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[1] + "/bench")
 import faiss, numpy as np
 from index_data import reset_peak_rss, peak_rss_bytes
-from retriever.index import read_faiss
+from retriever.index_files import read_faiss
 from retriever.index_types import faiss_read_flags
 from retriever.rerank import advise_random, rerank_candidates
 from pathlib import Path

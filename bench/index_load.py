@@ -89,7 +89,8 @@ def child(folder: str, verify: str) -> None:
     import datasets  # noqa: F401  (imported lazily by the corpus; import cost is not load cost)
 
     from retriever.corpus import Corpus
-    from retriever.index import PassageIndex, read_manifest
+    from retriever.index import PassageIndex
+    from retriever.index_files import read_manifest
 
     # one-time costs that do not scale with the index (lazy imports and Arrow set-up of the
     # corpus reader, ~3.5 MB) are paid before the measurement

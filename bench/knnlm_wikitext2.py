@@ -167,14 +167,14 @@ def load_trained(run_dir: Path):
     """The trained LM and its word tokenizer."""
     from transformers import PreTrainedTokenizerFast
 
-    from atlas.knnlm import load_lm
+    from atlas.knnlm.lm import load_lm
 
     return load_lm(run_dir / "lm"), PreTrainedTokenizerFast.from_pretrained(run_dir / "lm")
 
 
 def stage_build(args, run_dir: Path) -> dict:
     """Datastore over the training text; query stores over the held-out part and the test text."""
-    from atlas.knnlm import build_datastore
+    from atlas.knnlm.lm import build_datastore
 
     model, tokenizer = load_trained(run_dir)
     train_words, holdout_words = split_train_holdout(read_words(DATA / "valid.txt"))
@@ -224,7 +224,7 @@ def evaluate_key(
     limit: score only the first `limit` test tokens; the row's LM baseline uses the same tokens.
     holdout_limit: tune on the first `holdout_limit` held-out tokens.
     """
-    from atlas.knnlm_search import grid_search, knn_lm_logprobs, perplexity
+    from atlas.knnlm.lm.search import grid_search, knn_lm_logprobs, perplexity
 
     start = time.time()
     tuned = grid_search(
@@ -262,9 +262,10 @@ def evaluate_key(
 
 def stage_eval(args, run_dir: Path) -> dict:
     """Dispersion per key; kNN-LM perplexity: paper's key exact and IVF-PQ, then the other keys."""
-    from atlas.dispersion import layer_dispersion, recommend_key
-    from atlas.knnlm_search import build_knn_index, perplexity
-    from retriever.datastore import Datastore
+    from atlas.knnlm.lm.search import build_knn_index, perplexity
+
+    from atlas.knnlm.datastore import Datastore
+    from atlas.knnlm.dispersion import layer_dispersion, recommend_key
     from tasks.io import atomic_write_json
 
     model, tokenizer = load_trained(run_dir)

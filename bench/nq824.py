@@ -37,7 +37,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from atlas.quickstart import SHIPPED_READER, format_table, replace_fact
+from atlas.demo.quickstart import SHIPPED_READER, format_table, replace_fact
 
 VARIANTS = ("closed_book", "frozen", "pdist", "adist", "emdr", "loop")
 GOALS = {"em_retrieval_augmented": 35.0, "em_ratio_to_closed_book": 3.0, "recall@5_lift": 3.0, "swap_follow": 80.0}
@@ -103,7 +103,7 @@ def run_variant(args, out: Path, variant: str, seed: int = 0) -> dict:
     """Fine-tune and evaluate one variant with one seed; → its metrics, steps and wall time. A run whose
     folder already holds a finished summary is read back (the bench resumes where it stopped)."""
     from atlas.config import load_config
-    from atlas.train import train
+    from atlas.training.loop import train
 
     folder = out / run_name(variant, seed)
     done = folder / "bench-result.json"
@@ -131,9 +131,9 @@ def squad_corpus_swap(args, out: Path, checkpoint: str, closed_book: str | None)
     """Point the trained model at another corpus: SQuAD dev paragraphs (MiniLM index built here, no
     retraining), asked SQuAD dev questions; EM vs the same recipe's closed-book reader on them."""
     from atlas.build import build_atlas
-    from atlas.checkpoint import checkpoint_config
     from atlas.config import RetrieverConfig
     from atlas.evaluate import retrieval_metrics
+    from atlas.training.checkpoint import checkpoint_config
     from retriever.corpus import prepare_corpus
     from retriever.encoder import build_retriever
     from retriever.index_build import build_index
@@ -195,7 +195,7 @@ def _question_word(question: str) -> str:
 def corpus_swap(args, out: Path, checkpoint: str) -> dict:
     """Edit the gold passages of rightly answered dev questions and measure who follows the edit."""
     from atlas.build import build_atlas
-    from atlas.checkpoint import checkpoint_config
+    from atlas.training.checkpoint import checkpoint_config
     from retriever.index import PassageIndex
     from retriever.index_update import add_passages, remove_passages
     from tasks.base import get_task

@@ -71,7 +71,7 @@ def read(reader, tokenizer, task, examples, passages, *, max_length: int, batch_
 
 
 def main(argv: list[str] | None = None) -> int:
-    from atlas.quickstart import format_table
+    from atlas.demo.quickstart import format_table
     from reader.fid import FiDReader
     from reader.tokenizer import build_reader_tokenizer
     from retriever.encoder import Retriever, default_encoder_path

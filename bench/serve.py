@@ -164,7 +164,7 @@ def check_edits(url: str, plan: list[tuple[str, str, dict]], passages_before: in
 
 def heldout_questions(limit: int = 200) -> list[str]:
     """The demo's held-out questions (the ones the bench asks)."""
-    from atlas.quickstart import DEMO
+    from atlas.demo.quickstart import DEMO
 
     lines = (DEMO / "heldout.jsonl").read_text().splitlines()[:limit]
     return [json.loads(line)["question"] for line in lines]

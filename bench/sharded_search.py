@@ -173,7 +173,8 @@ def _shard_worker(rank: int, world: int, threads: int, folder: str, queries_path
     import torch.distributed as dist
 
     from retriever.corpus import Corpus
-    from retriever.index import PassageIndex, read_manifest
+    from retriever.index import PassageIndex
+    from retriever.index_files import read_manifest
     from retriever.sharded import ShardedPassageIndex
 
     torch.set_num_threads(threads)
@@ -378,7 +379,8 @@ def scale_search_child(args) -> None:
     """Fresh process: load the saved index memory-mapped (project path), search, save ids."""
     import faiss
 
-    from retriever.index import read_faiss, search_live
+    from retriever.index import search_live
+    from retriever.index_files import read_faiss
     from retriever.index_types import faiss_read_flags, set_search_params
 
     faiss.omp_set_num_threads(os.cpu_count() or 1)

@@ -11,12 +11,9 @@ need the attention implementation switched on the shared config.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
-if TYPE_CHECKING:
-    from reader.fid import FiDReader
+from reader.protocol import FusionReader
 
 IGNORE_INDEX = -100
 
@@ -28,7 +25,7 @@ def _split_heads(states: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 
 def cross_attention_scores(
-    reader: FiDReader,
+    reader: FusionReader,
     encoder_states: torch.Tensor,
     attention_mask: torch.Tensor,
     labels: torch.Tensor,
@@ -81,7 +78,7 @@ def cross_attention_scores(
 
 
 def copy_attention_scores(
-    reader: FiDReader,
+    reader: FusionReader,
     encoder_states: torch.Tensor,
     attention_mask: torch.Tensor,
     labels: torch.Tensor,
@@ -92,7 +89,7 @@ def copy_attention_scores(
     gold_k = Σ_t σ(−g_t) · Σ_{j ∈ passage k} α^copy_{t,j} / T_valid: the probability that the reader
     copies target token t from passage k, averaged over the non-ignored target positions. The copy
     distribution α^copy is the reader's own pointer over the K·L input tokens and σ(−g_t) its
-    probability of copying rather than generating (`reader.warm_start.CopyHead.copy_attention`).
+    probability of copying rather than generating (`reader.copy_head.CopyHead.copy_attention`).
 
     Args:
         encoder_states: (B, K, L, H); attention_mask: (B, K, L); labels: (B, T), -100 ignored;

@@ -8,14 +8,11 @@ retriever losses call them under `torch.no_grad()` with the reader in eval mode)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
-if TYPE_CHECKING:
-    from reader.fid import FiDReader
+from reader.protocol import FusionReader
 
 IGNORE_INDEX = -100
 
@@ -37,7 +34,7 @@ def target_token_logprobs(
 
 
 def per_passage_token_logprobs(
-    reader: FiDReader,
+    reader: FusionReader,
     encoder_states: torch.Tensor,
     attention_mask: torch.Tensor,
     labels: torch.Tensor,
@@ -72,7 +69,7 @@ def per_passage_token_logprobs(
 
 
 def leave_one_out_nll(
-    reader: FiDReader,
+    reader: FusionReader,
     encoder_states: torch.Tensor,
     attention_mask: torch.Tensor,
     labels: torch.Tensor,

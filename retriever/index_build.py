@@ -22,7 +22,7 @@ import numpy as np
 from numpy.lib.format import open_memmap
 
 from retriever.corpus import Corpus
-from retriever.index import FORMAT_VERSION, file_record, write_manifest
+from retriever.index_files import FORMAT_VERSION, file_record, write_manifest
 from retriever.index_types import build_faiss_index, index_type
 from tasks.io import atomic_directory, atomic_write_json
 from tasks.progress import progress_bar as tqdm

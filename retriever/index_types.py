@@ -283,3 +283,15 @@ def exact_search(
     heap.finalize()  # sorted, best first
     scores = heap.D if metric == "ip" else np.maximum(heap.D, 0.0)  # rounding: slightly negative
     return scores.astype(np.float32), heap.I
+
+
+def best_first(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The best k of candidate lists, in one canonical order: (Q, C) scores and positions →
+    (Q, min(k, C)) each, highest score first, ties to the lower position, missing (-1) last.
+
+    The one order every search path uses, so that a sharded search, whose candidates come
+    from several ranks, returns exactly what one process returns."""
+    missing = rows < 0
+    order = np.lexsort((np.where(missing, np.iinfo(np.int64).max, rows),
+                        np.where(missing, np.inf, -scores)), axis=-1)[:, :k]
+    return np.take_along_axis(scores, order, -1), np.take_along_axis(rows, order, -1)

@@ -24,7 +24,8 @@ import numpy as np
 from numpy.lib.format import open_memmap
 
 from retriever.corpus import Corpus, prepare_corpus
-from retriever.index import PassageIndex, file_record, write_manifest
+from retriever.index import PassageIndex
+from retriever.index_files import file_record, write_manifest
 
 
 @dataclass

@@ -19,7 +19,7 @@ import os
 import numpy as np
 import torch
 
-from retriever.index_types import widen_into
+from retriever.index_types import best_first, widen_into
 
 # Candidate vectors widened at a time (float32 bytes): bounds the re-rank's extra memory
 # (plus the file pages of those rows, released after each batch).
@@ -81,10 +81,9 @@ def rerank_candidates(
 
     query_vectors: (Q, d) float32; vectors: (N, d) float16 (a memmap: only candidate rows are
     read); candidates: (Q, C) int64 positions, -1 where missing. Returns (scores, rows), each
-    (Q, min(k, C)) float32 / int64, in the canonical order (`retriever.index.best_first`:
+    (Q, min(k, C)) float32 / int64, in the canonical order (`retriever.index_types.best_first`:
     highest score first, ties to the lower position, missing rows -1 with score -inf last).
     """
-    from retriever.index import best_first  # index imports this module
 
     query_vectors = np.ascontiguousarray(query_vectors, dtype=np.float32)
     candidates = np.asarray(candidates, dtype=np.int64)

@@ -215,9 +215,8 @@ def register_task(name: str) -> Callable[[type[Task]], type[Task]]:
 
 
 def get_task(name: str, **options: Any) -> Task:
-    """Build the task registered as `name`; an unknown name raises ValueError listing the valid."""
-    import tasks  # noqa: F401  (importing the package registers every task module)
-
+    """Build the task registered as `name`; an unknown name raises ValueError listing the valid.
+    (Every task module is registered by then: importing `tasks.base` runs `tasks/__init__.py` first.)"""
     if name not in TASKS:
         raise ValueError(f"unknown task '{name}'; valid: {', '.join(sorted(TASKS))}")
     return TASKS[name](**options)

@@ -11,7 +11,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer, BertConfig, BertModel
 
-from atlas import cli_corpus, cli_index
+from atlas.cli import corpus as cli_corpus
+from atlas.cli import index as cli_index
 from retriever.encoder import ContrieverEncoder, Retriever, default_encoder_path
 
 

@@ -103,7 +103,7 @@ def test_recipes_exist():
 @pytest.mark.parametrize("path", CONFIGS, ids=[str(p.relative_to(p.parents[1])) for p in CONFIGS])
 def test_every_shipped_recipe_validates(path):
     """Types and keys, and every named component exists: task + options, loss, index spec, schedule."""
-    from atlas.refresh import parse_refresh_schedule
+    from atlas.training.refresh import parse_refresh_schedule
     from retriever.index_types import index_type
     from retriever.losses import build_retriever_loss
     from tasks.base import get_task

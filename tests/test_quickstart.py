@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from atlas.demo import make_demo
-from atlas.quickstart import (
+from atlas.demo.quickstart import (
     DEMO,
     RECIPE,
     SHIPPED_READER,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from atlas.config import load_config
-from atlas.train import train
+from atlas.training.loop import train
 
 SMALL = sorted((Path(__file__).resolve().parents[1] / "configs" / "small").glob("*.yaml"))
 

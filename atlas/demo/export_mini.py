@@ -75,8 +75,8 @@ def demo_mlm_loss(reader_folder: str | Path, passages: str | Path = HERE / "ency
 def _run_facts(run: Path, wall_s: float | None) -> list[dict]:
     """The pretraining stages behind the run in `run`: the stages of the exported reader it started
     from (its `card.json`), then this run's own (task, steps, batch, losses, corpus, wall time)."""
-    from atlas.checkpoint import resolve_checkpoint
     from atlas.config import load_config
+    from atlas.training.checkpoint import resolve_checkpoint
 
     checkpoint = resolve_checkpoint(run)
     config = load_config(checkpoint / "config.yaml")
@@ -106,7 +106,7 @@ def export(run: str | Path, out: str | Path, *, wall_s: float | None = None) -> 
     """Write `out` (replaced atomically): fp16 safetensors T5, the reader tokenizer, README.md, card.json."""
     from transformers import T5ForConditionalGeneration
 
-    from atlas.checkpoint import resolve_checkpoint
+    from atlas.training.checkpoint import resolve_checkpoint
     from tasks.io import atomic_directory
 
     stages = _run_facts(Path(run), wall_s)

@@ -56,8 +56,8 @@ def demo_reading_em(reader_folder: str | Path, questions: str | Path = HERE / "h
 
 
 def _stage(run: Path, hardware: str) -> dict:
-    from atlas.checkpoint import resolve_checkpoint
     from atlas.config import load_config
+    from atlas.training.checkpoint import resolve_checkpoint
 
     checkpoint = resolve_checkpoint(run)
     config = load_config(checkpoint / "config.yaml")
@@ -85,7 +85,7 @@ def export(runs: list[str | Path], out: str | Path, *, hardware: str = "", bench
     """Write `out` (replaced): fp16 delta safetensors, the reader tokenizer, README.md, card.json.
     `runs`: the training stages in order; the last one's latest checkpoint is exported. `bench_reader`:
     the reader's name in bench/reading.py's report (default: the report's first reader)."""
-    from atlas.checkpoint import resolve_checkpoint
+    from atlas.training.checkpoint import resolve_checkpoint
     from reader.fid import FiDReader
 
     runs, out = [Path(r) for r in runs], Path(out)

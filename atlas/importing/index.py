@@ -110,7 +110,7 @@ def _passage_record(passage, path: Path, entry: int) -> dict[str, str]:
 def _resolve_retriever(encoder: str | Path):
     """The retriever whose passage encoder made the vectors: a run or checkpoint folder
     (its retriever/), a retriever folder (retriever.json), or a plain encoder folder."""
-    from atlas.checkpoint import resolve_checkpoint
+    from atlas.training.checkpoint import resolve_checkpoint
     from retriever.encoder import Retriever
 
     path = Path(encoder)
@@ -151,8 +151,8 @@ def import_atlas_index(
     Returns (corpus folder, index folder).
     """
     from retriever.corpus import prepare_corpus
-    from retriever.index import read_manifest, write_manifest
     from retriever.index_build import PROGRESS, build_index, work_dir_for
+    from retriever.index_files import read_manifest, write_manifest
     from retriever.index_types import index_type
 
     src, corpus_out, index_out = Path(src), Path(corpus_out), Path(index_out)

@@ -19,7 +19,7 @@ def build_demo_run(out: str | Path, *, progress: bool = False) -> Path:
     an OUT that already holds a run is returned as it is.
     """
     from atlas.config import save_config
-    from atlas.quickstart import SHIPPED_READER, demo_data, quickstart_config
+    from atlas.demo.quickstart import SHIPPED_READER, demo_data, quickstart_config
     from retriever.corpus import prepare_corpus
     from retriever.encoder import build_retriever
     from retriever.index_build import build_index

@@ -18,9 +18,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from atlas.checkpoint import load_training_state
-from atlas.config import ConfigError, TrainingConfig, load_config, save_config
-from atlas.train import train
+from atlas.config import ConfigError, TrainingConfig, load_config
+from atlas.training.checkpoint import load_training_state
+from atlas.training.loop import train
 
 ZERO_CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "deepspeed"
 
@@ -168,7 +168,7 @@ def test_checkpoints_move_between_one_and_two_ranks(ds, stage, tiny_world, plain
 
 
 def test_shipped_configs_fill_in_the_training_values(tmp_path):
-    from atlas.deepspeed_engine import load_deepspeed_config
+    from atlas.training.deepspeed_engine import load_deepspeed_config
 
     training = TrainingConfig(batch_size=3, accumulation_steps=2, clip_norm=0.5)
     for stage in (1, 2, 3):
@@ -190,7 +190,7 @@ def test_shipped_configs_fill_in_the_training_values(tmp_path):
      "'gradient_clipping' is 2.0 but training.clip_norm"),
 ])
 def test_bad_deepspeed_configs_are_rejected_with_the_file_and_key(tmp_path, content, message):
-    from atlas.deepspeed_engine import load_deepspeed_config
+    from atlas.training.deepspeed_engine import load_deepspeed_config
 
     path = tmp_path / "ds.json"
     path.write_text(json.dumps(content))
@@ -200,7 +200,7 @@ def test_bad_deepspeed_configs_are_rejected_with_the_file_and_key(tmp_path, cont
 
 
 def test_unreadable_deepspeed_config(tmp_path):
-    from atlas.deepspeed_engine import load_deepspeed_config
+    from atlas.training.deepspeed_engine import load_deepspeed_config
 
     with pytest.raises(ConfigError, match="missing.json: file not found"):
         load_deepspeed_config(tmp_path / "missing.json", TrainingConfig(), world_size=1)

@@ -12,9 +12,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from atlas.checkpoint import load_training_state
 from atlas.config import load_config, save_config
-from atlas.train import train
+from atlas.training.checkpoint import load_training_state
+from atlas.training.loop import train
 
 # single-token answers: every rank's slice has as many target tokens as any other
 COLOURS = [("what colour is the zorbland flag", "red"), ("what colour is the tarsia flag", "blue"),
@@ -101,7 +101,7 @@ def test_one_rank_checkpoint_resumes_on_two_ranks(tiny_world, tmp_path):
 
 
 def test_resuming_keeps_the_global_batch_or_says_why_it_cannot():
-    from atlas.checkpoint import config_for_world_size, per_rank_batch_size
+    from atlas.training.checkpoint import config_for_world_size, per_rank_batch_size
 
     assert [per_rank_batch_size(8, 2, world) for world in (1, 2, 4)] == [4, 2, 1]
     with pytest.raises(ValueError, match="global batch of 6 examples on 4 rank\\(s\\) × 1 accumulation step"

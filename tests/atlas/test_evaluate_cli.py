@@ -29,7 +29,7 @@ def real_world(shared_data, tiny_encoder_path, tmp_path_factory):
     """Slices of the real files, a corpus whose pages are the HotpotQA slice's gold pages (so
     provenance and R-precision are exercised), its index, and a tiny-reader checkpoint."""
     from atlas.build import build_atlas
-    from atlas.checkpoint import save_checkpoint
+    from atlas.training.checkpoint import save_checkpoint
     from retriever.corpus import prepare_corpus
     from retriever.encoder import build_retriever
     from retriever.index_build import build_index

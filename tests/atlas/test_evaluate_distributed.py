@@ -24,7 +24,7 @@ QUESTIONS = [  # 5 examples over 2 ranks: shares of 2 and 3, the first padded to
 @pytest.mark.slow
 def test_two_ranks_write_what_one_process_writes(tiny_world, tmp_path):
     from atlas.build import build_atlas
-    from atlas.checkpoint import save_checkpoint
+    from atlas.training.checkpoint import save_checkpoint
 
     data = tmp_path / "qa.jsonl"
     data.write_text("".join(json.dumps({"question": q, "answers": a}) + "\n" for q, a in QUESTIONS))

@@ -172,7 +172,7 @@ def test_round_trip_logits_embeddings_and_config(tmp_path, reader_tokenizer_dir,
         assert not torch.allclose(got_q, got_p)
 
     # the options that matter, mapped
-    from atlas.checkpoint import checkpoint_config
+    from atlas.training.checkpoint import checkpoint_config
 
     config = checkpoint_config(folder)
     assert (config.retriever.tied, config.retriever.loss, config.retriever.pooling) == (not untied, "pdist", "mean")
@@ -200,7 +200,7 @@ def test_gold_score_modes_map_to_losses(mode, loss):
 def test_closed_book_checkpoint_imports_without_a_retriever(tmp_path, reader_tokenizer_dir):
     """A --closed_book run saved reader tensors only: a run folder without retriever/, closed-book;
     the same tensors under options that say it retrieved are refused, naming the file."""
-    from atlas.checkpoint import checkpoint_config
+    from atlas.training.checkpoint import checkpoint_config
     from reader.tokenizer import build_reader_tokenizer
 
     t5 = tiny_t5(len(build_reader_tokenizer(reader_tokenizer_dir)))

@@ -46,7 +46,7 @@ def recipe(world, out):
 
 
 def test_per_subject_runs_merge_and_resume(tiny_world, mmlu_root, tmp_path, capsys, monkeypatch):
-    from atlas.mmlu_per_subject import run_per_subject
+    from atlas.training.mmlu_per_subject import run_per_subject
     from tasks.base import get_task
 
     out = tmp_path / "per-subject"
@@ -90,13 +90,13 @@ def test_per_subject_runs_merge_and_resume(tiny_world, mmlu_root, tmp_path, caps
     def no_training(*args, **kwargs):
         raise AssertionError("a finished subject was trained again")
 
-    monkeypatch.setattr("atlas.train.train", no_training)
+    monkeypatch.setattr("atlas.training.loop.train", no_training)
     again = run_per_subject(recipe(tiny_world, out), mmlu_root, progress=False)
     assert again == metrics
 
 
 def test_subject_selection_errors(mmlu_root, tiny_world, tmp_path):
-    from atlas.mmlu_per_subject import run_per_subject, subject_files
+    from atlas.training.mmlu_per_subject import run_per_subject, subject_files
 
     assert list(subject_files(mmlu_root)) == ["anatomy", "philosophy"]
     assert list(subject_files(mmlu_root, ["philosophy"])) == ["philosophy"]

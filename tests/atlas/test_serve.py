@@ -19,7 +19,7 @@ fastapi = pytest.importorskip("fastapi", reason="atlas serve needs fastapi (pip 
 from fastapi.testclient import TestClient
 
 from atlas.cli import main as atlas_main
-from atlas.cli_serve import is_loopback, serving_token
+from atlas.cli.serve import is_loopback, serving_token
 from atlas.serve import AtlasService, create_app
 from atlas.serve.demo import build_demo_run
 
@@ -40,7 +40,7 @@ def service(tmp_path_factory):
     """The demo run loaded once, serving (and editing) its own copy of the demo index."""
     import torch
 
-    from atlas.cli_run import load_run
+    from atlas.cli.run import load_run
 
     run = build_demo_run(tmp_path_factory.getbasetemp() / "serve-demo")
     index = tmp_path_factory.mktemp("serve-api") / "index"

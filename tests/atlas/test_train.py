@@ -11,7 +11,7 @@ import torch
 from atlas.build import build_atlas
 from atlas.cli import main
 from atlas.config import load_config
-from atlas.train import lr_multiplier, train
+from atlas.training.loop import lr_multiplier, train
 from tasks.base import get_task
 
 
@@ -74,7 +74,7 @@ def test_resume_with_dropout_restores_the_random_state(tiny_world, tmp_path, mon
     assert [a[s] for s in range(1, 7)] == [b[s] for s in range(1, 7)]  # bit-identical
 
     train(tiny_config(tiny_world, tmp_path / "no-restore", *dropout), progress=False, stop_at=3)
-    monkeypatch.setattr("atlas.train.set_rng_state", lambda state: None)
+    monkeypatch.setattr("atlas.training.loop.set_rng_state", lambda state: None)
     train(None, resume=tmp_path / "no-restore", progress=False)
     c = logged_losses(tmp_path / "no-restore")
     assert [c[s] for s in range(1, 4)] == [a[s] for s in range(1, 4)]
@@ -94,7 +94,7 @@ def test_bf16_precision_autocasts_the_forward_pass(tiny_world, tmp_path):
 
 
 def test_resume_restores_both_optimizers_and_schedulers(tiny_world, tmp_path):
-    from atlas.checkpoint import load_training_state
+    from atlas.training.checkpoint import load_training_state
 
     train(tiny_config(tiny_world, tmp_path / "run", "training.steps=2"), progress=False)
     state = load_training_state(tmp_path / "run" / "checkpoints" / "step-000002")
@@ -221,7 +221,7 @@ def test_a_resumed_run_logs_exactly_what_an_uninterrupted_one_does(tiny_world, t
 
 
 def test_refresh_schedule_parsing():
-    from atlas.refresh import parse_refresh_schedule, refresh_due
+    from atlas.training.refresh import parse_refresh_schedule, refresh_due
 
     schedule = parse_refresh_schedule("0-1000:500,1000-10000:2000")
     due = [s for s in range(1, 10001) if refresh_due(s, schedule)]

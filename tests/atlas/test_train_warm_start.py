@@ -10,9 +10,9 @@ import torch
 from safetensors.torch import load_file
 
 from atlas.build import build_atlas
-from atlas.checkpoint import checkpoint_config
 from atlas.config import load_config
-from atlas.train import train
+from atlas.training.checkpoint import checkpoint_config
+from atlas.training.loop import train
 
 
 def warm_config(world, out, *overrides):
@@ -54,7 +54,7 @@ def test_frozen_blocks_stay_the_base_and_the_checkpoint_holds_only_the_rest(tiny
 
 
 def test_the_reader_encoder_gets_its_own_learning_rate(tiny_world, tmp_path):
-    from atlas.train import make_optimizers
+    from atlas.training.loop import make_optimizers
 
     config = warm_config(tiny_world, tmp_path / "run")
     model = build_atlas(config)

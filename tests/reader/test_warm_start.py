@@ -8,12 +8,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from reader.copy_head import CONTINUATION_SCALE, CopyHead
 from reader.fid import FiDReader, build_reader
 from reader.inputs import encode_reader_inputs, encode_targets
 from reader.tokenizer import build_reader_tokenizer
 from reader.warm_start import (
-    CONTINUATION_SCALE,
-    CopyHead,
     build_warm_started,
     is_warm_started_folder,
     remap_token_embeddings,

@@ -12,10 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from atlas import cli_corpus, cli_index
-from retriever.index import InvalidIndexError, PassageIndex, best_first
+from atlas.cli import corpus as cli_corpus
+from atlas.cli import index as cli_index
+from retriever.index import InvalidIndexError, PassageIndex
 from retriever.index_build import build_index
-from retriever.index_types import exact_search
+from retriever.index_types import best_first, exact_search
 from retriever.index_update import remove_passages
 from retriever.rerank import rerank_candidates
 from retriever.sharded import ShardedPassageIndex, merge_top_k

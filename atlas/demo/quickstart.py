@@ -24,7 +24,7 @@ from atlas.config import AtlasConfig, load_config
 from tasks.io import atomic_write_json, atomic_write_text, read_jsonl, write_jsonl
 from tasks.metrics import has_answer, normalize_answer
 
-DEMO = Path(__file__).resolve().parent / "demo"
+DEMO = Path(__file__).resolve().parent
 SHIPPED_READER = DEMO / "atlas-reader"
 RECIPE = DEMO / "quickstart.yaml"
 # Small enough for CI (about a minute on 2 cores): fewer shots, steps, passages and questions.
@@ -198,9 +198,9 @@ def run_quickstart(out: str | Path, *, docs: str | Path | None = None, questions
 
     `n_edits`: how many facts (on distinct passages) are edited at the last step (4 with `tiny`)."""
     from atlas.build import build_atlas
-    from atlas.checkpoint import checkpoint_config
     from atlas.evaluate import evaluate, predict_generation
-    from atlas.train import train
+    from atlas.training.checkpoint import checkpoint_config
+    from atlas.training.loop import train
     from retriever.corpus import prepare_corpus
     from retriever.encoder import build_retriever
     from retriever.index_build import build_index

@@ -7,10 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, T5Config, T5ForConditionalGeneration
-
-from atlas.knnlm import KeyedLM, build_datastore, parse_key_spec
-from atlas.knnlm_search import (
+from atlas.knnlm.lm.search import (
     build_knn_index,
     grid_search,
     interpolate_distributions,
@@ -21,7 +18,10 @@ from atlas.knnlm_search import (
     perplexity,
     search_neighbours,
 )
-from retriever.datastore import sliding_windows
+from transformers import GPT2Config, GPT2LMHeadModel, T5Config, T5ForConditionalGeneration
+
+from atlas.knnlm.datastore import sliding_windows
+from atlas.knnlm.lm import KeyedLM, build_datastore, parse_key_spec
 
 VOCAB = 40
 
@@ -246,7 +246,7 @@ def test_cli_build_tune_eval_and_dispersion(tmp_path, capsys):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from atlas.cli_knnlm import register
+    from atlas.cli.knnlm import register
 
     words = ["<unk>", "<eos>"] + [f"w{i}" for i in range(VOCAB - 2)]
     core = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))
@@ -344,7 +344,7 @@ def test_cli_build_tune_eval_and_dispersion(tmp_path, capsys):
 
 
 def test_model_fingerprint_follows_weights_and_config_not_the_folder(tmp_path):
-    from atlas.knnlm import load_lm, model_fingerprint
+    from atlas.knnlm.lm import load_lm, model_fingerprint
 
     model = tiny_gpt2(seed=0)
     model.save_pretrained(tmp_path / "a")
@@ -437,7 +437,7 @@ def test_cli_refuses_a_datastore_built_with_another_model_or_tokenizer(tmp_path)
     import argparse
     import json
 
-    from atlas.cli_knnlm import register
+    from atlas.cli.knnlm import register
 
     words = ["<unk>", "<eos>"] + [f"w{i}" for i in range(VOCAB - 2)]
     built_with = write_word_lm(tmp_path / "lm", words, seed=0)

@@ -18,7 +18,7 @@ import faiss
 import numpy as np
 import torch
 
-from retriever.datastore import Datastore, check_same_producer, key_file_name
+from atlas.knnlm.datastore import Datastore, check_same_producer, key_file_name
 from retriever.index_types import build_faiss_index, exact_search, set_search_params
 
 

@@ -123,9 +123,9 @@ def run_per_subject(config: AtlasConfig, data_dir: str | Path, *, out_dir: str |
     `evaluation.max_examples`, when set, limits each subject's test questions).
     """
     from atlas.build import build_atlas
-    from atlas.checkpoint import resolve_checkpoint
     from atlas.evaluate import evaluate
-    from atlas.train import train
+    from atlas.training.checkpoint import resolve_checkpoint
+    from atlas.training.loop import train
 
     if config.task.name != "mmlu":
         raise ValueError(f"the per-subject setting is MMLU's; the recipe's task is '{config.task.name}'")

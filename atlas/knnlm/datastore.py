@@ -63,7 +63,7 @@ def sliding_windows(n_tokens: int, context: int, stride: int) -> list[tuple[int,
 
 
 # Metadata that says what produced the keys: two stores can be searched against each other (or
-# one resumed) only when these agree. Written by `atlas.knnlm.build_datastore`.
+# one resumed) only when these agree. Written by `atlas.knnlm.lm.build_datastore`.
 PRODUCER_FIELDS = ("architecture", "model_fingerprint", "tokenizer_fingerprint", "encoder_input_ids")
 
 

@@ -6,7 +6,7 @@ and save on schedule → final save and evaluation. Everything needed to continu
 both optimizers and schedulers, RNG states, the data position — is in each checkpoint.
 
 With `training.deepspeed` the reader runs inside a DeepSpeed ZeRO engine
-(`atlas.deepspeed_engine`): its backward divides by the accumulation steps and its step
+(`atlas.training.deepspeed_engine`): its backward divides by the accumulation steps and its step
 clips and steps the reader's optimizer and schedule; the retriever's are stepped here as
 always. A checkpoint stores the global batch (batch × accumulation × ranks); resuming on a
 different number of ranks keeps it by changing the per-rank batch.
@@ -25,15 +25,6 @@ from pathlib import Path
 import torch
 
 from atlas.build import build_atlas
-from atlas.checkpoint import (
-    checkpoint_config,
-    config_for_world_size,
-    global_batch_size,
-    load_training_state,
-    resolve_checkpoint,
-    save_checkpoint,
-    set_rng_state,
-)
 from atlas.config import AtlasConfig, save_config
 from atlas.distributed import (
     DistributedContext,
@@ -42,7 +33,16 @@ from atlas.distributed import (
     no_sync_unless,
 )
 from atlas.evaluate import evaluate, recall_drops, retriever_recall
-from atlas.refresh import parse_refresh_schedule, refresh_due, refresh_index
+from atlas.training.checkpoint import (
+    checkpoint_config,
+    config_for_world_size,
+    global_batch_size,
+    load_training_state,
+    resolve_checkpoint,
+    save_checkpoint,
+    set_rng_state,
+)
+from atlas.training.refresh import parse_refresh_schedule, refresh_due, refresh_index
 from tasks.base import Example, get_task
 from tasks.io import atomic_write_json, atomic_write_text
 
@@ -234,7 +234,7 @@ def train(config: AtlasConfig | None, *, resume: str | Path | None = None, progr
     t = config.training
     ds_config = None
     if t.deepspeed:  # fail before the model is built: a missing extra or a bad JSON file
-        from atlas.deepspeed_engine import load_deepspeed_config, require_deepspeed
+        from atlas.training.deepspeed_engine import load_deepspeed_config, require_deepspeed
 
         require_deepspeed()
         ds_config = load_deepspeed_config(t.deepspeed, t, context.world_size)
@@ -254,7 +254,7 @@ def train(config: AtlasConfig | None, *, resume: str | Path | None = None, progr
     reader_opt, retriever_opt, schedulers = make_optimizers(model, config)
     engine, deepspeed = model, None
     if ds_config is not None:  # the reader inside DeepSpeed; the retriever keeps its own AdamW
-        from atlas.deepspeed_engine import DeepSpeedReader
+        from atlas.training.deepspeed_engine import DeepSpeedReader
 
         deepspeed = DeepSpeedReader(model.reader, reader_opt, schedulers[0], ds_config=ds_config, context=context)
     elif context.enabled:

@@ -59,7 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     from atlas.config import load_config
-    from atlas.train import train
+    from atlas.training.loop import train
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.resume:
@@ -82,12 +82,12 @@ def load_run(checkpoint: str, index: str | None, overrides: list[str]):
     folder to retrieve from instead of the run's; queries are then embedded with the passage
     format and length that index was built with (its manifest's encoder record)."""
     from atlas.build import build_atlas
-    from atlas.checkpoint import checkpoint_config, resolve_checkpoint
+    from atlas.training.checkpoint import checkpoint_config, resolve_checkpoint
 
     folder = resolve_checkpoint(checkpoint)
     extra = [f"index.path={index}"] if index else []
     if index:  # embed queries' passages as the index was built (its manifest's encoder record)
-        from retriever.index import read_manifest
+        from retriever.index_files import read_manifest
 
         record = read_manifest(index).get("encoder", {})
         extra += [f"retriever.{key}={json.dumps(record[key])}" for key in ("passage_format", "passage_maxlength")
@@ -133,10 +133,10 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _mmlu_per_subject(args: argparse.Namespace) -> int:
-    """`atlas mmlu-per-subject`: see `atlas.mmlu_per_subject` (one model per subject, one table)."""
+    """`atlas mmlu-per-subject`: see `atlas.training.mmlu_per_subject` (one model per subject, one table)."""
     from atlas.config import load_config
     from atlas.distributed import init_distributed, shutdown
-    from atlas.mmlu_per_subject import run_per_subject
+    from atlas.training.mmlu_per_subject import run_per_subject
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     config = load_config(args.config, args.overrides)

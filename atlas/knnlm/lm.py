@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from retriever.datastore import (
+from atlas.knnlm.datastore import (
     MANIFEST,
     PRODUCER_FIELDS,
     Datastore,

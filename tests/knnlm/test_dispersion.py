@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from atlas.dispersion import (
+from atlas.knnlm.dispersion import (
     DispersionAccumulator,
     default_dispersion_keys,
     dispersion_regularised_loss,

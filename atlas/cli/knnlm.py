@@ -108,7 +108,7 @@ def _model_and_tokens(model_dir: Path, text: Path):
     """(model, tokenizer, token ids (N,)) for a model folder and a text file."""
     from transformers import AutoTokenizer
 
-    from atlas.knnlm import load_lm, tokenize_text_file
+    from atlas.knnlm.lm import load_lm, tokenize_text_file
 
     if not text.is_file():
         raise FileNotFoundError(f"{text}: text file not found")
@@ -118,7 +118,7 @@ def _model_and_tokens(model_dir: Path, text: Path):
 
 def run_build(args) -> int:
     """Handler of `atlas knnlm build`."""
-    from atlas.knnlm import build_datastore
+    from atlas.knnlm.lm import build_datastore
 
     model, tokenizer, ids = _model_and_tokens(args.model, args.text)
     store = build_datastore(
@@ -143,7 +143,7 @@ def _query_store(args, train):
     else its query keys would live in another space: refused with the two fingerprints. A
     cached query store is reused only when its model, tokenizer and text are the same too.
     """
-    from atlas.knnlm import (
+    from atlas.knnlm.lm import (
         KeyedLM,
         build_datastore,
         check_datastore_producer,
@@ -186,7 +186,7 @@ def _query_store(args, train):
 
 
 def _search_kwargs(args, train) -> dict:
-    from atlas.knnlm_search import build_knn_index
+    from atlas.knnlm.lm.search import build_knn_index
 
     if args.search == "exact":
         return {"metric": args.metric}
@@ -201,8 +201,8 @@ def _search_kwargs(args, train) -> dict:
 
 def run_tune(args) -> int:
     """Handler of `atlas knnlm tune`."""
-    from atlas.knnlm_search import grid_search
-    from retriever.datastore import Datastore
+    from atlas.knnlm.datastore import Datastore
+    from atlas.knnlm.lm.search import grid_search
     from tasks.io import atomic_write_json
 
     train = Datastore(args.datastore)
@@ -227,8 +227,8 @@ def run_tune(args) -> int:
 
 def run_eval(args) -> int:
     """Handler of `atlas knnlm eval`."""
-    from atlas.knnlm_search import knn_lm_logprobs, perplexity, save_token_logprobs
-    from retriever.datastore import Datastore
+    from atlas.knnlm.datastore import Datastore
+    from atlas.knnlm.lm.search import knn_lm_logprobs, perplexity, save_token_logprobs
     from tasks.io import atomic_write_json
 
     tuned = json.loads(args.tuning.read_text()) if args.tuning else {}
@@ -265,7 +265,7 @@ def run_eval(args) -> int:
 
 def run_dispersion(args) -> int:
     """Handler of `atlas dispersion`: prints the per-key curve and the recommended key."""
-    from atlas.dispersion import layer_dispersion, recommend_key
+    from atlas.knnlm.dispersion import layer_dispersion, recommend_key
     from tasks.io import atomic_write_json
 
     model, _, ids = _model_and_tokens(args.model, args.text)

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from retriever.datastore import Datastore, DatastoreWriter, fill_datastore, sliding_windows
+from atlas.knnlm.datastore import Datastore, DatastoreWriter, fill_datastore, sliding_windows
 
 DIM = 3
 
@@ -153,7 +153,7 @@ def test_mismatch_message_names_the_differing_metadata(tmp_path):
 
 
 def test_stores_from_different_producers_are_not_searched_together(tmp_path):
-    from retriever.datastore import check_same_producer
+    from atlas.knnlm.datastore import check_same_producer
 
     ids = np.arange(20)
     kwargs = {"context": 5, "stride": 5, "batch_size": 4, "progress": False}

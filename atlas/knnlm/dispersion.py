@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from atlas.knnlm import ARCHITECTURES, KeyedLM, architecture_of
+from atlas.knnlm.lm import ARCHITECTURES, KeyedLM, architecture_of
 
 
 def mean_pairwise_cosine_distance(

@@ -165,7 +165,7 @@ def _load_retriever(encoder: str | None, index_folder: str | None = None, *, dev
     the index's manifest records (`passage_format`, `passage_maxlength`), so that the encoder's
     fingerprint matches the one the index was built with."""
     from retriever.encoder import Retriever, default_encoder_path
-    from retriever.index import read_manifest
+    from retriever.index_files import read_manifest
 
     record = read_manifest(index_folder).get("encoder", {}) if index_folder is not None else {}
     if encoder is None:
@@ -285,7 +285,7 @@ def _search(args: argparse.Namespace) -> int:
 def _info(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from retriever.index import check_file, index_summary, read_manifest
+    from retriever.index_files import check_file, index_summary, read_manifest
 
     manifest = read_manifest(args.index)
     for record in manifest["files"].values():  # sizes always; contents with --verify

@@ -1,8 +1,9 @@
-"""The `atlas` command line: one subcommand group per job.
+"""The `atlas` command line: the parser is built here, one module per command group adds its
+subcommands (`register(subparsers)`) and handlers. A front end: may import all of `atlas` and the
+lower packages; only `atlas.__main__` imports it.
 
-Each group lives in its own module with a `register(subparsers)` function; a handler takes
-the parsed arguments and returns the exit code. Heavy libraries are imported inside the
-handlers so that `atlas --help` stays quick.
+A handler takes the parsed arguments and returns the exit code. Heavy libraries are imported
+inside the handlers so that `atlas --help` stays quick.
 """
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ import sys
 
 # Modules that add subcommands; each has register(subparsers).
 COMMAND_MODULES = (
-    "atlas.cli_corpus",
-    "atlas.cli_index",
-    "atlas.cli_run",
-    "atlas.cli_knnlm",
-    "atlas.cli_quickstart",
-    "atlas.cli_serve",
-    "atlas.cli_import",
+    "atlas.cli.corpus",
+    "atlas.cli.index",
+    "atlas.cli.run",
+    "atlas.cli.knnlm",
+    "atlas.cli.quickstart",
+    "atlas.cli.serve",
+    "atlas.cli.imports",
 )
 
 

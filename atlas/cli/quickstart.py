@@ -34,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _quickstart(args: argparse.Namespace) -> int:
     import logging
 
-    from atlas.quickstart import run_quickstart
+    from atlas.demo.quickstart import run_quickstart
 
     if args.questions and not args.docs:
         raise SystemExit("atlas quickstart: --questions needs --docs (the documents they are about)")

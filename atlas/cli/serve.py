@@ -61,7 +61,7 @@ def _serve(args: argparse.Namespace) -> int:
     import torch
     import uvicorn
 
-    from atlas.cli_run import load_run
+    from atlas.cli.run import load_run
     from atlas.serve import AtlasService, create_app
 
     token = serving_token(args.host, args.allow_edits, args.token)  # before the slow load

@@ -1,0 +1,3 @@
+"""Nearest-neighbour language modelling: hidden-state keys (`lm`), the token datastore (`datastore`),
+search and interpolation (`search`), representation dispersion (`dispersion`). May import
+`retriever` (index types, fingerprints) and `tasks.io`; not the rest of `atlas`."""

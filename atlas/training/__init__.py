@@ -1,0 +1,3 @@
+"""Training machinery: the loop (`loop.train`), checkpoints and resume, DeepSpeed, index refresh,
+and the MMLU per-subject driver. May import the core of `atlas` (config, model, build, evaluate,
+distributed) and the lower packages; never `atlas.cli`, `atlas.serve` or `atlas.demo`."""

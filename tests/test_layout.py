@@ -1,0 +1,137 @@
+"""The architecture as the tree shows it: packages depend downward only, no import circles (lazy
+imports included), no project file imports a test helper, old import paths keep working."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("tasks", "retriever", "reader", "atlas")
+ATLAS_CORE = ("atlas.config", "atlas.model", "atlas.build", "atlas.evaluate", "atlas.distributed")
+FRONT_ENDS = ("atlas.cli", "atlas.serve", "atlas.demo", "atlas.importing")
+
+# (who, what it must not import): `who` and `what` are module names or prefixes of them
+FORBIDDEN = [
+    ("tasks", ("retriever", "reader", "atlas")),
+    ("retriever", ("reader", "atlas")),
+    ("reader", ("retriever", "atlas")),
+    ("atlas.knnlm", ("atlas.config", "atlas.model", "atlas.build", "atlas.evaluate", "atlas.training", *FRONT_ENDS)),
+    *[(core, ("atlas.training", *FRONT_ENDS)) for core in ATLAS_CORE],
+    ("atlas.training", FRONT_ENDS),
+]
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def project_imports() -> dict[str, set[str]]:
+    """Every project module → the project modules it imports anywhere in its body (lazy imports too)."""
+    modules = {_module_name(p): p for package in PACKAGES for p in (ROOT / package).rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for alias in node.names:  # `from a import b` imports module a.b when there is one
+                    imported.add(f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules else node.module)
+            elif isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+        graph[name] = imported
+    return graph
+
+
+GRAPH = project_imports()
+
+
+def test_the_parser_sees_the_whole_project():
+    assert {"atlas.model", "atlas.training.loop", "atlas.cli", "reader.fid", "retriever.index", "tasks.base"} <= set(GRAPH)
+
+
+@pytest.mark.parametrize(("who", "forbidden"), FORBIDDEN, ids=[w for w, _ in FORBIDDEN])
+def test_packages_depend_downward_only(who, forbidden):
+    offending = sorted(f"{module} imports {target}" for module, targets in GRAPH.items() if _within(module, who)
+                       for target in targets if any(_within(target, f) for f in forbidden))
+    assert offending == []
+
+
+def test_only_the_entry_point_imports_the_command_line():
+    importers = sorted(m for m, targets in GRAPH.items() if not _within(m, "atlas.cli")
+                       and any(_within(t, "atlas.cli") for t in targets))
+    assert importers == ["atlas.__main__"]
+
+
+def test_no_project_file_imports_a_test_helper():
+    assert sorted(m for m, targets in GRAPH.items() if any(_within(t, "tests") or _within(t, "conftest")
+                                                             for t in targets)) == []
+
+
+def test_no_import_circles():
+    local = {m: {t for t in targets if t in GRAPH and t != m} for m, targets in GRAPH.items()}
+    # a module that imports `pkg.sub` also imports `pkg` (its __init__) first
+    for module, targets in local.items():
+        targets.update(p for t in list(targets) for p in _parents(t) if p in local and p != module
+                       and not _within(module, p))
+    index, low, stack, on_stack, circles, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(local[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for module in sorted(local):
+        if module not in index:
+            visit(module)
+    assert circles == []
+
+
+def _parents(name: str) -> list[str]:
+    parts = name.split(".")
+    return [".".join(parts[:n]) for n in range(1, len(parts))]
+
+
+def test_a_circle_is_found_when_there_is_one(monkeypatch):
+    # the check above must be able to fail: give it a graph with a circle through a lazy import
+    monkeypatch.setitem(GRAPH, "retriever.rerank", GRAPH["retriever.rerank"] | {"retriever.index"})
+    with pytest.raises(AssertionError):
+        test_no_import_circles()
+
+
+@pytest.mark.parametrize("package", ["atlas", "atlas.cli", "atlas.training", "atlas.knnlm", "atlas.serve",
+                                     "atlas.importing", "atlas.demo", "reader", "retriever", "tasks"])
+def test_each_package_says_what_lives_there(package):
+    doc = importlib.import_module(package).__doc__
+    assert doc and len(doc.strip().splitlines()) >= 2
+
+
+@pytest.mark.parametrize(("module", "name"), [("atlas.model", "Atlas"), ("reader.fid", "FiDReader"),
+                                              ("retriever.index", "PassageIndex"),
+                                              ("retriever.index", "EncoderMismatchError")])
+def test_import_paths_users_rely_on_keep_working(module, name):
+    assert isinstance(getattr(importlib.import_module(module), name), type)
