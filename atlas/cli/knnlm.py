@@ -186,7 +186,7 @@ def _query_store(args, train):
 
 
 def _search_kwargs(args, train) -> dict:
-    from atlas.knnlm.lm.search import build_knn_index
+    from atlas.knnlm.search import build_knn_index
 
     if args.search == "exact":
         return {"metric": args.metric}
@@ -202,7 +202,7 @@ def _search_kwargs(args, train) -> dict:
 def run_tune(args) -> int:
     """Handler of `atlas knnlm tune`."""
     from atlas.knnlm.datastore import Datastore
-    from atlas.knnlm.lm.search import grid_search
+    from atlas.knnlm.search import grid_search
     from tasks.io import atomic_write_json
 
     train = Datastore(args.datastore)
@@ -228,7 +228,7 @@ def run_tune(args) -> int:
 def run_eval(args) -> int:
     """Handler of `atlas knnlm eval`."""
     from atlas.knnlm.datastore import Datastore
-    from atlas.knnlm.lm.search import knn_lm_logprobs, perplexity, save_token_logprobs
+    from atlas.knnlm.search import knn_lm_logprobs, perplexity, save_token_logprobs
     from tasks.io import atomic_write_json
 
     tuned = json.loads(args.tuning.read_text()) if args.tuning else {}

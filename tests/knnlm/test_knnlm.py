@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from atlas.knnlm.lm.search import (
+from atlas.knnlm.search import (
     build_knn_index,
     grid_search,
     interpolate_distributions,
