@@ -224,7 +224,7 @@ def evaluate_key(
     limit: score only the first `limit` test tokens; the row's LM baseline uses the same tokens.
     holdout_limit: tune on the first `holdout_limit` held-out tokens.
     """
-    from atlas.knnlm.lm.search import grid_search, knn_lm_logprobs, perplexity
+    from atlas.knnlm.search import grid_search, knn_lm_logprobs, perplexity
 
     start = time.time()
     tuned = grid_search(
@@ -262,10 +262,9 @@ def evaluate_key(
 
 def stage_eval(args, run_dir: Path) -> dict:
     """Dispersion per key; kNN-LM perplexity: paper's key exact and IVF-PQ, then the other keys."""
-    from atlas.knnlm.lm.search import build_knn_index, perplexity
-
     from atlas.knnlm.datastore import Datastore
     from atlas.knnlm.dispersion import layer_dispersion, recommend_key
+    from atlas.knnlm.search import build_knn_index, perplexity
     from tasks.io import atomic_write_json
 
     model, tokenizer = load_trained(run_dir)

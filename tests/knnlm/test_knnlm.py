@@ -7,6 +7,10 @@ import math
 import numpy as np
 import pytest
 import torch
+from transformers import GPT2Config, GPT2LMHeadModel, T5Config, T5ForConditionalGeneration
+
+from atlas.knnlm.datastore import sliding_windows
+from atlas.knnlm.lm import KeyedLM, build_datastore, parse_key_spec
 from atlas.knnlm.search import (
     build_knn_index,
     grid_search,
@@ -18,10 +22,6 @@ from atlas.knnlm.search import (
     perplexity,
     search_neighbours,
 )
-from transformers import GPT2Config, GPT2LMHeadModel, T5Config, T5ForConditionalGeneration
-
-from atlas.knnlm.datastore import sliding_windows
-from atlas.knnlm.lm import KeyedLM, build_datastore, parse_key_spec
 
 VOCAB = 40
 
