@@ -12,8 +12,9 @@ as `atlas serve` subprocesses on 127.0.0.1, asked the demo's held-out questions 
   2. and 3. the throughput ratio, like against like (no edits, `--baseline-asks` each):
      micro-batched, then one question per forward pass (--max-batch 1).
 `--asks 0` skips the load test. Prints JSON, then a table with the ratio (target: >= 2x).
-Defaults: greedy decoding (reader.num_beams=1) and one torch thread per server (--threads 1:
-on a shared 2-core machine more threads only contend).
+Defaults: greedy decoding (`--beams 1`; the demo run's own recipe decodes with beam search of 4:
+`--beams 4` measures that) and one torch thread per server (--threads 1: on a shared 2-core
+machine more threads only contend; `--threads 2` on an idle one).
 """
 
 from __future__ import annotations
@@ -171,14 +172,14 @@ def heldout_questions(limit: int = 200) -> list[str]:
 
 
 def _serve_and_load(run: Path, pristine_index: Path, work: Path, *, max_batch: int, asks: int, concurrency: int,
-                    k: int, n_edits: int, threads: int) -> dict:
+                    k: int, n_edits: int, threads: int, beams: int = 1) -> dict:
     index = work / f"index-batch{max_batch}-edits{n_edits}"
     shutil.rmtree(index, ignore_errors=True)
     shutil.copytree(pristine_index, index)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     process = start_server(run, index, port=port, max_batch=max_batch, threads=threads,
-                           log=work / f"server-batch{max_batch}-edits{n_edits}.log")
+                           overrides=(f"reader.num_beams={beams}",), log=work / f"server-batch{max_batch}-edits{n_edits}.log")
     try:
         before = wait_healthy(url, process)["passages"]
         questions = heldout_questions()
@@ -207,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--edits", type=int, default=50, help="edits during the micro-batched run")
     parser.add_argument("-k", type=int, default=5, help="passages read per question")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each server")
+    parser.add_argument("--beams", type=int, default=1, help="beam search width of the reader (1 = greedy)")
     parser.add_argument("--work", help="folder for the demo run and the servers' logs (default: a temporary one)")
     args = parser.parse_args(argv)
 
@@ -214,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
 
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="atlas-bench-serve-"))
     run = build_demo_run(work / "demo")
-    common = {"concurrency": args.concurrency, "k": args.k, "threads": args.threads}
+    common = {"concurrency": args.concurrency, "k": args.k, "threads": args.threads, "beams": args.beams}
     rows = {}
     if args.asks:
         rows["load test (batched + edits)"] = _serve_and_load(run, work / "demo" / "index", work, max_batch=32,
@@ -225,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                                             asks=args.baseline_asks, n_edits=0, **common)
     ratio = rows["micro-batched"]["throughput_per_s"] / rows["one-at-a-time"]["throughput_per_s"]
     report = {**rows, "throughput_ratio": round(ratio, 2), "target_ratio": 2.0,
+              "beams": args.beams,
               "machine": {"cpus": os.cpu_count(), "threads_per_server": args.threads}, "work": str(work)}
     print(json.dumps(report, indent=2))
     print(f"\n{'server':<30}{'asks':>6}{'edits':>6}{'errors':>7}{'ask/s':>7}{'p50 ms':>8}{'p99 ms':>8}{'batch':>6}")
@@ -232,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<30}{row['asks']:>6}{row['edits']:>6}{row['errors'] + row['edit_errors']:>7}"
               f"{row['throughput_per_s']:>7.2f}{row['p50_ms']:>8.0f}{row['p99_ms']:>8.0f}{row['mean_batch']:>6.1f}")
     load = rows.get("load test (batched + edits)", {})
-    print(f"throughput ratio {ratio:.2f}x (target >= 2x) at concurrency {args.concurrency}, K={args.k}"
+    print(f"throughput ratio {ratio:.2f}x (target >= 2x) at concurrency {args.concurrency}, K={args.k}, "
+          f"beams {args.beams}, {args.threads} thread(s) per server"
           + (f"; load test: {load['edits']} edits, lost: {len(load['lost_edits'])}, "
              f"index size {load['passages']}/{load['expected_passages']}, "
              f"index verifies: {load['index_verifies']}" if load.get("edits") else ""))
