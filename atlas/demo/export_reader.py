@@ -3,7 +3,9 @@
     python -m atlas.demo.export_reader runs/reader-squad runs/reader-squad-stage2 runs/reader-squad-stage3 \\
         --hardware "2 CPU cores (AMD EPYC)" --bench runs/bench-reading/report.json --bench-reader stage3
 
-Each run given is one training stage (in order); the last one's reader is exported.
+Each run given is one training stage (in order); the last one's reader is exported. A first stage
+that started from an exported reader folder (e.g. `reader.model: atlas/demo/atlas-reader`) continues
+that folder's card: its stages come first in the new card, so the card always tells the whole history.
 
 The folder holds only what training changed (`reader.warm_start`: the trained top encoder blocks,
 the T5 decoder and the copy head); the rest comes from the installed all-MiniLM-L6-v2 at load time.
@@ -80,6 +82,19 @@ def _stage(run: Path, hardware: str) -> dict:
             "wall_s": round(steps / rates[-1]) if rates else None, "hardware": hardware}
 
 
+def earlier_stages(run: str | Path) -> list[dict]:
+    """The stages a run's reader had before the run: the `training` list of the card in the folder
+    its config starts from (`reader.model`), or [] when that folder has no card (a fresh reader)."""
+    from atlas.checkpoint import resolve_checkpoint
+    from atlas.config import load_config
+
+    start = Path(load_config(resolve_checkpoint(Path(run)) / "config.yaml").reader.model)
+    if not start.is_absolute() and not start.exists():
+        start = HERE.parents[1] / start  # recipes name the shipped folder relative to the repo root
+    card = start / "card.json"
+    return json.loads(card.read_text())["training"] if card.is_file() else []
+
+
 def export(runs: list[str | Path], out: str | Path, *, hardware: str = "", bench: str | Path | None = None,
            bench_reader: str | None = None) -> dict:
     """Write `out` (replaced): fp16 delta safetensors, the reader tokenizer, README.md, card.json.
@@ -89,6 +104,7 @@ def export(runs: list[str | Path], out: str | Path, *, hardware: str = "", bench
     from reader.fid import FiDReader
 
     runs, out = [Path(r) for r in runs], Path(out)
+    history = earlier_stages(runs[0])  # read before `out` (often that very folder) is replaced
     checkpoint = resolve_checkpoint(runs[-1])
     reader = FiDReader.from_pretrained(checkpoint / "reader")
     tmp = out.with_name(out.name + ".tmp")
@@ -110,7 +126,7 @@ def export(runs: list[str | Path], out: str | Path, *, hardware: str = "", bench
                          # the token embedding is counted once: encoder, decoder and output layer share it
                          "parameters": sum(p.numel() for p in reader.parameters()),
                          "parameters_shipped": shipped, "dtype_shipped": "float16"},
-        "training": [_stage(run, hardware) for run in runs],
+        "training": history + [_stage(run, hardware) for run in runs],
         "continuation_beta": round(reader.t5.copy_head.beta.item(), 4),
         "demo_reading": {"exact_match": round(demo_reading_em(tmp), 4), "data": "atlas/demo/heldout.jsonl",
                          "passages": "the gold passage alone", "fine_tuned": False},
