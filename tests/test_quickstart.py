@@ -183,3 +183,27 @@ def test_pretext_tasks_read_a_prepared_corpus_folder_with_its_passage_ids(tmp_pa
     assert [e.source_id for e in examples] == usable
     assert examples[0].metadata["passage"]["text"] == corpus[0]["text"]
     assert all("<extra_id_0>" in e.query for e in examples)
+
+
+def _stage_run(folder, start) -> None:
+    """A run folder as `atlas train` leaves it, reduced to what the card export reads: the latest
+    checkpoint's config (reader.model = `start`)."""
+    from atlas.config import load_config, save_config
+
+    checkpoint = folder / "checkpoints" / "step-000010"
+    (checkpoint / "reader").mkdir(parents=True)
+    save_config(load_config(overrides=[f"reader.model={start}"]), checkpoint / "config.yaml")
+    (folder / "checkpoints" / "latest").write_text("step-000010")
+
+
+def test_a_stage_from_an_exported_reader_continues_its_card(tmp_path):
+    from atlas.demo.export_reader import earlier_stages
+
+    earlier = [{"steps": 700, "recipe": "configs/reader-squad.yaml"}, {"steps": 400, "recipe": "stage2"}]
+    shipped = tmp_path / "shipped-reader"
+    shipped.mkdir()
+    (shipped / "card.json").write_text(json.dumps({"training": earlier}))
+    _stage_run(tmp_path / "stage-from-shipped", shipped)
+    _stage_run(tmp_path / "stage-from-scratch", "minilm-fid")
+    assert earlier_stages(tmp_path / "stage-from-shipped") == earlier
+    assert earlier_stages(tmp_path / "stage-from-scratch") == []

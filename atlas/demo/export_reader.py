@@ -85,8 +85,8 @@ def _stage(run: Path, hardware: str) -> dict:
 def earlier_stages(run: str | Path) -> list[dict]:
     """The stages a run's reader had before the run: the `training` list of the card in the folder
     its config starts from (`reader.model`), or [] when that folder has no card (a fresh reader)."""
-    from atlas.checkpoint import resolve_checkpoint
     from atlas.config import load_config
+    from atlas.training.checkpoint import resolve_checkpoint
 
     start = Path(load_config(resolve_checkpoint(Path(run)) / "config.yaml").reader.model)
     if not start.is_absolute() and not start.exists():
