@@ -86,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--beams", type=int, default=4, help="beam search width (1 = greedy)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    parser.add_argument("--no-shipped", action="store_true",
+                        help="measure only the --reader folders (e.g. a new reader before it is exported)")
+    parser.add_argument("--k1-only", action="store_true", help="skip K=5 (a quick look at a checkpoint)")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "bench-reading")
     args = parser.parse_args(argv)
     if args.threads:
@@ -104,9 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     retriever = Retriever.from_pretrained(default_encoder_path("minilm"))
     retriever.eval()
     gold_only = [e.passages for e in examples]
-    with_distractors = distractor_passages(examples, everything, retriever, 5, args.seed)
+    with_distractors = None if args.k1_only else distractor_passages(examples, everything, retriever, 5, args.seed)
 
-    readers = {"shipped (atlas-reader)": SHIPPED} if (SHIPPED / "config.json").is_file() else {}
+    readers = {"shipped (atlas-reader)": SHIPPED} if (SHIPPED / "config.json").is_file() and not args.no_shipped else {}
     for item in args.reader:
         name, _, folder = item.partition("=")
         readers[name] = Path(folder)
@@ -116,8 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer = build_reader_tokenizer(folder if (folder / "tokenizer.json").is_file() else None)
         k1, _ = read(reader, tokenizer, task, examples, gold_only, max_length=args.text_maxlength,
                      batch_size=args.batch_size, beams=args.beams)
-        k5, rate = read(reader, tokenizer, task, examples, with_distractors, max_length=args.text_maxlength,
-                        batch_size=args.batch_size, beams=args.beams)
+        k5, rate = ({"exact_match": float("nan"), "f1": float("nan")}, float("nan")) if args.k1_only else read(
+            reader, tokenizer, task, examples, with_distractors, max_length=args.text_maxlength,
+            batch_size=args.batch_size, beams=args.beams)
         results[name] = {"folder": str(folder), "k1": k1, "k5": k5, "k5_questions_per_s": rate}
         rows.append({"reader": name, "EM K=1": k1["exact_match"], "F1 K=1": k1["f1"], "EM K=5": k5["exact_match"],
                      "F1 K=5": k5["f1"], "q/s K=5": rate})
