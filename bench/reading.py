@@ -119,18 +119,19 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer = build_reader_tokenizer(folder if (folder / "tokenizer.json").is_file() else None)
         k1, _ = read(reader, tokenizer, task, examples, gold_only, max_length=args.text_maxlength,
                      batch_size=args.batch_size, beams=args.beams)
-        k5, rate = ({"exact_match": float("nan"), "f1": float("nan")}, float("nan")) if args.k1_only else read(
+        k5, rate = (None, None) if args.k1_only else read(  # None: not measured (null in the JSON, - in the table)
             reader, tokenizer, task, examples, with_distractors, max_length=args.text_maxlength,
             batch_size=args.batch_size, beams=args.beams)
         results[name] = {"folder": str(folder), "k1": k1, "k5": k5, "k5_questions_per_s": rate}
-        rows.append({"reader": name, "EM K=1": k1["exact_match"], "F1 K=1": k1["f1"], "EM K=5": k5["exact_match"],
-                     "F1 K=5": k5["f1"], "q/s K=5": rate})
+        rows.append({"reader": name, "EM K=1": k1["exact_match"], "F1 K=1": k1["f1"],
+                     "EM K=5": k5["exact_match"] if k5 else "-", "F1 K=5": k5["f1"] if k5 else "-",
+                     "q/s K=5": rate if rate is not None else "-"})
         print(json.dumps({name: results[name]}), flush=True)  # each reader as soon as it is measured
     report = {"dev_questions": len(examples), "text_maxlength": args.text_maxlength, "beams": args.beams,
               "readers": results,
               "targets": TARGETS}
     shipped = results.get("shipped (atlas-reader)")
-    if shipped is not None:
+    if shipped is not None and shipped["k5"] is not None:
         report["met"] = {
             "k1_exact_match": shipped["k1"]["exact_match"] >= TARGETS["k1_exact_match"],
             "k1_f1": shipped["k1"]["f1"] >= TARGETS["k1_f1"],
