@@ -326,17 +326,18 @@ def search_live(
     """FAISS top-k that never returns a removed id: (Q, d) float32 → scores, ids (Q, k).
 
     removed: (ntotal,) bool over the index's ids, or None. Most index types take an id
-    selector in their search parameters; `IndexPQ` takes no parameters at all, so it is
-    searched wider and the removed ids dropped: a query whose top k' holds k live ids has its
-    answer (every other live id ranks lower); the others are searched again with k' doubled,
-    up to k + (number removed), where at most that many can be removed (exact, and memory
-    stays ~Q × k' even when many passages are removed). Missing results: id -1, score -inf.
+    selector in their search parameters; `IndexPQ` and `IndexPQFastScan` take no parameters at
+    all, so they are searched wider and the removed ids dropped: a query whose top k' holds k
+    live ids has its answer (every other live id ranks lower); the others are searched again
+    with k' doubled, up to k + (number removed), where at most that many can be removed
+    (exact, and memory stays ~Q × k' even when many passages are removed). Missing results:
+    id -1, score -inf.
     """
     query_vectors = np.ascontiguousarray(query_vectors, dtype=np.float32)
     n_removed = 0 if removed is None else int(np.count_nonzero(removed))
     if n_removed == 0:
         return index.search(query_vectors, k)
-    if not isinstance(search_parameters_target(index), faiss.IndexPQ):
+    if not isinstance(search_parameters_target(index), (faiss.IndexPQ, faiss.IndexPQFastScan)):
         bitmap = np.packbits(~removed, bitorder="little")  # live ids
         selector = faiss.IDSelectorBitmap(len(removed), faiss.swig_ptr(bitmap))
         params = _search_parameters(index, selector, nprobe, ef_search)

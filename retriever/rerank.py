@@ -3,10 +3,11 @@
 A compressed index (PQ, OPQ + PQ, IVF-PQ) keeps only its codes in RAM and ranks by
 approximate scores. With `rerank = k'` the index proposes k' candidates per query and their
 exact inner products are recomputed from the float16 vectors file (`vectors.gN.npy`), which
-stays memory-mapped on disk: only the candidates' rows are read (`pread`, a batch of queries at
-a time, into one buffer; see `gather_rows`), and pages mapped by other reads are dropped from
-this process after each batch (`madvise(MADV_DONTNEED)`; they stay in the page cache, shared and
-reclaimable), so resident memory stays ≈ the codes plus one batch whatever the number of queries. The top k by exact
+stays memory-mapped on disk: only the candidates' rows, and short gaps between near ones,
+are read (`pread`, a batch of queries at a time, into one buffer; see `gather_rows`), and
+pages mapped by other reads are dropped from this process after each batch
+(`madvise(MADV_DONTNEED)`; they stay in the page cache, shared and reclaimable), so resident
+memory stays ≈ the codes plus one batch whatever the number of queries. The top k by exact
 score are returned: when the k true neighbours are among the k' candidates the result is
 the exact search's (bench/index_compressed.py measures how often on real embeddings).
 """
@@ -24,6 +25,11 @@ from retriever.index_types import best_first, widen_into
 # Candidate vectors widened at a time (float32 bytes): bounds the re-rank's extra memory
 # (plus the file pages of those rows, released after each batch).
 RERANK_BATCH_BYTES = 16 << 20
+# Candidate rows at most this far apart in the vectors file are read in one system call with
+# the rows between them (a `pread` costs about what copying 16 KB from the page cache does);
+# one read is at most MAX_READ_BYTES (the scratch buffer's size).
+COALESCE_GAP_BYTES = 16 << 10
+MAX_READ_BYTES = 1 << 20
 
 
 def advise_random(vectors: np.ndarray) -> None:
@@ -44,14 +50,38 @@ def release_pages(vectors: np.ndarray) -> None:
         mapping.madvise(mmap.MADV_DONTNEED)
 
 
-def gather_rows(vectors: np.ndarray, rows: np.ndarray) -> np.ndarray:
+def read_runs(rows: np.ndarray, row_bytes: int, *, gap_bytes: int = COALESCE_GAP_BYTES,
+              max_read_bytes: int = MAX_READ_BYTES) -> np.ndarray:
+    """Where to split sorted unique row positions into reads: (R + 1,) int64 offsets into `rows`,
+    run r being rows[offsets[r]:offsets[r + 1]]. Rows at most `gap_bytes` apart share one read
+    (the rows between them are read and dropped), and no read spans more than `max_read_bytes`
+    (or one row, when a row is larger)."""
+    gap_rows = gap_bytes // row_bytes
+    span_rows = max(1, max_read_bytes // row_bytes)
+    starts = np.zeros(len(rows), dtype=bool)
+    if len(rows):
+        starts[0] = True
+        starts[1:] = np.diff(rows) > gap_rows + 1
+        # split runs longer than span_rows: a new read where the row's distance from its run's
+        # first row crosses a multiple of span_rows
+        first = rows[np.maximum.accumulate(np.where(starts, np.arange(len(rows)), 0))]
+        piece = (rows - first) // span_rows
+        starts[1:] |= piece[1:] != piece[:-1]
+    return np.append(np.flatnonzero(starts), len(rows)).astype(np.int64)
+
+
+def gather_rows(vectors: np.ndarray, rows: np.ndarray, *, gap_bytes: int = COALESCE_GAP_BYTES,
+                max_read_bytes: int = MAX_READ_BYTES) -> np.ndarray:
     """vectors[rows] as an in-memory (len(rows), d) array; rows: sorted unique int64 positions.
 
     For a memory-mapped .npy file (the whole file), the rows are read with `pread` rather than
     through the mapping: a fault on a mapped page maps its whole page-cache folio (up to 2 MB
     with large folios; measured: 5,000 random rows of a 1.5 GB file put 1.4 GB in this
-    process's resident set, even with MADV_RANDOM), while `pread` copies just the rows. The
-    file stays mapped (and in the page cache) for everything else."""
+    process's resident set, even with MADV_RANDOM), while `pread` copies just the rows. Rows
+    close together in the file are read in one call (`read_runs`): a system call costs as
+    much as copying ~16 KB, and the candidates of a batch of queries over a corpus of
+    100k passages or fewer are mostly near each other (bench/index_compressed.py). The file
+    stays mapped (and in the page cache) for everything else."""
     path, offset = getattr(vectors, "filename", None), getattr(vectors, "offset", None)
     row_bytes = vectors.shape[1] * vectors.dtype.itemsize
     whole_file = (isinstance(vectors, np.memmap) and path is not None and offset is not None
@@ -60,12 +90,25 @@ def gather_rows(vectors: np.ndarray, rows: np.ndarray) -> np.ndarray:
         return np.asarray(vectors[rows])
     out = np.empty((len(rows), vectors.shape[1]), dtype=vectors.dtype)
     view = memoryview(out).cast("B")
+    bounds = read_runs(rows, row_bytes, gap_bytes=gap_bytes, max_read_bytes=max_read_bytes)
+    scratch = None
     with open(path, "rb", buffering=0) as f:
         fd = f.fileno()
-        for i, row in enumerate(rows.tolist()):
-            got = os.preadv(fd, [view[i * row_bytes : (i + 1) * row_bytes]], offset + row * row_bytes)
-            if got != row_bytes:
-                raise ValueError(f"{path}: short read at row {row} (truncated file?)")
+        positions = rows.tolist()
+        for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            first, last = positions[a], positions[b - 1]
+            span = last - first + 1
+            if span == b - a:  # consecutive rows: straight into place
+                target, size = view[a * row_bytes : b * row_bytes], span * row_bytes
+            else:  # rows with gaps: the whole span into scratch, then the wanted rows out
+                if scratch is None or len(scratch) < span:
+                    scratch = np.empty((max(span, max_read_bytes // row_bytes), vectors.shape[1]), vectors.dtype)
+                target, size = memoryview(scratch[:span]).cast("B"), span * row_bytes
+            got = os.preadv(fd, [target], offset + first * row_bytes)
+            if got != size:
+                raise ValueError(f"{path}: short read at row {first} (truncated file?)")
+            if span != b - a:
+                out[a:b] = scratch[rows[a:b] - first]
     return out
 
 

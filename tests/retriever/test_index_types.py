@@ -68,6 +68,8 @@ def test_registry_specs_build_the_right_faiss_types():
         "OPQ4,PQ4": faiss.IndexPreTransform,  # a learned rotation, then PQ
         "HNSW8": faiss.IndexHNSWFlat,
         "SQ8": faiss.IndexScalarQuantizer,
+        "PQ8x4fs": faiss.IndexPQFastScan,  # 4-bit codes, SIMD scan
+        "IVF8,PQ8x4fs": faiss.IndexIVFPQFastScan,
     }
     assert {parse_spec(s, 16)[0] for s in [*expected, "OPQ4,IVF8,PQ4"]} == set(INDEX_TYPES)
     assert isinstance(faiss.downcast_index(build_faiss_index("OPQ4,IVF8,PQ4", 16)), faiss.IndexPreTransform)

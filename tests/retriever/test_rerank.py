@@ -18,11 +18,11 @@ from retriever.index import InvalidIndexError, PassageIndex
 from retriever.index_build import build_index
 from retriever.index_types import best_first, exact_search
 from retriever.index_update import remove_passages
-from retriever.rerank import rerank_candidates
+from retriever.rerank import gather_rows, read_runs, rerank_candidates
 from retriever.sharded import ShardedPassageIndex, merge_top_k
 
 N = 2000
-SPECS = ["PQ4", "OPQ4,PQ4", "IVF8,PQ4"]  # 4 B/vector: very lossy on its own
+SPECS = ["PQ4", "OPQ4,PQ4", "IVF8,PQ4", "PQ8x4fs", "IVF8,PQ8x4fs"]  # 4 B/vector: very lossy on its own
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +87,30 @@ def test_rerank_candidates_with_missing_rows_and_wide_candidate_lists():
     assert (rows == -1).all()
 
 
+def test_read_runs_joins_near_rows_and_caps_each_read():
+    rows = np.array([0, 1, 2, 10, 11, 40, 1000])
+    # 8-byte rows, gaps of up to 8 rows joined: 0-11 one read, 40 and 1000 alone
+    assert read_runs(rows, 8, gap_bytes=64, max_read_bytes=1 << 20).tolist() == [0, 5, 6, 7]
+    # reads of at most 4 rows: 0-2 (span 3), then 10-11
+    assert read_runs(rows, 8, gap_bytes=64, max_read_bytes=32).tolist() == [0, 3, 5, 6, 7]
+    assert read_runs(rows, 8, gap_bytes=0, max_read_bytes=8).tolist() == list(range(8))
+    assert read_runs(np.array([], dtype=np.int64), 8).tolist() == [0]
+
+
+@pytest.mark.parametrize("gap_bytes,max_read_bytes", [(0, 1), (256, 1 << 20), (256, 512), (1 << 20, 1 << 20)])
+def test_gather_rows_from_the_file_equals_indexing(tmp_path, gap_bytes, max_read_bytes):
+    rng = np.random.default_rng(0)
+    vectors = rng.standard_normal((3000, 16)).astype(np.float16)  # 32-byte rows
+    np.save(tmp_path / "v.npy", vectors)
+    mapped = np.load(tmp_path / "v.npy", mmap_mode="r")
+    dense = np.arange(100, 160)  # consecutive rows: read straight into place
+    sparse = np.sort(rng.choice(3000, 200, replace=False))
+    mixed = np.unique(np.concatenate([dense, sparse, [0, 2999]]))
+    for rows in (dense, sparse, mixed, np.array([2999])):
+        got = gather_rows(mapped, rows, gap_bytes=gap_bytes, max_read_bytes=max_read_bytes)
+        assert got.dtype == np.float16 and np.array_equal(got, vectors[rows])
+
+
 def test_vectors_stay_memory_mapped(rerank_indexes, queries):
     index = PassageIndex.load(rerank_indexes["PQ4"])
     assert isinstance(index.vectors, np.memmap) and index.vectors.dtype == np.float16
@@ -109,9 +133,10 @@ def test_manifest_round_trip_and_override(rerank_indexes, queries):
         PassageIndex.load(folder, rerank=-1)
 
 
-def test_removed_rows_are_never_returned(rerank_indexes, queries, tmp_path):
+@pytest.mark.parametrize("spec", ["PQ4", "PQ8x4fs", "IVF8,PQ8x4fs"])
+def test_removed_rows_are_never_returned(rerank_indexes, queries, tmp_path, spec):
     folder = tmp_path / "ix"
-    shutil.copytree(rerank_indexes["PQ4"], folder)
+    shutil.copytree(rerank_indexes[spec], folder)
     remove_passages(folder, [f"s{i}" for i in range(0, N, 3)])
     index = PassageIndex.load(folder, rerank=N)  # every live row re-scored: exactly brute force
     scores, rows = index.search_vectors(queries, 20)
@@ -121,12 +146,12 @@ def test_removed_rows_are_never_returned(rerank_indexes, queries, tmp_path):
     np.testing.assert_allclose(scores, expected_scores, rtol=1e-5)
 
 
-@pytest.mark.parametrize("spec", ["PQ4", "IVF8,PQ4", "OPQ4,PQ4"])
+@pytest.mark.parametrize("spec", ["PQ4", "IVF8,PQ4", "OPQ4,PQ4", "IVF8,PQ8x4fs"])
 def test_sharded_ranks_rerank_their_own_rows(rerank_indexes, queries, spec):
     folder = rerank_indexes[spec]
     expected_scores, expected_rows = PassageIndex.load(folder, rerank=N).search_vectors(queries, 10)
     shards = [ShardedPassageIndex.from_index(PassageIndex.load(folder, rerank=N), r, 2) for r in range(2)]
-    if shards[0].mode == "replicate":  # OPQ + flat codes: each rank searches (and re-ranks) all
+    if shards[0].mode == "replicate":  # OPQ + flat codes, fast scan: each rank searches (and re-ranks) all
         scores, rows = shards[0].search_vectors(queries, 10)
     else:
         candidates = [s._search_shard(queries, 10) for s in shards]
