@@ -119,6 +119,7 @@ def rerank_candidates(
     k: int,
     *,
     batch_bytes: int = RERANK_BATCH_BYTES,
+    gap_bytes: int = COALESCE_GAP_BYTES,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact inner-product scores of each query's candidates, best k first.
 
@@ -126,6 +127,8 @@ def rerank_candidates(
     read); candidates: (Q, C) int64 positions, -1 where missing. Returns (scores, rows), each
     (Q, min(k, C)) float32 / int64, in the canonical order (`retriever.index_types.best_first`:
     highest score first, ties to the lower position, missing rows -1 with score -inf last).
+    gap_bytes: rows at most this far apart are read in one call (`read_runs`; 0: a call per
+    row unless consecutive).
     """
 
     query_vectors = np.ascontiguousarray(query_vectors, dtype=np.float32)
@@ -144,7 +147,7 @@ def rerank_candidates(
         unique, inverse = np.unique(rows[valid], return_inverse=True)
         if unique.size == 0:
             continue
-        block = widen_into(buffer, gather_rows(vectors, unique))  # (U, d) float32
+        block = widen_into(buffer, gather_rows(vectors, unique, gap_bytes=gap_bytes))  # (U, d) float32
         release_pages(vectors)  # pages mapped by other readers of this array (e.g. `embeddings`)
         queries = query_vectors[start : start + len(rows)]
         table = block @ queries.T  # (U, b): every unique row against the batch's queries
