@@ -7,8 +7,8 @@ max 256 tokens, batch 64) by `ContrieverEncoder.encode_texts`:
 - naive: the same texts batched in corpus order, each batch padded to its longest text.
 Roofline: achieved GFLOP/s (useful FLOPs = those on non-padding tokens, counted from the
 model's shapes) against the GFLOP/s of a plain float32 matmul of the encoder's FFN shape,
-measured in the same run. Issue 3 targets: sorted ≥ 1.5× naive passages/s, and sorted useful
-GFLOP/s ≥ 0.7× the matmul roofline.
+measured in the same run. Targets: sorted ≥ 1.5× naive passages/s (issue 3), and sorted useful
+GFLOP/s ≥ 0.85× the matmul roofline (issue 16; issue 3 asked 0.7×).
 
 Default corpus: runs/bench-nq824/corpus (made by bench/nq824.py, or here when absent).
 
@@ -124,7 +124,7 @@ def main() -> None:
     }
     report["targets"] = [
         target("sorted / naive passages/s", report["sorted_vs_naive"], ">=", 1.5),
-        target("sorted useful GFLOP/s / matmul roofline", report["sorted_useful_vs_roofline"], ">=", 0.7),
+        target("sorted useful GFLOP/s / matmul roofline", report["sorted_useful_vs_roofline"], ">=", 0.85),
     ]
     print(json.dumps(report, indent=1))
     print(

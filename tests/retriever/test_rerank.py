@@ -217,6 +217,8 @@ def test_cli_build_and_search_with_rerank(tmp_path, capsys):
     assert run_cli(capsys, "index", "build", *common, "--out", tmp_path / "pq", "--spec", "PQ4",
                    "--rerank", "300")[0] == 0
     assert run_cli(capsys, "index", "build", *common, "--out", tmp_path / "bare", "--spec", "PQ4")[0] == 0
+    assert run_cli(capsys, "index", "build", *common, "--out", tmp_path / "fast", "--spec", "PQ4x4fs",
+                   "--rerank", "300")[0] == 0  # 4-bit fast scan: 2 B a passage
     code, out, _ = run_cli(capsys, "index", "info", tmp_path / "pq")
     assert code == 0 and json.loads(out)["rerank"] == 300 and "vectors" in json.loads(out)["files"]
 
@@ -226,6 +228,7 @@ def test_cli_build_and_search_with_rerank(tmp_path, capsys):
         return [(h["id"], round(h["score"], 4)) for h in json.loads(out)["hits"]]
 
     assert ids(tmp_path / "pq") == ids(tmp_path / "flat")  # k' = every passage: exact
+    assert ids(tmp_path / "fast") == ids(tmp_path / "flat")
     assert ids(tmp_path / "bare", "--rerank", "0") == ids(tmp_path / "pq", "--rerank", "0")  # the codes alone
     code, _, err = run_cli(capsys, "index", "search", tmp_path / "bare", "river", "--rerank", "50")
     assert code == 2 and "needs the float16 vectors file" in err and "--rerank" in err
