@@ -4,8 +4,8 @@
     chunked into 100-word passages (41,898; `index_data.ensure_large_index` builds and caches
     the Flat index under runs/bench-large/ once — resumable; with --partial, the rows embedded
     so far by an unfinished build are used), queried with NQ-open dev and SQuAD dev questions.
-    For exact fp16 search and for PQ64, OPQ64 (OPQ64,PQ64), 4-bit fast-scan PQ128x4fs and
-    IVF{n},PQ96x4fs (each IVF at every --nprobe), each plain and re-ranked from the
+    For exact fp16 search and for PQ64, OPQ64 (OPQ64,PQ64), IVF{n},PQ64, 4-bit fast-scan
+    PQ128x4fs and IVF{n},PQ96x4fs (each IVF at every --nprobe), each plain and re-ranked from the
     memory-mapped float16 vectors with k' = 200, 300, 500, 1000: bytes/passage in RAM (codes +
     IVF ids, the N-independent codebooks/centroids excluded) and on disk (FAISS file, plus the
     vectors file when re-ranking), top-100 overlap with exact (|top-100 ∩ exact top-100| / 100),
@@ -192,8 +192,8 @@ def real_rows(args) -> list[dict]:
              "qps": round(exact_qps, 1), "qps_vs_exact_fp16": 1.0, "build_s": 0.0, "nprobe": None,
              "answer_recall@20": answer_recall(exact_ids)}]
     n_lists = 1 << max(4, int(np.log2(np.sqrt(len(vectors)))))  # ≈ √N lists (128 at 42k)
-    # 8-bit PQ (64 B), its OPQ form, and 4-bit fast-scan PQ at 64 B and (IVF) 48 B + 8 B ids
-    for spec in ["PQ64", "OPQ64,PQ64", f"PQ{d // 3}x4fs", f"IVF{n_lists},PQ{d // 4}x4fs"]:
+    # 8-bit PQ (64 B), its OPQ and IVF forms, and 4-bit fast-scan PQ at 64 B and (IVF) 48 B + 8 B ids
+    for spec in ["PQ64", "OPQ64,PQ64", f"IVF{n_lists},PQ64", f"PQ{d // 3}x4fs", f"IVF{n_lists},PQ{d // 4}x4fs"]:
         rows += rerank_rows(name, spec, vectors, queries, exact_ids, exact_qps, answer_recall,
                             nprobes=args.nprobe, train_sample=args.train_sample, repeats=args.repeats,
                             baseline_read=spec.endswith("x4fs") and "IVF" not in spec)
