@@ -12,9 +12,11 @@ plus answer recall@5/@20 of the retriever before training (frozen MiniLM) and af
 Each variant runs once per `--seeds` seed (mean ± std in the table: 64-shot results are noisy); a finished
 run keeps its result in OUT/VARIANT[-seedN]/bench-result.json, so a killed bench resumes where it stopped.
 Corpus swaps, with the `frozen` model and no retraining: (1) for every dev question it answers right with
-the gold passage among those it reads, the answer in that passage is replaced by another dev answer to
-the same kind of question, the index is updated (remove + add), and the share of answers that follow the
-edited corpus is reported; (2) the whole corpus is swapped for SQuAD dev paragraphs (a new MiniLM index)
+the gold passage among those it reads, the answer is replaced in every passage it reads that states it
+(the gold one and any other: an edit that leaves the old fact in a passage beside it tests nothing) by
+another dev answer of the same shape (same question word, a year for a year, a name for a name; a
+person's surname alone follows the full name), the index is updated (remove + add), and the share of
+answers that follow the edited corpus is reported; (2) the whole corpus is swapped for SQuAD dev paragraphs (a new MiniLM index)
 and SQuAD dev questions are asked, EM against the closed-book variant's reader on the same questions.
 
     .venv/bin/python bench/nq824.py --out runs/bench-nq824                     # ~10 min per variant and seed, 2 cores
@@ -183,7 +185,25 @@ def squad_corpus_swap(args, out: Path, checkpoint: str, closed_book: str | None)
 
 
 def _kind(answer: str) -> str:
-    return "number" if re.search(r"\d", answer) else "text"
+    """The shape a replacement must share: a year, another number, a name (every word capitalised)
+    or other text — so that the edited sentence still reads as a statement of the same kind."""
+    if re.fullmatch(r"\d{4}", answer):
+        return "year"
+    if re.search(r"\d", answer):
+        return "number"
+    words = [w for w in answer.split() if w[:1].isalpha()]
+    return "name" if words and all(w[:1].isupper() for w in words) else "text"
+
+
+def edit_answer(text: str, old: str, new: str, asked: str) -> str:
+    """`text` with `old` replaced by `new` (whole words, any case); for a person asked about by
+    'who' with a name of several words, the surname alone is replaced by the new surname too
+    ("Johannes Gutenberg … Gutenberg was" → "Rigg … Rigg was"). ValueError if `old` is not in it."""
+    edited = replace_fact(text, old, new)
+    if asked == "who" and len(old.split()) > 1 and _kind(old) == _kind(new) == "name":
+        surname = old.split()[-1]
+        edited = re.sub(rf"(?<!\w){re.escape(surname)}(?!\w)", new.split()[-1], edited)
+    return edited
 
 
 def _question_word(question: str) -> str:
@@ -223,28 +243,27 @@ def corpus_swap(args, out: Path, checkpoint: str) -> dict:
     for example, record, answer, read in zip(examples, records, answers, passages):
         if normalize_answer(answer) not in {normalize_answer(a) for a in example.answers}:
             continue
-        gold = next((p for p in read if p.get("doc_id") == record["gold_doc"] and p["id"] not in used_passages
-                     and answer.lower() in p["text"].lower()), None)
-        if gold is None:
-            continue
+        stating = [p for p in read if re.search(rf"(?<!\w){re.escape(answer)}(?!\w)", p["text"], re.IGNORECASE)]
+        if not any(p.get("doc_id") == record["gold_doc"] for p in stating):
+            continue  # the gold passage is not among those read, or states the answer only inside a word
+        if any(p["id"] in used_passages for p in stating):
+            continue  # each passage is edited once, for one question
         asked = _question_word(example.metadata["question"])
         candidates = sorted({a for word, a in pool if word == asked and _kind(a) == _kind(answer)
                              and len(a.split()) <= max(3, len(answer.split()) + 1)
-                             and normalize_answer(a) != normalize_answer(answer) and a.lower() not in gold["text"].lower()})
+                             and normalize_answer(a) != normalize_answer(answer)
+                             and not any(a.lower() in p["text"].lower() for p in stating)})
         if not candidates:
             continue
         replacement = random.Random(f"swap-{example.id}").choice(candidates)
-        try:
-            text = replace_fact(gold["text"], answer, replacement)
-        except ValueError:  # the answer is in the passage only inside a longer word
-            continue
-        used_passages.add(gold["id"])
-        edits.append({"example": example, "passage": {"id": gold["id"], "title": gold.get("title", ""), "text": text},
-                      "old": answer, "new": replacement})
+        passages_edited = [{"id": p["id"], "title": p.get("title", ""),
+                            "text": edit_answer(p["text"], answer, replacement, asked)} for p in stating]
+        used_passages.update(p["id"] for p in stating)
+        edits.append({"example": example, "passages": passages_edited, "old": answer, "new": replacement})
     if not edits:
         return {"edited": 0, "follow_share": None, "wall_s": round(time.perf_counter() - started, 1)}
-    write_jsonl(out / "swap-edits.jsonl", [e["passage"] for e in edits])
-    remove_passages(swapped, [e["passage"]["id"] for e in edits])
+    write_jsonl(out / "swap-edits.jsonl", [p for e in edits for p in e["passages"]])
+    remove_passages(swapped, [p["id"] for e in edits for p in e["passages"]])
     add_passages(swapped, [out / "swap-edits.jsonl"], model.retriever, chunk_words=0, progress=False)
     model.index = PassageIndex.load(swapped, retriever=model.retriever)
     new_answers = []
@@ -256,11 +275,12 @@ def corpus_swap(args, out: Path, checkpoint: str) -> dict:
     # the new answer ≥ 0.5 and above its F1 with the old one
     leans = [max_f1(a, [e["new"]]) >= 0.5 and max_f1(a, [e["new"]]) > max_f1(a, [e["old"]])
              for a, e in zip(new_answers, edits)]
-    return {"edited": len(edits), "follow_share": 100.0 * sum(follows) / len(edits),
+    return {"edited": len(edits), "passages_edited": sum(len(e["passages"]) for e in edits),
+            "follow_share": 100.0 * sum(follows) / len(edits),
             "follow_f1_share": 100.0 * sum(leans) / len(edits),
             "old_answer_share": 100.0 * sum(stays) / len(edits),
-            "answers": [{"question": e["example"].metadata["question"], "old": e["old"], "new": e["new"], "answer": a}
-                        for e, a in zip(edits, new_answers)],
+            "answers": [{"question": e["example"].metadata["question"], "old": e["old"], "new": e["new"], "answer": a,
+                         "passages": len(e["passages"])} for e, a in zip(edits, new_answers)],
             "wall_s": round(time.perf_counter() - started, 1)}
 
 
