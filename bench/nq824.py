@@ -197,12 +197,18 @@ def _kind(answer: str) -> str:
 
 def edit_answer(text: str, old: str, new: str, asked: str) -> str:
     """`text` with `old` replaced by `new` (whole words, any case); for a person asked about by
-    'who' with a name of several words, the surname alone is replaced by the new surname too
-    ("Johannes Gutenberg … Gutenberg was" → "Rigg … Rigg was"). ValueError if `old` is not in it."""
+    'who' with a name of several words, the surname standing alone is replaced by the new surname
+    too ("Johannes Gutenberg … Gutenberg was" → "Tom Rigg … Rigg was"; not in "Atletico Madrid"
+    for "Real Madrid"). ValueError if `old` is not in it."""
     edited = replace_fact(text, old, new)
     if asked == "who" and len(old.split()) > 1 and _kind(old) == _kind(new) == "name":
-        surname = old.split()[-1]
-        edited = re.sub(rf"(?<!\w){re.escape(surname)}(?!\w)", new.split()[-1], edited)
+        surname, new_surname = old.split()[-1], new.split()[-1]
+
+        def alone(match: re.Match) -> str:  # not part of another name ("Atletico Madrid" for "Real Madrid")
+            after_name = re.search(r"[A-Z][\w'’.-]*\s+$", edited[: match.start()])
+            return match.group(0) if after_name else new_surname
+
+        edited = re.sub(rf"(?<!\w){re.escape(surname)}(?!\w)", alone, edited)
     return edited
 
 
