@@ -355,6 +355,11 @@ def main(argv: list[str] | None = None) -> int:
         results["corpus_swap"] = {"edit": corpus_swap(args, args.out, frozen)} if "edit" in wanted else {}
         if "squad" in wanted and (args.data / "squad").is_dir():
             results["corpus_swap"]["squad"] = squad_corpus_swap(args, args.out, frozen, closed_ckpt)
+    saved = args.out / "results.json"
+    if "corpus_swap" not in results and saved.is_file():  # --no-swap keeps the swaps an earlier run measured
+        previous = json.loads(saved.read_text()).get("corpus_swap")
+        if previous:
+            results["corpus_swap"] = previous
     results["wall_s"] = round(time.perf_counter() - started, 1)
     before = results["recall_before"]
     rows = [{"variant": "retriever before training", "scored": "", "seeds": "", "EM": "", "F1": "", "EM / closed-book": "",
@@ -369,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
                      "EM": cell(m, "exact_match"), "F1": cell(m, "f1"),
                      "EM / closed-book": f"{m['exact_match'][0] / closed:.1f}" if closed else "-",
                      "recall@5": cell(m, "answer_recall@5"), "recall@20": cell(m, "answer_recall@20")})
-    (args.out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    saved.write_text(json.dumps(results, indent=2, default=str) + "\n")
     print(json.dumps(results, default=str))
     print(format_table(rows))
     if results.get("corpus_swap"):

@@ -28,6 +28,9 @@ from reader.warm_start import (
 from tasks.io import atomic_directory
 
 IGNORE_INDEX = -100
+# rows the encoder takes at once when a batch has more passages than this: enough for efficient
+# matrix products, few enough that a group's rows have similar lengths
+ENCODE_GROUP_ROWS = 16
 
 
 class BeamSharedCrossAttentionCache(EncoderDecoderCache):
@@ -190,6 +193,12 @@ class FiDReader(nn.Module):
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Encode every passage independently.
 
+        The B·K rows are encoded in groups of `ENCODE_GROUP_ROWS` rows of similar length, each
+        group cut to its own longest row: a batch pads every row to its longest passage, and
+        a micro-batch of many questions would otherwise pay the encoder for that padding on
+        every row. Positions after a row's last real token are masked everywhere downstream, so
+        their states (zero, or computed under the mask) never matter.
+
         Args:
             input_ids: (B, K, L) token ids of the formatted (query, passage) pairs.
             attention_mask: (B, K, L), 1 for real tokens.
@@ -197,10 +206,23 @@ class FiDReader(nn.Module):
             (B, K, L, H) encoder states (with gradient when grad is enabled).
         """
         batch, n_passages, length = input_ids.shape
-        states = self.t5.encoder(
-            input_ids=input_ids.reshape(batch * n_passages, length),
-            attention_mask=attention_mask.reshape(batch * n_passages, length),
-        ).last_hidden_state  # (B·K, L, H)
+        ids = input_ids.reshape(batch * n_passages, length)
+        mask = attention_mask.reshape(batch * n_passages, length)
+        # a row's length: one past its last real token (at least 1, so a fully masked row stays a row)
+        positions = torch.arange(1, length + 1, device=mask.device)
+        lengths = (mask.ne(0) * positions).amax(dim=-1).clamp(min=1)  # (B·K,)
+        if ids.shape[0] <= ENCODE_GROUP_ROWS:
+            used = int(lengths.max())
+            states = self.t5.encoder(input_ids=ids[:, :used], attention_mask=mask[:, :used]).last_hidden_state
+            states = nn.functional.pad(states, (0, 0, 0, length - used))
+            return states.view(batch, n_passages, length, -1)
+        order = torch.argsort(lengths, descending=True, stable=True)
+        groups = []
+        for rows in order.split(ENCODE_GROUP_ROWS):
+            used = int(lengths[rows[0]])  # the longest of the group: rows are sorted
+            group = self.t5.encoder(input_ids=ids[rows, :used], attention_mask=mask[rows, :used]).last_hidden_state
+            groups.append(nn.functional.pad(group, (0, 0, 0, length - used)))  # (rows, L, H)
+        states = torch.cat(groups)[torch.argsort(order)]  # back to the input's row order
         return states.view(batch, n_passages, length, -1)
 
     @staticmethod
@@ -264,18 +286,20 @@ class FiDReader(nn.Module):
         attention_mask: torch.Tensor,
         max_length: int = 32,
         num_beams: int = 1,
+        encoder_states: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Greedy (`num_beams`=1) or beam-search decoding of the answer (call in eval mode).
 
         Args:
             input_ids, attention_mask: (B, K, L).
             max_length: most tokens generated after the start token.
+            encoder_states: (B, K, L, H) from `encode`, reused instead of encoding again.
         Returns:
             (B, T') generated ids starting with the decoder start token.
         """
-        encoder_outputs, fused_mask = self.fuse(
-            self.encode(input_ids, attention_mask), attention_mask
-        )
+        if encoder_states is None:
+            encoder_states = self.encode(input_ids, attention_mask)
+        encoder_outputs, fused_mask = self.fuse(encoder_states, attention_mask)
         return self.t5.generate(
             encoder_outputs=encoder_outputs,
             attention_mask=fused_mask,

@@ -126,25 +126,11 @@ class AtlasService:
         model, reader = self.model, self.model.reader
         input_ids, attention_mask = model.reader_inputs(queries, passages)  # (B, K, L) each
         rc = model.reader_config
-        # keep the encoder states that generation computes (the encoder is most of the cost of
-        # an answer, and the attention scores below need the same states): a forward hook, so
-        # that FiDReader.generate stays the one way to generate
-        captured: list[torch.Tensor] = []
-
-        def keep(_module, _args, output) -> None:
-            captured.append(output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0])
-
-        handle = reader.t5.encoder.register_forward_hook(keep)
-        try:
-            generated = reader.generate(input_ids, attention_mask, max_length=rc.generation_max_length,
-                                        num_beams=rc.num_beams)  # (B, T') from the decoder start token
-        finally:
-            handle.remove()
+        # the attention scores below read the same encoder states as generation: encode once
+        states = reader.encode(input_ids, attention_mask)  # (B, K, L, H)
+        generated = reader.generate(input_ids, attention_mask, max_length=rc.generation_max_length,
+                                    num_beams=rc.num_beams, encoder_states=states)  # (B, T') from the start token
         texts = [t.strip() for t in decode_answers(model.reader_tokenizer, generated, passages)]
-        if len(captured) == 1 and captured[0].shape[0] == input_ids.shape[0] * input_ids.shape[1]:
-            states = captured[0].view(*input_ids.shape, -1)  # (B·K, L, H) → (B, K, L, H)
-        else:  # a reader whose generate encodes otherwise: encode again
-            states = reader.encode(input_ids, attention_mask)
         # teacher-force the generated answer to see where the decoder looked while writing it
         labels = generated[:, 1:].clone()
         labels[labels == reader.t5.config.pad_token_id] = IGNORE_INDEX

@@ -158,3 +158,38 @@ def test_beam_search_without_cross_attention_reorder_matches_the_full_reorder(re
     monkeypatch.setattr(BeamSharedCrossAttentionCache, "reorder_cache", EncoderDecoderCache.reorder_cache)
     full = reader.generate(input_ids, mask, max_length=6, num_beams=3)
     assert torch.equal(shared, full)
+
+
+@pytest.mark.parametrize("rows", [2, 3, 7])
+def test_grouped_encoding_equals_each_passage_encoded_alone(reader, monkeypatch, rows):
+    """Rows of many lengths in groups of `rows` give each passage the states it has unpadded,
+    the logits and the gradient of one padded pass."""
+    monkeypatch.setattr("reader.fid.ENCODE_GROUP_ROWS", rows)
+    gen = torch.Generator().manual_seed(3)
+    input_ids = torch.randint(2, 48, (3, 4, 9), generator=gen)
+    lengths = torch.tensor([[9, 2, 5, 7], [1, 9, 3, 4], [6, 8, 9, 2]])
+    mask = (torch.arange(9) < lengths[..., None]).long()
+    mask[2, 3] = 0  # a fully masked (padding) passage
+    input_ids = input_ids.masked_fill(mask == 0, 0)
+    states = reader.encode(input_ids, mask)
+    assert states.shape == (3, 4, 9, 32)
+    for b in range(3):
+        for k in range(4):
+            n = int(mask[b, k].sum())
+            if n == 0:
+                continue
+            alone = reader.t5.encoder(input_ids=input_ids[b, k, None, :n],
+                                      attention_mask=mask[b, k, None, :n]).last_hidden_state[0]
+            torch.testing.assert_close(states[b, k, :n], alone, atol=1e-5, rtol=0)
+    labels = torch.randint(2, 48, (3, 4), generator=gen)
+    grouped_logits = reader(input_ids, mask, labels=labels).logits
+    monkeypatch.setattr("reader.fid.ENCODE_GROUP_ROWS", 100)
+    torch.testing.assert_close(grouped_logits, reader(input_ids, mask, labels=labels).logits, atol=1e-5, rtol=0)
+    # the gradient through grouped encoding equals the one through a single padded pass
+    weight = reader.t5.encoder.block[0].layer[0].SelfAttention.q.weight
+    (reader.encode(input_ids, mask) * mask[..., None]).sum().backward()
+    grouped = weight.grad.clone()
+    weight.grad = None
+    padded = reader.t5.encoder(input_ids=input_ids.view(12, 9), attention_mask=mask.view(12, 9)).last_hidden_state
+    (padded * mask.view(12, 9, 1)).sum().backward()
+    torch.testing.assert_close(grouped, weight.grad, atol=1e-4, rtol=1e-4)

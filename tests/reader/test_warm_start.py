@@ -274,3 +274,24 @@ def test_copy_attention_gold_is_the_copy_probability_per_passage_in_float64(toke
         build_retriever_loss("adist", adist_attention="copy").gold_scores(plain, ids, mask, labels)
     with pytest.raises(ValueError, match="unknown adist attention 'mean'"):
         build_retriever_loss("adist", adist_attention="mean")
+
+
+def test_grouped_encoding_of_a_pretrained_encoder_equals_each_passage_alone(tokenizer, tiny_encoder_path, monkeypatch):
+    """A BERT encoder (absolute positions) read in length groups: each passage's states are its
+    unpadded ones, so a many-question batch answers as each question does alone."""
+    monkeypatch.setattr("reader.fid.ENCODE_GROUP_ROWS", 2)
+    reader = _reader(tokenizer, tiny_encoder_path)
+    texts = ["Quimper.", "The capital of Zorbland is the old harbour town of Quimper.",
+             "Tarsia pays in florins.", "Anna Brook first climbed Mount Olo in the spring of 1901."]
+    passages = [[{"title": "", "text": t}] for t in texts]
+    ids, mask = encode_reader_inputs(tokenizer, ["question: what? answer: <extra_id_0>"] * 4, passages, 48)
+    states = reader.encode(ids, mask)  # (4, 1, L, H)
+    for row in range(4):
+        n = int(mask[row, 0].sum())
+        alone = reader.encode(ids[row:row + 1, :, :n], mask[row:row + 1, :, :n])
+        torch.testing.assert_close(states[row, 0, :n], alone[0, 0], atol=1e-5, rtol=0)
+    batched = reader.generate(ids, mask, max_length=5)
+    for row in range(4):
+        n = int(mask[row, 0].sum())
+        alone = reader.generate(ids[row:row + 1, :, :n], mask[row:row + 1, :, :n], max_length=5)
+        assert batched[row, :alone.shape[1]].tolist() == alone[0].tolist()
