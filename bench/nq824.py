@@ -40,6 +40,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from atlas.demo.quickstart import SHIPPED_READER, format_table, replace_fact
+from tasks.io import atomic_write_text
 
 VARIANTS = ("closed_book", "frozen", "pdist", "adist", "emdr", "loop")
 GOALS = {"em_retrieval_augmented": 35.0, "em_ratio_to_closed_book": 3.0, "recall@5_lift": 3.0, "swap_follow": 80.0}
@@ -374,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
                      "EM": cell(m, "exact_match"), "F1": cell(m, "f1"),
                      "EM / closed-book": f"{m['exact_match'][0] / closed:.1f}" if closed else "-",
                      "recall@5": cell(m, "answer_recall@5"), "recall@20": cell(m, "answer_recall@20")})
-    saved.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    atomic_write_text(saved, json.dumps(results, indent=2, default=str) + "\n")
     print(json.dumps(results, default=str))
     print(format_table(rows))
     if results.get("corpus_swap"):
