@@ -61,14 +61,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", help="trained runs or checkpoints (bench/nq824.py variant folders)")
     parser.add_argument("--frozen", required=True, help="a run whose retriever was not trained (the baseline)")
-    parser.add_argument("--alphas", default="0,0.1,0.25,0.5,1", help="comma-separated α, fraction of the update")
+    parser.add_argument("--alphas", default="0,0.1,0.25,0.5,1", help="comma-separated α, fraction of the update (0 is always measured)")
     parser.add_argument("--data", type=Path, default=REPO_ROOT.parent / "shared" / "data")
     args = parser.parse_args(argv)
     from tasks.base import get_task
 
     if not (args.data / "nq824").is_dir():
         raise FileNotFoundError(f"{args.data / 'nq824'}: the shared nq824 data is not there")
-    alphas = [float(a) for a in args.alphas.split(",")]
+    alphas = sorted({0.0, *(float(a) for a in args.alphas.split(","))})  # α = 0: the frozen baseline, always
     task = get_task("qa")
     questions = {"train": task.load(args.data / "nq824" / "train-64.jsonl"),
                  "dev": task.load(args.data / "nq824" / "dev.jsonl")}
@@ -84,14 +84,13 @@ def main(argv: list[str] | None = None) -> int:
             points.append(point)
             print(json.dumps({"run": run, **point}), flush=True)
         results[run] = {"points": points, "wall_s": round(time.perf_counter() - started, 1)}
-        frozen_dev = next((p["dev"] for p in points if p["alpha"] == 0.0), None)
+        frozen_dev = points[0]["dev"]
         for p in points:
             rows.append({"run": Path(run).name, "α": f"{p['alpha']:g}",
                          "train R@5": p["train"]["answer_recall@5"], "dev R@1": p["dev"]["answer_recall@1"],
                          "dev R@5": p["dev"]["answer_recall@5"], "dev R@20": p["dev"]["answer_recall@20"],
                          "dev MRR": p["dev"]["answer_mrr"],
-                         "dev R@5 − frozen": (p["dev"]["answer_recall@5"] - frozen_dev["answer_recall@5"])
-                         if frozen_dev else "-"})
+                         "dev R@5 − frozen": p["dev"]["answer_recall@5"] - frozen_dev["answer_recall@5"]})
     print(json.dumps(results))
     print(format_table(rows))
     return 0

@@ -28,8 +28,8 @@ from reader.warm_start import (
 from tasks.io import atomic_directory
 
 IGNORE_INDEX = -100
-# rows the encoder takes at once when a batch has more passages than this: enough for efficient
-# matrix products, few enough that a group's rows have similar lengths
+# most rows the encoder takes at once: enough for efficient matrix products, few enough that a
+# group's rows have similar lengths
 ENCODE_GROUP_ROWS = 16
 
 
@@ -193,8 +193,8 @@ class FiDReader(nn.Module):
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Encode every passage independently.
 
-        The B·K rows are encoded in groups of `ENCODE_GROUP_ROWS` rows of similar length, each
-        group cut to its own longest row: a batch pads every row to its longest passage, and
+        The B·K rows are encoded in groups of up to `ENCODE_GROUP_ROWS` rows of similar length,
+        each group cut to its own longest row: a batch pads every row to its longest passage, and
         a micro-batch of many questions would otherwise pay the encoder for that padding on
         every row. Positions after a row's last real token are masked everywhere downstream, so
         their states (zero, or computed under the mask) never matter.
@@ -211,11 +211,6 @@ class FiDReader(nn.Module):
         # a row's length: one past its last real token (at least 1, so a fully masked row stays a row)
         positions = torch.arange(1, length + 1, device=mask.device)
         lengths = (mask.ne(0) * positions).amax(dim=-1).clamp(min=1)  # (B·K,)
-        if ids.shape[0] <= ENCODE_GROUP_ROWS:
-            used = int(lengths.max())
-            states = self.t5.encoder(input_ids=ids[:, :used], attention_mask=mask[:, :used]).last_hidden_state
-            states = nn.functional.pad(states, (0, 0, 0, length - used))
-            return states.view(batch, n_passages, length, -1)
         order = torch.argsort(lengths, descending=True, stable=True)
         groups = []
         for rows in order.split(ENCODE_GROUP_ROWS):
