@@ -102,6 +102,13 @@ class ReaderConfig:
     gradient_checkpointing: bool = False
     generation_max_length: int = 32
     num_beams: int = 1
+    # beam search ranks hypotheses by log-probability / length**length_penalty: Hugging Face's 1.0
+    # favours longer answers (a copying reader runs on past the answer's end); 0.0 ranks by
+    # log-probability alone
+    length_penalty: float = 1.0
+    # every answer is a span of a passage read (constrained decoding, reader/span_constraint.py), for
+    # extractive QA; closed-book examples and option scoring are unconstrained
+    span_answers: bool = False
     dropout: float | None = None
     # false: no dropout in the reader's encoder (the decoder keeps `dropout`). A retriever loss's gold
     # scores need eval-mode encoder states; with a dropout-free encoder the training pass's states are

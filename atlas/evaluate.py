@@ -122,8 +122,7 @@ def predict_generation(model, task, examples: list[Example], config: EvaluationC
         passages = model.passages_for(batch, n_retrieve)
         read = None if passages is None else [ps[:n_read] for ps in passages]
         input_ids, attention_mask = model.reader_inputs([e.query for e in batch], read)  # (B, K, L)
-        generated = model.reader.generate(input_ids, attention_mask, max_length=model.reader_config.generation_max_length,
-                                          num_beams=model.reader_config.num_beams)
+        generated = model.generate(input_ids, attention_mask, read)
         texts = decode_answers(model.reader_tokenizer, generated, read, skip_special_tokens=False)
         predictions.extend(texts)
         retrieved.extend(passages or [None] * len(batch))

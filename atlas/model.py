@@ -19,10 +19,14 @@ from torch import nn
 from atlas.config import IndexConfig, ReaderConfig, RetrieverConfig
 from reader.fid import IGNORE_INDEX, FiDReader
 from reader.inputs import encode_reader_inputs, encode_targets
+from reader.span_constraint import PassageSpanConstraint
 from reader.surface import decode_answers
 from retriever.encoder import Retriever
 from retriever.losses import RetrieverLoss
 from tasks.base import Example
+
+# every task's target is "<extra_id_0> {answer}" (T5's span-corruption format): the answer follows it
+ANSWER_SENTINEL = "<extra_id_0>"
 
 
 class Atlas(nn.Module):
@@ -253,10 +257,31 @@ class Atlas(nn.Module):
         """Generate an answer for each example: → (answers, the passages read or None)."""
         passages = self.passages_for(examples, self.reader_config.n_context)
         input_ids, attention_mask = self.reader_inputs([e.query for e in examples], passages)
-        generated = self.reader.generate(input_ids, attention_mask, max_length=self.reader_config.generation_max_length,
-                                         num_beams=self.reader_config.num_beams)
+        generated = self.generate(input_ids, attention_mask, passages)
         answers = decode_answers(self.reader_tokenizer, generated, passages)
         return [a.strip() for a in answers], passages
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, passages: list[list[dict]] | None,
+                 encoder_states: torch.Tensor | None = None) -> torch.Tensor:
+        """Decode answers as the recipe says (`reader.num_beams`, `length_penalty`, `span_answers`,
+        `generation_max_length`).
+
+        Args:
+            input_ids, attention_mask: (B, K, L) from `reader_inputs(queries, passages)`.
+            passages: the B lists of passages read (None: closed book, never constrained).
+            encoder_states: (B, K, L, H) from `reader.encode`, reused instead of encoding again.
+        Returns:
+            (B, T') generated ids starting with the decoder start token.
+        """
+        rc = self.reader_config
+        constraint = None
+        if rc.span_answers and passages is not None:
+            constraint = PassageSpanConstraint.from_passages(
+                self.reader_tokenizer, passages, answer_prefix=ANSWER_SENTINEL, vocab_size=self.reader.t5.config.vocab_size)
+        return self.reader.generate(input_ids, attention_mask, max_length=rc.generation_max_length,
+                                    num_beams=rc.num_beams, length_penalty=rc.length_penalty,
+                                    encoder_states=encoder_states, prefix_allowed_tokens_fn=constraint)
 
     @torch.no_grad()
     def option_logits(self, examples: list[Example], letters: list[str],
@@ -269,6 +294,6 @@ class Atlas(nn.Module):
                 raise ValueError(f"option label {letter!r} is not a single reader token ({ids})")
             option_ids.append(ids[0])
         input_ids, attention_mask = self.reader_inputs([e.query for e in examples], passages)
-        sentinel = self.reader_tokenizer.convert_tokens_to_ids("<extra_id_0>")
+        sentinel = self.reader_tokenizer.convert_tokens_to_ids(ANSWER_SENTINEL)
         prefix = torch.full((len(examples), 1), sentinel, dtype=torch.long, device=self.reader.t5.device)
         return self.reader.score_options(input_ids, attention_mask, torch.tensor(option_ids), prefix_ids=prefix)

@@ -61,6 +61,7 @@ def base_overrides(args, out: Path, variant: str, seed: int = 0) -> list[str]:
         f"task.eval_data=[{args.data / 'nq824' / 'dev.jsonl'}]", f"task.closed_book={variant == 'closed_book'}",
         f"training.output_dir={out / run_name(variant, seed)}", f"training.steps={args.steps}", "training.batch_size=4",
         "reader.trainable_encoder_layers=3", "training.lr_encoder=3e-5", "reader.num_beams=4",
+        "reader.length_penalty=0.0", "reader.span_answers=true",
         f"training.lr={args.lr}", f"training.lr_retriever={args.lr_retriever}", "training.warmup_steps=5", "training.log_every=5",
         f"training.seed={seed}", "training.keep_last=1", "evaluation.batch_size=16", "evaluation.retrieval_k=[5,20]",
         f"evaluation.max_examples={args.max_dev}", *args.set,
@@ -169,7 +170,7 @@ def squad_corpus_swap(args, out: Path, checkpoint: str, closed_book: str | None)
     for name, path in (("retrieval_augmented", checkpoint), ("closed_book", closed_book)):
         if path is None:
             continue
-        model = build_atlas(checkpoint_config(path, [f"index.path={folder / 'index'}"]), checkpoint=path).eval()
+        model = build_atlas(checkpoint_config(path, [f"index.path={folder / 'index'}", *args.set]), checkpoint=path).eval()
         answers, passages = [], []
         for start in range(0, len(examples), 16):
             batch_answers, batch_passages = model.predict(examples[start:start + 16])
@@ -233,7 +234,7 @@ def corpus_swap(args, out: Path, checkpoint: str) -> dict:
     swapped = out / "index-swapped"
     shutil.rmtree(swapped, ignore_errors=True)
     shutil.copytree(out / "index", swapped)
-    config = checkpoint_config(checkpoint, [f"index.path={swapped}"])
+    config = checkpoint_config(checkpoint, [f"index.path={swapped}", *args.set])
     model = build_atlas(config, checkpoint=checkpoint)
     model.eval()
     records = [r for _, r in read_jsonl(args.data / "nq824" / "dev.jsonl")][: args.max_dev]
@@ -311,8 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--swap-only", metavar="CHECKPOINT",
                         help="only the corpus swaps, with this trained checkpoint (e.g. OUT/frozen/checkpoints/step-000100)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a dotted config override for every variant (repeatable), e.g. "
-                             "retriever.temperature_gold=0.1")
+                        help="a dotted config override for every variant and the corpus swaps' models "
+                             "(repeatable), e.g. retriever.temperature_gold=0.1")
     args = parser.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]

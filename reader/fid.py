@@ -11,6 +11,7 @@ Target ids use -100 at ignored (padding) positions, as Hugging Face losses do.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -282,6 +283,8 @@ class FiDReader(nn.Module):
         max_length: int = 32,
         num_beams: int = 1,
         encoder_states: torch.Tensor | None = None,
+        prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], list[int]] | None = None,
+        length_penalty: float = 1.0,
     ) -> torch.Tensor:
         """Greedy (`num_beams`=1) or beam-search decoding of the answer (call in eval mode).
 
@@ -289,6 +292,9 @@ class FiDReader(nn.Module):
             input_ids, attention_mask: (B, K, L).
             max_length: most tokens generated after the start token.
             encoder_states: (B, K, L, H) from `encode`, reused instead of encoding again.
+            prefix_allowed_tokens_fn: constrained decoding, `(example index, ids so far (T,)) → allowed
+                next ids` (e.g. `reader.span_constraint.PassageSpanConstraint`).
+            length_penalty: beam search ranks by log-probability / length**length_penalty.
         Returns:
             (B, T') generated ids starting with the decoder start token.
         """
@@ -305,6 +311,8 @@ class FiDReader(nn.Module):
             eos_token_id=self.t5.config.eos_token_id,
             pad_token_id=self.t5.config.pad_token_id,
             past_key_values=BeamSharedCrossAttentionCache(DynamicCache(), DynamicCache()) if num_beams > 1 else None,
+            prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
+            length_penalty=length_penalty,
             **self.source_kwargs(input_ids),
         )
 

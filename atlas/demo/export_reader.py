@@ -137,7 +137,7 @@ def export(runs: list[str | Path], out: str | Path, *, hardware: str = "", bench
             raise ValueError(f"{bench}: no reader {bench_reader!r}; it has {sorted(report['readers'])}")
         mine = report["readers"][bench_reader] if bench_reader else next(iter(report["readers"].values()))
         card["squad_dev"] = {"questions": report["dev_questions"], "beams": report.get("beams", 1),
-                             "k1": mine["k1"], "k5": mine["k5"],
+                             "decoding": mine.get("decoding"), "k1": mine["k1"], "k5": mine["k5"],
                              "k5_questions_per_s": mine["k5_questions_per_s"], "bench": "bench/reading.py"}
     (tmp / "card.json").write_text(json.dumps(card, indent=2) + "\n")
     (tmp / "README.md").write_text(model_card(card))
@@ -152,6 +152,10 @@ def model_card(card: dict) -> str:
     arch, stages = card["architecture"], card["training"]
     squad = card.get("squad_dev")
     decoding = f"beam search of {squad['beams']}" if squad and squad.get("beams", 1) > 1 else "greedy"
+    if squad and (squad.get("decoding") or {}).get("span_answers"):
+        decoding += ", answers constrained to spans of the passages read, length penalty 0"
+    elif squad and (squad.get("decoding") or {}).get("length_penalty", 1.0) != 1.0:
+        decoding += f", length penalty {squad['decoding']['length_penalty']:g}"
     squad_line = (f"- SQuAD v1.1 dev ({squad['questions']} seeded questions, `bench/reading.py`, whole paragraphs, {decoding}): "
                   f"with the gold paragraph EM {squad['k1']['exact_match']:.1f} / F1 {squad['k1']['f1']:.1f}; with "
                   f"the gold among 5 retrieved paragraphs EM {squad['k5']['exact_match']:.1f} / F1 "

@@ -125,11 +125,9 @@ class AtlasService:
         """Generate answers and score each passage by cross-attention: → (B texts, (B, K) scores)."""
         model, reader = self.model, self.model.reader
         input_ids, attention_mask = model.reader_inputs(queries, passages)  # (B, K, L) each
-        rc = model.reader_config
         # the attention scores below read the same encoder states as generation: encode once
         states = reader.encode(input_ids, attention_mask)  # (B, K, L, H)
-        generated = reader.generate(input_ids, attention_mask, max_length=rc.generation_max_length,
-                                    num_beams=rc.num_beams, encoder_states=states)  # (B, T') from the start token
+        generated = model.generate(input_ids, attention_mask, passages, encoder_states=states)  # (B, T') from the start token
         texts = [t.strip() for t in decode_answers(model.reader_tokenizer, generated, passages)]
         # teacher-force the generated answer to see where the decoder looked while writing it
         labels = generated[:, 1:].clone()

@@ -110,3 +110,32 @@ def test_gold_scores_reuse_the_training_pass_only_where_it_is_exact(tiny_world, 
     assert calls[True] == [2 * n_read, 2 * n_scored]  # the training pass, then an eval pass over all scored
     got, expected = losses[True]
     assert torch.allclose(got, expected, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("reader", sorted(READERS))
+def test_span_answers_are_spans_of_the_passages_each_question_read(tiny_world, reader):
+    """`reader.span_answers: true`: whatever an untrained reader writes, `predict` answers with a stretch
+    of a passage its question read (and without the switch it does not)."""
+    from atlas.build import build_atlas
+    from atlas.config import load_config
+    from tasks.base import get_task
+
+    examples = get_task("qa").load(tiny_world["qa"])[:4]
+    overrides = [o.format(encoder=tiny_world["encoder"]) for o in READERS[reader]]
+    answers = {}
+    for span_answers in (True, False):
+        model = build_atlas(load_config(None, [
+            f"retriever.model={tiny_world['encoder']}", f"index.path={tiny_world['index']}", *overrides,
+            "retriever.loss=none", "reader.n_context=2", "reader.text_maxlength=48", "reader.num_beams=2",
+            "reader.length_penalty=0.0", "reader.generation_max_length=5",
+            f"reader.span_answers={str(span_answers).lower()}", "training.seed=1"])).eval()
+        answers[span_answers] = model.predict(examples)
+
+    def inside(answer, passages):
+        squash = "".join(answer.lower().split())
+        return bool(squash) and any(squash in "".join(f"{p['title']} {p['text']}".lower().split()) for p in passages)
+
+    predicted, passages = answers[True]
+    assert all(inside(a, ps) for a, ps in zip(predicted, passages)), predicted
+    predicted, passages = answers[False]
+    assert not all(inside(a, ps) for a, ps in zip(predicted, passages)), predicted

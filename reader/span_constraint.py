@@ -1,0 +1,120 @@
+"""Constrained decoding: every generated answer is a span of a passage its question read.
+
+A reader that copies can still splice: "the treaty of rome 1957 and the maastricht treaty of rome 1957
+and …" joins two places of a passage and loops, and "8 – 4 – 4 – 4 …" never stops. Where the answer is
+known to be a span of the text read (extractive QA: NaturalQuestions, TriviaQA, SQuAD), decoding can
+only continue a span that occurs in a passage, or end it at a word boundary. `PassageSpanConstraint` is
+the `prefix_allowed_tokens_fn` of Hugging Face's `generate` that enforces it (greedy and beam search).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+
+_SEPARATOR = -1  # between the token sequences of an example's passages: no span crosses it
+
+
+def continuation_token_ids(tokenizer) -> np.ndarray:
+    """Ids of the pieces that continue a word (WordPiece `##…`; SentencePiece pieces without `▁` that
+    start with a letter or digit): an answer neither starts nor ends before one. → sorted int64 ids."""
+    vocab = tokenizer.get_vocab()
+    sentencepiece = any(token.startswith("▁") for token in vocab)
+    if sentencepiece:
+        ids = [i for token, i in vocab.items() if not token.startswith("▁") and token[:1].isalnum()]
+    else:
+        ids = [i for token, i in vocab.items() if token.startswith("##")]
+    return np.array(sorted(ids), dtype=np.int64)
+
+
+class PassageSpanConstraint:
+    """Allowed next tokens for each (example, beam): the answer prefix (e.g. `<extra_id_0>`), then a span
+    of one passage's title or text that starts and ends on word boundaries, then `</s>`.
+
+    Call it as `prefix_allowed_tokens_fn(batch_id, sequence)` with `sequence` (T,) the decoder ids so far,
+    starting with the decoder start token. An example with no passage (closed book) is unconstrained.
+    """
+
+    def __init__(self, passage_token_ids: Sequence[Sequence[Sequence[int]]], *, answer_prefix: Sequence[int],
+                 eos_token_id: int, pad_token_id: int, continuation_ids: np.ndarray, vocab_size: int):
+        """
+        Args:
+            passage_token_ids: per example, the token id sequences (title, text, … of each passage read)
+                a span may come from.
+            answer_prefix: ids the target has before the answer (forced first).
+            continuation_ids: ids of word-continuing pieces (`continuation_token_ids`).
+            vocab_size: the decoder's output size (what an unconstrained example may emit).
+        """
+        self.answer_prefix = [int(i) for i in answer_prefix]
+        self.eos, self.pad, self.vocab_size = int(eos_token_id), int(pad_token_id), int(vocab_size)
+        self._continuation = np.asarray(continuation_ids, dtype=np.int64)
+        self._tokens: list[np.ndarray | None] = []
+        self._starts: list[list[int]] = []
+        for sequences in passage_token_ids:
+            sequences = [list(s) for s in sequences if len(s)]
+            if not sequences:
+                self._tokens.append(None)
+                self._starts.append([])
+                continue
+            joined = []
+            for seq in sequences:
+                joined += [int(t) for t in seq] + [_SEPARATOR]
+            tokens = np.array(joined, dtype=np.int64)
+            self._tokens.append(tokens)
+            real = tokens[tokens != _SEPARATOR]
+            self._starts.append(sorted(set(real[~np.isin(real, self._continuation)].tolist())))
+        # per example: span (tuple of ids) → positions in the joined tokens where an occurrence ends
+        self._ends: list[dict[tuple[int, ...], np.ndarray]] = [{} for _ in self._tokens]
+
+    @classmethod
+    def from_passages(cls, tokenizer, passages: Sequence[Sequence[Mapping[str, str]] | None], *,
+                      answer_prefix: str, vocab_size: int) -> PassageSpanConstraint:
+        """Tokenise each example's passages (title and text separately, no special tokens) with the reader
+        tokenizer: a word is tokenised as it is inside the reader input, so the spans match what it read."""
+        per_example = []
+        for read in passages:
+            fields = [p.get(key) or "" for p in (read or []) for key in ("title", "text")]
+            fields = [f for f in fields if f.strip()]
+            per_example.append(tokenizer(fields, add_special_tokens=False)["input_ids"] if fields else [])
+        prefix = tokenizer(answer_prefix, add_special_tokens=False)["input_ids"] if answer_prefix else []
+        return cls(per_example, answer_prefix=prefix, eos_token_id=tokenizer.eos_token_id,
+                   pad_token_id=tokenizer.pad_token_id, continuation_ids=continuation_token_ids(tokenizer),
+                   vocab_size=vocab_size)
+
+    def __call__(self, batch_id: int, sequence: torch.Tensor) -> list[int]:
+        """Allowed next ids after `sequence` (T,) for example `batch_id`."""
+        generated = sequence[1:].tolist()  # [0] is the decoder start token
+        if self.eos in generated:  # a finished greedy row is padded
+            return [self.pad, self.eos]
+        n_prefix = len(self.answer_prefix)
+        if len(generated) < n_prefix:
+            return [self.answer_prefix[len(generated)]]
+        tokens = self._tokens[batch_id]
+        if tokens is None:
+            return list(range(self.vocab_size))
+        span = tuple(generated[n_prefix:])
+        if not span:
+            return self._starts[batch_id]
+        ends = self._span_ends(batch_id, span)
+        following = tokens[ends + 1]
+        allowed = set(following[following != _SEPARATOR].tolist())
+        if len(ends) == 0 or not np.isin(following, self._continuation).all():
+            allowed.add(self.eos)  # some occurrence ends on a word boundary (or none is left: stop)
+        return sorted(allowed)
+
+    def _span_ends(self, batch_id: int, span: tuple[int, ...]) -> np.ndarray:
+        """Positions (in the joined tokens) where an occurrence of `span` ends, memoised along the prefix."""
+        memo = self._ends[batch_id]
+        if span in memo:
+            return memo[span]
+        tokens = self._tokens[batch_id]
+        if len(span) == 1:
+            ends = np.flatnonzero(tokens == span[0])
+        else:
+            previous = self._span_ends(batch_id, span[:-1])
+            previous = previous[previous + 1 < len(tokens)]
+            ends = previous[tokens[previous + 1] == span[-1]] + 1
+        memo[span] = ends
+        return ends

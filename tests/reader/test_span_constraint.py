@@ -1,0 +1,116 @@
+"""Constrained decoding: answers are spans of the passages read."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from reader.fid import FiDReader
+from reader.inputs import encode_reader_inputs
+from reader.span_constraint import PassageSpanConstraint, continuation_token_ids
+from reader.tokenizer import build_reader_tokenizer
+from reader.warm_start import build_warm_started
+
+START, EOS, PAD, SENTINEL = 0, 1, 0, 3
+
+
+def _constraint():
+    # example 0: two sequences, [5 6 7 8] and [6 9]; 7 continues a word. example 1: closed book.
+    return PassageSpanConstraint([[[5, 6, 7, 8], [6, 9]], []], answer_prefix=[SENTINEL], eos_token_id=EOS,
+                                 pad_token_id=PAD, continuation_ids=np.array([7]), vocab_size=12)
+
+
+@pytest.mark.parametrize(("generated", "allowed"), [
+    ([], [SENTINEL]),                  # the answer prefix first
+    ([SENTINEL], [5, 6, 8, 9]),        # a span starts a word: not with 7
+    ([SENTINEL, 6], [EOS, 7, 9]),      # "6" ends a word before 9 (second sequence), not before 7
+    ([SENTINEL, 5, 6], [7]),           # "5 6" is only followed by the continuation 7: no end there
+    ([SENTINEL, 5, 6, 7], [EOS, 8]),
+    ([SENTINEL, 5, 6, 7, 8], [EOS]),   # the end of a sequence: nothing crosses into the next
+    ([SENTINEL, 6, 9], [EOS]),
+    ([SENTINEL, 8, EOS], [PAD, EOS]),  # a finished greedy row is padded
+])
+def test_allowed_tokens_by_hand(generated, allowed):
+    assert _constraint()(0, torch.tensor([START, *generated])) == allowed
+
+
+def test_a_closed_book_example_is_unconstrained_after_the_prefix():
+    constraint = _constraint()
+    assert constraint(1, torch.tensor([START])) == [SENTINEL]
+    assert constraint(1, torch.tensor([START, SENTINEL, 4])) == list(range(12))
+
+
+def test_continuation_pieces_of_both_tokenizer_families():
+    class Vocab:
+        def __init__(self, vocab):
+            self.vocab = vocab
+
+        def get_vocab(self):
+            return self.vocab
+
+    assert continuation_token_ids(Vocab({"[PAD]": 0, "the": 1, "##s": 2, "##ing": 3, ",": 4})).tolist() == [2, 3]
+    # SentencePiece: "▁" starts a word; a bare letter or digit piece continues one, punctuation does not
+    assert continuation_token_ids(Vocab({"<pad>": 0, "▁the": 1, "s": 2, "92": 3, ",": 4, "▁": 5})).tolist() == [2, 3]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_reader_tokenizer(None)
+
+
+def test_spans_of_real_passages_match_the_reader_tokenisation(tokenizer):
+    passages = [[{"title": "Super Bowl 50", "text": "The Denver Broncos defeated the Carolina Panthers 24–10."}]]
+    constraint = PassageSpanConstraint.from_passages(tokenizer, passages, answer_prefix="<extra_id_0>",
+                                                     vocab_size=len(tokenizer))
+    prefix = tokenizer("<extra_id_0>", add_special_tokens=False)["input_ids"]
+
+    def walk(text):  # every step of `text`'s tokens allowed, then whether it may end there
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        sequence = [START, *prefix]
+        for token in ids:
+            if token not in constraint(0, torch.tensor(sequence)):
+                return None
+            sequence.append(token)
+        return tokenizer.eos_token_id in constraint(0, torch.tensor(sequence))
+
+    assert walk("Carolina Panthers") is True
+    assert walk("super bowl 50") is True     # the title, lower-cased as the reader reads it
+    assert walk("24–10") is True
+    assert walk("Panthers Carolina") is None  # a splice of two places is not a span
+    assert walk("bowl 50 the") is None        # nor one across the title and the text
+    reader_ids, _ = encode_reader_inputs(tokenizer, ["question: who won? answer: <extra_id_0>"], passages, 64)
+    inside = set(reader_ids.flatten().tolist())
+    assert set(tokenizer("Carolina Panthers", add_special_tokens=False)["input_ids"]) <= inside
+
+
+@pytest.mark.parametrize("beams", [1, 3])
+def test_an_untrained_reader_constrained_generates_only_spans(tokenizer, tiny_encoder_path, beams):
+    torch.manual_seed(0)
+    model = build_warm_started({"num_decoder_layers": 2, "num_heads": 2, "d_kv": 16, "d_ff": 64, "copy": True},
+                               tokenizer, encoder=str(tiny_encoder_path), dropout=0.0, seed=0)
+    reader = FiDReader(model).eval()
+    passages = [[{"title": "Zorbland", "text": "The capital of Zorbland is Quimper, on the river Aulne."},
+                 {"title": "Tarsia", "text": "The currency of Tarsia is the florin."}],
+                [{"title": "Olo", "text": "Anna Brook first climbed Mount Olo in 1911."}]]
+    ids, mask = encode_reader_inputs(tokenizer, ["question: capital? answer: <extra_id_0>",
+                                                 "question: who climbed? answer: <extra_id_0>"], passages, 48)
+    spans = [[tokenizer(p[key], add_special_tokens=False)["input_ids"] for p in ps for key in ("title", "text")]
+             for ps in passages]
+    free = reader.generate(ids, mask, max_length=6, num_beams=beams)
+    constraint = PassageSpanConstraint.from_passages(tokenizer, passages, answer_prefix="<extra_id_0>",
+                                                     vocab_size=model.config.vocab_size)
+    constrained = reader.generate(ids, mask, max_length=6, num_beams=beams, prefix_allowed_tokens_fn=constraint)
+    prefix = tokenizer("<extra_id_0>", add_special_tokens=False)["input_ids"]
+
+    def is_span(answer, sequences):
+        n = len(answer)
+        return n > 0 and any(seq[i:i + n] == answer for seq in sequences for i in range(len(seq) - n + 1))
+
+    for b in range(2):
+        row = [t for t in constrained[b, 1:].tolist() if t not in (tokenizer.eos_token_id, tokenizer.pad_token_id)]
+        assert row[: len(prefix)] == prefix and is_span(row[len(prefix):], spans[b])
+    # without the constraint a random decoder writes no such span (the test can fail)
+    free_rows = [[t for t in free[b, 1:].tolist() if t not in (tokenizer.eos_token_id, tokenizer.pad_token_id)]
+                 for b in range(2)]
+    assert not all(r[: len(prefix)] == prefix and is_span(r[len(prefix):], spans[b]) for b, r in enumerate(free_rows))
