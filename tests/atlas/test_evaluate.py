@@ -67,6 +67,9 @@ class CannedModel:
     def reader_inputs(self, queries, passages):
         return queries, None
 
+    def generate(self, input_ids, attention_mask, passages, encoder_states=None):
+        return self.reader.generate(input_ids, attention_mask)
+
 
 def qa_file(tmp_path, records):
     import json
