@@ -6,8 +6,8 @@ with --reader NAME=DIR (e.g. the retired atlas-mini exported from git history, o
 reader/ folder at equal training steps), each with every decoding of --decodings: `plain` (beam
 search, Hugging Face's length penalty 1.0: the baseline), `lp0` (length penalty 0: hypotheses ranked
 by log-probability alone) and `span` (length penalty 0, answers constrained to spans of the passages
-read: `reader.span_answers`; `span-lp0.5` the same with length penalty 0.5). Also measured: reader inference throughput (questions/s at K=5, beam
-search of 4, batch 16, this machine's threads).
+read: `reader.span_answers`; `span-lp0.5` the same with length penalty 0.5). Also measured: reader
+inference throughput (questions/s at K=5, beam search of 4, batch 16, this machine's threads).
 
     .venv/bin/python bench/reading.py                                   # 1000 seeded dev questions
     .venv/bin/python bench/reading.py --reader atlas-mini=runs/atlas-mini --max-dev 300
