@@ -34,7 +34,8 @@ class PassageSpanConstraint:
     of one passage's title or text that starts and ends on word boundaries, then `</s>`.
 
     Call it as `prefix_allowed_tokens_fn(batch_id, sequence)` with `sequence` (T,) the decoder ids so far,
-    starting with the decoder start token. An example with no passage (closed book) is unconstrained.
+    starting with the decoder start token. An example with no passage (closed book) is unconstrained after
+    the answer prefix.
     """
 
     def __init__(self, passage_token_ids: Sequence[Sequence[Sequence[int]]], *, answer_prefix: Sequence[int],
@@ -113,8 +114,7 @@ class PassageSpanConstraint:
         if len(span) == 1:
             ends = np.flatnonzero(tokens == span[0])
         else:
-            previous = self._span_ends(batch_id, span[:-1])
-            previous = previous[previous + 1 < len(tokens)]
+            previous = self._span_ends(batch_id, span[:-1])  # never the last position: that is a separator
             ends = previous[tokens[previous + 1] == span[-1]] + 1
         memo[span] = ends
         return ends
