@@ -157,7 +157,8 @@ def build_atlas(config: AtlasConfig, *, checkpoint: str | Path | None = None, wi
     loss = build_retriever_loss(config.retriever.loss, temperature_gold=config.retriever.temperature_gold,
                                 temperature_score=config.retriever.temperature_score,
                                 emdr_granularity=config.retriever.emdr_granularity,
-                                adist_attention=config.retriever.adist_attention)
+                                adist_attention=config.retriever.adist_attention,
+                                gold_precision=config.retriever.gold_precision)
     return Atlas(reader=reader, reader_tokenizer=tokenizer, retriever=retriever, index=index, retriever_loss=loss,
                  reader_config=config.reader, retriever_config=config.retriever, index_config=config.index,
                  closed_book=config.task.closed_book)

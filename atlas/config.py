@@ -54,6 +54,11 @@ class RetrieverConfig:
     # over the input tokens ("copy", readers with a copy head), or "auto" (copy where the reader has
     # one: bench/gold_signal.py measured its ranking of nq824 passages well above cross-attention's)
     adist_attention: Literal["auto", "cross", "copy"] = "auto"
+    # How the gold scores' separate eval-mode encoder pass runs (needed when the reader's encoder has
+    # dropout): "bf16" = under bfloat16 autocast, the gold pass 1.8× faster on AVX512-BF16 cores
+    # (bench/train_step.py; the scores' change: bench/gold_signal.py); "auto" = bf16 where the hardware
+    # has it natively and it is measured faster (reader/encoder_precision.py), else "full"
+    gold_precision: Literal["auto", "full", "bf16"] = "auto"
     n_context: int = 40  # passages retrieved per query and covered by the retriever loss
     batch_size: int = 64  # encoding batch size
 
@@ -109,6 +114,10 @@ class ReaderConfig:
     # every answer is a span of a passage read (constrained decoding, reader/span_constraint.py), for
     # extractive QA; closed-book examples and option scoring are unconstrained
     span_answers: bool = False
+    # the encoder pass of answering (predict, evaluate, serve) under bfloat16 autocast: "bf16", "auto" (bf16
+    # where the hardware multiplies it natively: reader/encoder_precision.py) or "full" (the reader's
+    # precision; the default, so that figures do not depend on the machine). Training is unaffected.
+    inference_precision: Literal["full", "bf16", "auto"] = "full"
     dropout: float | None = None
     # false: no dropout in the reader's encoder (the decoder keeps `dropout`). A retriever loss's gold
     # scores need eval-mode encoder states; with a dropout-free encoder the training pass's states are

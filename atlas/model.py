@@ -246,7 +246,8 @@ class Atlas(nn.Module):
             self.reader.train(False)
             try:
                 with torch.no_grad():
-                    states[:, n_reused:] = self.reader.encode(gold_ids[:, n_reused:], gold_mask[:, n_reused:])
+                    states[:, n_reused:] = self.reader.encode(gold_ids[:, n_reused:], gold_mask[:, n_reused:],
+                                                              precision=self.retriever_loss.gold_precision)
             finally:
                 self.reader.train(was_training)
         return states
@@ -262,15 +263,20 @@ class Atlas(nn.Module):
         return [a.strip() for a in answers], passages
 
     @torch.no_grad()
+    def encode_for_answers(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """(B, K, L) reader inputs → (B, K, L, H) encoder states at `reader.inference_precision`."""
+        return self.reader.encode(input_ids, attention_mask, precision=self.reader_config.inference_precision)
+
+    @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, passages: list[list[dict]] | None,
                  encoder_states: torch.Tensor | None = None) -> torch.Tensor:
         """Decode answers as the recipe says (`reader.num_beams`, `length_penalty`, `span_answers`,
-        `generation_max_length`).
+        `generation_max_length`, `inference_precision`).
 
         Args:
             input_ids, attention_mask: (B, K, L) from `reader_inputs(queries, passages)`.
             passages: the B lists of passages read (None: closed book, never constrained).
-            encoder_states: (B, K, L, H) from `reader.encode`, reused instead of encoding again.
+            encoder_states: (B, K, L, H) from `encode_for_answers`, reused instead of encoding again.
         Returns:
             (B, T') generated ids starting with the decoder start token.
         """
@@ -281,7 +287,8 @@ class Atlas(nn.Module):
                 self.reader_tokenizer, passages, answer_prefix=ANSWER_SENTINEL, vocab_size=self.reader.t5.config.vocab_size)
         return self.reader.generate(input_ids, attention_mask, max_length=rc.generation_max_length,
                                     num_beams=rc.num_beams, length_penalty=rc.length_penalty,
-                                    encoder_states=encoder_states, prefix_allowed_tokens_fn=constraint)
+                                    encoder_states=encoder_states, prefix_allowed_tokens_fn=constraint,
+                                    precision=rc.inference_precision)
 
     @torch.no_grad()
     def option_logits(self, examples: list[Example], letters: list[str],

@@ -11,6 +11,9 @@ target is worth learning:
                          its target puts more mass on answer passages than the retriever already does
     length ρ             Spearman correlation of the gold score with the passage's token count (a gold
                          score that follows length teaches the retriever length, not relevance)
+    top-1 = full, KL     with `--gold-precision full,bf16`: how the gold scores from a bfloat16 encoder pass
+                         (`retriever.gold_precision`) agree with full precision: same top passage (%),
+                         mean KL(p_full ‖ p_bf16) at τ = 0.1
 
 Gold scores come from `RetrieverLoss.gold_scores` itself (eval mode, no grad), so this measures the
 code that trains. Questions: nq824's 64 training shots (what the 64-shot recipe's loss sees) and
@@ -18,6 +21,7 @@ the first dev questions.
 
     .venv/bin/python bench/gold_signal.py                                   # shipped reader
     .venv/bin/python bench/gold_signal.py --checkpoint runs/bench-nq824/frozen/checkpoints/step-000100
+    .venv/bin/python bench/gold_signal.py --gold-precision full,bf16   # + the bf16 gold pass's agreement
 Needs the corpus and index of bench/nq824.py (runs/bench-nq824). Prints JSON, then a table.
 """
 
@@ -47,6 +51,7 @@ GOLDS = {
     "loop": ("loop", {}),
 }
 TAUS = (0.01, 0.1, 1.0)
+AGREEMENT_TAU = 0.1  # the nq824 recipe's τ_gold
 
 
 def spearman(x: np.ndarray, y: np.ndarray) -> float:
@@ -98,14 +103,15 @@ def measure(model, examples, args) -> dict:
         passages = model.retrieve(batch, args.passages)
         input_ids, mask = model.reader_inputs([e.query for e in batch], passages)
         labels = model.target_labels([e.answers[0] for e in batch])
-        states = model.reader.encode(input_ids, mask)
         golds = {}
         with torch.no_grad():
-            for name, loss in losses.items():
-                gold = loss.gold_scores(model.reader, input_ids, mask, labels, encoder_states=states)
-                if name == "adist/token":
-                    gold = gold / mask.sum(-1).clamp(min=1)
-                golds[name] = gold.float().numpy()
+            for precision in args.gold_precision:
+                states = model.reader.encode(input_ids, mask, precision=precision)
+                for name, loss in losses.items():
+                    gold = loss.gold_scores(model.reader, input_ids, mask, labels, encoder_states=states)
+                    if name == "adist/token":
+                        gold = gold / mask.sum(-1).clamp(min=1)
+                    golds[name if precision == "full" else f"{name} {precision}"] = gold.float().numpy()
         n_tokens = mask.sum(-1).numpy()
         for b, (example, ps) in enumerate(zip(batch, passages)):
             has = np.array([has_answer(example.answers, p["title"] + " " + p["text"]) for p in ps], float)
@@ -120,16 +126,29 @@ def measure(model, examples, args) -> dict:
     def mass(scores_of, tau) -> float:
         return 100 * float(np.mean([(softmax(scores_of(q) / tau) * q["has"]).sum() for q in per_question]))
 
+    def agreement(name: str) -> dict:
+        """How a lower-precision gold agrees with the full one (its row's name without the suffix):
+        share of questions with the same top passage, and mean KL(p_full ‖ p) at τ = AGREEMENT_TAU."""
+        full = name.split(" ")[0]
+        same_top = np.mean([np.argmax(q[name]) == np.argmax(q[full]) for q in per_question])
+        kl = np.mean([float((softmax(q[full] / AGREEMENT_TAU) * (np.log(softmax(q[full] / AGREEMENT_TAU) + 1e-30)
+                                                                 - np.log(softmax(q[name] / AGREEMENT_TAU) + 1e-30))).sum())
+                      for q in per_question])
+        return {"top-1 = full": 100 * float(same_top), f"KL to full τ={AGREEMENT_TAU}": float(kl)}
+
     rows["retriever"] = {"recall@5": recall5(lambda q: q["retr"]),
                          **{f"mass τ={t}": mass(lambda q: q["retr"] / math.sqrt(dim), t) for t in TAUS},
-                         "length ρ": float(np.nanmean([spearman(q["retr"], q["tokens"]) for q in per_question]))}
-    for name in [n for n in GOLDS if n in per_question[0]]:
+                         "length ρ": float(np.nanmean([spearman(q["retr"], q["tokens"]) for q in per_question])),
+                         "top-1 = full": "-", f"KL to full τ={AGREEMENT_TAU}": "-"}
+    names = [n for n in GOLDS if n in per_question[0]]
+    for name in names + [n for n in per_question[0] if n.split(" ")[0] in names and " " in n]:
         # loop's gold is an NLL (higher = the passage matters more): already "higher is better"
         def gold_of(q, name=name):
             return q[name]
 
         rows[name] = {"recall@5": recall5(gold_of), **{f"mass τ={t}": mass(gold_of, t) for t in TAUS},
-                      "length ρ": float(np.nanmean([spearman(q[name], q["tokens"]) for q in per_question]))}
+                      "length ρ": float(np.nanmean([spearman(q[name], q["tokens"]) for q in per_question])),
+                      **agreement(name)}
     oracle = 100 * float(np.mean([q["has"].max() for q in per_question]))
     return {"questions": len(per_question), f"answer_recall@{args.passages}": oracle, "losses": rows}
 
@@ -145,7 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-dev", type=int, default=128)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--out", type=Path, help="also write the JSON here")
+    parser.add_argument("--gold-precision", default="full",
+                        help="encoder precisions of the gold pass, comma-separated (full, bf16): each non-full "
+                             "one adds rows '<loss> <precision>' with their agreement with full precision")
     args = parser.parse_args(argv)
+    args.gold_precision = ["full"] + [p for p in args.gold_precision.split(",") if p != "full"]
     if not (args.data / "nq824").is_dir() or not args.index.is_dir():
         print(f"skipped: needs {args.data / 'nq824'} and the index of bench/nq824.py ({args.index})")
         return 0

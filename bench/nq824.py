@@ -14,9 +14,12 @@ run keeps its result in OUT/VARIANT[-seedN]/bench-result.json, so a killed bench
 Corpus swaps, with the `frozen` model and no retraining: (1) for every dev question it answers right with
 the gold passage among those it reads, the answer is replaced in every passage it reads that states it
 (the gold one and any other: an edit that leaves the old fact in a passage beside it tests nothing) by
-another dev answer of the same shape (same question word, a year for a year, a name for a name; a
-person's surname alone follows the full name), the index is updated (remove + add), and the share of
-answers that follow the edited corpus is reported; (2) the whole corpus is swapped for SQuAD dev paragraphs (a new MiniLM index)
+another real answer of the same shape (same question word, a year for a year, a number for a number, a
+name for a name; a person's surname alone follows the full name), drawn from nq824 dev's answers (with
+`--edit-pool nq-open` NQ-open dev's too) in each way of `--edit-replacements`: `similar` (the headline: the answer
+whose MiniLM embedding is closest to the old answer's, sharing no word with it: a thing of the same kind,
+as in typed entity substitution), `nearest` (the answer of the most similar question), `random`; the
+index is updated (remove + add), and the share of answers that follow the edited corpus is reported; (2) the whole corpus is swapped for SQuAD dev paragraphs (a new MiniLM index)
 and SQuAD dev questions are asked, EM against the closed-book variant's reader on the same questions.
 
     .venv/bin/python bench/nq824.py --out runs/bench-nq824                     # ~10 min per variant and seed, 2 cores
@@ -186,12 +189,18 @@ def squad_corpus_swap(args, out: Path, checkpoint: str, closed_book: str | None)
     return result
 
 
+NUMBER_WORDS = frozenset({
+    "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve", "thirteen",
+    "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty", "thirty", "forty", "fifty",
+    "sixty", "seventy", "eighty", "ninety", "hundred", "thousand", "million", "billion"})
+
+
 def _kind(answer: str) -> str:
     """The shape a replacement must share: a year, another number, a name (every word capitalised)
     or other text — so that the edited sentence still reads as a statement of the same kind."""
     if re.fullmatch(r"\d{4}", answer):
         return "year"
-    if re.search(r"\d", answer):
+    if re.search(r"\d", answer) or all(w in NUMBER_WORDS for w in answer.lower().split()):
         return "number"
     words = [w for w in answer.split() if w[:1].isalpha()]
     return "name" if words and all(w[:1].isupper() for w in words) else "text"
@@ -207,7 +216,8 @@ def edit_answer(text: str, old: str, new: str, asked: str) -> str:
         surname, new_surname = old.split()[-1], new.split()[-1]
 
         def alone(match: re.Match) -> str:  # not part of another name ("Atletico Madrid" for "Real Madrid")
-            after_name = re.search(r"[A-Z][\w'’.-]*\s+$", edited[: match.start()])
+            # a capitalised word just before (not one that ends a sentence: "the Bible. Gutenberg was")
+            after_name = re.search(r"(?:[A-Z][\w'’-]*|\b[A-Z]\.|\b(?:Mr|Mrs|Ms|Dr|St)\.)\s+$", edited[: match.start()])
             return match.group(0) if after_name else new_surname
 
         edited = re.sub(rf"(?<!\w){re.escape(surname)}(?!\w)", alone, edited)
@@ -220,8 +230,30 @@ def _question_word(question: str) -> str:
     return " ".join(words) if words and words[0] == "how" else (words[0] if words else "")
 
 
+def _replacement(example_index: int, candidates: list[tuple[str, int]], replacement: str, question_vectors,
+                 answer_vectors, seed: str) -> str:
+    """The new answer for one edit among `candidates` ((answer, index of the dev question it answers)),
+    given unit question and answer vectors (rows: dev questions):
+    "similar" = the answer closest to the old one (cosine of the retriever's embeddings of the answers:
+    a thing of the same kind, "butane" → another fuel, "Tokyo" → another city, as in typed entity
+    substitution; candidates sharing a word with the old answer are left out by the caller),
+    "nearest" = the answer of the most similar other question ("who played king theoden" → another
+    actor), "random" = any candidate, drawn by `seed`."""
+    if replacement == "random":
+        return random.Random(seed).choice(sorted({a for a, _ in candidates}))
+    vectors = answer_vectors if replacement == "similar" else question_vectors
+    similarity = vectors @ vectors[example_index]
+    return max(candidates, key=lambda c: (float(similarity[c[1]]), c[0]))[0]
+
+
+EDIT_REPLACEMENTS = ("similar", "nearest", "random")
+
+
 def corpus_swap(args, out: Path, checkpoint: str) -> dict:
-    """Edit the gold passages of rightly answered dev questions and measure who follows the edit."""
+    """Edit the gold passages of rightly answered dev questions and measure who follows the edit: one
+    result per `args.edit_replacements` way of choosing the new answers (each on a fresh copy of the index)."""
+    import numpy as np
+
     from atlas.build import build_atlas
     from atlas.training.checkpoint import checkpoint_config
     from retriever.index import PassageIndex
@@ -232,9 +264,7 @@ def corpus_swap(args, out: Path, checkpoint: str) -> dict:
 
     started = time.perf_counter()
     swapped = out / "index-swapped"
-    shutil.rmtree(swapped, ignore_errors=True)
-    shutil.copytree(out / "index", swapped)
-    config = checkpoint_config(checkpoint, [f"index.path={swapped}", *args.set])
+    config = checkpoint_config(checkpoint, [f"index.path={out / 'index'}", *args.set])
     model = build_atlas(config, checkpoint=checkpoint)
     model.eval()
     records = [r for _, r in read_jsonl(args.data / "nq824" / "dev.jsonl")][: args.max_dev]
@@ -244,52 +274,88 @@ def corpus_swap(args, out: Path, checkpoint: str) -> dict:
         batch_answers, batch_passages = model.predict(examples[start:start + 16])
         answers += batch_answers
         passages += batch_passages
-    # replacements: other dev answers to the same kind of question (who → a person, when → a date),
-    # short like a real answer; each edit draws its own, so no single odd string stands for all
-    pool = [(_question_word(e.metadata["question"]), " ".join(e.answers[0].split())) for e in examples]
-    edits, used_passages = [], set()
-    for example, record, answer, read in zip(examples, records, answers, passages):
-        if normalize_answer(answer) not in {normalize_answer(a) for a in example.answers}:
+
+    def unit(texts):
+        vectors = model.retriever.embed_queries(texts)
+        return vectors / np.linalg.norm(vectors, axis=1, keepdims=True).clip(min=1e-12)
+
+    # replacements: other real answers to the same kind of question (who → a person, when → a date),
+    # short like a real answer; each edit draws its own, so no single odd string stands for all. The
+    # pool: these dev questions (rows 0..n-1, so row i is example i), then NQ-open dev's (--edit-pool nq-open)
+    pool_questions = [(e.metadata["question"], " ".join(e.answers[0].split())) for e in examples]
+    if args.edit_pool == "nq-open" and (args.data / "nq-open" / "NQ-open.dev.jsonl").is_file():
+        asked = {q.lower() for q, _ in pool_questions}
+        pool_questions += [(r["question"], " ".join(r["answer"][0].split()))
+                           for _, r in read_jsonl(args.data / "nq-open" / "NQ-open.dev.jsonl")
+                           if r.get("answer") and r["question"].lower() not in asked]
+    question_vectors = unit([q for q, _ in pool_questions])
+    answer_vectors = unit([a for _, a in pool_questions])
+    pool = [(_question_word(q), a, j) for j, (q, a) in enumerate(pool_questions)]
+    results = {}
+    for replacement_way in args.edit_replacements:
+        edits, used_passages = [], set()
+        for i, (example, record, answer, read) in enumerate(zip(examples, records, answers, passages)):
+            if normalize_answer(answer) not in {normalize_answer(a) for a in example.answers}:
+                continue
+            stating = [p for p in read if re.search(rf"(?<!\w){re.escape(answer)}(?!\w)", p["text"], re.IGNORECASE)]
+            if not any(p.get("doc_id") == record["gold_doc"] for p in stating):
+                continue  # the gold passage is not among those read, or states the answer only inside a word
+            if any(p["id"] in used_passages for p in stating):
+                continue  # each passage is edited once, for one question
+            asked = _question_word(example.metadata["question"])
+            candidates = [(a, j) for word, a, j in pool if word == asked and _kind(a) == _kind(answer)
+                          and len(a.split()) <= max(3, len(answer.split()) + 1)
+                          and normalize_answer(a) != normalize_answer(answer)
+                          and not any(a.lower() in p["text"].lower() for p in stating)]
+            if replacement_way == "similar":  # a different thing of the same kind, not a variant of the old one
+                old_words = set(normalize_answer(answer).split())
+                candidates = [(a, j) for a, j in candidates if not set(normalize_answer(a).split()) & old_words]
+            if not candidates:
+                continue
+            new = _replacement(i, candidates, replacement_way, question_vectors, answer_vectors, f"swap-{example.id}")
+            passages_edited = [{"id": p["id"], "title": p.get("title", ""),
+                                "text": edit_answer(p["text"], answer, new, asked)} for p in stating]
+            used_passages.update(p["id"] for p in stating)
+            edits.append({"example": example, "passages": passages_edited, "old": answer, "new": new})
+        if not edits:
+            results[replacement_way] = {"edited": 0, "follow_share": None}
             continue
-        stating = [p for p in read if re.search(rf"(?<!\w){re.escape(answer)}(?!\w)", p["text"], re.IGNORECASE)]
-        if not any(p.get("doc_id") == record["gold_doc"] for p in stating):
-            continue  # the gold passage is not among those read, or states the answer only inside a word
-        if any(p["id"] in used_passages for p in stating):
-            continue  # each passage is edited once, for one question
-        asked = _question_word(example.metadata["question"])
-        candidates = sorted({a for word, a in pool if word == asked and _kind(a) == _kind(answer)
-                             and len(a.split()) <= max(3, len(answer.split()) + 1)
-                             and normalize_answer(a) != normalize_answer(answer)
-                             and not any(a.lower() in p["text"].lower() for p in stating)})
-        if not candidates:
-            continue
-        replacement = random.Random(f"swap-{example.id}").choice(candidates)
-        passages_edited = [{"id": p["id"], "title": p.get("title", ""),
-                            "text": edit_answer(p["text"], answer, replacement, asked)} for p in stating]
-        used_passages.update(p["id"] for p in stating)
-        edits.append({"example": example, "passages": passages_edited, "old": answer, "new": replacement})
-    if not edits:
-        return {"edited": 0, "follow_share": None, "wall_s": round(time.perf_counter() - started, 1)}
-    write_jsonl(out / "swap-edits.jsonl", [p for e in edits for p in e["passages"]])
-    remove_passages(swapped, [p["id"] for e in edits for p in e["passages"]])
-    add_passages(swapped, [out / "swap-edits.jsonl"], model.retriever, chunk_words=0, progress=False)
-    model.index = PassageIndex.load(swapped, retriever=model.retriever)
-    new_answers = []
-    for start in range(0, len(edits), 16):
-        new_answers += model.predict([e["example"] for e in edits[start:start + 16]])[0]
-    follows = [normalize_answer(a) == normalize_answer(e["new"]) for a, e in zip(new_answers, edits)]
-    stays = [normalize_answer(a) == normalize_answer(e["old"]) for a, e in zip(new_answers, edits)]
-    # partial copies of the new text count here ("Garbiñe Muguru" for "Garbiñe Muguruza"): token F1 with
-    # the new answer ≥ 0.5 and above its F1 with the old one
-    leans = [max_f1(a, [e["new"]]) >= 0.5 and max_f1(a, [e["new"]]) > max_f1(a, [e["old"]])
-             for a, e in zip(new_answers, edits)]
-    return {"edited": len(edits), "passages_edited": sum(len(e["passages"]) for e in edits),
+        shutil.rmtree(swapped, ignore_errors=True)
+        shutil.copytree(out / "index", swapped)
+        write_jsonl(out / "swap-edits.jsonl", [p for e in edits for p in e["passages"]])
+        remove_passages(swapped, [p["id"] for e in edits for p in e["passages"]])
+        add_passages(swapped, [out / "swap-edits.jsonl"], model.retriever, chunk_words=0, progress=False)
+        model.index = PassageIndex.load(swapped, retriever=model.retriever)
+        new_answers, new_read = [], []
+        for start in range(0, len(edits), 16):
+            batch_answers, batch_passages = model.predict([e["example"] for e in edits[start:start + 16]])
+            new_answers += batch_answers
+            new_read += batch_passages
+        follows = [normalize_answer(a) == normalize_answer(e["new"]) for a, e in zip(new_answers, edits)]
+        stays = [normalize_answer(a) == normalize_answer(e["old"]) for a, e in zip(new_answers, edits)]
+        # partial copies of the new text count here ("Garbiñe Muguru" for "Garbiñe Muguruza"): token F1 with
+        # the new answer ≥ 0.5 and above its F1 with the old one
+        leans = [max_f1(a, [e["new"]]) >= 0.5 and max_f1(a, [e["new"]]) > max_f1(a, [e["old"]])
+                 for a, e in zip(new_answers, edits)]
+        # an edited passage among those read after the update (else the edit could not be followed)
+        read_edited = [bool({p["id"] for p in e["passages"]} & {p["id"] for p in ps}) for e, ps in zip(edits, new_read)]
+        results[replacement_way] = {
+            "edited": len(edits), "passages_edited": sum(len(e["passages"]) for e in edits),
             "follow_share": 100.0 * sum(follows) / len(edits),
             "follow_f1_share": 100.0 * sum(leans) / len(edits),
             "old_answer_share": 100.0 * sum(stays) / len(edits),
+            "edited_passage_read_share": 100.0 * sum(read_edited) / len(edits),
             "answers": [{"question": e["example"].metadata["question"], "old": e["old"], "new": e["new"], "answer": a,
-                         "passages": len(e["passages"])} for e, a in zip(edits, new_answers)],
-            "wall_s": round(time.perf_counter() - started, 1)}
+                         "passages": len(e["passages"]), "edited_passage_read": r}
+                        for e, a, r in zip(edits, new_answers, read_edited)]}
+    results["wall_s"] = round(time.perf_counter() - started, 1)
+    return results
+
+
+def edit_swaps(results: dict) -> dict:
+    """`corpus_swap`'s results as corpus-swap entries: "edit" (the first way, the headline) and "edit/<way>"."""
+    ways = [k for k in results if k != "wall_s"]
+    return {("edit" if n == 0 else f"edit/{way}"): {**results[way], "replacement": way} for n, way in enumerate(ways)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -309,12 +375,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-swap", action="store_true")
     parser.add_argument("--restart", action="store_true", help="re-run variants that already have a result")
     parser.add_argument("--swaps", default="edit,squad", help="which corpus swaps to run (edit, squad)")
+    parser.add_argument("--edit-pool", choices=["dev", "nq-open"], default="dev",
+                        help="the answers new ones are drawn from: nq824 dev's, or those plus NQ-open dev's 3,610 "
+                             "(more things of each kind to choose from)")
+    parser.add_argument("--edit-replacements", default=",".join(EDIT_REPLACEMENTS),
+                        help="how the edit swap chooses new answers, comma-separated, the first is the headline: "
+                             "similar (the dev answer of the same kind closest to the old one, sharing no word "
+                             "with it), nearest (the answer of the most similar dev question), random (any "
+                             "answer of the same kind)"),
     parser.add_argument("--swap-only", metavar="CHECKPOINT",
                         help="only the corpus swaps, with this trained checkpoint (e.g. OUT/frozen/checkpoints/step-000100)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a dotted config override for every variant and the corpus swaps' models "
                              "(repeatable), e.g. retriever.temperature_gold=0.1")
     args = parser.parse_args(argv)
+    args.edit_replacements = [w for w in args.edit_replacements.split(",") if w]
+    if not args.edit_replacements or set(args.edit_replacements) - set(EDIT_REPLACEMENTS):
+        raise ValueError(f"--edit-replacements {args.edit_replacements}: choose from {list(EDIT_REPLACEMENTS)}")
     variants = [v for v in args.variants.split(",") if v]
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     unknown = sorted(set(variants) - set(VARIANTS))
@@ -329,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
         closed = args.out / "closed_book" / "checkpoints" / "latest"
         closed_ckpt = str(closed.parent / closed.read_text().strip()) if closed.is_file() else None
         wanted = set(args.swaps.split(","))
-        swaps = {"edit": corpus_swap(args, args.out, args.swap_only)} if "edit" in wanted else {}
+        swaps = edit_swaps(corpus_swap(args, args.out, args.swap_only)) if "edit" in wanted else {}
         if "squad" in wanted and (args.data / "squad").is_dir():
             swaps["squad"] = squad_corpus_swap(args, args.out, args.swap_only, closed_ckpt)
         saved = args.out / "swap.json"  # keep the swaps this run did not redo
@@ -354,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
         frozen = results["variants"]["frozen"]["runs"][0]["checkpoint"]
         closed_ckpt = results["variants"].get("closed_book", {}).get("runs", [{}])[0].get("checkpoint")
         wanted = set(args.swaps.split(","))
-        results["corpus_swap"] = {"edit": corpus_swap(args, args.out, frozen)} if "edit" in wanted else {}
+        results["corpus_swap"] = edit_swaps(corpus_swap(args, args.out, frozen)) if "edit" in wanted else {}
         if "squad" in wanted and (args.data / "squad").is_dir():
             results["corpus_swap"]["squad"] = squad_corpus_swap(args, args.out, frozen, closed_ckpt)
     saved = args.out / "results.json"
@@ -386,11 +463,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_swaps(swaps: dict) -> None:
     """One line per corpus swap, against its goal."""
-    edit = swaps.get("edit")
-    if edit:
-        print(f"corpus edit: {edit['edited']} edited passages, {edit['follow_share']:.1f}% of answers follow the edit "
-              f"exactly, {edit.get('follow_f1_share', float('nan')):.1f}% lean to it by token F1 "
-              f"(goal ≥ {GOALS['swap_follow']:.0f}%)")
+    for name, edit in swaps.items():
+        if not name.startswith("edit") or not edit.get("edited"):
+            continue
+        read = edit.get("edited_passage_read_share")
+        print(f"corpus {name} (new answers: {edit.get('replacement', 'random')}): {edit['edited']} facts edited, "
+              f"{edit['follow_share']:.1f}% of answers follow the edit exactly, "
+              f"{edit.get('follow_f1_share', float('nan')):.1f}% lean to it by token F1"
+              + (f", an edited passage read for {read:.1f}%" if read is not None else "")
+              + f" (goal ≥ {GOALS['swap_follow']:.0f}%)")
     squad = swaps.get("squad")
     if squad:
         ratio = squad.get("ratio_to_closed_book")

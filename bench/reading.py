@@ -6,11 +6,14 @@ with --reader NAME=DIR (e.g. the retired atlas-mini exported from git history, o
 reader/ folder at equal training steps), each with every decoding of --decodings: `plain` (beam
 search, Hugging Face's length penalty 1.0: the baseline), `lp0` (length penalty 0: hypotheses ranked
 by log-probability alone) and `span` (length penalty 0, answers constrained to spans of the passages
-read: `reader.span_answers`; `span-lp0.5` the same with length penalty 0.5). Also measured: reader
-inference throughput (questions/s at K=5, beam search of 4, batch 16, this machine's threads).
+read: `reader.span_answers`; `span-lp0.5` the same with length penalty 0.5), and at every precision of
+--precisions (`full`; `bf16`: the encoder pass under bfloat16 autocast, `reader.inference_precision`).
+Also measured: reader inference throughput (questions/s at K=5, beam search of 4, batch 16, this
+machine's threads).
 
     .venv/bin/python bench/reading.py                                   # 1000 seeded dev questions
     .venv/bin/python bench/reading.py --reader atlas-mini=runs/atlas-mini --max-dev 300
+    .venv/bin/python bench/reading.py --decodings span --precisions full,bf16 --max-dev 300
 Prints a JSON object, then a table. Never runs in the test suite.
 """
 
@@ -57,7 +60,8 @@ def distractor_passages(examples, pool, retriever, k: int, seed: int) -> list[li
 
 
 def read(reader, tokenizer, task, examples, passages, *, max_length: int, batch_size: int,
-         beams: int, length_penalty: float = 1.0, span_answers: bool = False) -> tuple[dict, float]:
+         beams: int, length_penalty: float = 1.0, span_answers: bool = False,
+         precision: str = "full") -> tuple[dict, float]:
     """Generate an answer for every example from its passages → (SQuAD metrics in %, questions/s)."""
     import torch
 
@@ -76,7 +80,7 @@ def read(reader, tokenizer, task, examples, passages, *, max_length: int, batch_
                 tokenizer, passages[start: start + batch_size], answer_prefix=ANSWER_SENTINEL,
                 vocab_size=reader.t5.config.vocab_size) if span_answers else None
             generated = reader.generate(ids, mask, max_length=24, num_beams=beams, length_penalty=length_penalty,
-                                        prefix_allowed_tokens_fn=constraint)
+                                        prefix_allowed_tokens_fn=constraint, precision=precision)
             predictions += decode_answers(tokenizer, generated, passages[start: start + batch_size])
     rate = len(examples) / (time.perf_counter() - started)
     metrics = task.evaluate(examples, predictions)
@@ -99,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--beams", type=int, default=4, help="beam search width (1 = greedy)")
     parser.add_argument("--decodings", default="plain,span",
                         help=f"comma-separated decodings to measure each reader with ({', '.join(DECODINGS)})")
+    parser.add_argument("--precisions", default="full",
+                        help="comma-separated inference precisions (full, bf16: `reader.inference_precision`); "
+                             "each reader × decoding runs at each, in the same run")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     parser.add_argument("--no-shipped", action="store_true",
@@ -107,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "bench-reading")
     args = parser.parse_args(argv)
     decodings = [d for d in args.decodings.split(",") if d]
+    precisions = [p for p in args.precisions.split(",") if p]
+    if not precisions or set(precisions) - {"full", "bf16"}:
+        parser.error(f"--precisions {args.precisions!r}: choose from full, bf16")
     unknown = sorted(set(decodings) - set(DECODINGS))
     if unknown or not decodings:
         parser.error(f"--decodings: unknown {unknown}; choose from {list(DECODINGS)}")
@@ -136,14 +146,16 @@ def main(argv: list[str] | None = None) -> int:
     for reader_name, folder in readers.items():
         reader = FiDReader.from_pretrained(folder).eval()
         tokenizer = build_reader_tokenizer(folder if (folder / "tokenizer.json").is_file() else None)
-        for decoding in decodings:
+        for decoding, precision in [(d, p) for d in decodings for p in precisions]:
             name = reader_name if decoding == "plain" else f"{reader_name}+{decoding}"
+            name = name if precision == "full" else f"{name}+{precision}"
             settings = {"max_length": args.text_maxlength, "batch_size": args.batch_size, "beams": args.beams,
-                        **DECODINGS[decoding]}
+                        "precision": precision, **DECODINGS[decoding]}
             k1, _ = read(reader, tokenizer, task, examples, gold_only, **settings)
             k5, rate = (None, None) if args.k1_only else read(  # None: not measured (null in the JSON, - in the table)
                 reader, tokenizer, task, examples, with_distractors, **settings)
-            results[name] = {"folder": str(folder), "decoding": {"beams": args.beams, **DECODINGS[decoding]},
+            results[name] = {"folder": str(folder), "precision": precision,
+                             "decoding": {"beams": args.beams, **DECODINGS[decoding]},
                              "k1": k1, "k5": k5, "k5_questions_per_s": rate}
             rows.append({"reader": name, "EM K=1": k1["exact_match"], "F1 K=1": k1["f1"],
                          "EM K=5": k5["exact_match"] if k5 else "-", "F1 K=5": k5["f1"] if k5 else "-",

@@ -12,11 +12,16 @@ reader's encoder has no dropout (`--dropout 0`, or `--encoder-dropout off`: the 
 Ratios to the `none` step (same checkpointing setting): wall time, CPU time, FLOPs, peak RSS;
 issue 13's target is `pdist` and `adist` ≤ 1.2× `none` in wall time per step (issue 4 asked 1.5×).
 
-Part 2 (gold cost; `--no-gold-cost` skips it): seconds for one batch's gold scores, three ways:
+Each retriever loss runs once per `--gold-precision` (default: full and the recipes' default, auto =
+bf16 where the hardware multiplies bfloat16 natively): the precision of the gold scores' own eval-mode
+encoder pass (`reader.encoder_precision`).
+
+Part 2 (gold cost; `--no-gold-cost` skips it): seconds for one batch's gold scores, four ways:
   naive     a separate full reader pass (encoder + decoder) per passage, as the reference
             does for `loop` (K passes over K-1 passages) and per-passage scoring;
   batched   one eval-mode encoder pass over B·K passages, then batched decoder passes
             (what `RetrieverLoss.gold_scores` does when not given encoder states);
+  batched_bf16  the same with the encoder pass under bfloat16 autocast (where native);
   reused    decoder passes only, on encoder states already computed by the training pass.
 "before/after" = naive / reused: the reference's second reader pass vs reusing encoder states.
 
@@ -45,6 +50,8 @@ from torch.utils.flop_counter import FlopCounterMode
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from atlas.config import RetrieverConfig
+from reader.encoder_precision import PRECISIONS, native_bf16, resolve_precision
 from reader.fid import FiDReader, build_reader
 from reader.tokenizer import build_reader_tokenizer
 from retriever.losses import build_retriever_loss
@@ -133,7 +140,7 @@ class ScoreSource:
         return self.scores
 
 
-def run_setting(args, loss_name: str, checkpointing: bool) -> dict:
+def run_setting(args, loss_name: str, checkpointing: bool, gold_precision: str = "full") -> dict:
     """Time `args.steps` training steps (after one warm-up) for one setting."""
     torch.manual_seed(0)
     reader = make_reader(args).train()
@@ -143,8 +150,13 @@ def run_setting(args, loss_name: str, checkpointing: bool) -> dict:
         reader.gradient_checkpointing_enable()
     input_ids, mask, labels = synthetic_batch(args, reader.config.vocab_size)
     scores_source = ScoreSource(args.retriever, args.batch, args.passages)
-    retriever_loss = build_retriever_loss(loss_name, temperature_gold=0.01, temperature_score=0.01)
+    retriever_loss = build_retriever_loss(loss_name, temperature_gold=0.01, temperature_score=0.01,
+                                          gold_precision="full" if gold_precision == "-" else gold_precision)
     reuse = reader.encoder_is_dropout_free()
+    if not retriever_loss.trains_retriever:
+        precision_used = "-"
+    else:
+        precision_used = "reused" if reuse else resolve_precision(gold_precision, reader.t5.encoder)
     optimizer = torch.optim.AdamW(list(reader.parameters()) + scores_source.parameters, lr=1e-5)
     rss_before_steps = current_rss_gib()  # model, optimizer and batch built, no step yet
     times, cpu_times, gold_times = [], [], []
@@ -182,6 +194,8 @@ def run_setting(args, loss_name: str, checkpointing: bool) -> dict:
         "loss": loss_name,
         "checkpointing": checkpointing,
         "encoder_states_reused": reuse,
+        "gold_precision": gold_precision if retriever_loss.trains_retriever else "-",
+        "gold_precision_used": precision_used,
         "seconds_per_step": statistics.median(times),
         "cpu_seconds_per_step": statistics.median(cpu_times),
         "gold_seconds": statistics.median(gold_times),
@@ -213,13 +227,17 @@ def gold_cost(args) -> list[dict]:
         states = reader.encode(input_ids, mask)
         for loss_name in args.gold_losses:
             loss = build_retriever_loss(loss_name)
+            bf16_loss = build_retriever_loss(loss_name, gold_precision="bf16")
             timings = {}
-            for way in ("naive", "batched", "reused"):
+            ways = ("naive", "batched", "batched_bf16", "reused")
+            if not native_bf16(input_ids.device):
+                ways = ("naive", "batched", "reused")
+            for way in ways:
                 start, cpu_start = time.perf_counter(), time.process_time()
                 if way == "naive":
                     naive_gold(reader, loss_name, input_ids, mask, labels)
                 else:
-                    loss.gold_scores(
+                    (bf16_loss if way == "batched_bf16" else loss).gold_scores(
                         reader,
                         input_ids,
                         mask,
@@ -234,6 +252,8 @@ def gold_cost(args) -> list[dict]:
                     **{f"{k}_seconds": v for k, v in timings.items()},
                     "naive_over_batched": timings["naive"] / timings["batched"],
                     "naive_over_reused": timings["naive"] / timings["reused"],
+                    "batched_over_batched_bf16": (timings["batched"] / timings["batched_bf16"]
+                                                  if "batched_bf16" in timings else None),
                     "cpu_naive_over_batched": timings["naive_cpu"] / timings["batched_cpu"],
                     "cpu_naive_over_reused": timings["naive_cpu"] / timings["reused_cpu"],
                 }
@@ -245,14 +265,14 @@ TARGET_RATIO = 1.2  # issue 13 (issue 4 asked 1.5×): pdist and adist steps ≤ 
 TARGET_LOSSES = ("pdist", "adist")
 
 
-def run_in_fresh_process(loss_name: str, checkpointing: bool) -> dict:
-    """One (loss, checkpointing) setting in a new Python process; its JSON row."""
+def run_in_fresh_process(loss_name: str, checkpointing: bool, gold_precision: str) -> dict:
+    """One (loss, checkpointing, gold precision) setting in a new Python process; its JSON row."""
     argv = [
         sys.executable,
         __file__,
         *sys.argv[1:],
         "--single",
-        json.dumps({"loss": loss_name, "checkpointing": checkpointing}),
+        json.dumps({"loss": loss_name, "checkpointing": checkpointing, "gold_precision": gold_precision}),
     ]
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -278,18 +298,21 @@ def add_ratios(rows: list[dict]) -> None:
 
 
 def target_verdicts(rows: list[dict]) -> list[dict]:
-    """The target per checkpointing setting: every TARGET_LOSSES step ≤ TARGET_RATIO × `none`."""
+    """The target per (checkpointing, gold precision) setting: every TARGET_LOSSES step ≤
+    TARGET_RATIO × `none`."""
     verdicts = []
-    for checkpointing in sorted({r["checkpointing"] for r in rows}):
+    settings = sorted({(r["checkpointing"], r["gold_precision"]) for r in rows if r["loss"] in TARGET_LOSSES})
+    for checkpointing, precision in settings:
         measured = {
             r["loss"]: r["ratio_to_none"]
             for r in rows
-            if r["checkpointing"] == checkpointing and r["loss"] in TARGET_LOSSES
-            and "ratio_to_none" in r
+            if r["checkpointing"] == checkpointing and r["gold_precision"] == precision
+            and r["loss"] in TARGET_LOSSES and "ratio_to_none" in r
         }
         verdicts.append(
             {
                 "checkpointing": checkpointing,
+                "gold_precision": precision,
                 "ratios": measured,
                 "met": all(v <= TARGET_RATIO for v in measured.values()) if measured else None,
                 "missing": [loss for loss in TARGET_LOSSES if loss not in measured],
@@ -317,12 +340,12 @@ def print_table(args, result: dict) -> None:
                "run their own eval-mode encoder pass (encoder dropout > 0; --encoder-dropout off reuses states)")
         )
         print(
-            f"{'loss':7s} {'ckpt':5s} {'s/step':>7s} {'gold s':>7s} {'x none':>7s} {'cpu x':>6s} "
+            f"{'loss':7s} {'gold':6s} {'ckpt':5s} {'s/step':>7s} {'gold s':>7s} {'x none':>7s} {'cpu x':>6s} "
             f"{'GFLOP':>7s} {'flop x':>7s} {'peak GiB':>9s} {'rss x':>6s}"
         )
         for row in result["steps"]:
             print(
-                f"{row['loss']:7s} {('on' if row['checkpointing'] else 'off'):5s} "
+                f"{row['loss']:7s} {row['gold_precision_used']:6s} {('on' if row['checkpointing'] else 'off'):5s} "
                 f"{row['seconds_per_step']:7.2f} {row['gold_seconds']:7.2f} "
                 f"{_ratio(row, 'ratio_to_none'):>7s} {_ratio(row, 'cpu_ratio_to_none'):>6s} "
                 f"{row['gflops_per_step']:7.1f} {_ratio(row, 'flops_ratio_to_none'):>7s} "
@@ -334,7 +357,8 @@ def print_table(args, result: dict) -> None:
             state = {True: "MET", False: "NOT met", None: "not measured"}[verdict["met"]]
             missing = f" (missing: {', '.join(verdict['missing'])})" if verdict["missing"] else ""
             print(
-                f"issue-13 target (pdist, adist ≤ {TARGET_RATIO}x none), checkpointing {ckpt}: "
+                f"issue-13 target (pdist, adist ≤ {TARGET_RATIO}x none), checkpointing {ckpt}, "
+                f"gold precision {verdict['gold_precision']}: "
                 f"{shown} → {state}{missing}"
             )
     for row in result["gold_cost"]:
@@ -344,6 +368,9 @@ def print_table(args, result: dict) -> None:
             f"batched {row['batched_seconds']:.2f} s, reused {row['reused_seconds']:.2f} s; "
             f"naive/batched {row['naive_over_batched']:.1f}x; cpu time {row['cpu_naive_over_reused']:.1f}x]"
         )
+        if row["batched_over_batched_bf16"] is not None:
+            print(f"gold {row['loss']:6s} own encoder pass full / bf16: {row['batched_over_batched_bf16']:.2f}x  "
+                  f"[{row['batched_seconds']:.2f} s vs {row['batched_bf16_seconds']:.2f} s]")
 
 
 def main() -> None:
@@ -360,6 +387,9 @@ def main() -> None:
         "--dropout", type=float, default=0.1, help="0 lets gold reuse encoder states"
     )
     parser.add_argument("--losses", default=",".join(LOSSES))
+    parser.add_argument("--gold-precision", default=f"full,{RetrieverConfig().gold_precision}",
+                        help="gold passes' encoder precision(s) to time, comma-separated (full, bf16, auto); "
+                             "the default compares full with the recipes' default")
     parser.add_argument("--encoder-dropout", choices=["on", "off"], default="on",
                         help="off: the reader's encoder runs without dropout (reader.encoder_dropout: false), "
                              "so the gold scores reuse the training pass's encoder states")
@@ -371,6 +401,10 @@ def main() -> None:
     parser.add_argument("--single", help=argparse.SUPPRESS)  # internal: one setting per process
     args = parser.parse_args()
     args.gold_losses = args.gold_losses.split(",")
+    args.gold_precision = args.gold_precision.split(",")
+    bad = sorted(set(args.gold_precision) - set(PRECISIONS) - {"-"})
+    if bad:
+        parser.error(f"unknown gold precision(s) {bad}; valid: {list(PRECISIONS)}")
     losses = args.losses.split(",")
     unknown = sorted(set(losses + args.gold_losses) - set(LOSSES))
     if unknown:
@@ -378,7 +412,7 @@ def main() -> None:
 
     if args.single:
         setting = json.loads(args.single)
-        print(json.dumps(run_setting(args, setting["loss"], setting["checkpointing"])))
+        print(json.dumps(run_setting(args, setting["loss"], setting["checkpointing"], setting["gold_precision"])))
         return
 
     shape = {
@@ -396,10 +430,11 @@ def main() -> None:
     if not args.no_steps:
         flags = {"off": [False], "on": [True], "both": [False, True]}[args.checkpointing]
         for checkpointing in flags:
-            for loss_name in losses:
-                row = run_in_fresh_process(loss_name, checkpointing)
+            for loss_name, precision in [(loss, p) for loss in losses
+                                         for p in (["-"] if loss == "none" else args.gold_precision)]:
+                row = run_in_fresh_process(loss_name, checkpointing, precision)
                 print(
-                    f"  {loss_name:6s} checkpointing={checkpointing!s:5s} "
+                    f"  {loss_name:6s} checkpointing={checkpointing!s:5s} gold {row['gold_precision_used']:6s} "
                     f"{row['seconds_per_step']:.2f} s/step gold {row['gold_seconds']:.2f} s  "
                     f"{row['peak_rss_gib']:.2f} GiB",
                     file=sys.stderr,

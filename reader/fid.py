@@ -20,6 +20,7 @@ from transformers import DynamicCache, EncoderDecoderCache, T5Config, T5ForCondi
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
 from reader import attention_scores, passage_scores
+from reader.encoder_precision import precision_autocast, resolve_precision
 from reader.warm_start import (
     WARM_START_PRESETS,
     WarmStartedT5,
@@ -191,7 +192,7 @@ class FiDReader(nn.Module):
                 module.dropout = 0.0
 
     # --- encoding ---------------------------------------------------------------------
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, precision: str = "full") -> torch.Tensor:
         """Encode every passage independently.
 
         The B·K rows are encoded in groups of up to `ENCODE_GROUP_ROWS` rows of similar length,
@@ -203,9 +204,16 @@ class FiDReader(nn.Module):
         Args:
             input_ids: (B, K, L) token ids of the formatted (query, passage) pairs.
             attention_mask: (B, K, L), 1 for real tokens.
+            precision: "full" (the encoder's own precision), "bf16" (bfloat16 autocast:
+                `reader.encoder_precision`) or "auto" (bf16 for a no-grad pass where the hardware
+                multiplies bfloat16 natively, else full).
         Returns:
-            (B, K, L, H) encoder states (with gradient when grad is enabled).
+            (B, K, L, H) encoder states in the encoder's dtype (with gradient when grad is enabled).
         """
+        if precision == "auto" and torch.is_grad_enabled():
+            precision = "full"
+        precision = resolve_precision(precision, self.t5.encoder)
+        state_dtype = next(self.t5.encoder.parameters()).dtype
         batch, n_passages, length = input_ids.shape
         ids = input_ids.reshape(batch * n_passages, length)
         mask = attention_mask.reshape(batch * n_passages, length)
@@ -216,7 +224,9 @@ class FiDReader(nn.Module):
         groups = []
         for rows in order.split(ENCODE_GROUP_ROWS):
             used = int(lengths[rows[0]])  # the longest of the group: rows are sorted
-            group = self.t5.encoder(input_ids=ids[rows, :used], attention_mask=mask[rows, :used]).last_hidden_state
+            with precision_autocast(precision, ids.device):
+                group = self.t5.encoder(input_ids=ids[rows, :used], attention_mask=mask[rows, :used]).last_hidden_state
+            group = group.to(state_dtype)  # autocast leaves bfloat16 states
             groups.append(nn.functional.pad(group, (0, 0, 0, length - used)))  # (rows, L, H)
         states = torch.cat(groups)[torch.argsort(order)]  # back to the input's row order
         return states.view(batch, n_passages, length, -1)
@@ -285,6 +295,7 @@ class FiDReader(nn.Module):
         encoder_states: torch.Tensor | None = None,
         prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], list[int]] | None = None,
         length_penalty: float = 1.0,
+        precision: str = "full",
     ) -> torch.Tensor:
         """Greedy (`num_beams`=1) or beam-search decoding of the answer (call in eval mode).
 
@@ -295,11 +306,14 @@ class FiDReader(nn.Module):
             prefix_allowed_tokens_fn: constrained decoding, `(example index, ids so far (T,)) → allowed
                 next ids` (e.g. `reader.span_constraint.PassageSpanConstraint`).
             length_penalty: beam search ranks by log-probability / length**length_penalty.
+            precision: "full", "bf16" or "auto" (`reader.encoder_precision`) of the encoder pass (when
+                `encoder_states` is None); the decoder runs at the reader's precision (bfloat16 autocast
+                slowed its small per-step products on CPU: bench/reading.py).
         Returns:
             (B, T') generated ids starting with the decoder start token.
         """
         if encoder_states is None:
-            encoder_states = self.encode(input_ids, attention_mask)
+            encoder_states = self.encode(input_ids, attention_mask, precision=precision)
         encoder_outputs, fused_mask = self.fuse(encoder_states, attention_mask)
         return self.t5.generate(
             encoder_outputs=encoder_outputs,

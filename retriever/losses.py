@@ -35,7 +35,7 @@ class GoldReader(Protocol):
     training: bool
 
     def train(self, mode: bool = True): ...
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor: ...
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, precision: str = "full") -> torch.Tensor: ...
     def per_passage_token_logprobs(
         self,
         encoder_states: torch.Tensor,
@@ -136,7 +136,14 @@ class RetrieverLoss(ABC):
     name: ClassVar[str]
     trains_retriever: ClassVar[bool] = True
 
-    def __init__(self, *, temperature_gold: float = 0.01, temperature_score: float = 0.01) -> None:
+    def __init__(self, *, temperature_gold: float = 0.01, temperature_score: float = 0.01,
+                 gold_precision: str = "full") -> None:
+        """gold_precision: how the gold pass encodes passages when it is not given eval-mode encoder
+        states: "full" (the reader's own precision), "bf16" (bfloat16 autocast) or "auto" (bf16 where
+        the hardware multiplies it natively); see `reader.encoder_precision`."""
+        if gold_precision not in ("auto", "full", "bf16"):
+            raise ValueError(f"unknown gold precision {gold_precision!r}; valid: ['auto', 'full', 'bf16']")
+        self.gold_precision = gold_precision
         if temperature_gold <= 0 or temperature_score <= 0:
             raise ValueError(
                 f"temperatures must be positive, got gold={temperature_gold}, "
@@ -169,7 +176,7 @@ class RetrieverLoss(ABC):
         try:
             with torch.no_grad():
                 if encoder_states is None:
-                    encoder_states = reader.encode(input_ids, attention_mask)
+                    encoder_states = reader.encode(input_ids, attention_mask, precision=self.gold_precision)
                 return self._gold(reader, encoder_states.detach(), attention_mask, labels, input_ids)
         finally:
             reader.train(was_training)
@@ -247,8 +254,9 @@ class AttentionDistillation(RetrieverLoss):
     ATTENTIONS = ("auto", "cross", "copy")
 
     def __init__(self, *, temperature_gold: float = 0.01, temperature_score: float = 0.01,
-                 attention: str = "auto") -> None:
-        super().__init__(temperature_gold=temperature_gold, temperature_score=temperature_score)
+                 attention: str = "auto", gold_precision: str = "full") -> None:
+        super().__init__(temperature_gold=temperature_gold, temperature_score=temperature_score,
+                         gold_precision=gold_precision)
         if attention not in self.ATTENTIONS:
             raise ValueError(f"unknown adist attention {attention!r}; valid: {list(self.ATTENTIONS)}")
         self.attention = attention
@@ -299,8 +307,10 @@ class EMDR(RetrieverLoss):
         temperature_gold: float = 0.01,
         temperature_score: float = 0.01,
         granularity: str = "sequence",
+        gold_precision: str = "full",
     ) -> None:
-        super().__init__(temperature_gold=temperature_gold, temperature_score=temperature_score)
+        super().__init__(temperature_gold=temperature_gold, temperature_score=temperature_score,
+                         gold_precision=gold_precision)
         if granularity not in self.GRANULARITIES:
             raise ValueError(
                 f"unknown emdr granularity {granularity!r}; valid: {list(self.GRANULARITIES)}"
@@ -358,11 +368,13 @@ def build_retriever_loss(
     temperature_score: float = 0.01,
     emdr_granularity: str = "sequence",
     adist_attention: str = "auto",
+    gold_precision: str = "full",
 ) -> RetrieverLoss:
     """The retriever loss registered as `name`; ValueError listing the valid names otherwise."""
     if name not in RETRIEVER_LOSSES:
         raise ValueError(f"unknown retriever loss {name!r}; valid: {sorted(RETRIEVER_LOSSES)}")
-    kwargs = {"temperature_gold": temperature_gold, "temperature_score": temperature_score}
+    kwargs = {"temperature_gold": temperature_gold, "temperature_score": temperature_score,
+              "gold_precision": gold_precision}
     if name == "emdr":
         kwargs["granularity"] = emdr_granularity
     if name == "adist":

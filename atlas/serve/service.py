@@ -126,7 +126,7 @@ class AtlasService:
         model, reader = self.model, self.model.reader
         input_ids, attention_mask = model.reader_inputs(queries, passages)  # (B, K, L) each
         # the attention scores below read the same encoder states as generation: encode once
-        states = reader.encode(input_ids, attention_mask)  # (B, K, L, H)
+        states = model.encode_for_answers(input_ids, attention_mask)  # (B, K, L, H)
         generated = model.generate(input_ids, attention_mask, passages, encoder_states=states)  # (B, T') from the start token
         texts = [t.strip() for t in decode_answers(model.reader_tokenizer, generated, passages)]
         # teacher-force the generated answer to see where the decoder looked while writing it

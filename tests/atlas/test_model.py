@@ -82,7 +82,7 @@ def test_gold_scores_reuse_the_training_pass_only_where_it_is_exact(tiny_world, 
             f"retriever.model={tiny_world['encoder']}", f"index.path={tiny_world['index']}", *overrides,
             "retriever.loss=pdist", f"retriever.n_context={n_scored}", f"reader.n_context={n_read}",
             "reader.dropout=0.1", f"reader.encoder_dropout={str(encoder_dropout).lower()}",
-            "reader.text_maxlength=48", "training.seed=3"]))
+            "reader.text_maxlength=48", "training.seed=3", "retriever.gold_precision=full"]))
         model.train()
         model.retriever.eval()  # deterministic retriever scores: the comparison is about the gold side
         assert model.reader.encoder_is_dropout_free() is not encoder_dropout

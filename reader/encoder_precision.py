@@ -1,0 +1,82 @@
+"""The precision of no-grad passes: the retriever losses' eval-mode gold pass (and, opted in, answering)
+in bfloat16.
+
+With dropout in the reader's encoder, the training pass's encoder states are not the eval-mode states
+the gold scores are defined on (SPEC: gold scores in eval mode, no grad), so a retriever loss pays a
+second encoder pass over every scored passage, a fifth of a training step on CPU (bench/train_step.py).
+That pass needs no gradient, so it can run under bfloat16 autocast where the hardware multiplies
+bfloat16 natively (CPUs with AVX512-BF16 or AMX, CUDA GPUs with bf16): 2.5× faster for the MiniLM
+encoder on this project's AVX512-BF16 cores, states within 0.6% of float32 (relative norm of the
+difference). The gold scores keep their meaning (the same reader, eval mode, no grad); their change is
+measured by bench/gold_signal.py (`--gold-precision full,bf16`). Only the encoder runs in bfloat16: the
+decoder passes that turn states into likelihoods and attention masses stay in the reader's precision.
+Answering (`reader.inference_precision`, off by default so that figures do not depend on the machine)
+runs its encoder pass the same way; its decoder stays in the reader's precision (autocast slowed the
+small per-step products of beam search on CPU).
+
+Measured and not kept: PyTorch's dynamic int8 quantisation (per-tensor activation scales) runs the same
+encoder 2.6× faster but moves its states by 32% (MiniLM's activation outliers), and changed the top
+passage of `adist`'s gold for about half of the nq824 questions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+
+import torch
+from torch import nn
+
+PRECISIONS = ("auto", "full", "bf16")
+
+
+def native_bf16(device: torch.device) -> bool:
+    """True where bfloat16 pays on `device`: a CUDA GPU with bf16, or a CPU with AVX512-BF16 or AMX on
+    which a bfloat16 matrix product of an encoder's shape is measured faster than float32 (once per
+    process: on one Xeon with AVX512-BF16 an earlier setup found bf16 autocast slower; without those
+    instructions bfloat16 is emulated)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        cpu = torch.cpu
+        checks = [getattr(cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+        return any(check() for check in checks if check is not None) and _cpu_bf16_speedup() >= 1.2
+    return False
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_bf16_speedup() -> float:
+    """float32 time / bfloat16 time of a (2048 × 384) · (384 × 1536) product on this CPU (~0.1 s to measure)."""
+    def best_time(dtype: torch.dtype) -> float:
+        a, b = torch.randn(2048, 384).to(dtype), torch.randn(384, 1536).to(dtype)
+        a @ b  # warm-up: kernel selection, packing
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            a @ b
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    with torch.no_grad():
+        return best_time(torch.float32) / best_time(torch.bfloat16)
+
+
+def resolve_precision(precision: str, encoder: nn.Module) -> str:
+    """"auto" → "bf16" where the encoder is float32 on a device with native bfloat16, else "full";
+    "full" and "bf16" as given. ValueError for an unknown name."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; valid: {list(PRECISIONS)}")
+    if precision != "auto":
+        return precision
+    weight = next(encoder.parameters(), None)
+    if weight is None or weight.dtype != torch.float32:
+        return "full"
+    return "bf16" if native_bf16(weight.device) else "full"
+
+
+def precision_autocast(precision: str, device: torch.device):
+    """The context a pass at `precision` ("full" or "bf16", resolved) runs in: bfloat16 autocast or none."""
+    if precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()

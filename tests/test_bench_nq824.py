@@ -1,0 +1,58 @@
+"""bench/nq824.py's corpus-edit helpers: how a new answer is chosen and how an answer is edited."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def nq824():
+    spec = importlib.util.spec_from_file_location("bench_nq824", REPO / "bench" / "nq824.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_nearest_replacement_is_the_answer_of_the_most_similar_question(nq824):
+    # unit question vectors: question 0 is closest to question 2, then 1, then 3
+    questions = np.array([[1.0, 0.0], [0.6, 0.8], [0.8, 0.6], [0.0, 1.0]])
+    answers = np.array([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0], [0.9, 0.436]])  # ranks 3, 1, 2 from answer 0
+    candidates = [("Ian McKellen", 1), ("Viggo Mortensen", 2), ("Kyoto", 3)]
+    assert nq824._replacement(0, candidates, "nearest", questions, answers, "s") == "Viggo Mortensen"
+    assert nq824._replacement(3, candidates, "nearest", questions, answers, "s") == "Kyoto"
+    assert nq824._replacement(0, candidates[:1] + candidates[2:], "nearest", questions, answers, "s") == "Ian McKellen"
+    # "similar": by the answers' vectors (question 0's answer is closest to question 3's, then 1's)
+    assert nq824._replacement(0, candidates, "similar", questions, answers, "s") == "Kyoto"
+    assert nq824._replacement(0, candidates[:2], "similar", questions, answers, "s") == "Ian McKellen"
+
+
+def test_random_replacement_depends_only_on_its_seed(nq824):
+    vectors = np.eye(4)
+    candidates = [("a", 1), ("b", 2), ("c", 3)]
+    drawn = {nq824._replacement(0, candidates, "random", vectors, vectors, f"seed-{n}") for n in range(30)}
+    assert drawn == {"a", "b", "c"}
+    assert nq824._replacement(0, candidates, "random", vectors, vectors, "x") == nq824._replacement(
+        0, list(reversed(candidates)), "random", vectors, vectors, "x")
+
+
+def test_number_words_are_numbers(nq824):
+    assert [nq824._kind(a) for a in ["two", "twenty one", "1773", "54 Mbit/s", "Bernard Hill", "butane", "two parallel planes"]] \
+        == ["number", "number", "year", "number", "name", "text", "text"]
+
+
+def test_edit_swaps_names_the_first_way_the_headline(nq824):
+    swaps = nq824.edit_swaps({"nearest": {"edited": 3}, "random": {"edited": 4}, "wall_s": 1.0})
+    assert swaps == {"edit": {"edited": 3, "replacement": "nearest"},
+                     "edit/random": {"edited": 4, "replacement": "random"}}
+
+
+def test_a_persons_surname_alone_follows_the_full_name(nq824):
+    text = "Johannes Gutenberg printed the Bible. Gutenberg was from Mainz, not Atletico Gutenberg."
+    edited = nq824.edit_answer(text, "Johannes Gutenberg", "Tom Rigg", "who")
+    assert edited == "Tom Rigg printed the Bible. Rigg was from Mainz, not Atletico Gutenberg."
