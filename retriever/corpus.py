@@ -352,12 +352,12 @@ def _rewrite_without(arrow_path: Path, drop: np.ndarray) -> None:
     """Rewrite the Arrow file without the rows flagged in `drop` (N,) bool."""
     tmp = arrow_path.with_suffix(".rewrite")
     start = 0
-    with pa.memory_map(str(arrow_path)) as source, pa.OSFile(str(tmp), "wb") as sink:
-        with pa.ipc.new_stream(sink, SCHEMA) as writer:
-            for batch in pa.ipc.open_stream(source):
-                keep = ~drop[start : start + batch.num_rows]
-                start += batch.num_rows
-                writer.write_batch(batch.filter(pa.array(keep)))
+    with (pa.memory_map(str(arrow_path)) as source, pa.OSFile(str(tmp), "wb") as sink,
+          pa.ipc.new_stream(sink, SCHEMA) as writer):
+        for batch in pa.ipc.open_stream(source):
+            keep = ~drop[start : start + batch.num_rows]
+            start += batch.num_rows
+            writer.write_batch(batch.filter(pa.array(keep)))
     tmp.replace(arrow_path)
 
 

@@ -17,7 +17,7 @@ def test_projection_keeps_the_top_principal_directions():
     projected = project_embeddings(torch.tensor(source), 3).numpy()
     centred = source - source.mean(0)
     # independent reference: eigenvectors of the covariance, largest eigenvalues first
-    values, vectors = np.linalg.eigh(centred.T @ centred)
+    _, vectors = np.linalg.eigh(centred.T @ centred)
     reference = centred @ vectors[:, ::-1][:, :3]
     np.testing.assert_allclose(np.abs(projected), np.abs(reference), atol=1e-9)  # up to each axis' sign
     assert np.allclose(project_embeddings(torch.tensor(source), 8).numpy()[:, 6:], 0.0)
