@@ -6,20 +6,25 @@ with --reader NAME=DIR (e.g. the retired atlas-mini exported from git history, o
 reader/ folder at equal training steps), each with every decoding of --decodings: `plain` (beam
 search, Hugging Face's length penalty 1.0: the baseline), `lp0` (length penalty 0: hypotheses ranked
 by log-probability alone) and `span` (length penalty 0, answers constrained to spans of the passages
-read: `reader.span_answers`; `span-lp0.5` the same with length penalty 0.5), and at every precision of
---precisions (`full`; `bf16`: the encoder pass under bfloat16 autocast, `reader.inference_precision`).
-Also measured: reader inference throughput (questions/s at K=5, beam search of 4, batch 16, this
-machine's threads).
+read: `reader.span_answers`; `span-lp0.5` the same with length penalty 0.5), at every precision of
+--precisions (`full`; `bf16`: the encoder pass under bfloat16 autocast, `reader.inference_precision`),
+every beam width of --beams (4 = the recipes' beam search, 1 = greedy) and every beam path of
+--beam-paths (`folded`: what `FiDReader.generate` does, keys/values of each example's passages
+projected and read once for all its beams, `reader.beam_attention`; `repeated`: the baseline before
+it, T5 projecting and reading every beam's copy). Also measured: reader inference throughput
+(questions/s at K=5, batch 16, this machine's threads) and, per row, its ratio to the `repeated` row.
 
     .venv/bin/python bench/reading.py                                   # 1000 seeded dev questions
     .venv/bin/python bench/reading.py --reader atlas-mini=runs/atlas-mini --max-dev 300
     .venv/bin/python bench/reading.py --decodings span --precisions full,bf16 --max-dev 300
+    .venv/bin/python bench/reading.py --decodings span --beam-paths folded,repeated --beams 4,1 --max-dev 300
 Prints a JSON object, then a table. Never runs in the test suite.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import sys
@@ -57,6 +62,26 @@ def distractor_passages(examples, pool, retriever, k: int, seed: int) -> list[li
         random.Random(f"{seed}-{example.id}").shuffle(passages)
         out.append(passages)
     return out
+
+
+@contextlib.contextmanager
+def beam_path(name: str):
+    """`folded`: generation as shipped. `repeated`: the baseline, generation as before
+    `reader.beam_attention` — an empty cache that T5 fills from every beam's copy of the encoder states
+    (cross-attention keys/values projected and read beams times; only their reordering was skipped)."""
+    if name == "folded":
+        yield
+        return
+    from transformers import DynamicCache
+
+    from reader.beam_attention import BeamSharedCrossAttentionCache
+
+    shipped = BeamSharedCrossAttentionCache.__dict__["prefilled"]
+    BeamSharedCrossAttentionCache.prefilled = classmethod(lambda cls, *_args: cls(DynamicCache(), DynamicCache()))
+    try:
+        yield
+    finally:
+        BeamSharedCrossAttentionCache.prefilled = shipped
 
 
 def read(reader, tokenizer, task, examples, passages, *, max_length: int, batch_size: int,
@@ -100,7 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-dev", type=int, default=1000, help="seeded sample of dev questions (0 = all 10,570)")
     parser.add_argument("--text-maxlength", type=int, default=320, help="reader tokens per (question, passage)")
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--beams", type=int, default=4, help="beam search width (1 = greedy)")
+    parser.add_argument("--beams", default="4", help="comma-separated beam search widths (1 = greedy); "
+                                                    "the first is the one the targets are judged at")
+    parser.add_argument("--beam-paths", default="folded",
+                        help="comma-separated: folded (as shipped), repeated (the baseline before it)")
     parser.add_argument("--decodings", default="plain,span",
                         help=f"comma-separated decodings to measure each reader with ({', '.join(DECODINGS)})")
     parser.add_argument("--precisions", default="full",
@@ -115,6 +143,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     decodings = [d for d in args.decodings.split(",") if d]
     precisions = [p for p in args.precisions.split(",") if p]
+    beam_paths = [p for p in args.beam_paths.split(",") if p]
+    if not beam_paths or set(beam_paths) - {"folded", "repeated"}:
+        parser.error(f"--beam-paths {args.beam_paths!r}: choose from folded, repeated")
+    try:
+        widths = [int(b) for b in args.beams.split(",") if b]
+    except ValueError:
+        widths = []
+    if not widths or min(widths) < 1:
+        parser.error(f"--beams {args.beams!r}: comma-separated positive integers")
     if not precisions or set(precisions) - {"full", "bf16"}:
         parser.error(f"--precisions {args.precisions!r}: choose from full, bf16")
     unknown = sorted(set(decodings) - set(DECODINGS))
@@ -146,22 +183,32 @@ def main(argv: list[str] | None = None) -> int:
     for reader_name, folder in readers.items():
         reader = FiDReader.from_pretrained(folder).eval()
         tokenizer = build_reader_tokenizer(folder if (folder / "tokenizer.json").is_file() else None)
-        for decoding, precision in [(d, p) for d in decodings for p in precisions]:
+        runs = [(d, p, b, path) for d in decodings for p in precisions for b in widths for path in beam_paths]
+        for decoding, precision, beams, path in runs:
             name = reader_name if decoding == "plain" else f"{reader_name}+{decoding}"
             name = name if precision == "full" else f"{name}+{precision}"
-            settings = {"max_length": args.text_maxlength, "batch_size": args.batch_size, "beams": args.beams,
+            name = name if beams == widths[0] else f"{name}+{'greedy' if beams == 1 else f'beam{beams}'}"
+            name = name if path == "folded" else f"{name}+{path}"
+            settings = {"max_length": args.text_maxlength, "batch_size": args.batch_size, "beams": beams,
                         "precision": precision, **DECODINGS[decoding]}
-            k1, _ = read(reader, tokenizer, task, examples, gold_only, **settings)
-            k5, rate = (None, None) if args.k1_only else read(  # None: not measured (null in the JSON, - in the table)
-                reader, tokenizer, task, examples, with_distractors, **settings)
-            results[name] = {"folder": str(folder), "precision": precision,
-                             "decoding": {"beams": args.beams, **DECODINGS[decoding]},
+            with beam_path(path):
+                k1, _ = read(reader, tokenizer, task, examples, gold_only, **settings)
+                k5, rate = (None, None) if args.k1_only else read(  # None: not measured (null, - in the table)
+                    reader, tokenizer, task, examples, with_distractors, **settings)
+            results[name] = {"folder": str(folder), "precision": precision, "beam_path": path,
+                             "decoding": {"beams": beams, **DECODINGS[decoding]},
                              "k1": k1, "k5": k5, "k5_questions_per_s": rate}
-            rows.append({"reader": name, "EM K=1": k1["exact_match"], "F1 K=1": k1["f1"],
-                         "EM K=5": k5["exact_match"] if k5 else "-", "F1 K=5": k5["f1"] if k5 else "-",
-                         "q/s K=5": rate if rate is not None else "-"})
             print(json.dumps({name: results[name]}), flush=True)  # each reading as soon as it is measured
-    report = {"dev_questions": len(examples), "text_maxlength": args.text_maxlength, "beams": args.beams,
+    for name, result in results.items():
+        baseline = results.get(f"{name}+repeated", {}).get("k5_questions_per_s")
+        rate = result["k5_questions_per_s"]
+        result["speedup_vs_repeated"] = rate / baseline if rate and baseline else None
+        k1, k5 = result["k1"], result["k5"]
+        rows.append({"reader": name, "EM K=1": k1["exact_match"], "F1 K=1": k1["f1"],
+                     "EM K=5": k5["exact_match"] if k5 else "-", "F1 K=5": k5["f1"] if k5 else "-",
+                     "q/s K=5": rate if rate is not None else "-",
+                     "× repeated": result["speedup_vs_repeated"] or "-"})
+    report = {"dev_questions": len(examples), "text_maxlength": args.text_maxlength, "beams": widths,
               "readers": results,
               "targets": TARGETS}
     # judged with the decoding the shipped recipes use (configs/quickstart.yaml: reader.span_answers)

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import DynamicCache, EncoderDecoderCache, T5Config, T5ForConditionalGeneration
+from transformers import T5Config, T5ForConditionalGeneration
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
 from reader import attention_scores, passage_scores
+from reader.beam_attention import BeamSharedCrossAttentionCache, fold_beams_in_cross_attention
 from reader.encoder_precision import precision_autocast, resolve_precision
 from reader.warm_start import (
     WARM_START_PRESETS,
@@ -34,19 +35,6 @@ IGNORE_INDEX = -100
 # group's rows have similar lengths
 ENCODE_GROUP_ROWS = 16
 
-
-class BeamSharedCrossAttentionCache(EncoderDecoderCache):
-    """Decoder cache for beam search whose cross-attention keys/values are never reordered.
-
-    Every beam of one example attends to the same K·L encoder states, and beam search only moves
-    beams within their example, so re-indexing the cross-attention cache is a copy of identical
-    rows: (B·beams, heads, K·L, d_kv) per layer per step, which at K·L = 1,600 costs more than the
-    decoder itself. Only the self-attention cache (the beams' own prefixes) is reordered.
-    """
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        """Reorder the self-attention cache rows to `beam_idx` (B·beams,); cross-attention stays."""
-        self.self_attention_cache.reorder_cache(beam_idx)
 
 # Presets built from config (no pretrained T5 exists offline). Sizes follow the T5 papers;
 # `t5-tiny` / `t5-mini` are for tests and laptops.
@@ -141,6 +129,7 @@ class FiDReader(nn.Module):
     def __init__(self, t5: T5ForConditionalGeneration) -> None:
         super().__init__()
         self.t5 = t5
+        fold_beams_in_cross_attention(t5)  # beam search reads each example's passages once
 
     @property
     def config(self) -> T5Config:
@@ -299,6 +288,10 @@ class FiDReader(nn.Module):
     ) -> torch.Tensor:
         """Greedy (`num_beams`=1) or beam-search decoding of the answer (call in eval mode).
 
+        The cross-attention keys/values are projected once per example, from its real tokens, and
+        beam search reads them once for all its beams (`reader.beam_attention`): T5's own answers,
+        without repeating the K·L encoder states per beam.
+
         Args:
             input_ids, attention_mask: (B, K, L).
             max_length: most tokens generated after the start token.
@@ -324,7 +317,8 @@ class FiDReader(nn.Module):
             decoder_start_token_id=self.t5.config.decoder_start_token_id,
             eos_token_id=self.t5.config.eos_token_id,
             pad_token_id=self.t5.config.pad_token_id,
-            past_key_values=BeamSharedCrossAttentionCache(DynamicCache(), DynamicCache()) if num_beams > 1 else None,
+            past_key_values=BeamSharedCrossAttentionCache.prefilled(
+                self.t5.decoder, encoder_outputs.last_hidden_state, fused_mask),
             prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
             length_penalty=length_penalty,
             **self.source_kwargs(input_ids),

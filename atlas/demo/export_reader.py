@@ -136,7 +136,8 @@ def export(runs: list[str | Path], out: str | Path, *, hardware: str = "", bench
         if bench_reader is not None and bench_reader not in report["readers"]:
             raise ValueError(f"{bench}: no reader {bench_reader!r}; it has {sorted(report['readers'])}")
         mine = report["readers"][bench_reader] if bench_reader else next(iter(report["readers"].values()))
-        card["squad_dev"] = {"questions": report["dev_questions"], "beams": report.get("beams", 1),
+        beams = (mine.get("decoding") or {}).get("beams", report.get("beams", 1))  # a report may list several
+        card["squad_dev"] = {"questions": report["dev_questions"], "beams": beams,
                              "decoding": mine.get("decoding"), "k1": mine["k1"], "k5": mine["k5"],
                              "k5_questions_per_s": mine["k5_questions_per_s"], "bench": "bench/reading.py"}
     (tmp / "card.json").write_text(json.dumps(card, indent=2) + "\n")

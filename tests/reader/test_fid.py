@@ -136,30 +136,6 @@ def test_build_reader_presets_and_errors(tmp_path):
         FiDReader.from_pretrained(tmp_path)
 
 
-def test_beam_search_without_cross_attention_reorder_matches_the_full_reorder(reader, monkeypatch):
-    # Beams never leave their example, so the cross-attention rows they would be reordered to are
-    # identical: skipping that copy must change nothing, for batches where examples differ.
-    from transformers import EncoderDecoderCache
-
-    from reader.fid import BeamSharedCrossAttentionCache
-
-    input_ids, mask, _ = random_batch()
-    reordered = []
-    shipped_reorder = BeamSharedCrossAttentionCache.reorder_cache
-
-    def recording_reorder(cache, beam_idx):
-        reordered.append(beam_idx.clone())
-        shipped_reorder(cache, beam_idx)
-
-    monkeypatch.setattr(BeamSharedCrossAttentionCache, "reorder_cache", recording_reorder)
-    shared = reader.generate(input_ids, mask, max_length=6, num_beams=3)
-    assert reordered and any(not torch.equal(i, torch.arange(len(i))) for i in reordered)  # beams did move
-    assert all(torch.equal(i // 3, torch.arange(len(i)) // 3) for i in reordered)  # never across examples
-    monkeypatch.setattr(BeamSharedCrossAttentionCache, "reorder_cache", EncoderDecoderCache.reorder_cache)
-    full = reader.generate(input_ids, mask, max_length=6, num_beams=3)
-    assert torch.equal(shared, full)
-
-
 @pytest.mark.parametrize("rows", [2, 3, 7])
 def test_grouped_encoding_equals_each_passage_encoded_alone(reader, monkeypatch, rows):
     """Rows of many lengths in groups of `rows` give each passage the states it has unpadded,

@@ -1,0 +1,126 @@
+"""Beam search that reads each question's passages once, not once per beam.
+
+Hugging Face's beam search repeats the fused encoder states for every beam, (B·beams, K·L, H), so T5's
+cross-attention projects keys and values of beams identical copies of every passage token on the first
+step and reads all beams copies at every later step. With K·L = 1,600 those two costs were 60% of a
+K=5 beam search of 4 on CPU (bench/reading.py). Every beam of one example attends to the same
+keys/values, and beam search only moves beams within their example, so:
+
+- `BeamSharedCrossAttentionCache.prefilled` projects the keys/values from the B unexpanded rows before
+  decoding starts, and never reorders them;
+- `BeamFoldedCrossAttention` (installed on a T5 decoder's cross-attention modules by
+  `fold_beams_in_cross_attention`) attends with the beams of an example folded into the query axis,
+  queries (B, heads, beams·T, d) against keys/values (B, heads, K·L, d): the same scores, the same
+  softmax rows, one read of the keys/values per example.
+
+Anything else (training, scoring, greedy decoding, a cache filled the usual way) takes T5's own path.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F
+from transformers import DynamicCache, EncoderDecoderCache
+from transformers.models.t5.modeling_t5 import T5Attention
+
+
+class BeamSharedCrossAttentionCache(EncoderDecoderCache):
+    """Decoder cache for beam search whose cross-attention keys/values are never reordered.
+
+    Re-indexing the cross-attention cache would copy identical rows, (B·beams, heads, K·L, d_kv) per
+    layer per step, which at K·L = 1,600 costs more than the decoder itself. Only the self-attention
+    cache (the beams' own prefixes) is reordered.
+    """
+
+    @classmethod
+    def prefilled(cls, decoder: torch.nn.Module, encoder_states: torch.Tensor,
+                  attention_mask: torch.Tensor | None = None) -> BeamSharedCrossAttentionCache:
+        """A cache whose cross-attention keys/values are projected from one copy of each example.
+
+        Args:
+            decoder: a T5 decoder stack (`T5Stack` with `.block`).
+            encoder_states: (B, K·L, H) fused encoder states, not repeated per beam.
+            attention_mask: (B, K·L), 1 for real tokens: only those are projected (a K=5 batch of
+                SQuAD paragraphs is ~40% padding); masked positions get zero keys/values, which the
+                same mask hides from every query.
+        Returns:
+            the cache, every layer's cross-attention (B, heads, K·L, d_kv) marked filled; decode with
+            a decoder whose cross-attention is `BeamFoldedCrossAttention` (or with greedy search).
+        """
+        cache = cls(DynamicCache(), DynamicCache())
+        real = None if attention_mask is None else attention_mask.ne(0)
+        real_states = encoder_states if real is None else encoder_states[real]  # (B, K·L, H) or (N, H)
+        for index, block in enumerate(decoder.block):
+            attention = block.layer[1].EncDecAttention
+            projected = []
+            for projection in (attention.k, attention.v):
+                if real is None:
+                    full = projection(real_states)
+                else:
+                    out = projection(real_states)
+                    full = out.new_zeros(*encoder_states.shape[:-1], out.shape[-1])
+                    full[real] = out
+                shape = (*encoder_states.shape[:-1], -1, attention.key_value_proj_dim)
+                projected.append(full.view(shape).transpose(1, 2))
+            cache.cross_attention_cache.update(*projected, index)
+            cache.is_updated[index] = True
+        return cache
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Reorder the self-attention cache rows to `beam_idx` (B·beams,); cross-attention stays."""
+        self.self_attention_cache.reorder_cache(beam_idx)
+
+
+class BeamFoldedCrossAttention(T5Attention):
+    """T5 cross-attention that, given per-example keys/values for beam-expanded queries, folds the
+    beams into the query axis. Same parameters and state dict as `T5Attention`."""
+
+    def forward(self, hidden_states, mask=None, key_value_states=None, position_bias=None, past_key_values=None,
+                **kwargs):
+        """As `T5Attention.forward`; hidden_states (B·beams, T, H), mask (B·beams, 1, T or 1, K·L) or None.
+        Returns (attention output (B·beams, T, H), position_bias, None)."""
+        shared = self._per_example_keys_values(hidden_states, key_value_states, past_key_values)
+        if shared is None:
+            return super().forward(hidden_states, mask=mask, key_value_states=key_value_states,
+                                   position_bias=position_bias, past_key_values=past_key_values, **kwargs)
+        keys, values = shared  # (B, heads, S, d)
+        batch = keys.shape[0]
+        rows, length, _ = hidden_states.shape
+        beams = rows // batch
+        # rows b·beams … b·beams + beams − 1 are example b's beams (`generate` repeats them in place)
+        queries = self.q(hidden_states).view(batch, beams * length, self.n_heads, self.key_value_proj_dim)
+        queries = queries.transpose(1, 2)  # (B, heads, beams·T, d), beam-major
+        if mask is not None:
+            mask = mask[::beams]  # the beams of an example share its passages' mask
+            if mask.shape[2] > 1:
+                mask = mask.repeat(1, 1, beams, 1)
+        output = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=self.scaling)
+        output = output.transpose(1, 2).reshape(rows, length, self.inner_dim)
+        return self.o(output), position_bias, None
+
+    def _per_example_keys_values(self, hidden_states, key_value_states, past_key_values):
+        """The cached (keys, values), each (B, heads, S, d), when they hold fewer rows than the queries
+        (a `prefilled` cache under beam search, eval mode); None for T5's own path."""
+        if key_value_states is None or self.training or not isinstance(past_key_values, BeamSharedCrossAttentionCache):
+            return None
+        if not past_key_values.is_updated.get(self.layer_idx):
+            return None
+        layer = past_key_values.cross_attention_cache.layers[self.layer_idx]
+        rows, batch = hidden_states.shape[0], layer.keys.shape[0]
+        if batch == rows:
+            return None
+        if rows % batch:
+            raise ValueError(f"{rows} query rows are not a whole number of beams for {batch} cached examples")
+        return layer.keys, layer.values
+
+
+def fold_beams_in_cross_attention(t5: torch.nn.Module) -> None:
+    """Make every cross-attention module of `t5`'s decoder a `BeamFoldedCrossAttention` (in place).
+
+    The class is swapped on the existing modules, not rebuilt: parameters, hooks (adist's query
+    capture) and the state dict stay as they are. Modules of other types are left alone.
+    """
+    for block in getattr(t5.decoder, "block", []):
+        attention = block.layer[1].EncDecAttention
+        if type(attention) is T5Attention:
+            attention.__class__ = BeamFoldedCrossAttention
