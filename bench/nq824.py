@@ -118,7 +118,8 @@ def run_variant(args, out: Path, variant: str, seed: int = 0) -> dict:
         return json.loads(done.read_text())
     started = time.perf_counter()
     summary = train(load_config(None, base_overrides(args, out, variant, seed)), progress=False)
-    result = {**summary["eval"], "final_train_loss": summary["losses"][-1], "checkpoint": summary["checkpoint"],
+    losses = summary["losses"]  # empty with --steps 0 (the reader as shipped)
+    result = {**summary["eval"], "final_train_loss": losses[-1] if losses else None, "checkpoint": summary["checkpoint"],
               "train_recall_before": summary.get("train_recall_before"), "seed": seed,
               "recipe": base_overrides(args, out, variant, seed),
               "wall_s": round(time.perf_counter() - started, 1)}

@@ -54,14 +54,11 @@ class BeamSharedCrossAttentionCache(EncoderDecoderCache):
             attention = block.layer[1].EncDecAttention
             projected = []
             for projection in (attention.k, attention.v):
-                if real is None:
-                    full = projection(real_states)
-                else:
-                    out = projection(real_states)
-                    full = out.new_zeros(*encoder_states.shape[:-1], out.shape[-1])
-                    full[real] = out
+                states = projection(real_states)
+                if real is not None:  # back to (B, K·L, inner), zeros at the masked positions
+                    states = states.new_zeros(*real.shape, states.shape[-1]).index_put_((real,), states)
                 shape = (*encoder_states.shape[:-1], -1, attention.key_value_proj_dim)
-                projected.append(full.view(shape).transpose(1, 2))
+                projected.append(states.view(shape).transpose(1, 2))
             cache.cross_attention_cache.update(*projected, index)
             cache.is_updated[index] = True
         return cache

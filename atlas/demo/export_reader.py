@@ -74,7 +74,7 @@ def _stage(run: Path, hardware: str) -> dict:
             "lr_encoder": config.training.lr_encoder, "scheduler": config.training.scheduler,
             "scheduled_steps": config.training.steps, "warmup_steps": config.training.warmup_steps,
             "passages_read": config.reader.n_context, "text_maxlength": config.reader.text_maxlength,
-            "trainable_encoder_layers": config.reader.trainable_encoder_layers,
+            "trainable_encoder_layers": config.reader.trainable_encoder_layers, "precision": config.training.precision,
             "start": config.reader.model, "first_loss": round(losses[0], 4),
             "recipe": f"configs/{run.name}.yaml" if (HERE.parents[1] / "configs" / f"{run.name}.yaml").is_file() else str(run),
             "final_loss": round(sum(losses[-5:]) / len(losses[-5:]), 4),
@@ -164,15 +164,19 @@ def model_card(card: dict) -> str:
     stage_lines = []
     for n, stage in enumerate(stages, start=1):
         wall = f"{stage['wall_s'] / 60:.0f} min" if stage["wall_s"] else "not recorded"
+        words = stage["options"].get("max_words")
+        passages = f"{words} words" if words else f"whole paragraphs of up to {stage['text_maxlength']} tokens"
+        precision = " under bfloat16 autocast" if stage.get("precision") == "bf16" else ""
         stage_lines.append(
             f"{n}. {stage['steps']} steps of batch {stage['batch_size']} ({stage['examples_seen']:,} examples) of a "
             f"{stage['scheduled_steps']}-step {stage['scheduler']} schedule from `{stage['start']}`, AdamW lr "
             f"{stage['lr']} (decoder, copy head) / {stage['lr_encoder']} (encoder), data order seed "
             f"{stage['options'].get('seed', 0)}, reading {stage['passages_read']} passage(s) of "
-            f"{stage['options'].get('max_words')} words ({stage['options'].get('distractors', 0)} distractor(s)); "
+            f"{passages} ({stage['options'].get('distractors', 0)} distractor(s)); "
             f"`{stage['recipe']}`; loss {stage['first_loss']} → {stage['final_loss']} (mean of the "
-            f"last 5 logged); {wall} on {stage['hardware'] or 'an unrecorded machine'}.")
+            f"last 5 logged); {wall} on {stage['hardware'] or 'an unrecorded machine'}{precision}.")
     first = stages[0]
+    whole = "; the last reads whole paragraphs" if not stages[-1]["options"].get("max_words") else ""
     return f"""# atlas-reader
 
 The embedded default reader of atlas: a Fusion-in-Decoder reader whose encoder is all-MiniLM-L6-v2
@@ -188,7 +192,7 @@ checked against a stored hash.
 The question with a {first['options'].get('max_words')}-word window of its paragraph that holds the answer
 (the size of a corpus passage) → the answer; {first['passages_read']} passage read, {first['text_maxlength']} tokens.
 Later stages read the gold window among distractor paragraphs of the same article (positions shuffled),
-so the reader learns to pick the passage as well as the span. Nothing from nq824 or the demo was
+so the reader learns to pick the passage as well as the span{whole}. Nothing from nq824 or the demo was
 trained on. The stages, in order:
 
 {chr(10).join(stage_lines)}
