@@ -72,14 +72,15 @@ class BeamFoldedCrossAttention(T5Attention):
     """T5 cross-attention that, given per-example keys/values for beam-expanded queries, folds the
     beams into the query axis. Same parameters and state dict as `T5Attention`."""
 
-    def forward(self, hidden_states, mask=None, key_value_states=None, position_bias=None, past_key_values=None,
-                **kwargs):
+    def forward(self, hidden_states, mask=None, key_value_states=None, position_bias=None, **kwargs):
         """As `T5Attention.forward`; hidden_states (B·beams, T, H), mask (B·beams, 1, T or 1, K·L) or None.
         Returns (attention output (B·beams, T, H), position_bias, None)."""
-        shared = self._per_example_keys_values(hidden_states, key_value_states, past_key_values)
+        # the decoder cache: `cache` since transformers 5.24, `past_key_values` before
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        shared = self._per_example_keys_values(hidden_states, key_value_states, cache)
         if shared is None:
             return super().forward(hidden_states, mask=mask, key_value_states=key_value_states,
-                                   position_bias=position_bias, past_key_values=past_key_values, **kwargs)
+                                   position_bias=position_bias, **kwargs)
         keys, values = shared  # (B, heads, S, d)
         batch = keys.shape[0]
         rows, length, _ = hidden_states.shape
@@ -95,14 +96,14 @@ class BeamFoldedCrossAttention(T5Attention):
         output = output.transpose(1, 2).reshape(rows, length, self.inner_dim)
         return self.o(output), position_bias, None
 
-    def _per_example_keys_values(self, hidden_states, key_value_states, past_key_values):
+    def _per_example_keys_values(self, hidden_states, key_value_states, cache):
         """The cached (keys, values), each (B, heads, S, d), when they hold fewer rows than the queries
         (a `prefilled` cache under beam search, eval mode); None for T5's own path."""
-        if key_value_states is None or self.training or not isinstance(past_key_values, BeamSharedCrossAttentionCache):
+        if key_value_states is None or self.training or not isinstance(cache, BeamSharedCrossAttentionCache):
             return None
-        if not past_key_values.is_updated.get(self.layer_idx):
+        if not cache.is_updated.get(self.layer_idx):
             return None
-        layer = past_key_values.cross_attention_cache.layers[self.layer_idx]
+        layer = cache.cross_attention_cache.layers[self.layer_idx]
         rows, batch = hidden_states.shape[0], layer.keys.shape[0]
         if batch == rows:
             return None

@@ -60,3 +60,22 @@ def random_batch(
 def reader() -> FiDReader:
     """A tiny FiD reader in eval mode."""
     return FiDReader(tiny_t5())
+
+
+SPAN_PASSAGES = [[{"title": "Zorbland", "text": "The capital of Zorbland is Quimper, on the river Aulne."},
+                  {"title": "Tarsia", "text": "The currency of Tarsia is the florin."}],
+                 [{"title": "Olo", "text": "Anna Brook first climbed Mount Olo in 1911."}]]
+
+
+def copy_head_reader_batch(tokenizer, encoder_path, seed: int = 0):
+    """An untrained warm-started reader with a copy head (2-layer decoder over the tiny encoder at
+    `encoder_path`, eval mode) and two questions over SPAN_PASSAGES → (reader, ids (2, 2, 48), mask)."""
+    from reader.inputs import encode_reader_inputs
+    from reader.warm_start import build_warm_started
+
+    torch.manual_seed(0)
+    model = build_warm_started({"num_decoder_layers": 2, "num_heads": 2, "d_kv": 16, "d_ff": 64, "copy": True},
+                               tokenizer, encoder=str(encoder_path), dropout=0.0, seed=seed)
+    ids, mask = encode_reader_inputs(tokenizer, ["question: capital? answer: <extra_id_0>",
+                                                 "question: who climbed? answer: <extra_id_0>"], SPAN_PASSAGES, 48)
+    return FiDReader(model).eval(), ids, mask

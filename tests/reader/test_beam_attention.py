@@ -3,9 +3,12 @@ cache give T5's own beam search's answers, and project keys/values of real token
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from transformers import DynamicCache, EncoderDecoderCache
+from transformers.models.t5.modeling_t5 import T5Attention
 
 from reader.beam_attention import (
     BeamFoldedCrossAttention,
@@ -13,10 +16,11 @@ from reader.beam_attention import (
     fold_beams_in_cross_attention,
 )
 from reader.fid import FiDReader
-from reader.inputs import encode_reader_inputs
 from reader.tokenizer import build_reader_tokenizer
-from reader.warm_start import build_warm_started
-from tests.reader.conftest import random_batch, tiny_t5
+from tests.reader.conftest import SPAN_PASSAGES, copy_head_reader_batch, random_batch, tiny_t5
+
+# what T5's attention calls its decoder cache argument: `cache` since transformers 5.24
+CACHE_KWARG = "cache" if "cache" in inspect.signature(T5Attention.forward).parameters else "past_key_values"
 
 
 def _own_path_cache(cls, decoder, encoder_states, attention_mask=None):
@@ -51,7 +55,7 @@ def test_folded_cross_attention_equals_t5_attention_over_repeated_rows(query_pos
             if padded:
                 assert keys[0, :, 4:].eq(0).all()  # padding is not projected
             folded = block.layer[1].EncDecAttention(queries, mask=rows_mask, key_value_states=repeated_states,
-                                                    past_key_values=cache)[0]
+                                                    **{CACHE_KWARG: cache})[0]
             torch.testing.assert_close(folded, expected[index], atol=1e-6, rtol=0)
 
 
@@ -62,7 +66,7 @@ def test_folded_cross_attention_refuses_rows_that_are_not_whole_beams():
     attention = t5.decoder.block[0].layer[1].EncDecAttention
     with pytest.raises(ValueError, match="5 query rows are not a whole number of beams for 2 cached examples"):
         attention(torch.randn(5, 1, t5.config.d_model), key_value_states=torch.randn(5, 5, t5.config.d_model),
-                  past_key_values=cache)
+                  **{CACHE_KWARG: cache})
 
 
 @pytest.mark.parametrize("beams", [1, 3])
@@ -86,17 +90,9 @@ def test_copy_head_reader_beam_search_matches_t5s_own_path(tiny_encoder_path, mo
     from reader.span_constraint import PassageSpanConstraint
 
     tokenizer = build_reader_tokenizer(None)
-    torch.manual_seed(0)
-    model = build_warm_started({"num_decoder_layers": 2, "num_heads": 2, "d_kv": 16, "d_ff": 64, "copy": True},
-                               tokenizer, encoder=str(tiny_encoder_path), dropout=0.0, seed=3)
-    reader = FiDReader(model).eval()
-    passages = [[{"title": "Zorbland", "text": "The capital of Zorbland is Quimper, on the river Aulne."},
-                 {"title": "Tarsia", "text": "The currency of Tarsia is the florin."}],
-                [{"title": "Olo", "text": "Anna Brook first climbed Mount Olo in 1911."}]]
-    ids, mask = encode_reader_inputs(tokenizer, ["question: capital? answer: <extra_id_0>",
-                                                 "question: who climbed? answer: <extra_id_0>"], passages, 48)
-    constraint = PassageSpanConstraint.from_passages(tokenizer, passages, answer_prefix="<extra_id_0>",
-                                                     vocab_size=model.config.vocab_size)
+    reader, ids, mask = copy_head_reader_batch(tokenizer, tiny_encoder_path, seed=3)
+    constraint = PassageSpanConstraint.from_passages(tokenizer, SPAN_PASSAGES, answer_prefix="<extra_id_0>",
+                                                     vocab_size=reader.t5.config.vocab_size)
     shared = [reader.generate(ids, mask, max_length=6, num_beams=4, prefix_allowed_tokens_fn=fn, length_penalty=0.0)
               for fn in (None, constraint)]
     monkeypatch.setattr(BeamSharedCrossAttentionCache, "prefilled", classmethod(_own_path_cache))

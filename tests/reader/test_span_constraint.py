@@ -6,11 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from reader.fid import FiDReader
 from reader.inputs import encode_reader_inputs
 from reader.span_constraint import PassageSpanConstraint, continuation_token_ids
 from reader.tokenizer import build_reader_tokenizer
-from reader.warm_start import build_warm_started
+from tests.reader.conftest import SPAN_PASSAGES, copy_head_reader_batch
 
 START, EOS, PAD, SENTINEL = 0, 1, 0, 3
 
@@ -86,15 +85,8 @@ def test_spans_of_real_passages_match_the_reader_tokenisation(tokenizer):
 
 @pytest.mark.parametrize("beams", [1, 3])
 def test_an_untrained_reader_constrained_generates_only_spans(tokenizer, tiny_encoder_path, beams):
-    torch.manual_seed(0)
-    model = build_warm_started({"num_decoder_layers": 2, "num_heads": 2, "d_kv": 16, "d_ff": 64, "copy": True},
-                               tokenizer, encoder=str(tiny_encoder_path), dropout=0.0, seed=0)
-    reader = FiDReader(model).eval()
-    passages = [[{"title": "Zorbland", "text": "The capital of Zorbland is Quimper, on the river Aulne."},
-                 {"title": "Tarsia", "text": "The currency of Tarsia is the florin."}],
-                [{"title": "Olo", "text": "Anna Brook first climbed Mount Olo in 1911."}]]
-    ids, mask = encode_reader_inputs(tokenizer, ["question: capital? answer: <extra_id_0>",
-                                                 "question: who climbed? answer: <extra_id_0>"], passages, 48)
+    reader, ids, mask = copy_head_reader_batch(tokenizer, tiny_encoder_path, seed=0)
+    model, passages = reader.t5, SPAN_PASSAGES
     spans = [[tokenizer(p[key], add_special_tokens=False)["input_ids"] for p in ps for key in ("title", "text")]
              for ps in passages]
     free = reader.generate(ids, mask, max_length=6, num_beams=beams)
