@@ -19,9 +19,15 @@ Anything else (training, scoring, greedy decoding, a cache filled the usual way)
 from __future__ import annotations
 
 import torch
+import transformers
+from packaging.version import Version
 from torch.nn import functional as F
 from transformers import DynamicCache, EncoderDecoderCache
 from transformers.models.t5.modeling_t5 import T5Attention
+
+# the decoder cache's keyword in `generate` and the models' forward: `cache` since transformers 5.24
+# (`past_key_values` still works there, with a deprecation warning on every call)
+CACHE_KWARG = "cache" if Version(transformers.__version__) >= Version("5.24.0.dev0") else "past_key_values"
 
 
 class BeamSharedCrossAttentionCache(EncoderDecoderCache):

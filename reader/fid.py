@@ -20,7 +20,11 @@ from transformers import T5Config, T5ForConditionalGeneration
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
 from reader import attention_scores, passage_scores
-from reader.beam_attention import BeamSharedCrossAttentionCache, fold_beams_in_cross_attention
+from reader.beam_attention import (
+    CACHE_KWARG,
+    BeamSharedCrossAttentionCache,
+    fold_beams_in_cross_attention,
+)
 from reader.encoder_precision import precision_autocast, resolve_precision
 from reader.warm_start import (
     WARM_START_PRESETS,
@@ -317,8 +321,8 @@ class FiDReader(nn.Module):
             decoder_start_token_id=self.t5.config.decoder_start_token_id,
             eos_token_id=self.t5.config.eos_token_id,
             pad_token_id=self.t5.config.pad_token_id,
-            past_key_values=BeamSharedCrossAttentionCache.prefilled(
-                self.t5.decoder, encoder_outputs.last_hidden_state, fused_mask),
+            **{CACHE_KWARG: BeamSharedCrossAttentionCache.prefilled(
+                self.t5.decoder, encoder_outputs.last_hidden_state, fused_mask)},
             prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
             length_penalty=length_penalty,
             **self.source_kwargs(input_ids),

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
+from reader.beam_attention import CACHE_KWARG
 from reader.protocol import FusionReader
 
 IGNORE_INDEX = -100
@@ -103,7 +104,7 @@ def leave_one_out_nll(
             encoder_outputs=encoder_outputs,
             attention_mask=mask.flatten(1),
             decoder_input_ids=decoder_input_ids,
-            past_key_values=cache,
+            **{CACHE_KWARG: cache},
             use_cache=True,
             **reader.source_kwargs(input_ids),
         )

@@ -200,8 +200,10 @@ class WarmStartedT5(T5ForConditionalGeneration):
         encoder_states = encoder_outputs.last_hidden_state
         if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
             decoder_input_ids = self._shift_right(labels)
+        if past_key_values is not None:  # the cache under its name before transformers 5.24 (5.24 passes `cache` in kwargs)
+            kwargs["past_key_values"] = past_key_values
         decoder_outputs = self.decoder(input_ids=decoder_input_ids, attention_mask=decoder_attention_mask,
-                                       inputs_embeds=decoder_inputs_embeds, past_key_values=past_key_values,
+                                       inputs_embeds=decoder_inputs_embeds,
                                        encoder_hidden_states=encoder_states, encoder_attention_mask=attention_mask,
                                        use_cache=use_cache, output_hidden_states=output_hidden_states, **kwargs)
         states = decoder_outputs.last_hidden_state  # (B, T, D), after the final norm

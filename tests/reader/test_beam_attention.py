@@ -3,14 +3,12 @@ cache give T5's own beam search's answers, and project keys/values of real token
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
 import torch
 from transformers import DynamicCache, EncoderDecoderCache
-from transformers.models.t5.modeling_t5 import T5Attention
 
 from reader.beam_attention import (
+    CACHE_KWARG,
     BeamFoldedCrossAttention,
     BeamSharedCrossAttentionCache,
     fold_beams_in_cross_attention,
@@ -18,9 +16,6 @@ from reader.beam_attention import (
 from reader.fid import FiDReader
 from reader.tokenizer import build_reader_tokenizer
 from tests.reader.conftest import SPAN_PASSAGES, copy_head_reader_batch, random_batch, tiny_t5
-
-# what T5's attention calls its decoder cache argument: `cache` since transformers 5.24
-CACHE_KWARG = "cache" if "cache" in inspect.signature(T5Attention.forward).parameters else "past_key_values"
 
 
 def _own_path_cache(cls, decoder, encoder_states, attention_mask=None):
