@@ -13,7 +13,8 @@ keys/values, and beam search only moves beams within their example, so:
   queries (B, heads, beams·T, d) against keys/values (B, heads, K·L, d): the same scores, the same
   softmax rows, one read of the keys/values per example.
 
-Anything else (training, scoring, greedy decoding, a cache filled the usual way) takes T5's own path.
+Anything else takes T5's own attention: training, scoring, a cache filled the usual way, and greedy
+decoding (which reads the prefilled per-example keys/values as they are: one row per example).
 """
 
 from __future__ import annotations
@@ -58,12 +59,12 @@ class BeamSharedCrossAttentionCache(EncoderDecoderCache):
         real_states = encoder_states if real is None else encoder_states[real]  # (B, K·L, H) or (N, H)
         for index, block in enumerate(decoder.block):
             attention = block.layer[1].EncDecAttention
+            shape = (*encoder_states.shape[:-1], -1, attention.key_value_proj_dim)
             projected = []
             for projection in (attention.k, attention.v):
                 states = projection(real_states)
                 if real is not None:  # back to (B, K·L, inner), zeros at the masked positions
                     states = states.new_zeros(*real.shape, states.shape[-1]).index_put_((real,), states)
-                shape = (*encoder_states.shape[:-1], -1, attention.key_value_proj_dim)
                 projected.append(states.view(shape).transpose(1, 2))
             cache.cross_attention_cache.update(*projected, index)
             cache.is_updated[index] = True
@@ -81,9 +82,7 @@ class BeamFoldedCrossAttention(T5Attention):
     def forward(self, hidden_states, mask=None, key_value_states=None, position_bias=None, **kwargs):
         """As `T5Attention.forward`; hidden_states (B·beams, T, H), mask (B·beams, 1, T or 1, K·L) or None.
         Returns (attention output (B·beams, T, H), position_bias, None)."""
-        # the decoder cache: `cache` since transformers 5.24, `past_key_values` before
-        cache = kwargs.get("cache", kwargs.get("past_key_values"))
-        shared = self._per_example_keys_values(hidden_states, key_value_states, cache)
+        shared = self._per_example_keys_values(hidden_states, key_value_states, kwargs.get(CACHE_KWARG))
         if shared is None:
             return super().forward(hidden_states, mask=mask, key_value_states=key_value_states,
                                    position_bias=position_bias, **kwargs)
