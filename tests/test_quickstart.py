@@ -207,3 +207,6 @@ def test_a_stage_from_an_exported_reader_continues_its_card(tmp_path):
     _stage_run(tmp_path / "stage-from-scratch", "minilm-fid")
     assert earlier_stages(tmp_path / "stage-from-shipped") == earlier
     assert earlier_stages(tmp_path / "stage-from-scratch") == []
+    # re-exporting the stage that made the shipped folder (its run named like its recipe) lists it once
+    _stage_run(tmp_path / "reader-squad", shipped)
+    assert earlier_stages(tmp_path / "reader-squad") == earlier[1:]

@@ -57,6 +57,11 @@ def demo_reading_em(reader_folder: str | Path, questions: str | Path = HERE / "h
     return task.evaluate(examples, predictions)["exact_match"]
 
 
+def _recipe(run: Path) -> str:
+    """The recipe a stage's run was trained by: configs/<run folder name>.yaml where that exists, else the run."""
+    return f"configs/{run.name}.yaml" if (HERE.parents[1] / "configs" / f"{run.name}.yaml").is_file() else str(run)
+
+
 def _stage(run: Path, hardware: str) -> dict:
     from atlas.config import load_config
     from atlas.training.checkpoint import resolve_checkpoint
@@ -76,7 +81,7 @@ def _stage(run: Path, hardware: str) -> dict:
             "passages_read": config.reader.n_context, "text_maxlength": config.reader.text_maxlength,
             "trainable_encoder_layers": config.reader.trainable_encoder_layers, "precision": config.training.precision,
             "start": config.reader.model, "first_loss": round(losses[0], 4),
-            "recipe": f"configs/{run.name}.yaml" if (HERE.parents[1] / "configs" / f"{run.name}.yaml").is_file() else str(run),
+            "recipe": _recipe(run),
             "final_loss": round(sum(losses[-5:]) / len(losses[-5:]), 4),
             # the loop logs its mean rate since the (re)start; one uninterrupted stage here
             "wall_s": round(steps / rates[-1]) if rates else None, "hardware": hardware}
@@ -84,7 +89,9 @@ def _stage(run: Path, hardware: str) -> dict:
 
 def earlier_stages(run: str | Path) -> list[dict]:
     """The stages a run's reader had before the run: the `training` list of the card in the folder
-    its config starts from (`reader.model`), or [] when that folder has no card (a fresh reader)."""
+    its config starts from (`reader.model`), or [] when that folder has no card (a fresh reader).
+    A stage by the run's own recipe is left out: re-exporting the stage that made the shipped folder
+    (to refresh its card) must not list it twice."""
     from atlas.config import load_config
     from atlas.training.checkpoint import resolve_checkpoint
 
@@ -92,7 +99,8 @@ def earlier_stages(run: str | Path) -> list[dict]:
     if not start.is_absolute() and not start.exists():
         start = HERE.parents[1] / start  # recipes name the shipped folder relative to the repo root
     card = start / "card.json"
-    return json.loads(card.read_text())["training"] if card.is_file() else []
+    stages = json.loads(card.read_text())["training"] if card.is_file() else []
+    return [stage for stage in stages if stage.get("recipe") != _recipe(Path(run))]
 
 
 def export(runs: list[str | Path], out: str | Path, *, hardware: str = "", bench: str | Path | None = None,
