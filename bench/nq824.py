@@ -199,6 +199,55 @@ NUMBER_WORDS = frozenset({
     "sixty", "seventy", "eighty", "ninety", "hundred", "thousand", "million", "billion"})
 
 
+def gold_chunk(chunks: list[dict], answers: list[str]) -> tuple[dict, bool]:
+    """The first of a gold paragraph's chunks that states one of `answers` (whole words, after SQuAD's
+    answer normalisation), else its first chunk; and whether an answer was found."""
+    from tasks.metrics import normalize_answer
+
+    wanted = [f" {normalize_answer(a)} " for a in answers]
+    stating = [c for c in chunks if any(a in f" {normalize_answer(c['text'])} " for a in wanted)]
+    return (stating or chunks)[0], bool(stating)
+
+
+def gold_passage_reading(args, out: Path, checkpoint: str) -> dict:
+    """The trained model reading each dev question's gold passage alone (K = 1: the chunk of its gold
+    paragraph that states an answer, else the paragraph's first chunk), against the same model reading
+    what it retrieves: how much of the gap to the answers is reading, and how much picking the passage."""
+    import dataclasses
+
+    from atlas.build import build_atlas
+    from atlas.training.checkpoint import checkpoint_config
+    from retriever.corpus import Corpus
+    from tasks.base import get_task
+    from tasks.io import read_jsonl
+    from tasks.metrics import max_exact_match, max_f1
+
+    started = time.perf_counter()
+    model = build_atlas(checkpoint_config(checkpoint, [f"index.path={out / 'index'}", *args.set]), checkpoint=checkpoint)
+    model.eval()
+    chunks: dict[str, list[dict]] = {}
+    for _, batch in Corpus.load(out / "corpus").iter_batches(1024):
+        for passage in batch:
+            chunks.setdefault(passage["doc_id"], []).append(passage)
+    records = [r for _, r in read_jsonl(args.data / "nq824" / "dev.jsonl")][: args.max_dev]
+    examples = get_task("qa").load(args.data / "nq824" / "dev.jsonl")[: args.max_dev]
+    given, stated = [], 0
+    for example, record in zip(examples, records):
+        own = chunks.get(record["gold_doc"]) or []
+        if not own:
+            raise ValueError(f"nq824 dev: gold_doc {record['gold_doc']!r} of {example.id!r} is not in {out / 'corpus'}")
+        chosen, states = gold_chunk(own, example.answers)
+        stated += states
+        given.append(dataclasses.replace(example, passages=[{"id": chosen["id"], "title": chosen["title"],
+                                                              "text": chosen["text"]}]))
+    answers = [a for start in range(0, len(given), 16) for a in model.predict(given[start:start + 16])[0]]
+    exact = [max_exact_match(a, e.answers) for a, e in zip(answers, given)]
+    return {"questions": len(given), "gold_passage_states_answer": 100.0 * stated / len(given),
+            "exact_match": 100.0 * sum(exact) / len(given),
+            "f1": 100.0 * sum(max_f1(a, e.answers) for a, e in zip(answers, given)) / len(given),
+            "wall_s": round(time.perf_counter() - started, 1)}
+
+
 def _kind(answer: str) -> str:
     """The shape a replacement must share: a year, another number, a name (every word capitalised)
     or other text — so that the edited sentence still reads as a statement of the same kind."""
@@ -422,6 +471,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-swap", action="store_true")
     parser.add_argument("--restart", action="store_true", help="re-run variants that already have a result")
     parser.add_argument("--swaps", default="edit,squad", help="which corpus swaps to run (edit, squad)")
+    parser.add_argument("--no-gold-passage", action="store_true",
+                        help="skip the frozen model reading each dev question's gold passage alone")
     parser.add_argument("--edit-pool", choices=["dev", "nq-open"], default="dev",
                         help="the answers new ones are drawn from: nq824 dev's, or those plus NQ-open dev's 3,610 "
                              "(more things of each kind to choose from)")
@@ -460,9 +511,12 @@ def main(argv: list[str] | None = None) -> int:
         saved = args.out / "swap.json"  # keep the swaps this run did not redo
         previous = json.loads(saved.read_text()) if saved.is_file() else {}
         swaps = {**(previous if isinstance(previous, dict) and "edited" not in previous else {}), **swaps}
-        saved.write_text(json.dumps(swaps, indent=2, default=str) + "\n")
+        if not args.no_gold_passage:
+            swaps["gold_passage"] = gold_passage_reading(args, args.out, args.swap_only)
+        atomic_write_text(saved, json.dumps(swaps, indent=2, default=str) + "\n")
         print(json.dumps(swaps, default=str))
         print_swaps(swaps)
+        print_gold_passage(swaps.get("gold_passage"))
         return 0
     results = {"settings": {k: str(v) for k, v in vars(args).items()}, "recall_before": frozen_recall(args, args.out),
                "variants": {}}
@@ -482,6 +536,8 @@ def main(argv: list[str] | None = None) -> int:
         results["corpus_swap"] = edit_swaps(corpus_swap(args, args.out, frozen)) if "edit" in wanted else {}
         if "squad" in wanted and (args.data / "squad").is_dir():
             results["corpus_swap"]["squad"] = squad_corpus_swap(args, args.out, frozen, closed_ckpt)
+    if "frozen" in results["variants"] and not args.no_gold_passage:
+        results["gold_passage"] = gold_passage_reading(args, args.out, results["variants"]["frozen"]["runs"][0]["checkpoint"])
     saved = args.out / "results.json"
     if "corpus_swap" not in results and saved.is_file():  # --no-swap keeps the swaps an earlier run measured
         previous = json.loads(saved.read_text()).get("corpus_swap")
@@ -506,6 +562,7 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(rows))
     if results.get("corpus_swap"):
         print_swaps(results["corpus_swap"])
+    print_gold_passage(results.get("gold_passage"), results["variants"].get("frozen"))
     return 0
 
 
@@ -529,6 +586,16 @@ def print_swaps(swaps: dict) -> None:
               f"{squad['retrieval_augmented']['exact_match']:.1f} vs closed-book "
               f"{squad.get('closed_book', {}).get('exact_match', float('nan')):.1f}"
               + (f" = {ratio:.1f}× (goal ≥ 3×)" if ratio else ""))
+
+
+def print_gold_passage(gold: dict | None, frozen: dict | None = None) -> None:
+    """One line: the frozen model with each question's gold passage alone, beside its retrieval EM."""
+    if not gold:
+        return
+    retrieved = f" (reading the {frozen['runs'][0].get('exact_match', 0) * 100:.1f} EM of its own retrieval, seed 0)" \
+        if frozen else ""
+    print(f"gold passage alone ({gold['questions']} questions, an answer stated in it for "
+          f"{gold['gold_passage_states_answer']:.1f}%): EM {gold['exact_match']:.1f} / F1 {gold['f1']:.1f}{retrieved}")
 
 
 if __name__ == "__main__":

@@ -82,3 +82,12 @@ def test_an_answers_entity_label_is_read_where_it_stands(nq824):
     assert nq824.answer_entity_label(doc, "printed") == ""  # no entity covers it
     assert nq824.answer_entity_label(doc, "Gutenberg printed the Bible") == ""  # an entity covers under half
     assert nq824.answer_entity_label(doc, "Lisbon") == ""  # not in the text
+
+
+def test_the_gold_chunk_is_the_first_that_states_an_answer(nq824):
+    chunks = [{"id": "a", "text": "Built in 1951 by the state."}, {"id": "b", "text": "It opened in 1954."},
+              {"id": "c", "text": "The plant (opened 1954) closed."}]
+    assert nq824.gold_chunk(chunks, ["1954"]) == (chunks[1], True)
+    assert nq824.gold_chunk(chunks, ["195"]) == (chunks[0], False)  # whole words only: "1951" does not state "195"
+    assert nq824.gold_chunk(chunks, ["the state", "nothing"]) == (chunks[0], True)  # normalised: "state" in "the state"
+    assert nq824.gold_chunk(chunks[1:], ["1951"]) == (chunks[1], False)  # none states it: the first chunk
