@@ -210,3 +210,19 @@ def test_a_stage_from_an_exported_reader_continues_its_card(tmp_path):
     # re-exporting the stage that made the shipped folder (its run named like its recipe) lists it once
     _stage_run(tmp_path / "reader-squad", shipped)
     assert earlier_stages(tmp_path / "reader-squad") == earlier[1:]
+
+
+def test_the_card_names_every_encoder_block_any_stage_trained():
+    from atlas.demo.export_reader import model_card
+
+    stage = {"steps": 10, "batch_size": 2, "examples_seen": 20, "scheduled_steps": 10, "scheduler": "linear", "lr": 1e-4,
+             "lr_encoder": 1e-5, "options": {"max_words": 100}, "passages_read": 1, "text_maxlength": 192,
+             "recipe": "r.yaml", "first_loss": 1.0, "final_loss": 0.5, "wall_s": 60, "hardware": "", "start": "x"}
+    card = {"architecture": {"decoder_layers": 4, "d_model": 384, "num_heads": 6, "d_ff": 1536, "parameters": 10,
+                             "parameters_shipped": 5},
+            "continuation_beta": 1.0, "demo_reading": {"exact_match": 0.5},
+            "training": [{**stage, "trainable_encoder_layers": 3}, {**stage, "trainable_encoder_layers": 4},
+                         {**stage, "trainable_encoder_layers": 2}]}
+    assert "(the top 4 encoder blocks," in model_card(card)
+    card["training"][1]["trainable_encoder_layers"] = None
+    assert "(the whole encoder," in model_card(card)

@@ -184,6 +184,9 @@ def model_card(card: dict) -> str:
             f"`{stage['recipe']}`; loss {stage['first_loss']} → {stage['final_loss']} (mean of the "
             f"last 5 logged); {wall} on {stage['hardware'] or 'an unrecorded machine'}{precision}.")
     first = stages[0]
+    # a block trained in any stage differs from MiniLM's and ships (a stage may train more blocks than the last)
+    trained = [s["trainable_encoder_layers"] for s in stages if "trainable_encoder_layers" in s]
+    blocks = "the whole encoder" if None in trained else f"the top {max(trained, default=0)} encoder blocks"
     whole = "; the last reads whole paragraphs" if not stages[-1]["options"].get("max_words") else ""
     return f"""# atlas-reader
 
@@ -192,7 +195,7 @@ The embedded default reader of atlas: a Fusion-in-Decoder reader whose encoder i
 {arch['decoder_layers']}-layer T5 decoder (d_model {arch['d_model']}, {arch['num_heads']} heads, d_ff {arch['d_ff']})
 with a copy head (pointer-generator over the input tokens, with a learnt span-continuation bias
 β = {card['continuation_beta']}). {arch['parameters']:,} parameters in all; this folder ships the
-{arch['parameters_shipped']:,} that training changed (the top {first['trainable_encoder_layers']} encoder blocks,
+{arch['parameters_shipped']:,} that training changed ({blocks},
 the decoder, the copy head) in float16; the rest is read from the installed MiniLM at load time and
 checked against a stored hash.
 
