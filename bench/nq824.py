@@ -470,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-dev", type=int, default=578)
     parser.add_argument("--no-swap", action="store_true")
     parser.add_argument("--restart", action="store_true", help="re-run variants that already have a result")
-    parser.add_argument("--swaps", default="edit,squad", help="which corpus swaps to run (edit, squad)")
+    parser.add_argument("--swaps", default="edit,squad", help="which corpus swaps to run (edit, squad; '' for none)")
     parser.add_argument("--no-gold-passage", action="store_true",
                         help="skip the frozen model reading each dev question's gold passage alone")
     parser.add_argument("--edit-pool", choices=["dev", "nq-open"], default="dev",
@@ -491,6 +491,9 @@ def main(argv: list[str] | None = None) -> int:
     args.edit_replacements = [w for w in args.edit_replacements.split(",") if w]
     if not args.edit_replacements or set(args.edit_replacements) - set(EDIT_REPLACEMENTS):
         raise ValueError(f"--edit-replacements {args.edit_replacements}: choose from {list(EDIT_REPLACEMENTS)}")
+    unknown_swaps = {w for w in args.swaps.split(",") if w} - {"edit", "squad"}
+    if unknown_swaps:
+        raise ValueError(f"--swaps {sorted(unknown_swaps)}: choose from edit, squad (or '' for none)")
     variants = [v for v in args.variants.split(",") if v]
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     unknown = sorted(set(variants) - set(VARIANTS))
@@ -592,7 +595,7 @@ def print_gold_passage(gold: dict | None, frozen: dict | None = None) -> None:
     """One line: the frozen model with each question's gold passage alone, beside its retrieval EM."""
     if not gold:
         return
-    retrieved = f" (reading the {frozen['runs'][0].get('exact_match', 0) * 100:.1f} EM of its own retrieval, seed 0)" \
+    retrieved = f" (with the passages it retrieves: EM {frozen['runs'][0].get('exact_match', 0) * 100:.1f}, seed 0)" \
         if frozen else ""
     print(f"gold passage alone ({gold['questions']} questions, an answer stated in it for "
           f"{gold['gold_passage_states_answer']:.1f}%): EM {gold['exact_match']:.1f} / F1 {gold['f1']:.1f}{retrieved}")

@@ -91,3 +91,8 @@ def test_the_gold_chunk_is_the_first_that_states_an_answer(nq824):
     assert nq824.gold_chunk(chunks, ["195"]) == (chunks[0], False)  # whole words only: "1951" does not state "195"
     assert nq824.gold_chunk(chunks, ["the state", "nothing"]) == (chunks[0], True)  # normalised: "state" in "the state"
     assert nq824.gold_chunk(chunks[1:], ["1951"]) == (chunks[1], False)  # none states it: the first chunk
+
+
+def test_an_unknown_swap_is_refused_before_any_work(nq824, tmp_path):
+    with pytest.raises(ValueError, match=r"--swaps \['none'\]: choose from edit, squad"):
+        nq824.main(["--swaps", "none", "--data", str(tmp_path), "--out", str(tmp_path / "out")])
