@@ -182,7 +182,7 @@ def model_card(card: dict) -> str:
             f"{stage['options'].get('seed', 0)}, reading {stage['passages_read']} passage(s) of "
             f"{passages} ({stage['options'].get('distractors', 0)} distractor(s)); "
             f"`{stage['recipe']}`; loss {stage['first_loss']} → {stage['final_loss']} (mean of the "
-            f"last 5 logged); {wall} on {stage['hardware'] or 'an unrecorded machine'}{precision}.")
+            f"last 5 logged); {wall}{precision} on {stage['hardware'] or 'an unrecorded machine'}.")
     first = stages[0]
     # a block trained in any stage differs from MiniLM's and ships (a stage may train more blocks than the last)
     trained = [s["trainable_encoder_layers"] for s in stages if "trainable_encoder_layers" in s]
