@@ -130,6 +130,12 @@ def run_variant(args, out: Path, variant: str, seed: int = 0) -> dict:
     return result
 
 
+def closed_book_checkpoint(out: Path) -> str | None:
+    """The latest checkpoint of the closed_book variant in `out` (this run's or an earlier one's), or None."""
+    latest = out / "closed_book" / "checkpoints" / "latest"
+    return str(latest.parent / latest.read_text().strip()) if latest.is_file() else None
+
+
 def mean_std(values: list[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (0 for a single value)."""
     mean = sum(values) / len(values)
@@ -298,12 +304,14 @@ def answer_entity_label(doc, answer: str) -> str:
     return label if 2 * covered >= match.end() - match.start() else ""
 
 
-def typed_candidates(candidates: list[tuple[str, int]], label: str, labels: list[str]) -> list[tuple[str, int]]:
+def typed_candidates(candidates: list[tuple[str, int]], label: str,
+                     labels: list[str]) -> tuple[list[tuple[str, int]], bool]:
     """The candidates ((answer, pool row)) whose entity label (`labels[row]`) is the old answer's `label`
     (a person for a person, a country for a country, a percentage for a percentage: Longpre et al.'s
-    type-preserving substitution); all of them when the old answer is no entity or none has its type."""
+    type-preserving substitution), True; all of them, False, when the old answer is no entity or none
+    has its type."""
     typed = [(a, j) for a, j in candidates if label and labels[j] == label]
-    return typed or candidates
+    return (typed, True) if typed else (candidates, False)
 
 
 def _replacement(example_index: int, candidates: list[tuple[str, int]], replacement: str, question_vectors,
@@ -396,19 +404,18 @@ def corpus_swap(args, out: Path, checkpoint: str) -> dict:
             if replacement_way in ("similar", "typed"):  # a different thing of the same kind, not a variant of the old one
                 old_words = set(normalize_answer(answer).split())
                 candidates = [(a, j) for a, j in candidates if not set(normalize_answer(a).split()) & old_words]
-            label = ""
+            shared_type = ""  # the entity type of both the old and the new answer, where typed kept one
             if replacement_way == "typed":
                 gold = next(p for p in stating if p.get("doc_id") == record["gold_doc"])
                 label = answer_entity_label(nlp(gold["text"]), answer)
-                candidates = typed_candidates(candidates, label, pool_labels)
+                candidates, kept_type = typed_candidates(candidates, label, pool_labels)
+                shared_type = label if kept_type else ""
             if not candidates:
                 continue
             new = _replacement(i, candidates, replacement_way, question_vectors, answer_vectors, f"swap-{example.id}")
             passages_edited = [{"id": p["id"], "title": p.get("title", ""),
                                 "text": edit_answer(p["text"], answer, new, asked)} for p in stating]
             used_passages.update(p["id"] for p in stating)
-            # the type shared by the old and the new answer ("" where typed fell back to all candidates)
-            shared_type = label if any(a == new and pool_labels[j] == label for a, j in candidates) else ""
             edits.append({"example": example, "passages": passages_edited, "old": answer, "new": new,
                           "type": shared_type})
         if not edits:
@@ -505,8 +512,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     prepare(args, args.out)
     if args.swap_only:
-        closed = args.out / "closed_book" / "checkpoints" / "latest"
-        closed_ckpt = str(closed.parent / closed.read_text().strip()) if closed.is_file() else None
+        closed_ckpt = closed_book_checkpoint(args.out)
         wanted = set(args.swaps.split(","))
         swaps = edit_swaps(corpus_swap(args, args.out, args.swap_only)) if "edit" in wanted else {}
         if "squad" in wanted and (args.data / "squad").is_dir():
@@ -534,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
     closed = results["variants"].get("closed_book", {}).get("exact_match", (None,))[0]
     if "frozen" in results["variants"] and not args.no_swap:
         frozen = results["variants"]["frozen"]["runs"][0]["checkpoint"]
-        closed_ckpt = results["variants"].get("closed_book", {}).get("runs", [{}])[0].get("checkpoint")
+        closed_ckpt = closed_book_checkpoint(args.out)
         wanted = set(args.swaps.split(","))
         results["corpus_swap"] = edit_swaps(corpus_swap(args, args.out, frozen)) if "edit" in wanted else {}
         if "squad" in wanted and (args.data / "squad").is_dir():

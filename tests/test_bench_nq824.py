@@ -61,11 +61,11 @@ def test_a_persons_surname_alone_follows_the_full_name(nq824):
 def test_typed_candidates_keep_the_old_answers_entity_type(nq824):
     labels = ["PERSON", "GPE", "PERSON", "", "DATE"]
     candidates = [("Tokyo", 1), ("Ringo Starr", 2), ("scythe", 3), ("1917", 4)]
-    assert nq824.typed_candidates(candidates, "PERSON", labels) == [("Ringo Starr", 2)]
-    assert nq824.typed_candidates(candidates, "GPE", labels) == [("Tokyo", 1)]
-    # no candidate of the type, or an old answer that is no entity: every candidate stays
-    assert nq824.typed_candidates(candidates, "MONEY", labels) == candidates
-    assert nq824.typed_candidates(candidates, "", labels) == candidates
+    assert nq824.typed_candidates(candidates, "PERSON", labels) == ([("Ringo Starr", 2)], True)
+    assert nq824.typed_candidates(candidates, "GPE", labels) == ([("Tokyo", 1)], True)
+    # no candidate of the type, or an old answer that is no entity: every candidate stays, untyped
+    assert nq824.typed_candidates(candidates, "MONEY", labels) == (candidates, False)
+    assert nq824.typed_candidates(candidates, "", labels) == (candidates, False)
 
 
 def test_an_answers_entity_label_is_read_where_it_stands(nq824):
@@ -96,3 +96,10 @@ def test_the_gold_chunk_is_the_first_that_states_an_answer(nq824):
 def test_an_unknown_swap_is_refused_before_any_work(nq824, tmp_path):
     with pytest.raises(ValueError, match=r"--swaps \['none'\]: choose from edit, squad"):
         nq824.main(["--swaps", "none", "--data", str(tmp_path), "--out", str(tmp_path / "out")])
+
+
+def test_the_closed_book_checkpoint_is_found_from_an_earlier_run(nq824, tmp_path):
+    assert nq824.closed_book_checkpoint(tmp_path) is None
+    (tmp_path / "closed_book" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "closed_book" / "checkpoints" / "latest").write_text("step-000100\n")
+    assert nq824.closed_book_checkpoint(tmp_path) == str(tmp_path / "closed_book" / "checkpoints" / "step-000100")
