@@ -135,6 +135,9 @@ def build_atlas(config: AtlasConfig, *, checkpoint: str | Path | None = None, wi
             _init_reader_embeddings(reader, tokenizer, config)
     if not config.reader.encoder_dropout:
         reader.disable_encoder_dropout()
+    if config.reader.retrieval_prior and not reader.copies_from_source:
+        raise ValueError("reader.retrieval_prior weights a copy head's pointer; this reader has no copy head "
+                         "(set it to 0)")
     if config.reader.trainable_encoder_layers is not None:
         if not hasattr(reader.t5, "set_trainable_encoder_layers"):
             raise ValueError("reader.trainable_encoder_layers applies to warm-started readers (reader.model a "

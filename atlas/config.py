@@ -118,6 +118,10 @@ class ReaderConfig:
     # where the hardware multiplies it natively: reader/encoder_precision.py) or "full" (the reader's
     # precision; the default, so that figures do not depend on the machine). Training is unaffected.
     inference_precision: Literal["full", "bf16", "auto"] = "full"
+    # w of the retrieval prior of answering: the copy head copies from a retrieved passage k in proportion
+    # to its own pointer times softmax_k(score_k / retriever.temperature_score)^w (0 = off; readers with a
+    # copy head; bench/nq824.py measures it). Given passages without retrieval scores get none.
+    retrieval_prior: float = 0.0
     dropout: float | None = None
     # false: no dropout in the reader's encoder (the decoder keeps `dropout`). A retriever loss's gold
     # scores need eval-mode encoder states; with a dropout-free encoder the training pass's states are
@@ -352,10 +356,10 @@ def validate_components(config: AtlasConfig, origins: dict[str, str] | None = No
         if value is not None and value < minimum:
             raise ConfigError(f"{_source_of(key, origins, source)}: '{key}' must be at least {minimum} "
                               f"(or null for {'all examples' if minimum else 'the whole encoder'}); got {value}")
-    if config.evaluation.train_recall_examples < 0:
-        key = "evaluation.train_recall_examples"
-        raise ConfigError(f"{_source_of(key, origins, source)}: '{key}' must be at least 0 (0 = off); "
-                          f"got {config.evaluation.train_recall_examples}")
+    for key, value in (("evaluation.train_recall_examples", config.evaluation.train_recall_examples),
+                       ("reader.retrieval_prior", config.reader.retrieval_prior)):
+        if value < 0:
+            raise ConfigError(f"{_source_of(key, origins, source)}: '{key}' must be at least 0 (0 = off); got {value}")
     name = config.task.name
     if name not in TASKS:
         where = _source_of("task.name", origins, source)

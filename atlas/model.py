@@ -29,6 +29,21 @@ from tasks.base import Example
 ANSWER_SENTINEL = "<extra_id_0>"
 
 
+def passage_log_prior(passages: list[list[dict]], n_passages: int, temperature: float,
+                      weight: float) -> torch.Tensor | None:
+    """The retrieval prior of the passages read: weight · log softmax_k(score_k / temperature) over each
+    example's passages (their retrieval `score`s), → (B, n_passages), 0 for the padding slots of an
+    example with fewer passages; None when some passage has no score (given, not retrieved)."""
+    if any("score" not in p for ps in passages for p in ps):
+        return None
+    prior = torch.zeros(len(passages), n_passages, dtype=torch.float64)
+    for row, read in enumerate(passages):
+        if read:
+            scores = torch.tensor([p["score"] for p in read[:n_passages]], dtype=torch.float64)
+            prior[row, : len(scores)] = weight * torch.log_softmax(scores / temperature, dim=0)
+    return prior.float()
+
+
 class Atlas(nn.Module):
     """Retriever + index + FiD reader.
 
@@ -271,7 +286,7 @@ class Atlas(nn.Module):
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, passages: list[list[dict]] | None,
                  encoder_states: torch.Tensor | None = None) -> torch.Tensor:
         """Decode answers as the recipe says (`reader.num_beams`, `length_penalty`, `span_answers`,
-        `generation_max_length`, `inference_precision`).
+        `generation_max_length`, `inference_precision`, `retrieval_prior`).
 
         Args:
             input_ids, attention_mask: (B, K, L) from `reader_inputs(queries, passages)`.
@@ -285,10 +300,14 @@ class Atlas(nn.Module):
         if rc.span_answers and passages is not None:
             constraint = PassageSpanConstraint.from_passages(
                 self.reader_tokenizer, passages, answer_prefix=ANSWER_SENTINEL, vocab_size=self.reader.t5.config.vocab_size)
+        prior = None
+        if rc.retrieval_prior and passages is not None:
+            prior = passage_log_prior(passages, input_ids.shape[1], self.retriever_config.temperature_score,
+                                      rc.retrieval_prior)
         return self.reader.generate(input_ids, attention_mask, max_length=rc.generation_max_length,
                                     num_beams=rc.num_beams, length_penalty=rc.length_penalty,
                                     encoder_states=encoder_states, prefix_allowed_tokens_fn=constraint,
-                                    precision=rc.inference_precision)
+                                    precision=rc.inference_precision, passage_log_prior=prior)
 
     @torch.no_grad()
     def option_logits(self, examples: list[Example], letters: list[str],

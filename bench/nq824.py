@@ -19,8 +19,10 @@ name for a name; a person's surname alone follows the full name), drawn from nq8
 `--edit-pool nq-open` NQ-open dev's too) in each way of `--edit-replacements`: `typed` (the headline:
 type-preserving substitution as in Longpre et al. 2021, "Entity-Based Knowledge Conflicts": among the answers
 of the old one's spaCy entity type where it stands in its paragraph, a person for a person, a percentage for a
-percentage, the one whose MiniLM embedding is closest to the old answer's, sharing no word with it; an answer
-that is no entity falls back to `similar`), `similar` (the same closeness over all answers of the same shape:
+percentage, the one whose MiniLM embedding is closest to the old answer's, sharing no word with it; for an
+answer that is no entity, the closest among the answers of its phrase shape where it stands — determiner,
+head word's part of speech and number, `answer_shape`: "a scythe" becomes another "a <singular noun>" —
+else `similar`), `similar` (the same closeness over all answers of the same shape:
 "Burj Khalifa" may become "Walmart"), `nearest` (the answer of the most similar question), `random`; the
 index is updated (remove + add), and the share of answers that follow the edited corpus is reported; (2) the whole corpus is swapped for SQuAD dev paragraphs (a new MiniLM index)
 and SQuAD dev questions are asked, EM against the closed-book variant's reader on the same questions.
@@ -28,6 +30,10 @@ and SQuAD dev questions are asked, EM against the closed-book variant's reader o
     .venv/bin/python bench/nq824.py --out runs/bench-nq824                     # ~10 min per variant and seed, 2 cores
     .venv/bin/python bench/nq824.py --variants frozen,pdist,emdr --seeds 0,1,2
     .venv/bin/python bench/nq824.py --variants closed_book,frozen,pdist --steps 60 --max-dev 100
+    .venv/bin/python bench/nq824.py --variants frozen --seeds 0,1,2 --retrieval-priors 0,1 --no-swap
+The recipe answers with the retrieval prior (`reader.retrieval_prior=1.0`: the copy head weighs the
+retriever's ranking); `--retrieval-priors` re-answers with each frozen checkpoint at other weights in the
+same run, and a reader without a copy head needs `--set reader.retrieval_prior=0`.
 Prints a JSON object, then a table. Never runs in the test suite.
 """
 
@@ -45,7 +51,8 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from atlas.demo.quickstart import SHIPPED_READER, format_table, replace_fact
+from atlas.demo.quickstart import SHIPPED_READER, format_table
+from tasks.counterfactual import answer_kind, replace_fact
 from tasks.io import atomic_write_text
 
 VARIANTS = ("closed_book", "frozen", "pdist", "adist", "emdr", "loop")
@@ -67,7 +74,7 @@ def base_overrides(args, out: Path, variant: str, seed: int = 0) -> list[str]:
         f"task.eval_data=[{args.data / 'nq824' / 'dev.jsonl'}]", f"task.closed_book={variant == 'closed_book'}",
         f"training.output_dir={out / run_name(variant, seed)}", f"training.steps={args.steps}", "training.batch_size=4",
         "reader.trainable_encoder_layers=3", "training.lr_encoder=3e-5", "reader.num_beams=4",
-        "reader.length_penalty=0.0", "reader.span_answers=true",
+        "reader.length_penalty=0.0", "reader.span_answers=true", "reader.retrieval_prior=1.0",
         f"training.lr={args.lr}", f"training.lr_retriever={args.lr_retriever}", "training.warmup_steps=5", "training.log_every=5",
         f"training.seed={seed}", "training.keep_last=1", "evaluation.batch_size=16", "evaluation.retrieval_k=[5,20]",
         f"evaluation.max_examples={args.max_dev}", *args.set,
@@ -199,12 +206,6 @@ def squad_corpus_swap(args, out: Path, checkpoint: str, closed_book: str | None)
     return result
 
 
-NUMBER_WORDS = frozenset({
-    "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve", "thirteen",
-    "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty", "thirty", "forty", "fifty",
-    "sixty", "seventy", "eighty", "ninety", "hundred", "thousand", "million", "billion"})
-
-
 def gold_chunk(chunks: list[dict], answers: list[str]) -> tuple[dict, bool]:
     """The first of a gold paragraph's chunks that states one of `answers` (whole words, after SQuAD's
     answer normalisation), else its first chunk; and whether an answer was found."""
@@ -213,6 +214,32 @@ def gold_chunk(chunks: list[dict], answers: list[str]) -> tuple[dict, bool]:
     wanted = [f" {normalize_answer(a)} " for a in answers]
     stating = [c for c in chunks if any(a in f" {normalize_answer(c['text'])} " for a in wanted)]
     return (stating or chunks)[0], bool(stating)
+
+
+def retrieval_prior_reading(args, out: Path, checkpoints: list[str], weights: list[float]) -> dict:
+    """Each trained checkpoint (one per seed) answering the dev questions at each retrieval-prior weight
+    (`reader.retrieval_prior`; 0 = none, the baseline of the same run): → {weight: {exact_match, f1}: mean ± std}."""
+    from atlas.build import build_atlas
+    from atlas.training.checkpoint import checkpoint_config
+    from tasks.base import get_task
+    from tasks.metrics import max_exact_match, max_f1
+
+    started = time.perf_counter()
+    examples = get_task("qa").load(args.data / "nq824" / "dev.jsonl")[: args.max_dev]
+    result = {}
+    for weight in weights:
+        runs = []
+        for checkpoint in checkpoints:
+            overrides = [f"index.path={out / 'index'}", *args.set, f"reader.retrieval_prior={weight}"]
+            model = build_atlas(checkpoint_config(checkpoint, overrides), checkpoint=checkpoint)
+            model.eval()
+            answers = [a for start in range(0, len(examples), 16) for a in model.predict(examples[start:start + 16])[0]]
+            runs.append({"exact_match": 100.0 * sum(max_exact_match(a, e.answers) for a, e in zip(answers, examples)) / len(examples),
+                         "f1": 100.0 * sum(max_f1(a, e.answers) for a, e in zip(answers, examples)) / len(examples)})
+            print(json.dumps({"retrieval_prior": weight, "checkpoint": checkpoint, **runs[-1]}), flush=True)
+        result[str(weight)] = {"runs": runs, **{k: mean_std([r[k] for r in runs]) for k in ("exact_match", "f1")}}
+    result["wall_s"] = round(time.perf_counter() - started, 1)
+    return result
 
 
 def gold_passage_reading(args, out: Path, checkpoint: str) -> dict:
@@ -254,24 +281,13 @@ def gold_passage_reading(args, out: Path, checkpoint: str) -> dict:
             "wall_s": round(time.perf_counter() - started, 1)}
 
 
-def _kind(answer: str) -> str:
-    """The shape a replacement must share: a year, another number, a name (every word capitalised)
-    or other text — so that the edited sentence still reads as a statement of the same kind."""
-    if re.fullmatch(r"\d{4}", answer):
-        return "year"
-    if re.search(r"\d", answer) or all(w in NUMBER_WORDS for w in answer.lower().split()):
-        return "number"
-    words = [w for w in answer.split() if w[:1].isalpha()]
-    return "name" if words and all(w[:1].isupper() for w in words) else "text"
-
-
 def edit_answer(text: str, old: str, new: str, asked: str) -> str:
     """`text` with `old` replaced by `new` (whole words, any case); for a person asked about by
     'who' with a name of several words, the surname standing alone is replaced by the new surname
     too ("Johannes Gutenberg … Gutenberg was" → "Tom Rigg … Rigg was"; not in "Atletico Madrid"
     for "Real Madrid"). ValueError if `old` is not in it."""
     edited = replace_fact(text, old, new)
-    if asked == "who" and len(old.split()) > 1 and _kind(old) == _kind(new) == "name":
+    if asked == "who" and len(old.split()) > 1 and answer_kind(old) == answer_kind(new) == "name":
         surname, new_surname = old.split()[-1], new.split()[-1]
 
         def alone(match: re.Match) -> str:  # not part of another name ("Atletico Madrid" for "Real Madrid")
@@ -302,6 +318,28 @@ def answer_entity_label(doc, answer: str) -> str:
         if overlap > covered:
             covered, label = overlap, entity.label_
     return label if 2 * covered >= match.end() - match.start() else ""
+
+
+def answer_shape(doc, answer: str) -> str:
+    """The grammatical shape of `answer` where it first stands in `doc` (a parsed spaCy Doc): whether it
+    opens with a determiner, its head word's part of speech and grammatical number — "DET NOUN Sing" for
+    "a scythe", "NOUN Sing" for "butane", "NOUN Plur" for "stromal cells" — so that a replacement for an
+    answer that is no entity reads as the same kind of phrase in its sentence; "" when it is not in the text."""
+    match = re.search(rf"(?<!\w){re.escape(answer)}(?!\w)", doc.text, re.IGNORECASE)
+    span = None if match is None else doc.char_span(match.start(), match.end(), alignment_mode="expand")
+    if span is None or not len(span):
+        return ""
+    number = span.root.morph.get("Number")
+    return " ".join(part for part in ("DET" if span[0].pos_ == "DET" else "", span.root.pos_,
+                                      number[0] if number else "") if part)
+
+
+def shaped_candidates(candidates: list[tuple[str, int]], shape: str,
+                      shapes: list[str]) -> tuple[list[tuple[str, int]], bool]:
+    """The candidates whose shape (`shapes[row]`, `answer_shape`) is the old answer's `shape`, True; all of
+    them, False, when the shape is unknown or no candidate has it."""
+    shaped = [(a, j) for a, j in candidates if shape and shapes[j] == shape]
+    return (shaped, True) if shaped else (candidates, False)
 
 
 def typed_candidates(candidates: list[tuple[str, int]], label: str,
@@ -376,7 +414,7 @@ def corpus_swap(args, out: Path, checkpoint: str) -> dict:
     question_vectors = unit([q for q, _ in pool_questions])
     answer_vectors = unit([a for _, a in pool_questions])
     pool = [(_question_word(q), a, j) for j, (q, a) in enumerate(pool_questions)]
-    pool_labels, nlp = [], None
+    pool_labels, pool_shapes, nlp = [], [], None
     if "typed" in args.edit_replacements:  # each pool answer's entity type where it stands in its gold paragraph
         from tasks.salient_span import load_pipeline
 
@@ -384,7 +422,10 @@ def corpus_swap(args, out: Path, checkpoint: str) -> dict:
         documents = {r["id"]: r["text"] for _, r in read_jsonl(args.data / "nq824" / "documents.jsonl")}
         contexts = [documents.get(r.get("gold_doc"), a) for r, (_, a) in zip(records, pool_questions)]
         contexts += [a for _, a in pool_questions[len(records):]]  # NQ-open's answers have no paragraph here
-        pool_labels = [answer_entity_label(doc, a) for doc, (_, a) in zip(nlp.pipe(contexts), pool_questions)]
+        pool_labels, pool_shapes = [], []
+        for doc, (_, a) in zip(nlp.pipe(contexts), pool_questions):
+            pool_labels.append(answer_entity_label(doc, a))
+            pool_shapes.append(answer_shape(doc, a) or answer_shape(nlp(a), a))
     results = {}
     for replacement_way in args.edit_replacements:
         edits, used_passages = [], set()
@@ -397,19 +438,23 @@ def corpus_swap(args, out: Path, checkpoint: str) -> dict:
             if any(p["id"] in used_passages for p in stating):
                 continue  # each passage is edited once, for one question
             asked = _question_word(example.metadata["question"])
-            candidates = [(a, j) for word, a, j in pool if word == asked and _kind(a) == _kind(answer)
+            candidates = [(a, j) for word, a, j in pool if word == asked and answer_kind(a) == answer_kind(answer)
                           and len(a.split()) <= max(3, len(answer.split()) + 1)
                           and normalize_answer(a) != normalize_answer(answer)
                           and not any(a.lower() in p["text"].lower() for p in stating)]
             if replacement_way in ("similar", "typed"):  # a different thing of the same kind, not a variant of the old one
                 old_words = set(normalize_answer(answer).split())
                 candidates = [(a, j) for a, j in candidates if not set(normalize_answer(a).split()) & old_words]
-            shared_type = ""  # the entity type of both the old and the new answer, where typed kept one
+            shared_type = shared_shape = ""  # what the old and the new answer share, where typed kept it
             if replacement_way == "typed":
-                gold = next(p for p in stating if p.get("doc_id") == record["gold_doc"])
-                label = answer_entity_label(nlp(gold["text"]), answer)
+                gold = nlp(next(p for p in stating if p.get("doc_id") == record["gold_doc"])["text"])
+                label = answer_entity_label(gold, answer)
                 candidates, kept_type = typed_candidates(candidates, label, pool_labels)
                 shared_type = label if kept_type else ""
+                if not kept_type:  # no entity (or no candidate of its type): a phrase of the same shape
+                    shape = answer_shape(gold, answer)
+                    candidates, kept_shape = shaped_candidates(candidates, shape, pool_shapes)
+                    shared_shape = shape if kept_shape else ""
             if not candidates:
                 continue
             new = _replacement(i, candidates, replacement_way, question_vectors, answer_vectors, f"swap-{example.id}")
@@ -417,7 +462,7 @@ def corpus_swap(args, out: Path, checkpoint: str) -> dict:
                                 "text": edit_answer(p["text"], answer, new, asked)} for p in stating]
             used_passages.update(p["id"] for p in stating)
             edits.append({"example": example, "passages": passages_edited, "old": answer, "new": new,
-                          "type": shared_type})
+                          "type": shared_type, "shape": shared_shape})
         if not edits:
             results[replacement_way] = {"edited": 0, "follow_share": None}
             continue
@@ -448,11 +493,24 @@ def corpus_swap(args, out: Path, checkpoint: str) -> dict:
             "edited_passage_read_share": 100.0 * sum(read_edited) / len(edits),
             # old answers of an entity type that some candidate shared (their new answer has that type)
             "typed_share": 100.0 * sum(bool(e["type"]) for e in edits) / len(edits) if replacement_way == "typed" else None,
+            # typed: the follow share of the edits whose new answer kept the old one's entity type, of those
+            # that kept its phrase shape instead, and of the rest
+            "follow_share_by_match": _follow_by_match(edits, follows) if replacement_way == "typed" else None,
             "answers": [{"question": e["example"].metadata["question"], "old": e["old"], "new": e["new"], "answer": a,
-                         "type": e["type"], "passages": len(e["passages"]), "edited_passage_read": r}
+                         "type": e["type"], "shape": e["shape"], "passages": len(e["passages"]),
+                         "edited_passage_read": r}
                         for e, a, r in zip(edits, new_answers, read_edited)]}
     results["wall_s"] = round(time.perf_counter() - started, 1)
     return results
+
+
+def _follow_by_match(edits: list[dict], follows: list[bool]) -> dict:
+    """{"entity type" | "phrase shape" | "neither": {"edits": n, "follow_share": %}} for a typed run."""
+    groups: dict[str, list[bool]] = {}
+    for edit, followed in zip(edits, follows, strict=True):
+        key = "entity type" if edit["type"] else "phrase shape" if edit["shape"] else "neither"
+        groups.setdefault(key, []).append(followed)
+    return {key: {"edits": len(v), "follow_share": 100.0 * sum(v) / len(v)} for key, v in groups.items()}
 
 
 def edit_swaps(results: dict) -> dict:
@@ -491,6 +549,9 @@ def main(argv: list[str] | None = None) -> int:
                              "answer of the same kind)"),
     parser.add_argument("--swap-only", metavar="CHECKPOINT",
                         help="only the corpus swaps, with this trained checkpoint (e.g. OUT/frozen/checkpoints/step-000100)")
+    parser.add_argument("--retrieval-priors", default="",
+                        help="comma-separated reader.retrieval_prior weights (e.g. 0,1): each frozen run's checkpoint "
+                             "answers the dev questions at each, in the same run (0 = none, the baseline)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a dotted config override for every variant and the corpus swaps' models "
                              "(repeatable), e.g. retriever.temperature_gold=0.1")
@@ -545,6 +606,10 @@ def main(argv: list[str] | None = None) -> int:
         results["corpus_swap"] = edit_swaps(corpus_swap(args, args.out, frozen)) if "edit" in wanted else {}
         if "squad" in wanted and (args.data / "squad").is_dir():
             results["corpus_swap"]["squad"] = squad_corpus_swap(args, args.out, frozen, closed_ckpt)
+    prior_weights = [float(w) for w in args.retrieval_priors.split(",") if w.strip()]
+    if "frozen" in results["variants"] and prior_weights:
+        results["retrieval_prior"] = retrieval_prior_reading(
+            args, args.out, [r["checkpoint"] for r in results["variants"]["frozen"]["runs"]], prior_weights)
     if "frozen" in results["variants"] and not args.no_gold_passage:
         results["gold_passage"] = gold_passage_reading(args, args.out, results["variants"]["frozen"]["runs"][0]["checkpoint"])
     saved = args.out / "results.json"
@@ -572,6 +637,10 @@ def main(argv: list[str] | None = None) -> int:
     if results.get("corpus_swap"):
         print_swaps(results["corpus_swap"])
     print_gold_passage(results.get("gold_passage"), results["variants"].get("frozen"))
+    for weight, prior in (results.get("retrieval_prior") or {}).items():
+        if weight != "wall_s":
+            print(f"retrieval prior {weight}: EM {prior['exact_match'][0]:.1f} ± {prior['exact_match'][1]:.1f}, "
+                  f"F1 {prior['f1'][0]:.1f} ± {prior['f1'][1]:.1f} over {len(prior['runs'])} frozen run(s)")
     return 0
 
 
@@ -587,6 +656,8 @@ def print_swaps(swaps: dict) -> None:
               + (f", an edited passage read for {read:.1f}%" if read is not None else "")
               + (f", new answer of the old one's entity type for {edit['typed_share']:.1f}%"
                  if edit.get("typed_share") is not None else "")
+              + "".join(f"; {key}: {group['follow_share']:.1f}% of {group['edits']}"
+                        for key, group in (edit.get("follow_share_by_match") or {}).items())
               + f" (goal ≥ {GOALS['swap_follow']:.0f}%)")
     squad = swaps.get("squad")
     if squad:

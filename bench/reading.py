@@ -10,14 +10,17 @@ read: `reader.span_answers`; `span-lp0.5` the same with length penalty 0.5), at 
 --precisions (`full`; `bf16`: the encoder pass under bfloat16 autocast, `reader.inference_precision`),
 every beam width of --beams (4 = the recipes' beam search, 1 = greedy) and every beam path of
 --beam-paths (`folded`: what `FiDReader.generate` does, keys/values of each example's passages
-projected and read once for all its beams, `reader.beam_attention`; `repeated`: the baseline before
-it, T5 projecting and reading every beam's copy). Also measured: reader inference throughput
-(questions/s at K=5, batch 16, this machine's threads) and, per row, its ratio to the `repeated` row.
+projected and read once for all its beams, `reader.beam_attention`, and the decoder reading only the
+passages' real tokens, packed, `FiDReader.fuse_packed`; `unpacked`: the baseline before packing, the
+padded K·L layout, the copy head pointing into every beam's copy; `repeated`: the baseline before
+`reader.beam_attention` too, T5 projecting and reading every beam's copy). Also measured: reader
+inference throughput (questions/s at K=5, batch 16, this machine's threads) and, per row, its ratio to
+the `unpacked` and `repeated` rows of the same reader and settings.
 
     .venv/bin/python bench/reading.py                                   # 1000 seeded dev questions
     .venv/bin/python bench/reading.py --reader atlas-mini=runs/atlas-mini --max-dev 300
     .venv/bin/python bench/reading.py --decodings span --precisions full,bf16 --max-dev 300
-    .venv/bin/python bench/reading.py --decodings span --beam-paths folded,repeated --beams 4,1 --max-dev 300
+    .venv/bin/python bench/reading.py --decodings span --beam-paths folded,unpacked,repeated --beams 4,1 --max-dev 300
 Prints a JSON object, then a table. Never runs in the test suite.
 """
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import random
 import sys
@@ -66,22 +70,30 @@ def distractor_passages(examples, pool, retriever, k: int, seed: int) -> list[li
 
 @contextlib.contextmanager
 def beam_path(name: str):
-    """`folded`: generation as shipped. `repeated`: the baseline, generation as before
-    `reader.beam_attention` — an empty cache that T5 fills from every beam's copy of the encoder states
-    (cross-attention keys/values projected and read beams times; only their reordering was skipped)."""
+    """`folded`: generation as shipped. `unpacked`: as shipped before the passages' real tokens were
+    packed (`FiDReader.fuse_packed`): the decoder reads the padded K·L layout and the copy head points
+    into every beam's copy of it. `repeated`: the baseline before `reader.beam_attention` as well — an
+    empty cache that T5 fills from every beam's copy of the encoder states (cross-attention keys/values
+    projected and read beams times; only their reordering was skipped)."""
     if name == "folded":
         yield
         return
     from transformers import DynamicCache
 
+    from reader import fid
     from reader.beam_attention import BeamSharedCrossAttentionCache
 
-    shipped = BeamSharedCrossAttentionCache.__dict__["prefilled"]
-    BeamSharedCrossAttentionCache.prefilled = classmethod(lambda cls, *_args: cls(DynamicCache(), DynamicCache()))
+    shipped_generate, shipped_source = fid.FiDReader.generate, fid.CopySource
+    shipped_prefilled = BeamSharedCrossAttentionCache.__dict__["prefilled"]
+    fid.FiDReader.generate = functools.partialmethod(shipped_generate, pack_passages=False)
+    fid.CopySource = lambda *_args: None  # the copy head reads the beam-expanded states
+    if name == "repeated":
+        BeamSharedCrossAttentionCache.prefilled = classmethod(lambda cls, *_args: cls(DynamicCache(), DynamicCache()))
     try:
         yield
     finally:
-        BeamSharedCrossAttentionCache.prefilled = shipped
+        fid.FiDReader.generate, fid.CopySource = shipped_generate, shipped_source
+        BeamSharedCrossAttentionCache.prefilled = shipped_prefilled
 
 
 def read(reader, tokenizer, task, examples, passages, *, max_length: int, batch_size: int,
@@ -128,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--beams", default="4", help="comma-separated beam search widths (1 = greedy); "
                                                     "the first is the one the targets are judged at")
     parser.add_argument("--beam-paths", default="folded",
-                        help="comma-separated: folded (as shipped), repeated (the baseline before it)")
+                        help="comma-separated: folded (as shipped), unpacked (before packing the passages' real "
+                             "tokens), repeated (before folding the beams as well)")
     parser.add_argument("--decodings", default="plain,span",
                         help=f"comma-separated decodings to measure each reader with ({', '.join(DECODINGS)})")
     parser.add_argument("--precisions", default="full",
@@ -144,8 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     decodings = [d for d in args.decodings.split(",") if d]
     precisions = [p for p in args.precisions.split(",") if p]
     beam_paths = [p for p in args.beam_paths.split(",") if p]
-    if not beam_paths or set(beam_paths) - {"folded", "repeated"}:
-        parser.error(f"--beam-paths {args.beam_paths!r}: choose from folded, repeated")
+    if not beam_paths or set(beam_paths) - {"folded", "unpacked", "repeated"}:
+        parser.error(f"--beam-paths {args.beam_paths!r}: choose from folded, unpacked, repeated")
     try:
         widths = [int(b) for b in args.beams.split(",") if b]
     except ValueError:
@@ -200,13 +213,15 @@ def main(argv: list[str] | None = None) -> int:
                              "k1": k1, "k5": k5, "k5_questions_per_s": rate}
             print(json.dumps({name: results[name]}), flush=True)  # each reading as soon as it is measured
     for name, result in results.items():
-        baseline = results.get(f"{name}+repeated", {}).get("k5_questions_per_s")
         rate = result["k5_questions_per_s"]
-        result["speedup_vs_repeated"] = rate / baseline if rate and baseline else None
+        for path in ("unpacked", "repeated"):
+            baseline = results.get(f"{name}+{path}", {}).get("k5_questions_per_s")
+            result[f"speedup_vs_{path}"] = rate / baseline if rate and baseline else None
         k1, k5 = result["k1"], result["k5"]
         rows.append({"reader": name, "EM K=1": k1["exact_match"], "F1 K=1": k1["f1"],
                      "EM K=5": k5["exact_match"] if k5 else "-", "F1 K=5": k5["f1"] if k5 else "-",
                      "q/s K=5": rate if rate is not None else "-",
+                     "× unpacked": result["speedup_vs_unpacked"] or "-",
                      "× repeated": result["speedup_vs_repeated"] or "-"})
     report = {"dev_questions": len(examples), "text_maxlength": args.text_maxlength, "beams": widths,
               "readers": results,

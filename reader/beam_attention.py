@@ -37,7 +37,12 @@ class BeamSharedCrossAttentionCache(EncoderDecoderCache):
     Re-indexing the cross-attention cache would copy identical rows, (B·beams, heads, K·L, d_kv) per
     layer per step, which at K·L = 1,600 costs more than the decoder itself. Only the self-attention
     cache (the beams' own prefixes) is reordered.
+
+    `copy_source` (a `reader.copy_head.CopySource`, or None) carries the same per-example view for a
+    reader with a copy head: its pointer reads one copy of each example's passages for all its beams.
     """
+
+    copy_source = None
 
     @classmethod
     def prefilled(cls, decoder: torch.nn.Module, encoder_states: torch.Tensor,

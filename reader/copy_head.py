@@ -12,12 +12,26 @@ learnt as "where", not as "which of 30k words" — far fewer examples to learn t
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 CONTINUATION_SCALE = 25.0
+
+
+class CopySource(NamedTuple):
+    """What the copy head points into, one row per example: states (B, S, D) fused encoder states,
+    mask (B, S) 1 = real token, ids (B, S) their token ids, previous_ids (B, S) the id before each
+    position in its passage (`previous_source_ids`) or None (then computed from passage_length),
+    log_prior (B, S) a log-weight of each position's passage (the retrieval prior) or None."""
+
+    states: torch.Tensor
+    mask: torch.Tensor
+    ids: torch.Tensor
+    previous_ids: torch.Tensor | None = None
+    log_prior: torch.Tensor | None = None
 
 
 class CopyHead(nn.Module):
@@ -44,50 +58,97 @@ class CopyHead(nn.Module):
 
     def copy_attention(self, decoder_states: torch.Tensor, encoder_states: torch.Tensor, encoder_mask: torch.Tensor,
                        source_ids: torch.Tensor, decoder_input_ids: torch.Tensor | None = None,
-                       passage_length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       passage_length: int | None = None, previous_ids: torch.Tensor | None = None,
+                       log_prior: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The copy distribution over input positions and the gate's logit of generating.
 
         Args: as `forward` (without vocab_logits).
         Returns:
-            attention (B, T, S), rows summing to 1 over the real input tokens; gate (B, T, 1), the logit
+            attention (N, T, S), rows summing to 1 over the real input tokens; gate (N, T, 1), the logit
             of generating from the vocabulary (σ(−gate) is the probability of copying).
         """
+        rows, steps = decoder_states.shape[:2]
+        attention, gate = self._folded_copy_attention(decoder_states, encoder_states, encoder_mask, source_ids,
+                                                      decoder_input_ids, passage_length, previous_ids, log_prior)
+        return attention.reshape(rows, steps, -1), gate.reshape(rows, steps, 1)
+
+    def _folded_copy_attention(self, decoder_states, encoder_states, encoder_mask, source_ids, decoder_input_ids,
+                               passage_length, previous_ids, log_prior=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`copy_attention` with the beams of an example folded into its query axis: attention
+        (B, beams·T, S) and gate (B, beams·T, 1), rows beam-major (example b's beams are decoder rows
+        b·beams … b·beams + beams − 1, as `generate` lays them out)."""
+        rows, steps, width = decoder_states.shape
+        batch = encoder_states.shape[0]
+        if rows % batch:
+            raise ValueError(f"{rows} decoder rows are not a whole number of beams for {batch} encoded examples")
+        beams = rows // batch
         dtype = torch.promote_types(self.query.weight.dtype, torch.float32)  # float32, or float64 in tests
-        h = decoder_states.to(dtype)
+        h = decoder_states.to(dtype).reshape(batch, beams * steps, width)
         e = encoder_states.to(dtype)
         # q·(W_k e)ᵀ = (q W_k)·eᵀ: moving W_k to the query side costs T·D² instead of S·D², and in
         # generation (T = 1 per step, S = K·L fixed) it avoids re-projecting every input token each step
-        scores = (self.query(h) @ self.key.weight.to(dtype)) @ e.transpose(1, 2) / math.sqrt(h.shape[-1])  # (B, T, S)
+        scores = (self.query(h) @ self.key.weight.to(dtype)) @ e.transpose(1, 2) / math.sqrt(width)  # (B, beams·T, S)
         if decoder_input_ids is not None:
-            previous = F.pad(source_ids, (1, 0), value=-1)[:, :-1]  # (B, S): x_{j-1}
-            previous = previous.masked_fill(~F.pad(encoder_mask.bool(), (1, 0))[:, :-1], -1)
-            if passage_length:
-                previous[:, ::passage_length] = -1
-            follows = previous.unsqueeze(1) == decoder_input_ids.unsqueeze(-1)  # (B, T, S)
+            if previous_ids is None:
+                previous_ids = previous_source_ids(source_ids, encoder_mask, passage_length)
+            inputs = decoder_input_ids.reshape(batch, beams * steps)
+            follows = previous_ids.unsqueeze(1) == inputs.unsqueeze(-1)  # (B, beams·T, S)
             scores = scores + self.beta.to(dtype) * follows.to(dtype)
         scores = scores.masked_fill(~encoder_mask.bool().unsqueeze(1), torch.finfo(scores.dtype).min)
         attention = scores.softmax(-1)
-        gate = self.gate(torch.cat([h, attention @ e], dim=-1))  # (B, T, 1), logit of generating
+        gate = self.gate(torch.cat([h, attention @ e], dim=-1))  # (B, beams·T, 1), logit of generating
+        if log_prior is not None:  # where to copy from, re-weighted by the passages' prior; the gate keeps
+            # the reader's own reading (a_j ∝ a_j · prior_j)
+            attention = (scores + log_prior.to(dtype).unsqueeze(1)).softmax(-1)
         return attention, gate
 
     def forward(self, decoder_states: torch.Tensor, vocab_logits: torch.Tensor, encoder_states: torch.Tensor,
                 encoder_mask: torch.Tensor, source_ids: torch.Tensor,
-                decoder_input_ids: torch.Tensor | None = None, passage_length: int | None = None) -> torch.Tensor:
+                decoder_input_ids: torch.Tensor | None = None, passage_length: int | None = None,
+                previous_ids: torch.Tensor | None = None, log_prior: torch.Tensor | None = None) -> torch.Tensor:
         """Mixed log-probabilities.
 
         Args:
-            decoder_states: (B, T, D) final decoder states; vocab_logits: (B, T, V).
+            decoder_states: (N, T, D) final decoder states; vocab_logits: (N, T, V). N = B, or B·beams in
+                beam search, each example's beams in consecutive rows: they point into one copy of its
+                passages (reading that copy once per step, not once per beam).
             encoder_states: (B, S, D) fused encoder states; encoder_mask: (B, S), 1 = real token.
             source_ids: (B, S) the token ids at those positions.
-            decoder_input_ids: (B, T) the decoder inputs (y_{t-1}), for the span-continuation bias.
+            decoder_input_ids: (N, T) the decoder inputs (y_{t-1}), for the span-continuation bias.
             passage_length: L, where S = K·L: a passage's first token has no predecessor.
+            previous_ids: (B, S) the id before each position in its passage (`previous_source_ids`), given
+                instead of passage_length when the positions are not K blocks of L (packed passages).
+            log_prior: (B, S) log-weights of the positions' passages, added to the pointer's scores after the
+                gate is read (the copy distribution becomes a_j · prior_j, renormalised); None = no prior.
         Returns:
-            (B, T, V) log p(w) (normalised over V), float32 (float64 for a float64 head).
+            (N, T, V) log p(w) (normalised over V), float32 (float64 for a float64 head).
         """
-        attention, gate = self.copy_attention(decoder_states, encoder_states, encoder_mask, source_ids,
-                                              decoder_input_ids, passage_length)
-        copy = torch.zeros_like(vocab_logits, dtype=attention.dtype)
-        copy.scatter_add_(2, source_ids.unsqueeze(1).expand(-1, decoder_states.shape[1], -1), attention)
+        rows, steps, _ = decoder_states.shape
+        attention, gate = self._folded_copy_attention(decoder_states, encoder_states, encoder_mask, source_ids,
+                                                      decoder_input_ids, passage_length, previous_ids, log_prior)
+        batch, queries, _ = attention.shape
+        copy = attention.new_zeros(batch, queries, vocab_logits.shape[-1])
+        copy.scatter_add_(2, source_ids.unsqueeze(1).expand(-1, queries, -1), attention)
+        copy = copy.view(rows, steps, -1)
         log_copy = copy.clamp_min(1e-30).log().masked_fill(copy == 0, float("-inf"))
+        gate = gate.view(rows, steps, 1)
         return torch.logaddexp(F.logsigmoid(gate) + F.log_softmax(vocab_logits.to(attention.dtype), dim=-1),
                                F.logsigmoid(-gate) + log_copy)
+
+
+def previous_source_ids(source_ids: torch.Tensor, encoder_mask: torch.Tensor,
+                        passage_length: int | None = None) -> torch.Tensor:
+    """The token id before each input position within its passage (the x_{j-1} of the span-continuation
+    bias): −1 at a passage's first position and after a masked one.
+
+    Args:
+        source_ids: (B, S) input ids; encoder_mask: (B, S), 1 = real token.
+        passage_length: L when S = K·L (each passage starts at a multiple of L); None: one passage.
+    Returns:
+        (B, S) ids, −1 where there is no predecessor.
+    """
+    previous = F.pad(source_ids, (1, 0), value=-1)[:, :-1]
+    previous = previous.masked_fill(~F.pad(encoder_mask.bool(), (1, 0))[:, :-1], -1)
+    if passage_length:
+        previous[:, ::passage_length] = -1
+    return previous

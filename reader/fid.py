@@ -25,6 +25,7 @@ from reader.beam_attention import (
     BeamSharedCrossAttentionCache,
     fold_beams_in_cross_attention,
 )
+from reader.copy_head import CopySource, previous_source_ids
 from reader.encoder_precision import precision_autocast, resolve_precision
 from reader.warm_start import (
     WARM_START_PRESETS,
@@ -235,6 +236,30 @@ class FiDReader(nn.Module):
             batch, n_passages * length
         )
 
+    @staticmethod
+    def fuse_packed(
+        encoder_states: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[BaseModelOutput, torch.Tensor, torch.Tensor]:
+        """Concatenate only the real tokens of each example's passages, in order: (B, K, L, H) states and
+        (B, K, L) mask → (B, S, H) states, (B, S) mask and (B, S) positions in the K·L layout they came
+        from, with S the most real tokens of any example (zero states and mask after an example's own).
+
+        T5's cross-attention has no position bias and a softmax is blind to the order of its keys, so a
+        decoder reading the packed layout gives the answers it gives over `fuse`'s, without the padding
+        (a K=5 batch of SQuAD paragraphs is ~40% padding), which generation reads at every step.
+        """
+        batch, n_passages, length, hidden = encoder_states.shape
+        real = attention_mask.reshape(batch, n_passages * length).ne(0)
+        counts = real.sum(-1)
+        width = max(int(counts.max()), 1)
+        # a stable sort of "is padding" puts each example's real positions first, in their order
+        positions = torch.argsort((~real).to(torch.int8), dim=-1, stable=True)[:, :width]  # (B, S)
+        mask = torch.arange(width, device=counts.device) < counts.unsqueeze(-1)  # (B, S)
+        states = encoder_states.reshape(batch, n_passages * length, hidden)
+        packed = states.gather(1, positions.unsqueeze(-1).expand(-1, -1, hidden))
+        packed = packed.masked_fill(~mask.unsqueeze(-1), 0.0)
+        return BaseModelOutput(last_hidden_state=packed), mask.to(attention_mask.dtype), positions
+
     def shift_right(self, labels: torch.Tensor) -> torch.Tensor:
         """Decoder inputs for targets `labels` (B, T): start token prepended, -100 → pad."""
         return self.t5._shift_right(labels)
@@ -289,12 +314,15 @@ class FiDReader(nn.Module):
         prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], list[int]] | None = None,
         length_penalty: float = 1.0,
         precision: str = "full",
+        pack_passages: bool = True,
+        passage_log_prior: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Greedy (`num_beams`=1) or beam-search decoding of the answer (call in eval mode).
 
         The cross-attention keys/values are projected once per example, from its real tokens, and
-        beam search reads them once for all its beams (`reader.beam_attention`): T5's own answers,
-        without repeating the K·L encoder states per beam.
+        beam search reads them once for all its beams (`reader.beam_attention`), as does a copy head's
+        pointer: T5's own answers, without repeating the K·L encoder states per beam. The decoder reads
+        the passages' real tokens packed together (`fuse_packed`), not the padded K·L layout.
 
         Args:
             input_ids, attention_mask: (B, K, L).
@@ -306,12 +334,42 @@ class FiDReader(nn.Module):
             precision: "full", "bf16" or "auto" (`reader.encoder_precision`) of the encoder pass (when
                 `encoder_states` is None); the decoder runs at the reader's precision (bfloat16 autocast
                 slowed its small per-step products on CPU: bench/reading.py).
+            pack_passages: False decodes over the padded K·L layout (`fuse`): the same answers, slower
+                (the baseline of bench/reading.py's `--beam-paths unpacked`).
+            passage_log_prior: (B, K) log-weights of the passages (e.g. `passage_log_prior` of their
+                retrieval scores): the copy head's pointer copies from passage k in proportion to
+                prior_k times its own attention (readers with a copy head only); None = none.
         Returns:
             (B, T') generated ids starting with the decoder start token.
         """
         if encoder_states is None:
             encoder_states = self.encode(input_ids, attention_mask, precision=precision)
-        encoder_outputs, fused_mask = self.fuse(encoder_states, attention_mask)
+        source = self.source_kwargs(input_ids)
+        if passage_log_prior is not None and not source:
+            raise ValueError("passage_log_prior weights the copy head's pointer: this reader has no copy head")
+        length = encoder_states.shape[2]
+        # each fused position's passage: k for the K·L layout's position k·L + i
+        passage_of = torch.arange(encoder_states.shape[1] * length, device=encoder_states.device) // length
+        if pack_passages:
+            encoder_outputs, fused_mask, positions = self.fuse_packed(encoder_states, attention_mask)
+            passage_of = passage_of[positions]  # (B, S)
+            if source:  # the copy head points into the packed ids, each knowing its predecessor in its passage
+                ids = source["source_ids"]
+                previous = previous_source_ids(ids, attention_mask.reshape(ids.shape), source.pop("passage_length"))
+                source = {"source_ids": ids.gather(1, positions).masked_fill(fused_mask.eq(0), 0),
+                          "source_previous_ids": previous.gather(1, positions).masked_fill(fused_mask.eq(0), -1)}
+        else:
+            encoder_outputs, fused_mask = self.fuse(encoder_states, attention_mask)
+            passage_of = passage_of.expand(encoder_states.shape[0], -1)
+        log_prior = None
+        if passage_log_prior is not None:  # (B, K) → (B, S), zero where masked
+            log_prior = passage_log_prior.to(encoder_states.device).gather(1, passage_of).masked_fill(fused_mask.eq(0), 0)
+        cache = BeamSharedCrossAttentionCache.prefilled(self.t5.decoder, encoder_outputs.last_hidden_state, fused_mask)
+        if source and isinstance(cache, BeamSharedCrossAttentionCache):  # not a baseline's own cache
+            cache.copy_source = CopySource(encoder_outputs.last_hidden_state, fused_mask, source["source_ids"],
+                                           source.get("source_previous_ids"), log_prior)
+        elif log_prior is not None:
+            raise ValueError("passage_log_prior needs the shipped generation path (a BeamSharedCrossAttentionCache)")
         return self.t5.generate(
             encoder_outputs=encoder_outputs,
             attention_mask=fused_mask,
@@ -321,11 +379,10 @@ class FiDReader(nn.Module):
             decoder_start_token_id=self.t5.config.decoder_start_token_id,
             eos_token_id=self.t5.config.eos_token_id,
             pad_token_id=self.t5.config.pad_token_id,
-            **{CACHE_KWARG: BeamSharedCrossAttentionCache.prefilled(
-                self.t5.decoder, encoder_outputs.last_hidden_state, fused_mask)},
+            **{CACHE_KWARG: cache},
             prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
             length_penalty=length_penalty,
-            **self.source_kwargs(input_ids),
+            **source,
         )
 
     @torch.no_grad()

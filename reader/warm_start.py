@@ -41,7 +41,8 @@ from transformers import (
 )
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
-from reader.copy_head import CopyHead
+from reader.beam_attention import CACHE_KWARG
+from reader.copy_head import CopyHead, CopySource
 
 READER_KIND = "warm-started-fid"
 WEIGHTS_FILE = "model.safetensors"
@@ -183,13 +184,17 @@ class WarmStartedT5(T5ForConditionalGeneration):
     def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None,
                 encoder_outputs=None, past_key_values=None, inputs_embeds=None, decoder_inputs_embeds=None,
                 labels=None, use_cache=None, source_ids: torch.Tensor | None = None,
-                passage_length: int | None = None, output_hidden_states: bool | None = None,
-                **kwargs) -> Seq2SeqLMOutput:
+                passage_length: int | None = None, source_previous_ids: torch.Tensor | None = None,
+                output_hidden_states: bool | None = None, **kwargs) -> Seq2SeqLMOutput:
         """T5's forward; with the copy head, `logits` are the mixed log-probabilities.
 
         Args beyond T5's: source_ids (B, S) the ids of the S fused encoder positions (needed by
         the copy head; default: `input_ids` when the encoder runs here); passage_length: L of
-        the fused S = K·L positions (default: S, one passage).
+        the fused S = K·L positions (default: S, one passage); source_previous_ids (B, S): the id
+        before each position in its passage (`reader.copy_head.previous_source_ids`), for positions
+        that are not K blocks of L (`FiDReader.generate` packs the passages' real tokens). In beam
+        search, a `BeamSharedCrossAttentionCache` holding the examples' `copy_source` lets the copy head
+        read one copy of each example's passages for all its beams.
         """
         if encoder_outputs is None:
             encoder_outputs = self.encoder(input_ids=input_ids, attention_mask=attention_mask,
@@ -209,11 +214,15 @@ class WarmStartedT5(T5ForConditionalGeneration):
         states = decoder_outputs.last_hidden_state  # (B, T, D), after the final norm
         logits = self.lm_head(states * (self.model_dim**-0.5) if self.config.scale_decoder_outputs else states)
         if self.copy_head is not None:
-            if source_ids is None:
-                raise ValueError("this reader has a copy head: pass source_ids (the encoder input ids)")
-            mask = attention_mask if attention_mask is not None else torch.ones_like(source_ids)
-            logits = self.copy_head(states, logits, encoder_states, mask, source_ids,
-                                    decoder_input_ids=decoder_input_ids, passage_length=passage_length)
+            source = getattr(kwargs.get(CACHE_KWARG), "copy_source", None)
+            if source is None:
+                if source_ids is None:
+                    raise ValueError("this reader has a copy head: pass source_ids (the encoder input ids)")
+                mask = attention_mask if attention_mask is not None else torch.ones_like(source_ids)
+                source = CopySource(encoder_states, mask, source_ids, source_previous_ids)
+            logits = self.copy_head(states, logits, source.states, source.mask, source.ids,
+                                    decoder_input_ids=decoder_input_ids, passage_length=passage_length,
+                                    previous_ids=source.previous_ids, log_prior=source.log_prior)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1),

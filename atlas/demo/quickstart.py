@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from atlas.config import AtlasConfig, load_config
+from tasks.counterfactual import replace_fact
 from tasks.io import atomic_write_json, atomic_write_text, read_jsonl, write_jsonl
 from tasks.metrics import has_answer, normalize_answer
 
@@ -88,15 +88,6 @@ def answer_with_evidence(model, examples, n_evidence: int = 3) -> list[dict]:
                       "gold": example.answers,
                       "evidence": [{k: p.get(k) for k in ("id", "title", "text", "score")} for p in read[:n_evidence]]})
     return shown
-
-
-def replace_fact(text: str, old: str, new: str) -> str:
-    """`text` with every whole-word occurrence of `old` (any case) replaced by `new`."""
-    pattern = re.compile(rf"(?<!\w){re.escape(old)}(?!\w)", re.IGNORECASE)
-    edited, count = pattern.subn(new, text)
-    if count == 0:
-        raise ValueError(f"{old!r} does not occur in the passage")
-    return edited
 
 
 def edit_passages(model, index_path: Path, edits: list[tuple[dict, str, str]], work: Path,

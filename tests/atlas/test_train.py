@@ -331,3 +331,10 @@ def test_no_recall_guard_without_a_retriever_loss(tiny_world, tmp_path):
     assert not _logged(tmp_path / "run", "train_recall/answer_recall@3")
     with pytest.raises(Exception, match="train_recall_examples' must be at least 0"):
         tiny_config(tiny_world, tmp_path / "bad", "evaluation.train_recall_examples=-1")
+
+
+def test_a_retrieval_prior_needs_a_copy_head_and_a_non_negative_weight(tiny_world, tmp_path):
+    with pytest.raises(Exception, match="'reader.retrieval_prior' must be at least 0"):
+        tiny_config(tiny_world, tmp_path / "bad", "reader.retrieval_prior=-1")
+    with pytest.raises(ValueError, match="reader.retrieval_prior weights a copy head's pointer; this reader has no copy head"):
+        build_atlas(tiny_config(tiny_world, tmp_path / "run", "reader.retrieval_prior=1.0"))

@@ -125,3 +125,135 @@ def test_training_and_scoring_take_t5s_own_path():
     expected = plain(encoder_outputs=encoder_outputs, attention_mask=fused_mask, labels=labels)
     got = reader.train()(attention_mask=mask, encoder_states=states, labels=labels)
     torch.testing.assert_close(got.logits, expected.logits, atol=0, rtol=0)
+
+
+def test_fuse_packed_keeps_each_examples_real_tokens_in_order():
+    states = torch.arange(2 * 2 * 3, dtype=torch.float32).view(2, 2, 3, 1)  # state = its K·L position (+6 for b=1)
+    mask = torch.tensor([[[1, 1, 0], [1, 0, 0]], [[1, 1, 1], [1, 1, 0]]])
+    packed, packed_mask, positions = FiDReader.fuse_packed(states, mask)
+    assert positions[0, :3].tolist() == [0, 1, 3] and positions[1].tolist() == [0, 1, 2, 3, 4]
+    assert packed_mask.tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]
+    assert packed.last_hidden_state[..., 0].tolist() == [[0, 1, 3, 0, 0], [6, 7, 8, 9, 10]]  # padding zeroed
+
+
+def test_previous_source_ids_restart_at_each_passage_and_after_padding():
+    from reader.copy_head import previous_source_ids
+
+    ids = torch.tensor([[5, 6, 0, 7, 8, 9]])
+    mask = torch.tensor([[1, 1, 0, 1, 1, 1]])
+    assert previous_source_ids(ids, mask, passage_length=3).tolist() == [[-1, 5, 6, -1, 7, 8]]
+    assert previous_source_ids(ids, mask).tolist() == [[-1, 5, 6, -1, 7, 8]]  # 7 follows padding
+    assert previous_source_ids(ids, torch.ones_like(mask)).tolist() == [[-1, 5, 6, 0, 7, 8]]
+
+
+def test_copy_head_reads_one_copy_of_the_passages_for_all_beams_in_float64():
+    from reader.copy_head import CopyHead, previous_source_ids
+
+    torch.manual_seed(0)
+    head = CopyHead(8).double()
+    head.continuation.data.fill_(0.1)  # β ≠ 0, so the span-continuation bias is compared too
+    batch, beams, steps = 2, 3, 2
+    states = torch.randn(batch * beams, steps, 8, dtype=torch.float64)
+    vocab = torch.randn(batch * beams, steps, 12, dtype=torch.float64)
+    encoder = torch.randn(batch, 6, 8, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])
+    ids = torch.tensor([[4, 7, 4, 9, 0, 0], [5, 4, 7, 3, 10, 4]])
+    inputs = torch.randint(2, 12, (batch * beams, steps))
+    with torch.no_grad():
+        repeated = head(states, vocab, encoder.repeat_interleave(beams, 0), mask.repeat_interleave(beams, 0),
+                        ids.repeat_interleave(beams, 0), decoder_input_ids=inputs, passage_length=3)
+        folded = head(states, vocab, encoder, mask, ids, decoder_input_ids=inputs, passage_length=3)
+        given = head(states, vocab, encoder, mask, ids, decoder_input_ids=inputs,
+                     previous_ids=previous_source_ids(ids, mask, 3))
+    torch.testing.assert_close(folded, repeated, atol=1e-12, rtol=0)
+    assert torch.equal(given, folded)
+    with pytest.raises(ValueError, match="5 decoder rows are not a whole number of beams for 2 encoded examples"):
+        head(states[:5], vocab[:5], encoder, mask, ids)
+
+
+@pytest.mark.parametrize("beams", [1, 3])
+def test_packed_generation_gives_the_padded_layouts_answers(beams, monkeypatch):
+    reader = FiDReader(tiny_t5(seed=6))
+    input_ids, mask, _ = random_batch(batch=3, n_passages=3, length=6, seed=7)
+    mask[1, 0, 2:] = 0  # much padding in the middle of an example
+    widths, shipped = [], BeamSharedCrossAttentionCache.__dict__["prefilled"].__func__
+
+    def recording(cls, decoder, encoder_states, attention_mask=None):
+        widths.append(encoder_states.shape[1])
+        return shipped(cls, decoder, encoder_states, attention_mask)
+
+    monkeypatch.setattr(BeamSharedCrossAttentionCache, "prefilled", classmethod(recording))
+    packed = reader.generate(input_ids, mask, max_length=6, num_beams=beams)
+    padded = reader.generate(input_ids, mask, max_length=6, num_beams=beams, pack_passages=False)
+    assert torch.equal(packed, padded)
+    assert widths == [int(mask.sum((1, 2)).max()), 3 * 6]  # the decoder reads the most real tokens, not K·L
+
+
+def test_copy_head_reader_packed_generation_gives_the_padded_layouts_answers(tiny_encoder_path):
+    from reader.span_constraint import PassageSpanConstraint
+
+    tokenizer = build_reader_tokenizer(None)
+    reader, ids, mask = copy_head_reader_batch(tokenizer, tiny_encoder_path, seed=3)
+    reader.t5.copy_head.continuation.data.fill_(0.2)  # a span-continuation bias that matters
+    constraint = PassageSpanConstraint.from_passages(tokenizer, SPAN_PASSAGES, answer_prefix="<extra_id_0>",
+                                                     vocab_size=reader.t5.config.vocab_size)
+    for beams in (1, 4):
+        for fn in (None, constraint):
+            packed = reader.generate(ids, mask, max_length=6, num_beams=beams, prefix_allowed_tokens_fn=fn,
+                                     length_penalty=0.0)
+            padded = reader.generate(ids, mask, max_length=6, num_beams=beams, prefix_allowed_tokens_fn=fn,
+                                     length_penalty=0.0, pack_passages=False)
+            assert torch.equal(packed, padded)
+
+
+def test_a_passage_prior_reweights_the_pointer_but_not_the_gate_in_float64():
+    from reader.copy_head import CopyHead
+
+    torch.manual_seed(1)
+    head = CopyHead(8).double()
+    states, encoder = torch.randn(2, 1, 8, dtype=torch.float64), torch.randn(2, 5, 8, dtype=torch.float64)
+    mask, ids = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]), torch.tensor([[4, 7, 5, 9, 0], [5, 4, 7, 3, 4]])
+    log_prior = torch.log(torch.tensor([[0.7, 0.7, 0.3, 0.3, 0.0], [0.5, 0.5, 0.5, 0.25, 0.25]], dtype=torch.float64))
+    log_prior = log_prior.masked_fill(mask.eq(0), 0)
+    with torch.no_grad():
+        plain, plain_gate = head.copy_attention(states, encoder, mask, ids)
+        weighted, gate = head.copy_attention(states, encoder, mask, ids, log_prior=log_prior)
+    expected = plain * log_prior.exp().unsqueeze(1) * mask.unsqueeze(1)
+    torch.testing.assert_close(weighted, expected / expected.sum(-1, keepdim=True), atol=1e-12, rtol=0)
+    assert torch.equal(gate, plain_gate)
+
+
+def test_generation_maps_the_passage_prior_onto_each_read_position(tiny_encoder_path):
+    tokenizer = build_reader_tokenizer(None)
+    reader, ids, mask = copy_head_reader_batch(tokenizer, tiny_encoder_path, seed=3)
+    prior = torch.log_softmax(torch.tensor([[2.0, 0.5], [1.0, 3.0]]), dim=-1)
+    seen = []
+    hook = reader.t5.copy_head.register_forward_hook(
+        lambda _m, _args, kwargs, _out: seen.append(kwargs["log_prior"]), with_kwargs=True)
+    answers = {}
+    for pack in (True, False):
+        answers[pack] = reader.generate(ids, mask, max_length=5, num_beams=2, passage_log_prior=prior, pack_passages=pack)
+        log_prior = seen[-1]
+        _, packed_mask, positions = FiDReader.fuse_packed(torch.zeros(*ids.shape, 1), mask)
+        passage = positions // ids.shape[2] if pack else torch.arange(ids.shape[1] * ids.shape[2]).expand(2, -1) // ids.shape[2]
+        real = packed_mask.bool() if pack else mask.reshape(2, -1).bool()
+        assert torch.equal(log_prior[real], prior.gather(1, passage)[real])
+        assert log_prior[~real].eq(0).all()
+    hook.remove()
+    assert torch.equal(answers[True], answers[False])
+    with pytest.raises(ValueError, match="this reader has no copy head"):
+        FiDReader(tiny_t5()).generate(*random_batch()[:2], passage_log_prior=torch.zeros(2, 3))
+
+
+def test_the_retrieval_prior_is_a_tempered_log_softmax_of_the_scores():
+    import math
+
+    from atlas.model import passage_log_prior
+
+    passages = [[{"score": 0.8}, {"score": 0.6}], [{"score": 0.5}]]
+    prior = passage_log_prior(passages, 2, temperature=0.1, weight=0.5)
+    first = 0.5 * (8 - math.log(math.exp(8) + math.exp(6)))
+    assert prior[0, 0].item() == pytest.approx(first, abs=1e-6)
+    assert prior[0, 1].item() == pytest.approx(first - 0.5 * 2, abs=1e-6)
+    assert prior[1].tolist() == [0.0, 0.0]  # one passage: log 1; the padding slot: 0
+    assert passage_log_prior([[{"score": 0.8}, {"text": "given"}]], 2, 0.1, 1.0) is None

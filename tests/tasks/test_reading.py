@@ -102,3 +102,50 @@ def test_options_are_validated():
         get_task("reading", max_words=-3)
     with pytest.raises(ValueError, match="unknown option"):
         get_task("reading", windows=3)
+    with pytest.raises(ValueError, match="counterfactual must be a share between 0 and 1"):
+        get_task("reading", counterfactual=1.5)
+
+
+def _example(example_id, answers, passages):
+    from tasks.base import Example
+
+    return Example(id=example_id, query=f"question: {example_id}? answer: <extra_id_0>",
+                   target=f"<extra_id_0> {answers[0]}", answers=answers,
+                   passages=[{"id": f"{example_id}-{n}", "title": "", "text": t} for n, t in enumerate(passages)],
+                   metadata={"question": example_id})
+
+
+def test_a_counterfactual_twin_swaps_the_answer_in_every_passage_and_the_target():
+    from tasks.counterfactual import counterfactual_example
+
+    example = _example("when", ["1911"], ["Anna Brook climbed Mount Olo in 1911.", "In 1911 (not 19111) it snowed.",
+                                          "Nothing here."])
+    pool = {"year": ["1911", "1848", "1911"], "name": ["Tarsia"]}
+    twin = counterfactual_example(example, pool, random.Random(0), "<extra_id_0> {answer}")
+    assert [p["text"] for p in twin.passages] == ["Anna Brook climbed Mount Olo in 1848.",
+                                                  "In 1848 (not 19111) it snowed.", "Nothing here."]
+    assert (twin.target, twin.answers, twin.metadata["counterfactual_of"]) == ("<extra_id_0> 1848", ["1848"], "1911")
+    assert example.answers == ["1911"] and "1911" in example.passages[0]["text"]  # the original is left as it was
+    # nothing of its kind that is new to the text, or a second gold answer left standing: no twin
+    assert counterfactual_example(example, {"year": ["1911"]}, random.Random(0), "{answer}") is None
+    assert counterfactual_example(example, {"name": ["Tarsia"]}, random.Random(0), "{answer}") is None
+    two_gold = _example("who", ["Anna Brook", "Brook"], ["Anna Brook climbed it. Brook was 30."])
+    assert counterfactual_example(two_gold, {"name": ["Tom Rigg"]}, random.Random(0), "{answer}") is None
+    # a replacement sharing a word with the old answer, or already in the text, is never drawn
+    shared = _example("who", ["Anna Brook"], ["Anna Brook climbed it with Tom Rigg."])
+    assert counterfactual_example(shared, {"name": ["Anna Smith", "Tom Rigg"]}, random.Random(0), "{answer}") is None
+
+
+def test_counterfactual_training_swaps_a_seeded_share_and_never_the_evaluation_data(tmp_path):
+    examples = [_example(f"q{n}", [str(1800 + n)], [f"It happened in {1800 + n}, they say."]) for n in range(200)]
+    task = get_task("reading", counterfactual=0.3, seed=4)
+    trained = task.training_examples(examples)
+    swapped = [t for t in trained if "counterfactual_of" in t.metadata]
+    assert 40 <= len(swapped) <= 80  # about 30% of 200
+    for twin in swapped:
+        assert twin.answers[0] in twin.passages[0]["text"] and twin.metadata["counterfactual_of"] not in twin.passages[0]["text"]
+        assert twin.target == f"<extra_id_0> {twin.answers[0]}"
+    assert [t.answers for t in task.training_examples(examples)] == [t.answers for t in trained]  # seeded
+    assert get_task("reading").training_examples(examples) == examples  # off by default
+    path = _squad(tmp_path)
+    assert task.load(path) == get_task("reading", seed=4).load(path)  # loading (evaluation) is untouched
