@@ -243,6 +243,10 @@ class WarmStartedT5(T5ForConditionalGeneration):
         weights = dict(state_dict) if state_dict is not None else self.state_dict()
         weights.pop("lm_head.weight", None)  # tied to shared
         weights.pop("decoder.embed_tokens.weight", None)
+        word_embeddings, shared = weights.get("encoder.model.embeddings.word_embeddings.weight"), weights.get("shared.weight")
+        if word_embeddings is not None and shared is not None and shared.data_ptr() == word_embeddings.data_ptr():
+            # one tensor under two names (safetensors refuses to write it twice): `from_folder` ties it back
+            weights.pop("shared.weight")
         base = _base_encoder_state(self.config.atlas_reader, self.config.vocab_size)
         omitted = sorted(name for name, tensor in weights.items()
                          if name in base and tensor.shape == base[name].shape
@@ -280,7 +284,7 @@ class WarmStartedT5(T5ForConditionalGeneration):
         missing, unexpected = model.load_state_dict({k: v.float() for k, v in weights.items()}, strict=False)
         # a folder saved before the span-continuation bias existed reads as β = 0 (its behaviour then)
         missing = [m for m in missing if m not in ("lm_head.weight", "decoder.embed_tokens.weight",
-                                                    "copy_head.continuation")]
+                                                    "copy_head.continuation", "shared.weight")]
         if missing or unexpected:
             raise ValueError(f"{folder}/{WEIGHTS_FILE}: missing tensors {missing[:5]}, unexpected {unexpected[:5]}")
         model.tie_embeddings()

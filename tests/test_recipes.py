@@ -27,6 +27,8 @@ def test_small_recipe_runs_a_step(path, tiny_world, shared_data, tmp_path, monke
         "evaluation.max_examples=2", "evaluation.batch_size=2", "reader.generation_max_length=4",
         "retriever.tied=false", "retriever.train_passage_encoder=false", "retriever.passage_maxlength=256",
     ]
+    if config.reader.retrieval_prior:  # the prior weighs a copy head's pointer: a tiny reader that has one
+        overrides += ["reader.model=minilm-fid-tiny", f"reader.encoder={tiny_world['encoder']}"]
     if config.task.shots:
         overrides.append("task.shots=2")
     if config.task.name in ("mlm", "lm", "section"):

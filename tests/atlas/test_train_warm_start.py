@@ -85,3 +85,26 @@ def test_reading_stage_resumes_bit_identically(tiny_world, tmp_path):
 
     assert losses(tmp_path / "straight")[-2:] == losses(tmp_path / "halted")[-2:]
     assert set(summary["eval"]) >= {"exact_match", "f1"}
+
+
+def test_answers_weigh_the_retrievers_ranking_with_a_retrieval_prior(tiny_world, tmp_path):
+    from atlas.model import passage_log_prior
+    from tasks.base import get_task
+
+    examples = get_task("qa").load(tiny_world["qa"])[:3]
+    for weight in (0.0, 2.0):
+        model = build_atlas(warm_config(tiny_world, tmp_path / "run", f"reader.retrieval_prior={weight}")).eval()
+        seen = []
+        hook = model.reader.t5.copy_head.register_forward_hook(
+            lambda _m, _args, kwargs, _out: seen.append(kwargs["log_prior"]), with_kwargs=True)
+        _, passages = model.predict(examples)
+        hook.remove()
+        if not weight:
+            assert seen and all(prior is None for prior in seen)
+            continue
+        expected = passage_log_prior(passages, 3, temperature=0.1, weight=weight)  # retriever.temperature_score
+        assert expected is not None and expected[0, 0] > expected[0, -1]  # the first retrieved weighs most
+        ids, mask = model.reader_inputs([e.query for e in examples], passages)
+        _, packed_mask, positions = model.reader.fuse_packed(torch.zeros(*ids.shape, 1), mask)
+        want = expected.gather(1, positions // ids.shape[2]).masked_fill(packed_mask.eq(0), 0)
+        assert all(torch.allclose(prior, want) for prior in seen)

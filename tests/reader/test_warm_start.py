@@ -187,6 +187,22 @@ def test_the_folder_holds_only_what_differs_from_the_base_and_loads_back(tokeniz
         FiDReader.from_pretrained(tmp_path / "reader")
 
 
+def test_a_reader_whose_whole_encoder_trained_saves_its_embedding_once_and_loads_back(tokenizer, tiny_encoder_path,
+                                                                                        batch, tmp_path):
+    reader = _reader(tokenizer, tiny_encoder_path, seed=5)
+    reader.t5.set_trainable_encoder_layers(None)  # the token embedding (shared with the decoder) trains too
+    with torch.no_grad():
+        reader.t5.encoder.get_input_embeddings().weight.add_(0.01)
+    reader.save_pretrained(tmp_path / "reader")  # safetensors refuses one tensor under two names
+    stored = load_file(str(tmp_path / "reader" / "model.safetensors"))
+    assert "encoder.model.embeddings.word_embeddings.weight" in stored and "shared.weight" not in stored
+    loaded = FiDReader.from_pretrained(tmp_path / "reader").eval()
+    ids, mask, labels = batch
+    assert torch.equal(loaded(input_ids=ids, attention_mask=mask, labels=labels).logits,
+                       reader(input_ids=ids, attention_mask=mask, labels=labels).logits)
+    assert loaded.t5.shared.weight.data_ptr() == loaded.t5.encoder.get_input_embeddings().weight.data_ptr()
+
+
 def test_fp16_folder_reads_the_same(tokenizer, tiny_encoder_path, batch, tmp_path):
     reader = _reader(tokenizer, tiny_encoder_path, seed=4)
     reader.t5.save_pretrained(tmp_path / "half", dtype=torch.float16)
