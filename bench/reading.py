@@ -15,12 +15,15 @@ passages' real tokens, packed, `FiDReader.fuse_packed`; `unpacked`: the baseline
 padded K·L layout, the copy head pointing into every beam's copy; `repeated`: the baseline before
 `reader.beam_attention` too, T5 projecting and reading every beam's copy). Also measured: reader
 inference throughput (questions/s at K=5, batch 16, this machine's threads) and, per row, its ratio to
-the `unpacked` and `repeated` rows of the same reader and settings.
+the `unpacked` and `repeated` rows of the same reader and settings. With --retrieval-priors, each K=5 reading
+is repeated at each weight of the retrieval prior (`reader.retrieval_prior`: the copy head weighs the
+passages' MiniLM scores for the question; readers with a copy head).
 
     .venv/bin/python bench/reading.py                                   # 1000 seeded dev questions
     .venv/bin/python bench/reading.py --reader atlas-mini=runs/atlas-mini --max-dev 300
     .venv/bin/python bench/reading.py --decodings span --precisions full,bf16 --max-dev 300
     .venv/bin/python bench/reading.py --decodings span --beam-paths folded,unpacked,repeated --beams 4,1 --max-dev 300
+    .venv/bin/python bench/reading.py --decodings span --precisions bf16 --retrieval-priors 0,1 --max-dev 300
 Prints a JSON object, then a table. Never runs in the test suite.
 """
 
@@ -44,23 +47,26 @@ DECODINGS = {"plain": {"length_penalty": 1.0, "span_answers": False},
              "lp0": {"length_penalty": 0.0, "span_answers": False},
              "span": {"length_penalty": 0.0, "span_answers": True},
              "span-lp0.5": {"length_penalty": 0.5, "span_answers": True}}
+PRIOR_TEMPERATURE = 0.1  # retriever.temperature_score of the nq824 recipe, whose retrieval prior this checks
 TARGETS = {"k1_exact_match": 60.0, "k1_f1": 70.0, "k5_gap_em": 10.0, "k5_questions_per_s": 20.0}
 
 
 def distractor_passages(examples, pool, retriever, k: int, seed: int) -> list[list[dict]]:
     """Per example: its gold paragraph and the k-1 other paragraphs of `pool` (examples whose gold
-    paragraphs form the corpus) that MiniLM ranks highest for its question, in a seeded shuffled order."""
+    paragraphs form the corpus) that MiniLM ranks highest for its question, in a seeded shuffled order,
+    each with its MiniLM `score` for the question (what a retrieval prior weighs)."""
     import numpy as np
 
     paragraphs = sorted({e.passages[0]["text"]: e.passages[0]["title"] for e in pool}.items())
     vectors = retriever.embed_passages([{"title": title, "text": text} for text, title in paragraphs])
     queries = retriever.embed_queries([e.metadata["question"] for e in examples])
     scores = queries @ vectors.T
+    row_of = {text: i for i, (text, _) in enumerate(paragraphs)}
     out = []
     for n, example in enumerate(examples):
-        gold = example.passages[0]
+        gold = {**example.passages[0], "score": float(scores[n, row_of[example.passages[0]["text"]]])}
         order = np.argsort(-scores[n], kind="stable")
-        others = [{"id": f"d{i}", "title": paragraphs[i][1], "text": paragraphs[i][0]}
+        others = [{"id": f"d{i}", "title": paragraphs[i][1], "text": paragraphs[i][0], "score": float(scores[n, i])}
                   for i in order if paragraphs[i][0] != gold["text"]][: k - 1]
         passages = [gold, *others]
         random.Random(f"{seed}-{example.id}").shuffle(passages)
@@ -98,11 +104,12 @@ def beam_path(name: str):
 
 def read(reader, tokenizer, task, examples, passages, *, max_length: int, batch_size: int,
          beams: int, length_penalty: float = 1.0, span_answers: bool = False,
-         precision: str = "full") -> tuple[dict, float]:
-    """Generate an answer for every example from its passages → (SQuAD metrics in %, questions/s)."""
+         precision: str = "full", retrieval_prior: float = 0.0) -> tuple[dict, float]:
+    """Generate an answer for every example from its passages → (SQuAD metrics in %, questions/s).
+    `retrieval_prior`: w of `reader.retrieval_prior` over the passages' scores (τ = PRIOR_TEMPERATURE)."""
     import torch
 
-    from atlas.model import ANSWER_SENTINEL
+    from atlas.model import ANSWER_SENTINEL, passage_log_prior
     from reader.inputs import encode_reader_inputs
     from reader.span_constraint import PassageSpanConstraint
     from reader.surface import decode_answers
@@ -116,8 +123,11 @@ def read(reader, tokenizer, task, examples, passages, *, max_length: int, batch_
             constraint = PassageSpanConstraint.from_passages(
                 tokenizer, passages[start: start + batch_size], answer_prefix=ANSWER_SENTINEL,
                 vocab_size=reader.t5.config.vocab_size) if span_answers else None
+            prior = passage_log_prior(passages[start: start + batch_size], ids.shape[1], PRIOR_TEMPERATURE,
+                                      retrieval_prior) if retrieval_prior else None
             generated = reader.generate(ids, mask, max_length=24, num_beams=beams, length_penalty=length_penalty,
-                                        prefix_allowed_tokens_fn=constraint, precision=precision)
+                                        prefix_allowed_tokens_fn=constraint, precision=precision,
+                                        passage_log_prior=prior)
             predictions += decode_answers(tokenizer, generated, passages[start: start + batch_size])
     rate = len(examples) / (time.perf_counter() - started)
     metrics = task.evaluate(examples, predictions)
@@ -147,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precisions", default="full",
                         help="comma-separated inference precisions (full, bf16: `reader.inference_precision`); "
                              "each reader × decoding runs at each, in the same run")
+    parser.add_argument("--retrieval-priors", default="0",
+                        help="comma-separated reader.retrieval_prior weights (readers with a copy head): at K=5 the "
+                             "copy head weighs the passages' MiniLM scores, softmax(score / 0.1)^w (0 = none)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     parser.add_argument("--no-shipped", action="store_true",
@@ -165,6 +178,12 @@ def main(argv: list[str] | None = None) -> int:
         widths = []
     if not widths or min(widths) < 1:
         parser.error(f"--beams {args.beams!r}: comma-separated positive integers")
+    try:
+        priors = [float(w) for w in args.retrieval_priors.split(",") if w.strip()]
+    except ValueError:
+        priors = []
+    if not priors or min(priors) < 0:
+        parser.error(f"--retrieval-priors {args.retrieval_priors!r}: comma-separated non-negative weights")
     if not precisions or set(precisions) - {"full", "bf16"}:
         parser.error(f"--precisions {args.precisions!r}: choose from full, bf16")
     unknown = sorted(set(decodings) - set(DECODINGS))
@@ -194,22 +213,28 @@ def main(argv: list[str] | None = None) -> int:
         readers[name] = Path(folder)
     rows, results = [], {}
     for reader_name, folder in readers.items():
-        reader = FiDReader.from_pretrained(folder).eval()
+        reader, k1_done = FiDReader.from_pretrained(folder).eval(), {}
         tokenizer = build_reader_tokenizer(folder if (folder / "tokenizer.json").is_file() else None)
-        runs = [(d, p, b, path) for d in decodings for p in precisions for b in widths for path in beam_paths]
-        for decoding, precision, beams, path in runs:
+        runs = [(d, p, b, path, w) for d in decodings for p in precisions for b in widths for path in beam_paths
+                for w in priors]
+        for decoding, precision, beams, path, prior in runs:
             name = reader_name if decoding == "plain" else f"{reader_name}+{decoding}"
             name = name if precision == "full" else f"{name}+{precision}"
             name = name if beams == widths[0] else f"{name}+{'greedy' if beams == 1 else f'beam{beams}'}"
-            name = name if path == "folded" else f"{name}+{path}"
+            name = name if not prior else f"{name}+prior{prior:g}"
+            name = name if path == "folded" else f"{name}+{path}"  # last: the baselines' rows are name+path
             settings = {"max_length": args.text_maxlength, "batch_size": args.batch_size, "beams": beams,
                         "precision": precision, **DECODINGS[decoding]}
             with beam_path(path):
-                k1, _ = read(reader, tokenizer, task, examples, gold_only, **settings)
+                # K=1: one passage, a prior changes nothing; measured once per setting
+                k1 = k1_done.get((decoding, precision, beams, path))
+                if k1 is None:
+                    k1 = k1_done[decoding, precision, beams, path] = read(
+                        reader, tokenizer, task, examples, gold_only, **settings)[0]
                 k5, rate = (None, None) if args.k1_only else read(  # None: not measured (null, - in the table)
-                    reader, tokenizer, task, examples, with_distractors, **settings)
+                    reader, tokenizer, task, examples, with_distractors, **settings, retrieval_prior=prior)
             results[name] = {"folder": str(folder), "precision": precision, "beam_path": path,
-                             "decoding": {"beams": beams, **DECODINGS[decoding]},
+                             "decoding": {"beams": beams, **DECODINGS[decoding]}, "retrieval_prior": prior,
                              "k1": k1, "k5": k5, "k5_questions_per_s": rate}
             print(json.dumps({name: results[name]}), flush=True)  # each reading as soon as it is measured
     for name, result in results.items():
