@@ -96,7 +96,7 @@ def test_answers_weigh_the_retrievers_ranking_with_a_retrieval_prior(tiny_world,
         model = build_atlas(warm_config(tiny_world, tmp_path / "run", f"reader.retrieval_prior={weight}")).eval()
         seen = []
         hook = model.reader.t5.copy_head.register_forward_hook(
-            lambda _m, _args, kwargs, _out: seen.append(kwargs["log_prior"]), with_kwargs=True)
+            lambda _m, _args, kwargs, _out, seen=seen: seen.append(kwargs["log_prior"]), with_kwargs=True)
         _, passages = model.predict(examples)
         hook.remove()
         if not weight:
