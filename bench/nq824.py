@@ -52,7 +52,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from atlas.demo.quickstart import SHIPPED_READER, format_table
-from tasks.counterfactual import answer_kind, replace_fact
+from tasks.counterfactual import answer_kind, replace_fact, states, whole_words
 from tasks.io import atomic_write_text
 
 VARIANTS = ("closed_book", "frozen", "pdist", "adist", "emdr", "loop")
@@ -309,7 +309,7 @@ def answer_entity_label(doc, answer: str) -> str:
     """spaCy's entity label of `answer` where it first stands in `doc` (a tagged spaCy Doc): the label
     of the entity that covers most of it, if that covers at least half of its characters; "" when no
     entity does (a common noun, a phrase) or the answer is not in the text."""
-    match = re.search(rf"(?<!\w){re.escape(answer)}(?!\w)", doc.text, re.IGNORECASE)
+    match = whole_words(answer).search(doc.text)
     if match is None:
         return ""
     covered, label = 0, ""
@@ -325,7 +325,7 @@ def answer_shape(doc, answer: str) -> str:
     opens with a determiner, its head word's part of speech and grammatical number — "DET NOUN Sing" for
     "a scythe", "NOUN Sing" for "butane", "NOUN Plur" for "stromal cells" — so that a replacement for an
     answer that is no entity reads as the same kind of phrase in its sentence; "" when it is not in the text."""
-    match = re.search(rf"(?<!\w){re.escape(answer)}(?!\w)", doc.text, re.IGNORECASE)
+    match = whole_words(answer).search(doc.text)
     span = None if match is None else doc.char_span(match.start(), match.end(), alignment_mode="expand")
     if span is None or not len(span):
         return ""
@@ -432,7 +432,7 @@ def corpus_swap(args, out: Path, checkpoint: str) -> dict:
         for i, (example, record, answer, read) in enumerate(zip(examples, records, answers, passages)):
             if normalize_answer(answer) not in {normalize_answer(a) for a in example.answers}:
                 continue
-            stating = [p for p in read if re.search(rf"(?<!\w){re.escape(answer)}(?!\w)", p["text"], re.IGNORECASE)]
+            stating = [p for p in read if states(p["text"], answer)]
             if not any(p.get("doc_id") == record["gold_doc"] for p in stating):
                 continue  # the gold passage is not among those read, or states the answer only inside a word
             if any(p["id"] in used_passages for p in stating):

@@ -348,11 +348,10 @@ class FiDReader(nn.Module):
         if passage_log_prior is not None and not source:
             raise ValueError("passage_log_prior weights the copy head's pointer: this reader has no copy head")
         length = encoder_states.shape[2]
-        # each fused position's passage: k for the K·L layout's position k·L + i
-        passage_of = torch.arange(encoder_states.shape[1] * length, device=encoder_states.device) // length
+        # each fused position's index in the K·L layout (position k·L + i is passage k's token i)
+        positions = torch.arange(encoder_states.shape[1] * length, device=encoder_states.device)
         if pack_passages:
             encoder_outputs, fused_mask, positions = self.fuse_packed(encoder_states, attention_mask)
-            passage_of = passage_of[positions]  # (B, S)
             if source:  # the copy head points into the packed ids, each knowing its predecessor in its passage
                 ids = source["source_ids"]
                 previous = previous_source_ids(ids, attention_mask.reshape(ids.shape), source.pop("passage_length"))
@@ -360,9 +359,9 @@ class FiDReader(nn.Module):
                           "source_previous_ids": previous.gather(1, positions).masked_fill(fused_mask.eq(0), -1)}
         else:
             encoder_outputs, fused_mask = self.fuse(encoder_states, attention_mask)
-            passage_of = passage_of.expand(encoder_states.shape[0], -1)
         log_prior = None
-        if passage_log_prior is not None:  # (B, K) → (B, S), zero where masked
+        if passage_log_prior is not None:  # (B, K) → (B, S) by each position's passage, zero where masked
+            passage_of = (positions // length).expand(encoder_states.shape[0], -1)
             log_prior = passage_log_prior.to(encoder_states.device).gather(1, passage_of).masked_fill(fused_mask.eq(0), 0)
         cache = BeamSharedCrossAttentionCache.prefilled(self.t5.decoder, encoder_outputs.last_hidden_state, fused_mask)
         if source and isinstance(cache, BeamSharedCrossAttentionCache):  # not a baseline's own cache

@@ -22,10 +22,14 @@ NUMBER_WORDS = frozenset({
     "sixty", "seventy", "eighty", "ninety", "hundred", "thousand", "million", "billion"})
 
 
+def whole_words(phrase: str) -> re.Pattern:
+    """A pattern matching `phrase` as whole words, in any case (not "tin" inside "tinsel")."""
+    return re.compile(rf"(?<!\w){re.escape(phrase)}(?!\w)", re.IGNORECASE)
+
+
 def replace_fact(text: str, old: str, new: str) -> str:
     """`text` with every whole-word occurrence of `old` (any case) replaced by `new`; ValueError if none."""
-    pattern = re.compile(rf"(?<!\w){re.escape(old)}(?!\w)", re.IGNORECASE)
-    edited, count = pattern.subn(lambda _match: new, text)
+    edited, count = whole_words(old).subn(lambda _match: new, text)
     if count == 0:
         raise ValueError(f"{old!r} does not occur in the passage")
     return edited
@@ -33,7 +37,7 @@ def replace_fact(text: str, old: str, new: str) -> str:
 
 def states(text: str, answer: str) -> bool:
     """Whether `text` holds `answer` as whole words (any case)."""
-    return re.search(rf"(?<!\w){re.escape(answer)}(?!\w)", text, re.IGNORECASE) is not None
+    return whole_words(answer).search(text) is not None
 
 
 def answer_kind(answer: str) -> str:
