@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from reader.cross_attention_bias import cross_attention_bias, has_cross_attention_bias
 from reader.protocol import FusionReader
 
 IGNORE_INDEX = -100
@@ -61,6 +62,9 @@ def cross_attention_scores(
 
     fused = encoder_states.reshape(batch, n_passages * length, hidden)
     key_mask = attention_mask.reshape(batch, 1, 1, n_passages * length).bool()
+    bias = None  # a transformers-3 reader's cross-attention position bias, (1, h, T, K·L), on every layer
+    if has_cross_attention_bias(reader.t5):
+        bias = cross_attention_bias(modules[0], labels.shape[1], n_passages * length).float()
     valid_t = (labels != IGNORE_INDEX).to(torch.float32)  # (B, T)
     total = torch.zeros(batch, n_passages * length, dtype=torch.float32, device=fused.device)
     for module, query_in in zip(modules, queries_in):
@@ -69,6 +73,8 @@ def cross_attention_scores(
         k = _split_heads(module.k(fused), n_heads).float()  # (B, h, K·L, d)
         v = _split_heads(module.v(fused), n_heads).float()
         logits = torch.matmul(q, k.transpose(-1, -2)) * getattr(module, "scaling", 1.0)
+        if bias is not None:
+            logits = logits + bias
         logits = logits.masked_fill(~key_mask, torch.finfo(logits.dtype).min)
         alpha = logits.softmax(dim=-1)  # (B, h, T, K·L)
         weighted = (alpha * v.norm(dim=-1).unsqueeze(2)).mean(dim=1)  # (B, T, K·L)

@@ -15,6 +15,11 @@ keys/values, and beam search only moves beams within their example, so:
 
 Anything else takes T5's own attention: training, scoring, a cache filled the usual way, and greedy
 decoding (which reads the prefilled per-example keys/values as they are: one row per example).
+
+A reader trained under transformers 3 (FiD's) also adds a relative position bias to every
+cross-attention score (`reader.cross_attention_bias`): the first decoder block's
+`BeamFoldedCrossAttention` computes it from the decoder positions and the cache's
+`encoder_positions` (packed decoding), and T5's stack hands it to the later blocks, on every path.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from packaging.version import Version
 from torch.nn import functional as F
 from transformers import DynamicCache, EncoderDecoderCache
 from transformers.models.t5.modeling_t5 import T5Attention
+
+from reader.cross_attention_bias import cross_attention_bias, decoder_offset
 
 # the decoder cache's keyword in `generate` and the models' forward: `cache` since transformers 5.24
 # (`past_key_values` still works there, with a deprecation warning on every call)
@@ -40,9 +47,12 @@ class BeamSharedCrossAttentionCache(EncoderDecoderCache):
 
     `copy_source` (a `reader.copy_head.CopySource`, or None) carries the same per-example view for a
     reader with a copy head: its pointer reads one copy of each example's passages for all its beams.
+    `encoder_positions` ((B, S) or None) gives each key's index in the K·L layout when the keys are
+    packed (`FiDReader.fuse_packed`), for a cross-attention position bias (`reader.cross_attention_bias`).
     """
 
     copy_source = None
+    encoder_positions = None
 
     @classmethod
     def prefilled(cls, decoder: torch.nn.Module, encoder_states: torch.Tensor,
@@ -87,8 +97,20 @@ class BeamFoldedCrossAttention(T5Attention):
     def forward(self, hidden_states, mask=None, key_value_states=None, position_bias=None, **kwargs):
         """As `T5Attention.forward`; hidden_states (B·beams, T, H), mask (B·beams, 1, T or 1, K·L) or None.
         Returns (attention output (B·beams, T, H), position_bias, None)."""
-        shared = self._per_example_keys_values(hidden_states, key_value_states, kwargs.get(CACHE_KWARG))
+        cache = kwargs.get(CACHE_KWARG)
+        if position_bias is None and self.has_relative_attention_bias and key_value_states is not None:
+            # a transformers-3 reader's cross-attention bias (reader.cross_attention_bias), computed here
+            # and not by T5Attention, which knows neither the packed positions nor, with a cache, the
+            # decoder position (it would count the token its block's self-attention has just appended)
+            position_bias = cross_attention_bias(
+                self, hidden_states.shape[1], key_value_states.shape[1],
+                offset=decoder_offset(cache, self.layer_idx, hidden_states.shape[1]),
+                encoder_positions=getattr(cache, "encoder_positions", None))
+        shared = self._per_example_keys_values(hidden_states, key_value_states, cache)
         if shared is None:
+            if position_bias is not None and position_bias.shape[0] not in (1, hidden_states.shape[0]):
+                # per-example bias for beam-expanded rows (a cache that does not fold beams)
+                position_bias = position_bias.repeat_interleave(hidden_states.shape[0] // position_bias.shape[0], 0)
             return super().forward(hidden_states, mask=mask, key_value_states=key_value_states,
                                    position_bias=position_bias, **kwargs)
         keys, values = shared  # (B, heads, S, d)
@@ -102,6 +124,14 @@ class BeamFoldedCrossAttention(T5Attention):
             mask = mask[::beams]  # the beams of an example share its passages' mask
             if mask.shape[2] > 1:
                 mask = mask.repeat(1, 1, beams, 1)
+        if position_bias is not None:  # (1 or B, heads, T, S): every beam of an example at the same positions
+            if position_bias.shape[0] == rows and rows != batch:
+                position_bias = position_bias[::beams]
+            folded_bias = position_bias.to(queries.dtype).repeat(1, 1, beams, 1)  # (1 or B, heads, beams·T, S)
+            if mask is not None and mask.dtype == torch.bool:
+                mask = torch.where(mask, folded_bias, torch.finfo(queries.dtype).min)
+            else:
+                mask = folded_bias if mask is None else mask + folded_bias
         output = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=self.scaling)
         output = output.transpose(1, 2).reshape(rows, length, self.inner_dim)
         return self.o(output), position_bias, None

@@ -26,7 +26,10 @@ from reader.beam_attention import (
     fold_beams_in_cross_attention,
 )
 from reader.copy_head import CopySource, previous_source_ids
+from reader.cross_attention_bias import CONFIG_FLAG as CROSS_BIAS_FLAG
+from reader.cross_attention_bias import has_cross_attention_bias, load_cross_attention_bias
 from reader.encoder_precision import precision_autocast, resolve_precision
+from reader.t5_untied import UntiedT5ForConditionalGeneration, saved_untied
 from reader.warm_start import (
     WARM_START_PRESETS,
     WarmStartedT5,
@@ -364,6 +367,9 @@ class FiDReader(nn.Module):
             passage_of = (positions // length).expand(encoder_states.shape[0], -1)
             log_prior = passage_log_prior.to(encoder_states.device).gather(1, passage_of).masked_fill(fused_mask.eq(0), 0)
         cache = BeamSharedCrossAttentionCache.prefilled(self.t5.decoder, encoder_outputs.last_hidden_state, fused_mask)
+        if pack_passages and has_cross_attention_bias(self.t5):
+            # a transformers-3 reader's cross-attention bias depends on each key's place in the K·L layout
+            cache.encoder_positions = positions
         if source and isinstance(cache, BeamSharedCrossAttentionCache):  # not a baseline's own cache
             cache.copy_source = CopySource(encoder_outputs.last_hidden_state, fused_mask, source["source_ids"],
                                            source.get("source_previous_ids"), log_prior)
@@ -481,14 +487,26 @@ class FiDReader(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: str | Path, dropout: float | None = None) -> FiDReader:
-        """Load a folder written by `save_pretrained` (or any local HF T5 folder), fp32 weights."""
+        """Load a folder written by `save_pretrained` (or any local HF T5 folder), fp32 weights.
+
+        A config saying `tie_word_embeddings: false` gives an `UntiedT5ForConditionalGeneration` (its
+        own `lm_head`, `reader.t5_untied`); one saying `cross_attention_relative_bias: true` gets its
+        transformers-3 cross-attention bias back (`reader.cross_attention_bias`).
+        """
         folder = Path(path)
         if not (folder / "config.json").is_file():
             raise ValueError(f"{folder}: not a Hugging Face model folder (no config.json)")
         if is_warm_started_folder(folder):
             return cls(WarmStartedT5.from_folder(folder, dropout=dropout))
         kwargs = {} if dropout is None else {"dropout_rate": dropout}
-        return cls(T5ForConditionalGeneration.from_pretrained(str(folder), dtype=torch.float32, **kwargs))
+        model_class = UntiedT5ForConditionalGeneration if saved_untied(folder) else T5ForConditionalGeneration
+        t5, info = model_class.from_pretrained(str(folder), dtype=torch.float32, output_loading_info=True, **kwargs)
+        if model_class is UntiedT5ForConditionalGeneration and "lm_head.weight" in info["missing_keys"]:
+            raise ValueError(f"{folder}: config.json says tie_word_embeddings false, but the weights hold no "
+                             "lm_head.weight")
+        if getattr(t5.config, CROSS_BIAS_FLAG, False):
+            load_cross_attention_bias(t5, folder)
+        return cls(t5)
 
 
 def build_reader(

@@ -7,10 +7,16 @@ T5's layout: `<pad>` = 0 (T5 also uses it as the decoder start token), `</s>` = 
 as special tokens. Every encoded sequence ends in `</s>` and carries no [CLS]/[SEP], as
 T5's tokenizer does. Any Hugging Face tokenizer folder that has the sentinels and an eos
 token (a real T5 SentencePiece one, for instance) is accepted as well.
+
+`reference_t5_tokenizer` makes a T5 SentencePiece tokenizer split text as transformers 4 did,
+which facebookresearch/atlas ran (and so trained its readers on): transformers 5 drops the
+separate `▁` that 4 kept before a special token (`… answer: <extra_id_0>`). The importer saves
+readers' tokenizers that way; the saved folder keeps it (`tokenizer.json` holds the pipeline).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
@@ -72,6 +78,49 @@ def wordpiece_t5_tokenizer(
         padding_side="right",
     )
     return tokenizer
+
+
+def reference_t5_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerFast:
+    """`tokenizer` (a T5 SentencePiece tokenizer: a Unigram model) splitting text as transformers 4.
+
+    transformers 4's fast T5 tokenizer (facebookresearch/atlas pins 4.18) normalised each stretch
+    of text between special tokens with the SentencePiece character map followed by
+    `Replace(" {2,}", " ")`, then `Metaspace` turned every space into `▁`, put one in front, and
+    split before each `▁`: a stretch ending in a space — `question: … answer: ` before
+    `<extra_id_0>` — ends in a token `▁` of its own. transformers 5's T5 tokenizer splits on
+    whitespace first, so that `▁` is gone, and it rebuilds that pipeline whenever it loads a T5
+    tokenizer, whatever its `tokenizer.json` says. The result here is a plain
+    `PreTrainedTokenizerFast` with the same vocabulary, special tokens and post-processor (`</s>`
+    appended) and the transformers-4 normaliser and pre-tokenizer; saved, its folder loads back as
+    such. Raises ValueError for a tokenizer that is not a SentencePiece (Unigram) one.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    spec = json.loads(backend.to_str()) if backend is not None else None
+    if spec is None or spec.get("model", {}).get("type") != "Unigram":
+        kind = spec.get("model", {}).get("type") if spec else type(tokenizer).__name__
+        raise ValueError(f"not a T5 SentencePiece (Unigram) tokenizer ({kind}): the reference's T5 tokenizers are")
+
+    def charsmaps(normalizer: dict | None) -> list[dict]:
+        if not normalizer:
+            return []
+        if normalizer.get("type") == "Precompiled":
+            return [normalizer]
+        return [m for child in normalizer.get("normalizers", []) for m in charsmaps(child)]
+
+    spec["normalizer"] = {"type": "Sequence", "normalizers": [
+        *charsmaps(spec.get("normalizer")), {"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": " "}]}
+    spec["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always", "split": True}
+    sentinels = sorted((t for t in tokenizer.get_vocab() if t.startswith("<extra_id_") and t.endswith(">")),
+                       key=lambda t: int(t[len("<extra_id_"):-1]) if t[len("<extra_id_"):-1].isdigit() else -1)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(json.dumps(spec)),
+        eos_token=tokenizer.eos_token,
+        pad_token=tokenizer.pad_token,
+        unk_token=tokenizer.unk_token,
+        extra_special_tokens=sentinels,
+        model_max_length=tokenizer.model_max_length,
+        padding_side="right",
+    )
 
 
 def check_reader_tokenizer(tokenizer: PreTrainedTokenizerBase, source: str) -> None:

@@ -5,6 +5,10 @@ whose pooling and normalisation settings it reads), encodes with gradients throu
 `forward`, and embeds large text lists under `torch.inference_mode` through
 `encode_texts`, with batches formed from length-sorted texts so little padding is computed.
 `Retriever` pairs a query and a passage encoder (tied or untied).
+
+`layer_norm="reference"` makes an encoder compute what facebookresearch/atlas's retriever computed:
+its `src/modeling_bert.py` normalises by the raw second moment instead of the variance
+(`ReferenceLayerNorm`); checkpoints imported from it are saved with that setting.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from tasks.progress import progress_bar as tqdm
 
 Pooling = Literal["mean", "cls"]
 POOLINGS = ("mean", "cls")
+LayerNormKind = Literal["standard", "reference"]
+LAYER_NORMS = ("standard", "reference")
 ENCODER_CONFIG = "contriever_config.json"
 RETRIEVER_CONFIG = "retriever.json"
 # The user-facing default on GPU machines (resolved by the hub, never by tests).
@@ -79,12 +85,63 @@ def _read_sentence_transformers_settings(path: Path) -> dict:
     return settings
 
 
+class ReferenceLayerNorm(nn.LayerNorm):
+    """The layer norm of facebookresearch/atlas's BERT (`BertLayerNorm` in its src/modeling_bert.py),
+    used in the embeddings, the attention outputs and the layer outputs of every Contriever it trained:
+
+        y = w ⊙ (x − mean(x)) / sqrt(mean(x²) + eps) + b
+
+    over the last axis — the raw second moment, not the variance (mean((x − mean(x))²)) of
+    `nn.LayerNorm`; eps is the BERT config's `layer_norm_eps`, as the reference passes it. Computed
+    in float32 (as the reference does) and returned in the input's dtype. Same parameters and
+    state-dict keys as `nn.LayerNorm`.
+    """
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """(…, d) → (…, d)."""
+        x = hidden_states.float()
+        centred = x - x.mean(-1, keepdim=True)
+        second_moment = x.pow(2).mean(-1, keepdim=True)
+        normed = centred * torch.rsqrt(second_moment + self.eps)
+        return (self.weight.float() * normed + self.bias.float()).to(hidden_states.dtype)
+
+
+def use_layer_norm(model: nn.Module, kind: LayerNormKind) -> None:
+    """Make every layer norm of `model` a standard `nn.LayerNorm` or a `ReferenceLayerNorm` (in place).
+
+    The new modules hold the old ones' parameters (the same `nn.Parameter` objects), so the state
+    dict, an optimizer's references and tied weights are unchanged.
+    """
+    if kind not in LAYER_NORMS:
+        raise ValueError(f"unknown layer_norm {kind!r}; valid: {', '.join(LAYER_NORMS)}")
+    target = ReferenceLayerNorm if kind == "reference" else nn.LayerNorm
+    swapped = 0
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) not in (nn.LayerNorm, ReferenceLayerNorm):
+                continue
+            if child.weight is None or child.bias is None:
+                raise ValueError(f"layer norm {name!r} has no weight or bias; the reference's has both")
+            if type(child) is not target:
+                replacement = target(child.normalized_shape, eps=child.eps, device=child.weight.device,
+                                     dtype=child.weight.dtype)
+                replacement.weight, replacement.bias = child.weight, child.bias
+                replacement.train(child.training)
+                setattr(module, name, replacement)
+            swapped += 1
+    if swapped == 0:
+        raise ValueError(f"{type(model).__name__} has no nn.LayerNorm to make {kind!r}")
+
+
 class ContrieverEncoder(nn.Module):
     """A Hugging Face encoder whose pooled last hidden state embeds a text.
 
     pooling: "mean" (over non-padding tokens, Contriever's) or "cls" (first token).
     normalize: L2-normalise the pooled vector (sentence-transformers models such as
     all-MiniLM-L6-v2 are trained that way).
+    layer_norm: "standard" (`nn.LayerNorm`, every Hugging Face model's) or "reference" (the
+    second-moment norm of facebookresearch/atlas's retriever, `ReferenceLayerNorm`: for
+    checkpoints trained by it). Saved with the encoder.
     """
 
     def __init__(
@@ -95,15 +152,21 @@ class ContrieverEncoder(nn.Module):
         pooling: Pooling = "mean",
         normalize: bool = False,
         max_length: int | None = None,
+        layer_norm: LayerNormKind = "standard",
     ):
         super().__init__()
         if pooling not in POOLINGS:
             raise ValueError(f"unknown pooling {pooling!r}; valid: {', '.join(POOLINGS)}")
+        if layer_norm not in LAYER_NORMS:
+            raise ValueError(f"unknown layer_norm {layer_norm!r}; valid: {', '.join(LAYER_NORMS)}")
+        if layer_norm != "standard":
+            use_layer_norm(model, layer_norm)
         self.model = model
         self.tokenizer = tokenizer
         self.pooling: Pooling = pooling
         self.normalize = normalize
         self.max_length = max_length
+        self.layer_norm: LayerNormKind = layer_norm
         self.train(
             model.training
         )  # HF loads in eval mode; a fresh wrapper must not re-enable dropout
@@ -129,8 +192,8 @@ class ContrieverEncoder(nn.Module):
         """Load from a Hugging Face folder, a sentence-transformers folder, or a hub name.
 
         Settings are taken, in order, from the arguments, from `contriever_config.json`
-        (written by `save_pretrained`), from the sentence-transformers modules, else
-        mean pooling without normalisation.
+        (written by `save_pretrained`; it also records the layer norm), from the
+        sentence-transformers modules, else mean pooling without normalisation.
         """
         folder = Path(path)
         settings: dict = {}
@@ -164,6 +227,7 @@ class ContrieverEncoder(nn.Module):
             pooling=settings.get("pooling", "mean"),
             normalize=bool(settings.get("normalize", False)),
             max_length=settings.get("max_length"),
+            layer_norm=settings.get("layer_norm", "standard"),
         )
 
     def save_pretrained(self, directory: str | os.PathLike) -> None:
@@ -176,6 +240,7 @@ class ContrieverEncoder(nn.Module):
             "pooling": self.pooling,
             "normalize": self.normalize,
             "max_length": self.max_length,
+            "layer_norm": self.layer_norm,
         }
         (directory / ENCODER_CONFIG).write_text(json.dumps(settings, indent=2) + "\n")
 
@@ -267,13 +332,16 @@ class ContrieverEncoder(nn.Module):
         return torch.autocast("cuda", dtype=dtype)
 
     def fingerprint(self) -> dict[str, str]:
-        """Content hashes of what determines the embeddings: weights, tokenizer, pooling."""
-        return {
+        """Content hashes of what determines the embeddings: weights, tokenizer, pooling, layer norm."""
+        fingerprint = {
             "weights": hash_state_dict(self.model.state_dict()),
             "tokenizer": hash_tokenizer(self.tokenizer),
             "pooling": self.pooling,
             "normalize": str(self.normalize),
         }
+        if self.layer_norm != "standard":  # absent for the standard norm: indexes built before it existed stay valid
+            fingerprint["layer_norm"] = self.layer_norm
+        return fingerprint
 
 
 def _is_bert_like(path: str | os.PathLike) -> bool:

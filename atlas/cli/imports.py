@@ -64,6 +64,7 @@ def _atlas_checkpoint(args: argparse.Namespace) -> int:
     record = json.loads((folder / "import.json").read_text())
     print(f"imported step {record['step']} into {args.out} (checkpoint {folder.name}); "
           f"not imported: {', '.join(record['not_imported']) or 'nothing'}")
+    _print_conversions(record)
     print(f"next: atlas evaluate {args.out} --data DATA --index INDEX")
     return 0
 
@@ -73,7 +74,14 @@ def _fid_reader(args: argparse.Namespace) -> int:
 
     out = import_fid_reader(args.src, args.out, tokenizer=args.tokenizer, overwrite=args.overwrite)
     print(f"imported the FiD reader into {out}; use it as reader.model={out}")
+    _print_conversions(json.loads((out / "import.json").read_text()))
     return 0
+
+
+def _print_conversions(record: dict) -> None:
+    """One line per conversion import.json records (docs/guides/coming-from-reference.md)."""
+    for conversion in record.get("conversions", []):
+        print(f"converted {conversion['what']}: {conversion['here']}")
 
 
 def _atlas_index(args: argparse.Namespace) -> int:

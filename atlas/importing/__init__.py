@@ -5,4 +5,7 @@ checkpoints and saved indexes, and facebookresearch/FiD readers, into this proje
     weights.py       reference state dicts → Hugging Face T5 / BERT models (config from shapes)
     checkpoint.py    `model.pth.tar` → a run folder; FiD reader folders → a reader folder
     index.py         `embeddings.{i}.pt` + `passages.{i}.pt` shards → an Arrow corpus + an index
+
+What the reference computed differently from a stock Hugging Face model is converted and listed
+in import.json (docs/guides/coming-from-reference.md).
 """

@@ -17,6 +17,13 @@ The state dict's keys: `reader.` + T5 keys (Atlas's FiD is a plain T5 module), a
 
 `import_fid_reader`: a facebookresearch/FiD reader folder (FiDT5.save_pretrained: the T5
 encoder wrapped, `encoder.encoder.block.{i}.module.…`) → a plain HF T5 reader folder.
+
+What the reference computed and this project would otherwise compute differently is converted,
+and each conversion is listed under `conversions` in import.json (docs/guides/coming-from-reference.md):
+the retriever's layer norm (`retriever.encoder.ReferenceLayerNorm`), the reader tokenizer's
+segmentation (`reader.tokenizer.reference_t5_tokenizer`), `generation_max_length` (the reference
+counts the decoder start token), an own `lm_head` (`reader.t5_untied`) and a transformers-3
+cross-attention bias (`reader.cross_attention_bias`).
 """
 
 from __future__ import annotations
@@ -50,6 +57,13 @@ GOLD_SCORE_MODES = {"ppmean": "pdist", "pdist": "pdist", "evalnormsum": "adist",
 TASK_NAMES = {"qa": "qa", "kilt": "kilt", "multiple_choice": "mmlu", "fever": "fever", "mlm": "mlm",
               "lm": "lm", "section": "section"}
 BERT_MAX_LENGTH = 512  # the reference truncates retriever inputs to min(text_maxlength, 512)
+REFERENCE_MAX_LENGTH = 128  # the reference's default generation_max_length
+
+
+def reference_new_tokens(max_length: Any) -> int:
+    """Our `reader.generation_max_length` (tokens generated) for the reference's `generation_max_length`,
+    which is transformers 4's `generate(max_length=…)`: the whole decoder sequence, start token included."""
+    return max(int(max_length) - 1, 1)
 
 
 def _strip_module(key: str) -> str:
@@ -140,8 +154,9 @@ def config_from_options(opt: Any, *, tied: bool, closed_book: bool, source: str)
         answer_maxlength=int(target_maxlength) if target_maxlength and int(target_maxlength) > 0
         else base.reader.answer_maxlength,
         passage_format=_option(opt, "encoder_format", base.reader.passage_format),
-        generation_max_length=int(_option(opt, "generation_max_length", base.reader.generation_max_length)),
+        generation_max_length=reference_new_tokens(_option(opt, "generation_max_length", REFERENCE_MAX_LENGTH)),
         num_beams=int(_option(opt, "generation_num_beams", base.reader.num_beams)),
+        length_penalty=float(_option(opt, "generation_length_penalty", base.reader.length_penalty)),
         dropout=float(_option(opt, "dropout")) if _option(opt, "dropout") is not None else None)
     refresh = str(_option(opt, "refresh_index", "-1"))
     index = dataclasses.replace(
@@ -174,6 +189,12 @@ def config_from_options(opt: Any, *, tied: bool, closed_book: bool, source: str)
         else "linear",
         precision="bf16" if _option(opt, "precision") == "bf16" else "fp32",
         seed=int(_option(opt, "seed", 0)))
+    min_length = _option(opt, "generation_min_length")
+    if min_length is not None and int(min_length) > 1:
+        notes.append(f"generation_min_length {min_length} has no counterpart: answers may be shorter")
+    for name in ("decoder_format", "decoder_prompt_format"):
+        if _option(opt, name):
+            notes.append(f"{name} {_option(opt, name)!r} has no counterpart: targets are the task's own")
     if _option(opt, "precision") == "fp16":
         notes.append("precision fp16 has no counterpart (training runs in fp32 or bf16): training.precision = fp32")
     config = AtlasConfig(retriever=retriever, index=index, reader=reader, task=task, training=training,
@@ -211,7 +232,8 @@ def _import_retriever(parts: Mapping[str, dict[str, torch.Tensor]], config: Atla
                       encoder_source: str | None, retriever_config: str | None, source: str, notes: list[str]) -> Retriever:
     """The `Retriever` holding a checkpoint's Contriever tensors (`parts` from `split_atlas_state`):
     one encoder when tied, query + passage when untied, mean pooling, unnormalised, as the
-    reference's Contriever ("average"). BERT's head count comes from `retriever_config`, else the
+    reference's Contriever ("average"), with the reference's layer norm (`ReferenceLayerNorm`: its BERT
+    is its own src/modeling_bert.py). BERT's head count comes from `retriever_config`, else the
     `encoder_source` folder's config.json, else hidden_size / 64 (noted in `notes`)."""
     from retriever.encoder import ContrieverEncoder, Retriever
 
@@ -227,7 +249,7 @@ def _import_retriever(parts: Mapping[str, dict[str, torch.Tensor]], config: Atla
 
     def encoder(state: dict[str, torch.Tensor]) -> ContrieverEncoder:
         return ContrieverEncoder(bert_from_state_dict(state, source, bert_config), tokenizer,
-                                 pooling="mean", normalize=False)
+                                 pooling="mean", normalize=False, layer_norm="reference")
 
     return Retriever(query_encoder=encoder(parts["retriever" if tied else "query"]),
                      passage_encoder=None if tied else encoder(parts["passage"]),
@@ -268,6 +290,10 @@ def import_atlas_checkpoint(src: str | Path, out: str | Path, *, reader_tokenize
     t5 = t5_from_state_dict(parts["reader"], source, t5_config)
     tokenizer = _tokenizer(reader_tokenizer or _option(opt, "reader_model_type"), "reader", "--reader-tokenizer",
                            source)
+    conversions = _reader_conversions(t5)
+    tokenizer, segmentation = _reference_segmentation(tokenizer)
+    if segmentation is not None:
+        conversions.append(segmentation)
     if len(tokenizer) > t5.config.vocab_size:
         raise InputError(source, None, "reader.shared.weight",
                          f"{t5.config.vocab_size} token embeddings, but the reader tokenizer has "
@@ -278,6 +304,17 @@ def import_atlas_checkpoint(src: str | Path, out: str | Path, *, reader_tokenize
     retriever = None if closed_book else _import_retriever(
         parts, config, tied=tied, encoder_source=encoder_source, retriever_config=retriever_config,
         source=source, notes=notes)
+    reference_length = _option(opt, "generation_max_length", REFERENCE_MAX_LENGTH)
+    conversions.append({
+        "what": "reader.generation_max_length", "reference": _plain(reference_length),
+        "here": config.reader.generation_max_length,
+        "why": "the reference's generate(max_length) counts the decoder start token; ours counts new tokens"})
+    if retriever is not None:
+        eps = float(retriever.query_encoder.model.config.layer_norm_eps)
+        conversions.append({
+            "what": "retriever layer norm", "reference": "BertLayerNorm of src/modeling_bert.py: "
+            "(x - mean(x)) / sqrt(mean(x^2) + eps) * w + b", "here": "layer_norm: reference", "eps": eps,
+            "why": "the reference's BERT divides by the raw second moment, not the variance"})
 
     from reader.fid import FiDReader
 
@@ -295,6 +332,7 @@ def import_atlas_checkpoint(src: str | Path, out: str | Path, *, reader_tokenize
         "retriever": None if retriever is None else {"tied": tied, "source": _plain(encoder_source)},
         "not_imported": {k: "the reference's optimizer/scheduler state: a run started from this "
                             "checkpoint builds fresh ones" for k in skipped},
+        "conversions": conversions,
         "notes": notes,
         "options": _plain(vars(opt) if isinstance(opt, argparse.Namespace) else opt),
     }
@@ -311,6 +349,42 @@ def import_atlas_checkpoint(src: str | Path, out: str | Path, *, reader_tokenize
         atomic_write_text(tmp / "checkpoints" / "latest", name + "\n")
     logger.info("imported %s (step %d) into %s", file, step, out)
     return out / "checkpoints" / name
+
+
+def _reader_conversions(t5) -> list[dict[str, Any]]:
+    """import.json records of what the reader's tensors needed beyond loading: an own `lm_head`, a
+    transformers-3 cross-attention bias."""
+    from reader.cross_attention_bias import CROSS_BIAS_KEY, has_cross_attention_bias
+    from reader.t5_untied import UntiedT5ForConditionalGeneration
+
+    conversions: list[dict[str, Any]] = []
+    if isinstance(t5, UntiedT5ForConditionalGeneration):
+        conversions.append({
+            "what": "reader lm_head", "reference": "lm_head.weight differs from shared.weight (T5 v1.1 / lm-adapt)",
+            "here": "own lm_head, config.json tie_word_embeddings: false",
+            "why": "transformers 5's T5Config always says tied"})
+    if has_cross_attention_bias(t5):
+        conversions.append({
+            "what": "reader cross-attention position bias", "reference": CROSS_BIAS_KEY,
+            "here": "kept and added to every decoder block's cross-attention (config: cross_attention_relative_bias)",
+            "why": "saved and used by transformers < 4; transformers >= 4 drops it"})
+    return conversions
+
+
+def _reference_segmentation(tokenizer) -> tuple[Any, dict[str, Any] | None]:
+    """The reader tokenizer splitting text as the reference's transformers 4 did, and its import.json
+    record; a tokenizer that is not a T5 SentencePiece one is kept as it is (None)."""
+    from reader.tokenizer import reference_t5_tokenizer
+
+    try:
+        converted = reference_t5_tokenizer(tokenizer)
+    except ValueError:
+        return tokenizer, None
+    return converted, {
+        "what": "reader tokenizer segmentation", "reference": "transformers 4.18 T5 tokenizer: a space before a "
+        "special token is a token '▁' of its own ('answer: <extra_id_0>' ends ':', '▁', '<extra_id_0>')",
+        "here": "the same normaliser and pre-tokenizer, saved in tokenizer.json (a PreTrainedTokenizerFast)",
+        "why": "transformers 5's T5 tokenizer splits on whitespace first and drops that '▁'"}
 
 
 def _read_fid_state(folder: Path) -> dict[str, torch.Tensor]:
@@ -369,6 +443,6 @@ def import_fid_reader(src: str | Path, out: str | Path, *, tokenizer: str | None
         (tmp / "reader").rmdir()
         reader_tokenizer.save_pretrained(str(tmp))
         atomic_write_json(tmp / "import.json", {"source": str(src.resolve()), "format": "facebookresearch/FiD FiDT5",
-                                                "weights": weights.name})
+                                                "weights": weights.name, "conversions": _reader_conversions(t5)})
     return out
 

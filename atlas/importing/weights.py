@@ -8,6 +8,11 @@ scaled by d_model^-0.5; v1.1 and lm-adapt keep their own `lm_head` and no scalin
 any shape: it comes from a config file when one is given, else hidden_size / 64 (BERT-base,
 BERT-large and Contriever all use 64-wide heads). Every tensor is checked against the model
 it is loaded into, so a wrong shape or a stray key is named with its file, never half-loaded.
+
+Two T5 tensors need more than loading: an `lm_head` of its own makes an
+`UntiedT5ForConditionalGeneration` (saved as untied: `reader.t5_untied`), and the first decoder
+block's cross-attention bias table, which only transformers < 4 saved (and used), is kept and
+applied (`reader.cross_attention_bias`).
 """
 
 from __future__ import annotations
@@ -20,13 +25,13 @@ from pathlib import Path
 import torch
 from transformers import BertConfig, BertModel, T5Config, T5ForConditionalGeneration
 
+from reader.cross_attention_bias import CROSS_BIAS_KEY, add_cross_attention_bias
+from reader.t5_untied import UntiedT5ForConditionalGeneration
 from tasks.io import InputError
 
 # Keys the reference may save that carry nothing a model needs: aliases of `shared` (tied
-# token embeddings), a bias the decoder's cross-attention never uses (old transformers
-# saved it), BERT's position-id buffer and the pooler Contriever never uses.
+# token embeddings), BERT's position-id buffer and the pooler Contriever never uses.
 _T5_ALIASES = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
-_T5_IGNORED = re.compile(r"^decoder\.block\.0\.layer\.1\.EncDecAttention\.relative_attention_bias\.weight$")
 _BERT_IGNORED = re.compile(r"^(embeddings\.position_ids|pooler\..*)$")
 
 
@@ -131,20 +136,20 @@ def t5_from_state_dict(state: Mapping[str, torch.Tensor], source: str, config: T
                        ) -> T5ForConditionalGeneration:
     """A `T5ForConditionalGeneration` (fp32, eval mode) holding the tensors of a T5 state dict.
 
-    state: HF T5 keys (`shared.weight`, `encoder.block.{i}…`, `decoder.block.{i}…`, `lm_head.weight`);
+    state: HF T5 keys (`shared.weight`, `encoder.block.{i}…`, `decoder.block.{i}…`, `lm_head.weight`,
+    and from transformers < 4 `decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight`);
     config: None = inferred from the shapes (`infer_t5_config`). Missing aliases of `shared` are
-    filled in; an `lm_head.weight` that differs from `shared` stays a separate parameter.
+    filled in; an `lm_head.weight` that differs from `shared` makes an `UntiedT5ForConditionalGeneration`
+    (T5 v1.1 / lm-adapt, Atlas's readers); the cross-attention bias table is applied as the
+    transformers that saved it applied it (`reader.cross_attention_bias.add_cross_attention_bias`).
     """
-    state = {k: v for k, v in state.items() if not _T5_IGNORED.match(k)}
+    state = dict(state)
+    cross_bias = state.pop(CROSS_BIAS_KEY, None)
     config = config or infer_t5_config(state, source)
-    model = T5ForConditionalGeneration(config)
     shared = _tensor(state, "shared.weight", source)
     lm_head = state.get("lm_head.weight")
-    if lm_head is not None and not (lm_head.shape == shared.shape and torch.equal(lm_head, shared)):
-        # T5 v1.1 / lm-adapt (Atlas's readers) have their own output embedding; transformers builds
-        # every T5 with lm_head tied to `shared`, so it gets a parameter of its own (saved and
-        # reloaded as such: from_pretrained ties only a missing lm_head)
-        model.lm_head.weight = torch.nn.Parameter(torch.empty(tuple(lm_head.shape)))
+    untied = lm_head is not None and not (lm_head.shape == shared.shape and torch.equal(lm_head, shared))
+    model = (UntiedT5ForConditionalGeneration if untied else T5ForConditionalGeneration)(config)
     expected = model.state_dict()
     for alias in (*_T5_ALIASES, "lm_head.weight"):
         if alias in expected and alias not in state:
@@ -152,6 +157,13 @@ def t5_from_state_dict(state: Mapping[str, torch.Tensor], source: str, config: T
         if alias in state and alias not in expected:
             state.pop(alias)
     _load_checked(model, state, source, "T5 reader")
+    if cross_bias is not None:
+        if not isinstance(cross_bias, torch.Tensor):
+            raise InputError(source, None, CROSS_BIAS_KEY, f"expected a tensor, got {type(cross_bias).__name__}")
+        try:
+            add_cross_attention_bias(model, cross_bias.to(torch.float32))
+        except ValueError as e:
+            raise InputError(source, None, CROSS_BIAS_KEY, str(e).split(": ", 1)[-1]) from None
     return model.eval()
 
 

@@ -159,15 +159,21 @@ def test_round_trip_logits_embeddings_and_config(tmp_path, reader_tokenizer_dir,
                               decoder_input_ids=decoder_ids).logits
     torch.testing.assert_close(fid_logits, plain_t5_logits(t5, ids, decoder_ids), rtol=0, atol=0)
 
-    # retriever: mean pooling of the same BERT weights, on each side
+    # retriever: the reference's Contriever (its second-moment layer norm, mean pooling) with the same
+    # BERT weights, on each side, written out in float64 (tests/atlas/reference_math.py)
+    from tests.atlas.reference_math import bert_embeddings
+
     retriever = Retriever.from_pretrained(folder / "retriever")
     assert retriever.tied == (not untied)
+    assert retriever.query_encoder.layer_norm == retriever.passage_encoder.layer_norm == "reference"
     with torch.no_grad():
         got_q = retriever.query_encoder.embed(TEXTS, 40)
         got_p = retriever.passage_encoder.embed(TEXTS, 40)
-    torch.testing.assert_close(got_q, mean_pooled(query, retriever.query_encoder.tokenizer, TEXTS, 40))
-    torch.testing.assert_close(got_p, mean_pooled(passage if untied else query,
-                                                  retriever.passage_encoder.tokenizer, TEXTS, 40))
+    batch = retriever.query_encoder.tokenize(TEXTS, 40)
+    for got, bert in ((got_q, query), (got_p, passage if untied else query)):
+        want = bert_embeddings(bert.state_dict(), heads=bert.config.num_attention_heads,
+                               eps=bert.config.layer_norm_eps, **batch)
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
     if untied:
         assert not torch.allclose(got_q, got_p)
 

@@ -1,0 +1,413 @@
+"""Import parity: what the reference implementations computed with their files, this project computes
+after `atlas import` — checked against the reference formulas written out in float64
+(tests/atlas/reference_math.py), to 1e-5 relative.
+
+- An Atlas checkpoint (`model.pth.tar`: untied lm-adapt reader, untied Contriever, a T5
+  SentencePiece-style tokenizer, `generation_max_length` 8): retriever embeddings (the reference's
+  second-moment layer norm), reader token ids of the prompts the reference builds (transformers 4
+  segmentation), reader logits, and the generations of the imported run (7 new tokens).
+- A FiD reader saved by transformers 3 (the cross-attention bias table of the first decoder block):
+  logits, the training loss and its gradient, greedy decoding packed and unpacked, beam search (folded
+  and packed, step by step against the formula, and against transformers' own beam search), and the
+  adist gold scores.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from transformers import T5Config, T5ForConditionalGeneration, T5Tokenizer
+from transformers.modeling_outputs import BaseModelOutput
+
+from atlas.cli import main
+from atlas.importing.checkpoint import import_atlas_checkpoint
+from tests.atlas import reference_math as ref
+from tests.atlas.test_import_checkpoint import (
+    bert_pair,
+    reference_options,
+    tiny_t5,
+    write_atlas_checkpoint,
+)
+
+RTOL = 1e-5
+WORDS = ["question", "answer", "title", "context", "who", "what", "where", "is", "the", "capital", "of", "zorbland", "quimper", "river", "in", "tarsia", "fenwick", "mount", "olo", "climbed", "first"]
+CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789:?.,'-")
+N_SENTINELS = 10
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """max |got − want| / max |want| (float64)."""
+    got, want = got.to(torch.float64), want.to(torch.float64)
+    return float((got - want).abs().max() / want.abs().max())
+
+
+@pytest.fixture(scope="module")
+def t5_tokenizer_dir(tmp_path_factory) -> Path:
+    """A T5 SentencePiece-layout tokenizer (Unigram: `<pad>` 0, `</s>` 1, `<unk>` 2, `▁` 3, pieces, the
+    sentinels last in reverse) over a small vocabulary, saved as transformers 5 saves a T5 tokenizer."""
+    vocab = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁", -5.0)]
+    vocab += [("▁" + w, -2.0 - 0.01 * i) for i, w in enumerate(WORDS)]
+    vocab += [("▁" + c, -6.0 - 0.001 * i) for i, c in enumerate(CHARS)]
+    vocab += [(c, -8.0 - 0.001 * i) for i, c in enumerate(CHARS)]
+    vocab += [(f"<extra_id_{i}>", 0.0) for i in range(N_SENTINELS - 1, -1, -1)]
+    folder = tmp_path_factory.mktemp("t5-tokenizer")
+    T5Tokenizer(vocab=vocab, extra_ids=N_SENTINELS).save_pretrained(str(folder))
+    return folder
+
+
+def reference_vocabulary(folder: Path) -> tuple[dict[str, float], dict[str, int], dict[str, int]]:
+    """(unigram pieces → score, special tokens → id, pieces → id) of a saved tokenizer.json."""
+    spec = json.loads((folder / "tokenizer.json").read_text())
+    ids = {piece: i for i, (piece, _score) in enumerate(spec["model"]["vocab"])}
+    specials = {t["content"]: t["id"] for t in spec["added_tokens"] if t["special"]}
+    pieces = {piece: score for piece, score in spec["model"]["vocab"] if piece not in specials}
+    return pieces, specials, ids
+
+
+QUESTIONS = ["who is the capital of zorbland", "what river is in tarsia"]
+PASSAGES = [[{"title": "zorbland", "text": "the capital of zorbland is quimper"},
+             {"title": "olo", "text": "who climbed mount olo first"}],
+            [{"title": "fenwick", "text": "fenwick is a river in tarsia"},
+             {"title": "tarsia", "text": "the capital of tarsia"}]]
+
+
+def reference_prompts() -> list[str]:
+    """The reader inputs the reference builds: its QA task's query (`qa_prompt_format`), alone
+    (closed book: encoder_format "{query}"), with each passage (`encoder_format`), and with the empty
+    passage its QA task puts in when an example has none."""
+    prompts = []
+    for question, passages in zip(QUESTIONS, PASSAGES):
+        query = f"question: {question} answer: <extra_id_0>"
+        prompts.append(query)
+        prompts += [f"{query} title: {p['title']} context: {p['text']}" for p in passages]
+        prompts.append(f"{query} title:  context: ")
+    return prompts
+
+
+# --- an Atlas checkpoint ----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def imported_atlas(tmp_path_factory, t5_tokenizer_dir, tiny_encoder_path) -> dict:
+    """A reference Atlas run (untied lm-adapt reader, query-side-trained Contriever, generation_max_length 8),
+    imported."""
+    root = tmp_path_factory.mktemp("atlas-parity")
+    tokenizer = T5Tokenizer.from_pretrained(str(t5_tokenizer_dir))
+    t5 = tiny_t5(len(tokenizer), gated=True, tied=False, seed=5)
+    query, passage = bert_pair(tiny_encoder_path, untied=True)
+    with torch.no_grad():  # layer-norm biases, as a trained BERT has: hidden states with a mean of their own
+        for bert in (query, passage):
+            for name, parameter in bert.named_parameters():
+                if "LayerNorm.bias" in name:
+                    parameter.add_(0.5)
+    opt = reference_options(generation_max_length=8, query_side_retriever_training=True, n_context=2)
+    src = write_atlas_checkpoint(root / "ref", t5, query, passage, module=True, opt=opt)
+    folder = import_atlas_checkpoint(src, root / "run", reader_tokenizer=str(t5_tokenizer_dir),
+                                     retriever_tokenizer=str(tiny_encoder_path))
+    return {"folder": folder, "t5": t5.state_dict(), "query": query.state_dict(), "passage": passage.state_dict(),
+            "eps": query.config.layer_norm_eps, "heads": query.config.num_attention_heads}
+
+
+def test_every_conversion_is_recorded(imported_atlas):
+    from atlas.training.checkpoint import checkpoint_config
+
+    folder = imported_atlas["folder"]
+    record = json.loads((folder / "import.json").read_text())
+    conversions = {c["what"]: c for c in record["conversions"]}
+    assert set(conversions) == {"reader lm_head", "reader tokenizer segmentation", "reader.generation_max_length",
+                                "retriever layer norm"}
+    assert (conversions["reader.generation_max_length"]["reference"],
+            conversions["reader.generation_max_length"]["here"]) == (8, 7)
+    assert conversions["retriever layer norm"]["eps"] == imported_atlas["eps"]
+    assert checkpoint_config(folder).reader.generation_max_length == 7
+    assert json.loads((folder / "retriever" / "query" / "contriever_config.json").read_text())["layer_norm"] == \
+        "reference"
+
+
+def test_retriever_embeddings_are_the_references(imported_atlas):
+    """Both towers, through the indexing path (inference mode, length-sorted batches) and the training
+    path (with gradients), equal the reference's Contriever in float64; a stock layer norm would not."""
+    from retriever.encoder import Retriever, use_layer_norm
+
+    retriever = Retriever.from_pretrained(imported_atlas["folder"] / "retriever")
+    texts = ["the capital of zorbland is quimper", "a river in tarsia", "mount olo was first climbed in 1820"]
+    passages = [{"title": t.split()[1], "text": t} for t in texts]
+    for side, encoder, got in (
+            ("query", retriever.query_encoder, torch.from_numpy(retriever.embed_queries(texts))),
+            ("passage", retriever.passage_encoder, retriever.encode_passages(passages).detach())):
+        rendered = texts if side == "query" else [retriever.format_passage(p) for p in passages]
+        maxlength = retriever.query_maxlength if side == "query" else retriever.passage_maxlength
+        batch = encoder.tokenize(rendered, maxlength)
+        want = ref.bert_embeddings(imported_atlas[side], heads=imported_atlas["heads"], eps=imported_atlas["eps"],
+                                   **batch)
+        assert relative_error(got, want) < RTOL
+        use_layer_norm(encoder.model, "standard")
+        with torch.no_grad():
+            stock = encoder(**batch)
+        use_layer_norm(encoder.model, "reference")
+        assert relative_error(stock, want) > 1e-2  # the test tells the two norms apart
+
+
+def test_reader_prompts_are_tokenized_as_the_reference_did(imported_atlas, t5_tokenizer_dir):
+    from reader.inputs import encode_reader_inputs
+    from reader.tokenizer import build_reader_tokenizer
+
+    tokenizer = build_reader_tokenizer(imported_atlas["folder"] / "reader")
+    stock = T5Tokenizer.from_pretrained(str(t5_tokenizer_dir))
+    pieces, specials, ids = reference_vocabulary(t5_tokenizer_dir)
+    for prompt in reference_prompts():
+        want = ref.legacy_t5_tokens(prompt, pieces, specials, ids)
+        assert tokenizer(prompt)["input_ids"] == want, prompt
+        if prompt.endswith("<extra_id_0>"):  # closed book: the '▁' before the sentinel, which transformers 5 drops
+            assert tokenizer.convert_ids_to_tokens(want)[-4:] == [":", "▁", "<extra_id_0>", "</s>"]
+            assert stock(prompt)["input_ids"] != want
+    # the run's own path to the reader: encode_reader_inputs with the run's passage format
+    query = f"question: {QUESTIONS[0]} answer: <extra_id_0>"
+    input_ids, mask = encode_reader_inputs(tokenizer, [query], [PASSAGES[0]], 40,
+                                           "{query} title: {title} context: {text}")
+    for k, passage in enumerate(PASSAGES[0]):
+        want = ref.legacy_t5_tokens(f"{query} title: {passage['title']} context: {passage['text']}", pieces,
+                                    specials, ids)
+        assert input_ids[0, k, : int(mask[0, k].sum())].tolist() == want
+    closed_ids, _ = encode_reader_inputs(tokenizer, [query], [[]], 40)
+    assert closed_ids[0, 0].tolist() == ref.legacy_t5_tokens(query, pieces, specials, ids)
+
+
+def atlas_inputs(model) -> tuple[torch.Tensor, torch.Tensor]:
+    queries = [f"question: {q} answer: <extra_id_0>" for q in QUESTIONS]
+    return model.reader_inputs(queries, PASSAGES)
+
+
+def test_reader_logits_and_generations_are_the_references(imported_atlas):
+    """The imported run, built as `atlas evaluate` builds it, reads the reference's prompts to the
+    reference's logits and generates the reference's answers: 7 new tokens for its max_length 8."""
+    from atlas.build import build_atlas
+    from atlas.training.checkpoint import checkpoint_config
+
+    folder = imported_atlas["folder"]
+    model = build_atlas(checkpoint_config(folder), checkpoint=folder, with_index=False).eval()
+    input_ids, mask = atlas_inputs(model)
+    decoder_ids = torch.tensor([[0, 52, 40, 7, 22], [0, 52, 9, 31, 5]])
+    with torch.no_grad():
+        logits = model.reader(input_ids=input_ids, attention_mask=mask, decoder_input_ids=decoder_ids).logits
+    want = ref.fid_t5_logits(imported_atlas["t5"], heads=4, input_ids=input_ids, attention_mask=mask,
+                             decoder_input_ids=decoder_ids, cross_bias=False)
+    assert relative_error(logits, want) < RTOL
+
+    generated = model.generate(input_ids, mask, PASSAGES)
+    expected = ref.greedy(imported_atlas["t5"], heads=4, input_ids=input_ids, attention_mask=mask, max_length=8,
+                          cross_bias=False)
+    for row, want_ids in zip(generated.tolist(), expected):
+        assert row[: len(want_ids)] == want_ids and set(row[len(want_ids):]) <= {0}
+    assert max(len(ids) for ids in expected) == 8  # an answer ran to max_length: 7 tokens after the start
+    unconverted = model.reader.generate(input_ids, mask, max_length=8)
+    assert unconverted.shape[1] == 9  # taking the reference's 8 as new tokens generates one more
+
+
+def test_untied_reader_saves_untied_and_loads_without_a_warning(imported_atlas, caplog):
+    from reader.fid import FiDReader
+    from reader.t5_untied import UntiedT5ForConditionalGeneration
+
+    folder = imported_atlas["folder"] / "reader"
+    config = json.loads((folder / "config.json").read_text())
+    assert (config["tie_word_embeddings"], config["scale_decoder_outputs"]) == (False, False)
+    transformers.logging.enable_propagation()
+    try:
+        with caplog.at_level(logging.WARNING):
+            reader = FiDReader.from_pretrained(folder)
+    finally:
+        transformers.logging.disable_propagation()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], [r.getMessage() for r in caplog.records]
+    t5 = reader.t5
+    assert isinstance(t5, UntiedT5ForConditionalGeneration)
+    assert t5.encoder.embed_tokens.weight is t5.shared.weight and t5.decoder.embed_tokens.weight is t5.shared.weight
+    assert t5.lm_head.weight is not t5.shared.weight
+    assert torch.equal(t5.lm_head.weight, imported_atlas["t5"]["lm_head.weight"])
+    reader.save_pretrained(folder.parent / "again")  # a training checkpoint of it stays untied
+    assert json.loads((folder.parent / "again" / "config.json").read_text())["tie_word_embeddings"] is False
+
+
+# --- a FiD reader saved by transformers 3 ----------------------------------------------------------------
+
+CROSS_KEY = "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight"
+
+
+@pytest.fixture(scope="module")
+def imported_fid(tmp_path_factory, t5_tokenizer_dir) -> dict:
+    """facebookresearch/FiD's FiDT5.save_pretrained under transformers 3.0.2: T5 v1.0 (relu, tied), the
+    encoder wrapped (`encoder.encoder.block.{i}.module.…`), the first decoder block's cross-attention
+    bias table, a 3.0.2 config.json (no tie_word_embeddings), a torch < 1.6 (non-zip) pytorch_model.bin."""
+    root = tmp_path_factory.mktemp("fid-parity")
+    vocab = len(T5Tokenizer.from_pretrained(str(t5_tokenizer_dir)))
+    torch.manual_seed(15)  # a tiny random T5 whose greedy answers the bias changes
+    config = T5Config(vocab_size=vocab, d_model=16, d_kv=6, d_ff=20, num_heads=4, num_layers=2,
+                      relative_attention_num_buckets=8, dropout_rate=0.0)
+    t5 = T5ForConditionalGeneration(config).eval()
+    state = {}
+    for key, value in t5.state_dict().items():
+        if key in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"):
+            state[key] = value.clone()  # 3.0.2 saved the aliases of `shared` as tensors of their own
+            continue
+        if key.startswith("encoder."):
+            parts = ("encoder." + key).split(".")
+            if parts[2] == "block":
+                parts.insert(4, "module")
+            key = ".".join(parts)
+        state[key] = value
+    state[CROSS_KEY] = 0.7 * torch.randn(8, 4)  # (buckets, heads)
+    src = root / "nq_reader_tiny"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps({
+        "architectures": ["FiDT5"], "d_ff": 20, "d_kv": 6, "d_model": 16, "decoder_start_token_id": 0,
+        "dropout_rate": 0.1, "eos_token_id": 1, "initializer_factor": 1.0, "is_encoder_decoder": True,
+        "layer_norm_epsilon": 1e-06, "model_type": "t5", "n_positions": 512, "num_heads": 4, "num_layers": 2,
+        "output_past": True, "pad_token_id": 0, "relative_attention_num_buckets": 8, "vocab_size": vocab}))
+    torch.save(state, src / "pytorch_model.bin", _use_new_zipfile_serialization=False)
+    assert main(["import", "fid-reader", str(src), str(root / "reader"), "--tokenizer", str(t5_tokenizer_dir)]) == 0
+    reference = {k: v for k, v in t5.state_dict().items()}
+    reference[CROSS_KEY] = state[CROSS_KEY]
+    del reference["lm_head.weight"]  # tied: the output layer is `shared`, scaled by d^-0.5
+    return {"folder": root / "reader", "state": reference, "vocab": vocab}
+
+
+def fid_batch(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(2, 3, 12) ids and mask: example 0's first passage has 3 tokens (shorter than the decoding), so
+    packed decoding puts passage 1's tokens at fused indices below the decoder positions."""
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, vocab - N_SENTINELS, (2, 3, 12), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[0, 0, 3:] = 0
+    mask[0, 2, 7:] = 0
+    mask[1, 1, 10:] = 0
+    return ids.masked_fill(mask == 0, 0), mask
+
+
+def load_fid(imported_fid):
+    from reader.cross_attention_bias import has_cross_attention_bias
+    from reader.fid import FiDReader
+
+    reader = FiDReader.from_pretrained(imported_fid["folder"], dropout=0.0).eval()
+    assert has_cross_attention_bias(reader.t5)
+    return reader
+
+
+def test_fid_import_keeps_the_cross_attention_bias(imported_fid):
+    folder = imported_fid["folder"]
+    record = json.loads((folder / "import.json").read_text())
+    assert [c["what"] for c in record["conversions"]] == ["reader cross-attention position bias"]
+    assert record["conversions"][0]["reference"] == CROSS_KEY
+    assert json.loads((folder / "config.json").read_text())["cross_attention_relative_bias"] is True
+    reader = load_fid(imported_fid)
+    table = reader.t5.decoder.block[0].layer[1].EncDecAttention.relative_attention_bias.weight
+    assert torch.equal(table, imported_fid["state"][CROSS_KEY])
+
+
+def test_fid_logits_loss_and_gradient_are_the_references(imported_fid):
+    reader = load_fid(imported_fid)
+    ids, mask = fid_batch(imported_fid["vocab"])
+    labels = torch.tensor([[17, 30, 8, 44, 1, -100], [25, 6, 19, 33, 12, 1]])
+    decoder_ids = reader.shift_right(labels)
+    output = reader(input_ids=ids, attention_mask=mask, labels=labels)
+    want = ref.fid_t5_logits(imported_fid["state"], heads=4, input_ids=ids, attention_mask=mask,
+                             decoder_input_ids=decoder_ids, cross_bias=True)
+    assert relative_error(output.logits.detach(), want) < RTOL
+    without = ref.fid_t5_logits(imported_fid["state"], heads=4, input_ids=ids, attention_mask=mask,
+                                decoder_input_ids=decoder_ids, cross_bias=False)
+    assert relative_error(without, want) > 1e-3  # the bias matters to these numbers
+    keep = labels != -100
+    nll = -want.log_softmax(-1).gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)[keep].mean()
+    assert abs(float(output.loss.detach()) - float(nll)) / float(nll) < RTOL
+    output.loss.backward()  # training reaches the table
+    table = reader.t5.decoder.block[0].layer[1].EncDecAttention.relative_attention_bias.weight
+    assert table.grad is not None and float(table.grad.abs().sum()) > 0
+
+
+@pytest.mark.parametrize("pack", [True, False], ids=["packed", "unpacked"])
+def test_fid_greedy_generation_is_the_references(imported_fid, pack):
+    from atlas.importing.checkpoint import reference_new_tokens
+
+    reader = load_fid(imported_fid)
+    ids, mask = fid_batch(imported_fid["vocab"])
+    steps: list[torch.Tensor] = []  # the logits of every decoding step, (B, V)
+    hook = reader.t5.register_forward_hook(lambda _m, _a, out: steps.append(out.logits[:, -1].detach()))
+    try:
+        generated = reader.generate(ids, mask, max_length=reference_new_tokens(10), pack_passages=pack).tolist()
+    finally:
+        hook.remove()
+    expected = ref.greedy(imported_fid["state"], heads=4, input_ids=ids, attention_mask=mask, max_length=10,
+                          cross_bias=True)
+    for b, (row, want) in enumerate(zip(generated, expected)):
+        assert row[: len(want)] == want and set(row[len(want):]) <= {0}
+        logits = ref.fid_t5_logits(imported_fid["state"], heads=4, input_ids=ids[b:b + 1],
+                                   attention_mask=mask[b:b + 1], decoder_input_ids=torch.tensor([want[:-1]]),
+                                   cross_bias=True)[0]
+        for t in range(len(want) - 1):  # every step's logits, not only its argmax
+            assert relative_error(steps[t][b], logits[t]) < RTOL, (b, t)
+    without = ref.greedy(imported_fid["state"], heads=4, input_ids=ids, attention_mask=mask, max_length=10,
+                         cross_bias=False)
+    assert without != expected  # the bias changes these answers
+
+
+@pytest.mark.parametrize("beams", [1, 3], ids=["greedy", "beams"])
+def test_fid_cached_packed_decoding_steps_are_the_references(imported_fid, beams):
+    """The decoder passes of generation over the packed passages with a prefilled cache, one token at a
+    time — for beam search folded (the beams of an example share its keys): every row's logits at every
+    step equal the formula's for its prefix over FiD's padded layout."""
+    from reader.beam_attention import CACHE_KWARG, BeamSharedCrossAttentionCache
+
+    reader = load_fid(imported_fid)
+    ids, mask = fid_batch(imported_fid["vocab"])
+    gen = torch.Generator().manual_seed(8)
+    prefixes = torch.randint(3, 60, (2 * beams, 7), generator=gen)
+    prefixes[:, 0] = 0
+    with torch.no_grad():
+        states = reader.encode(ids, mask)
+        packed, packed_mask, positions = reader.fuse_packed(states, mask)
+        cache = BeamSharedCrossAttentionCache.prefilled(reader.t5.decoder, packed.last_hidden_state, packed_mask)
+        cache.encoder_positions = positions
+        memory = BaseModelOutput(last_hidden_state=packed.last_hidden_state.repeat_interleave(beams, 0))
+        for step in range(prefixes.shape[1]):
+            out = reader.t5(encoder_outputs=memory, attention_mask=packed_mask.repeat_interleave(beams, 0),
+                            decoder_input_ids=prefixes[:, step:step + 1], use_cache=True, **{CACHE_KWARG: cache})
+            for row in range(2 * beams):
+                example = row // beams
+                want = ref.fid_t5_logits(imported_fid["state"], heads=4, input_ids=ids[example:example + 1],
+                                         attention_mask=mask[example:example + 1],
+                                         decoder_input_ids=prefixes[row:row + 1, : step + 1], cross_bias=True)
+                assert relative_error(out.logits[row, -1], want[0, -1]) < RTOL, (step, row)
+
+
+def test_fid_beam_search_agrees_on_every_path(imported_fid):
+    """Folded + packed (the shipped path), folded + unpacked, and transformers' own beam search (its own
+    cache, beams repeated: T5's attention with the bias per row) give the same answers."""
+    reader = load_fid(imported_fid)
+    ids, mask = fid_batch(imported_fid["vocab"])
+    packed = reader.generate(ids, mask, max_length=6, num_beams=3)
+    unpacked = reader.generate(ids, mask, max_length=6, num_beams=3, pack_passages=False)
+    with torch.no_grad():
+        outputs, fused_mask = reader.fuse(reader.encode(ids, mask), mask)
+        stock = reader.t5.generate(encoder_outputs=outputs, attention_mask=fused_mask, max_new_tokens=6, num_beams=3,
+                                   do_sample=False, decoder_start_token_id=0, eos_token_id=1, pad_token_id=0)
+    assert torch.equal(packed, unpacked) and torch.equal(packed, stock)
+
+
+def test_fid_adist_gold_scores_include_the_bias(imported_fid):
+    """gold_k = Σ_layers Σ_t Σ_{j ∈ passage k} mean_heads(α · ‖v‖) / (layers · T), α with the bias."""
+    reader = load_fid(imported_fid)
+    ids, mask = fid_batch(imported_fid["vocab"])
+    labels = torch.tensor([[17, 30, 8, 1], [25, 6, 19, 1]])
+    with torch.no_grad():
+        got = reader.cross_attention_scores(reader.encode(ids, mask), mask, labels)
+    for b in range(2):
+        capture: list = []
+        ref.fid_t5_logits(imported_fid["state"], heads=4, input_ids=ids[b:b + 1], attention_mask=mask[b:b + 1],
+                          decoder_input_ids=reader.shift_right(labels[b:b + 1]), cross_bias=True, capture=capture)
+        total = torch.zeros(ids.shape[1] * ids.shape[2], dtype=torch.float64)
+        for probs, values in capture:  # (h, T, K·L), (h, K·L, d)
+            total += (probs * values.norm(dim=-1).unsqueeze(1)).mean(0).sum(0)
+        want = total.view(ids.shape[1], -1).sum(-1) / (len(capture) * labels.shape[1])
+        assert relative_error(got[b], want) < RTOL
