@@ -74,37 +74,35 @@ def _init_reader_embeddings(reader: FiDReader, tokenizer, config: AtlasConfig) -
 
 
 def build_index(config: AtlasConfig, retriever: Retriever):
-    """Open `index.path`, or build an index of `index.corpus` under the run folder once.
+    """The run's passage index: `index.path`, else an index of `index.corpus` at OUT/index.
+
+    `index.path` wins: when it is set, the index there is opened as it is and nothing is built
+    from `index.corpus` (the index's manifest names its own corpus; a warning says when the two
+    differ).
+    Otherwise OUT/index (OUT = `training.output_dir`) is opened when it exists (a resumed run);
+    else it is linked from the cache beside the corpus (`CORPUS/.atlas-index-cache/KEY/`, see
+    retriever/index_build.py) when an index of the same corpus was built there with the same
+    passage encoder and index settings (fingerprints in KEY), else built and then published to
+    that cache. The run's copy shares the cache's files (hard links) and is its own: updating
+    it never changes the cache.
 
     Under torchrun the ranks build it together (retriever/index_build.py: rank r embeds
     chunks r, r + N, …; rank 0 trains the FAISS index and writes the folder; barriers keep
-    them in step), so no two ranks write the same files. `training.output_dir` must be on a
-    file system every rank sees. The passage encoder runs on this rank's GPU when there is
-    one and is put back where it was afterwards.
+    them in step), so no two ranks write the same files; rank 0 alone reads and writes the
+    cache, and every rank follows its decision. `training.output_dir` must be on a file
+    system every rank sees. The passage encoder runs on this rank's GPU when there is one and
+    is put back where it was afterwards.
     """
     from retriever.index import PassageIndex
 
     path = config.index.path
     rank, world_size, barrier = _rank_context()
+    if path is not None and config.index.corpus and rank == 0:
+        _warn_if_other_corpus(path, config.index.corpus)
     if path is None and config.index.corpus:
-        from retriever.index_build import build_index as build
-
         path = Path(config.training.output_dir) / "index"
         if _agree_on_rank0(not path.exists()):
-            if rank == 0:
-                logger.info("building the index of %s at %s on %d rank(s)", config.index.corpus, path, world_size)
-            home = next(retriever.parameters()).device
-            if torch.cuda.is_available():
-                retriever.to(torch.device("cuda", torch.cuda.current_device()))
-            try:
-                build(config.index.corpus, retriever, path, spec=config.index.spec,
-                      batch_size=config.retriever.batch_size, chunk_size=config.index.chunk_size,
-                      train_sample=config.index.train_sample, keep_embeddings=config.index.keep_embeddings,
-                      rerank=config.index.rerank or 0,
-                      nprobe=config.index.nprobe, ef_search=config.index.ef_search, progress=rank == 0,
-                      rank=rank, world_size=world_size, barrier=barrier)
-            finally:
-                retriever.to(home)
+            _make_run_index(config, retriever, path, rank=rank, world_size=world_size, barrier=barrier)
     if path is None:
         return None
     index = PassageIndex.load(path, retriever=retriever, allow_encoder_mismatch=config.index.allow_encoder_mismatch,
@@ -115,6 +113,63 @@ def build_index(config: AtlasConfig, retriever: Retriever):
 
         index = ShardedPassageIndex.from_index(index, rank, world_size)
     return index
+
+
+def _warn_if_other_corpus(index_path: str, corpus_path: str) -> None:
+    """Both `index.path` and `index.corpus` set: say so when the index was built on another corpus."""
+    from retriever.corpus import Corpus
+    from retriever.index_files import read_manifest
+
+    built_on = read_manifest(index_path)["segments"][0]["fingerprint"]
+    if Corpus.load(corpus_path).fingerprint != built_on:
+        logger.warning("index.path %s was built on another corpus than index.corpus %s; index.path is used "
+                       "(it wins over index.corpus)", index_path, corpus_path)
+
+
+def _make_run_index(config: AtlasConfig, retriever: Retriever, path: Path, *, rank: int, world_size: int,
+                    barrier: Callable[[], None]) -> None:
+    """Write the run's index of `index.corpus` at `path`: linked from the cache, or built and cached."""
+    from retriever.corpus import Corpus
+    from retriever.index_build import build_index as build
+    from retriever.index_build import build_settings, cached_index, link_index, publish_to_cache
+
+    corpus = config.index.corpus
+    settings = cached = None
+    if rank == 0:  # rank 0 alone reads and writes the cache; the others follow its decision
+        settings = build_settings(Corpus.load(corpus), retriever, spec=config.index.spec,
+                                  batch_size=config.retriever.batch_size, chunk_size=config.index.chunk_size,
+                                  train_sample=config.index.train_sample,
+                                  keep_embeddings=config.index.keep_embeddings, rerank=config.index.rerank or 0)
+        cached = cached_index(corpus, settings)
+    encoder = f"{config.retriever.model} (passage encoder {settings['encoder_fingerprint'][:12]})" if settings else ""
+    if _agree_on_rank0(cached is not None):
+        if rank == 0:
+            logger.info("reusing the index of %s built with %s at %s", corpus, encoder, cached)
+            link_index(cached, path, corpus_path=corpus, nprobe=config.index.nprobe,
+                       ef_search=config.index.ef_search)
+        barrier()  # the run's copy is complete
+        return
+    if rank == 0:
+        logger.info("building the index of %s with %s at %s on %d rank(s)", corpus, encoder, path, world_size)
+    home = next(retriever.parameters()).device
+    if torch.cuda.is_available():
+        retriever.to(torch.device("cuda", torch.cuda.current_device()))
+    try:
+        build(corpus, retriever, path, spec=config.index.spec,
+              batch_size=config.retriever.batch_size, chunk_size=config.index.chunk_size,
+              train_sample=config.index.train_sample, keep_embeddings=config.index.keep_embeddings,
+              rerank=config.index.rerank or 0,
+              nprobe=config.index.nprobe, ef_search=config.index.ef_search, progress=rank == 0,
+              rank=rank, world_size=world_size, barrier=barrier)
+    finally:
+        retriever.to(home)
+    if rank == 0:  # before anything can update the run's copy
+        published = publish_to_cache(path, corpus, settings)
+        if published is not None:
+            logger.info("cached the index of %s at %s for later runs", corpus, published)
+        else:
+            logger.info("the index of %s is not cached: its folder is read-only or on another file system "
+                        "than %s", corpus, path)
 
 
 def build_atlas(config: AtlasConfig, *, checkpoint: str | Path | None = None, with_index: bool = True) -> Atlas:

@@ -14,6 +14,7 @@ type), and `retriever.loss` against `retriever.losses.RETRIEVER_LOSSES`.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import types
 import typing
 from dataclasses import dataclass, field
@@ -23,6 +24,8 @@ from typing import Any, Literal, Union
 import yaml
 
 from tasks.io import atomic_write_text
+
+logger = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -67,8 +70,16 @@ class RetrieverConfig:
 class IndexConfig:
     """The passage corpus and the FAISS-style index over it."""
 
-    corpus: str | None = None  # a folder made by `atlas corpus prepare`
-    path: str | None = None  # a folder made by `atlas index build`
+    # Which index a run searches. `path` wins: when it is set, that index (a folder made by
+    # `atlas index build`) is opened as it is and nothing is built from `corpus` (the index's
+    # manifest names its own corpus; a warning says when the two differ). With `path` unset, the
+    # run uses an index of `corpus` (a folder made by `atlas corpus prepare`) at
+    # training.output_dir/index: kept from an earlier start of the run, else linked from
+    # CORPUS/.atlas-index-cache/ when an index of the same corpus, passage encoder and index
+    # settings (spec, keep_embeddings, rerank, train_sample, chunk_size, retriever.batch_size) was
+    # built before, else built and cached there (atlas.build.build_index; docs/guides/corpus.md).
+    corpus: str | None = None
+    path: str | None = None
     spec: str = "Flat"
     nprobe: int = 32
     ef_search: int = 128
@@ -146,6 +157,10 @@ class TaskConfig:
     closed_book: bool = False
     options: dict[str, Any] = field(default_factory=dict)  # task-specific settings
     skip_invalid: bool = False  # count, log and skip malformed records instead of stopping at the first
+    # Training and evaluation files that share examples (the same question) are refused at config load
+    # (`validate_data`); true lets them through with a warning, for a pipeline check that knowingly
+    # evaluates on what it trained on, or a benchmark whose own splits share a few questions (MMLU)
+    allow_overlap: bool = False
 
 
 @dataclass
@@ -170,6 +185,10 @@ class TrainingConfig:
     log_every: int = 1
     eval_every: int = 0  # 0 = only at the end
     save_every: int = 0  # 0 = only at the end
+    # Checkpoints kept in {output_dir}/checkpoints (the newest n; 0 = all). Each holds the weights
+    # (reader/, retriever/) and training_state.pt: both optimizers' state (AdamW: two moments per
+    # trained weight, about twice the trained weights in fp32), read only by --resume. `atlas train`
+    # prints the sizes at the end; docs/guides/evaluate.md lists what a run folder holds.
     keep_last: int = 2
     # A DeepSpeed JSON config (e.g. configs/deepspeed/zero3.json): ZeRO stage 1–3 for the reader
     # (atlas/training/deepspeed_engine.py); batch sizes, accumulation and clipping come from the fields above.
@@ -378,13 +397,55 @@ def validate_components(config: AtlasConfig, origins: dict[str, str] | None = No
     config.task.options = checked
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> AtlasConfig:
+def validate_data(config: AtlasConfig, origins: dict[str, str] | None = None, source: str = "<defaults>") -> None:
+    """Check the task's data files that exist (missing ones are the training's to report).
+
+    - No evaluation example may also be a training example (the same question text,
+      `tasks.base.find_overlaps`): refused with `ConfigError` naming both files, how many examples
+      they share and the first ids, unless `task.allow_overlap` (then a warning).
+    - KILT evaluation files scored with retrieval need each record's gold pages
+      (`tasks.kilt.check_provenance`): a record without them raises `InputError` (file, line, field).
+
+    Reads the files with the task's loader, so a malformed record is reported here, before any model
+    is built.
+    """
+    from tasks.base import find_overlaps, get_task
+    from tasks.kilt import KiltTask, check_provenance
+
+    task_config = config.task
+    train = [p for p in task_config.train_data if Path(p).exists()]
+    evaluated = [p for p in task_config.eval_data if Path(p).exists()]
+    if not evaluated:
+        return
+    task = get_task(task_config.name, **task_config.options)
+    if train:
+        overlaps = find_overlaps(task, train, evaluated, skip_invalid=task_config.skip_invalid)
+        if overlaps and task_config.allow_overlap:
+            for overlap in overlaps:
+                logger.warning("task.allow_overlap is set: %s", overlap.describe())
+        elif overlaps:
+            where = " and ".join(dict.fromkeys(_source_of(key, origins or {}, source)
+                                               for key in ("task.train_data", "task.eval_data")))
+            raise ConfigError(
+                f"{where}: {overlaps[0].describe()}"
+                + (f"; and {len(overlaps) - 1} more file pair(s)" if len(overlaps) > 1 else "")
+                + ". Scores on examples the model trained on measure nothing: use disjoint files (`atlas data "
+                "split FILE --train N --out DIR` splits one file), or set task.allow_overlap: true for a run "
+                "that knowingly evaluates on its training data")
+    if isinstance(task, KiltTask) and not task_config.closed_book and task.options["provenance_metrics"]:
+        for path in evaluated:
+            check_provenance(task.load(path, skip_invalid=task_config.skip_invalid))
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = (), *, check_data: bool = True) -> AtlasConfig:
     """Load a YAML recipe (or the defaults when `path` is None) and apply dotted overrides.
 
     Raises `ConfigError` naming the offending key and the file or override it came from.
     Registry names and task options are checked on the final config (`validate_components`),
     so an override may fix what the file alone would get wrong (say, `task.name` with the
-    options written for it).
+    options written for it); then, with `check_data`, the data files that exist (`validate_data`: no
+    training example among the evaluation ones, KILT provenance where it is scored; it reads them, so a
+    caller that only reloads a finished run's config may pass False).
     """
     tree: dict = {}
     source = "<defaults>"
@@ -410,6 +471,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> At
         origins = {k: v for k, v in origins.items() if not k.startswith(key + ".")}
         origins[key] = f"override '{text}'"
     validate_components(config, origins, source)
+    if check_data:
+        validate_data(config, origins, source)
     return config
 
 

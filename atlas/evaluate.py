@@ -8,9 +8,13 @@ Outputs under `out_dir`, in this order (so that a scoring failure never loses th
   with their scores;
 - `kilt_predictions.jsonl` (KILT tasks): KILT's own output format, one line per input id,
   `{"id", "output": [{"answer", "provenance": [{"wikipedia_id", "title"?}]}]}`;
-- `metrics.json`: the metrics, unrounded (the official scorers' numbers to the last digit).
-  A file with no gold answers at all (an unlabelled test set, a KILT `test` file without
-  `output`) is not scored: the predictions are written, the metrics skipped with a warning.
+- `metrics.json`: the metrics in percent under the project's names (`tasks.metrics.METRIC_NAMES`),
+  unrounded: 100 × the official scorers' numbers to the last digit;
+- `kilt_scores.json` (KILT tasks): the same scores as KILT's official scorers print them (their
+  key names, [0, 1]), to compare with their output or a leaderboard submission.
+Every example must have gold answers: one without is an `InputError` naming its file, line and
+field, raised before anything is predicted. An unlabelled test set (a KILT `test` file without
+`output`) is evaluated with `predict_only`: the predictions are written, nothing is scored.
 
 Under `torchrun` (pass `context`) the examples are split across the ranks, each rank predicts
 its share, and rank 0 gathers, writes and scores; every rank returns the same metrics.
@@ -32,14 +36,15 @@ from retriever.index import Hit
 from retriever.retrieval_eval import RetrievalExample, score_retrieval
 from tasks.base import Example
 from tasks.io import atomic_write_json, write_jsonl
+from tasks.score import check_labelled
 
 logger = logging.getLogger(__name__)
 
 
 def retrieval_metrics(examples: list[Example], passages: list[list[dict]], ks: list[int]) -> dict[str, float]:
-    """Answer recall@k (DPR's has-answer match) and MRR, plus gold-passage recall@k where
-    examples name gold ids (`metadata["gold_ids"]`); examples without answers are left out.
-    The same scorer as `atlas evaluate-retrieval` (`retriever.retrieval_eval.score_retrieval`)."""
+    """Answer recall@k (DPR's has-answer match) and MRR, plus gold-passage recall@k and MRR where
+    examples name gold ids (`metadata["gold_ids"]`), all in percent; examples without answers are
+    left out. The scorer of `atlas index evaluate` (`retriever.retrieval_eval.score_retrieval`), × 100."""
     scored = [(e, ps) for e, ps in zip(examples, passages) if e.answers]
     if not scored:
         return {}
@@ -48,7 +53,7 @@ def retrieval_metrics(examples: list[Example], passages: list[list[dict]], ks: l
     queries = [RetrievalExample(question=e.query, answers=e.answers, gold_ids=list(e.metadata.get("gold_ids", [])))
                for e, _ in scored]
     metrics, _ = score_retrieval(queries, hits, ks)
-    return {k: v for k, v in metrics.items() if not k.startswith("n")}
+    return {k: 100 * v for k, v in metrics.items() if not k.startswith("n")}  # `n`, `n_with_gold`: counts
 
 
 RECALL_DROP_WARNING = 1.0  # points of answer recall a retriever loss may cost before the log warns
@@ -63,7 +68,7 @@ def retriever_recall(model, examples: list[Example], ks: list[int], batch_size: 
     passages = [ps for start in range(0, len(examples), batch_size)
                 for ps in model.retrieve(examples[start:start + batch_size], max(ks))]
     metrics = retrieval_metrics(examples, passages, ks)
-    return {k: 100 * v for k, v in metrics.items() if k.startswith("answer_recall@")}
+    return {k: v for k, v in metrics.items() if k.startswith("answer_recall@")}
 
 
 def recall_drops(before: dict[str, float], now: dict[str, float], tolerance: float = RECALL_DROP_WARNING) -> list[str]:
@@ -243,12 +248,14 @@ def _share_result(result: dict | Exception, context: DistributedContext) -> dict
 
 def evaluate(model, task, data_path: str | Path | None, config: EvaluationConfig, *,
              out_dir: str | Path | None = None, examples: list[Example] | None = None,
-             run_config: AtlasConfig | None = None, context: DistributedContext | None = None) -> dict[str, float]:
+             run_config: AtlasConfig | None = None, context: DistributedContext | None = None,
+             predict_only: bool = False) -> dict[str, float]:
     """Predict on `data_path` (or on `examples`), write the outputs under `out_dir`, then score.
 
-    Returns the metrics (primary first; {} when the data has no gold answers at all). A file
-    where only some examples have gold answers is an error (raised after the predictions are
-    written). `run_config`, where given, is saved as `out_dir/config.yaml`.
+    Returns the metrics in percent, primary first. Every example must have gold answers
+    (`check_labelled`, before anything is predicted) unless `predict_only`: then the predictions
+    are written and nothing is scored ({} is returned). `run_config`, where given, is saved as
+    `out_dir/config.yaml`.
 
     `context`: under `torchrun`, the process group's ranks (all of them must call this): each
     predicts ceil(N / world_size) examples (the last rank's share padded, so that a sharded
@@ -264,6 +271,8 @@ def evaluate(model, task, data_path: str | Path | None, config: EvaluationConfig
         examples = examples[: config.max_examples]
     if not examples:
         raise ValueError(f"{source}: no examples to evaluate")
+    if not predict_only:
+        check_labelled(task, data_path, examples)
     multiple_choice = all(e.options for e in examples)
 
     share, n_real = (rank_share(examples, context.rank, context.world_size) if context.enabled
@@ -277,7 +286,7 @@ def evaluate(model, task, data_path: str | Path | None, config: EvaluationConfig
         try:
             result = _write_and_score(model, task, examples, outputs, config, multiple_choice, source,
                                       out_dir=Path(out_dir) if out_dir is not None else None, run_config=run_config,
-                                      restore_texts=context.enabled and has_index)
+                                      restore_texts=context.enabled and has_index, predict_only=predict_only)
         except Exception as error:  # handed to every rank, then raised on each
             if not context.enabled:
                 raise
@@ -287,8 +296,8 @@ def evaluate(model, task, data_path: str | Path | None, config: EvaluationConfig
 
 def _write_and_score(model, task, examples: list[Example], outputs: Predictions, config: EvaluationConfig,
                      multiple_choice: bool, source: str, *, out_dir: Path | None, run_config: AtlasConfig | None,
-                     restore_texts: bool) -> dict[str, float]:
-    """Write config, predictions and KILT predictions, then score (unless unlabelled) → metrics."""
+                     restore_texts: bool, predict_only: bool) -> dict[str, float]:
+    """Write config, predictions and KILT predictions, then score (unless `predict_only`) → metrics."""
     retrieved, probabilities = outputs.passages, outputs.probabilities
     answers = (list(outputs.texts) if multiple_choice
                else [task.postprocess(e, p) for e, p in zip(examples, outputs.texts)])
@@ -309,28 +318,27 @@ def _write_and_score(model, task, examples: list[Example], outputs: Predictions,
                 write_kilt_predictions(out_dir / "kilt_predictions.jsonl", [e.id for e in examples], answers,
                                        [task.provenance(ps or []) for ps in (retrieved or [None] * len(examples))])
 
-    unlabelled = [e.id for e in examples if not e.answers]
-    if len(unlabelled) == len(examples):
-        where = f"; predictions written to {out_dir}" if out_dir is not None else ""
-        logger.warning("%s: none of the %d examples has a gold answer (an unlabelled test set): metrics skipped%s",
-                       source, len(examples), where)
-        if out_dir is not None:
-            (out_dir / "metrics.json").unlink(missing_ok=True)  # never leave an older run's scores beside these
+    if predict_only:
+        if out_dir is not None:  # never leave an older run's scores beside these predictions
+            for name in ("metrics.json", "kilt_scores.json"):
+                (out_dir / name).unlink(missing_ok=True)
         return {}
-    if unlabelled:
-        shown = ", ".join(unlabelled[:5]) + (" …" if len(unlabelled) > 5 else "")
-        raise ValueError(f"{source}: {len(unlabelled)} of {len(examples)} examples have no gold answer ({shown}); "
-                         "a partly labelled file cannot be scored"
-                         + (f" (predictions were written to {out_dir})" if out_dir is not None else ""))
 
+    from tasks.kilt import KiltTask
+
+    report = None
     if multiple_choice:
         metrics = dict(task.evaluate(examples, outputs.texts, letter_probs=probabilities))
     else:
         if restore_texts:
             _restore_texts(retrieved, model.index)
         metrics = dict(task.evaluate(examples, outputs.texts, retrieved=retrieved))
+        if isinstance(task, KiltTask):
+            report = task.official_report(examples, outputs.texts, retrieved=retrieved)
         if retrieved is not None:
             metrics.update(retrieval_metrics(examples, retrieved, config.retrieval_k))
     if out_dir is not None:
+        if report is not None:
+            atomic_write_json(out_dir / "kilt_scores.json", report)
         atomic_write_json(out_dir / "metrics.json", metrics)
     return metrics

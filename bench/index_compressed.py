@@ -100,7 +100,7 @@ def large_set(partial: bool, max_questions: int):
     def answer_recall_at_20(ids: np.ndarray) -> float:
         found = [any(has_answer(e.answers, texts[int(i)]) for i in row[:20] if i >= 0)
                  for e, row in zip(examples, ids)]
-        return round(float(np.mean(found)), 4)
+        return round(100 * float(np.mean(found)), 2)  # percent, as every answer_recall@k
 
     label = f"real MiniLM N={len(vectors)}{' (partial)' if len(vectors) < len(corpus) else ''}, Q={len(queries)}"
     return vectors, path, np.ascontiguousarray(queries, dtype=np.float32), answer_recall_at_20, label
@@ -327,7 +327,7 @@ def main() -> None:
             target("real: top-100 overlap at <= 64 B/passage in RAM", pick["top100_overlap"], ">=", 0.95, pick["spec"]),
             target("real: q/s of that index / exact fp16", pick["qps_vs_exact_fp16"], ">=", 5, pick["spec"]),
             target("real: answer recall@20 loss vs exact (points)",
-                   round(100 * (exact["answer_recall@20"] - pick["answer_recall@20"]), 2), "<=", 0.3, pick["spec"]),
+                   round(exact["answer_recall@20"] - pick["answer_recall@20"], 2), "<=", 0.3, pick["spec"]),
         ]
     synthetic = [r for r in results if r["set"].startswith("synthetic")]
     good = [r for r in synthetic[1:] if r["ram_bytes_per_passage"] <= 64 and r["top100_overlap"] >= 0.95]

@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import re
 import shutil
 import sys
 import time
@@ -52,7 +51,16 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from atlas.demo.quickstart import SHIPPED_READER, format_table
-from tasks.counterfactual import answer_kind, replace_fact, states, whole_words
+from tasks.counterfactual import (
+    answer_entity_label,
+    answer_kind,
+    answer_shape,
+    edit_answer,
+    question_word,
+    shaped_candidates,
+    states,
+    typed_candidates,
+)
 from tasks.io import atomic_write_text
 
 VARIANTS = ("closed_book", "frozen", "pdist", "adist", "emdr", "loop")
@@ -113,7 +121,7 @@ def frozen_recall(args, out: Path) -> dict:
     model = build_atlas(config)
     examples = get_task("qa").load(args.data / "nq824" / "dev.jsonl")[: args.max_dev]
     passages = [ps for start in range(0, len(examples), 64) for ps in model.retrieve(examples[start:start + 64], 20)]
-    return {k: 100 * v for k, v in retrieval_metrics(examples, passages, [5, 20]).items()}  # percent
+    return retrieval_metrics(examples, passages, [5, 20])  # percent
 
 
 def run_variant(args, out: Path, variant: str, seed: int = 0) -> dict:
@@ -125,16 +133,26 @@ def run_variant(args, out: Path, variant: str, seed: int = 0) -> dict:
     folder = out / run_name(variant, seed)
     done = folder / "bench-result.json"
     if done.is_file() and not args.restart:
-        return json.loads(done.read_text())
+        return percent_result(json.loads(done.read_text()))
     started = time.perf_counter()
     summary = train(load_config(None, base_overrides(args, out, variant, seed)), progress=False)
     losses = summary["losses"]  # empty with --steps 0 (the reader as shipped)
     result = {**summary["eval"], "final_train_loss": losses[-1] if losses else None, "checkpoint": summary["checkpoint"],
               "train_recall_before": summary.get("train_recall_before"), "seed": seed,
               "recipe": base_overrides(args, out, variant, seed),
-              "wall_s": round(time.perf_counter() - started, 1)}
+              "wall_s": round(time.perf_counter() - started, 1), "metric_scale": "percent"}
     done.write_text(json.dumps(result, indent=2, default=str) + "\n")
     return result
+
+
+def percent_result(result: dict) -> dict:
+    """A cached variant result in percent: those written before the metrics were percentages (no
+    "metric_scale") hold [0, 1] figures, multiplied here."""
+    if result.get("metric_scale") == "percent":
+        return result
+    scaled = ("exact_match", "f1", "answer_recall@", "answer_mrr", "gold_recall@", "gold_mrr")
+    return {**{k: 100 * v if k.startswith(scaled) and isinstance(v, (int, float)) else v for k, v in result.items()},
+            "metric_scale": "percent"}
 
 
 def closed_book_checkpoint(out: Path) -> str | None:
@@ -199,7 +217,7 @@ def squad_corpus_swap(args, out: Path, checkpoint: str, closed_book: str | None)
         result[name] = {"exact_match": 100 * sum(max_exact_match(a, e.answers) for a, e in zip(answers, examples)) / len(examples),
                         "f1": 100 * sum(max_f1(a, e.answers) for a, e in zip(answers, examples)) / len(examples)}
         if passages:
-            result[name].update({k: 100 * v for k, v in retrieval_metrics(examples, passages, [5]).items()})
+            result[name].update(retrieval_metrics(examples, passages, [5]))  # percent
     closed = result.get("closed_book", {}).get("exact_match")
     result["ratio_to_closed_book"] = result["retrieval_augmented"]["exact_match"] / closed if closed else None
     result["wall_s"] = round(time.perf_counter() - started, 1)
@@ -281,77 +299,6 @@ def gold_passage_reading(args, out: Path, checkpoint: str) -> dict:
             "wall_s": round(time.perf_counter() - started, 1)}
 
 
-def edit_answer(text: str, old: str, new: str, asked: str) -> str:
-    """`text` with `old` replaced by `new` (whole words, any case); for a person asked about by
-    'who' with a name of several words, the surname standing alone is replaced by the new surname
-    too ("Johannes Gutenberg … Gutenberg was" → "Tom Rigg … Rigg was"; not in "Atletico Madrid"
-    for "Real Madrid"). ValueError if `old` is not in it."""
-    edited = replace_fact(text, old, new)
-    if asked == "who" and len(old.split()) > 1 and answer_kind(old) == answer_kind(new) == "name":
-        surname, new_surname = old.split()[-1], new.split()[-1]
-
-        def alone(match: re.Match) -> str:  # not part of another name ("Atletico Madrid" for "Real Madrid")
-            # a capitalised word just before (not one that ends a sentence: "the Bible. Gutenberg was")
-            after_name = re.search(r"(?:[A-Z][\w'’-]*|\b[A-Z]\.|\b(?:Mr|Mrs|Ms|Dr|St)\.)\s+$", edited[: match.start()])
-            return match.group(0) if after_name else new_surname
-
-        edited = re.sub(rf"(?<!\w){re.escape(surname)}(?!\w)", alone, edited)
-    return edited
-
-
-def _question_word(question: str) -> str:
-    """'who', 'when', 'how many', …: the kind of thing asked for (so a replacement fits the sentence)."""
-    words = question.lower().split()[:2]
-    return " ".join(words) if words and words[0] == "how" else (words[0] if words else "")
-
-
-def answer_entity_label(doc, answer: str) -> str:
-    """spaCy's entity label of `answer` where it first stands in `doc` (a tagged spaCy Doc): the label
-    of the entity that covers most of it, if that covers at least half of its characters; "" when no
-    entity does (a common noun, a phrase) or the answer is not in the text."""
-    match = whole_words(answer).search(doc.text)
-    if match is None:
-        return ""
-    covered, label = 0, ""
-    for entity in doc.ents:
-        overlap = min(entity.end_char, match.end()) - max(entity.start_char, match.start())
-        if overlap > covered:
-            covered, label = overlap, entity.label_
-    return label if 2 * covered >= match.end() - match.start() else ""
-
-
-def answer_shape(doc, answer: str) -> str:
-    """The grammatical shape of `answer` where it first stands in `doc` (a parsed spaCy Doc): whether it
-    opens with a determiner, its head word's part of speech and grammatical number — "DET NOUN Sing" for
-    "a scythe", "NOUN Sing" for "butane", "NOUN Plur" for "stromal cells" — so that a replacement for an
-    answer that is no entity reads as the same kind of phrase in its sentence; "" when it is not in the text."""
-    match = whole_words(answer).search(doc.text)
-    span = None if match is None else doc.char_span(match.start(), match.end(), alignment_mode="expand")
-    if span is None or not len(span):
-        return ""
-    number = span.root.morph.get("Number")
-    return " ".join(part for part in ("DET" if span[0].pos_ == "DET" else "", span.root.pos_,
-                                      number[0] if number else "") if part)
-
-
-def shaped_candidates(candidates: list[tuple[str, int]], shape: str,
-                      shapes: list[str]) -> tuple[list[tuple[str, int]], bool]:
-    """The candidates whose shape (`shapes[row]`, `answer_shape`) is the old answer's `shape`, True; all of
-    them, False, when the shape is unknown or no candidate has it."""
-    shaped = [(a, j) for a, j in candidates if shape and shapes[j] == shape]
-    return (shaped, True) if shaped else (candidates, False)
-
-
-def typed_candidates(candidates: list[tuple[str, int]], label: str,
-                     labels: list[str]) -> tuple[list[tuple[str, int]], bool]:
-    """The candidates ((answer, pool row)) whose entity label (`labels[row]`) is the old answer's `label`
-    (a person for a person, a country for a country, a percentage for a percentage: Longpre et al.'s
-    type-preserving substitution), True; all of them, False, when the old answer is no entity or none
-    has its type."""
-    typed = [(a, j) for a, j in candidates if label and labels[j] == label]
-    return (typed, True) if typed else (candidates, False)
-
-
 def _replacement(example_index: int, candidates: list[tuple[str, int]], replacement: str, question_vectors,
                  answer_vectors, seed: str) -> str:
     """The new answer for one edit among `candidates` ((answer, index of the dev question it answers)),
@@ -413,7 +360,7 @@ def corpus_swap(args, out: Path, checkpoint: str) -> dict:
                            if r.get("answer") and r["question"].lower() not in asked]
     question_vectors = unit([q for q, _ in pool_questions])
     answer_vectors = unit([a for _, a in pool_questions])
-    pool = [(_question_word(q), a, j) for j, (q, a) in enumerate(pool_questions)]
+    pool = [(question_word(q), a, j) for j, (q, a) in enumerate(pool_questions)]
     pool_labels, pool_shapes, nlp = [], [], None
     if "typed" in args.edit_replacements:  # each pool answer's entity type where it stands in its gold paragraph
         from tasks.salient_span import load_pipeline
@@ -437,7 +384,7 @@ def corpus_swap(args, out: Path, checkpoint: str) -> dict:
                 continue  # the gold passage is not among those read, or states the answer only inside a word
             if any(p["id"] in used_passages for p in stating):
                 continue  # each passage is edited once, for one question
-            asked = _question_word(example.metadata["question"])
+            asked = question_word(example.metadata["question"])
             candidates = [(a, j) for word, a, j in pool if word == asked and answer_kind(a) == answer_kind(answer)
                           and len(a.split()) <= max(3, len(answer.split()) + 1)
                           and normalize_answer(a) != normalize_answer(answer)
@@ -596,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(run_variant(args, args.out, variant, seed))
             print(json.dumps({variant: runs[-1]}, default=str), flush=True)
         results["variants"][variant] = {"runs": runs, **{
-            key: mean_std([100 * r[key] for r in runs]) for key in ("exact_match", "f1", "answer_recall@5", "answer_recall@20")
+            key: mean_std([r[key] for r in runs]) for key in ("exact_match", "f1", "answer_recall@5", "answer_recall@20")
             if all(key in r for r in runs)}}
     closed = results["variants"].get("closed_book", {}).get("exact_match", (None,))[0]
     if "frozen" in results["variants"] and not args.no_swap:
@@ -672,7 +619,7 @@ def print_gold_passage(gold: dict | None, frozen: dict | None = None) -> None:
     """One line: the frozen model with each question's gold passage alone, beside its retrieval EM."""
     if not gold:
         return
-    retrieved = f" (with the passages it retrieves: EM {frozen['runs'][0].get('exact_match', 0) * 100:.1f}, seed 0)" \
+    retrieved = f" (with the passages it retrieves: EM {frozen['runs'][0].get('exact_match', 0):.1f}, seed 0)" \
         if frozen else ""
     print(f"gold passage alone ({gold['questions']} questions, an answer stated in it for "
           f"{gold['gold_passage_states_answer']:.1f}%): EM {gold['exact_match']:.1f} / F1 {gold['f1']:.1f}{retrieved}")

@@ -130,8 +130,7 @@ def read(reader, tokenizer, task, examples, passages, *, max_length: int, batch_
                                         passage_log_prior=prior)
             predictions += decode_answers(tokenizer, generated, passages[start: start + batch_size])
     rate = len(examples) / (time.perf_counter() - started)
-    metrics = task.evaluate(examples, predictions)
-    return {k: 100 * v for k, v in metrics.items()}, rate
+    return task.evaluate(examples, predictions), rate  # percent
 
 
 def main(argv: list[str] | None = None) -> int:

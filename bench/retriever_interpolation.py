@@ -54,7 +54,7 @@ def recall(model, examples) -> dict[str, float]:
     from atlas.evaluate import retrieval_metrics
 
     passages = [p for s in range(0, len(examples), 64) for p in model.retrieve(examples[s:s + 64], max(KS))]
-    return {k: 100 * v for k, v in retrieval_metrics(examples, passages, list(KS)).items()}
+    return retrieval_metrics(examples, passages, list(KS))  # percent
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,17 +1,22 @@
 """`atlas serve` under load on loopback: micro-batched against one-at-a-time, with live edits.
 
-    python bench/serve.py                     # 1,000 asks at concurrency 16 + 50 edits, K=5
+    python bench/serve.py                     # 1,000 asks at concurrency 16 + 100 edits, K=5
     python bench/serve.py --asks 200 --baseline-asks 64 --edits 10   # a quick look
+    python bench/serve.py --asks 10000 --edits 1000 --baseline-asks 0  # compaction under load only
 
 Serves the demo run (the shipped atlas-reader over the demo encyclopedia, `atlas.serve.demo`)
 as `atlas serve` subprocesses on 127.0.0.1, asked the demo's held-out questions at K=5 by
 `--concurrency` clients:
   1. the load test: micro-batched (--max-batch 32), `--asks` questions while `--edits` corpus
-     edits are made (each adds a passage or rewrites one it added); afterwards every edit must
-     be visible, the index size must add up and `atlas index info --verify` must pass;
+     edits are made (adds, rewrites and removals of passages it added, see `edit_plan`), with
+     the automatic compactions they trigger; afterwards every edit must be visible (a removed
+     passage gone), the index size must add up and `atlas index info --verify` must pass;
+  1b. the same load on a server started with --no-auto-compact: the p99 latency with compaction
+     against without (target: <= 1.5x);
   2. and 3. the throughput ratio, like against like (no edits, `--baseline-asks` each):
      micro-batched, then one question per forward pass (--max-batch 1).
-`--asks 0` skips the load test. Prints JSON, then a table with the ratio (target: >= 2x).
+`--asks 0` skips the load tests, `--baseline-asks 0` the throughput ratio. Prints JSON, then a
+table with the ratios.
 Defaults: greedy decoding (`--beams 1`; the demo run's own recipe decodes with beam search of 4:
 `--beams 4` measures that) and one torch thread per server (--threads 1: on a shared 2-core
 machine more threads only contend; `--threads 2` on an idle one).
@@ -62,24 +67,29 @@ def wait_healthy(url: str, process: subprocess.Popen | None = None, timeout: flo
 
 
 def start_server(run: Path, index: Path, *, port: int, max_batch: int, threads: int = 1,
-                 overrides: tuple[str, ...] = ("reader.num_beams=1",), log: Path | None = None) -> subprocess.Popen:
+                 overrides: tuple[str, ...] = ("reader.num_beams=1",), log: Path | None = None,
+                 auto_compact: bool = True) -> subprocess.Popen:
     """`atlas serve RUN --index INDEX --allow-edits` on 127.0.0.1:`port` as a subprocess."""
     command = [sys.executable, "-m", "atlas", "serve", str(run), *overrides, "--index", str(index),
-               "--port", str(port), "--allow-edits", "--max-batch", str(max_batch), "--threads", str(threads)]
+               "--port", str(port), "--allow-edits", "--max-batch", str(max_batch), "--threads", str(threads),
+               *([] if auto_compact else ["--no-auto-compact"])]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": str(threads)}
     output = open(log, "w") if log is not None else subprocess.DEVNULL  # noqa: SIM115 (closed with the process)
     return subprocess.Popen(command, cwd=REPO, env=env, stdout=output, stderr=subprocess.STDOUT)
 
 
-def edit_plan(n_edits: int, tag: str) -> list[tuple[str, str, dict]]:
-    """`n_edits` edits: add passage `{tag}-i` (a made-up fact), and every third edit rewrite the
-    passage added just before. → [(method, path, body)]."""
+def edit_plan(n_edits: int, tag: str) -> list[tuple[str, str, dict | None]]:
+    """`n_edits` edits in blocks of six: add passages `{tag}-i` (made-up facts) three times,
+    rewrite the one added just before twice, and remove the first one of the block (so that
+    dead rows pile up as well as segments). → [(method, path, body or None)]."""
     plan = []
     for n in range(n_edits):
-        if n % 3 == 2:
+        if n % 6 in (2, 4):
             pid = f"{tag}-{n - 1}"
             plan.append(("PUT", f"/api/passages/{pid}",
                          {"text": f"The lighthouse of {pid} was rebuilt in {1900 + n} by Orla Venn."}))
+        elif n % 6 == 5:
+            plan.append(("DELETE", f"/api/passages/{tag}-{n - 5}", None))
         else:
             pid = f"{tag}-{n}"
             plan.append(("POST", "/api/passages", {"passages": [
@@ -87,14 +97,15 @@ def edit_plan(n_edits: int, tag: str) -> list[tuple[str, str, dict]]:
     return plan
 
 
-def expected_texts(plan: list[tuple[str, str, dict]]) -> dict[str, str]:
-    """The text each edited passage must have once the whole plan has been applied in order."""
-    final: dict[str, str] = {}
+def expected_texts(plan: list[tuple[str, str, dict | None]]) -> dict[str, str | None]:
+    """The text each edited passage must have once the whole plan has been applied in order
+    (None: removed)."""
+    final: dict[str, str | None] = {}
     for method, path, body in plan:
         if method == "POST":
             final.update({p["id"]: p["text"] for p in body["passages"]})
         else:
-            final[path.rsplit("/", 1)[1]] = body["text"]
+            final[path.rsplit("/", 1)[1]] = body["text"] if method == "PUT" else None
     return final
 
 
@@ -153,14 +164,20 @@ def load_test(url: str, questions: list[str], *, asks: int, concurrency: int, k:
     return asyncio.run(_load(url, questions, asks, concurrency, k, list(plan), token, timeout))
 
 
-def check_edits(url: str, plan: list[tuple[str, str, dict]], passages_before: int) -> dict:
-    """After a load test: every edited passage has its final text, and the live count adds up.
-    → {"lost_edits": [...ids], "passages": n, "expected_passages": n}."""
+def check_edits(url: str, plan: list[tuple[str, str, dict | None]], passages_before: int) -> dict:
+    """After a load test: every edited passage has its final text (a removed one answers 404),
+    and the live count adds up. → {"lost_edits": [...ids], "passages": n, "expected_passages": n,
+    "compactions": n, "segments": n, "dead_rows": n}."""
     final = expected_texts(plan)
-    lost = [pid for pid, text in final.items()
-            if httpx.get(f"{url}/api/passages/{pid}", timeout=30).json().get("text") != text]
-    passages = httpx.get(f"{url}/api/health", timeout=30).json()["passages"]
-    return {"lost_edits": lost, "passages": passages, "expected_passages": passages_before + len(final)}
+    lost = []
+    for pid, text in final.items():
+        response = httpx.get(f"{url}/api/passages/{pid}", timeout=30)
+        if (response.status_code == 404) != (text is None) or (text is not None and response.json()["text"] != text):
+            lost.append(pid)
+    health = httpx.get(f"{url}/api/health", timeout=30).json()
+    return {"lost_edits": lost, "passages": health["passages"],
+            "expected_passages": passages_before + sum(text is not None for text in final.values()),
+            "compactions": health["compactions"], "segments": health["segments"], "dead_rows": health["dead_rows"]}
 
 
 def heldout_questions(limit: int = 200) -> list[str]:
@@ -172,14 +189,16 @@ def heldout_questions(limit: int = 200) -> list[str]:
 
 
 def _serve_and_load(run: Path, pristine_index: Path, work: Path, *, max_batch: int, asks: int, concurrency: int,
-                    k: int, n_edits: int, threads: int, beams: int = 1) -> dict:
-    index = work / f"index-batch{max_batch}-edits{n_edits}"
+                    k: int, n_edits: int, threads: int, beams: int = 1, auto_compact: bool = True) -> dict:
+    name = f"batch{max_batch}-edits{n_edits}" + ("" if auto_compact else "-no-compaction")
+    index = work / f"index-{name}"
     shutil.rmtree(index, ignore_errors=True)
     shutil.copytree(pristine_index, index)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     process = start_server(run, index, port=port, max_batch=max_batch, threads=threads,
-                           overrides=(f"reader.num_beams={beams}",), log=work / f"server-batch{max_batch}-edits{n_edits}.log")
+                           overrides=(f"reader.num_beams={beams}",), log=work / f"server-{name}.log",
+                           auto_compact=auto_compact)
     try:
         before = wait_healthy(url, process)["passages"]
         questions = heldout_questions()
@@ -195,7 +214,7 @@ def _serve_and_load(run: Path, pristine_index: Path, work: Path, *, max_batch: i
         from atlas.cli import main as atlas
 
         result["index_verifies"] = atlas(["index", "info", str(index), "--verify"]) == 0
-    return {"max_batch": max_batch, **result}
+    return {"max_batch": max_batch, "auto_compact": auto_compact, **result}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline-asks", type=int, default=160,
                         help="asks to the one-at-a-time server (a rate: fewer asks measure it as well)")
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--edits", type=int, default=50, help="edits during the micro-batched run")
+    parser.add_argument("--edits", type=int, default=100, help="edits during the micro-batched run")
     parser.add_argument("-k", type=int, default=5, help="passages read per question")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each server")
     parser.add_argument("--beams", type=int, default=1, help="beam search width of the reader (1 = greedy)")
@@ -221,24 +240,38 @@ def main(argv: list[str] | None = None) -> int:
     if args.asks:
         rows["load test (batched + edits)"] = _serve_and_load(run, work / "demo" / "index", work, max_batch=32,
                                                               asks=args.asks, n_edits=args.edits, **common)
-    rows["micro-batched"] = _serve_and_load(run, work / "demo" / "index", work, max_batch=32,
-                                            asks=args.baseline_asks, n_edits=0, **common)
-    rows["one-at-a-time"] = _serve_and_load(run, work / "demo" / "index", work, max_batch=1,
-                                            asks=args.baseline_asks, n_edits=0, **common)
-    ratio = rows["micro-batched"]["throughput_per_s"] / rows["one-at-a-time"]["throughput_per_s"]
-    report = {**rows, "throughput_ratio": round(ratio, 2), "target_ratio": 2.0,
-              "beams": args.beams,
-              "machine": {"cpus": os.cpu_count(), "threads_per_server": args.threads}, "work": str(work)}
+        if args.edits:
+            rows["same, no compaction"] = _serve_and_load(run, work / "demo" / "index", work, max_batch=32,
+                                                          asks=args.asks, n_edits=args.edits, auto_compact=False,
+                                                          **common)
+    if args.baseline_asks:
+        rows["micro-batched"] = _serve_and_load(run, work / "demo" / "index", work, max_batch=32,
+                                                asks=args.baseline_asks, n_edits=0, **common)
+        rows["one-at-a-time"] = _serve_and_load(run, work / "demo" / "index", work, max_batch=1,
+                                                asks=args.baseline_asks, n_edits=0, **common)
+    report = {**rows, "beams": args.beams,
+              "machine": {"cpus": os.cpu_count(), "threads_per_server": args.threads,
+                          "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime())}, "work": str(work)}
+    if args.baseline_asks:
+        ratio = rows["micro-batched"]["throughput_per_s"] / rows["one-at-a-time"]["throughput_per_s"]
+        report.update(throughput_ratio=round(ratio, 2), target_ratio=2.0)
+    if "same, no compaction" in rows:
+        p99 = rows["load test (batched + edits)"]["p99_ms"] / rows["same, no compaction"]["p99_ms"]
+        report.update(p99_ratio_with_compaction=round(p99, 3), target_p99_ratio=1.5)
     print(json.dumps(report, indent=2))
-    print(f"\n{'server':<30}{'asks':>6}{'edits':>6}{'errors':>7}{'ask/s':>7}{'p50 ms':>8}{'p99 ms':>8}{'batch':>6}")
+    print(f"\n{'server':<30}{'asks':>6}{'edits':>6}{'errors':>7}{'lost':>5}{'compact':>8}{'ask/s':>7}"
+          f"{'p50 ms':>8}{'p99 ms':>8}{'batch':>6}")
     for name, row in rows.items():
         print(f"{name:<30}{row['asks']:>6}{row['edits']:>6}{row['errors'] + row['edit_errors']:>7}"
-              f"{row['throughput_per_s']:>7.2f}{row['p50_ms']:>8.0f}{row['p99_ms']:>8.0f}{row['mean_batch']:>6.1f}")
+              f"{len(row.get('lost_edits', [])):>5}{row.get('compactions', 0):>8}{row['throughput_per_s']:>7.2f}"
+              f"{row['p50_ms']:>8.0f}{row['p99_ms']:>8.0f}{row['mean_batch']:>6.1f}")
     load = rows.get("load test (batched + edits)", {})
-    print(f"throughput ratio {ratio:.2f}x (target >= 2x) at concurrency {args.concurrency}, K={args.k}, "
-          f"beams {args.beams}, {args.threads} thread(s) per server"
-          + (f"; load test: {load['edits']} edits, lost: {len(load['lost_edits'])}, "
-             f"index size {load['passages']}/{load['expected_passages']}, "
+    print(f"concurrency {args.concurrency}, K={args.k}, beams {args.beams}, {args.threads} thread(s) per server"
+          + (f"; throughput ratio {report['throughput_ratio']:.2f}x (target >= 2x)" if args.baseline_asks else "")
+          + (f"; p99 with compaction / without {report['p99_ratio_with_compaction']:.2f}x (target <= 1.5x)"
+             if "p99_ratio_with_compaction" in report else "")
+          + (f"; load test: {load['edits']} edits, {load['compactions']} compactions, lost: "
+             f"{len(load['lost_edits'])}, index size {load['passages']}/{load['expected_passages']}, "
              f"index verifies: {load['index_verifies']}" if load.get("edits") else ""))
     failed = any(row["errors"] or row["edit_errors"] or row.get("lost_edits")
                  or row.get("passages") != row.get("expected_passages") or row.get("index_verifies") is False

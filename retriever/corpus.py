@@ -16,6 +16,7 @@ A prepared corpus folder holds:
 from __future__ import annotations
 
 import csv
+import functools
 import hashlib
 import json
 import logging
@@ -114,11 +115,18 @@ def _document(record: dict, path: Path, line: int) -> dict[str, str]:
     }
 
 
+def passage_id(doc_id: str, chunk: int, chunk_words: int) -> str:
+    """The id of chunk `chunk` of document `doc_id`: `"{doc_id}-{chunk}"` when chunking
+    (`chunk_words > 0`), else the document id itself (the record is one passage)."""
+    return doc_id if chunk_words <= 0 else f"{doc_id}-{chunk}"
+
+
 def _checked(records: Iterator[tuple[int, dict]], path: Path, on_error: OnError):
-    """Validate each raw record into a document; a bad one goes to `on_error` (or raises)."""
+    """Validate each raw record into a document; a bad one goes to `on_error` (or raises).
+    Yields `(line, raw record, document)`."""
     for line_no, record in records:
         try:
-            yield line_no, _document(record, path, line_no)
+            yield line_no, record, _document(record, path, line_no)
         except InputError as e:
             if on_error is None:
                 raise
@@ -178,6 +186,15 @@ def iter_documents(path: str | Path, on_error: OnError = None) -> Iterator[tuple
     Each document is `{id, title, text, section, wikipedia_id}` (strings). A malformed record
     raises `InputError` (file, line, field), or is passed to `on_error` when one is given.
     """
+    records = iter_records(path, on_error)
+    return ((line_no, doc) for line_no, _, doc in records)
+
+
+def iter_records(path: str | Path, on_error: OnError = None) -> Iterator[tuple[int, dict, dict]]:
+    """`iter_documents` that also yields each raw record: `(line, record, document)`.
+
+    The raw record tells a field that was left out from one given empty (an update keeps a
+    passage's title when the record has none)."""
     path = Path(path)
     if path.is_dir():
         records = _dataset_records(path)
@@ -225,6 +242,7 @@ def prepare_corpus(
     skip_invalid: bool = False,
     overwrite: bool = False,
     progress: bool = True,
+    sources: list[str] | None = None,
 ) -> PrepareStats:
     """Read documents from `inputs`, chunk them and write a prepared corpus folder at `out`.
 
@@ -234,7 +252,9 @@ def prepare_corpus(
     input is read. Malformed records raise `InputError` (file, line, field) unless
     `skip_invalid`, which skips and counts them, and also skips an empty input file with a
     warning (listed in `stats.skipped_files`). A missing input is always an error. The
-    folder is written under a temporary name and renamed at the end.
+    folder is written under a temporary name and renamed at the end. `sources`: what
+    `corpus.json` records as the inputs (default: their resolved paths), for callers whose
+    inputs are an intermediate file (an index update's normalised records).
     """
     from tasks.progress import progress_bar as tqdm
 
@@ -248,7 +268,7 @@ def prepare_corpus(
         if len(stats.skipped_reasons) < 5:
             stats.skipped_reasons.append(str(error))
     hashes = array("Q")  # 8 bytes per passage: bounded, unlike a set of Python strings
-    sources = array("q")  # (input index << 40) | line, to name both places of a duplicate
+    origins = array("q")  # (input index << 40) | line, to name both places of a duplicate
     with atomic_directory(out, overwrite=overwrite) as tmp:
         arrow_path = tmp / "passages.arrow"
         columns: dict[str, list[str]] = {name: [] for name in COLUMNS}
@@ -270,13 +290,13 @@ def prepare_corpus(
                     stats.documents += 1
                     stats.words += len(doc["text"].split())
                     for i, piece in enumerate(pieces):
-                        pid = doc["id"] if chunk_words <= 0 else f"{doc['id']}-{i}"
+                        pid = passage_id(doc["id"], i, chunk_words)
                         for name, value in (("id", pid), ("doc_id", doc["id"]), ("text", piece)):
                             columns[name].append(value)
                         for name in ("title", "section", "wikipedia_id"):
                             columns[name].append(doc[name])
                         hashes.append(id_hash(pid))
-                        sources.append((input_no << 40) | line_no)
+                        origins.append((input_no << 40) | line_no)
                     bar.update(1)
                     if len(columns["id"]) >= _WRITE_BATCH:
                         writer.write_batch(pa.record_batch([columns[c] for c in COLUMNS], schema=SCHEMA))
@@ -294,7 +314,7 @@ def prepare_corpus(
         sorted_hashes = hash_array[order]
         duplicates = _duplicate_rows(arrow_path, sorted_hashes, order)
         if duplicates:
-            src = np.frombuffer(sources, dtype=np.int64)
+            src = np.frombuffer(origins, dtype=np.int64)
 
             def place(row: int) -> tuple[Path, int]:
                 return Path(inputs[src[row] >> 40]), int(src[row] & ((1 << 40) - 1))
@@ -324,7 +344,7 @@ def prepare_corpus(
             "count": stats.passages,
             "chunk_words": chunk_words,
             "stride": check_chunking(chunk_words, stride),
-            "sources": [str(Path(p).resolve()) for p in inputs],
+            "sources": sources if sources is not None else [str(Path(p).resolve()) for p in inputs],
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "stats": asdict(stats),
         }
@@ -361,15 +381,72 @@ def _rewrite_without(arrow_path: Path, drop: np.ndarray) -> None:
     tmp.replace(arrow_path)
 
 
+def merge_corpora(parts: list[tuple[Corpus, np.ndarray]], out: str | Path) -> Corpus:
+    """Write the rows `rows` of each `(corpus, rows)` in `parts`, in that order, as one prepared
+    corpus folder at `out` (written under a temporary name, then renamed); → the new `Corpus`.
+
+    What an index compaction writes: the live passages of the segments it merges. No text is
+    re-read or re-chunked (Arrow `take`), and no id is hashed again (the id hashes are carried
+    over from each part's table). `chunk_words` and `stride` are the first part's (the base
+    corpus's, which `index add` compares long records against). The ids must be unique across
+    the parts (an index has one live passage per id): `ValueError` naming one otherwise.
+    """
+    if not parts:
+        raise ValueError("no corpora to merge")
+    hashes = []
+    with atomic_directory(out) as tmp:
+        arrow_path = tmp / "passages.arrow"
+        with pa.OSFile(str(arrow_path), "wb") as sink, pa.ipc.new_stream(sink, SCHEMA) as writer:
+            for corpus, rows in parts:
+                rows = np.asarray(rows, dtype=np.int64)
+                row_hashes = np.empty(len(corpus), dtype=np.uint64)  # the id hash of each row
+                row_hashes[np.asarray(corpus._rows)] = corpus._hashes
+                hashes.append(row_hashes[rows])
+                table = corpus.table
+                for start in range(0, len(rows), _WRITE_BATCH):
+                    taken = table.take(pa.array(rows[start : start + _WRITE_BATCH]))
+                    writer.write_table(pa.Table.from_arrays([taken.column(c) for c in COLUMNS], schema=SCHEMA))
+        count = int(sum(len(rows) for _, rows in parts))
+        if count == 0:
+            raise ValueError(f"{out}: nothing to write (every row of the corpora to merge is left out)")
+        hash_array = np.concatenate(hashes)
+        order = np.argsort(hash_array, kind="stable")
+        sorted_hashes = hash_array[order]
+        duplicates = _duplicate_rows(arrow_path, sorted_hashes, order)
+        if duplicates:
+            import datasets
+
+            first, later = duplicates[0]
+            pid = datasets.Dataset.from_file(str(arrow_path))[later]["id"]
+            raise ValueError(f"{out}: passage id {pid!r} would be written twice (rows {first} and {later})")
+        np.save(tmp / "id_hashes.npy", sorted_hashes)
+        np.save(tmp / "id_rows.npy", order.astype(np.int64))
+        base = parts[0][0].manifest
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "fingerprint": _hash_file(arrow_path),
+            "count": count,
+            "chunk_words": base.get("chunk_words"),
+            "stride": base.get("stride"),
+            "sources": [str(corpus.path) for corpus, _ in parts],
+            "merged": True,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "stats": {"passages": count},
+        }
+        (tmp / "corpus.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return Corpus.load(out)
+
+
 class Corpus:
     """A prepared corpus, memory-mapped: random access by row and by passage id.
 
-    `corpus[row]` → `{id, doc_id, title, section, text, wikipedia_id}`.
+    `corpus[row]` → `{id, doc_id, title, section, text, wikipedia_id}`. `table` is the Arrow table
+    over the memory-mapped file (zero copy); `dataset` the same data as a `datasets.Dataset`,
+    built on first use: building one costs more than opening the table, and an index pays the
+    opening for each of its segments at every load.
     """
 
     def __init__(self, path: str | Path):
-        import datasets
-
         self.path = Path(path)
         manifest_path = self.path / "corpus.json"
         if not manifest_path.exists():
@@ -379,13 +456,14 @@ class Corpus:
             )
         self.manifest: dict[str, Any] = json.loads(manifest_path.read_text())
         self.fingerprint: str = self.manifest["fingerprint"]
-        self.dataset = datasets.Dataset.from_file(str(self.path / "passages.arrow"))
+        # the map stays open as long as the table's buffers point into it
+        self.table: pa.Table = pa.ipc.open_stream(pa.memory_map(str(self.path / "passages.arrow"))).read_all()
         self._hashes = np.load(self.path / "id_hashes.npy", mmap_mode="r")
         self._rows = np.load(self.path / "id_rows.npy", mmap_mode="r")
-        if len(self.dataset) != self.manifest["count"] or len(self._hashes) != len(self.dataset):
+        if len(self) != self.manifest["count"] or len(self._hashes) != len(self):
             raise ValueError(
                 f"{self.path}: corpus files disagree (manifest count {self.manifest['count']}, "
-                f"{len(self.dataset)} passages, {len(self._hashes)} ids): prepare it again"
+                f"{len(self)} passages, {len(self._hashes)} ids): prepare it again"
             )
 
     @classmethod
@@ -393,21 +471,29 @@ class Corpus:
         """Open the prepared corpus folder at `path` (memory-mapped, nothing read eagerly)."""
         return cls(path)
 
+    @functools.cached_property
+    def dataset(self):
+        """The passages as a `datasets.Dataset` (memory-mapped; its fingerprint is the corpus's)."""
+        import datasets
+        from datasets.table import MemoryMappedTable
+
+        return datasets.Dataset(MemoryMappedTable(self.table, str(self.path / "passages.arrow")),
+                                fingerprint=self.fingerprint)
+
     def __len__(self) -> int:
-        return len(self.dataset)
+        return self.table.num_rows
 
     def __getitem__(self, row: int) -> dict[str, str]:
         if not -len(self) <= row < len(self):
             raise IndexError(f"row {row} out of range for a corpus of {len(self)} passages")
-        return self.dataset[int(row)]
+        return self.table.slice(int(row) % len(self), 1).to_pylist()[0]
 
     def rows(self, rows) -> list[dict[str, str]]:
         """The passages at `rows` (any int sequence), in that order."""
         rows = [int(r) for r in rows]
         if not rows:
             return []
-        columns = self.dataset[rows]
-        return [dict(zip(columns, values)) for values in zip(*columns.values())]
+        return self.table.take(pa.array(rows, type=pa.int64())).to_pylist()
 
     def rows_for_ids(self, ids: list[str]) -> np.ndarray:
         """Row numbers of the passages with these ids, `(len(ids),)` int64; KeyError if absent."""
@@ -418,7 +504,7 @@ class Corpus:
             # walk the (astronomically rare) run of equal hashes until the id itself matches
             while p < len(self._hashes) and self._hashes[p] == h:
                 row = int(self._rows[p])
-                if self.dataset[row]["id"] == pid:
+                if self.table.column("id")[row].as_py() == pid:
                     out[n] = row
                     break
                 p += 1

@@ -30,12 +30,16 @@ exact inner product from the memory-mapped float16 vectors. `Flat` is exact alre
 ignores it.
 
 Positions (`Hit.row`) number the passages across segments: the build's corpus first, then
-each `add`ed corpus in turn. Build an index with `retriever.index_build.build_index`.
+each `add`ed corpus in turn. A compaction (`retriever.index_compact`) merges segments and drops
+removed rows, so positions change at each one; passage ids never do. Build an index with
+`retriever.index_build.build_index`. A load that meets a writer's commit (the files it was about
+to open deleted under it) opens the new generation instead.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,6 +70,8 @@ from retriever.index_types import (
     set_search_params,
 )
 from retriever.rerank import advise_random, rerank_candidates
+
+_LOAD_ATTEMPTS = 3  # generations a load may see committed under it before it gives up
 
 
 @dataclass
@@ -145,7 +151,23 @@ class PassageIndex:
         manifest's `rerank`); needs the vectors file (`InvalidIndexError` naming it otherwise).
         """
         folder = Path(path)
-        manifest = read_manifest(folder)
+        for attempt in range(_LOAD_ATTEMPTS):
+            manifest = read_manifest(folder)
+            try:
+                return cls._open(folder, manifest, retriever=retriever, corpus=corpus,
+                                 allow_encoder_mismatch=allow_encoder_mismatch, verify=verify, mmap=mmap,
+                                 nprobe=nprobe, ef_search=ef_search, rerank=rerank)
+            except (InvalidIndexError, FileNotFoundError):
+                # a writer committed a generation between our reading the manifest and opening the
+                # files it named, and deleted those: open the new one (an error of this one is raised)
+                if attempt == _LOAD_ATTEMPTS - 1 or read_manifest(folder)["generation"] == manifest["generation"]:
+                    raise
+        raise AssertionError("unreachable")
+
+    @classmethod
+    def _open(cls, folder: Path, manifest: dict, *, retriever, corpus, allow_encoder_mismatch: bool, verify: bool,
+              mmap: bool, nprobe: int | None, ef_search: int | None, rerank: int | None) -> PassageIndex:
+        """`load` of the generation `manifest` describes."""
         if retriever is not None:
             check_encoder(
                 manifest,
@@ -225,6 +247,22 @@ class PassageIndex:
             if not self.removed[position]:
                 return position
         return None
+
+    def holds(self, passage_id: str) -> bool:
+        """Whether any segment has a passage with this id, live or removed."""
+        return any(passage_id in corpus for corpus in self.corpora)
+
+    def get(self, passage_ids: Sequence[str]) -> list[dict]:
+        """The live passages with these ids, in that order (`position_of` + `passages`, as
+        `atlas serve` reads one). An id with no live passage raises `KeyError` naming it, and
+        saying when it was removed, before anything is returned."""
+        positions = [self.position_of(i) for i in passage_ids]
+        missing = [i for i, p in zip(passage_ids, positions) if p is None]
+        if missing:
+            shown = ", ".join(repr(i) + (" (removed)" if self.holds(i) else "") for i in missing[:5])
+            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            raise KeyError(f"{len(missing)} id(s) have no live passage in the index {self.folder}: {shown}{more}")
+        return self.passages(positions)
 
     def embeddings(self, rows) -> np.ndarray:
         """The stored float16 embeddings at positions `rows` as (len(rows), d) float32.

@@ -6,6 +6,10 @@ memmap is flushed and `progress.json` is atomically rewritten. Kill the build at
 moment and the same call continues after the last completed chunk. Each chunk's vectors
 depend only on its passages and the batch size, and the creation time is kept from the
 first attempt, so a resumed build writes the same bytes as an uninterrupted one.
+
+A finished build can be published to a cache beside its corpus (`publish_to_cache`) and
+linked into another folder later (`cached_index`, `link_index`): `atlas.build.build_index`
+does so for training runs given `index.corpus`, so that the same index is not built twice.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +27,14 @@ import numpy as np
 from numpy.lib.format import open_memmap
 
 from retriever.corpus import Corpus
-from retriever.index_files import FORMAT_VERSION, file_record, write_manifest
+from retriever.fingerprint import hash_json
+from retriever.index_files import (
+    FORMAT_VERSION,
+    MANIFEST,
+    file_record,
+    read_manifest,
+    write_manifest,
+)
 from retriever.index_types import build_faiss_index, index_type
 from tasks.io import atomic_directory, atomic_write_json
 from tasks.progress import progress_bar as tqdm
@@ -284,3 +296,118 @@ def build_index(
     shutil.rmtree(work_dir)
     barrier()  # the folder is complete: release the other ranks
     return out
+
+
+# ---------------------------------------------------------------- the build cache beside a corpus
+# A training run given `index.corpus` needs an index of it made with its passage encoder. The
+# same corpus, encoder and settings give the same index, so a finished build is published to
+# CORPUS/.atlas-index-cache/KEY/ (KEY: the hash of `build_settings`) and later runs link its
+# files into their own folder instead of embedding the corpus again (atlas/build.py).
+CACHE_DIR = ".atlas-index-cache"
+BUILD_SETTINGS = "build-settings.json"
+
+
+def build_settings(
+    corpus: Corpus,
+    retriever,
+    *,
+    spec: str = "Flat",
+    batch_size: int = 64,
+    chunk_size: int = 8192,
+    train_sample: int = 262144,
+    keep_embeddings: bool = False,
+    rerank: int = 0,
+    seed: int = 0,
+) -> dict:
+    """Everything that fixes what `build_index` writes, as the arguments it takes: the
+    corpus's and the passage encoder's fingerprints, the spec, what is kept, and the batching
+    (a chunk's vectors depend on its batches). The training sample and seed count only for
+    specs that are trained. Search-time settings (nprobe, ef_search) are not in it: they are
+    given at load."""
+    trained = index_type(spec, retriever.dim).needs_training
+    return {
+        "format_version": FORMAT_VERSION,
+        "faiss_version": faiss.__version__,
+        "corpus_fingerprint": corpus.fingerprint,
+        "encoder_fingerprint": retriever.passage_fingerprint(),
+        "dim": retriever.dim,
+        "spec": spec.strip(),
+        "keep_embeddings": bool(keep_embeddings or rerank > 0),
+        "rerank": rerank,
+        "batch_size": batch_size,
+        "chunk_size": chunk_size,
+        "train_sample": train_sample if trained else None,
+        "seed": seed if trained else None,
+    }
+
+
+def cache_folder(corpus_path: str | os.PathLike, settings: dict) -> Path:
+    """Where an index of the corpus at `corpus_path` built with `settings` is cached."""
+    return Path(corpus_path) / CACHE_DIR / hash_json(settings)[:16]
+
+
+def cached_index(corpus_path: str | os.PathLike, settings: dict) -> Path | None:
+    """The cache folder when it holds a finished index built with exactly `settings`, else None.
+
+    A folder only ever appears complete (`publish_to_cache` renames it into place), so a
+    killed build or publish leaves nothing that is found here."""
+    folder = cache_folder(corpus_path, settings)
+    try:
+        recorded = json.loads((folder / BUILD_SETTINGS).read_text())
+    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
+        return None
+    return folder if recorded == settings and (folder / MANIFEST).is_file() else None
+
+
+def publish_to_cache(index_folder: str | os.PathLike, corpus_path: str | os.PathLike, settings: dict) -> Path | None:
+    """Put a just-built, never-updated index into the cache beside its corpus; its folder.
+
+    The data files are hard-linked (no copy, no extra disk) into a temporary folder beside the
+    cache entry, which is then renamed into place: the first publisher wins and a concurrent
+    one keeps its own copy only. Returns None, publishing nothing, where the files cannot be
+    linked (the corpus folder is read-only, or on another file system than the index)."""
+    folder = cache_folder(corpus_path, settings)
+    if cached_index(corpus_path, settings) is not None:
+        return folder
+    source = Path(index_folder)
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
+    except OSError:
+        return None
+    try:
+        manifest = read_manifest(source)
+        for record in manifest["files"].values():
+            os.link(source / record["name"], tmp / record["name"])
+        write_manifest(tmp, manifest)  # a copy: the run's own manifest is replaced by updates
+        atomic_write_json(tmp / BUILD_SETTINGS, settings)
+        os.rename(tmp, folder)
+    except OSError:  # cross-device link, or another publisher got there first
+        shutil.rmtree(tmp, ignore_errors=True)
+        return folder if cached_index(corpus_path, settings) is not None else None
+    return folder
+
+
+def link_index(
+    source: str | os.PathLike,
+    target: str | os.PathLike,
+    *,
+    corpus_path: str | os.PathLike,
+    nprobe: int | None = None,
+    ef_search: int | None = None,
+) -> Path:
+    """A copy of the index at `source` written at `target` (atomically): data files hard-linked
+    (copied across file systems), the manifest written anew with its base corpus at
+    `corpus_path` (and `nprobe` / `ef_search` when given).
+
+    Updating the copy (`atlas index add/update/remove`, `atlas serve` edits) never changes
+    `source`: an update writes new files and replaces the manifest; it never writes into a file."""
+    source, target = Path(source), Path(target)
+    manifest = read_manifest(source)
+    with atomic_directory(target) as tmp:
+        for record in manifest["files"].values():
+            link_or_copy(source / record["name"], tmp / record["name"])
+        manifest["segments"][0]["corpus"] = str(Path(corpus_path).resolve())
+        manifest.update({k: v for k, v in (("nprobe", nprobe), ("ef_search", ef_search)) if v is not None})
+        write_manifest(tmp, manifest)
+    return target

@@ -1,10 +1,17 @@
 """The on-disk format of an index folder (see `retriever.index`): the manifest, the files it lists,
-and the checks that name a missing, truncated, corrupted or mismatched file instead of crashing on it."""
+the checks that name a missing, truncated, corrupted or mismatched file instead of crashing on it,
+and how a writer commits a generation (`commit`) under the folder's writer lock (`writer_lock`)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import re
+import shutil
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import faiss
@@ -17,6 +24,11 @@ from tasks.io import atomic_write_json
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
+LOCK = ".writer.lock"  # exists while the one process that updates or compacts the index holds it
+# files and segment folders a generation writes (`.gN.` / `segment-gN`), and the temporary names
+# of atomic writes: what `remove_unreferenced` may delete when the manifest does not name it
+_GENERATION_FILE = re.compile(r"(vectors|index|removed)\.g\d+\.(npy|faiss)|\.manifest\.json\..+")
+_SEGMENT_DIR = re.compile(r"segment-g\d+|\.segment-g\d+\.(tmp|old)-.+")
 
 
 class InvalidIndexError(ValueError):
@@ -29,6 +41,10 @@ class EncoderMismatchError(InvalidIndexError):
 
 class CorpusMismatchError(InvalidIndexError):
     """The corpus offered is not the one the index was built on."""
+
+
+class IndexLockedError(RuntimeError):
+    """Another process is updating or compacting the index (it holds the writer lock)."""
 
 
 def read_manifest(path: str | os.PathLike) -> dict:
@@ -120,10 +136,15 @@ def check_rerank(manifest: dict, folder: Path, rerank: int | None, *, has_vector
 
 
 def index_summary(manifest: dict) -> dict:
-    """The manifest without file hashes, plus total bytes on disk and bytes per live passage."""
+    """The manifest without file hashes, plus the rows (live: searchable; dead: removed or
+    replaced, still in the files until a compaction), the corpus segments, total bytes of the
+    index files and bytes per live passage."""
     size = sum(r["bytes"] for r in manifest["files"].values())
     return {
         **{k: v for k, v in manifest.items() if k != "files"},
+        "live_rows": manifest["count"],
+        "dead_rows": manifest["total"] - manifest["count"],
+        "segment_count": len(manifest["segments"]),
         "bytes_on_disk": size,
         "bytes_per_passage": round(size / max(manifest["count"], 1), 2),
         "files": {role: r["name"] for role, r in manifest["files"].items()},
@@ -161,3 +182,103 @@ def write_manifest(folder: Path, manifest: dict) -> None:
 def index_type_of(manifest: dict):
     """The registry entry (retriever.index_types.INDEX_TYPES) of a manifest's spec."""
     return index_type(manifest["spec"], manifest["dim"])
+
+
+# ------------------------------------------------------------------------------ writing
+@contextlib.contextmanager
+def writer_lock(folder: str | os.PathLike, operation: str) -> Iterator[None]:
+    """Hold the index's writer lock for `operation` ("add", "remove", "compact", ...), or raise
+    `IndexLockedError` at once, naming the process that holds it.
+
+    An exclusive `flock` on `FOLDER/.writer.lock`: the kernel releases it when its holder exits,
+    however it dies, so a killed writer never leaves the index locked. One lock per open file,
+    so a second writer in the same process is refused too. The holder writes its pid, operation
+    and start time into the file for the refusal message (readers never take the lock), and
+    deletes the file when it is done, still holding it: a writer that opened the file before
+    that and locks it after finds the name gone or naming another file, and opens it again."""
+    folder = Path(folder)
+    read_manifest(folder)  # "not an index" before any lock file is created
+    path = folder / LOCK
+    for _ in range(3):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise IndexLockedError(
+                f"{folder} is being updated by another process ({_lock_holder(path)}); an index has one writer "
+                "at a time: try again when it has finished"
+            ) from None
+        try:
+            current = os.stat(path).st_ino
+        except FileNotFoundError:
+            current = None
+        if current == os.fstat(fd).st_ino:
+            break
+        os.close(fd)  # locked a file its holder had deleted: take the one the name names now
+    else:
+        raise IndexLockedError(f"{folder}: could not take the writer lock ({path} keeps changing)")
+    try:
+        record = {"pid": os.getpid(), "operation": operation,
+                  "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        os.pwrite(fd, json.dumps(record).encode(), 0)
+        yield
+    finally:
+        path.unlink(missing_ok=True)  # still held: see above
+        os.close(fd)  # releases the lock
+
+
+def _lock_holder(path: Path) -> str:
+    """"pid 123, compact since 2026-…" from the lock file, or what is known when it is being written."""
+    try:
+        record = json.loads(path.read_text() or "{}")
+    except (OSError, json.JSONDecodeError):
+        record = {}
+    if "pid" not in record:
+        return "a writer that is just starting"
+    return f"pid {record['pid']}, {record.get('operation', 'an update')} since {record.get('since', '?')}"
+
+
+def fsync_path(path: Path) -> None:
+    """Flush a written file, or every file of a written folder and the folder itself, to disk."""
+    paths = [*sorted(p for p in path.rglob("*") if p.is_file()), path] if path.is_dir() else [path]
+    for item in paths:
+        fd = os.open(item, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def commit(folder: Path, manifest: dict, new_files: dict[str, Path], new_dirs: tuple[Path, ...] = ()) -> None:
+    """Record `new_files` (role → written file) in `manifest`, replace `manifest.json` (the
+    commit point), then delete what the new manifest no longer names.
+
+    The new files (and `new_dirs`, e.g. a new corpus segment) reach the disk before the manifest
+    that names them: otherwise a power cut could leave a committed manifest over empty files."""
+    for role, path in new_files.items():
+        manifest["files"][role] = file_record(path)
+    for path in [*new_files.values(), *new_dirs]:
+        fsync_path(path)
+    write_manifest(folder, manifest)
+    fsync_path(folder)  # the manifest's rename
+    remove_unreferenced(folder, manifest)
+
+
+def remove_unreferenced(folder: Path, manifest: dict) -> list[str]:
+    """Delete the generation files and corpus segment folders of `folder` that `manifest` does
+    not name (superseded by a commit, or left by a writer that died before or after its commit);
+    → their names. Only under the writer lock: another writer's files would look the same."""
+    named = {record["name"] for record in manifest["files"].values()}
+    segments = {(folder / s["corpus"]).resolve() for s in manifest["segments"]}
+    deleted = []
+    for path in folder.iterdir():
+        if path.is_file() and _GENERATION_FILE.fullmatch(path.name) and path.name not in named:
+            path.unlink(missing_ok=True)
+            deleted.append(path.name)
+    corpora = folder / "corpora"
+    for path in corpora.iterdir() if corpora.is_dir() else ():
+        if _SEGMENT_DIR.fullmatch(path.name) and path.resolve() not in segments:
+            shutil.rmtree(path, ignore_errors=True)
+            deleted.append(f"corpora/{path.name}")
+    return deleted

@@ -180,7 +180,8 @@ def build_faiss_index(spec: str, dim: int, metric: Metric = "ip") -> faiss.Index
     index = faiss.index_factory(dim, spec.strip(), _FAISS_METRICS[metric])
     # The factory turns on polysemous training for PQ codes: a simulated-annealing pass that
     # only serves Hamming-filtered search (unused here) and dominates training time (~100x).
-    inner = faiss.try_extract_index_ivf(index) or search_parameters_target(index)
+    # (downcast: `try_extract_index_ivf` returns the IndexIVF base class, which has no such flag)
+    inner = faiss.downcast_index(faiss.try_extract_index_ivf(index) or search_parameters_target(index))
     if hasattr(inner, "do_polysemous_training"):
         inner.do_polysemous_training = False
     return index

@@ -1,70 +1,63 @@
-"""Update a saved index in place, atomically: add passages, remove passages.
+"""Update a saved index in place, atomically: add, update (replace by id) and remove passages.
 
-Neither re-embeds the passages already indexed. `add_passages` embeds only the new ones
-and appends them as a new corpus segment; `remove_passages` marks positions removed (search
-never returns them; their vectors stay in the files until the index is rebuilt). Replacing a
-passage is one `add_passages(..., remove=[its id])`: the old version is removed and the new
-one added in the same commit. Every update writes next-generation files, flushes them to disk,
-and then atomically replaces `manifest.json`: a crash (even kill -9 or a power cut) leaves
-either the previous index or the new one, never a mix, and the superseded files are deleted
-afterwards.
+None re-embeds the passages already indexed. `add_passages` embeds only the new ones and
+appends them as a new corpus segment; `update_passages` does the same for new versions of live
+passages and marks the old versions removed in the same commit; `remove_passages` marks
+positions removed (search never returns them; their rows stay in the files until a compaction,
+retriever/index_compact.py, drops them). Every update writes next-generation files, flushes them
+to disk, and then atomically replaces `manifest.json`: a crash (even kill -9 or a power cut)
+leaves either the previous index or the new one, never a mix, and the superseded files are
+deleted afterwards (or by the next writer, when the crash came first). One process writes at a
+time: each update holds the index's writer lock (`index_files.writer_lock`), and a second
+writer is refused with `IndexLockedError` naming the first.
+
+Passage ids are kept as given: by default each input record is one passage under its own id.
+`chunk_words` > 0 splits records (documents) into passages named `ID-0`, `ID-1`, … as
+`atlas corpus prepare` names them; a record whose id already names a passage of the index is
+then refused rather than added as `ID-0` (a removed and re-added `nq-486-0` would otherwise
+come back as `nq-486-0-0`, and a later removal of `nq-486-0` would remove nothing). Every
+check runs before anything is written, and its error names the id and the input file and line.
 """
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import os
 import shutil
+import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import faiss
 import numpy as np
 from numpy.lib.format import open_memmap
 
-from retriever.corpus import Corpus, prepare_corpus
+from retriever.corpus import (
+    Corpus,
+    chunk_text,
+    iter_documents,
+    iter_records,
+    passage_id,
+    prepare_corpus,
+)
 from retriever.index import PassageIndex
-from retriever.index_files import file_record, write_manifest
+from retriever.index_files import commit, remove_unreferenced, writer_lock
+from tasks.io import InputError, write_jsonl
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
 class UpdateStats:
     """What an update changed."""
 
-    added: int = 0
-    removed: int = 0
-    already_removed: int = 0
+    added: int = 0  # passages under ids that had no live passage
+    replaced: int = 0  # live passages replaced by a new version under the same id
+    removed: int = 0  # live passages removed (no new version)
+    already_removed: int = 0  # ids asked to be removed that were removed before
     count: int = 0  # live passages after the update
-
-
-def _fsync(path: Path) -> None:
-    """Flush a written file, or every file of a written folder and the folder itself, to disk."""
-    paths = [*sorted(p for p in path.rglob("*") if p.is_file()), path] if path.is_dir() else [path]
-    for item in paths:
-        fd = os.open(item, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _commit(folder: Path, manifest: dict, new_files: dict[str, Path], new_dirs: tuple[Path, ...] = ()) -> None:
-    """Record `new_files` (role → written file) in the manifest, replace it, drop superseded files.
-
-    The new files (and `new_dirs`, e.g. a new corpus segment) reach the disk before the manifest
-    that names them: otherwise a power cut could leave a committed manifest over empty files."""
-    old_names = {role: rec["name"] for role, rec in manifest["files"].items()}
-    for role, path in new_files.items():
-        manifest["files"][role] = file_record(path)
-    for path in [*new_files.values(), *new_dirs]:
-        _fsync(path)
-    write_manifest(folder, manifest)
-    _fsync(folder)  # the manifest's rename
-    for role, name in old_names.items():
-        if manifest["files"][role]["name"] != name:
-            with contextlib.suppress(FileNotFoundError):
-                (folder / name).unlink()
+    ids: list[str] = field(default_factory=list)  # the ids of the passages written, in order
 
 
 def _live_positions_of(index: PassageIndex, ids: list[str]) -> dict[str, list[int]]:
@@ -75,10 +68,79 @@ def _live_positions_of(index: PassageIndex, ids: list[str]) -> dict[str, list[in
         if not present:
             continue
         positions = corpus.rows_for_ids(present) + segment["offset"]
-        for passage_id, position in zip(present, positions):
+        for pid, position in zip(present, positions):
             if not index.removed[position]:
-                found.setdefault(passage_id, []).append(int(position))
+                found.setdefault(pid, []).append(int(position))
     return found
+
+
+@dataclass(frozen=True)
+class _Incoming:
+    """One passage an update brings: its id, the record (document) id it came from, and where."""
+
+    id: str
+    doc_id: str
+    path: str
+    line: int | None  # 1-based line of a file, or row of a prepared corpus
+    words: int
+
+    @property
+    def where(self) -> str:
+        return self.path if self.line is None else f"{self.path}:{self.line}"
+
+
+def _is_prepared_corpus(new: Sequence[str | os.PathLike]) -> bool:
+    return len(new) == 1 and (Path(new[0]) / "corpus.json").is_file()
+
+
+def _read_incoming(new: Sequence[str | os.PathLike], chunk_words: int) -> list[_Incoming]:
+    """The passages `new` would add, in order, with their ids as `prepare_corpus` names them.
+
+    Reads (and so validates) every input record, so that a bad one is named with its own file
+    and line before anything is written; an id given twice raises `InputError` naming both
+    places."""
+    if _is_prepared_corpus(new):
+        folder = str(new[0])
+        ids = Corpus.load(folder).table.column("id").to_pylist()
+        return [_Incoming(i, i, folder, row, 0) for row, i in enumerate(ids, start=1)]
+    incoming, seen = [], {}
+    for path in map(Path, new):
+        for line, doc in iter_documents(path):
+            if not doc["text"].strip():
+                raise InputError(path, line, "text", "empty text")
+            for n, piece in enumerate(chunk_text(doc["text"], chunk_words)):
+                passage = _Incoming(passage_id(doc["id"], n, chunk_words), doc["id"], str(path), line,
+                                    len(piece.split()))
+                if passage.id in seen:
+                    raise InputError(path, line, "id", f"duplicate id {passage.id!r} (first seen at {seen[passage.id]})")
+                seen[passage.id] = passage.where
+                incoming.append(passage)
+    return incoming
+
+
+def _naming(passages: list[_Incoming], what: str, advice: str) -> str:
+    """"FILE:LINE: passage id 'x' WHAT; also 'y' (FILE:LINE), …; ADVICE" for the first few."""
+    first = passages[0]
+    text = f"{first.where}: passage id {first.id!r} {what}"
+    if len(passages) > 1:
+        text += "; also " + ", ".join(f"{p.id!r} ({p.where})" for p in passages[1:5])
+        text += f" and {len(passages) - 5} more" if len(passages) > 5 else ""
+    return f"{text}; {advice}"
+
+
+def _warn_long_passages(index: PassageIndex, incoming: list[_Incoming], chunk_words: int) -> None:
+    """Warn when unsplit records are much longer than the base corpus's passages: the encoder
+    embeds only their first `passage_maxlength` tokens, so the rest would not be found. "Much":
+    over 1.5 times as many words (an edited passage a few words longer than its chunk is read whole,
+    as the encoder's token limit leaves room beyond the chunk's words)."""
+    base = index.corpora[0].manifest.get("chunk_words") or 0
+    long = [p for p in incoming if chunk_words <= 0 < base and p.words > 1.5 * base]
+    if long:
+        logger.warning(
+            "%d passage(s) have over 1.5 times the words of the index's base corpus passages (%d), e.g. %r (%s, "
+            "%d words): only their first tokens are embedded; pass --chunk-words %d to split them",
+            len(long), base, long[0].id, long[0].where, long[0].words, base,
+        )
 
 
 def add_passages(
@@ -87,20 +149,95 @@ def add_passages(
     retriever,
     *,
     batch_size: int = 64,
-    chunk_words: int = 100,
+    chunk_words: int = 0,
     allow_encoder_mismatch: bool = False,
     progress: bool = True,
     remove: Sequence[str] = (),
+    replace: bool = False,
 ) -> UpdateStats:
     """Embed the passages of `new` and append them to the index at `index_path`.
 
-    `new` is one prepared corpus folder, or document files (JSONL / TSV) that are prepared
-    into `INDEX/corpora/segment-gN/` with `chunk_words`. Passage ids already live in the
-    index are refused, unless listed in `remove`: those live passages are marked removed in
-    the same commit, so that replacing a passage (remove + add under the same id) is atomic.
-    An id of `remove` that is not live raises `KeyError` naming it (nothing is changed).
+    `new` is one prepared corpus folder, or JSONL / TSV files that are prepared into
+    `INDEX/corpora/segment-gN/`: each record one passage under its own id (`chunk_words` 0), or
+    split into passages `ID-0`, `ID-1`, … of `chunk_words` words. An id that already has a live
+    passage is refused (`ValueError` naming it and its input line), unless `replace` (or it is
+    listed in `remove`): then the live version is marked removed in the same commit as the new
+    one is added. With chunking, a record whose id names a passage of the index (live or
+    removed) is refused: it would be added under another id. `remove`: further live ids to
+    remove in the same commit; one that is not live raises `KeyError` naming it. Nothing is
+    changed when anything is refused.
     """
+    return _append(index_path, new, retriever, mode="replace" if replace else "add", batch_size=batch_size,
+                   chunk_words=chunk_words, allow_encoder_mismatch=allow_encoder_mismatch,
+                   progress=progress, remove=remove)
+
+
+def update_passages(
+    index_path: str | os.PathLike,
+    new: list[str | os.PathLike],
+    retriever,
+    *,
+    batch_size: int = 64,
+    allow_encoder_mismatch: bool = False,
+    progress: bool = True,
+) -> UpdateStats:
+    """Replace live passages by id with the records of `new` (JSONL / TSV files, or a prepared
+    corpus folder): the ids are kept, the old versions are marked removed in the same commit.
+
+    Each record is one passage (never split). A file record without a title (or section,
+    wikipedia_id) keeps the passage's current one, as `atlas serve`'s PUT does; a prepared
+    corpus is taken as it is. An id with no
+    live passage raises `KeyError` naming it and its input line; nothing is changed then.
+    """
+    return _append(index_path, new, retriever, mode="update", batch_size=batch_size, chunk_words=0,
+                   allow_encoder_mismatch=allow_encoder_mismatch, progress=progress, remove=())
+
+
+def _normalised_updates(index: PassageIndex, new: Sequence[str | os.PathLike]):
+    """The update records of `new`, each field left out taken from the live passage's."""
+    for path in map(Path, new):
+        for _, record, doc in iter_records(path):
+            current = index.get([doc["id"]])[0]
+            yield {
+                "id": doc["id"],
+                "text": doc["text"],
+                **{key: doc[key] if record.get(key) is not None else current.get(key) or ""
+                   for key in ("title", "section", "wikipedia_id")},
+            }
+
+
+def _append(
+    index_path: str | os.PathLike,
+    new: list[str | os.PathLike],
+    retriever,
+    *,
+    mode: str,
+    batch_size: int,
+    chunk_words: int,
+    allow_encoder_mismatch: bool,
+    progress: bool,
+    remove: Sequence[str],
+) -> UpdateStats:
+    """Add (`mode` "add"), add or replace ("replace") or replace ("update") the passages of
+    `new` in one commit, under the index's writer lock; see `add_passages` and `update_passages`."""
     folder = Path(index_path)
+    with writer_lock(folder, "update" if mode == "update" else "add"):
+        return _append_locked(folder, new, retriever, mode=mode, batch_size=batch_size, chunk_words=chunk_words,
+                              allow_encoder_mismatch=allow_encoder_mismatch, progress=progress, remove=remove)
+
+
+def _append_locked(
+    folder: Path,
+    new: list[str | os.PathLike],
+    retriever,
+    *,
+    mode: str,
+    batch_size: int,
+    chunk_words: int,
+    allow_encoder_mismatch: bool,
+    progress: bool,
+    remove: Sequence[str],
+) -> UpdateStats:
     # verified in full: the new files are derived from these bytes, and an update reads and
     # rewrites all of them anyway
     index = PassageIndex.load(
@@ -110,34 +247,57 @@ def add_passages(
         mmap=False,
         verify=True,
     )
+    remove_unreferenced(folder, index.manifest)  # what a writer that died left behind
+    incoming = _read_incoming(new, chunk_words)
+    remove = list(dict.fromkeys(remove))
+    live = _live_positions_of(index, list(dict.fromkeys([p.id for p in incoming] + remove)))
+    missing = [i for i in remove if i not in live]
+    if missing:
+        shown = ", ".join(repr(i) for i in missing[:5])
+        raise KeyError(f"{len(missing)} id(s) to remove are not live in the index {folder}: {shown}")
+    if mode == "update":
+        unknown = [p for p in incoming if p.id not in live]
+        if unknown:
+            raise KeyError(_naming(unknown, f"has no live passage in the index {folder}",
+                                   "add new passages with `atlas index add`"))
+    elif mode == "add":
+        clashes = [p for p in incoming if p.id in live and p.id not in remove]
+        if clashes:
+            raise ValueError(_naming(clashes, f"is already in the index {folder}",
+                                     "replace it with `atlas index update` (or `atlas index add --replace`)"))
+    if chunk_words > 0:
+        first_chunks = {p.doc_id: p for p in reversed(incoming)}  # each record's first passage
+        renamed = [p for p in first_chunks.values() if index.holds(p.doc_id)][::-1]
+        if renamed:
+            raise ValueError(_naming(
+                [_with_id(p, p.doc_id) for p in renamed],
+                f"names a passage of the index {folder}, but with chunk_words {chunk_words} this record "
+                f"would be added as {renamed[0].id!r}",
+                "pass --chunk-words 0 to add records as passages under their own ids "
+                "(`atlas index update` replaces a live one)",
+            ))
+    _warn_long_passages(index, incoming, chunk_words)
     manifest = index.manifest
     generation = manifest["generation"] + 1
     created_segment: Path | None = None
-    if len(new) == 1 and (Path(new[0]) / "corpus.json").is_file():
+    if _is_prepared_corpus(new):
         segment_path = str(Path(new[0]).resolve())
     else:
         created_segment = folder / "corpora" / f"segment-g{generation}"
         if created_segment.exists():  # left by a crashed earlier attempt: never referenced
             shutil.rmtree(created_segment)
-        prepare_corpus(
-            [str(p) for p in new], created_segment, chunk_words=chunk_words, progress=progress
-        )
-        segment_path = str(created_segment.relative_to(folder))
     try:
-        replaced = _live_positions_of(index, list(dict.fromkeys(remove)))
-        missing = [i for i in dict.fromkeys(remove) if i not in replaced]
-        if missing:
-            shown = ", ".join(repr(i) for i in missing[:5])
-            raise KeyError(f"{len(missing)} id(s) to replace are not live in the index {folder}: {shown}")
+        if created_segment is not None and mode == "update":
+            with tempfile.TemporaryDirectory(prefix="atlas-index-update-") as tmp:
+                records = Path(tmp) / "passages.jsonl"
+                write_jsonl(records, _normalised_updates(index, new))
+                prepare_corpus([records], created_segment, chunk_words=0, progress=progress,
+                               sources=[str(Path(p).resolve()) for p in new])
+        elif created_segment is not None:
+            prepare_corpus([str(p) for p in new], created_segment, chunk_words=chunk_words, progress=progress)
+        if created_segment is not None:
+            segment_path = str(created_segment.relative_to(folder))
         corpus = Corpus.load(folder / segment_path)
-        clashes = {i: p for i, p in _live_positions_of(index, list(corpus.dataset["id"])).items()
-                   if i not in replaced}
-        if clashes:
-            shown = ", ".join(repr(i) for i in list(clashes)[:5])
-            raise ValueError(
-                f"{len(clashes)} passage id(s) are already in the index {folder} (e.g. {shown}); "
-                "remove them first (`atlas index remove`) to replace them"
-            )
         new_vectors = np.concatenate(
             [
                 retriever.embed_passages(batch, batch_size=batch_size, progress=progress)
@@ -165,7 +325,7 @@ def add_passages(
             faiss.write_index(faiss_index, str(path))
             written["faiss"] = path
         removed = np.concatenate([index.removed, np.zeros(n_new, dtype=bool)])
-        for positions in replaced.values():
+        for positions in live.values():  # every live id among the new ones and `remove`
             removed[positions] = True
         path = folder / f"removed.g{generation}.npy"
         np.save(path, removed)
@@ -173,6 +333,8 @@ def add_passages(
     except BaseException:
         if created_segment is not None:
             shutil.rmtree(created_segment, ignore_errors=True)
+        for path in folder.glob(f"*.g{generation}.*"):  # written, never referenced
+            path.unlink(missing_ok=True)
         raise
     manifest["segments"].append(
         {
@@ -182,15 +344,27 @@ def add_passages(
             "offset": old_total,
         }
     )
-    n_replaced = sum(len(positions) for positions in replaced.values())
-    manifest.update(total=old_total + n_new, count=manifest["count"] + n_new - n_replaced, generation=generation)
-    _commit(folder, manifest, written, (created_segment,) if created_segment is not None else ())
-    return UpdateStats(added=n_new, removed=n_replaced, count=manifest["count"])
+    incoming_ids = {p.id for p in incoming}
+    n_replaced = sum(len(positions) for i, positions in live.items() if i in incoming_ids)
+    n_removed = sum(len(positions) for i, positions in live.items() if i not in incoming_ids)
+    manifest.update(total=old_total + n_new, count=manifest["count"] + n_new - n_replaced - n_removed,
+                    generation=generation)
+    commit(folder, manifest, written, (created_segment,) if created_segment is not None else ())
+    return UpdateStats(added=n_new - n_replaced, replaced=n_replaced, removed=n_removed, count=manifest["count"],
+                       ids=corpus.table.column("id").to_pylist())
+
+
+def _with_id(passage: _Incoming, new_id: str) -> _Incoming:
+    """The same incoming passage under another id (to name the record's own id in an error)."""
+    return _Incoming(new_id, passage.doc_id, passage.path, passage.line, passage.words)
 
 
 def read_id_file(path: str | os.PathLike) -> list[str]:
-    """Passage ids, one per line (blank lines ignored)."""
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    """Passage ids, one per line (blank lines ignored); `InputError` naming a missing file."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(path, None, None, "file not found (a file of passage ids, one per line)")
+    lines = path.read_text(encoding="utf-8").splitlines()
     return [line.strip() for line in lines if line.strip()]
 
 
@@ -198,10 +372,17 @@ def remove_passages(index_path: str | os.PathLike, ids: list[str]) -> UpdateStat
     """Mark the passages with these ids removed from the index at `index_path`.
 
     An id that is in none of the index's corpora raises `KeyError` naming it (nothing is
-    changed); an id already removed is counted in `already_removed`.
+    changed); an id already removed is counted in `already_removed` (until a compaction drops
+    its row: then the index no longer holds it, and it is unknown).
     """
     folder = Path(index_path)
+    with writer_lock(folder, "remove"):
+        return _remove_locked(folder, ids)
+
+
+def _remove_locked(folder: Path, ids: list[str]) -> UpdateStats:
     index = PassageIndex.load(folder, mmap=True, verify=False)
+    remove_unreferenced(folder, index.manifest)  # what a writer that died left behind
     unique_ids = list(dict.fromkeys(ids))
     live = _live_positions_of(index, unique_ids)
     unknown = [i for i in unique_ids if i not in live and not any(i in c for c in index.corpora)]
@@ -217,7 +398,7 @@ def remove_passages(index_path: str | os.PathLike, ids: list[str]) -> UpdateStat
     np.save(path, removed)
     n_removed = int(removed.sum() - index.removed.sum())
     manifest.update(count=manifest["count"] - n_removed, generation=generation)
-    _commit(folder, manifest, {"removed": path})
+    commit(folder, manifest, {"removed": path})
     return UpdateStats(
         removed=n_removed, already_removed=len(unique_ids) - len(live), count=manifest["count"]
     )

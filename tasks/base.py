@@ -14,6 +14,7 @@ import random
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from tasks.io import InputError, read_jsonl
@@ -56,6 +57,8 @@ class Task:
     name: ClassVar[str] = ""
     metrics: ClassVar[tuple[str, ...]] = ()
     default_options: ClassVar[dict[str, Any]] = {}
+    # the record field that holds the gold answers (named by the error for an example without them)
+    answer_field: ClassVar[str] = "answers"
 
     def __init__(self, **options: Any):
         unknown = sorted(set(options) - set(self.default_options))
@@ -197,6 +200,66 @@ def format_template(template: str, option: str, **fields: str) -> str:
     except (KeyError, IndexError, ValueError) as error:
         valid = ", ".join("{" + name + "}" for name in fields)
         raise ValueError(f"bad {option} {template!r}: {error}; placeholders: {valid}") from None
+
+
+@dataclass
+class Overlap:
+    """Examples of an evaluation file that a training file also holds (the same reader input).
+
+    `shared` is the number of evaluation examples that are also training examples (`find_overlaps`);
+    `pairs` the (training id, evaluation id) of the first few of them."""
+
+    train_path: str
+    eval_path: str
+    shared: int
+    eval_size: int
+    pairs: list[tuple[str, str]]
+
+    def describe(self) -> str:
+        """One sentence for an error or a warning: both files, how many examples, the first ids."""
+        shown = ", ".join(f"train id {a!r} = eval id {b!r}" for a, b in self.pairs)
+        same = " (the same file)" if Path(self.train_path).resolve() == Path(self.eval_path).resolve() else ""
+        return (f"training file {self.train_path} and evaluation file {self.eval_path}{same} share "
+                f"{self.shared} of the evaluation file's {self.eval_size} examples (the same question "
+                f"text; e.g. {shown})")
+
+
+def _example_key(example: Example) -> str:
+    """The reader's input up to case and white space; with the pages of its own passages where the
+    example brings them (reading comprehension: the same question of another page is another example)."""
+    key = " ".join(example.query.casefold().split())
+    if example.passages:
+        key += "\n" + "\n".join(sorted({str(p.get("title") or "") for p in example.passages}))
+    return key
+
+
+def _example_keys(task: Task, path: str, skip_invalid: bool) -> list[tuple[str, str]]:
+    return [(_example_key(e), e.id) for e in task.load(path, skip_invalid=skip_invalid)]
+
+
+def find_overlaps(task: Task, train_paths: list[str], eval_paths: list[str], *,
+                  skip_invalid: bool = False, show: int = 3) -> list[Overlap]:
+    """Every (training file, evaluation file) pair whose examples share a reader input.
+
+    Two examples are the same when their queries (the reader's input text: the question, with
+    the options for multiple choice) are equal up to case and white space, and, for examples that
+    bring their own passages, those come from the same pages (titles: SQuAD asks "What is the
+    capital?" of many articles). Ids are not compared, since files without ids number their records
+    from 0. Each file is read once with the task's own loader, so a malformed record raises
+    `InputError` here already.
+    """
+    overlaps = []
+    keys_of = {path: _example_keys(task, path, skip_invalid) for path in dict.fromkeys(eval_paths)}  # each read once
+    for train_path in train_paths:
+        train_keys: dict[str, str] = {}
+        for key, example_id in _example_keys(task, train_path, skip_invalid):
+            train_keys.setdefault(key, example_id)
+        for eval_path in eval_paths:
+            evaluated = keys_of[eval_path]
+            pairs = [(train_keys[key], example_id) for key, example_id in evaluated if key in train_keys]
+            if pairs:
+                overlaps.append(Overlap(str(train_path), str(eval_path), len(pairs), len(evaluated), pairs[:show]))
+    return overlaps
 
 
 TASKS: dict[str, type[Task]] = {}

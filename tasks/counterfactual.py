@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import random
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from tasks.base import Example
+from tasks.metrics import normalize_answer
 
 NUMBER_WORDS = frozenset({
     "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve", "thirteen",
@@ -83,3 +84,199 @@ def counterfactual_example(example: Example, pool: dict[str, list[str]], rng: ra
         return replace(example, passages=passages, target=target_template.format(answer=new), answers=[new],
                        metadata={**example.metadata, "counterfactual_of": old})
     return None
+
+
+# --- Corpus edits: choosing a replacement that reads as a statement of the same kind -----------------
+#
+# Changing a fact in a corpus tests whether a reader answers from the text only when the new text is a
+# plausible statement: "The capital of Zorbland is nuston" (a currency in a capital's place) or "was
+# discovered by between 1881 and 1885" invites a reader to distrust the passage. A replacement therefore
+# keeps the old answer's kind (a year for a year), the question's kind (who → a person), and, where the
+# data says it, the same relation; else spaCy's entity type of the old answer where it stands in its
+# passage (Longpre et al. 2021's type-preserving substitution), or, for an answer that is no entity, its
+# phrase shape. Where no answer of the same type exists, the fact is skipped, never edited with a misfit.
+
+
+def question_word(question: str) -> str:
+    """'who', 'when', 'how many', …: the kind of thing a question asks for (so a replacement fits)."""
+    words = question.lower().split()[:2]
+    return " ".join(words) if words and words[0] == "how" else (words[0] if words else "")
+
+
+def edit_answer(text: str, old: str, new: str, asked: str) -> str:
+    """`text` with `old` replaced by `new` (whole words, any case); for a person asked about by
+    'who' with a name of several words, the surname standing alone is replaced by the new surname
+    too ("Johannes Gutenberg … Gutenberg was" → "Tom Rigg … Rigg was"; not in "Atletico Madrid"
+    for "Real Madrid"). ValueError if `old` is not in it."""
+    edited = replace_fact(text, old, new)
+    if asked == "who" and len(old.split()) > 1 and answer_kind(old) == answer_kind(new) == "name":
+        surname, new_surname = old.split()[-1], new.split()[-1]
+
+        def alone(match: re.Match) -> str:  # not part of another name ("Atletico Madrid" for "Real Madrid")
+            # a capitalised word just before (not one that ends a sentence: "the Bible. Gutenberg was")
+            after_name = re.search(r"(?:[A-Z][\w'’-]*|\b[A-Z]\.|\b(?:Mr|Mrs|Ms|Dr|St)\.)\s+$", edited[: match.start()])
+            return match.group(0) if after_name else new_surname
+
+        edited = re.sub(rf"(?<!\w){re.escape(surname)}(?!\w)", alone, edited)
+    return edited
+
+
+def answer_entity_label(doc, answer: str) -> str:
+    """spaCy's entity label of `answer` where it first stands in `doc` (a tagged spaCy Doc): the label
+    of the entity that covers most of it, if that covers at least half of its characters; "" when no
+    entity does (a common noun, a phrase) or the answer is not in the text."""
+    match = whole_words(answer).search(doc.text)
+    if match is None:
+        return ""
+    covered, label = 0, ""
+    for entity in doc.ents:
+        overlap = min(entity.end_char, match.end()) - max(entity.start_char, match.start())
+        if overlap > covered:
+            covered, label = overlap, entity.label_
+    return label if 2 * covered >= match.end() - match.start() else ""
+
+
+def answer_shape(doc, answer: str) -> str:
+    """The grammatical shape of `answer` where it first stands in `doc` (a parsed spaCy Doc): whether it
+    opens with a determiner, its head word's part of speech and grammatical number — "DET NOUN Sing" for
+    "a scythe", "NOUN Sing" for "butane", "NOUN Plur" for "stromal cells" — so that a replacement for an
+    answer that is no entity reads as the same kind of phrase in its sentence; "" when it is not in the text."""
+    match = whole_words(answer).search(doc.text)
+    span = None if match is None else doc.char_span(match.start(), match.end(), alignment_mode="expand")
+    if span is None or not len(span):
+        return ""
+    number = span.root.morph.get("Number")
+    return " ".join(part for part in ("DET" if span[0].pos_ == "DET" else "", span.root.pos_,
+                                      number[0] if number else "") if part)
+
+
+def typed_candidates(candidates: list[tuple[str, int]], label: str,
+                     labels: list[str]) -> tuple[list[tuple[str, int]], bool]:
+    """The candidates ((answer, pool row)) whose entity label (`labels[row]`) is the old answer's `label`
+    (a person for a person, a country for a country, a percentage for a percentage: Longpre et al.'s
+    type-preserving substitution), True; all of them, False, when the old answer is no entity or none
+    has its type."""
+    typed = [(a, j) for a, j in candidates if label and labels[j] == label]
+    return (typed, True) if typed else (candidates, False)
+
+
+def shaped_candidates(candidates: list[tuple[str, int]], shape: str,
+                      shapes: list[str]) -> tuple[list[tuple[str, int]], bool]:
+    """The candidates whose shape (`shapes[row]`, `answer_shape`) is the old answer's `shape`, True; all of
+    them, False, when the shape is unknown or no candidate has it."""
+    shaped = [(a, j) for a, j in candidates if shape and shapes[j] == shape]
+    return (shaped, True) if shaped else (candidates, False)
+
+
+@dataclass(frozen=True)
+class AnswerType:
+    """What a replacement must share with an answer: `answer_kind`, the spaCy entity label and the phrase
+    shape of the answer where it stands in its passage ("" where unknown), and the relation the data
+    names (a `relation` field; None without one)."""
+
+    kind: str
+    entity: str = ""
+    shape: str = ""
+    relation: str | None = None
+
+
+def tag_answers(answers: list[str], contexts: list[str | None], relations: list[str | None] | None = None,
+                nlp=None) -> list[AnswerType]:
+    """Each answer's `AnswerType`, tagged where it stands in its context (the passage stating it; an
+    answer with no context, or not found in it, is tagged on its own). `nlp`: a spaCy pipeline with NER and
+    a parser (`tasks.salient_span.load_pipeline`); None tags kind and relation only."""
+    relations = relations or [None] * len(answers)
+    if nlp is None:
+        return [AnswerType(answer_kind(a), relation=r) for a, r in zip(answers, relations, strict=True)]
+    texts = [c if c and states(c, a) else a for a, c in zip(answers, contexts, strict=True)]
+    types = []
+    for doc, answer, relation in zip(nlp.pipe(texts), answers, relations, strict=True):
+        types.append(AnswerType(answer_kind(answer), answer_entity_label(doc, answer), answer_shape(doc, answer),
+                                relation))
+    return types
+
+
+@dataclass(frozen=True)
+class FactEdit:
+    """One planned corpus edit: question `example`'s answer `old` becomes `new` in every passage of
+    `passage_ids`; `kept` says what `new` shares with `old` ("relation capital", "entity PERSON",
+    "shape DET NOUN Sing")."""
+
+    example: int
+    old: str
+    new: str
+    kept: str
+    passage_ids: tuple[str, ...]
+
+
+@dataclass
+class EditPlan:
+    """The edits chosen, and every eligible fact left unedited with the reason."""
+
+    edits: list[FactEdit]
+    skipped: list[tuple[int, str]]
+
+
+def plan_fact_edits(questions: list[str], answers: list[str], types: list[AnswerType], eligible: list[int],
+                    stating: dict[int, list[dict]], n: int, similarity=None) -> EditPlan:
+    """Choose up to `n` corpus edits, one per eligible fact, in the order of `eligible`.
+
+    Args:
+        questions, answers, types: the pool of real answers a replacement is drawn from (row j: question
+            j, its answer, `tag_answers`' type); a fact to edit is a row of it.
+        eligible: rows whose fact may be edited (e.g. answered right, the answer stated in the top passage).
+        stating: row → the passages ({"id", "text"}) that state its answer and are edited with it.
+        similarity: (rows, rows) array of answer similarities (e.g. cosine of their embeddings): the
+            replacement is the most similar candidate (a city for a city); None: the first candidate.
+
+    A replacement is another row's answer that differs from the old one in every word, occurs in none of
+    the passages edited, has the old answer's `answer_kind`, answers a question of the same kind
+    (`question_word`), has at most one word more than the old answer (3 words at least), was not chosen
+    for another edit of the plan, and has the same relation where the data names one, else the same
+    entity type, else (an answer that is no entity) the same phrase shape. A fact with no such
+    replacement, or whose passages another edit of the plan already changed, is skipped with the reason.
+    """
+    edits: list[FactEdit] = []
+    skipped: list[tuple[int, str]] = []
+    used_replacements: set[str] = set()
+    used_passages: set[str] = set()
+    asked = [question_word(q) for q in questions]
+    norm = [normalize_answer(a) for a in answers]
+    for i in eligible:
+        if len(edits) == n:
+            break
+        passages = stating.get(i, [])
+        if not passages:
+            skipped.append((i, "no passage read states its answer"))
+            continue
+        if any(p["id"] in used_passages for p in passages):
+            skipped.append((i, "its passage is already edited for another question"))
+            continue
+        old_words = set(norm[i].split())
+        texts = [p["text"].lower() for p in passages]
+        candidates = [j for j in range(len(answers))
+                      if j != i and norm[j] and norm[j] not in used_replacements
+                      and not set(norm[j].split()) & old_words
+                      and types[j].kind == types[i].kind and asked[j] == asked[i]
+                      and len(answers[j].split()) <= max(3, len(answers[i].split()) + 1)
+                      and not any(answers[j].lower() in t for t in texts)]
+        if types[i].relation is not None:
+            kept = f"relation {types[i].relation}"
+            candidates = [j for j in candidates if types[j].relation == types[i].relation]
+        elif types[i].entity:
+            kept = f"entity {types[i].entity}"
+            candidates = [j for j in candidates if types[j].entity == types[i].entity]
+        elif types[i].shape:
+            kept = f"shape {types[i].shape}"
+            candidates = [j for j in candidates if not types[j].entity and types[j].shape == types[i].shape]
+        else:
+            skipped.append((i, "its answer's type is unknown (no relation, entity or phrase shape)"))
+            continue
+        if not candidates:
+            skipped.append((i, f"no other answer of its type ({kept}) fits"))
+            continue
+        best = candidates[0] if similarity is None else max(candidates, key=lambda j: (float(similarity[i][j]), -j))
+        edits.append(FactEdit(i, answers[i], answers[best], kept, tuple(p["id"] for p in passages)))
+        used_replacements.add(norm[best])
+        used_passages.update(p["id"] for p in passages)
+    return EditPlan(edits, skipped)

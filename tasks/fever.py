@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from tasks.base import Example, Task, check_lengths, format_template, mean, register_task
+from tasks.base import Example, Task, check_lengths, format_template, register_task
 from tasks.io import InputError, require_str
+from tasks.metrics import percent
 
 # FEVER's three labels and the words the reader is trained to generate for them.
 LABEL_TO_WORD = {"SUPPORTS": "true", "REFUTES": "false", "NOT ENOUGH INFO": "maybe"}
@@ -22,6 +23,7 @@ class FeverTask(Task):
 
     name = "fever"
     metrics = ("accuracy",)
+    answer_field = "label"
     default_options: ClassVar[dict[str, Any]] = {
         "query_template": "question: {claim} answer: <extra_id_0>",
         "target_template": "<extra_id_0> {answer}",
@@ -61,7 +63,7 @@ class FeverTask(Task):
         *,
         retrieved: list[list[dict]] | None = None,
     ) -> dict[str, float]:
-        """Accuracy: the generated word, stripped and lower-cased, equals the gold word."""
+        """Accuracy in percent: the generated word, stripped and lower-cased, is the gold word."""
         check_lengths(examples, predictions)
         correct = []
         for example, prediction in zip(examples, predictions):
@@ -69,4 +71,4 @@ class FeverTask(Task):
                 raise ValueError(f"example '{example.id}' has no label to score against")
             answer = self.postprocess(example, prediction).lower()
             correct.append(float(answer == example.answers[0]))
-        return {"accuracy": mean(correct)}
+        return {"accuracy": percent(correct)}

@@ -4,18 +4,26 @@ One adapter covers every KILT dataset; the dataset (taken from the file name, e.
 `hotpotqa-dev-kilt.jsonl`, or the `kilt_task` option) decides the target handling and the
 primary metric (KILT's leaderboard metric):
 
-| dataset                          | kind            | target                           | primary  |
-|----------------------------------|-----------------|----------------------------------|----------|
-| fever                            | fact checking   | SUPPORTS/REFUTES → "true"/"false" | accuracy |
-| aidayago2, wned, cweb            | entity linking  | the Wikipedia title              | accuracy |
-| trex, structured_zeroshot (zsRE) | slot filling    | the object entity                | accuracy |
-| nq, hotpotqa, triviaqa           | open-domain QA  | a gold answer                    | em       |
-| eli5                             | long-form QA    | a gold answer                    | rougel   |
-| wow                              | dialogue        | the next utterance               | f1       |
+| dataset                          | kind            | target                           | primary     |
+|----------------------------------|-----------------|----------------------------------|-------------|
+| fever                            | fact checking   | SUPPORTS/REFUTES → "true"/"false" | accuracy    |
+| aidayago2, wned, cweb            | entity linking  | the Wikipedia title              | accuracy    |
+| trex, structured_zeroshot (zsRE) | slot filling    | the object entity                | accuracy    |
+| nq, hotpotqa, triviaqa           | open-domain QA  | a gold answer                    | exact_match |
+| eli5                             | long-form QA    | a gold answer                    | rouge_l     |
+| wow                              | dialogue        | the next utterance               | f1          |
+
+The metrics are the project's names in percent (`exact_match`, `kilt_exact_match`, `r_precision`,
+`provenance_recall@5`, …: 100 × the official value, `tasks.kilt_scoring.as_metrics`);
+`KiltTask.official_report` gives the official scorers' own keys and [0, 1] scale.
 
 Dialogue inputs (turns separated by new lines) are joined with `dialogue_separator`. Predictions
 are scored by `tasks.kilt_scoring`, the port of KILT's official scorers; provenance is the
-retrieved passages' `wikipedia_id`.
+retrieved passages' `wikipedia_id`. Scoring provenance (R-precision, recall@k, KILT-*) needs every
+labelled evaluation record's gold pages (`check_provenance`): a recipe whose evaluation file has a
+record without them is refused at config load (`atlas.config.validate_data`) with its file, line and
+field, unless the option `provenance_metrics` is false (answers scored only); `evaluate` itself
+scores such a record as KILT's scorer does (R-precision 0) and warns.
 """
 
 from __future__ import annotations
@@ -29,14 +37,16 @@ from typing import Any, ClassVar
 from tasks.base import Example, Task, check_lengths, format_template, register_task
 from tasks.io import InputError, require_str
 from tasks.kilt_scoring import (
+    as_metrics,
     gold_answers,
+    official_report,
     score_kilt,
     write_kilt_predictions,  # noqa: F401  (re-exported: the evaluation loop writes with it)
 )
 
 logger = logging.getLogger(__name__)
 
-# dataset → (kind, primary metric)
+# dataset → (kind, primary metric: a name of `tasks.metrics.METRIC_NAMES`)
 KILT_DATASETS: dict[str, tuple[str, str]] = {
     "fever": ("fact_checking", "accuracy"),
     "aidayago2": ("entity_linking", "accuracy"),
@@ -44,17 +54,17 @@ KILT_DATASETS: dict[str, tuple[str, str]] = {
     "cweb": ("entity_linking", "accuracy"),
     "trex": ("slot_filling", "accuracy"),
     "structured_zeroshot": ("slot_filling", "accuracy"),
-    "nq": ("qa", "em"),
-    "hotpotqa": ("qa", "em"),
-    "triviaqa": ("qa", "em"),
-    "eli5": ("long_form_qa", "rougel"),
+    "nq": ("qa", "exact_match"),
+    "hotpotqa": ("qa", "exact_match"),
+    "triviaqa": ("qa", "exact_match"),
+    "eli5": ("long_form_qa", "rouge_l"),
     "wow": ("dialogue", "f1"),
-    "generic": ("qa", "em"),
+    "generic": ("qa", "exact_match"),
 }
 _ALIASES = {"zsre": "structured_zeroshot", "zeroshot": "structured_zeroshot", "aida": "aidayago2"}
 FEVER_TO_WORD = {"SUPPORTS": "true", "REFUTES": "false"}
 WORD_TO_FEVER = {word: label for label, word in FEVER_TO_WORD.items()}
-DOWNSTREAM_METRICS = ("accuracy", "em", "f1", "rougel")
+DOWNSTREAM_METRICS = ("accuracy", "em", "f1", "rougel")  # the official scorer's keys
 
 
 def infer_kilt_dataset(path: str | os.PathLike) -> str:
@@ -71,13 +81,17 @@ class KiltTask(Task):
     """Any KILT dataset in native KILT format, scored with KILT's official definitions."""
 
     name = "kilt"
-    metrics = ("em", "accuracy", "f1", "rougel")
+    metrics = ("exact_match", "accuracy", "f1", "rouge_l")
+    answer_field = "output[].answer"
     default_options: ClassVar[dict[str, Any]] = {
         "kilt_task": "auto",
         "query_template": "question: {input} answer: <extra_id_0>",
         "target_template": "<extra_id_0> {answer}",
         "dialogue_separator": " / ",
         "provenance_key": "wikipedia_id",
+        # false: score the answers only (a KILT-format file without gold pages); true: also
+        # R-precision, recall@k and the KILT- scores, which need every record's provenance
+        "provenance_metrics": True,
     }
 
     def __init__(self, **options: Any):
@@ -155,7 +169,7 @@ class KiltTask(Task):
             query=query,
             target=target,
             answers=answers,
-            metadata={"kilt": gold, "kilt_task": dataset},
+            metadata={"kilt": gold, "kilt_task": dataset, "source": (str(path), line)},
         )
 
     def _target(self, dataset: str, answer: str) -> str:
@@ -194,16 +208,48 @@ class KiltTask(Task):
         *,
         retrieved: list[list[dict]] | None = None,
     ) -> dict[str, float]:
-        """Official KILT metrics; with `retrieved`, also R-precision, recall@k and KILT-*.
+        """KILT's metrics in percent under the project's names: exact_match, accuracy, f1,
+        rouge_l; with `retrieved`, also kilt_*, r_precision and provenance_*@k.
 
         The primary metric (first key) is the dataset's leaderboard metric.
         """
+        scores = as_metrics(self.official_scores(examples, predictions, retrieved=retrieved))
+        primary = KILT_DATASETS[examples[0].metadata["kilt_task"] if examples else "generic"][1]
+        return {primary: scores[primary], **{k: v for k, v in scores.items() if k != primary}}
+
+    def official_report(
+        self,
+        examples: list[Example],
+        predictions: list[str],
+        *,
+        retrieved: list[list[dict]] | None = None,
+    ) -> dict[str, dict[str, float]]:
+        """The scores as KILT's official scorers print them: their key names and [0, 1] scale,
+        grouped `downstream` / `kilt` / `retrieval` (`tasks.kilt_scoring.official_report`)."""
+        return official_report(self.official_scores(examples, predictions, retrieved=retrieved))
+
+    def official_scores(
+        self,
+        examples: list[Example],
+        predictions: list[str],
+        *,
+        retrieved: list[list[dict]] | None = None,
+    ) -> dict[str, float]:
+        """`tasks.kilt_scoring.score_kilt` of the predictions: official key names, [0, 1] scale;
+        the downstream metrics only without `retrieved`."""
         check_lengths(examples, predictions)
         if retrieved is not None and len(retrieved) != len(examples):
             raise ValueError(f"{len(retrieved)} retrieval lists for {len(examples)} examples")
         datasets = {e.metadata["kilt_task"] for e in examples}
         if len(datasets) > 1:
             raise ValueError(f"examples from several KILT datasets: {sorted(datasets)}")
+        if not self.options["provenance_metrics"]:
+            retrieved = None
+        if retrieved is not None:
+            try:
+                check_provenance(examples)
+            except InputError as error:  # scored as KILT's scorer does (R-precision 0), but said
+                logger.warning("%s; such records score R-precision 0 and no KILT- points", error)
         gold_records = [e.metadata["kilt"] for e in examples]
         guess_records = []
         for n, (example, prediction) in enumerate(zip(examples, predictions)):
@@ -214,5 +260,31 @@ class KiltTask(Task):
         scores = score_kilt(gold_records, guess_records)
         if retrieved is None:
             scores = {name: scores[name] for name in DOWNSTREAM_METRICS}
-        primary = KILT_DATASETS[datasets.pop() if datasets else "generic"][1]
-        return {primary: scores[primary], **{k: v for k, v in scores.items() if k != primary}}
+        return scores
+
+
+def check_provenance(examples: list[Example]) -> None:
+    """Raise `InputError` (file, line, field) for the first labelled record whose gold pages are
+    missing: no provenance entry in any output, or an entry without a `wikipedia_id`.
+
+    R-precision, recall@k and the KILT- scores compare the retrieved pages with these; KILT's own
+    scorer gives a record without them R-precision 0 in silence. Records without answers (an
+    unlabelled test file) are not scored, so not checked.
+    """
+    for example in examples:
+        if not example.answers:
+            continue
+        path, line = example.metadata.get("source", ("<examples>", None))
+        pages = 0
+        for n, output in enumerate(example.metadata["kilt"]["output"]):
+            for m, entry in enumerate(output.get("provenance") or []):
+                if entry.get("wikipedia_id") in (None, ""):
+                    raise InputError(path, line, f"output[{n}].provenance[{m}].wikipedia_id",
+                                     "missing: each provenance entry names its Wikipedia page")
+                pages += 1
+        if not pages:
+            raise InputError(
+                path, line, "output[].provenance",
+                "no provenance in any output: R-precision, recall@k and the KILT- scores compare the "
+                "retrieved pages with the record's gold pages; give them, or set "
+                "task.options.provenance_metrics=false to score the answers only")

@@ -14,6 +14,12 @@ Ported from the definitions in facebookresearch/KILT (`kilt/eval_downstream.py`,
   recall and success are reported for k > 1 only, as the official scorer does.
 Differences, on purpose: a missing, duplicate or unknown prediction id, or a gold record with no
 answer, is an error naming the file and line instead of a bare assertion.
+
+`score_kilt` returns the official key names (`em`, `KILT-em`, `Rprec`, `recall@5`, …) in the
+official [0, 1] scale; `official_report` groups them as the official scorers print them. What atlas
+shows everywhere else is `as_metrics`: the same numbers × 100 under the project's metric names
+(`tasks.metrics.METRIC_NAMES`: `exact_match`, `kilt_exact_match`, `r_precision`,
+`provenance_recall@5`, …).
 """
 
 from __future__ import annotations
@@ -28,6 +34,55 @@ from tasks.metrics import exact_match, f1, normalize_answer, rouge_l  # noqa: F4
 
 RANK_KEYS = ("wikipedia_id",)
 DEFAULT_KS = (1, 5, 10, 20)
+DOWNSTREAM_KEYS = ("accuracy", "em", "f1", "rougel")
+
+# the official scorers' key → the project's metric name (the prefix of the `@k` keys)
+OFFICIAL_NAMES = {
+    "accuracy": "accuracy",
+    "em": "exact_match",
+    "f1": "f1",
+    "rougel": "rouge_l",
+    "KILT-accuracy": "kilt_accuracy",
+    "KILT-em": "kilt_exact_match",
+    "KILT-f1": "kilt_f1",
+    "KILT-rougel": "kilt_rouge_l",
+    "Rprec": "r_precision",
+    "precision": "provenance_precision",
+    "recall": "provenance_recall",
+    "success_rate": "provenance_success",
+}
+
+
+def metric_name(official: str) -> str:
+    """The project's name of an official KILT key: `em` → `exact_match`, `recall@5` →
+    `provenance_recall@5`."""
+    base, at, k = official.partition("@")
+    if base not in OFFICIAL_NAMES:
+        raise ValueError(
+            f"unknown KILT metric {official!r}; known: {', '.join(OFFICIAL_NAMES)} (and their @k)"
+        )
+    return OFFICIAL_NAMES[base] + at + k
+
+
+def as_metrics(scores: dict[str, float]) -> dict[str, float]:
+    """`score_kilt`'s official scores → the project's names, in percent (100 × the official
+    value), in the same order."""
+    return {metric_name(key): 100 * value for key, value in scores.items()}
+
+
+def official_report(scores: dict[str, float]) -> dict[str, dict[str, float]]:
+    """`score_kilt`'s flat scores grouped as KILT's scorers print them, official names and scale:
+    `{"downstream": {accuracy, em, f1, rougel}, "kilt": {KILT-…}, "retrieval": {Rprec, …}}`
+    (`downstream` and `kilt` only when the downstream metrics were computed)."""
+    report: dict[str, dict[str, float]] = {}
+    downstream = {k: v for k, v in scores.items() if k in DOWNSTREAM_KEYS}
+    if downstream:
+        report["downstream"] = downstream
+        report["kilt"] = {k: v for k, v in scores.items() if k.startswith("KILT-")}
+    report["retrieval"] = {
+        k: v for k, v in scores.items() if k not in DOWNSTREAM_KEYS and not k.startswith("KILT-")
+    }
+    return report
 
 
 # ----------------------------------------------------------------------------- files

@@ -1,5 +1,12 @@
 """Answer metrics, written to give the same numbers as the scorers the benchmarks publish.
 
+Every metric a user sees (`atlas evaluate`'s metrics.json, the training log and summary, `atlas
+score`, the benchmarks) is a **percentage** (0–100, as papers print them) and has one name across
+tasks (`METRIC_NAMES`); per-example scores in [0, 1] become a percentage only when averaged, by
+`percent`. The single exception is KILT's official report (`tasks.kilt_scoring.official_report`),
+which keeps the official scorers' own key names and [0, 1] scale so that it can be compared with
+their output line by line.
+
 - `normalize_answer`, `exact_match`, `f1`: the SQuAD v1.1 evaluation script (also used verbatim by
   KILT's `eval_downstream.py`, FiD and Atlas): lower-case, drop ASCII punctuation, drop the
   articles a/an/the, collapse white space; F1 over the bag of normalised tokens.
@@ -22,6 +29,38 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 
 import regex  # \p{L}-style Unicode classes, which the standard `re` module lacks
+
+# name → meaning; every value is a percentage. `@k`: of the top k retrieved passages.
+METRIC_NAMES: dict[str, str] = {
+    "exact_match": "the SQuAD-normalised prediction equals a gold answer",
+    "f1": "SQuAD token F1 with the closest gold answer",
+    "rouge_l": "ROUGE-L F with the closest gold answer (the `rouge` package's, as KILT's)",
+    "accuracy": "the prediction is the gold label / answer / option letter (strict)",
+    "debiased_accuracy": "multiple choice: the most probable option, averaged over option orders",
+    "answer_recall@k": "a gold answer's tokens occur in one of the top k passages (has_answer)",
+    "answer_mrr": "mean of 1 / rank of the first passage holding an answer (0 when none)",
+    "gold_recall@k": "one of the top k passages is a gold passage (examples naming gold ids)",
+    "gold_mrr": "mean of 1 / rank of the first gold passage (examples naming gold ids)",
+    "r_precision": "KILT: the first R distinct pages retrieved that are in a gold set of R pages",
+    "provenance_precision@k": "KILT: gold provenance sets complete in the top k pages, over k",
+    "provenance_recall@k": "KILT: gold provenance sets complete in the top k pages, over the sets",
+    "provenance_success@k": "KILT: some gold provenance set is complete in the top k pages",
+    "kilt_accuracy": "KILT: accuracy counted only where R-precision is 100",
+    "kilt_exact_match": "KILT: exact_match counted only where R-precision is 100",
+    "kilt_f1": "KILT: f1 counted only where R-precision is 100",
+    "kilt_rouge_l": "KILT: rouge_l counted only where R-precision is 100",
+}
+
+
+def percent(scores: Iterable[float]) -> float:
+    """The mean of per-example scores in [0, 1], as a percentage: 100 · (Σ scores / n), summed
+    left to right as the official scorers sum, so exactly 100 × their mean; 0.0 for no scores."""
+    total, n = 0.0, 0
+    for score in scores:
+        total += score
+        n += 1
+    return 100 * (total / n) if n else 0.0
+
 
 _PUNCTUATION = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")

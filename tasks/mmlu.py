@@ -6,7 +6,7 @@ Inputs: the original headerless CSV (`question,A,B,C,D,answer`; `<subject>_<spli
 Metrics: accuracy (the reader's letter on the original option order) and, when aggregated
 letter probabilities are given, de-biased accuracy (argmax of the probabilities averaged over
 option permutations, see `tasks.multiple_choice`), each overall (per question), per category and
-per subject.
+per subject, in percent.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
-from tasks.base import Example, Task, check_lengths, mean, register_task
+from tasks.base import Example, Task, check_lengths, register_task
 from tasks.io import InputError, read_jsonl, require_str
+from tasks.metrics import percent
 from tasks.mmlu_subjects import CATEGORIES, subject_category
 from tasks.multiple_choice import (
     DEFAULT_QUERY_TEMPLATE,
@@ -70,6 +71,7 @@ class MMLUTask(Task):
 
     name = "mmlu"
     metrics = ("accuracy", "debiased_accuracy")
+    answer_field = "answer"
     default_options: ClassVar[dict[str, Any]] = {
         "query_template": DEFAULT_QUERY_TEMPLATE,
         "target_template": DEFAULT_TARGET_TEMPLATE,
@@ -206,8 +208,8 @@ class MMLUTask(Task):
         `predictions` are the reader's outputs on the original option order (a letter, or text
         naming one); `letter_probs[i]` are example i's de-biased probabilities of the original
         letters (`tasks.multiple_choice.aggregate`). Keys: `accuracy`, `accuracy/<category>`,
-        `accuracy/subject/<subject>`, and the same with `debiased_accuracy`. Overall and category
-        figures are per-question averages. `retrieved` is not used.
+        `accuracy/subject/<subject>`, and the same with `debiased_accuracy`, in percent. Overall and
+        category figures are per-question averages. `retrieved` is not used.
         """
         check_lengths(examples, predictions)
         if letter_probs is not None and len(letter_probs) != len(examples):
@@ -221,18 +223,18 @@ class MMLUTask(Task):
         result: dict[str, float] = {}
         for kind, letters in kinds.items():
             correct = [float(letter == e.answers[0]) for e, letter in zip(examples, letters)]
-            result[kind] = mean(correct)
+            result[kind] = percent(correct)
             for category in CATEGORIES:
                 chosen = [
                     c for c, e in zip(correct, examples) if e.metadata.get("category") == category
                 ]
                 if chosen:
-                    result[f"{kind}/{category}"] = mean(chosen)
+                    result[f"{kind}/{category}"] = percent(chosen)
             by_subject: dict[str, list[float]] = {}
             for c, e in zip(correct, examples):
                 by_subject.setdefault(e.metadata.get("subject") or "unknown", []).append(c)
             for subject in sorted(by_subject):
-                result[f"{kind}/subject/{subject}"] = mean(by_subject[subject])
+                result[f"{kind}/subject/{subject}"] = percent(by_subject[subject])
         return result
 
 

@@ -27,12 +27,11 @@ from tasks.base import (
     Task,
     check_lengths,
     format_template,
-    mean,
     register_task,
     strip_sentinels,
 )
 from tasks.io import InputError, require_str
-from tasks.metrics import exact_match, f1, rouge_l
+from tasks.metrics import exact_match, f1, percent, rouge_l
 
 SOURCE_PASSAGE = ("filter", "keep", "ensure")
 
@@ -97,7 +96,7 @@ def lm_split(
 class _PretextTask(Task):
     """Shared loading and scoring of the pretext tasks (EM, F1, ROUGE-L of the target)."""
 
-    metrics = ("exact_match", "f1", "rougel")
+    metrics = ("exact_match", "f1", "rouge_l")
     base_options: ClassVar[dict[str, Any]] = {"seed": 0, "min_words": 2, "max_words": 512,
                                               "source_passage": "filter"}
 
@@ -168,7 +167,7 @@ class _PretextTask(Task):
         *,
         retrieved: list[list[dict]] | None = None,
     ) -> dict[str, float]:
-        """Mean EM, F1 and ROUGE-L of the generated text (sentinels dropped) against the target."""
+        """EM, F1 and ROUGE-L (percent) of the generated text (sentinels dropped) against the target."""
         check_lengths(examples, predictions)
         em_scores, f1_scores, rouge_scores = [], [], []
         for example, prediction in zip(examples, predictions):
@@ -177,7 +176,7 @@ class _PretextTask(Task):
             em_scores.append(float(exact_match(answer, gold)))
             f1_scores.append(f1(answer, gold))
             rouge_scores.append(rouge_l(answer, gold) if answer else 0.0)
-        return {"exact_match": mean(em_scores), "f1": mean(f1_scores), "rougel": mean(rouge_scores)}
+        return {"exact_match": percent(em_scores), "f1": percent(f1_scores), "rouge_l": percent(rouge_scores)}
 
     def _example(self, passage: dict, query: str, target: str) -> Example:
         """The example, with the source passage filtered, kept or ensured (`source_passage`)."""

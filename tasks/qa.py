@@ -6,7 +6,7 @@ Accepted record forms (one JSON object per line):
 - `{"context": "Question: …\\nAnswer:", "answer", "aliases": [...]}` (TriviaQA as packaged by
   llm-foundry): the question is cut out of the context, the answers are answer + aliases.
 An `"id"` field is used where present, else the 0-based record index. Metrics: exact match and
-F1 with SQuAD normalisation, maximised over the gold answers.
+F1 with SQuAD normalisation, maximised over the gold answers, in percent.
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ from tasks.base import (
     Task,
     check_lengths,
     format_template,
-    mean,
     register_task,
 )
 from tasks.io import InputError, require_str
-from tasks.metrics import max_exact_match, max_f1
+from tasks.metrics import max_exact_match, max_f1, percent
 
 _TRIVIAQA_PREFIX = "Question:"
 _TRIVIAQA_SUFFIX = "Answer:"
@@ -126,7 +125,7 @@ class QATask(Task):
         *,
         retrieved: list[list[dict]] | None = None,
     ) -> dict[str, float]:
-        """Mean exact match and F1 (in [0, 1]) over the examples; `retrieved` is not used."""
+        """Exact match and F1 over the examples, in percent; `retrieved` is not used."""
         check_lengths(examples, predictions)
         em_scores, f1_scores = [], []
         for example, prediction in zip(examples, predictions):
@@ -135,4 +134,4 @@ class QATask(Task):
             answer = self.postprocess(example, prediction)
             em_scores.append(max_exact_match(answer, example.answers))
             f1_scores.append(max_f1(answer, example.answers))
-        return {"exact_match": mean(em_scores), "f1": mean(f1_scores)}
+        return {"exact_match": percent(em_scores), "f1": percent(f1_scores)}

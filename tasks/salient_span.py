@@ -120,7 +120,7 @@ class SalientSpanQuestions(_PretextTask):
     """Salient span masking as question answering over retrieved passages (see the module)."""
 
     name = "ssm"
-    metrics = ("exact_match", "f1", "rougel")
+    metrics = ("exact_match", "f1", "rouge_l")
     default_options: ClassVar[dict[str, Any]] = {
         "seed": 0,
         "min_context_words": 3,

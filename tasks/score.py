@@ -1,6 +1,9 @@
 """Score a prediction file against a gold file with the task's own metrics (`atlas score`).
 
-- `kilt`: both files in KILT's formats; KILT's official downstream + retrieval metrics.
+The metrics are those `atlas evaluate` writes: the project's names, in percent
+(`tasks.metrics.METRIC_NAMES`), primary metric first.
+- `kilt`: both files in KILT's formats; KILT's official downstream + retrieval metrics (× 100, the
+  project's names), or with `official=True` the official scorers' own report (their keys, [0, 1]).
 - `qa`, `fever`, pretext tasks: prediction lines `{"id" | "question", "answer" | "prediction"}`
   (`question` matches the gold question text when the line has no id).
 - `mmlu`: prediction lines `{"id", "prediction": "B"}` (ids as the `mmlu` task assigns them,
@@ -8,7 +11,8 @@
   `"probabilities": {"A": …}` (as `atlas evaluate` writes them in predictions.jsonl) or
   `"probs"`, which adds the de-biased accuracy. `atlas evaluate`'s own predictions.jsonl scores
   to the metrics it printed.
-Every gold example needs exactly one prediction: missing, duplicate and unknown ids are errors.
+Every gold example needs exactly one prediction: missing, duplicate and unknown ids are errors,
+and gold answers (`check_labelled`, also what `atlas evaluate` checks before predicting).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Any
 from tasks.base import Example, get_task
 from tasks.io import InputError, read_jsonl
 from tasks.kilt import KILT_DATASETS, KiltTask
-from tasks.kilt_scoring import DEFAULT_KS, score_kilt_files
+from tasks.kilt_scoring import DEFAULT_KS, as_metrics, official_report, score_kilt_files
 
 # Where a prediction line may carry the de-biased letter probabilities (MMLU): the name
 # `atlas evaluate` writes, and the short form.
@@ -105,6 +109,40 @@ def _match_predictions(
     return predictions, (probs if with_probs else None)  # type: ignore[return-value]
 
 
+def check_labelled(task, data_path: str | os.PathLike | None, examples: list[Example]) -> None:
+    """Raise unless every example has gold answers to score against: an `InputError` naming the
+    file, line and the task's answer field (`Task.answer_field`) of the first that has none, or,
+    for examples given without a file, a ValueError naming their ids."""
+    unlabelled = [e for e in examples if not e.answers]
+    if not unlabelled:
+        return
+    message = (
+        f"no gold answer to score against ({len(unlabelled)} of {len(examples)} examples have "
+        "none); an unlabelled test set is predicted without scores by `atlas evaluate … "
+        "--predict-only`"
+    )
+    if data_path is not None:
+        location = _record_location(task, data_path, unlabelled[0].id)
+        if location is not None:
+            raise InputError(location[0], location[1], task.answer_field, message)
+    shown = ", ".join(e.id for e in unlabelled[:5]) + (" …" if len(unlabelled) > 5 else "")
+    raise ValueError(f"{data_path or 'the given examples'}: examples {shown}: {message}")
+
+
+def _record_location(task, data_path: str | os.PathLike, example_id: str) -> tuple[str, int] | None:
+    """(file, line) of the record that `task.load(data_path)` turns into the example `example_id`
+    (records are read again: only on the way to an error)."""
+    records = task.iter_records(data_path, lambda error: None)
+    for index, (source, line, record) in enumerate(records):
+        try:
+            example = task.parse_record(record, source, line, index)
+        except InputError:  # a record that `skip_invalid` left out
+            continue
+        if example is not None and example.id == example_id:
+            return source, line
+    return None
+
+
 def score_files(
     task_name: str,
     gold_path: str | os.PathLike,
@@ -112,22 +150,32 @@ def score_files(
     *,
     ks: tuple[int, ...] = DEFAULT_KS,
     retrieval_only: bool = False,
+    official: bool = False,
     **options: Any,
-) -> dict[str, float]:
-    """Metrics of the predictions in `pred_path` against `gold_path`, primary metric first.
+) -> dict[str, Any]:
+    """Metrics (percent) of the predictions in `pred_path` against `gold_path`, primary first.
 
-    `ks` and `retrieval_only` apply to KILT; `options` are the task's options (e.g. `kilt_task`).
+    `ks`, `retrieval_only` and `official` apply to KILT (`official`: KILT's scorers' own report,
+    `{"downstream": {"em", …}, "kilt": {"KILT-em", …}, "retrieval": {"Rprec", …}}` in [0, 1]);
+    `options` are the task's options (e.g. `kilt_task`).
     """
     task = get_task(task_name, **options)
     if isinstance(task, KiltTask):
         scores = score_kilt_files(gold_path, pred_path, ks=ks, downstream=not retrieval_only)
+        if official:
+            return official_report(scores)
+        metrics = as_metrics(scores)
         if retrieval_only:
-            return scores
+            return metrics
         primary = KILT_DATASETS[task.dataset_for(gold_path)][1]
-        return {primary: scores[primary], **{k: v for k, v in scores.items() if k != primary}}
-    if retrieval_only:
-        raise ValueError(f"retrieval_only scoring needs KILT files, not task '{task_name}'")
+        return {primary: metrics[primary], **{k: v for k, v in metrics.items() if k != primary}}
+    if retrieval_only or official:
+        raise ValueError(
+            f"{'retrieval_only' if retrieval_only else 'official'} scoring needs KILT files, "
+            f"not task '{task_name}'"
+        )
     examples = task.load(gold_path)
+    check_labelled(task, gold_path, examples)
     predictions, probs = _match_predictions(examples, pred_path, gold_path)
     if probs is not None:
         if task_name != "mmlu":

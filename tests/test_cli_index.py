@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -111,24 +112,23 @@ def test_build_swap_add_remove_search(tmp_path, capsys):
         tmp_path / "new.jsonl", {"c0": "gamma text about oceans", "c1": "delta text about deserts"}
     )
     code, out, _ = run(capsys, "index", "add", "--index", tmp_path / "ib", "--corpus", new)
-    assert code == 0 and "added 2 passages; 7 live passages" in out
+    assert code == 0 and "added 2 and replaced 0 passages (c0, c1); 7 live passages" in out
     assert set(search_ids(capsys, tmp_path / "ib", "oceans", 10)) == {
         f"b{i}-0" for i in range(5)
-    } | {"c0-0", "c1-0"}
+    } | {"c0", "c1"}  # each record one passage under its own id
 
     ids = tmp_path / "ids.txt"
-    ids.write_text("b1-0\nc0-0\n")
-    code, out, _ = run(capsys, "index", "remove", "--index", tmp_path / "ib", "--ids", ids)
+    ids.write_text("b1-0\nc0\n")
+    code, out, _ = run(capsys, "index", "remove", "--index", tmp_path / "ib", "--ids", f"@{ids}")
     assert code == 0 and "removed 2 passages (0 already removed); 5 live passages" in out
     assert set(search_ids(capsys, tmp_path / "ib", "oceans", 10)) == {
         "b0-0",
         "b2-0",
         "b3-0",
         "b4-0",
-        "c1-0",
+        "c1",
     }
-    ids.write_text("zzz\n")
-    code, _, err = run(capsys, "index", "remove", "--index", tmp_path / "ib", "--ids", ids)
+    code, _, err = run(capsys, "index", "remove", "--index", tmp_path / "ib", "--ids", "zzz")
     assert code == 2 and "1 id(s) are not in the index" in err and "'zzz'" in err
 
     code, out, _ = run(capsys, "index", "info", tmp_path / "ib", "--verify")
@@ -285,3 +285,262 @@ def test_commands_without_encoder_embed_as_the_index_was_built(tmp_path, capsys)
     more = write_docs(tmp_path / "more.jsonl", {"r": "rome is the capital of italy"})
     code, out, _ = run(capsys, "index", "add", "--index", tmp_path / "i", "--corpus", more)
     assert code == 0 and "3 live passages" in out
+
+
+# ------------------------------------------------- keeping a corpus current (issue 32), via atlas.cli.main
+def atlas(capsys, *argv) -> tuple[int, str, str]:
+    """Run `atlas ARGV...` through the console entry point: (exit code, stdout, stderr)."""
+    from atlas.cli import main
+
+    capsys.readouterr()
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def files_of(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder` and its bytes: what 'nothing was written' compares."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    """A Flat index of six one-passage documents a0..a5 (passage ids a0-0..a5-0, titles A0..A5)."""
+    from retriever.corpus import prepare_corpus
+    from retriever.index_build import build_index
+
+    root = tmp_path_factory.mktemp("cli-index")
+    encoder = save_tiny_retriever(root / "enc", 0)
+    docs = root / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"id": f"a{i}", "title": f"A{i}", "text": f"alpha text number {i} about "
+                                        "rivers"}) + "\n" for i in range(6)))
+    prepare_corpus([docs], root / "corpus", progress=False)  # chunked: passage ids a{i}-0
+    build_index(root / "corpus", Retriever.from_pretrained(encoder), root / "index", progress=False,
+                encoder_source=str(encoder))
+    return root
+
+
+@pytest.fixture
+def index(built, tmp_path) -> Path:
+    """A fresh copy of the module's index, free to update."""
+    import shutil
+
+    shutil.copytree(built / "index", tmp_path / "index")
+    return tmp_path / "index"
+
+
+def get_json(capsys, index: Path, *ids: str) -> list[dict]:
+    code, out, err = atlas(capsys, "index", "get", "--index", index, *ids, "--json")
+    assert code == 0, err
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def test_update_keeps_the_id_and_changes_what_get_and_search_return(index, tmp_path, capsys):
+    edit = tmp_path / "edit.jsonl"
+    edit.write_text(json.dumps({"id": "a1-0", "text": "volcanoes erupt on the island"}) + "\n")
+    code, out, _ = atlas(capsys, "index", "update", "--index", index, "--corpus", edit)
+    assert code == 0 and out == f"updated 1 passages (a1-0); 6 live passages in {index}\n"
+    assert get_json(capsys, index, "a1-0", "a2-0") == [
+        {"id": "a1-0", "title": "A1", "text": "volcanoes erupt on the island"},  # no title given: kept
+        {"id": "a2-0", "title": "A2", "text": "alpha text number 2 about rivers"},
+    ]
+    code, out, _ = atlas(capsys, "index", "search", "--index", index, "volcanoes", "-k", "10", "--json")
+    hits = {h["id"]: h["text"] for h in json.loads(out)["hits"]}
+    assert sorted(hits) == [f"a{i}-0" for i in range(6)]  # one live version of each id
+    assert hits["a1-0"] == "volcanoes erupt on the island"
+    code, out, _ = atlas(capsys, "index", "info", "--index", index, "--verify")
+    info = json.loads(out)
+    assert (info["count"], info["total"], info["generation"], len(info["segments"])) == (6, 7, 2, 2)
+
+
+def test_update_of_an_unknown_id_names_it_and_its_line_and_writes_nothing(index, tmp_path, capsys):
+    before = files_of(index)
+    edit = tmp_path / "edit.jsonl"
+    edit.write_text(json.dumps({"id": "a1-0", "text": "fine"}) + "\n" + json.dumps({"id": "zz", "text": "x"}) + "\n")
+    code, out, err = atlas(capsys, "index", "update", "--index", index, "--corpus", edit)
+    assert code == 2 and out == ""
+    assert err.endswith(f"atlas index update: error: {edit}:2: passage id 'zz' has no live passage in the index "
+                        f"{index}; add new passages with `atlas index add`\n")
+    assert files_of(index) == before
+
+
+def test_add_of_a_live_id_refuses_and_replace_replaces(index, tmp_path, capsys):
+    before = files_of(index)
+    new = write_docs(tmp_path / "new.jsonl", {"n0": "gamma text about oceans", "a3-0": "delta text about deserts"})
+    code, out, err = atlas(capsys, "index", "add", "--index", index, "--corpus", new)
+    assert code == 2 and out == ""
+    assert err.endswith(f"atlas index add: error: {new}:2: passage id 'a3-0' is already in the index {index}; "
+                        "replace it with `atlas index update` (or `atlas index add --replace`)\n")
+    assert files_of(index) == before
+    code, out, _ = atlas(capsys, "index", "add", "--index", index, "--corpus", new, "--replace")
+    assert code == 0 and out == f"added 1 and replaced 1 passages (n0, a3-0); 7 live passages in {index}\n"
+    assert get_json(capsys, index, "a3-0", "n0") == [
+        {"id": "a3-0", "title": "A3-0", "text": "delta text about deserts"},
+        {"id": "n0", "title": "N0", "text": "gamma text about oceans"},
+    ]
+
+
+def test_a_removed_passage_added_back_keeps_its_id(index, tmp_path, capsys):
+    """The report of issue 32: `nq-486-0` removed and added again came back as `nq-486-0-0`."""
+    assert atlas(capsys, "index", "remove", "--index", index, "--ids", "a4-0")[0] == 0
+    again = tmp_path / "again.jsonl"
+    again.write_text(json.dumps({"id": "a4-0", "title": "A4", "text": "alpha text number 4, revised"}) + "\n")
+    code, _, err = atlas(capsys, "index", "add", "--index", index, "--corpus", again, "--chunk-words", "100")
+    assert code == 2 and err.endswith(
+        f"atlas index add: error: {again}:1: passage id 'a4-0' names a passage of the index {index}, but with "
+        "chunk_words 100 this record would be added as 'a4-0-0'; pass --chunk-words 0 to add records as "
+        "passages under their own ids (`atlas index update` replaces a live one)\n")
+    code, out, _ = atlas(capsys, "index", "add", "--index", index, "--corpus", again)
+    assert code == 0 and out == f"added 1 and replaced 0 passages (a4-0); 6 live passages in {index}\n"
+    assert get_json(capsys, index, "a4-0") == [{"id": "a4-0", "title": "A4", "text": "alpha text number 4, revised"}]
+    code, out, _ = atlas(capsys, "index", "remove", "--index", index, "--ids", "a4-0")
+    assert code == 0 and out == f"removed 1 passages (0 already removed); 5 live passages in {index}\n"
+
+
+def test_remove_takes_ids_or_an_at_file(index, tmp_path, capsys):
+    code, out, _ = atlas(capsys, "index", "remove", "--index", index, "--ids", "a0-0", "a1-0")
+    assert code == 0 and out == f"removed 2 passages (0 already removed); 4 live passages in {index}\n"
+    ids = tmp_path / "ids.txt"
+    ids.write_text("a2-0\n\na0-0\n")
+    code, out, _ = atlas(capsys, "index", "remove", "--index", index, "--ids", f"@{ids}")
+    assert code == 0 and out == f"removed 1 passages (1 already removed); 3 live passages in {index}\n"
+    before = files_of(index)
+    code, _, err = atlas(capsys, "index", "remove", "--index", index, "--ids", ids)
+    assert code == 2 and err.endswith(f"1 id(s) are not in the index {index}: '{ids}' ({ids} is a file: write "
+                                      f"@{ids} to read ids from it)\n")
+    code, _, err = atlas(capsys, "index", "remove", "--index", index, "--ids", f"@{tmp_path / 'none.txt'}")
+    assert code == 2 and f"{tmp_path / 'none.txt'}: file not found" in err
+    assert files_of(index) == before
+
+
+def test_get_prints_passages_and_names_ids_without_one(index, tmp_path, capsys):
+    code, out, _ = atlas(capsys, "index", "get", "--index", index, "a0-0")
+    assert code == 0 and out == "id: a0-0\ntitle: A0\ntext: alpha text number 0 about rivers\n\n"
+    ids = tmp_path / "ids.txt"
+    ids.write_text("a2-0\na1-0\n")
+    assert [p["id"] for p in get_json(capsys, index, "a5-0", f"@{ids}")] == ["a5-0", "a2-0", "a1-0"]
+    atlas(capsys, "index", "remove", "--index", index, "--ids", "a5-0")
+    code, out, err = atlas(capsys, "index", "get", "--index", index, "a0-0", "a5-0", "nope")
+    assert code == 2 and out == ""
+    assert err == (f"atlas index get: error: 2 id(s) have no live passage in the index {index}: "
+                   "'a5-0' (removed), 'nope'\n")
+
+
+def test_index_is_named_by_option_or_by_the_older_positional_form(built, index, tmp_path, capsys):
+    by_option = atlas(capsys, "index", "search", "--index", index, "rivers", "number 3", "-k", "3", "--json")
+    by_position = atlas(capsys, "index", "search", index, "rivers", "number 3", "-k", "3", "--json")
+    assert by_option == by_position and by_option[0] == 0 and len(by_option[1].splitlines()) == 2
+    assert atlas(capsys, "index", "info", index) == atlas(capsys, "index", "info", "--index", index)
+    code, _, err = atlas(capsys, "index", "info")
+    assert code == 2 and "name one index: --index DIR" in err
+    code, _, err = atlas(capsys, "index", "search", "rivers")
+    assert code == 2 and "name the index with --index DIR" in err
+    code, _, _ = atlas(capsys, "index", "build", "--corpus", built / "corpus", "--index", tmp_path / "rebuilt",
+                         "--encoder", built / "enc")  # build writes a new index: --out, or --index
+    assert code == 0 and (tmp_path / "rebuilt" / "manifest.json").is_file()
+
+
+def test_every_index_and_corpus_option_shows_its_default(capsys):
+    from atlas.cli import build_parser
+
+    def subcommands(parser):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                yield from action.choices.items()
+
+    top = dict(subcommands(build_parser()))
+    leaves = [(f"{group} {name}", sub) for group in ("index", "corpus") for name, sub in subcommands(top[group])]
+    leaves.append(("evaluate-retrieval", top["evaluate-retrieval"]))
+    assert len(leaves) == 11
+    for name, parser in leaves:
+        formatter = parser._get_formatter()
+        for action in parser._actions:
+            if action.default in (None, False, argparse.SUPPRESS) or action.help == argparse.SUPPRESS:
+                continue
+            assert "default" in formatter._get_help_string(action), (name, action.dest)
+    with pytest.raises(SystemExit):
+        atlas(capsys, "index", "add", "--help")
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "one passage under its own id (default: 0)" in help_text and "(default: 64)" in help_text
+    assert "--ids ID [ID ...] passage ids; @FILE reads ids from FILE" in " ".join(
+        top["index"]._subparsers._group_actions[0].choices["remove"].format_help().split())
+
+
+def test_info_shows_live_and_dead_rows_and_compact_keeps_every_search_result(index, tmp_path, capsys):
+    new = write_docs(tmp_path / "new.jsonl", {"n0": "gamma text about oceans", "n1": "delta text about deserts"})
+    assert atlas(capsys, "index", "add", "--index", index, "--corpus", new)[0] == 0
+    edit = tmp_path / "edit.jsonl"
+    edit.write_text(json.dumps({"id": "a1-0", "text": "volcanoes erupt on the island"}) + "\n")
+    assert atlas(capsys, "index", "update", "--index", index, "--corpus", edit)[0] == 0
+    assert atlas(capsys, "index", "remove", "--index", index, "--ids", "a2-0")[0] == 0
+    info = json.loads(atlas(capsys, "index", "info", "--index", index)[1])
+    assert (info["live_rows"], info["dead_rows"], info["segment_count"], info["generation"]) == (7, 2, 3, 4)
+    assert info["compaction_due"] is None  # 2 dead rows: under 100, they wait
+    queries = ["volcanoes", "rivers number 3", "oceans"]
+
+    def search() -> list[list[dict]]:
+        """Every hit of every query, all but its row (positions are renumbered: ids and scores stay)."""
+        out = atlas(capsys, "index", "search", "--index", index, *queries, "-k", "7", "--json")[1]
+        return [[{k: v for k, v in hit.items() if k != "row"} for hit in json.loads(line)["hits"]]
+                for line in out.splitlines()]
+
+    searched = search()
+    assert [len(hits) for hits in searched] == [7, 7, 7]
+
+    code, out, _ = atlas(capsys, "index", "compact", "--index", index)
+    assert code == 0 and re.fullmatch(r"compacted all segments: 3 → 1 segments, 9 → 7 rows \(2 dead rows "
+                                      r"dropped\), generation 5, \d+\.\d\d s\n", out), out
+    info = json.loads(atlas(capsys, "index", "info", "--index", index, "--verify")[1])
+    assert (info["live_rows"], info["dead_rows"], info["segment_count"], info["verified"]) == (7, 0, 1, True)
+    assert search() == searched
+    assert get_json(capsys, index, "a1-0")[0]["text"] == "volcanoes erupt on the island"
+    code, out, _ = atlas(capsys, "index", "compact", "--index", index)
+    assert code == 0 and out == f"nothing to compact: {index} is one segment with no dead rows (generation 5)\n"
+
+
+def test_edits_compact_the_index_by_themselves_when_it_is_due(index, tmp_path, capsys):
+    from retriever.index_compact import MAX_SEGMENTS
+
+    for n in range(MAX_SEGMENTS - 1):  # MAX_SEGMENTS segments: not due yet
+        code, out, _ = atlas(capsys, "index", "add", "--index", index, "--corpus",
+                             write_docs(tmp_path / "new.jsonl", {f"n{n}": f"new text {n}"}))
+        assert code == 0 and "compacted" not in out
+    last = write_docs(tmp_path / "new.jsonl", {"last": "the last one"})
+    code, out, _ = atlas(capsys, "index", "add", "--index", index, "--corpus", last, "--no-compact")
+    assert code == 0 and "compacted" not in out  # told not to
+    assert json.loads(atlas(capsys, "index", "info", "--index", index)[1])["compaction_due"] == \
+        f"{MAX_SEGMENTS + 1} corpus segments (more than {MAX_SEGMENTS})"
+    code, out, _ = atlas(capsys, "index", "remove", "--index", index, "--ids", "last")
+    assert code == 0 and out.splitlines()[1].startswith(
+        f"compacted the added segments: {MAX_SEGMENTS + 1} → 2 segments, ")
+    assert out.endswith(f"({MAX_SEGMENTS + 1} corpus segments (more than {MAX_SEGMENTS}))\n")
+    info = json.loads(atlas(capsys, "index", "info", "--index", index, "--verify")[1])
+    assert (info["live_rows"], info["dead_rows"], info["segment_count"]) == (6 + MAX_SEGMENTS - 1, 0, 2)
+
+
+def test_a_compaction_of_an_index_being_written_is_refused(index, capsys):
+    import os
+
+    from retriever.index_files import writer_lock
+
+    before = files_of(index)
+    with writer_lock(index, "add"):
+        code, out, err = atlas(capsys, "index", "compact", "--index", index)
+    assert code == 2 and out == ""
+    assert re.fullmatch(re.escape(f"atlas index compact: error: {index} is being updated by another process (pid "
+                                  f"{os.getpid()}, add since ") + r"[0-9T:Z-]+\); an index has one writer at a "
+                        r"time: try again when it has finished\n", err), err
+    assert files_of(index) == before
+
+
+def test_the_help_states_the_compaction_policy_in_force(capsys):
+    from retriever.index_compact import MAX_DEAD_FRACTION, MAX_SEGMENTS
+
+    with pytest.raises(SystemExit):
+        atlas(capsys, "index", "remove", "--help")
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"more than {MAX_SEGMENTS} corpus segments or {MAX_DEAD_FRACTION:.0%} dead rows" in text
+    with pytest.raises(SystemExit):
+        atlas(capsys, "index", "compact", "--help")
+    assert f"more than {MAX_SEGMENTS} segments or {MAX_DEAD_FRACTION:.0%} dead rows" in \
+        " ".join(capsys.readouterr().out.split())

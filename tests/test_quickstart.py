@@ -14,12 +14,10 @@ from atlas.demo.quickstart import (
     SHIPPED_READER,
     edit_passage,
     edit_passages,
-    pick_edit,
-    pick_edits,
-    replace_fact,
     run_quickstart,
+    split_questions,
 )
-from tasks.base import Example
+from tasks.counterfactual import replace_fact, states
 from tasks.io import read_jsonl
 from tasks.metrics import has_answer
 
@@ -51,21 +49,6 @@ def test_replace_fact_replaces_whole_words_in_any_case_only():
         replace_fact("Tin and tinsel.", "copper", "salt")
 
 
-def test_pick_edit_prefers_a_right_answer_and_a_replacement_of_the_same_relation():
-    def example(answer):
-        return Example(id=answer, query="q", target=None, answers=[answer])
-
-    examples = [example("Quimper"), example("1820"), example("Belmont"), example("1750")]
-    passages = [[{"text": "capital Quimper, founded 1820"}], [{"text": "founded 1820"}],
-                [{"text": "capital Belmont"}], [{"text": "founded 1750"}]]
-    relations = ["capital", "year", "capital", "year"]
-    # the reader got only example 1 right: it is chosen, and 1750 (same relation) replaces 1820
-    assert pick_edit(examples, ["x", "1820", "y", "z"], passages, relations) == (1, "1750")
-    # nothing right: the first question grounded in its top passage; 1820 is in that passage, so skipped
-    assert pick_edit(examples, ["x", "x", "x", "x"], passages, relations) == (0, "Belmont")
-    assert pick_edit(examples, ["x"] * 4, [[{"text": "nothing"}]] * 4, relations) is None
-
-
 def test_edit_passage_updates_the_index_in_place(tiny_world, tmp_path):
     from atlas.build import build_atlas
     from atlas.config import load_config
@@ -81,21 +64,6 @@ def test_edit_passage_updates_the_index_in_place(tiny_world, tmp_path):
     texts = {hit.id: hit.text for hit in hits}
     assert len(model.index) == 5 and texts["p1"] == change["after"]
     assert not any("Quimper" in text for text in texts.values())
-
-
-def test_pick_edits_takes_distinct_passages_right_answers_first():
-    def example(answer):
-        return Example(id=answer, query="q", target=None, answers=[answer])
-
-    examples = [example("Quimper"), example("1820"), example("Belmont"), example("1750"), example("Lorient")]
-    passages = [[{"id": "a", "text": "capital Quimper, founded 1820"}], [{"id": "a", "text": "capital Quimper, founded 1820"}],
-                [{"id": "b", "text": "capital Belmont"}], [{"id": "c", "text": "founded 1750"}],
-                [{"id": "d", "text": "capital Lorient"}]]
-    relations = ["capital", "year", "capital", "year", "capital"]
-    chosen = pick_edits(examples, ["x", "1820", "Belmont", "z", "w"], passages, relations, n=10)
-    assert [i for i, _ in chosen][:2] == [1, 2]  # the right answers first
-    assert len({passages[i][0]["id"] for i, _ in chosen}) == len(chosen) == 4  # passage "a" edited once
-    assert len(pick_edits(examples, ["x"] * 5, passages, relations, n=2)) == 2
 
 
 def test_edit_passages_updates_several_passages_in_one_index_update(tiny_world, tmp_path):
@@ -162,12 +130,68 @@ def test_quickstart_tiny_runs_end_to_end_and_the_edit_reaches_the_answerer(tmp_p
     assert before["answer_recall@1"] >= 75.0 and after["answer_recall@2"] >= 75.0  # MiniLM on the demo
     assert [len(a["evidence"]) for a in report["answers"]] == [2, 2, 2]
     edit = report["edit"]
-    assert edit["done"] and edit["edited_passage_retrieved"], edit
-    assert edit["replacement"] in edit["after"] and edit["gold"] not in edit["after"]
-    assert 1 <= edit["edited"] <= 4 and len({f["id"] for f in edit["facts"]}) == edit["edited"]
+    assert edit["done"] and 1 <= edit["edited"] <= 4 <= edit["eligible"], edit
+    assert edit["edited"] == len(edit["facts"]) == len({f["id"] for f in edit["facts"]})
+    for fact in edit["facts"]:
+        assert states(fact["after"], fact["replacement"]) and not states(fact["after"], fact["gold"]), fact
+        assert fact["kept"].startswith("relation ")  # the demo names each question's relation
+    assert len({f["replacement"] for f in edit["facts"]}) == edit["edited"]  # never the same one twice
     assert edit["followed"] == sum(f["follows_edit"] for f in edit["facts"])
-    assert edit["retrieved_after"] == edit["edited"]  # MiniLM finds every edited passage again
-    assert any("after the edit" in line for line in lines)
+    assert edit["edited_passage_read"] == edit["edited"]  # MiniLM finds every edited passage again
+    assert any("follows the new text" in line or "did not follow" in line for line in lines)
+    page = (out / "report.md").read_text()
+    assert "## Corpus edits" in page and "```json" not in page and len(page) < 8000
+
+
+def _qa_lines(records: list[dict]) -> str:
+    return "".join(json.dumps(r) + "\n" for r in records)
+
+
+@needs_mini
+def test_quickstart_on_your_own_files_reports_the_dev_set_it_was_given(tmp_path):
+    from atlas.cli import main
+
+    heldout = _records("heldout.jsonl")
+    (tmp_path / "train.jsonl").write_text(_qa_lines(_records("train.jsonl")[:24]))
+    (tmp_path / "dev.jsonl").write_text(_qa_lines(heldout[:8]))
+    out = tmp_path / "qs"
+    assert main(["quickstart", "--docs", str(DEMO / "encyclopedia.jsonl"), "--train", str(tmp_path / "train.jsonl"),
+                 "--dev", str(tmp_path / "dev.jsonl"), "--shots", "12", "--tiny", "--out", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["dev"] == str(tmp_path / "dev.jsonl") and report["train"] == str(tmp_path / "train.jsonl")
+    assert report["shots"] == 12 and report["dev_questions"] == 8 and report["split"] is None
+    assert report["documents"] == [str(DEMO / "encyclopedia.jsonl")]
+    assert f"dev questions: {tmp_path / 'dev.jsonl'} (8 evaluated)" in (out / "report.md").read_text()
+
+
+def test_overlapping_train_and_dev_files_are_refused_naming_both(tmp_path, capsys):
+    from atlas.cli import main
+
+    train = _records("train.jsonl")[:5]
+    (tmp_path / "train.jsonl").write_text(_qa_lines(train))
+    (tmp_path / "dev.jsonl").write_text(_qa_lines([_records("heldout.jsonl")[0], train[3]]))
+    code = main(["quickstart", "--docs", str(DEMO / "encyclopedia.jsonl"), "--train", str(tmp_path / "train.jsonl"),
+                 "--dev", str(tmp_path / "dev.jsonl"), "--out", str(tmp_path / "qs")])
+    assert code != 0 and not (tmp_path / "qs").exists()
+    message = capsys.readouterr().err
+    assert f"{tmp_path / 'dev.jsonl'}:2: field 'question': also in the training file {tmp_path / 'train.jsonl'} (line 4)" \
+        in message
+
+
+def test_one_questions_file_is_split_by_seed_and_the_split_is_said(tmp_path):
+    records = [{"question": f"q{i}?", "answers": [f"a{i}"]} for i in range(10)]
+    (tmp_path / "qa.jsonl").write_text(_qa_lines(records))
+    data = split_questions(tmp_path / "qa.jsonl", tmp_path / "out", seed=0)
+    train, dev = _records_at(data.train), _records_at(data.dev)
+    assert data.split == {"from": str(tmp_path / "qa.jsonl"), "seed": 0, "train": 5, "dev": 5}
+    assert sorted(r["question"] for r in train + dev) == sorted(r["question"] for r in records)
+    assert not {r["question"] for r in train} & {r["question"] for r in dev}
+    assert split_questions(tmp_path / "qa.jsonl", tmp_path / "again", seed=0).split == data.split
+    assert _records_at(tmp_path / "again" / "questions" / "train.jsonl") == train
+
+
+def _records_at(path) -> list[dict]:
+    return [record for _, record in read_jsonl(path)]
 
 
 def test_pretext_tasks_read_a_prepared_corpus_folder_with_its_passage_ids(tmp_path):

@@ -5,19 +5,27 @@ from __future__ import annotations
 import argparse
 import json
 
+from atlas.cli.index import DefaultsFormatter
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `corpus` command group to the `atlas` parser."""
-    corpus = subparsers.add_parser("corpus", help="prepare a passage corpus from documents")
+    corpus = subparsers.add_parser(
+        "corpus", help="prepare a passage corpus from documents", formatter_class=DefaultsFormatter
+    )
     commands = corpus.add_subparsers(dest="corpus_command", metavar="SUBCOMMAND", required=True)
 
     prepare = commands.add_parser(
         "prepare",
         help="read JSONL / DPR TSV / datasets folders, chunk, write a memory-mapped corpus",
+        description="Read JSONL / DPR TSV / datasets folders, chunk each document into passages "
+        "named DOCID-0, DOCID-1, ... (DOCID itself with --chunk-words 0), and write a "
+        "memory-mapped corpus folder.",
+        formatter_class=DefaultsFormatter,
     )
     prepare.add_argument("inputs", nargs="+", metavar="INPUT", help="JSONL, .tsv or dataset folder")
     prepare.add_argument("--out", required=True, help="output folder (written atomically)")
-    prepare.add_argument("--chunk-words", type=int, default=100, help="words per passage (0: no chunking)")
+    prepare.add_argument("--chunk-words", type=int, default=100, help="words per passage (0: no chunking: one passage per document)")
     prepare.add_argument(
         "--stride", type=int, default=None,
         help="words between passage starts, 1..chunk-words (default: chunk-words, no overlap; "
@@ -30,7 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     prepare.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     prepare.set_defaults(func=_prepare)
 
-    info = commands.add_parser("info", help="print a prepared corpus's manifest")
+    info = commands.add_parser(
+        "info", help="print a prepared corpus's manifest", formatter_class=DefaultsFormatter
+    )
     info.add_argument("corpus", help="a folder made by `atlas corpus prepare`")
     info.set_defaults(func=_info)
 

@@ -1,4 +1,4 @@
-"""`atlas index build|add|remove|search|info` and `atlas evaluate-retrieval`."""
+"""`atlas index build|add|update|remove|compact|get|search|info` and `atlas evaluate-retrieval`."""
 
 from __future__ import annotations
 
@@ -11,22 +11,71 @@ from collections.abc import Callable
 DEFAULT_ENCODER = "minilm"
 
 
+class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """`--help` with "(default: X)" after each option that has a default to show.
+
+    Left out where there is nothing to show (None, a flag's False) and where the help text
+    already says what the default is (it mentions "default")."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default is None or action.default is False or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
+IDS_HELP = "passage ids; @FILE reads ids from FILE, one per line (e.g. {example})"
+
+
 def _reports_errors(
     handler: Callable[[argparse.Namespace], int],
 ) -> Callable[[argparse.Namespace], int]:
-    """Turn the index's own errors (mismatch, corrupt file, unknown id, bad spec) into a one-line
-    message and exit code 2 instead of a traceback."""
+    """Turn the index's own errors (mismatch, corrupt file, unknown id, bad spec, bad input,
+    another writer holding the index, a full disk) into a one-line message and exit code 2
+    instead of a traceback."""
+    from retriever.index_files import IndexLockedError
 
     @functools.wraps(handler)
     def wrapper(args: argparse.Namespace) -> int:
         try:
             return handler(args)
-        except (ValueError, KeyError) as e:
+        except (ValueError, KeyError, OSError, IndexLockedError) as e:
             message = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-            print(f"atlas {args.command}: error: {message}", file=sys.stderr)
+            command = " ".join(filter(None, (args.command, getattr(args, "index_command", None))))
+            print(f"atlas {command}: error: {message}", file=sys.stderr)
             return 2
 
     return wrapper
+
+
+def read_ids(values: list[str]) -> list[str]:
+    """Expand `--ids` values: a value `@FILE` is the ids in FILE (one per line), any other
+    value is an id. `@` is the only marker, so an id is never mistaken for a file name."""
+    from retriever.index_update import read_id_file
+
+    ids: list[str] = []
+    for value in values:
+        ids.extend(read_id_file(value[1:]) if value.startswith("@") else [value])
+    return ids
+
+
+def _unknown_id_hint(error: KeyError, values: list[str]) -> KeyError:
+    """The error, with a hint where an 'unknown id' is the name of an existing file."""
+    from pathlib import Path
+
+    files = [v for v in values if not v.startswith("@") and Path(v).is_file()]
+    if not files:
+        return error
+    return KeyError(f"{error.args[0]} ({files[0]} is a file: write @{files[0]} to read ids from it)")
+
+
+def _add_index_argument(parser: argparse.ArgumentParser, *, positional_alias: bool = False) -> None:
+    """`--index DIR` (required), or for search/info also the older positional form."""
+    parser.add_argument(
+        "--index", metavar="DIR", required=not positional_alias,
+        help="the index folder (made by `atlas index build`)"
+        + ("; the older positional form is still accepted" if positional_alias else ""),
+    )
 
 
 def _add_encoder_arguments(parser: argparse.ArgumentParser, *, default: str | None) -> None:
@@ -52,15 +101,24 @@ def _add_rerank_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the `index` command group and `evaluate-retrieval` to the `atlas` parser."""
-    index = subparsers.add_parser("index", help="build, update, search and inspect passage indexes")
+    """Add the `index` command group and `evaluate-retrieval` to the `atlas` parser.
+
+    Every subcommand names its index with `--index DIR` (`build` writes a new one: `--out DIR`,
+    or `--index DIR`); `search` and `info` also take it as their first positional argument, the
+    older form."""
+    index = subparsers.add_parser(
+        "index", help="build, update, search and inspect passage indexes", formatter_class=DefaultsFormatter
+    )
     commands = index.add_subparsers(dest="index_command", metavar="SUBCOMMAND", required=True)
 
-    build = commands.add_parser(
-        "build", help="embed a prepared corpus and save an index (resumable)"
-    )
+    def command(name: str, help: str, description: str | None = None) -> argparse.ArgumentParser:
+        return commands.add_parser(name, help=help, description=description or help,
+                                   formatter_class=DefaultsFormatter)
+
+    build = command("build", "embed a prepared corpus and save an index (resumable)")
     build.add_argument("--corpus", required=True, help="a folder made by `atlas corpus prepare`")
-    build.add_argument("--out", required=True, help="the index folder to write")
+    build.add_argument("--out", "--index", dest="out", metavar="DIR", required=True,
+                       help="the index folder to write")
     build.add_argument(
         "--encoder",
         default=DEFAULT_ENCODER,
@@ -78,44 +136,101 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="compressed specs: search re-scores the top K' candidates exactly from the float16 "
         "vectors (kept, memory-mapped on disk; e.g. 10x k); recorded in the manifest; 0 = off",
     )
-    build.add_argument("--batch-size", type=int, default=64)
+    build.add_argument("--batch-size", type=int, default=64, help="passages per encoder batch")
     build.add_argument("--chunk-size", type=int, default=8192, help="passages per resumable chunk")
     build.add_argument(
         "--train-sample", type=int, default=262144, help="vectors sampled to train the index"
     )
     build.add_argument("--nprobe", type=int, default=32, help="IVF lists probed at search time")
     build.add_argument("--ef-search", type=int, default=128, help="HNSW search breadth")
-    build.add_argument("--seed", type=int, default=0)
+    build.add_argument("--seed", type=int, default=0, help="seed of the training sample")
     build.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     build.add_argument(
         "--restart", action="store_true", help="discard an unfinished build instead of resuming"
     )
     build.set_defaults(func=_build)
 
-    add = commands.add_parser("add", help="embed new passages and add them to an index in place")
-    add.add_argument("--index", required=True)
+    add = command(
+        "add", "embed new passages and add them to an index in place",
+        "Embed new passages and add them to an index in place. Each record is one passage under "
+        "its own id unless --chunk-words splits it; an id that is already live is refused "
+        "(replace it with `atlas index update`, or pass --replace).",
+    )
+    _add_index_argument(add)
     add.add_argument(
-        "--corpus", required=True, nargs="+", help="a prepared corpus folder, or document files"
+        "--corpus", required=True, nargs="+", metavar="INPUT",
+        help="JSONL / TSV files of passages {id, title, text}, or a prepared corpus folder",
     )
     add.add_argument(
-        "--chunk-words", type=int, default=100, help="words per passage when preparing files"
+        "--chunk-words", type=int, default=0,
+        help="split each record into passages of this many words named ID-0, ID-1, ... (as "
+        "`atlas corpus prepare` names them, even a record that fits in one); 0: each record is "
+        "one passage under its own id",
     )
-    add.add_argument("--batch-size", type=int, default=64)
+    add.add_argument(
+        "--replace", action="store_true",
+        help="replace passages whose id is already live instead of refusing them",
+    )
+    add.add_argument("--batch-size", type=int, default=64, help="passages per encoder batch")
     _add_encoder_arguments(add, default=None)
     add.set_defaults(func=_add)
 
-    remove = commands.add_parser("remove", help="remove passages (by id) from an index in place")
-    remove.add_argument("--index", required=True)
-    remove.add_argument("--ids", required=True, help="a file with one passage id per line")
-    remove.set_defaults(func=_remove)
+    update = command(
+        "update", "replace passages by id (ids kept) with new versions, in place",
+        "Replace live passages by id with the records of INPUT (each one passage, never split): "
+        "the ids are kept and the old versions removed in the same commit. A record without a "
+        "title keeps the passage's title. An id with no live passage is refused (nothing is "
+        "written); add new ones with `atlas index add`.",
+    )
+    _add_index_argument(update)
+    update.add_argument(
+        "--corpus", required=True, nargs="+", metavar="INPUT",
+        help="JSONL / TSV files of passages {id, title, text}, or a prepared corpus folder",
+    )
+    update.add_argument("--batch-size", type=int, default=64, help="passages per encoder batch")
+    _add_encoder_arguments(update, default=None)
+    update.set_defaults(func=_update)
 
-    search = commands.add_parser("search", help="print the top-k passages for queries")
-    search.add_argument("index", help="an index folder")
-    search.add_argument("queries", nargs="+", metavar="QUERY")
-    search.add_argument("-k", type=int, default=5)
+    remove = command("remove", "remove passages (by id) from an index in place")
+    _add_index_argument(remove)
+    remove.add_argument("--ids", required=True, nargs="+", metavar="ID",
+                        help=IDS_HELP.format(example="--ids a-0 b-0, or --ids @ids.txt"))
+    remove.set_defaults(func=_remove)
+    for edit in (add, update, remove):
+        edit.add_argument(
+            "--no-compact", dest="compact", action="store_false",
+            help="do not compact the index after the edit (default: compact it when it has more than 8 corpus "
+            "segments or 5%% dead rows; see `atlas index compact`)",
+        )
+
+    compact = command(
+        "compact", "merge the index's corpus segments and drop its removed rows, in place",
+        "Merge the corpus segments of an index into one and drop the rows of removed and replaced "
+        "passages from its files, as one atomic commit; search results stay the same. `add`, `update` "
+        "and `remove` (and `atlas serve`) do this by themselves when an index has more than "
+        "8 segments or 5% dead rows (merging the segments added since the build); this command "
+        "rewrites everything, the base corpus included. Refused while another process updates the index.",
+    )
+    _add_index_argument(compact)
+    compact.set_defaults(func=_compact)
+
+    get = command("get", "print passages by id: id, title, text")
+    _add_index_argument(get)
+    get.add_argument("ids", nargs="+", metavar="ID",
+                     help=IDS_HELP.format(example="get --index DIR a-0 @more-ids.txt"))
+    get.add_argument("--json", action="store_true", help="print JSON lines {id, title, text}")
+    get.set_defaults(func=_get)
+
+    search = command("search", "print the top-k passages for queries")
+    _add_index_argument(search, positional_alias=True)
+    search.add_argument("queries", nargs="+", metavar="QUERY",
+                        help="queries (older form: INDEX QUERY...: the first is the index folder)")
+    search.add_argument("-k", type=int, default=5, help="passages per query")
     search.add_argument("--corpus", help="the base corpus's folder if it moved since the build")
-    search.add_argument("--nprobe", type=int, default=None)
-    search.add_argument("--ef-search", type=int, default=None)
+    search.add_argument("--nprobe", type=int, default=None,
+                        help="IVF lists probed; default: the index's own")
+    search.add_argument("--ef-search", type=int, default=None,
+                        help="HNSW search breadth; default: the index's own")
     _add_rerank_argument(search)
     search.add_argument("--json", action="store_true", help="print JSON lines instead of text")
     search.add_argument("--sharded", action="store_true",
@@ -123,28 +238,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_encoder_arguments(search, default=None)
     search.set_defaults(func=_search)
 
-    info = commands.add_parser("info", help="print an index's manifest and size")
-    info.add_argument("index")
+    info = command("info", "print an index's manifest and size")
+    _add_index_argument(info, positional_alias=True)
+    info.add_argument("positional_index", nargs="?", metavar="INDEX",
+                      help="the index folder (older form of --index)")
     info.add_argument("--verify", action="store_true", help="also check every file's SHA-256")
     info.set_defaults(func=_info)
 
     evaluate = subparsers.add_parser(
-        "evaluate-retrieval", help="answer / gold recall@k and MRR of an index"
+        "evaluate-retrieval", help="answer / gold recall@k and MRR of an index",
+        formatter_class=DefaultsFormatter,
     )
-    evaluate.add_argument("--index", required=True)
+    _add_index_argument(evaluate)
     evaluate.add_argument(
         "--data", required=True, help="JSONL with question and answers (or answer)"
     )
     evaluate.add_argument(
-        "-k", type=int, nargs="+", default=[1, 5, 20], help="cut-offs (default 1 5 20)"
+        "-k", type=int, nargs="+", default=[1, 5, 20], help="cut-offs (default: 1 5 20)"
     )
     evaluate.add_argument("--out", help="write per-question results to this JSONL file")
-    evaluate.add_argument("--max-examples", type=int, default=None)
+    evaluate.add_argument("--max-examples", type=int, default=None, help="default: all")
     evaluate.add_argument("--corpus", help="the base corpus's folder if it moved since the build")
-    evaluate.add_argument("--nprobe", type=int, default=None)
-    evaluate.add_argument("--ef-search", type=int, default=None)
+    evaluate.add_argument("--nprobe", type=int, default=None,
+                          help="IVF lists probed; default: the index's own")
+    evaluate.add_argument("--ef-search", type=int, default=None,
+                          help="HNSW search breadth; default: the index's own")
     _add_rerank_argument(evaluate)
-    evaluate.add_argument("--batch-size", type=int, default=64)
+    evaluate.add_argument("--batch-size", type=int, default=64, help="queries per encoder batch")
     _add_encoder_arguments(evaluate, default=None)
     evaluate.set_defaults(func=_evaluate)
 
@@ -226,6 +346,11 @@ def _build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _shown(ids: list[str]) -> str:
+    """The first few ids, for a summary line."""
+    return ", ".join(ids[:5]) + (f", ... ({len(ids)} in all)" if len(ids) > 5 else "")
+
+
 @_reports_errors
 def _add(args: argparse.Namespace) -> int:
     from retriever.index_update import add_passages
@@ -237,25 +362,104 @@ def _add(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         chunk_words=args.chunk_words,
         allow_encoder_mismatch=args.allow_encoder_mismatch,
+        replace=args.replace,
     )
-    print(f"added {stats.added} passages; {stats.count} live passages in {args.index}")
+    print(f"added {stats.added} and replaced {stats.replaced} passages ({_shown(stats.ids)}); "
+          f"{stats.count} live passages in {args.index}")
+    _compact_if_due(args)
+    return 0
+
+
+@_reports_errors
+def _update(args: argparse.Namespace) -> int:
+    from retriever.index_update import update_passages
+
+    stats = update_passages(
+        args.index,
+        args.corpus,
+        _load_retriever(args.encoder, args.index),
+        batch_size=args.batch_size,
+        allow_encoder_mismatch=args.allow_encoder_mismatch,
+    )
+    print(f"updated {stats.replaced} passages ({_shown(stats.ids)}); "
+          f"{stats.count} live passages in {args.index}")
+    _compact_if_due(args)
     return 0
 
 
 @_reports_errors
 def _remove(args: argparse.Namespace) -> int:
-    from retriever.index_update import read_id_file, remove_passages
+    from retriever.index_update import remove_passages
 
-    stats = remove_passages(args.index, read_id_file(args.ids))
+    try:
+        stats = remove_passages(args.index, read_ids(args.ids))
+    except KeyError as e:
+        raise _unknown_id_hint(e, args.ids) from None
     print(
         f"removed {stats.removed} passages ({stats.already_removed} already removed); "
         f"{stats.count} live passages in {args.index}"
     )
+    _compact_if_due(args)
+    return 0
+
+
+def _compacted(stats) -> str:
+    """One line on what a compaction did."""
+    return (f"compacted {'all' if stats.full else 'the added'} segments: {stats.segments_before} → "
+            f"{stats.segments_after} segments, {stats.rows_before} → {stats.rows_after} rows "
+            f"({stats.dead_before - stats.dead_after} dead rows dropped), generation {stats.generation}, "
+            f"{stats.seconds:.2f} s")
+
+
+def _compact_if_due(args: argparse.Namespace) -> None:
+    """After an edit: compact the index when `retriever.index_compact.compaction_due` says so."""
+    from retriever.index_compact import compact_index, compaction_due
+    from retriever.index_files import read_manifest
+
+    reason = compaction_due(read_manifest(args.index)) if args.compact else None
+    if reason is not None:
+        print(f"{_compacted(compact_index(args.index, full=False))} ({reason})")
+
+
+@_reports_errors
+def _compact(args: argparse.Namespace) -> int:
+    from retriever.index_compact import compact_index
+
+    stats = compact_index(args.index, full=True)
+    print(_compacted(stats) if stats.compacted else
+          f"nothing to compact: {args.index} is one segment with no dead rows (generation {stats.generation})")
     return 0
 
 
 @_reports_errors
+def _get(args: argparse.Namespace) -> int:
+    from retriever.index import PassageIndex
+
+    index = PassageIndex.load(args.index)  # reading passages needs no encoder
+    try:
+        passages = index.get(read_ids(args.ids))
+    except KeyError as e:
+        raise _unknown_id_hint(e, args.ids) from None
+    for passage in passages:
+        record = {"id": passage["id"], "title": passage.get("title") or "", "text": passage["text"]}
+        if args.json:
+            print(json.dumps(record, ensure_ascii=False))
+        else:
+            print(f"id: {record['id']}\ntitle: {record['title']}\ntext: {record['text']}\n")
+    return 0
+
+
+def _resolve_search_index(args: argparse.Namespace) -> None:
+    """`search --index DIR QUERY...`, or the older `search INDEX QUERY...`."""
+    if args.index is None:
+        if len(args.queries) < 2:
+            raise ValueError("name the index with --index DIR (and give at least one query)")
+        args.index, args.queries = args.queries[0], args.queries[1:]
+
+
+@_reports_errors
 def _search(args: argparse.Namespace) -> int:
+    _resolve_search_index(args)
     if args.sharded:
         from atlas.distributed import init_distributed, shutdown
         from retriever.sharded import ShardedPassageIndex
@@ -285,12 +489,18 @@ def _search(args: argparse.Namespace) -> int:
 def _info(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from retriever.index_compact import compaction_due
     from retriever.index_files import check_file, index_summary, read_manifest
 
-    manifest = read_manifest(args.index)
+    given = [i for i in (args.index, args.positional_index) if i is not None]
+    if not given or (len(given) == 2 and Path(given[0]) != Path(given[1])):
+        raise ValueError("name one index: --index DIR (or the older positional INDEX)")
+    folder = given[0]
+    manifest = read_manifest(folder)
     for record in manifest["files"].values():  # sizes always; contents with --verify
-        check_file(Path(args.index), record, verify_hash=args.verify)
-    print(json.dumps({**index_summary(manifest), "verified": bool(args.verify)}, indent=2))
+        check_file(Path(folder), record, verify_hash=args.verify)
+    print(json.dumps({**index_summary(manifest), "compaction_due": compaction_due(manifest),
+                      "verified": bool(args.verify)}, indent=2))
     return 0
 
 

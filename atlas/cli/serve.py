@@ -13,9 +13,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `atlas serve` to the `atlas` parser."""
     serve = subparsers.add_parser(
         "serve", help="serve a run over HTTP: ask, search, see the evidence, edit the corpus live (web page at /)")
-    serve.add_argument("checkpoint", metavar="RUN_DIR", help="a checkpoint folder or a run folder")
+    serve.add_argument("checkpoint", metavar="MODEL", help="a run folder, a checkpoint folder, or a reader "
+                       "(a reader folder, 'atlas-reader', a preset) with --index")
     serve.add_argument("overrides", nargs="*", help="dotted overrides, e.g. reader.num_beams=1")
-    serve.add_argument("--index", help="index folder to serve and edit (default: the run's)")
+    serve.add_argument("--index", help="index folder to serve and edit (default: the run's; required for a reader)")
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to bind (default 127.0.0.1: this machine only)")
     serve.add_argument("--port", type=int, default=8000)
@@ -28,6 +29,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="questions per forward pass (1: no micro-batching)")
     serve.add_argument("--batch-window-ms", type=float, default=5.0,
                        help="how long a batch waits for more questions after its first")
+    serve.add_argument("--no-auto-compact", dest="auto_compact", action="store_false",
+                       help="do not compact the index after the edits that leave it due for one (more than "
+                            "8 corpus segments or 5%% dead rows); `atlas index compact` still does")
     serve.add_argument("--threads", type=int, default=None,
                        help="torch CPU threads (default: torch's; 1 is fastest on a busy machine)")
     serve.set_defaults(func=_serve)
@@ -73,7 +77,7 @@ def _serve(args: argparse.Namespace) -> int:
     folder, config, model = load_run(args.checkpoint, args.index, args.overrides)
     if torch.cuda.is_available():
         model.to(torch.device("cuda", torch.cuda.current_device()))
-    service = AtlasService(model, config, checkpoint=folder)
+    service = AtlasService(model, config, checkpoint=folder, auto_compact=args.auto_compact)
     app = create_app(service, allow_edits=args.allow_edits, token=token, max_batch=args.max_batch,
                      batch_window_ms=args.batch_window_ms)
     index = service.index

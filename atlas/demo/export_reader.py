@@ -54,7 +54,7 @@ def demo_reading_em(reader_folder: str | Path, questions: str | Path = HERE / "h
                 tokenizer, [e.query for e in batch], [[p] for p in gold[start: start + batch_size]], 256)
             generated = reader.generate(input_ids, attention_mask, max_length=16, num_beams=4)
             predictions += decode_answers(tokenizer, generated, [[p] for p in gold[start: start + batch_size]])
-    return task.evaluate(examples, predictions)["exact_match"]
+    return task.evaluate(examples, predictions)["exact_match"] / 100  # the card keeps [0, 1]
 
 
 def _recipe(run: Path) -> str:

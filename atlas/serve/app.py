@@ -2,6 +2,12 @@
 
 `create_app(service, ...)` takes an already loaded `AtlasService`, so that tests drive the
 same app in-process (`fastapi.testclient.TestClient`) that `atlas serve` runs under uvicorn.
+
+The OpenAPI schema is the contract (tests/atlas/test_serve_contract.py checks it with a
+property-based tester): request bodies declare every rule the server enforces (schemas.py),
+each operation lists the error statuses it can answer and why, and a method a path does not
+serve is answered 405 with an `Allow` header naming every method the path does serve (Starlette
+names only those of the first route that matches the path).
 """
 
 from __future__ import annotations
@@ -11,15 +17,23 @@ import secrets
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Annotated
 
 from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Path as PathParameter
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
+from pydantic import AfterValidator
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from atlas.serve.batcher import MicroBatcher
 from atlas.serve.schemas import (
+    ID_SCHEMA,
     MAX_BODY_BYTES,
+    MAX_ID_CHARS,
     AddRequest,
     AskRequest,
     AskResponse,
@@ -33,11 +47,52 @@ from atlas.serve.schemas import (
     PassageUpdate,
     SearchRequest,
     SearchResponse,
+    clean_id,
 )
-from atlas.serve.service import AtlasService, EditsRefused, PassageExists, PassageNotFound, Question
+from atlas.serve.service import (
+    AtlasService,
+    EditsConflict,
+    EditsRefused,
+    IndexBusy,
+    PassageExists,
+    PassageNotFound,
+    Question,
+)
 
 STATIC = Path(__file__).resolve().parent / "static"
-ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 403, 404, 409, 413, 422)}
+WHY = {
+    400: "the body is not JSON",
+    401: "editing needs the header `Authorization: Bearer <token>` with the server's token",
+    403: "corpus editing is off (start the server with --allow-edits)",
+    404: "no live passage has this id",
+    409: "an added id is already live, or the edit names one passage twice (add, update and remove together)",
+    413: "the body is over the size limit",
+    422: "a field breaks the schema; `detail` names it",
+    503: "another process is updating the index; try again",
+}
+
+
+def _errors(*statuses: int) -> dict:
+    """The error responses an operation can answer, each with its body model and why."""
+    return {status: {"model": ErrorResponse, "description": WHY[status]} for status in statuses}
+
+
+QUESTION_ERRORS = _errors(400, 413, 422)
+READ_ERRORS = _errors(404, 422)
+EDIT_ERRORS = _errors(400, 401, 403, 404, 409, 413, 422, 503)
+# the id in /api/passages/{passage_id}: the rules of a passage id in a body
+PathId = Annotated[str, PathParameter(min_length=1, max_length=MAX_ID_CHARS, json_schema_extra=ID_SCHEMA),
+                   AfterValidator(clean_id)]
+
+
+def allowed_methods(app: FastAPI, scope: dict) -> list[str]:
+    """Every method that some route of `app` serves at the path of `scope`."""
+    methods: set[str] = set()
+    for route in app.router.routes:
+        match, _ = route.matches(scope)
+        if match != Match.NONE and getattr(route, "methods", None):
+            methods |= set(route.methods)
+    return sorted(methods)
 
 
 def create_app(service: AtlasService, *, allow_edits: bool = False, token: str | None = None,
@@ -63,6 +118,14 @@ def create_app(service: AtlasService, *, allow_edits: bool = False, token: str |
     app = FastAPI(title="atlas", summary="Ask a retrieval-augmented reader, see its evidence, edit its corpus.",
                   version="1", lifespan=lifespan, max_body_size=MAX_BODY_BYTES)
     app.state.service = service
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        if error.status_code != 405:
+            return await http_exception_handler(request, error)
+        allow = ", ".join(allowed_methods(app, request.scope))  # every route's, not the first one's
+        return JSONResponse(status_code=405, headers={"Allow": allow},
+                            content={"detail": f"{request.method} is not served at this path; it serves {allow}"})
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, error: RequestValidationError) -> JSONResponse:
@@ -99,54 +162,56 @@ def create_app(service: AtlasService, *, allow_edits: bool = False, token: str |
             return await loop.run_in_executor(service.edit_executor, lambda: service.edit(**changes))
         except PassageNotFound as e:
             raise HTTPException(404, e.args[0]) from None
-        except PassageExists as e:
+        except (PassageExists, EditsConflict) as e:
             raise HTTPException(409, str(e)) from None
         except EditsRefused as e:
             raise HTTPException(422, str(e)) from None
+        except IndexBusy as e:
+            raise HTTPException(503, str(e), headers={"Retry-After": "1"}) from None
 
-    @app.post("/api/ask", response_model=AskResponse, responses=ERRORS, tags=["questions"])
+    @app.post("/api/ask", response_model=AskResponse, responses=QUESTION_ERRORS, tags=["questions"])
     async def ask(body: AskRequest) -> dict:
         """Answer one question from the top-k passages; shows the evidence and the passage attended to most."""
         return await ask_one(body.question, body.k)
 
-    @app.post("/api/ask/batch", response_model=BatchAskResponse, responses=ERRORS, tags=["questions"])
+    @app.post("/api/ask/batch", response_model=BatchAskResponse, responses=QUESTION_ERRORS, tags=["questions"])
     async def ask_batch(body: BatchAskRequest) -> dict:
         """Answer up to 64 questions (`MAX_BATCH`), micro-batched with everything else in flight."""
         return {"answers": await asyncio.gather(*(ask_one(q, body.k) for q in body.questions))}
 
-    @app.post("/api/search", response_model=SearchResponse, responses=ERRORS, tags=["questions"])
+    @app.post("/api/search", response_model=SearchResponse, responses=QUESTION_ERRORS, tags=["questions"])
     async def search(body: SearchRequest) -> dict:
         """Retrieval only: the top-k passages for a query, with their scores."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(service.model_executor, service.search, body.query, body.k)
 
-    @app.get("/api/passages/{passage_id}", response_model=Passage, responses=ERRORS, tags=["corpus"])
-    async def get_passage(passage_id: str) -> dict:
+    @app.get("/api/passages/{passage_id}", response_model=Passage, responses=READ_ERRORS, tags=["corpus"])
+    async def get_passage(passage_id: PathId) -> dict:
         """The live passage with this id."""
         try:
             return service.passage(passage_id)
         except PassageNotFound as e:
             raise HTTPException(404, e.args[0]) from None
 
-    @app.post("/api/passages", response_model=EditResponse, responses=ERRORS, tags=["corpus"],
+    @app.post("/api/passages", response_model=EditResponse, responses=EDIT_ERRORS, tags=["corpus"],
               dependencies=[Depends(editing)])
     async def add_passages(body: AddRequest) -> dict:
         """Add new passages: embedded and indexed at once (one atomic commit)."""
         return await edit(add=[p.model_dump() for p in body.passages])
 
-    @app.put("/api/passages/{passage_id}", response_model=EditResponse, responses=ERRORS, tags=["corpus"],
+    @app.put("/api/passages/{passage_id}", response_model=EditResponse, responses=EDIT_ERRORS, tags=["corpus"],
              dependencies=[Depends(editing)])
-    async def update_passage(passage_id: str, body: PassageUpdate) -> dict:
+    async def update_passage(passage_id: PathId, body: PassageUpdate) -> dict:
         """Replace a passage's text (and title): re-embedded and indexed at once (one atomic commit)."""
         return await edit(update=[{"id": passage_id, **body.model_dump()}])
 
-    @app.delete("/api/passages/{passage_id}", response_model=EditResponse, responses=ERRORS, tags=["corpus"],
+    @app.delete("/api/passages/{passage_id}", response_model=EditResponse, responses=EDIT_ERRORS, tags=["corpus"],
                 dependencies=[Depends(editing)])
-    async def remove_passage(passage_id: str) -> dict:
+    async def remove_passage(passage_id: PathId) -> dict:
         """Remove a passage from the index."""
         return await edit(remove=[passage_id])
 
-    @app.post("/api/edits", response_model=EditResponse, responses=ERRORS, tags=["corpus"],
+    @app.post("/api/edits", response_model=EditResponse, responses=EDIT_ERRORS, tags=["corpus"],
               dependencies=[Depends(editing)])
     async def apply_edits(body: EditRequest) -> dict:
         """Adds, updates and removals together, as one atomic commit (all or nothing)."""

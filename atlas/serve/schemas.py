@@ -1,14 +1,26 @@
 """Request and response bodies of the `atlas serve` API (pydantic), with the server's size limits.
 
-Every field that a client sends is bounded here, so that an oversized or empty request is
-refused with a 422 naming the field before any model work starts.
+The published OpenAPI schema is the contract: every rule the server enforces on a request is
+declared here, so that it is in the schema (`/openapi.json`) and a client generated from it
+cannot send what the server refuses. Lengths, ranges, non-blank strings, ids without white
+space at either end or line breaks, ids unique in a remove list, and JSON Schema's types (`"k":
+true` or `"k": "2"` is not an integer, `"k": 2.0` is; an unknown field is refused). An oversized or malformed
+request is refused with a 422 naming the field before any model work starts.
+
+Two rules JSON Schema cannot state as patterns every engine reads alike are spelled out: white
+space is Python's (`str.isspace`, what `str.strip` removes), listed character by character, so
+that a browser (ECMA-262), Python's `re` and pydantic's Rust `regex` agree on what is blank. And a
+passage id named twice in one edit (across add, update and remove) cannot be declared at all
+(uniqueness of one field across lists): the server answers it 409 Conflict, as a schema-valid
+edit that conflicts with itself, and each operation's 409 response says so.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+import re
+from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 MAX_QUESTION_CHARS = 2_000
 MAX_PASSAGE_CHARS = 20_000
@@ -19,51 +31,95 @@ MAX_ASK_K = 20  # passages the reader reads
 MAX_SEARCH_K = 100
 MAX_BODY_BYTES = 4 * MAX_BATCH * MAX_PASSAGE_CHARS  # room for 64 passages of 20,000 UTF-8 characters
 
+# Python's white space (`str.isspace`) and line breaks (`str.splitlines`), as regex classes
+SPACE = r"\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+BREAKS = r"\n\x0b\x0c\r\x1c-\x1e\x85\u2028\u2029"
+NOT_BLANK = f"[^{SPACE}]"  # a string that holds a character other than white space
+# what an id must not match: white space first or last, or a line break anywhere (unanchored
+# alternatives, so that Python's `$`, which also matches before a final "\n", changes nothing)
+BAD_ID = f"^[{SPACE}]|[{SPACE}]$|[{BREAKS}]"
+
+
+class Strict(BaseModel):
+    """A request body: JSON types as declared (no bool or string for an integer), no unknown fields."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+def _json_integer(value: Any) -> Any:
+    """JSON Schema's integer is a number without a fractional part, 2.0 included (pydantic's
+    strict mode refuses that one); booleans and strings stay refused."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def integer(low: int, high: int) -> Any:
+    """An integer in low..high as JSON Schema counts integers (the bounds are declared first, so
+    that the schema carries them as minimum / maximum)."""
+    return Annotated[int, Field(ge=low, le=high), BeforeValidator(_json_integer)]
+
 
 def _not_blank(what: str):
     def check(value: str) -> str:
-        if not value.strip():
+        if re.search(NOT_BLANK, value) is None:  # the published pattern, read by Python's `re`
             raise ValueError(f"the {what} is empty")
         return value
 
     return AfterValidator(check)
 
 
-def _clean_id(value: str) -> str:
-    if value != value.strip() or "\n" in value:
+def clean_id(value: str) -> str:
+    """`value` when it is a valid passage id, else `ValueError` saying why."""
+    if re.search(BAD_ID, value):
         raise ValueError("a passage id has no leading/trailing white space and no line break")
     return value
 
 
-QuestionText = Annotated[str, Field(max_length=MAX_QUESTION_CHARS), _not_blank("question")]
-PassageId = Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS), AfterValidator(_clean_id)]
-PassageText = Annotated[str, Field(max_length=MAX_PASSAGE_CHARS), _not_blank("passage text")]
+def _unique(values: list[str]) -> list[str]:
+    repeated = sorted({v for v in values if values.count(v) > 1})
+    if repeated:
+        raise ValueError(f"each id once; repeated: {', '.join(map(repr, repeated[:5]))}")
+    return values
+
+
+def _text(max_length: int, what: str) -> Any:
+    """A string of 1..max_length characters, not all white space (`pattern` in the schema)."""
+    return Annotated[str, Field(min_length=1, max_length=max_length, json_schema_extra={"pattern": NOT_BLANK}),
+                     _not_blank(what)]
+
+
+ID_SCHEMA: dict[str, Any] = {"not": {"pattern": BAD_ID}}
+QuestionText = _text(MAX_QUESTION_CHARS, "question")
+QueryText = _text(MAX_QUESTION_CHARS, "query")
+PassageId = Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS, json_schema_extra=ID_SCHEMA),
+                      AfterValidator(clean_id)]
+PassageText = _text(MAX_PASSAGE_CHARS, "passage text")
 Title = Annotated[str, Field(max_length=MAX_TITLE_CHARS)]
-AskK = Annotated[int | None, Field(default=None, ge=1, le=MAX_ASK_K)]
+AskK = Annotated[integer(1, MAX_ASK_K) | None, Field(default=None)]
+SearchK = integer(1, MAX_SEARCH_K)
 
 
-class AskRequest(BaseModel):
+class AskRequest(Strict):
     """One question; `k`: passages to retrieve and read (default: the run's `reader.n_context`)."""
 
     question: QuestionText
     k: AskK = None
 
 
-class BatchAskRequest(BaseModel):
+class BatchAskRequest(Strict):
     """Up to `MAX_BATCH` questions answered together (one forward pass where they fit)."""
 
     questions: list[QuestionText] = Field(min_length=1, max_length=MAX_BATCH)
     k: AskK = None
 
 
-class SearchRequest(BaseModel):
+class SearchRequest(Strict):
     """Retrieval only: the top-k passages for a query."""
 
-    query: Annotated[str, Field(max_length=MAX_QUESTION_CHARS), _not_blank("query")]
-    k: int = Field(default=5, ge=1, le=MAX_SEARCH_K)
+    query: QueryText
+    k: SearchK = 5
 
 
-class Passage(BaseModel):
+class Passage(Strict):
     """A passage as the corpus holds it."""
 
     id: PassageId
@@ -71,7 +127,7 @@ class Passage(BaseModel):
     text: PassageText
 
 
-class PassageUpdate(BaseModel):
+class PassageUpdate(Strict):
     """New text (and optionally a new title; default: keep it) for an existing passage."""
 
     title: Title | None = None
@@ -84,18 +140,31 @@ class PassageReplacement(PassageUpdate):
     id: PassageId
 
 
-class AddRequest(BaseModel):
-    """New passages (ids not in the index yet)."""
+class AddRequest(Strict):
+    """New passages (ids not in the index yet, each once)."""
 
     passages: list[Passage] = Field(min_length=1, max_length=MAX_BATCH)
 
 
-class EditRequest(BaseModel):
-    """Adds, updates (replace the passage with this id) and removals, applied as one commit."""
+class EditRequest(Strict):
+    """Adds, updates (replace the passage with this id) and removals, applied as one commit.
+
+    At least one of the three lists is non-empty, and an id appears once in the whole edit."""
+
+    model_config = ConfigDict(json_schema_extra={
+        "anyOf": [{"required": [key], "properties": {key: {"minItems": 1}}} for key in ("add", "update", "remove")]})
 
     add: list[Passage] = Field(default_factory=list, max_length=MAX_BATCH)
     update: list[PassageReplacement] = Field(default_factory=list, max_length=MAX_BATCH)
-    remove: list[PassageId] = Field(default_factory=list, max_length=MAX_BATCH)
+    remove: Annotated[list[PassageId], Field(default_factory=list, max_length=MAX_BATCH,
+                                             json_schema_extra={"uniqueItems": True}),
+                      AfterValidator(_unique)]
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> EditRequest:
+        if not (self.add or self.update or self.remove):
+            raise ValueError("the edit is empty: give passages to add or update, or ids to remove")
+        return self
 
 
 class Evidence(BaseModel):
@@ -161,6 +230,9 @@ class Health(BaseModel):
     status: str
     passages: int
     generation: int
+    dead_rows: int = Field(description="rows of removed or replaced passages still in the index files")
+    segments: int = Field(description="corpus segments of the index (one per edit until a compaction)")
+    compactions: int = Field(description="compactions swapped in since the server started")
     uptime_s: float
     edits_allowed: bool
 

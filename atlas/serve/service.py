@@ -7,11 +7,17 @@ retriever, so that embedding new passages and writing the index does not stall q
 An edit is committed on disk first (`retriever.index_update`: new files, then an atomic
 manifest replace), then the reloaded index is swapped in on the model thread between two
 batches: a question is answered wholly from the index before an edit or wholly after it.
+
+Compaction (`retriever.index_compact`): after an edit that leaves the index due for one, a
+compaction is queued on the edit thread behind it (the edit's response does not wait for it),
+committed the same way and swapped in between two batches as an edit is; edits that arrive
+meanwhile queue behind it. It changes no passage and no search result, only the files.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 import tempfile
 import time
 from collections.abc import Sequence
@@ -26,6 +32,8 @@ from reader.surface import decode_answers
 from tasks.base import Example, get_task
 from tasks.io import write_jsonl
 
+logger = logging.getLogger(__name__)
+
 
 class PassageNotFound(KeyError):
     """A passage id that is not live in the index (HTTP 404)."""
@@ -36,7 +44,15 @@ class PassageExists(ValueError):
 
 
 class EditsRefused(ValueError):
-    """An edit request that is malformed as a whole, e.g. the same id twice (HTTP 422)."""
+    """An edit request that is malformed as a whole: an empty one (HTTP 422)."""
+
+
+class EditsConflict(ValueError):
+    """An edit that names one passage twice (across add, update and remove): HTTP 409."""
+
+
+class IndexBusy(RuntimeError):
+    """Another process holds the index's writer lock (HTTP 503: try again)."""
 
 
 @dataclass(frozen=True)
@@ -54,9 +70,11 @@ class AtlasService:
         model: the built model, with a retriever and a `PassageIndex` (not sharded).
         config: the run's resolved `AtlasConfig` (task, reader and retriever settings).
         checkpoint: the checkpoint folder it was loaded from (reported by `describe`).
+        auto_compact: compact the index after an edit that leaves it due for one
+            (`retriever.index_compact.compaction_due`); off: only `atlas index compact` does.
     """
 
-    def __init__(self, model, config, *, checkpoint: str | Path | None = None):
+    def __init__(self, model, config, *, checkpoint: str | Path | None = None, auto_compact: bool = True):
         from retriever.index import PassageIndex
 
         if model.retriever is None or not isinstance(model.index, PassageIndex):
@@ -69,6 +87,8 @@ class AtlasService:
         self.model_executor = ThreadPoolExecutor(1, thread_name_prefix="atlas-model")
         self.edit_executor = ThreadPoolExecutor(1, thread_name_prefix="atlas-edit")
         self._edit_retriever = None  # a copy made at the first edit (tokenizers are not thread-safe)
+        self.auto_compact = auto_compact
+        self.compactions = 0  # compactions swapped in since the start
         self.started = time.monotonic()
 
     # ------------------------------------------------------------------ state
@@ -159,10 +179,12 @@ class AtlasService:
 
         add: [{id, title, text}] with new ids; update: [{id, title (None: keep), text}] of live
         passages (the old version is removed in the same commit); remove: live ids. Raises
-        `PassageExists` / `PassageNotFound` / `EditsRefused` before anything is written.
+        `PassageExists` / `PassageNotFound` / `EditsRefused` / `EditsConflict` before anything is
+        written, and `IndexBusy` when another process holds the index's writer lock.
         → {"added", "updated", "removed", "count", "generation"}. Call on `edit_executor`.
         """
-        from retriever.index import PassageIndex
+        from retriever.index_compact import compaction_due
+        from retriever.index_files import IndexLockedError
         from retriever.index_update import add_passages, remove_passages
 
         index = self.model.index  # the last commit: edits run one at a time on this thread
@@ -171,7 +193,7 @@ class AtlasService:
             raise EditsRefused("the edit is empty: give passages to add or update, or ids to remove")
         repeated = sorted({i for i in ids if ids.count(i) > 1})
         if repeated:
-            raise EditsRefused(f"each passage may appear once per edit; repeated: {', '.join(map(repr, repeated))}")
+            raise EditsConflict(f"each passage may appear once per edit; repeated: {', '.join(map(repr, repeated))}")
         existing = [p["id"] for p in add if index.position_of(p["id"]) is not None]
         if existing:
             raise PassageExists(f"passage id(s) already in the index: {', '.join(map(repr, existing))} "
@@ -187,19 +209,51 @@ class AtlasService:
         replaced = [p["id"] for p in update] + list(remove)
         retriever = self._editing_retriever()
         allow_mismatch = self.model.index_config.allow_encoder_mismatch
-        if new:
-            with tempfile.TemporaryDirectory(prefix="atlas-serve-edit-") as tmp:
-                write_jsonl(Path(tmp) / "passages.jsonl", new)
-                add_passages(index.folder, [Path(tmp) / "passages.jsonl"], retriever, chunk_words=0,
-                             progress=False, remove=replaced, allow_encoder_mismatch=allow_mismatch)
-        else:
-            remove_passages(index.folder, replaced)
-        fresh = PassageIndex.load(index.folder, retriever=retriever, allow_encoder_mismatch=allow_mismatch,
+        try:
+            if new:
+                with tempfile.TemporaryDirectory(prefix="atlas-serve-edit-") as tmp:
+                    write_jsonl(Path(tmp) / "passages.jsonl", new)
+                    add_passages(index.folder, [Path(tmp) / "passages.jsonl"], retriever, chunk_words=0,
+                                 progress=False, remove=replaced, allow_encoder_mismatch=allow_mismatch)
+            else:
+                remove_passages(index.folder, replaced)
+        except IndexLockedError as e:
+            raise IndexBusy(str(e)) from None
+        fresh = self._swap_in_index_from_disk()
+        if self.auto_compact and compaction_due(fresh.manifest) is not None:
+            self.edit_executor.submit(self._compact)  # runs after this edit, before the next one
+        return {"added": [p["id"] for p in add], "updated": [p["id"] for p in update], "removed": list(remove),
+                "count": len(fresh), "generation": int(fresh.manifest["generation"])}
+
+    def _swap_in_index_from_disk(self):
+        """Load the index's last commit and serve it from the next batch on (edit thread)."""
+        from retriever.index import PassageIndex
+
+        index = self.model.index
+        fresh = PassageIndex.load(index.folder, retriever=self._editing_retriever(),
+                                  allow_encoder_mismatch=self.model.index_config.allow_encoder_mismatch,
                                   nprobe=index.nprobe, ef_search=index.ef_search)
         fresh.retriever = self.model.retriever  # string searches embed on the model thread's copy
         self.model_executor.submit(setattr, self.model, "index", fresh).result()
-        return {"added": [p["id"] for p in add], "updated": [p["id"] for p in update], "removed": list(remove),
-                "count": len(fresh), "generation": int(fresh.manifest["generation"])}
+        return fresh
+
+    def _compact(self) -> None:
+        """Compact the index when it is (still) due, and serve the result (edit thread; queued by
+        `edit`). A failure is logged and leaves the index as it was: the next edit tries again."""
+        from retriever.index_compact import compact_if_due
+        from retriever.index_files import IndexLockedError
+
+        try:
+            stats = compact_if_due(self.model.index.folder)
+        except (IndexLockedError, OSError, ValueError) as e:
+            logger.warning("compaction of %s skipped: %s", self.model.index.folder, e)
+            return
+        if stats is None or not stats.compacted:
+            return
+        self._swap_in_index_from_disk()
+        self.compactions += 1
+        logger.info("compacted %s: %d -> %d segments, %d -> %d rows in %.2f s", self.model.index.folder,
+                    stats.segments_before, stats.segments_after, stats.rows_before, stats.rows_after, stats.seconds)
 
     def _editing_retriever(self):
         """The edit thread's own copy of the retriever (same weights, so the same fingerprint)."""
@@ -211,8 +265,10 @@ class AtlasService:
     def health(self) -> dict:
         """Liveness and the state served: live passages, index generation, uptime."""
         index = self.model.index
-        return {"status": "ok", "passages": len(index), "generation": int(index.manifest["generation"]),
-                "uptime_s": round(time.monotonic() - self.started, 3)}
+        manifest = index.manifest
+        return {"status": "ok", "passages": len(index), "generation": int(manifest["generation"]),
+                "dead_rows": int(manifest["total"] - manifest["count"]), "segments": len(manifest["segments"]),
+                "compactions": self.compactions, "uptime_s": round(time.monotonic() - self.started, 3)}
 
     def describe(self) -> dict:
         """The loaded run: checkpoint, task, reader, retriever (encoder fingerprint) and index."""
@@ -229,8 +285,10 @@ class AtlasService:
             "retriever": {"model": config.retriever.model, "tied": model.retriever.tied,
                           "passage_fingerprint": model.retriever.passage_fingerprint()},
             "index": {"path": str(index.folder), "spec": manifest["spec"], "passages": len(index),
-                      "total": manifest["total"], "dim": manifest["dim"], "generation": manifest["generation"],
-                      "segments": len(manifest["segments"]), "encoder_fingerprint": manifest["encoder_fingerprint"],
+                      "total": manifest["total"], "dead_rows": manifest["total"] - manifest["count"],
+                      "dim": manifest["dim"], "generation": manifest["generation"],
+                      "segments": len(manifest["segments"]), "compactions": self.compactions,
+                      "auto_compact": self.auto_compact, "encoder_fingerprint": manifest["encoder_fingerprint"],
                       "encoder": manifest.get("encoder", {}).get("source")},
             "device": str(next(model.reader.parameters()).device),
         }

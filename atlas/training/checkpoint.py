@@ -8,6 +8,11 @@
                             the world size and the global batch it was trained with
     {output_dir}/checkpoints/latest   the name of the newest complete checkpoint
 
+`training.keep_last` checkpoints are kept (0: all). `training_state.pt` is the largest part of one:
+AdamW keeps two moments per trained weight (twice the trained weights' size in fp32), which only
+`--resume` reads; `atlas evaluate`, `ask` and `serve` read the weights alone, so a finished run's
+state files may be deleted. `disk_report` measures a run folder (`atlas train` prints it).
+
 `training_state.pt` holds only tensors and plain Python values, so it loads with
 `torch.load(weights_only=True)`. Its reader optimizer state is a plain torch AdamW state dict
 whether or not the run used DeepSpeed (ZeRO's partitions are gathered before saving), so a
@@ -88,6 +93,40 @@ def save_checkpoint(output_dir: str | Path, step: int, *, model, config: AtlasCo
     return final
 
 
+def folder_bytes(path: str | Path) -> int:
+    """Bytes of the regular files under `path` (or of `path` itself), links not followed."""
+    path = Path(path)
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.lstat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+def megabytes(n_bytes: int) -> str:
+    """`n_bytes` as "288 MB" (MB = 10^6 bytes; "0.4 MB" below 1 MB)."""
+    mb = n_bytes / 1e6
+    return f"{mb:.0f} MB" if mb >= 1 else f"{mb:.1f} MB"
+
+
+def disk_report(output_dir: str | Path, checkpoint: str | Path, *, keep_last: int) -> dict[str, Any]:
+    """What a run folder holds on disk after a checkpoint was written: → {"checkpoint": path,
+    "checkpoint_bytes", "weights_bytes" (all but the training state: reader/, retriever/, config.yaml),
+    "training_state_bytes",
+    "checkpoints_kept", "keep_last", "run_folder_bytes", "message"}; `message` is the sentence
+    `atlas train` prints."""
+    checkpoint = Path(checkpoint)
+    state = folder_bytes(checkpoint / STATE_FILE) if (checkpoint / STATE_FILE).is_file() else 0
+    total = folder_bytes(checkpoint)
+    kept = len(list(checkpoint_root(output_dir).glob("step-*")))
+    run_total = folder_bytes(output_dir)
+    keeps = "every checkpoint" if keep_last <= 0 else f"the newest {keep_last}"
+    message = (f"wrote {checkpoint} ({megabytes(total)}, of which {STATE_FILE} {megabytes(state)}: the optimizer "
+               f"state, read only by --resume; delete it once the run is final). training.keep_last={keep_last} "
+               f"keeps {keeps}: {kept} checkpoint(s) now; {output_dir} holds {megabytes(run_total)} in all")
+    return {"checkpoint": str(checkpoint), "checkpoint_bytes": total, "weights_bytes": total - state,
+            "training_state_bytes": state, "checkpoints_kept": kept, "keep_last": keep_last,
+            "run_folder_bytes": run_total, "message": message}
+
+
 def resolve_checkpoint(path: str | Path) -> Path:
     """A checkpoint folder from itself, a run's output folder, or its `checkpoints/` folder."""
     path = Path(path)
@@ -114,7 +153,8 @@ def load_training_state(checkpoint: str | Path) -> dict[str, Any]:
 
 def checkpoint_config(checkpoint: str | Path, overrides: list[str] = ()) -> AtlasConfig:
     """The config a checkpoint was trained with, plus optional overrides."""
-    return load_config(Path(checkpoint) / "config.yaml", list(overrides))
+    # the run's data were checked when it started; reloading its config to run it must not re-read them
+    return load_config(Path(checkpoint) / "config.yaml", list(overrides), check_data=False)
 
 
 def global_batch_size(batch_size: int, accumulation_steps: int, world_size: int) -> int:

@@ -4,6 +4,9 @@ setup (model, data, optimizers) → for each step: accumulate `accumulation_step
 (each loss divided by that number), clip, step both optimizers and schedulers, log → evaluate
 and save on schedule → final save and evaluation. Everything needed to continue exactly —
 both optimizers and schedulers, RNG states, the data position — is in each checkpoint.
+`training.steps: 0` evaluates the model as the recipe builds it and writes no checkpoint (its
+weights are the reader's and retriever's own; `atlas evaluate READER --index IDX` does the same
+without a recipe). Metrics are in percent (`tasks.metrics`), in the log, the evaluations and the summary.
 
 With `training.deepspeed` the reader runs inside a DeepSpeed ZeRO engine
 (`atlas.training.deepspeed_engine`): its backward divides by the accumulation steps and its step
@@ -36,6 +39,7 @@ from atlas.evaluate import evaluate, recall_drops, retriever_recall
 from atlas.training.checkpoint import (
     checkpoint_config,
     config_for_world_size,
+    disk_report,
     global_batch_size,
     load_training_state,
     resolve_checkpoint,
@@ -45,6 +49,7 @@ from atlas.training.checkpoint import (
 from atlas.training.refresh import parse_refresh_schedule, refresh_due, refresh_index
 from tasks.base import Example, get_task
 from tasks.io import atomic_write_json, atomic_write_text
+from tasks.score import check_labelled
 
 logger = logging.getLogger(__name__)
 
@@ -221,7 +226,9 @@ def train(config: AtlasConfig | None, *, resume: str | Path | None = None, progr
     batch of N × batch_size, gradients are averaged by DDP (or DeepSpeed), and rank 0 saves
     and evaluates. A resumed run keeps the checkpoint's global batch at any number of ranks.
 
-    Summary: {"step", "losses": [total loss per step], "eval": metrics, "checkpoint": path}.
+    Summary: {"step", "losses": [total loss per step], "eval": metrics (percent), "checkpoint": path or
+    None (`training.steps: 0`: evaluated, nothing trained, no checkpoint written), "disk": what the
+    run folder holds (`atlas.training.checkpoint.disk_report`; absent without a checkpoint)}.
     """
     from tasks.progress import progress_bar as tqdm
 
@@ -248,6 +255,9 @@ def train(config: AtlasConfig | None, *, resume: str | Path | None = None, progr
     # ---- setup
     model = build_atlas(config, checkpoint=checkpoint).to(context.device)
     task = get_task(config.task.name, **config.task.options)
+    if config.task.eval_data:  # an evaluation file without gold answers fails now, not after training
+        check_labelled(task, config.task.eval_data[0],
+                       task.load(config.task.eval_data[0], skip_invalid=config.task.skip_invalid))
     examples = load_training_examples(config, task)
     if context.is_main:
         atomic_write_json(output_dir / "train_examples.json", [e.id for e in examples])
@@ -416,10 +426,15 @@ def train(config: AtlasConfig | None, *, resume: str | Path | None = None, progr
         if t.save_every and step % t.save_every == 0 and step < t.steps:
             save(step)
     bar.close()
-    final = save(step)
+    # nothing trained, nothing to save: the weights are those the recipe names
+    final = save(step) if t.steps > 0 else None
     if step == t.steps:
         metrics = run_eval(step)
-    summary = {"step": step, "losses": losses, "eval": metrics, "checkpoint": str(final)}
+    summary = {"step": step, "losses": losses, "eval": metrics, "checkpoint": str(final) if final else None}
+    if final is not None:
+        summary["disk"] = disk_report(output_dir, final, keep_last=t.keep_last)
+    elif context.is_main:
+        logger.info("training.steps is 0: evaluated the model as built, no checkpoint written")
     if guard:
         summary["train_recall_before"] = recall_before
     if log is not None:

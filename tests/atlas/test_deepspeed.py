@@ -146,7 +146,7 @@ def test_checkpoints_move_between_one_and_two_ranks(ds, stage, tiny_world, plain
     out = tmp_path / f"zero{stage}"
     data = Path(tiny_world["root"]) / "colours.jsonl"
     config = recipe(tiny_world, out, f"training.deepspeed={zero_config(tmp_path, stage)}", "training.keep_last=3",
-                    f"task.eval_data=[{data}]", "training.eval_every=2", "evaluation.retrieval_k=[1]",
+                    f"task.eval_data=[{data}]", "task.allow_overlap=true", "training.eval_every=2", "evaluation.retrieval_k=[1]",
                     "reader.generation_max_length=4")
     train(config, progress=False, stop_at=1)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

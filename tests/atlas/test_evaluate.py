@@ -21,11 +21,13 @@ def test_answer_and_gold_recall_by_hand():
          {"id": "p4", "doc_id": "d4", "text": "nothing", "score": 1.0}],
         [{"id": "p5", "doc_id": "d5", "text": "x", "score": 0.0}],
     ]
-    metrics = retrieval_metrics(examples, passages, [1, 2])
-    assert metrics["answer_recall@1"] == pytest.approx(0.5)  # only q2 at rank 1
-    assert metrics["answer_recall@2"] == pytest.approx(1.0)
-    assert metrics["answer_mrr"] == pytest.approx((1 / 2 + 1) / 2)
-    assert metrics["gold_recall@1"] == 0.0 and metrics["gold_recall@2"] == 1.0  # q1's d2 at rank 2
+    metrics = retrieval_metrics(examples, passages, [1, 2])  # percent
+    assert metrics["answer_recall@1"] == 50.0  # only q2 at rank 1
+    assert metrics["answer_recall@2"] == 100.0
+    assert metrics["answer_mrr"] == 100 * ((1 / 2 + 1) / 2)
+    assert metrics["gold_recall@1"] == 0.0 and metrics["gold_recall@2"] == 100.0  # q1's d2 at rank 2
+    assert set(metrics) == {"answer_recall@1", "answer_recall@2", "answer_mrr", "gold_recall@1", "gold_recall@2",
+                            "gold_mrr"}
     assert retrieval_metrics(examples[2:], passages[2:], [1]) == {}
 
 
@@ -93,8 +95,8 @@ def test_metrics_are_not_rounded_and_config_is_saved(tmp_path):
                          QUERY.format("where?"): "Rome"})
     config = load_config(None, ["evaluation.retrieval_k=[1,3]"])
     metrics = evaluate(model, get_task("qa"), data, EvaluationConfig(), out_dir=tmp_path / "out", run_config=config)
-    # F1 = (2/3 + 1 + 0) / 3 to the last bit: no rounding to 6 digits (0.555556)
-    assert metrics == {"exact_match": 1 / 3, "f1": (2 / 3 + 1.0 + 0.0) / 3}
+    # percent; F1 = 100 · (2/3 + 1 + 0) / 3 to the last bit: no rounding to 6 digits (55.5556)
+    assert metrics == {"exact_match": 100 * (1 / 3), "f1": 100 * ((2 / 3 + 1.0 + 0.0) / 3)}
     import json
 
     assert json.loads((tmp_path / "out" / "metrics.json").read_text()) == metrics
@@ -103,7 +105,7 @@ def test_metrics_are_not_rounded_and_config_is_saved(tmp_path):
     assert [r["prediction"] for r in rows] == ["in 1999", "Bob", "Rome"]  # sentinels stripped
 
 
-def test_unlabelled_data_is_predicted_not_scored(tmp_path, caplog):
+def test_unlabelled_data_is_predicted_not_scored_with_predict_only(tmp_path):
     import json
 
     from atlas.config import EvaluationConfig
@@ -112,26 +114,55 @@ def test_unlabelled_data_is_predicted_not_scored(tmp_path, caplog):
 
     data = qa_file(tmp_path, [{"question": "when?"}, {"question": "who?"}])
     model = CannedModel({QUERY.format("when?"): "1999", QUERY.format("who?"): "Bob"})
-    with caplog.at_level("WARNING", logger="atlas.evaluate"):
-        metrics = evaluate(model, get_task("qa"), data, EvaluationConfig(), out_dir=tmp_path / "out")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "metrics.json").write_text('{"exact_match": 50.0}\n')  # an older run's: must go
+    metrics = evaluate(model, get_task("qa"), data, EvaluationConfig(), out_dir=tmp_path / "out", predict_only=True)
     assert metrics == {}
-    assert "none of the 2 examples has a gold answer (an unlabelled test set): metrics skipped" in caplog.text
     rows = [json.loads(line) for line in (tmp_path / "out" / "predictions.jsonl").read_text().splitlines()]
     assert [(r["prediction"], r["answers"]) for r in rows] == [("1999", []), ("Bob", [])]
-    assert not (tmp_path / "out" / "metrics.json").exists()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["predictions.jsonl"]
 
 
-def test_partly_labelled_data_is_an_error_after_the_predictions_are_written(tmp_path):
+@pytest.mark.parametrize("records", [
+    [{"question": "when?", "answers": ["1999"]}, {"question": "who?"}],  # partly labelled
+    [{"question": "when?", "answer_text": "1999"}, {"question": "who?", "answer_text": "Bob"}],  # a misnamed field
+])
+def test_an_example_without_answers_is_an_error_naming_file_line_and_field_before_anything_is_written(
+        tmp_path, records):
     from atlas.config import EvaluationConfig
     from atlas.evaluate import evaluate
     from tasks.base import get_task
+    from tasks.io import InputError
 
-    data = qa_file(tmp_path, [{"question": "when?", "answers": ["1999"]}, {"question": "who?"}])
+    data = qa_file(tmp_path, records)
     model = CannedModel({QUERY.format("when?"): "1999", QUERY.format("who?"): "Bob"})
-    with pytest.raises(ValueError, match=r"qa\.jsonl: 1 of 2 examples have no gold answer \(1\); a partly labelled "
-                                         r"file cannot be scored \(predictions were written to .*out\)"):
+    line = 2 if "answers" in records[0] else 1
+    n = 1 if "answers" in records[0] else 2
+    message = (f"{data}:{line}: field 'answers': no gold answer to score against ({n} of 2 examples have none); "
+               "an unlabelled test set is predicted without scores by `atlas evaluate … --predict-only`")
+    with pytest.raises(InputError) as error:
         evaluate(model, get_task("qa"), data, EvaluationConfig(), out_dir=tmp_path / "out")
-    assert len((tmp_path / "out" / "predictions.jsonl").read_text().splitlines()) == 2
+    assert str(error.value) == message
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_mmlu_question_without_its_answer_names_its_line_and_the_answer_field(tmp_path):
+    import json
+
+    from atlas.evaluate import check_labelled
+    from tasks.base import get_task
+    from tasks.io import InputError
+
+    options = {"A": "a", "B": "b", "C": "c", "D": "d"}
+    path = tmp_path / "anatomy_test.jsonl"
+    labelled = json.dumps({"question": "What?", "options": options, "answer": "B"})
+    unlabelled = json.dumps({"question": "Which?", "options": options})
+    path.write_text(f"{labelled}\n\n{unlabelled}\n")  # a blank line 2: the unlabelled record is on line 3
+    task = get_task("mmlu")
+    with pytest.raises(InputError, match=r"anatomy_test\.jsonl:3: field 'answer': no gold answer to score against "
+                                         r"\(1 of 2 examples have none\)"):
+        check_labelled(task, path, task.load(path))
+    check_labelled(task, path, task.load(path)[:1])  # labelled: nothing raised
 
 
 @pytest.mark.parametrize(("total", "world", "expected"), [

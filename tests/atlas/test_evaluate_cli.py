@@ -71,13 +71,14 @@ def real_world(shared_data, tiny_encoder_path, tmp_path_factory):
 
 
 def test_kilt_hotpotqa_outputs_and_official_scores(real_world, tmp_path, capsys):
+    from tasks.kilt_scoring import score_kilt_files
     from tasks.score import score_files
 
     out = tmp_path / "kilt"
     assert main(["evaluate", str(real_world["checkpoint"]), "--data", str(real_world["kilt"]), "--task", "kilt",
                  "--out", str(out)]) == 0
-    assert {p.name for p in out.iterdir()} >= {"config.yaml", "predictions.jsonl", "kilt_predictions.jsonl",
-                                               "metrics.json"}
+    assert {p.name for p in out.iterdir()} == {"config.yaml", "predictions.jsonl", "kilt_predictions.jsonl",
+                                               "metrics.json", "kilt_scores.json"}
     metrics = json.loads((out / "metrics.json").read_text())
     printed = capsys.readouterr().out
     assert json.loads(printed[: printed.rindex("}") + 1]) == metrics
@@ -94,14 +95,25 @@ def test_kilt_hotpotqa_outputs_and_official_scores(real_world, tmp_path, capsys)
         assert 4 <= len(output["provenance"]) <= 5
         assert all(isinstance(p["wikipedia_id"], str) and p["wikipedia_id"] for p in output["provenance"])
 
-    # the metric table: KILT's downstream, KILT- and retrieval metrics, primary (em) first
-    assert next(iter(metrics)) == "em"
-    assert {"em", "accuracy", "f1", "rougel", "KILT-em", "KILT-accuracy", "KILT-f1", "KILT-rougel", "Rprec",
-            "precision@1", "recall@5", "success_rate@5", "answer_recall@5"} <= set(metrics)
-    assert 0.0 <= metrics["Rprec"] <= 1.0 and metrics["KILT-em"] <= metrics["em"]
-    # unrounded, and exactly what the official scorer gives on the written file
-    official = score_files("kilt", real_world["kilt"], out / "kilt_predictions.jsonl", ks=(1, 5, 10, 20))
-    assert {k: metrics[k] for k in official} == official
+    # the metric table: KILT's downstream, KILT- and retrieval metrics under the project's names, in
+    # percent, primary (exact_match) first
+    assert next(iter(metrics)) == "exact_match"
+    assert {"exact_match", "accuracy", "f1", "rouge_l", "kilt_exact_match", "kilt_accuracy", "kilt_f1", "kilt_rouge_l",
+            "r_precision", "provenance_precision@1", "provenance_recall@5", "provenance_success@5",
+            "answer_recall@5"} <= set(metrics)
+    assert not {"em", "rougel", "KILT-em", "Rprec", "recall@5"} & set(metrics)
+    assert 0.0 <= metrics["r_precision"] <= 100.0 and metrics["kilt_exact_match"] <= metrics["exact_match"]
+    # unrounded, and exactly what `atlas score` gives on the written file: 100 × the official scorer's figures
+    scored = score_files("kilt", real_world["kilt"], out / "kilt_predictions.jsonl", ks=(1, 5, 10, 20))
+    assert {k: metrics[k] for k in scored} == scored
+    official = score_kilt_files(real_world["kilt"], out / "kilt_predictions.jsonl", ks=(1, 5, 10, 20))
+    assert scored["exact_match"] == 100 * official["em"] and scored["r_precision"] == 100 * official["Rprec"]
+    assert scored["provenance_recall@5"] == 100 * official["recall@5"]
+    # the official report beside them: KILT's key names and [0, 1] scale, as its scorers print them
+    report = json.loads((out / "kilt_scores.json").read_text())
+    assert report == score_files("kilt", real_world["kilt"], out / "kilt_predictions.jsonl", ks=(1, 5, 10, 20),
+                                 official=True)
+    assert report["downstream"]["em"] == official["em"] and report["retrieval"]["Rprec"] == official["Rprec"]
 
     # the resolved config of this evaluation sits beside its outputs
     recorded = load_config(out / "config.yaml")
@@ -124,18 +136,18 @@ def test_mmlu_subject_folders_per_category_and_score_roundtrip(real_world, tmp_p
         assert sum(row["probabilities"].values()) == pytest.approx(1.0, abs=1e-6)
         assert len(row["passages"]) == 2
 
-    # per-question averages: overall, per category, per subject, from the written predictions
+    # per-question averages in percent: overall, per category, per subject, from the written predictions
     def correct(row, key):
         letter = row["prediction"] if key == "accuracy" else max(sorted(row["probabilities"]),
                                                                  key=row["probabilities"].get)
         return float(letter == row["answers"][0])
 
     for key in ("accuracy", "debiased_accuracy"):
-        assert metrics[key] == pytest.approx(sum(correct(r, key) for r in rows) / n, abs=1e-15)
+        assert metrics[key] == pytest.approx(100 * (sum(correct(r, key) for r in rows) / n), abs=1e-15)
         for subject, category in SUBJECTS.items():
             mine = [r for r in rows if r["id"].startswith(f"{subject}_test:")]
             assert len(mine) == ROWS_PER_SUBJECT
-            expected = sum(correct(r, key) for r in mine) / ROWS_PER_SUBJECT
+            expected = 100 * (sum(correct(r, key) for r in mine) / ROWS_PER_SUBJECT)
             assert metrics[f"{key}/{category}"] == pytest.approx(expected, abs=1e-15)
             assert metrics[f"{key}/subject/{subject}"] == pytest.approx(expected, abs=1e-15)
 
@@ -169,11 +181,19 @@ def test_unlabelled_kilt_test_file_writes_predictions_and_skips_metrics(real_wor
     test_file.write_text("".join(json.dumps({"id": r["id"], "input": r["input"]}) + "\n" for r in rows))
     out = tmp_path / "kilt-test"
     out.mkdir()
-    (out / "metrics.json").write_text('{"em": 0.5}\n')  # an older run's: must not survive beside new predictions
+    (out / "metrics.json").write_text('{"exact_match": 50.0}\n')  # an older run's: must not survive beside new predictions
+    (out / "kilt_scores.json").write_text('{}\n')
+    # without --predict-only an unlabelled file is an error naming its first record, and nothing is written
     assert main(["evaluate", str(real_world["checkpoint"]), "--data", str(test_file), "--task", "kilt",
-                 "--out", str(out)]) == 0
-    assert "no gold answers (an unlabelled test set): metrics skipped" in capsys.readouterr().out
-    assert not (out / "metrics.json").exists()
+                 "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        f"atlas evaluate: error: {test_file}:1: field 'output[].answer': no gold answer to score against (4 of 4 "
+        "examples have none); an unlabelled test set is predicted without scores by `atlas evaluate … --predict-only`\n")
+    assert sorted(p.name for p in out.iterdir()) == ["kilt_scores.json", "metrics.json"]
+    assert main(["evaluate", str(real_world["checkpoint"]), "--data", str(test_file), "--task", "kilt",
+                 "--out", str(out), "--predict-only"]) == 0
+    assert "predicted, not scored (--predict-only)" in capsys.readouterr().out
+    assert not (out / "metrics.json").exists() and not (out / "kilt_scores.json").exists()
     kilt = read_jsonl(out / "kilt_predictions.jsonl")
     assert [r["id"] for r in kilt] == [r["id"] for r in rows]
     assert all(r["output"][0]["provenance"] for r in kilt)

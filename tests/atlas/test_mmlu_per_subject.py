@@ -76,9 +76,9 @@ def test_per_subject_runs_merge_and_resume(tiny_world, mmlu_root, tmp_path, caps
         correct = [float((r["prediction"] if key == "accuracy" else max(sorted(r["probabilities"]),
                                                                         key=r["probabilities"].get))
                          == r["answers"][0]) for r in rows]
-        assert metrics[key] == pytest.approx(sum(correct) / 6, abs=1e-15)
-        assert metrics[f"{key}/other"] == pytest.approx(sum(correct[:2]) / 2, abs=1e-15)  # anatomy
-        assert metrics[f"{key}/humanities"] == pytest.approx(sum(correct[2:]) / 4, abs=1e-15)  # philosophy
+        assert metrics[key] == pytest.approx(100 * (sum(correct) / 6), abs=1e-15)  # percent
+        assert metrics[f"{key}/other"] == pytest.approx(100 * (sum(correct[:2]) / 2), abs=1e-15)  # anatomy
+        assert metrics[f"{key}/humanities"] == pytest.approx(100 * (sum(correct[2:]) / 4), abs=1e-15)  # philosophy
         for subject in TEST_ROWS:
             per_subject = json.loads((out / "subjects" / subject / "eval" / "metrics.json").read_text())
             assert metrics[f"{key}/subject/{subject}"] == per_subject[key]

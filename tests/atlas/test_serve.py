@@ -37,7 +37,9 @@ def _bench():
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    """The demo run loaded once, serving (and editing) its own copy of the demo index."""
+    """The demo run loaded once, serving (and editing) its own copy of the demo index. Automatic
+    compaction is off (each edit is then exactly one generation, which tests count); the tests of
+    compaction turn it on."""
     import torch
 
     from atlas.cli.run import load_run
@@ -48,7 +50,7 @@ def service(tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the suite shares 2 cores; more threads only contend
     folder, config, model = load_run(str(run), str(index), ["reader.num_beams=1"])
-    service = AtlasService(model, config, checkpoint=folder)
+    service = AtlasService(model, config, checkpoint=folder, auto_compact=False)
     yield service
     service.close()
     torch.set_num_threads(threads)
@@ -133,8 +135,23 @@ LONG = "x" * 2001
     ("POST", "/api/ask", {"question": "q", "k": 21}, 422, "less than or equal to 20"),
     ("POST", "/api/ask", {"k": 2}, 422, "body.question: Field required"),
     ("POST", "/api/ask/batch", {"questions": ["q"] * 65}, 422, "at most 64 items"),
-    ("POST", "/api/ask/batch", {"questions": ["q", ""]}, 422, "body.questions.1: Value error, the question is empty"),
+    ("POST", "/api/ask/batch", {"questions": ["q", "\u3000 "]}, 422,
+     "body.questions.1: Value error, the question is empty"),
     ("POST", "/api/search", {"query": "q", "k": 101}, 422, "less than or equal to 100"),
+    # what the schema used to allow and the server refused (issue 35): now the schema says it too
+    ("POST", "/api/ask", {"question": ""}, 422, "body.question: String should have at least 1 character"),
+    ("POST", "/api/ask/batch", {"questions": [""]}, 422, "body.questions.0: String should have at least 1 character"),
+    ("POST", "/api/search", {"query": "", "k": 99}, 422, "body.query: String should have at least 1 character"),
+    ("PUT", "/api/passages/country-biole", {"text": ""}, 422, "body.text: String should have at least 1 character"),
+    ("POST", "/api/edits", {"remove": ["country-biole"] * 63}, 422,
+     "body.remove: Value error, each id once; repeated: 'country-biole'"),
+    ("POST", "/api/passages", {"passages": [{"id": "empty", "text": ""}]}, 422,
+     "body.passages.0.text: String should have at least 1 character"),
+    # and what the schema forbade and the server took: a boolean (or a string) for an integer
+    ("POST", "/api/search", {"query": "q", "k": True}, 422, "body.k: Input should be a valid integer"),
+    ("POST", "/api/ask", {"question": "q", "k": "2"}, 422, "body.k: Input should be a valid integer"),
+    ("POST", "/api/ask", {"question": "q", "top_k": 2}, 422, "body.top_k: Extra inputs are not permitted"),
+    ("GET", "/api/passages/%20country-biole", None, 422, "path.passage_id: Value error, a passage id has no"),
     ("GET", "/api/passages/no-such-passage", None, 404, "no passage with id 'no-such-passage'"),
     ("PUT", "/api/passages/no-such-passage", {"text": "t"}, 404, "no passage with id(s) 'no-such-passage'"),
     ("DELETE", "/api/passages/no-such-passage", None, 404, "'no-such-passage'"),
@@ -142,8 +159,8 @@ LONG = "x" * 2001
     ("POST", "/api/passages", {"passages": [{"id": "country-biole", "text": "t"}]}, 409, "already in the index"),
     ("POST", "/api/passages", {"passages": [{"id": " x", "text": "t"}]}, 422, "white space"),
     ("POST", "/api/edits", {}, 422, "the edit is empty"),
-    ("POST", "/api/edits", {"update": [{"id": "country-biole", "text": "t"}], "remove": ["country-biole"]}, 422,
-     "repeated: 'country-biole'"),
+    ("POST", "/api/edits", {"update": [{"id": "country-biole", "text": "t"}], "remove": ["country-biole"]}, 409,
+     "repeated: 'country-biole'"),  # valid by the schema (it cannot say it), a conflict within the edit
 ])
 def test_bad_requests_get_a_4xx_with_a_clear_message(client, method, path, body, status, message):
     content = body if isinstance(body, str) else None
@@ -152,6 +169,45 @@ def test_bad_requests_get_a_4xx_with_a_clear_message(client, method, path, body,
     assert response.status_code == status, response.text
     assert message in response.json()["detail"]
     assert client.get("/api/health").status_code == 200  # still serving
+
+
+def test_the_published_schema_refuses_what_the_server_refuses(client):
+    """Each body the server answers 422 above is invalid by the OpenAPI schema too, and what the
+    server takes is valid by it (a client generated from the schema finds out before sending)."""
+    jsonschema_rs = pytest.importorskip("jsonschema_rs", reason="comes with schemathesis (pip install -e '.[test]')")
+    openapi = client.get("/openapi.json").json()
+
+    def valid(model: str, body) -> bool:
+        schema = {"$ref": f"#/components/schemas/{model}", "components": openapi["components"]}
+        return jsonschema_rs.validator_for(schema).is_valid(body)
+
+    refused = [("AskRequest", {"question": ""}), ("AskRequest", {"question": " \t"}), ("AskRequest", {"question": "q", "k": True}),
+               ("AskRequest", {"question": "q", "k": 21}), ("AskRequest", {"question": "q", "top_k": 2}),
+               ("BatchAskRequest", {"questions": [""]}), ("SearchRequest", {"query": "", "k": 99}),
+               ("PassageUpdate", {"text": ""}), ("EditRequest", {"remove": ["x"] * 63}), ("EditRequest", {}),
+               ("EditRequest", {"add": []}), ("AddRequest", {"passages": [{"id": "x", "text": ""}]}),
+               ("AddRequest", {"passages": [{"id": " x", "text": "t"}]}),
+               ("AddRequest", {"passages": [{"id": "x\ny", "text": "t"}]})]
+    for model, body in refused:
+        assert not valid(model, body), (model, body)
+    taken = [("AskRequest", {"question": "q", "k": 2}), ("AskRequest", {"question": "q", "k": 2.0}),
+             ("SearchRequest", {"query": " q "}), ("EditRequest", {"remove": ["x", "y"]}),
+             ("AddRequest", {"passages": [{"id": "a b", "text": "t"}]})]
+    for model, body in taken:
+        assert valid(model, body), (model, body)
+        path = {"AskRequest": "/api/ask", "SearchRequest": "/api/search"}.get(model)
+        if path is not None:
+            assert client.post(path, json=body).status_code == 200
+
+
+@pytest.mark.parametrize("method", ["OPTIONS", "PATCH", "POST"])
+def test_a_method_a_path_does_not_serve_is_answered_with_the_ones_it_does(client, method):
+    response = client.request(method, "/api/passages/country-biole")
+    assert response.status_code == 405 and response.headers["allow"] == "DELETE, GET, PUT"  # the schema's three
+    assert response.json()["detail"] == f"{method} is not served at this path; it serves DELETE, GET, PUT"
+    assert set(client.get("/openapi.json").json()["paths"]["/api/passages/{passage_id}"]) == {"get", "put", "delete"}
+    response = client.request(method, "/api/ask") if method != "POST" else client.get("/api/ask")
+    assert response.status_code == 405 and response.headers["allow"] == "POST"
 
 
 def test_an_oversized_body_is_refused_before_it_is_read(client):
@@ -233,6 +289,44 @@ def test_add_update_remove_in_one_atomic_edit(client):
     assert refused.status_code == 404 and client.get("/api/passages/isle-d").status_code == 404
 
 
+def test_the_server_compacts_its_index_between_batches_and_no_result_changes(client, service):
+    """With automatic compaction on, the edit that leaves the index due for one is followed by a
+    compaction on the edit thread, swapped in between two batches: fewer segments, one more
+    generation, and the same hits (ids and scores) and answers as before it."""
+    from retriever.index_compact import MAX_SEGMENTS
+
+    def settled() -> dict:
+        service.edit_executor.submit(lambda: None).result()  # what was queued on the edit thread ran
+        return client.get("/api/health").json()
+
+    start = settled()
+    fillers = [f"filler-{n}" for n in range(MAX_SEGMENTS + 1 - start["segments"])]
+    for pid in fillers:  # one segment each: one segment too many
+        assert client.post("/api/passages", json={"passages": [
+            {"id": pid, "title": "Filler", "text": f"{pid} is a line of filler about nothing in particular."}]}
+        ).status_code == 200
+    before = settled()
+    assert before["segments"] == MAX_SEGMENTS + 1 and before["compactions"] == start["compactions"] == 0
+    queries = ["the capital of Biole", "Who rules Isle A?", "What is the capital of Dreagriodros?"]
+    hits = [client.post("/api/search", json={"query": q, "k": 10}).json()["hits"] for q in queries]
+    assert not {h["id"] for found in hits for h in found} & set(fillers)  # so removing one changes no hit
+    answer = client.post("/api/ask", json={"question": CAPITAL}).json()
+    service.auto_compact = True
+    try:
+        edit = client.delete(f"/api/passages/{fillers[0]}").json()
+        after = settled()
+    finally:
+        service.auto_compact = False
+    assert after["compactions"] == 1 and after["segments"] == 2  # the base and the merged edits
+    assert after["generation"] == edit["generation"] + 1 == before["generation"] + 2
+    assert after["passages"] == before["passages"] - 1 and after["dead_rows"] <= before["dead_rows"]
+    assert [client.post("/api/search", json={"query": q, "k": 10}).json()["hits"] for q in queries] == hits
+    again = client.post("/api/ask", json={"question": CAPITAL}).json()
+    assert (again["answer"], again["evidence"], again["generation"]) == \
+        (answer["answer"], answer["evidence"], after["generation"])
+    assert atlas_main(["index", "info", str(service.index.folder), "--verify"]) == 0
+
+
 # ----------------------------------------------------------------------------- load
 @pytest.mark.slow
 def test_a_bounded_load_with_interleaved_edits_loses_nothing(live_url, service):
@@ -240,7 +334,11 @@ def test_a_bounded_load_with_interleaved_edits_loses_nothing(live_url, service):
     bench = _bench()
     before = httpx_get(f"{live_url}/api/health")["passages"]
     plan = bench.edit_plan(6, "load")
-    result = bench.load_test(live_url, bench.heldout_questions(32), asks=48, concurrency=16, k=2, plan=plan)
+    service.auto_compact = True  # as `atlas serve` runs
+    try:
+        result = bench.load_test(live_url, bench.heldout_questions(32), asks=48, concurrency=16, k=2, plan=plan)
+    finally:
+        service.auto_compact = False
     print("\nload test:", json.dumps(result))
     assert result["errors"] == 0 and result["edit_errors"] == 0, result["error_examples"]
     assert result["mean_batch"] > 1.5  # concurrent questions did share forward passes

@@ -40,6 +40,7 @@ def test_a_replace_that_dies_around_its_commit_leaves_the_old_or_the_new_index(t
     """Dies with every new file written and flushed but the manifest not replaced ("before"), or
     with the manifest replaced but the superseded files not yet deleted ("after")."""
     import retriever.index_update as update
+    from retriever import index_files
     from retriever.encoder import Retriever
 
     folder = tmp_path / "index"
@@ -48,18 +49,18 @@ def test_a_replace_that_dies_around_its_commit_leaves_the_old_or_the_new_index(t
     new_file = tmp_path / "edit.jsonl"
     new_file.write_text(json.dumps({"id": "p1", "title": "Zorbland", "text": "The capital of Zorbland is Lorient."})
                         + "\n" + json.dumps({"id": "p9", "title": "New", "text": "A new passage."}) + "\n")
-    real = update.write_manifest
+    real = index_files.write_manifest  # the commit point of every update (index_files.commit)
 
     def dies(folder_, manifest):
         if when == "after":
             real(folder_, manifest)
         raise Crash
 
-    monkeypatch.setattr(update, "write_manifest", dies)
+    monkeypatch.setattr(index_files, "write_manifest", dies)
     retriever = Retriever.from_pretrained(tiny_world["encoder"])
     with pytest.raises(Crash):
         update.add_passages(folder, [new_file], retriever, chunk_words=0, progress=False, remove=["p1"])
-    monkeypatch.setattr(update, "write_manifest", real)
+    monkeypatch.setattr(index_files, "write_manifest", real)
     after = _live_texts(folder)
     if when == "before":
         assert after == before  # nothing of the edit

@@ -25,7 +25,9 @@ def tiny_config(world, out, *overrides):
         "task.name=qa", f"task.train_data=[{world['qa']}]", f"task.eval_data=[{world['qa']}]",
         f"training.output_dir={out}", "training.steps=8", "training.batch_size=2", "training.lr=3e-3",
         "training.lr_retriever=1e-3", "training.warmup_steps=1", "training.log_every=1",
-        "evaluation.retrieval_k=[1,3]", *overrides,
+        "evaluation.retrieval_k=[1,3]",
+        "task.allow_overlap=true",  # a pipeline check: it evaluates on the questions it trains on
+        *overrides,
     ])
 
 
@@ -48,6 +50,16 @@ def test_training_lowers_the_loss_and_writes_a_loadable_checkpoint(tiny_world, t
     AutoModel.from_pretrained(checkpoint / "retriever" / "query")
     assert (tmp_path / "run" / "config.yaml").exists() and (checkpoint / "config.yaml").exists()
     assert set(summary["eval"]) >= {"exact_match", "f1", "answer_recall@1", "answer_recall@3"}
+    # percent, as computed by hand from the written predictions, in the summary and in the log
+    from tasks.metrics import normalize_answer
+
+    rows = [json.loads(line) for line in
+            (tmp_path / "run" / "eval-step-000008" / "predictions.jsonl").read_text().splitlines()]
+    right = sum(any(normalize_answer(r["prediction"]) == normalize_answer(a) for a in r["answers"]) for r in rows)
+    assert summary["eval"]["exact_match"] == 100 * (right / len(rows))
+    logged = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [r["eval/exact_match"] for r in logged if "eval/exact_match" in r] == [summary["eval"]["exact_match"]]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["eval"] == summary["eval"]
 
 
 def test_resume_continues_bit_identically(tiny_world, tmp_path):
@@ -202,6 +214,63 @@ def test_cli_train_evaluate_ask(tiny_world, tmp_path, capsys):
     assert printed.startswith("Q: who first climbed mount olo\nA: ") and "[2]" in printed
     with pytest.raises(SystemExit, match="the question is empty"):
         main(["ask", str(out), "  "])
+
+
+def test_cli_train_says_what_the_run_folder_holds_on_disk(tiny_world, tmp_path, capsys):
+    from atlas.config import save_config
+    from atlas.training.checkpoint import folder_bytes, megabytes
+
+    out = tmp_path / "disk"
+    recipe = tmp_path / "recipe.yaml"
+    save_config(tiny_config(tiny_world, out, "training.steps=2", "training.save_every=1", "training.keep_last=1"),
+                recipe)
+    assert main(["train", str(recipe)]) == 0
+    printed = capsys.readouterr().out
+    checkpoint = out / "checkpoints" / "step-000002"
+    assert [p.name for p in (out / "checkpoints").glob("step-*")] == ["step-000002"]  # keep_last=1
+    total, state = folder_bytes(checkpoint), (checkpoint / "training_state.pt").stat().st_size
+    disk = json.loads((out / "summary.json").read_text())["disk"]
+    assert disk["checkpoint_bytes"] == total and disk["training_state_bytes"] == state
+    assert disk["weights_bytes"] == total - state and disk["checkpoints_kept"] == 1 and disk["keep_last"] == 1
+    # AdamW's two moments per trained weight (reader and query encoder): the state outweighs the reader
+    assert state > folder_bytes(checkpoint / "reader")
+    assert printed.endswith(
+        f"wrote {checkpoint} ({megabytes(total)}, of which training_state.pt {megabytes(state)}: the optimizer state, "
+        f"read only by --resume; delete it once the run is final). training.keep_last=1 keeps the newest 1: "
+        f"1 checkpoint(s) now; {out} holds {megabytes(disk['run_folder_bytes'])} in all\n")
+    assert disk["run_folder_bytes"] >= total
+
+
+def test_zero_training_steps_evaluate_and_write_no_checkpoint(tiny_world, tmp_path, capsys):
+    from atlas.config import save_config
+
+    out = tmp_path / "zero"
+    recipe = tmp_path / "recipe.yaml"
+    save_config(tiny_config(tiny_world, out, "training.steps=0"), recipe)
+    assert main(["train", str(recipe)]) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["checkpoint"] is None and summary["losses"] == [] and "disk" not in summary
+    assert not (out / "checkpoints").exists()
+    assert not [p for p in out.rglob("*") if p.suffix in (".safetensors", ".pt", ".bin")]
+    metrics = json.loads((out / "eval-step-000000" / "metrics.json").read_text())
+    assert {k: v for k, v in summary["eval"].items() if not k.startswith("train_recall/")} == metrics
+    assert 0.0 <= metrics["answer_recall@3"] <= 100.0
+    assert "training.steps is 0: the model was evaluated as built; nothing was trained, so no checkpoint was " \
+           "written" in printed
+
+
+def test_an_evaluation_file_without_answers_fails_before_training(tiny_world, tmp_path):
+    from tasks.io import InputError
+
+    dev = tmp_path / "dev.jsonl"
+    dev.write_text('{"question": "what is the capital of zorbland", "answers": ["Quimper"]}\n'
+                   '{"question": "who first climbed mount olo", "answer_text": "Anna Brook"}\n')
+    config = tiny_config(tiny_world, tmp_path / "run", f"task.eval_data=[{dev}]")
+    with pytest.raises(InputError, match=rf"^{dev}:2: field 'answers': no gold answer to score against \(1 of 2 "
+                                         r"examples have none\)"):
+        train(config, progress=False)
+    assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "log.jsonl").exists()
 
 
 def test_a_resumed_run_logs_exactly_what_an_uninterrupted_one_does(tiny_world, tmp_path):

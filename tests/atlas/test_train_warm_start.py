@@ -24,7 +24,9 @@ def warm_config(world, out, *overrides):
         "reader.generation_max_length=6", "task.name=qa", f"task.train_data=[{world['qa']}]",
         f"task.eval_data=[{world['qa']}]", f"training.output_dir={out}", "training.steps=4",
         "training.batch_size=2", "training.lr=3e-3", "training.lr_encoder=1e-3", "training.lr_retriever=1e-3",
-        "training.warmup_steps=1", "training.log_every=1", "evaluation.retrieval_k=[1,3]", *overrides,
+        "training.warmup_steps=1", "training.log_every=1", "evaluation.retrieval_k=[1,3]",
+        "task.allow_overlap=true",  # a 4-question world: trained on, then asked (does training reach the answers?)
+        *overrides,
     ])
 
 

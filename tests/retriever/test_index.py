@@ -19,7 +19,7 @@ from retriever.index import (
 )
 from retriever.index_build import build_index, train_and_fill, work_dir_for
 from retriever.index_types import exact_search, set_search_params
-from retriever.index_update import add_passages, remove_passages
+from retriever.index_update import add_passages, remove_passages, update_passages
 
 WORDS = [
     "river",
@@ -216,8 +216,8 @@ def test_add_and_remove(tmp_path, retriever, corpus, spec):
     )
     old_vectors = np.load(out / "vectors.g1.npy")
     new_docs = write_docs(tmp_path / "new.jsonl", ["n1", "n2", "n3"], 7)
-    stats = add_passages(out, [new_docs], retriever, progress=False)
-    assert stats.added == 3 and stats.count == 43
+    stats = add_passages(out, [new_docs], retriever, chunk_words=100, progress=False)  # documents: ids n1-0, ...
+    assert (stats.added, stats.replaced, stats.count) == (3, 0, 43) and stats.ids == ["n1-0", "n2-0", "n3-0"]
     index = PassageIndex.load(out, retriever=retriever)
     np.testing.assert_array_equal(index.vectors[:40], old_vectors)  # nothing re-embedded
     new_text = index.corpora[1].get("n2-0")["text"]
@@ -225,7 +225,7 @@ def test_add_and_remove(tmp_path, retriever, corpus, spec):
     assert sorted(hits) == list(range(43))  # the new passages are searchable beside the old ones
     assert hits[41].id == "n2-0" and hits[41].text == new_text
     with pytest.raises(ValueError, match="already in the index"):
-        add_passages(out, [new_docs], retriever, progress=False)
+        add_passages(out, [new_docs], retriever, chunk_words=100, progress=False)
     ids_file = tmp_path / "ids.txt"
     ids_file.write_text("n2-0\nd3-0\n\n")
     stats = remove_passages(out, ["n2-0", "d3-0", "d3-0"])
@@ -237,9 +237,10 @@ def test_add_and_remove(tmp_path, retriever, corpus, spec):
     assert remove_passages(out, ["n2-0"]).already_removed == 1
     with pytest.raises(KeyError, match="not in the index"):
         remove_passages(out, ["nope"])
-    # a removed id can be added back (replacement)
-    add_passages(out, [write_docs(tmp_path / "again.jsonl", ["n2"], 9)], retriever, progress=False)
+    # a removed id can be added back, under the same id (each record one passage)
+    stats = add_passages(out, [write_docs(tmp_path / "again.jsonl", ["n2-0"], 9)], retriever, progress=False)
     index = PassageIndex.load(out, retriever=retriever)
+    assert stats.ids == ["n2-0"] and index.get(["n2-0"])[0]["text"] == index.corpora[-1].get("n2-0")["text"]
     assert len(index) == 42 and sorted(
         p.name for p in out.iterdir() if p.suffix in {".npy", ".faiss"}
     ) == sorted(r["name"] for r in index.manifest["files"].values())  # superseded files are gone
@@ -406,3 +407,51 @@ def test_pq_search_widens_until_enough_live_results():
     scores, ids = search_live(index, queries, 4, removed=removed)
     assert (np.sort(ids[:, :2], axis=1) == [5, 7]).all() and (ids[:, 2:] == -1).all()
     assert np.isinf(scores[:, 2:]).all()
+
+
+def test_update_replace_and_the_ids_of_added_records(tmp_path, retriever, corpus):
+    """Ids are kept as given; an update needs live ids, an add new ones (or `replace`); with
+    chunking, a record named like a passage of the index is refused, not renamed."""
+    out = build_index(corpus, retriever, tmp_path / "ix", progress=False)
+    manifest = (out / "manifest.json").read_bytes()
+    edit = tmp_path / "edit.jsonl"
+    edit.write_text(json.dumps({"id": "d3-0", "text": "river island"}) + "\n"
+                    + json.dumps({"id": "gone", "title": "T", "text": "x"}) + "\n")
+    with pytest.raises(KeyError, match=f"{edit}:2: passage id 'gone' has no live passage in the index"):
+        update_passages(out, [edit], retriever, progress=False)
+    with pytest.raises(ValueError, match=f"{edit}:1: passage id 'd3-0' is already in the index"):
+        add_passages(out, [edit], retriever, progress=False)
+    with pytest.raises(ValueError, match="with chunk_words 100 this record would be added as 'd3-0-0'"):
+        add_passages(out, [edit], retriever, chunk_words=100, progress=False)
+    assert (out / "manifest.json").read_bytes() == manifest and not (out / "corpora").exists()
+
+    stats = add_passages(out, [edit], retriever, replace=True, progress=False)
+    assert (stats.added, stats.replaced, stats.removed, stats.count) == (1, 1, 0, 41)
+    index = PassageIndex.load(out, retriever=retriever)
+    old_title = index.corpora[0].get("d3-0")["title"]
+    assert index.get(["d3-0", "gone"]) == [
+        {"id": "d3-0", "doc_id": "d3-0", "title": "", "section": "", "text": "river island", "wikipedia_id": ""},
+        {"id": "gone", "doc_id": "gone", "title": "T", "section": "", "text": "x", "wikipedia_id": ""},
+    ]
+    edit.write_text(json.dumps({"id": "d3-0", "title": old_title, "text": "ocean"}) + "\n"
+                    + json.dumps({"id": "gone", "text": "y"}) + "\n")
+    stats = update_passages(out, [edit], retriever, progress=False)
+    assert (stats.added, stats.replaced, stats.count, stats.ids) == (0, 2, 41, ["d3-0", "gone"])
+    index = PassageIndex.load(out, retriever=retriever)
+    assert [(p["title"], p["text"]) for p in index.get(["d3-0", "gone"])] == [(old_title, "ocean"), ("T", "y")]
+    hits = index.search(index.embeddings([index.position_of("gone")]), 41)[0]
+    assert len(hits) == 41 and len({h.id for h in hits}) == 41  # one live version per id
+    with pytest.raises(KeyError, match=r"1 id\(s\) have no live passage in the index .*: 'nope'"):
+        index.get(["d3-0", "nope"])
+
+
+def test_only_a_record_much_longer_than_the_corpus_chunks_is_warned_about(tmp_path, retriever, corpus, caplog):
+    out = build_index(corpus, retriever, tmp_path / "ix", progress=False)  # the corpus is chunked at 100 words
+    records = tmp_path / "records.jsonl"
+    records.write_text(json.dumps({"id": "edited", "text": " ".join(["river"] * 104)}) + "\n"
+                       + json.dumps({"id": "long", "text": " ".join(["planet"] * 151)}) + "\n")
+    with caplog.at_level("WARNING", logger="retriever.index_update"):
+        add_passages(out, [records], retriever, progress=False)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "1 passage(s) have over 1.5 times the words" in warnings[0]
+    assert "'long'" in warnings[0] and "151 words" in warnings[0]

@@ -25,7 +25,7 @@ def test_labels_targets_and_accuracy(tmp_path, write_jsonl):
     assert examples[0].query == "question: Paris is in France. answer: <extra_id_0>"
     assert examples[2].target == "<extra_id_0> maybe"
     scores = task.evaluate(examples, ["<extra_id_0> true", " False", "false", ""])
-    assert scores == {"accuracy": 0.5}
+    assert scores == {"accuracy": 50.0}  # percent
 
 
 def test_unknown_label(tmp_path, write_jsonl):

@@ -64,7 +64,11 @@ def test_fever_targets_and_predictions_map_to_kilt_labels(tmp_path, write_jsonl)
         examples, ["true", "true"], retrieved=[[{"wikipedia_id": "10"}], [{"id": "x"}]]
     )
     assert next(iter(scores)) == "accuracy"  # FEVER's leaderboard metric first
-    assert scores["accuracy"] == 0.5 and scores["KILT-accuracy"] == 0.5 and scores["Rprec"] == 0.5
+    assert (
+        scores["accuracy"] == 50.0
+        and scores["kilt_accuracy"] == 50.0
+        and scores["r_precision"] == 50.0
+    )
 
     write_jsonl(path, [{"id": "1", "input": "x", "output": [{"answer": "MAYBE"}]}])
     with pytest.raises(
@@ -111,9 +115,43 @@ def test_evaluate_equals_official_scoring_of_the_same_records(tmp_path, write_js
         {"id": "b", "output": [{"answer": "Rome", "provenance": [{"wikipedia_id": "4"}]}]},
     ]
     official = score_kilt(records, guesses)
-    assert scores == {"em": official["em"], **{k: v for k, v in official.items() if k != "em"}}
-    assert scores["em"] == 1.0 and scores["accuracy"] == 0.5 and scores["KILT-em"] == 0.5
-    assert list(task.evaluate(examples, ["x", "y"])) == ["em", "accuracy", "f1", "rougel"]
+    # the project's names, each exactly 100 × the official value; the primary metric first
+    renamed = {
+        "em": "exact_match",
+        "rougel": "rouge_l",
+        "KILT-accuracy": "kilt_accuracy",
+        "KILT-em": "kilt_exact_match",
+        "KILT-f1": "kilt_f1",
+        "KILT-rougel": "kilt_rouge_l",
+        "Rprec": "r_precision",
+        "precision": "provenance_precision",
+        "recall": "provenance_recall",
+        "success_rate": "provenance_success",
+    }
+
+    def name(key):
+        base, at, k = key.partition("@")
+        return renamed.get(base, base) + at + k
+
+    expected = {name(k): 100 * v for k, v in official.items()}
+    assert (
+        scores == {"exact_match": expected["exact_match"], **expected}
+        and next(iter(scores)) == "exact_match"
+    )
+    assert (
+        scores["exact_match"] == 100.0
+        and scores["accuracy"] == 50.0
+        and scores["kilt_exact_match"] == 50.0
+    )
+    assert {"provenance_precision@1", "provenance_recall@5", "provenance_success@20"} <= set(scores)
+    assert list(task.evaluate(examples, ["x", "y"])) == ["exact_match", "accuracy", "f1", "rouge_l"]
+    # the official report: KILT's own keys and scale, grouped as its scorers print them
+    report = task.official_report(examples, ["<extra_id_0> paris", "Rome"], retrieved=retrieved)
+    assert report == {
+        "downstream": {k: official[k] for k in ("accuracy", "em", "f1", "rougel")},
+        "kilt": {k: official[k] for k in ("KILT-accuracy", "KILT-em", "KILT-f1", "KILT-rougel")},
+        "retrieval": {k: v for k, v in official.items() if k == "Rprec" or "@" in k},
+    }
 
 
 def test_dialogue_input_and_bad_records(tmp_path, write_jsonl):

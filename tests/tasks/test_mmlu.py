@@ -142,8 +142,8 @@ def test_a_reader_that_always_answers_a_is_at_chance_when_de_biased(mode):
     # every original option was shown as "A" equally often: a uniform de-biased distribution
     assert all(p == {"A": 0.25, "B": 0.25, "C": 0.25, "D": 0.25} for p in probs)
     scores = task.evaluate(examples, ["A"] * len(examples), letter_probs=probs)
-    assert scores["accuracy"] == 0.25
-    assert scores["debiased_accuracy"] == 0.25
+    assert scores["accuracy"] == 25.0
+    assert scores["debiased_accuracy"] == 25.0
     assert next(iter(scores)) == "debiased_accuracy"
 
 
@@ -164,7 +164,7 @@ def test_de_biasing_recovers_a_weak_signal_under_a_letter_bias():
         assert p[e.answers[0]] == pytest.approx(0.55, abs=1e-15)
         assert math.fsum(p.values()) == pytest.approx(1.0, abs=1e-15)
     scores = task.evaluate(examples, ["A"] * 4, letter_probs=probs)
-    assert scores["accuracy"] == 0.25 and scores["debiased_accuracy"] == 1.0
+    assert scores["accuracy"] == 25.0 and scores["debiased_accuracy"] == 100.0
 
 
 def test_per_category_and_subject_metrics():
@@ -186,12 +186,12 @@ def test_per_category_and_subject_metrics():
         }
         examples.append(task.parse_record(record, "f", n + 1, n))
     scores = task.evaluate(examples, [r[2] for r in rows])
-    assert scores["accuracy"] == 3 / 4
-    assert scores["accuracy/STEM"] == 1 / 2
-    assert scores["accuracy/social sciences"] == 1.0
-    assert scores["accuracy/humanities"] == 1.0
+    assert scores["accuracy"] == 75.0  # percent
+    assert scores["accuracy/STEM"] == 50.0
+    assert scores["accuracy/social sciences"] == 100.0
+    assert scores["accuracy/humanities"] == 100.0
     assert "accuracy/other" not in scores
-    assert scores["accuracy/subject/college_physics"] == 1 / 2
+    assert scores["accuracy/subject/college_physics"] == 50.0
 
 
 def test_letter_parsing_and_ties():

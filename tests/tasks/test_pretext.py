@@ -76,8 +76,8 @@ def test_tasks_from_a_corpus_file(tmp_path, write_jsonl):
         len(section) == 1 and section[0].query == "Paris, History" and section[0].source_id == "p1"
     )
     scores = get_task("lm").evaluate(lm, [lm[0].target, ""])
-    assert scores["exact_match"] == 0.5 and scores["f1"] == 0.5
-    assert list(scores) == ["exact_match", "f1", "rougel"]
+    assert scores["exact_match"] == 50.0 and scores["f1"] == 50.0  # percent
+    assert list(scores) == ["exact_match", "f1", "rouge_l"]
 
 
 def test_passage_without_text_is_an_error(tmp_path, write_jsonl):

@@ -113,8 +113,8 @@ def test_evaluate_em_f1():
     predictions = ["<extra_id_0> beatles", "", "new york"]
     scores = task.evaluate(examples, predictions)
     assert list(scores) == ["exact_match", "f1"]
-    assert scores["exact_match"] == 1 / 3
+    assert scores["exact_match"] == 100 * (1 / 3)  # percent
     # f1: 1, 0, and p = 1, r = 2/3 → 0.8
-    assert scores["f1"] == pytest.approx((1 + 0 + 0.8) / 3, rel=1e-15)
+    assert scores["f1"] == pytest.approx(100 * (1 + 0 + 0.8) / 3, rel=1e-15)
     with pytest.raises(ValueError, match="2 predictions for 3 examples"):
         task.evaluate(examples, predictions[:2])

@@ -93,8 +93,8 @@ def test_scores_are_squad_official_em_and_f1_max_over_gold(tmp_path):
     examples = task.load(_squad(tmp_path))
     # "the Normandy" → EM with "Normandy" (articles dropped); "911 AD" vs "911": F1 = 2·(1/2·1)/(1/2+1) = 2/3
     metrics = task.evaluate(examples, ["<extra_id_0> the Normandy", "911 AD"])
-    assert metrics["exact_match"] == pytest.approx(0.5)
-    assert metrics["f1"] == pytest.approx((1 + 2 / 3) / 2)
+    assert metrics["exact_match"] == 50.0  # percent
+    assert metrics["f1"] == pytest.approx(100 * (1 + 2 / 3) / 2, rel=1e-15)
 
 
 def test_options_are_validated():

@@ -61,7 +61,7 @@ def test_examples_ask_about_a_span_of_their_passage_and_keep_it_unless_asked(tmp
     kept = get_task("ssm", source_passage="keep").load(path)[0]
     assert kept.source_id is None and kept.evidence is None
     scores = task.evaluate(examples, [example.answers[0].upper()])
-    assert scores["exact_match"] == 1.0
+    assert scores["exact_match"] == 100.0  # percent
 
 
 def test_bad_records_and_options_are_named(tmp_path, write_jsonl):

@@ -21,7 +21,10 @@ def test_qa_by_id_or_question(tmp_path, write_jsonl):
         [{"id": "1", "answer": "in 1999"}, {"question": "who?", "prediction": "robert"}],
     )
     scores = score_files("qa", gold, pred)
-    assert scores == {"exact_match": 0.5, "f1": pytest.approx((1 + 2 / 3) / 2, rel=1e-15)}
+    assert scores == {
+        "exact_match": 50.0,
+        "f1": pytest.approx(100 * (1 + 2 / 3) / 2, rel=1e-15),
+    }  # percent
 
     write_jsonl(pred, [{"id": "1", "answer": "x"}])
     with pytest.raises(ValueError, match=r"pred\.jsonl: no prediction for 1 gold example\(s\): 0"):
@@ -37,6 +40,21 @@ def test_qa_by_id_or_question(tmp_path, write_jsonl):
     write_jsonl(pred, [{"id": "0", "answer": 3}, {"id": "1", "answer": "x"}])
     with pytest.raises(InputError, match=r"pred\.jsonl:1: field 'answer': expected a string"):
         score_files("qa", gold, pred)
+
+
+def test_a_gold_file_without_answers_is_named_by_file_line_and_field(tmp_path, write_jsonl):
+    gold = write_jsonl(
+        tmp_path / "gold.jsonl", [{"question": "who?", "answer": ["Bob"]}, {"question": "when?"}]
+    )
+    pred = write_jsonl(
+        tmp_path / "pred.jsonl", [{"id": "0", "answer": "Bob"}, {"id": "1", "answer": "1999"}]
+    )
+    with pytest.raises(InputError) as error:
+        score_files("qa", gold, pred)
+    assert str(error.value) == (
+        f"{gold}:2: field 'answers': no gold answer to score against (1 of 2 examples have none); an unlabelled "
+        "test set is predicted without scores by `atlas evaluate … --predict-only`"
+    )
 
 
 def test_kilt_files_primary_metric_first(shared_data, tmp_path, write_jsonl):
@@ -56,10 +74,20 @@ def test_kilt_files_primary_metric_first(shared_data, tmp_path, write_jsonl):
     )
     scores = score_files("kilt", gold, pred, ks=(1, 5))
     assert (
-        next(iter(scores)) == "rougel"
-        and scores["Rprec"] == 1.0
-        and scores["KILT-rougel"] == scores["rougel"]
+        next(iter(scores)) == "rouge_l"
+        and scores["r_precision"] == 100.0
+        and scores["kilt_rouge_l"] == scores["rouge_l"]
     )
+    official = score_files(
+        "kilt", gold, pred, ks=(1, 5), official=True
+    )  # KILT's own keys and [0, 1]
+    assert (
+        official["downstream"]["rougel"] * 100 == scores["rouge_l"]
+        and official["retrieval"]["Rprec"] == 1.0
+    )
+    assert official["kilt"]["KILT-rougel"] == official["downstream"]["rougel"]
+    with pytest.raises(ValueError, match="official scoring needs KILT files, not task 'qa'"):
+        score_files("qa", gold, pred, official=True)
 
 
 def test_mmlu_predictions_with_probabilities(shared_data, tmp_path, write_jsonl):
@@ -75,8 +103,10 @@ def test_mmlu_predictions_with_probabilities(shared_data, tmp_path, write_jsonl)
     ]
     pred = write_jsonl(tmp_path / "pred.jsonl", records)
     scores = score_files("mmlu", gold, pred)
-    assert scores["debiased_accuracy"] == 1.0 and scores["accuracy"] == answers.count("A") / 5
-    assert scores["debiased_accuracy/other"] == 1.0  # anatomy → health → other
+    assert scores["debiased_accuracy"] == 100.0 and scores["accuracy"] == 100 * (
+        answers.count("A") / 5
+    )
+    assert scores["debiased_accuracy/other"] == 100.0  # anatomy → health → other
     records[0].pop("probs")
     write_jsonl(pred, records)
     with pytest.raises(
@@ -107,8 +137,10 @@ def test_mmlu_scores_evaluate_output_with_probabilities(shared_data, tmp_path, w
     ]
     pred = write_jsonl(tmp_path / "predictions.jsonl", records)
     scores = score_files("mmlu", gold, pred)
-    debiased = (3 + sum(answers[n] == "D" for n in (3, 4))) / 5
-    assert scores["debiased_accuracy"] == debiased and scores["accuracy"] == answers.count("A") / 5
+    debiased = 100 * ((3 + sum(answers[n] == "D" for n in (3, 4))) / 5)  # percent
+    assert scores["debiased_accuracy"] == debiased and scores["accuracy"] == 100 * (
+        answers.count("A") / 5
+    )
     assert scores["debiased_accuracy/subject/anatomy"] == debiased
     records[2]["probs"] = records[2]["probabilities"]
     write_jsonl(pred, records)

@@ -1,0 +1,91 @@
+"""Docs that cannot rot: the guides' ```bash blocks run, and every `atlas` flag the docs name exists.
+
+A guide marks a block as runnable by fencing it ```bash; ```console blocks show commands on the
+reader's own files and are only checked for their flags. Each guide's runnable blocks run in order,
+in a fresh folder that holds the repository's `atlas/` and `configs/` (so that paths read as they do
+from the repository's root), with this environment's `atlas` first on the PATH.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = sorted([*(ROOT / "docs").rglob("*.md"), ROOT / "README.md"])
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
+
+
+def blocks(page: Path, languages: tuple[str, ...]) -> list[str]:
+    """The code blocks of `page` fenced with one of `languages`, in order."""
+    return [body for language, body in FENCE.findall(page.read_text()) if language in languages]
+
+
+RUNNABLE = [page for page in PAGES if page.name != "README.md" and blocks(page, ("bash",))]
+
+
+@pytest.mark.parametrize("page", RUNNABLE, ids=[str(p.relative_to(ROOT)) for p in RUNNABLE])
+def test_the_runnable_blocks_of_a_guide_run(page, tmp_path):
+    for name in ("atlas", "configs"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    for number, block in enumerate(blocks(page, ("bash",)), 1):
+        done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", block], check=False, cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, (f"{page.name}, runnable block {number} failed:\n{block}\n"
+                                      f"--- stdout\n{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-3000:]}")
+
+
+def _commands(text: str) -> list[list[str]]:
+    """`atlas …` command lines of a shell block (continuation lines joined, comments dropped)."""
+    lines, commands = text.replace("\\\n", " ").splitlines(), []
+    for line in lines:
+        line = line.split(" #", 1)[0].strip().lstrip("!").strip()
+        if line.startswith("atlas "):
+            try:
+                commands.append(shlex.split(line))
+            except ValueError:  # an unbalanced quote in prose-like lines: nothing to check
+                continue
+    return commands
+
+
+def _flags_of(parser) -> set[str]:
+    return {flag for action in parser._actions for flag in action.option_strings}
+
+
+def _subparsers(parser) -> dict:
+    import argparse
+
+    return next((a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
+
+
+def test_every_atlas_flag_in_the_docs_exists():
+    from atlas.cli import build_parser
+
+    root, missing, checked = build_parser(), [], 0
+    for page in PAGES:
+        for block in blocks(page, ("bash", "console", "sh", "")):
+            for words in _commands(block):
+                parser, path = root, ["atlas"]
+                for word in words[1:]:
+                    if word in _subparsers(parser):
+                        parser = _subparsers(parser)[word]
+                        path.append(word)
+                    else:
+                        break
+                if len(path) == 1:
+                    continue
+                for word in words[1:]:
+                    flag = word.split("=", 1)[0]
+                    if flag.startswith("--") and flag != "--verbose":
+                        checked += 1
+                        if flag not in _flags_of(parser):
+                            missing.append(f"{page.relative_to(ROOT)}: {' '.join(path)} {flag}")
+    assert checked > 20 and missing == []
