@@ -12,10 +12,10 @@ setup: $(STAMP)
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# The pinned CPU wheel first: anything that pulls a bare `torch` would fetch a CUDA build.
+	@# The pinned CPU wheel first: anything that pulls a bare `torch` would fetch a CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	# setuptools warns at every editable install that a folder named like a package could shadow it:
-	# true of any checkout, so it is silenced here (it is the only warning of the build)
+	@# setuptools warns at every editable install that a folder named like a package could shadow it:
+	@# true of any checkout, so it is silenced here (it is the only warning of the build)
 	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install -q -e '.[test]'
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
