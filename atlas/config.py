@@ -54,13 +54,15 @@ class RetrieverConfig:
     temperature_score: float = 0.01
     emdr_granularity: Literal["sequence", "token"] = "sequence"
     # adist's attention: the decoder's cross-attention ("cross", the paper's), the copy head's pointer
-    # over the input tokens ("copy", readers with a copy head), or "auto" (copy where the reader has
-    # one: bench/gold_signal.py measured its ranking of nq824 passages well above cross-attention's)
+    # over the input tokens ("copy", readers with a copy head), or "auto" (copy where the reader has one:
+    # a copying reader takes its answer from where its pointer looks, so that ranks passages by use;
+    # bench/gold_signal.py compares the two, docs/results/retriever.md)
     adist_attention: Literal["auto", "cross", "copy"] = "auto"
     # How the gold scores' separate eval-mode encoder pass runs (needed when the reader's encoder has
-    # dropout): "bf16" = under bfloat16 autocast, the gold pass 1.8× faster on AVX512-BF16 cores
-    # (bench/train_step.py; the scores' change: bench/gold_signal.py); "auto" = bf16 where the hardware
-    # has it natively and it is measured faster (reader/encoder_precision.py), else "full"
+    # dropout): "bf16" = under bfloat16 autocast, which needs no gradient and is faster on hardware that
+    # multiplies bfloat16 natively (bench/train_step.py times it, bench/gold_signal.py checks the scores keep
+    # their meaning; figures: docs/results/retriever.md); "auto" = bf16 where the hardware has it natively
+    # and it is measured faster at start (reader/encoder_precision.py), else "full"
     gold_precision: Literal["auto", "full", "bf16"] = "auto"
     n_context: int = 40  # passages retrieved per query and covered by the retriever loss
     batch_size: int = 64  # encoding batch size

@@ -2,8 +2,8 @@
 
 Hugging Face's beam search repeats the fused encoder states for every beam, (B·beams, K·L, H), so T5's
 cross-attention projects keys and values of beams identical copies of every passage token on the first
-step and reads all beams copies at every later step. With K·L = 1,600 those two costs were 60% of a
-K=5 beam search of 4 on CPU (bench/reading.py). Every beam of one example attends to the same
+step and reads all beams copies at every later step. With K·L = 1,600 those two costs dominate a K=5
+beam search of 4 on CPU (profiled; bench/reading.py's figures: docs/results/reader.md). Every beam of one example attends to the same
 keys/values, and beam search only moves beams within their example, so:
 
 - `BeamSharedCrossAttentionCache.prefilled` projects the keys/values from the B unexpanded rows before

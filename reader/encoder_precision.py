@@ -3,20 +3,20 @@ in bfloat16.
 
 With dropout in the reader's encoder, the training pass's encoder states are not the eval-mode states
 the gold scores are defined on (SPEC: gold scores in eval mode, no grad), so a retriever loss pays a
-second encoder pass over every scored passage, a fifth of a training step on CPU (bench/train_step.py).
+second encoder pass over every scored passage (bench/train_step.py times it).
 That pass needs no gradient, so it can run under bfloat16 autocast where the hardware multiplies
-bfloat16 natively (CPUs with AVX512-BF16 or AMX, CUDA GPUs with bf16): 2.5× faster for the MiniLM
-encoder on this project's AVX512-BF16 cores, states within 0.6% of float32 (relative norm of the
-difference). The gold scores keep their meaning (the same reader, eval mode, no grad); their change is
+bfloat16 natively (CPUs with AVX512-BF16 or AMX, CUDA GPUs with bf16), where it is faster and its states
+stay close to float32's (both measured: docs/results/retriever.md, "The cost of a step"). The gold scores
+keep their meaning (the same reader, eval mode, no grad); their change is
 measured by bench/gold_signal.py (`--gold-precision full,bf16`). Only the encoder runs in bfloat16: the
 decoder passes that turn states into likelihoods and attention masses stay in the reader's precision.
 Answering (`reader.inference_precision`, off by default so that figures do not depend on the machine)
 runs its encoder pass the same way; its decoder stays in the reader's precision (autocast slowed the
 small per-step products of beam search on CPU).
 
-Measured and not kept: PyTorch's dynamic int8 quantisation (per-tensor activation scales) runs the same
-encoder 2.6× faster but moves its states by 32% (MiniLM's activation outliers), and changed the top
-passage of `adist`'s gold for about half of the nq824 questions.
+Not kept: PyTorch's dynamic int8 quantisation (per-tensor activation scales) is faster still, but MiniLM's
+activation outliers against per-tensor scales move its states far more, enough to change `adist`'s gold
+ranking (docs/results/retriever.md).
 """
 
 from __future__ import annotations

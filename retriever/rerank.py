@@ -76,13 +76,12 @@ def gather_rows(vectors: np.ndarray, rows: np.ndarray, *, gap_bytes: int = COALE
 
     For a memory-mapped .npy file (the whole file), the rows are read with `pread` rather than
     through the mapping: a fault on a mapped page maps its whole page-cache folio (up to 2 MB
-    with large folios; measured: 5,000 random rows of a 1.5 GB file put 1.4 GB in this
-    process's resident set, even with MADV_RANDOM), while `pread` copies just the rows. Rows
-    close together in the file are read in one call (`read_runs`: a system call costs about
-    what copying 16 KB does; on the 42k-passage set of bench/index_compressed.py, with the page
-    cache warm, the re-rank runs 4% faster than with a call per row; fewer, larger reads
-    matter more when the file is read from disk). The file stays mapped (and in the page
-    cache) for everything else."""
+    with large folios), so random rows would bring most of the file into this process's
+    resident set, even with MADV_RANDOM, while `pread` copies just the rows. Rows close
+    together in the file are read in one call (`read_runs`: a system call costs about what
+    copying 16 KB does, and fewer, larger reads matter more when the file is read from disk;
+    both measured: docs/results/indexes.md). The file stays mapped (and in the page cache) for
+    everything else."""
     path, offset = getattr(vectors, "filename", None), getattr(vectors, "offset", None)
     row_bytes = vectors.shape[1] * vectors.dtype.itemsize
     whole_file = (isinstance(vectors, np.memmap) and path is not None and offset is not None

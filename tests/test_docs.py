@@ -89,3 +89,37 @@ def test_every_atlas_flag_in_the_docs_exists():
                         if flag not in _flags_of(parser):
                             missing.append(f"{page.relative_to(ROOT)}: {' '.join(path)} {flag}")
     assert checked > 20 and missing == []
+
+
+def _generator(name: str):
+    """A module of docs/_gen/ (the docs build's generators), imported by path."""
+    import importlib
+
+    sys.path.insert(0, str(ROOT / "docs" / "_gen"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(ROOT / "docs" / "_gen"))
+
+
+def test_every_recipe_key_has_a_description():
+    missing, stale = _generator("reference").missing_descriptions()
+    assert missing == [], ("recipe keys without a description: give each a comment beside its field in "
+                           f"atlas/config.py (or an entry in docs/_gen/config_descriptions.yaml): {missing}")
+    assert stale == [], f"docs/_gen/config_descriptions.yaml names keys that are gone or commented in the code: {stale}"
+
+
+def test_the_generated_references_kept_in_git_are_current():
+    """The site regenerates them at every build; the copies under docs/reference/ must say the same."""
+    stale = [uri for uri, text in _generator("reference").generated_pages().items()
+             if not (ROOT / "docs" / uri).is_file() or (ROOT / "docs" / uri).read_text(encoding="utf-8") != text]
+    assert stale == [], f"out of date: {stale}; renew them with `python docs/_gen/reference.py --write`"
+
+
+def test_every_figure_the_results_pages_show_is_drawn_from_data():
+    figures = _generator("figures")
+    shown = {match for page in (ROOT / "docs").rglob("*.md")
+             for match in re.findall(r"\]\((?:\.\./)*(?:results/)?img/([\w-]+)\.svg\)", page.read_text())}
+    assert shown and shown <= set(figures.FIGURES), f"figures with no drawing function: {shown - set(figures.FIGURES)}"
+    for name in shown:
+        assert (ROOT / "docs" / "results" / "img" / f"{name}.svg").is_file(), "renew with docs/_gen/reference.py --write"

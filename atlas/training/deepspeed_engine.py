@@ -12,7 +12,7 @@ What changes in the loop, and nothing else:
 * `consolidated_state()` gathers the reader's weights and its Adam moments into the same
   plain formats as a run without DeepSpeed (a Hugging Face T5 folder, a torch AdamW state
   dict), and `load_optimizer_state()` scatters them back into any ZeRO stage at any world
-  size, so a checkpoint from N ranks resumes on M ranks (see README "Scaling out").
+  size, so a checkpoint from N ranks resumes on M ranks (see docs/guides/scale-out.md).
 
 The JSON config's batch sizes, accumulation and clipping belong to `training.*`: leave them
 out or set them to "auto" (as in the shipped `configs/deepspeed/zero{1,2,3}.json`); a value
