@@ -115,22 +115,22 @@ def make_reader(args) -> FiDReader:
 class ScoreSource:
     """Retriever scores (B, K) with gradient: MiniLM query encoder or a learnable tensor."""
 
-    def __init__(self, kind: str, batch: int, n_passages: int) -> None:
+    def __init__(self, kind: str, batch: int, n_passages: int, device: torch.device) -> None:
         self.kind = kind
         if kind == "minilm":
             from retriever.encoder import ContrieverEncoder, default_encoder_path
 
-            self.encoder = ContrieverEncoder.from_pretrained(default_encoder_path("minilm")).train()
+            self.encoder = ContrieverEncoder.from_pretrained(default_encoder_path("minilm")).to(device).train()
             self.dim = self.encoder.dim
             self.query = self.encoder.tokenize(
                 [("who wrote the opera carmen and when was it first performed in paris")] * batch,
                 max_length=64,
             )
-            self.passage_embeddings = torch.randn(batch, n_passages, self.dim)
+            self.passage_embeddings = torch.randn(batch, n_passages, self.dim).to(device)
             self.parameters = list(self.encoder.parameters())
         else:
             self.dim = 384
-            self.scores = torch.nn.Parameter(torch.randn(batch, n_passages))
+            self.scores = torch.nn.Parameter(torch.randn(batch, n_passages).to(device))
             self.parameters = [self.scores]
 
     def __call__(self) -> torch.Tensor:
@@ -143,13 +143,17 @@ class ScoreSource:
 def run_setting(args, loss_name: str, checkpointing: bool, gold_precision: str = "full") -> dict:
     """Time `args.steps` training steps (after one warm-up) for one setting."""
     torch.manual_seed(0)
-    reader = make_reader(args).train()
+    device = torch.device(args.device)
+    reader = make_reader(args).to(device).train()
     if args.encoder_dropout == "off":
         reader.disable_encoder_dropout()
     if checkpointing:
         reader.gradient_checkpointing_enable()
-    input_ids, mask, labels = synthetic_batch(args, reader.config.vocab_size)
-    scores_source = ScoreSource(args.retriever, args.batch, args.passages)
+    input_ids, mask, labels = (t.to(device) for t in synthetic_batch(args, reader.config.vocab_size))
+    scores_source = ScoreSource(args.retriever, args.batch, args.passages, device)
+    # training.precision: bf16 autocasts the forward pass, as the training loop does
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16")
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     retriever_loss = build_retriever_loss(loss_name, temperature_gold=0.01, temperature_score=0.01,
                                           gold_precision="full" if gold_precision == "-" else gold_precision)
     reuse = reader.encoder_is_dropout_free()
@@ -165,10 +169,13 @@ def run_setting(args, loss_name: str, checkpointing: bool, gold_precision: str =
         # The warm-up step (not timed) counts the step's FLOPs: a contention-free figure.
         counting = flop_counter if step == 0 else contextlib.nullcontext()
         counting.__enter__()
+        synchronize()
         start, cpu_start = time.perf_counter(), time.process_time()
-        scores = scores_source() if retriever_loss.trains_retriever else None
-        output = reader(input_ids, mask, labels=labels)
+        with autocast:
+            scores = scores_source() if retriever_loss.trains_retriever else None
+            output = reader(input_ids, mask, labels=labels)
         loss = output.loss
+        synchronize()
         gold_start = time.perf_counter()
         if retriever_loss.trains_retriever:
             states = output.encoder_last_hidden_state.view(*input_ids.shape, -1) if reuse else None
@@ -181,10 +188,12 @@ def run_setting(args, loss_name: str, checkpointing: bool, gold_precision: str =
                 dim=scores_source.dim,
                 encoder_states=states,
             )
+        synchronize()
         gold_time = time.perf_counter() - gold_start
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        synchronize()
         counting.__exit__(None, None, None)
         if step > 0:  # the first step warms up allocators and kernels
             times.append(time.perf_counter() - start)
@@ -202,6 +211,8 @@ def run_setting(args, loss_name: str, checkpointing: bool, gold_precision: str =
         "gflops_per_step": flop_counter.get_total_flops() / 1e9,
         "step_times": times,
         "peak_rss_gib": round(peak_rss_gib(), 3),
+        "device": str(device),
+        "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3) if device.type == "cuda" else None,
         "rss_before_steps_gib": None if rss_before_steps is None else round(rss_before_steps, 3),
         "pid": os.getpid(),
     }
@@ -398,6 +409,9 @@ def main() -> None:
     parser.add_argument("--no-gold-cost", action="store_true", help="skip part 2 (gold cost)")
     parser.add_argument("--gold-losses", default="pdist,adist,loop")
     parser.add_argument("--no-steps", action="store_true", help="skip part 1")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda: where the reader and the retriever run")
+    parser.add_argument("--precision", choices=["full", "bf16"], default="full",
+                        help="the forward pass's precision (training.precision: bf16 autocasts it)")
     parser.add_argument("--single", help=argparse.SUPPRESS)  # internal: one setting per process
     args = parser.parse_args()
     args.gold_losses = args.gold_losses.split(",")

