@@ -49,7 +49,11 @@ def native_bf16(device: torch.device) -> bool:
 def _cpu_bf16_speedup() -> float:
     """float32 time / bfloat16 time of a (2048 × 384) · (384 × 1536) product on this CPU (~0.1 s to measure)."""
     def best_time(dtype: torch.dtype) -> float:
-        a, b = torch.randn(2048, 384).to(dtype), torch.randn(384, 1536).to(dtype)
+        # a private generator: a probe must not move the global RNG (a run's dropout masks would then
+        # depend on whether this process had measured before)
+        generator = torch.Generator().manual_seed(0)
+        a = torch.randn(2048, 384, generator=generator).to(dtype)
+        b = torch.randn(384, 1536, generator=generator).to(dtype)
         a @ b  # warm-up: kernel selection, packing
         times = []
         for _ in range(3):

@@ -10,14 +10,22 @@ the kNN-LM datastore):
 * `faiss_read_flags(spec, dim)` gives the `faiss.read_index` flags that memory-map a saved
   index of that family (FAISS supports different flags per family, and rejects a mix);
 * `exact_search(queries, vectors, k)` is brute-force top-k over the vectors in cache-sized
-  chunks of rows (each widened to float32 by torch into one reused buffer, searched by
-  `faiss.knn`, merged in FAISS heaps), so memory stays bounded whatever N is and a float16
-  memory-mapped flat index needs no float32 copy. Figures: bench/index_exact_search.py.
+  chunks of rows, so memory stays bounded whatever N is and a float16 memory-mapped flat index
+  needs no float32 copy. Two paths, chosen at run time (`precision="auto"`, or forced):
+  "fp32" widens each chunk to float32 by torch into one reused buffer, searches it by
+  `faiss.knn` and merges in FAISS heaps; "bf16" (the default only on CPUs that multiply
+  bfloat16 natively, AVX512-BF16 or AMX, and measured faster there) scores each chunk in
+  bfloat16, keeps a few more candidates than k, re-scores them exactly in float32 and proves,
+  from a bound on the bfloat16 rounding, that no other row can beat them (a query whose proof
+  fails is searched again on the fp32 path), so both paths return the same top-k.
+  Figures: bench/index_exact_search.py, docs/results/indexes.md.
 """
 
 from __future__ import annotations
 
+import functools
 import re
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -243,6 +251,67 @@ def widen_into(buffer: torch.Tensor, rows: np.ndarray) -> np.ndarray:
     return out.numpy()
 
 
+EXACT_PRECISIONS = ("auto", "fp32", "bf16")
+
+# The bfloat16 path's candidates per query: k + max(k, this), re-scored exactly in float32.
+BF16_EXTRA_CANDIDATES = 64
+_BF16_U = 2.0**-8  # unit roundoff of bfloat16 (8 significant bits, round to nearest)
+
+
+def bf16_error_bound(dim: int) -> float:
+    """c such that |bf16 score − exact score| ≤ c · ‖q‖ · ‖v‖ for one query q and row v.
+
+    The bfloat16 path rounds q and v to bfloat16 (relative error ≤ u each, u = 2⁻⁸: ≤ (2u + u²)
+    Σ|q_i v_i| on the products, which are exact in float32), accumulates in float32 in some
+    order (≤ γ_d = d·2⁻²⁴/(1 − d·2⁻²⁴) of Σ|q̂_i v̂_i|) and rounds the sum to bfloat16 (≤ u of
+    it); Σ|q_i v_i| ≤ ‖q‖‖v‖ (Cauchy–Schwarz). Another 2u covers a library that rounds a
+    partial sum to bfloat16 once more (a blocked product's intermediate), and the factor 1.01
+    the float32 norms' own rounding: a safe margin, paid only in a few more candidates."""
+    u, u32 = _BF16_U, 2.0**-24
+    gamma = dim * u32 / (1 - dim * u32)
+    return 1.01 * ((2 * u + u * u) * (1 + gamma) + gamma + u * (1 + u) ** 3 + 2 * u * (1 + u) ** 3)
+
+
+@functools.lru_cache(maxsize=1)
+def native_bf16_speedup() -> float:
+    """float32 time / bfloat16 time of a (1000 × 384) · (384 × 4096) product, a quarter of the
+    bfloat16 path's chunk, on this CPU (once per process, ~0.2 s on 2 cores); 0.0 where the CPU has
+    neither AVX512-BF16 nor AMX (bfloat16 is emulated there: ~5× slower than float32 on an
+    AMD EPYC without AVX-512, measured)."""
+    checks = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    if not any(check() for check in checks if check is not None):
+        return 0.0
+
+    def best_time(dtype: torch.dtype) -> float:
+        generator = torch.Generator().manual_seed(0)  # never the global RNG: runs would depend on this probe
+        a = torch.randn(1000, 384, generator=generator).to(dtype)
+        b = torch.randn(4096, 384, generator=generator).to(dtype)
+        a @ b.T  # warm-up: kernel selection, packing
+        times = []
+        for _ in range(3):
+            started = time.perf_counter()
+            a @ b.T
+            times.append(time.perf_counter() - started)
+        return min(times)
+
+    with torch.no_grad():
+        return best_time(torch.float32) / best_time(torch.bfloat16)
+
+
+def resolve_exact_precision(precision: str, metric: str) -> str:
+    """The path `exact_search` takes: "bf16" or "fp32". "auto" is "bf16" for inner-product search
+    where the CPU multiplies bfloat16 natively and that product is
+    measured ≥ 1.5× float32's (`native_bf16_speedup`), else "fp32". A forced "bf16" runs anywhere
+    (slowly where bfloat16 is emulated) and returns the same results; L2 search is always fp32."""
+    if precision not in EXACT_PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; valid: {', '.join(EXACT_PRECISIONS)}")
+    if metric != "ip":
+        return "fp32"
+    if precision == "auto":
+        return "bf16" if native_bf16_speedup() >= 1.5 else "fp32"
+    return precision
+
+
 def exact_search(
     queries: np.ndarray | torch.Tensor,
     vectors: np.ndarray,
@@ -251,16 +320,24 @@ def exact_search(
     *,
     chunk_rows: int | None = None,
     exclude: np.ndarray | None = None,
+    precision: str = "auto",
+    stats: dict | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Brute-force top-k of every query over all rows of `vectors`, in bounded memory.
 
     queries: (Q, d) float; vectors: (N, d) float16/float32 array or memmap, read `chunk_rows`
-    rows at a time (default: `EXACT_CHUNK_FLOATS` / d) and widened into one reused float32
-    buffer (peak extra memory ≈ that buffer; no float32 copy of the store is ever made). Each
-    chunk is searched by `faiss.knn` (blocked GEMM + heaps) and merged into FAISS heaps
-    (`faiss.ResultHeap`). exclude: optional (N,) bool mask of rows never to return (e.g.
-    removed passages): a chunk holding some is compacted to its live rows before widening, so
-    the masked path costs the same as the plain one.
+    rows at a time (default: `EXACT_CHUNK_FLOATS` / d, or `BF16_CHUNK_ROWS` on the bf16 path).
+    exclude: optional (N,) bool mask of rows never to return (e.g. removed passages): a chunk
+    holding some is compacted to its live rows first, so the masked path costs the same as
+    the plain one.
+    precision: "auto" (default), "fp32" or "bf16" (`resolve_exact_precision`; the module
+    docstring describes both paths). On the fp32 path each chunk is widened into one reused
+    float32 buffer (peak extra memory ≈ that buffer; no float32 copy of the store is ever made),
+    searched by `faiss.knn` (blocked GEMM + heaps) and merged into FAISS heaps
+    (`faiss.ResultHeap`). The bf16 path (inner product only) returns the same top-k, with
+    float32 scores, in `best_first` order.
+    stats: a dict to fill with what the search did: "path" ("fp32"/"bf16"), and on the bf16
+    path "redone" (queries whose proof failed and were searched again on the fp32 path).
     Returns `(scores, ids)`, both (Q, k'): k' = min(k, number of eligible rows); ids are row
     numbers (int64). For "ip" scores are inner products, best (largest) first; for "l2" they
     are squared Euclidean distances, best (smallest) first, as FAISS reports them.
@@ -273,16 +350,26 @@ def exact_search(
         raise ValueError(
             f"queries {tuple(q.shape)} and vectors {tuple(vectors.shape)} must be (Q, d) and (N, d)"
         )
-    n_rows, dim = vectors.shape
+    path = resolve_exact_precision(precision, metric)
+    stats = {} if stats is None else stats
+    stats.update(path=path, redone=0)
+    n_rows = len(vectors)
     n_eligible = n_rows if exclude is None else int(n_rows - np.count_nonzero(exclude))
     k = min(int(k), n_eligible)
     if k == 0 or len(q) == 0:
         return np.zeros((len(q), k), np.float32), np.zeros((len(q), k), np.int64)
-    chunk_rows = int(chunk_rows or max(1024, EXACT_CHUNK_FLOATS // dim))
-    buffer = None if vectors.dtype == np.float32 else torch.empty((min(chunk_rows, n_rows), dim))
-    faiss_metric = faiss.METRIC_INNER_PRODUCT if metric == "ip" else faiss.METRIC_L2
-    heap = faiss.ResultHeap(len(q), k, keep_max=metric == "ip")
-    for start in range(0, n_rows, chunk_rows):
+    if path == "bf16":  # queries in blocks: the score matrix of a chunk is (block, C)
+        parts = [_exact_search_bf16(q[i : i + _BF16_QUERIES], vectors, k, chunk_rows=chunk_rows, exclude=exclude,
+                                    stats=stats) for i in range(0, len(q), _BF16_QUERIES)]
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+    return _exact_search_fp32(q, vectors, k, metric, chunk_rows=chunk_rows, exclude=exclude)
+
+
+def _live_chunks(vectors: np.ndarray, chunk_rows: int, exclude: np.ndarray | None):
+    """(start, live, rows) for each chunk of `chunk_rows` rows holding a live row: `rows` the
+    chunk's live rows (compacted when some are excluded), `live` their chunk-relative numbers
+    (None when all of the chunk is live)."""
+    for start in range(0, len(vectors), chunk_rows):
         block = vectors[start : start + chunk_rows]  # (C, d)
         live = None
         if exclude is not None:
@@ -290,8 +377,19 @@ def exact_search(
             if not keep.all():
                 live = np.flatnonzero(keep)  # chunk row of each live row
                 block = block[live]
-        if len(block) == 0:
-            continue
+        if len(block):
+            yield start, live, block
+
+
+def _exact_search_fp32(q: np.ndarray, vectors: np.ndarray, k: int, metric: str, *,
+                       chunk_rows: int | None, exclude: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """The fp32 path of `exact_search` (k ≥ 1, at most the eligible rows)."""
+    n_rows, dim = vectors.shape
+    chunk_rows = int(chunk_rows or max(1024, EXACT_CHUNK_FLOATS // dim))
+    buffer = None if vectors.dtype == np.float32 else torch.empty((min(chunk_rows, n_rows), dim))
+    faiss_metric = faiss.METRIC_INNER_PRODUCT if metric == "ip" else faiss.METRIC_L2
+    heap = faiss.ResultHeap(len(q), k, keep_max=metric == "ip")
+    for start, live, block in _live_chunks(vectors, chunk_rows, exclude):
         block = widen_into(buffer, block) if buffer is not None else np.ascontiguousarray(block)
         distances, ids = faiss.knn(q, block, min(k, len(block)), metric=faiss_metric)
         ids = (live[ids] if live is not None else ids) + start
@@ -299,6 +397,107 @@ def exact_search(
     heap.finalize()  # sorted, best first
     scores = heap.D if metric == "ip" else np.maximum(heap.D, 0.0)  # rounding: slightly negative
     return scores.astype(np.float32), heap.I
+
+
+# Rows scored at a time on the bf16 path: its (Q, C) bfloat16 score matrix is what the chunk
+# costs in memory (1000 queries × 16,384 rows: 32 MB). Scores are screened in blocks of
+# `_BF16_BLOCK` columns: a block whose maximum does not beat a query's threshold is let go whole.
+BF16_CHUNK_ROWS = 16384
+_BF16_BLOCK = 64
+_BF16_QUERIES = 2048  # queries per scan: a chunk's scores stay ≤ 64 MB
+
+
+def _exact_search_bf16(q: np.ndarray, vectors: np.ndarray, k: int, *, chunk_rows: int | None,
+                       exclude: np.ndarray | None, stats: dict) -> tuple[np.ndarray, np.ndarray]:
+    """The bf16 path of `exact_search` (inner product; k ≥ 1, at most the eligible rows).
+
+    1. Every live row is scored against every query in bfloat16, chunk by chunk; each query keeps
+       its best k' = k + max(k, `BF16_EXTRA_CANDIDATES`) rows by that score. Once it holds k',
+       its threshold τ is the lowest of their scores (it only rises), and a chunk's row is looked
+       at only where its score beats τ (blocks of columns whose maximum does not are skipped):
+       every row let go scores ≤ the final τ in bfloat16.
+    2. The k' candidates are re-scored exactly in float32 from the stored rows.
+    3. A row let go has exact score ≤ τ + c·‖q‖·max‖v‖ (`bf16_error_bound`). Where that is below
+       the k-th best re-scored score, no row let go can enter the top k (nor tie with it): the
+       answer is the candidates' best k. The other queries (near-ties beyond k' rows, copies of
+       a row) are searched again on the fp32 path.
+    """
+    n_rows, dim = vectors.shape
+    n_q = len(q)
+    chunk_rows = int(chunk_rows or BF16_CHUNK_ROWS)
+    n_eligible = n_rows if exclude is None else int(n_rows - np.count_nonzero(exclude))
+    wide = min(n_eligible, k + max(k, BF16_EXTRA_CANDIDATES))
+    q_t = torch.from_numpy(q)
+    q_b = q_t.to(torch.bfloat16)
+    cand_scores = torch.zeros((n_q, 0), dtype=torch.bfloat16)  # best first
+    cand_rows = torch.zeros((n_q, 0), dtype=torch.int64)
+    padded = -(-min(chunk_rows, n_rows) // _BF16_BLOCK) * _BF16_BLOCK
+    rows_b = torch.zeros((padded, dim), dtype=torch.bfloat16)  # reused; rows past the chunk stay 0
+    scores = torch.empty((n_q, padded), dtype=torch.bfloat16)
+    lane = torch.arange(_BF16_BLOCK)
+    max_norm = 0.0
+    for start, live, block in _live_chunks(vectors, chunk_rows, exclude):
+        n_block = len(block)
+        width = -(-n_block // _BF16_BLOCK) * _BF16_BLOCK
+        rows_t = _tensor(block)
+        max_norm = max(max_norm, float(torch.linalg.vector_norm(rows_t.float(), dim=1).max()))
+        rows_b[:n_block].copy_(rows_t)
+        rows_b[n_block:width].zero_()
+        chunk_scores = scores[:, :width]
+        torch.mm(q_b, rows_b[:width].T, out=chunk_scores)  # (Q, width) bfloat16
+        chunk_scores[:, n_block:] = -float("inf")  # the padding rows
+        numbers = torch.full((width,), -1, dtype=torch.int64)
+        numbers[:n_block] = torch.from_numpy(live + start) if live is not None else torch.arange(start, start + n_block)
+        if cand_scores.shape[1] < wide:  # still filling: the chunk's best, merged
+            top, at = chunk_scores[:, :n_block].topk(min(wide, n_block), dim=1)
+            new_scores, new_rows = top, numbers[at]
+        else:  # only scores above τ can enter
+            tau = cand_scores[:, -1]
+            grouped = chunk_scores.view(n_q, -1, _BF16_BLOCK)
+            hit_q, hit_b = (grouped.amax(dim=2) > tau[:, None]).nonzero(as_tuple=True)
+            if len(hit_q) == 0:
+                continue
+            values = grouped[hit_q, hit_b]  # (H, block)
+            values = torch.where(values > tau[hit_q, None], values, -float("inf"))
+            counts = torch.bincount(hit_q, minlength=n_q)
+            slot = torch.arange(len(hit_q)) - (torch.cumsum(counts, 0) - counts)[hit_q]
+            new_scores = torch.full((n_q, int(counts.max()), _BF16_BLOCK), -float("inf"), dtype=torch.bfloat16)
+            new_rows = torch.full((n_q, int(counts.max()), _BF16_BLOCK), -1, dtype=torch.int64)
+            new_scores[hit_q, slot] = values
+            new_rows[hit_q, slot] = numbers[hit_b[:, None] * _BF16_BLOCK + lane]
+            new_scores, new_rows = new_scores.view(n_q, -1), new_rows.view(n_q, -1)
+        merged_scores = torch.cat([cand_scores, new_scores], dim=1)
+        merged_rows = torch.cat([cand_rows, new_rows], dim=1)
+        cand_scores, at = merged_scores.topk(min(wide, merged_scores.shape[1]), dim=1)  # sorted: τ is the last
+        cand_rows = merged_rows.gather(1, at)
+    # every row let go scores ≤ τ in bfloat16 (none is when all eligible rows are candidates)
+    ceiling = cand_scores[:, -1].double().numpy() if n_eligible > wide else np.full(n_q, -np.inf)
+    # exact float32 scores of the candidates, from the stored rows, 64 queries at a time
+    rows_np = cand_rows.numpy()
+    exact = torch.empty(rows_np.shape, dtype=torch.float32)
+    for i in range(0, n_q, 64):
+        unique, at = np.unique(rows_np[i : i + 64], return_inverse=True)  # sorted: a memmap is read in order
+        stored = _tensor(vectors[unique]).float()[torch.from_numpy(at.reshape(-1))]
+        stored = stored.view(*at.reshape(len(rows_np[i : i + 64]), -1).shape, dim)  # (b, k', d)
+        exact[i : i + 64] = torch.bmm(stored, q_t[i : i + 64, :, None])[..., 0]
+    scores, rows = best_first(exact.numpy(), rows_np, k)
+    # the proof: nothing let go can reach the k-th best exact score
+    bound = ceiling + bf16_error_bound(dim) * np.linalg.norm(q.astype(np.float64), axis=1) * max_norm
+    proven = bound < scores[:, k - 1]
+    if not proven.all():
+        redo = np.flatnonzero(~proven)
+        stats["redone"] += len(redo)
+        scores[redo], rows[redo] = _exact_search_fp32(q[redo], vectors, k, "ip", chunk_rows=None, exclude=exclude)
+        scores[redo], rows[redo] = best_first(scores[redo], rows[redo], k)
+    return scores.astype(np.float32), rows
+
+
+def _tensor(rows: np.ndarray) -> torch.Tensor:
+    """(C, d) rows (a read-only memmap slice too) as a tensor sharing memory where it can; never written to."""
+    rows = np.ascontiguousarray(rows)
+    with warnings.catch_warnings():  # read-only memmap rows: torch warns, nothing writes to them
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(rows)
 
 
 def best_first(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -148,3 +148,15 @@ def test_the_recipes_inference_precision_reaches_predict(tiny_world):
             for handle in handles:
                 handle.remove()
         assert len(answers) == 2 and seen["encoder"] == {dtype}
+
+
+def test_the_speed_probe_leaves_the_global_random_state_alone():
+    """The probe runs once per process, at the first `auto`: were it to draw from the global RNG, a
+    run's dropout masks would depend on whether the process had probed before (a resumed run
+    would not repeat a straight one)."""
+    from reader import encoder_precision
+
+    encoder_precision._cpu_bf16_speedup.cache_clear()
+    before = torch.get_rng_state()
+    encoder_precision._cpu_bf16_speedup()
+    assert torch.equal(before, torch.get_rng_state())

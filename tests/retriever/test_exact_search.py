@@ -1,0 +1,193 @@
+"""Exact search on both paths (fp32; bf16 scoring + float32 re-scoring), against numpy in float64.
+
+The reference ranks by the float64 inner product of the float32 queries with the stored rows
+(float16 rows are exact in float64), ties to the lower row. Both paths must return those ids up to
+exact ties: the float64 score of the row returned at each rank is the reference's at that rank,
+exactly (copies of a row tie in float64 but may differ by an ulp in a float32 product, where a
+blocked product takes them through different kernels, so their order among themselves is free);
+scores to float32 rounding. The bf16 path runs here whatever the CPU (forced): it is slow where
+bfloat16 is emulated, but its results may not depend on that.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from retriever import index_types
+from retriever.index import PassageIndex
+from retriever.index_types import bf16_error_bound, exact_search, resolve_exact_precision
+
+PRECISIONS = ["fp32", "bf16"]
+
+
+def reference(queries: np.ndarray, vectors: np.ndarray, k: int, exclude: np.ndarray | None = None):
+    """float64 brute force: (scores, rows), best first, ties to the lower row, excluded rows never."""
+    queries = np.asarray(queries)
+    scores = queries.astype(np.float64) @ vectors.astype(np.float64).T
+    if exclude is not None:
+        scores[:, exclude] = -np.inf
+    rows = np.broadcast_to(np.arange(len(vectors)), scores.shape)
+    order = np.lexsort((rows, -scores), axis=1)[:, :k]
+    return np.take_along_axis(scores, order, 1), order
+
+
+def assert_same_up_to_ties(queries, vectors, rows, ref_scores, exclude=None):
+    """Every query's rows are distinct and score (in float64, as the reference computed it) exactly
+    the reference's, rank by rank."""
+    queries = np.asarray(queries)
+    assert rows.shape == ref_scores.shape
+    assert all(len(set(r)) == len(r) for r in rows)
+    full = queries.astype(np.float64) @ vectors.astype(np.float64).T  # the reference's own product
+    if exclude is not None:
+        full[:, exclude] = -np.inf
+    np.testing.assert_array_equal(np.take_along_axis(full, rows, 1), ref_scores)
+
+
+def check(queries, vectors, k, precision, exclude=None, **kwargs):
+    stats: dict = {}
+    scores, rows = exact_search(queries, vectors, k, precision=precision, exclude=exclude, stats=stats, **kwargs)
+    ref_scores, ref_rows = reference(queries, vectors, k, exclude)
+    n_live = len(vectors) - (0 if exclude is None else int(exclude.sum()))
+    ref_scores, ref_rows = ref_scores[:, :n_live], ref_rows[:, :n_live]
+    assert_same_up_to_ties(queries, vectors, rows, ref_scores, exclude)
+    np.testing.assert_allclose(scores, ref_scores, rtol=2e-6, atol=2e-6 * np.abs(ref_scores).max())
+    assert scores.dtype == np.float32 and rows.dtype == np.int64
+    assert stats["path"] == precision
+    return stats, scores, rows
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_equals_float64_reference(precision, dtype):
+    rng = np.random.default_rng(0)
+    vectors = rng.standard_normal((5000, 48)).astype(dtype)
+    queries = rng.standard_normal((23, 48)).astype(np.float32)
+    stats, _, _ = check(queries, vectors, 30, precision, chunk_rows=700)  # many chunks, a short last one
+    if precision == "bf16":
+        assert stats["redone"] == 0  # no near-ties in Gaussian data: every query proven from bf16 scores
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_ties_come_back_lowest_rows_first(precision):
+    """Duplicated rows tie exactly; copies straddle the k-th place and chunk borders. On the bf16
+    path the proof cannot hold there (copies let go score as high as those kept): those queries
+    are searched again on the fp32 path, and the answer is still the reference's."""
+    rng = np.random.default_rng(1)
+    base = rng.standard_normal((400, 32)).astype(np.float16)
+    vectors = np.concatenate([base, base[:50], base[:50], base[:50]])[rng.permutation(550)]
+    vectors = np.concatenate([vectors, np.repeat(vectors[:1], 300, axis=0)])  # 301 copies of one row
+    queries = np.concatenate([rng.standard_normal((6, 32)), vectors[:1].astype(np.float64) * 3]).astype(np.float32)
+    stats, _, _ = check(queries, vectors, 40, precision, chunk_rows=97)
+    ref_scores, _ = reference(queries, vectors, 300)
+    assert (ref_scores[-1] == ref_scores[-1, 0]).all()  # the copies tie all through the last query's top 300
+    if precision == "bf16":
+        assert stats["redone"] >= 1
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_removed_rows_never_come_back(precision):
+    rng = np.random.default_rng(2)
+    vectors = rng.standard_normal((3000, 40)).astype(np.float16)
+    queries = rng.standard_normal((9, 40)).astype(np.float32)
+    exclude = np.zeros(3000, dtype=bool)
+    exclude[rng.choice(3000, 900, replace=False)] = True
+    exclude[1000:1500] = True  # whole chunks removed
+    top = reference(queries, vectors, 5)[1].ravel()
+    exclude[top] = True  # the best rows of every query removed
+    _, _, rows = check(queries, vectors, 50, precision, exclude=exclude, chunk_rows=250)
+    assert not exclude[rows].any()
+    # k beyond the live rows: every live row, once
+    few = np.ones(3000, dtype=bool)
+    few[rng.choice(3000, 12, replace=False)] = False
+    _, _, rows = check(queries, vectors, 100, precision, exclude=few, chunk_rows=250)
+    assert rows.shape == (9, 12) and not few[rows].any()
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_non_gaussian_scales_and_small_stores(precision):
+    """Rows of very different norms (the bound uses the largest), k near N, one row."""
+    rng = np.random.default_rng(3)
+    vectors = (rng.standard_normal((900, 16)) * rng.lognormal(0, 2, (900, 1))).astype(np.float32)
+    queries = (rng.standard_normal((5, 16)) * rng.lognormal(0, 2, (5, 1))).astype(np.float32)
+    check(queries, vectors, 10, precision, chunk_rows=64)
+    check(queries, vectors, 899, precision, chunk_rows=64)
+    check(queries, vectors[:1], 3, precision)
+    check(torch.from_numpy(queries), vectors, 7, precision)  # a torch tensor of queries
+
+
+def test_bf16_error_bound_holds_for_the_scores_the_path_computes():
+    """|bfloat16 score − float64 score| ≤ c·‖q‖·‖v‖, over the product the bf16 path runs, for rows
+    and queries with entries of very different magnitudes (the worst case for the bound)."""
+    rng = np.random.default_rng(4)
+    for dim in (16, 384, 768):
+        vectors = (rng.standard_normal((2000, dim)) * rng.lognormal(0, 1.5, (2000, dim))).astype(np.float16)
+        queries = (rng.standard_normal((50, dim)) * rng.lognormal(0, 1.5, (50, dim))).astype(np.float32)
+        approx = (torch.from_numpy(queries).bfloat16() @ torch.from_numpy(vectors).bfloat16().T).double().numpy()
+        exact = queries.astype(np.float64) @ vectors.astype(np.float64).T
+        scale = np.linalg.norm(queries.astype(np.float64), axis=1)[:, None] * np.linalg.norm(
+            vectors.astype(np.float64), axis=1)[None]
+        worst = (np.abs(approx - exact) / scale).max()
+        assert worst <= bf16_error_bound(dim)
+        assert bf16_error_bound(dim) < 0.025  # a few candidates more, not a scan
+
+
+def test_precision_is_chosen_at_run_time(monkeypatch):
+    with pytest.raises(ValueError, match="valid: auto, fp32, bf16"):
+        resolve_exact_precision("fp16", "ip")
+    assert resolve_exact_precision("bf16", "l2") == "fp32"  # L2: fp32 path only
+    assert resolve_exact_precision("fp32", "ip") == "fp32"
+    monkeypatch.setattr(index_types, "native_bf16_speedup", lambda: 0.0)  # no AVX512-BF16 / AMX
+    assert resolve_exact_precision("auto", "ip") == "fp32"
+    monkeypatch.setattr(index_types, "native_bf16_speedup", lambda: 2.0)  # measured 2x faster
+    assert resolve_exact_precision("auto", "ip") == "bf16"
+    stats: dict = {}
+    rng = np.random.default_rng(5)
+    vectors = rng.standard_normal((300, 8)).astype(np.float16)
+    exact_search(rng.standard_normal((2, 8)), vectors, 3, stats=stats)
+    assert stats["path"] == "bf16"
+
+
+def test_this_cpu_detection_matches_its_flags():
+    """auto never picks bf16 on a CPU that lacks AVX512-BF16 and AMX (bfloat16 emulated)."""
+    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    if not native:
+        assert index_types.native_bf16_speedup() == 0.0
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_passage_index_flat_search_on_both_paths(precision, monkeypatch):
+    """`PassageIndex.search_vectors` (what `atlas index search` runs) with removed rows and ties."""
+    monkeypatch.setattr(index_types, "native_bf16_speedup", lambda: 2.0 if precision == "bf16" else 0.0)
+    rng = np.random.default_rng(6)
+    vectors = rng.standard_normal((2000, 24)).astype(np.float16)
+    vectors[1500:1510] = vectors[7]  # copies of row 7
+    removed = np.zeros(2000, dtype=bool)
+    removed[::7] = True  # row 7 itself among them
+    manifest = {"segments": [{"offset": 0}], "total": 2000, "count": int((~removed).sum()), "dim": 24, "spec": "Flat"}
+    index = PassageIndex(".", manifest, corpora=[], vectors=vectors, faiss_index=None, removed=removed)
+    queries = np.concatenate([rng.standard_normal((4, 24)), vectors[7:8] * 2.0]).astype(np.float32)
+    scores, rows = index.search_vectors(queries, 20)
+    ref_scores, _ = reference(queries, vectors, 20, removed)
+    assert_same_up_to_ties(queries, vectors, rows, ref_scores, removed)
+    np.testing.assert_allclose(scores, ref_scores, rtol=2e-6, atol=1e-5)
+    # the 9 live copies of row 7 first (1505 = 7 · 215 is removed, as row 7 is)
+    assert set(rows[-1, :9]) == {1500, 1501, 1502, 1503, 1504, 1506, 1507, 1508, 1509}
+
+
+def test_bf16_path_in_query_blocks(monkeypatch):
+    """Many queries are scanned in blocks (each block's score matrix stays bounded): same answers."""
+    monkeypatch.setattr(index_types, "_BF16_QUERIES", 4)
+    rng = np.random.default_rng(7)
+    vectors = rng.standard_normal((2500, 20)).astype(np.float16)
+    queries = rng.standard_normal((11, 20)).astype(np.float32)
+    queries[5] = vectors[3]  # a query equal to a stored row
+    check(queries, vectors, 12, "bf16", chunk_rows=300)
+
+
+def test_the_speed_probe_leaves_the_global_random_state_alone():
+    index_types.native_bf16_speedup.cache_clear()
+    before = torch.get_rng_state()
+    index_types.native_bf16_speedup()
+    assert torch.equal(before, torch.get_rng_state())
