@@ -2,6 +2,11 @@
 
     python bench/index_edits.py                                   # N = 100, 1,000, 10,000 on 10,000 passages
     python bench/index_edits.py --checkpoints 20 100 --base 2000  # a quick look
+    python bench/index_edits.py --work W --out W/report.json      # interrupted? the same + --resume
+
+Resumable: with `--work`, the state of the edit loop (live passages, random state, counters,
+figures of the checkpoints passed) is saved after every edit, and `--resume` carries on from it
+(the index's generation must be the one saved: an edit committed but not recorded is refused).
 
 Builds a MiniLM `Flat` index of `--base` short synthetic passages (one sentence each, so that
 embedding does not dominate), then applies edits one commit each through the library
@@ -16,11 +21,14 @@ alike in fresh processes, the two alternating (`--repeats` times, median):
   search_qps      queries per second, 16 query vectors a batch, k = 10, one thread: both indexes
                   loaded in one process and searched in turns (all the queries on one, then on the
                   other, for 4 s), so that a machine shared with other work slows both alike
-  rss_mb          resident memory of the process after loading and searching, less the same process
-                  before the load (imports, the encoder and the query vectors are not the index's);
-                  measured with glibc's mmap threshold fixed (MALLOC_MMAP_THRESHOLD_=1 MiB): every
-                  flat search allocates a float32 buffer of its chunk, which glibc otherwise keeps
-                  in its heap in amounts that differ from run to run by several times the index
+  rss_mb          memory the process holds for the index: resident memory after loading and
+                  searching, less the same process before the load (imports, the encoder and the
+                  query vectors are not the index's), each read after glibc's `malloc_trim(0)` has
+                  returned the freed heap to the system. Without it the figure is mostly heap that
+                  the searches freed and glibc kept for reuse (each flat search allocates a float32
+                  buffer of its chunk): 60 to 105 MB, edited and fresh alike, varying more from run
+                  to run than between the two (the 1.75x of an early run was that), against ~12 MB
+                  the index itself holds. `rss_untrimmed_mb` is that figure, shown, not targeted
   disk_bytes      every file the index needs: its folder and the corpus segments outside it
   files           their count
 and the edited index must hold exactly the fresh build's live passages. The edit loop computes the
@@ -39,6 +47,7 @@ import argparse
 import functools
 import json
 import os
+import pickle
 import random
 import shutil
 import statistics
@@ -57,14 +66,17 @@ PLACES = ["Arden", "Belmont", "Corvey", "Dunmore", "Elsworth", "Fenwick", "Garro
 TARGETED = ("load_ms", "search_qps", "rss_mb", "disk_bytes")
 
 PROBE = r"""
-import json, sys, time
+import ctypes, json, sys, time
 from pathlib import Path
 import numpy as np
 import datasets, faiss, torch  # imports are not the index's cost
 torch.set_num_threads(1); faiss.omp_set_num_threads(1)
 from retriever.index import PassageIndex
+libc = ctypes.CDLL("libc.so.6")
 
-def rss():
+def rss(trim=True):
+    if trim:  # freed heap that glibc keeps for reuse is not held by anything
+        libc.malloc_trim(0)
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
@@ -87,7 +99,8 @@ while time.perf_counter() - started < 1.0:
         index.search_vectors(queries[batch : batch + 16], 10)
         searched += len(queries[batch : batch + 16])
 qps = searched / (time.perf_counter() - started)
-print(json.dumps({"load_ms": 1000 * load, "qps": qps, "rss_bytes": rss() - before}))
+untrimmed = rss(trim=False) - before
+print(json.dumps({"load_ms": 1000 * load, "qps": qps, "rss_bytes": rss() - before, "rss_untrimmed_bytes": untrimmed}))
 """
 
 SEARCH_PROBE = r"""
@@ -151,11 +164,9 @@ def search_probe(edited: Path, fresh: Path, queries: Path) -> tuple[float, float
 
 
 def probe(folder: Path, queries: Path, encoder: str) -> dict:
-    """One fresh process: load (with the encoder check when `encoder`, and then glibc's mmap
-    threshold fixed for the RSS), search for two seconds, RSS."""
+    """One fresh process: load (with the encoder check when `encoder`), search for a second,
+    RSS held and untrimmed."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    if encoder:
-        env["MALLOC_MMAP_THRESHOLD_"] = str(1 << 20)
     result = subprocess.run([sys.executable, "-c", PROBE, str(folder), str(queries), encoder], cwd=REPO, env=env,
                             capture_output=True, text=True, check=True)
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -169,7 +180,8 @@ def measure(edited: Path, fresh: Path, queries: Path, encoder: str, repeats: int
             with_encoder = probe(folder, queries, encoder)
             alone = probe(folder, queries, "")
             for key, value in (("load_ms", with_encoder["load_ms"]), ("load_files_ms", alone["load_ms"]),
-                               ("rss_mb", with_encoder["rss_bytes"] / 2**20)):
+                               ("rss_mb", with_encoder["rss_bytes"] / 2**20),
+                               ("rss_untrimmed_mb", with_encoder["rss_untrimmed_bytes"] / 2**20)):
                 runs[name].setdefault(key, []).append(value)
         for name, qps in zip(("edited", "fresh"), search_probe(edited, fresh, queries)):
             runs[name].setdefault("search_qps", []).append(qps)
@@ -196,7 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", help="working folder (default: a temporary one, removed at the end)")
     parser.add_argument("--out", help="also write the JSON report here")
+    parser.add_argument("--resume", action="store_true", help="carry on from the state saved in --work")
     args = parser.parse_args(argv)
+    if args.resume and not args.work:
+        parser.error("--resume needs the --work folder of the interrupted run")
 
     import numpy as np
     import torch
@@ -215,22 +230,48 @@ def main(argv: list[str] | None = None) -> int:
     retriever = _load_retriever(args.encoder, device="cpu")
     # the encoder is frozen here: its fingerprint (checked at every load) is computed once
     retriever.passage_fingerprint = functools.cache(retriever.passage_fingerprint)
-    live = {f"b{i}": sentence(rng, f"b{i}") for i in range(args.base)}
-    prepare_corpus([write_jsonl(work / "base.jsonl", list(live.values()))], work / "base-corpus", chunk_words=0,
-                   progress=False)
-    index = work / "edited"
-    started = time.perf_counter()
-    build_index(work / "base-corpus", retriever, index, spec=args.spec, progress=False, encoder_source=args.encoder)
-    build_s = time.perf_counter() - started
-    questions = [f"when was the {rng.choice(WORDS)} of {rng.choice(PLACES)} built" for _ in range(args.queries)]
-    np.save(work / "queries.npy", retriever.embed_queries(questions))
+    index, state_path = work / "edited", work / "state.pkl"
+    settings = {"base": args.base, "spec": args.spec, "encoder": args.encoder, "seed": args.seed}
+    if args.resume:
+        if not state_path.is_file():
+            parser.error(f"--resume: no saved state in {work}")
+        state = pickle.loads(state_path.read_bytes())
+        if state["settings"] != settings:
+            parser.error(f"--resume: {work} was run with {state['settings']}, not {settings}")
+        if read_manifest(index)["generation"] != state["generation"]:
+            parser.error(f"--resume: {index} is at generation {read_manifest(index)['generation']}, the saved "
+                         f"state at {state['generation']} (an edit was committed but not recorded): start again")
+        rng.setstate(state["rng"])
+        live, report = state["live"], state["report"]
+        done, added, compactions, edit_s, compact_s = state["counters"]
+        print(f"resuming after {done} edits", flush=True)
+    else:
+        live = {f"b{i}": sentence(rng, f"b{i}") for i in range(args.base)}
+        prepare_corpus([write_jsonl(work / "base.jsonl", list(live.values()))], work / "base-corpus",
+                       chunk_words=0, progress=False)
+        started = time.perf_counter()
+        build_index(work / "base-corpus", retriever, index, spec=args.spec, progress=False,
+                    encoder_source=args.encoder)
+        build_s = time.perf_counter() - started
+        questions = [f"when was the {rng.choice(WORDS)} of {rng.choice(PLACES)} built" for _ in range(args.queries)]
+        np.save(work / "queries.npy", retriever.embed_queries(questions))
+        report = {**{k: v for k, v in settings.items() if k != "seed"}, "first_build_s": round(build_s, 1),
+                  "policy": {"max_segments": MAX_SEGMENTS, "max_dead_fraction": MAX_DEAD_FRACTION},
+                  "file_bound": 4 + 4 * MAX_SEGMENTS, "checkpoints": {}}
+        done, added, compactions, edit_s, compact_s = 0, 0, 0, 0.0, 0.0
 
-    report = {"base": args.base, "spec": args.spec, "encoder": args.encoder, "first_build_s": round(build_s, 1),
-              "policy": {"max_segments": MAX_SEGMENTS, "max_dead_fraction": MAX_DEAD_FRACTION},
-              "file_bound": 4 + 4 * MAX_SEGMENTS, "checkpoints": {}}
-    done, added, compactions, edit_s, compact_s = 0, 0, 0, 0.0, 0.0
+    def save_state() -> None:
+        if args.work:  # atomically: a kill leaves the previous state or this one
+            state = {"settings": settings, "rng": rng.getstate(), "live": live, "report": report,
+                     "counters": (done, added, compactions, edit_s, compact_s),
+                     "generation": read_manifest(index)["generation"]}
+            (work / "state.pkl.tmp").write_bytes(pickle.dumps(state))
+            os.replace(work / "state.pkl.tmp", state_path)
+
     edit_file = work / "edit.jsonl"
     for checkpoint in sorted(args.checkpoints):
+        if str(checkpoint) in report["checkpoints"]:
+            continue  # measured before the interruption
         while done < checkpoint:
             kind = rng.choices(["add", "update", "remove"], weights=[4, 4, 2])[0]
             started = time.perf_counter()
@@ -254,7 +295,10 @@ def main(argv: list[str] | None = None) -> int:
                 compactions += 1
                 compact_s += time.perf_counter() - started
             done += 1
+            save_state()
         fresh = work / f"fresh-{checkpoint}"
+        for leftover in (fresh, work / f"fresh-corpus-{checkpoint}"):  # an interrupted measurement's
+            shutil.rmtree(leftover, ignore_errors=True)
         prepare_corpus([write_jsonl(work / "live.jsonl", list(live.values()))], work / f"fresh-corpus-{checkpoint}",
                        chunk_words=0, progress=False)
         build_index(work / f"fresh-corpus-{checkpoint}", retriever, fresh, spec=args.spec, progress=False,
@@ -272,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
                        same_live_passages=same_passages, mean_edit_ms=round(1000 * edit_s / done, 1),
                        compaction_s_total=round(compact_s, 1))
         report["checkpoints"][str(checkpoint)] = figures
+        save_state()
         print(json.dumps({checkpoint: figures}), flush=True)
         del edited_index
         shutil.rmtree(fresh)
@@ -281,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(report, indent=2))
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    keys = ["load_ms", "load_files_ms", "search_qps", "rss_mb", "disk_bytes", "files"]
+    keys = ["load_ms", "load_files_ms", "search_qps", "rss_mb", "rss_untrimmed_mb", "disk_bytes", "files"]
     print(f"\n{'edits':>6} {'segs':>4} {'dead':>5} " + " ".join(f"{k + ' e/f':>24}" for k in keys))
     for checkpoint, figures in report["checkpoints"].items():
         shown = {side: {k: figures[side][k] / 2**20 if k == "disk_bytes" else figures[side][k] for k in keys}

@@ -3,6 +3,7 @@
     python bench/serve.py                     # 1,000 asks at concurrency 16 + 100 edits, K=5
     python bench/serve.py --asks 200 --baseline-asks 64 --edits 10   # a quick look
     python bench/serve.py --asks 10000 --edits 1000 --baseline-asks 0  # compaction under load only
+    python bench/serve.py --asks 10000 --edits 1000 --baseline-asks 0 --no-compaction-asks 2000 -k 1
 
 Serves the demo run (the shipped atlas-reader over the demo encyclopedia, `atlas.serve.demo`)
 as `atlas serve` subprocesses on 127.0.0.1, asked the demo's held-out questions at K=5 by
@@ -12,11 +13,13 @@ as `atlas serve` subprocesses on 127.0.0.1, asked the demo's held-out questions 
      the automatic compactions they trigger; afterwards every edit must be visible (a removed
      passage gone), the index size must add up and `atlas index info --verify` must pass;
   1b. the same load on a server started with --no-auto-compact: the p99 latency with compaction
-     against without (target: <= 1.5x);
+     against without (target: <= 1.5x). `--no-compaction-asks N` makes that run N asks long, with
+     the edits in the same proportion (N x edits / asks), run first: on a slow machine a shorter
+     comparison, and a stricter one (its index has fewer segments to load at each edit's swap);
   2. and 3. the throughput ratio, like against like (no edits, `--baseline-asks` each):
      micro-batched, then one question per forward pass (--max-batch 1).
 `--asks 0` skips the load tests, `--baseline-asks 0` the throughput ratio. Prints JSON, then a
-table with the ratios.
+table with the ratios; `--out FILE` also writes the JSON, rewritten after each server's run.
 Defaults: greedy decoding (`--beams 1`; the demo run's own recipe decodes with beam search of 4:
 `--beams 4` measures that) and one torch thread per server (--threads 1: on a shared 2-core
 machine more threads only contend; `--threads 2` on an idle one).
@@ -225,6 +228,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="asks to the one-at-a-time server (a rate: fewer asks measure it as well)")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--edits", type=int, default=100, help="edits during the micro-batched run")
+    parser.add_argument("--no-compaction-asks", type=int, default=None,
+                        help="asks of the comparison run without compaction (default: --asks), edits in "
+                        "proportion")
+    parser.add_argument("--out", help="also write the JSON report here")
     parser.add_argument("-k", type=int, default=5, help="passages read per question")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each server")
     parser.add_argument("--beams", type=int, default=1, help="beam search width of the reader (1 = greedy)")
@@ -237,18 +244,27 @@ def main(argv: list[str] | None = None) -> int:
     run = build_demo_run(work / "demo")
     common = {"concurrency": args.concurrency, "k": args.k, "threads": args.threads, "beams": args.beams}
     rows = {}
+
+    def record(name: str, row: dict) -> None:
+        rows[name] = row
+        if args.out:  # what is measured so far, should a later run fail
+            Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
+
     if args.asks:
-        rows["load test (batched + edits)"] = _serve_and_load(run, work / "demo" / "index", work, max_batch=32,
-                                                              asks=args.asks, n_edits=args.edits, **common)
-        if args.edits:
-            rows["same, no compaction"] = _serve_and_load(run, work / "demo" / "index", work, max_batch=32,
-                                                          asks=args.asks, n_edits=args.edits, auto_compact=False,
-                                                          **common)
+        if args.edits:  # the comparison first: the shorter one, when --no-compaction-asks is given
+            asks = args.no_compaction_asks or args.asks
+            record("same, no compaction", _serve_and_load(
+                run, work / "demo" / "index", work, max_batch=32, asks=asks,
+                n_edits=round(args.edits * asks / args.asks), auto_compact=False, **common))
+        record("load test (batched + edits)", _serve_and_load(run, work / "demo" / "index", work, max_batch=32,
+                                                              asks=args.asks, n_edits=args.edits, **common))
+        if args.edits:  # the table's order: the load test first
+            rows["same, no compaction"] = rows.pop("same, no compaction")
     if args.baseline_asks:
-        rows["micro-batched"] = _serve_and_load(run, work / "demo" / "index", work, max_batch=32,
-                                                asks=args.baseline_asks, n_edits=0, **common)
-        rows["one-at-a-time"] = _serve_and_load(run, work / "demo" / "index", work, max_batch=1,
-                                                asks=args.baseline_asks, n_edits=0, **common)
+        record("micro-batched", _serve_and_load(run, work / "demo" / "index", work, max_batch=32,
+                                                asks=args.baseline_asks, n_edits=0, **common))
+        record("one-at-a-time", _serve_and_load(run, work / "demo" / "index", work, max_batch=1,
+                                                asks=args.baseline_asks, n_edits=0, **common))
     report = {**rows, "beams": args.beams,
               "machine": {"cpus": os.cpu_count(), "threads_per_server": args.threads,
                           "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime())}, "work": str(work)}
@@ -259,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
         p99 = rows["load test (batched + edits)"]["p99_ms"] / rows["same, no compaction"]["p99_ms"]
         report.update(p99_ratio_with_compaction=round(p99, 3), target_p99_ratio=1.5)
     print(json.dumps(report, indent=2))
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(f"\n{'server':<30}{'asks':>6}{'edits':>6}{'errors':>7}{'lost':>5}{'compact':>8}{'ask/s':>7}"
           f"{'p50 ms':>8}{'p99 ms':>8}{'batch':>6}")
     for name, row in rows.items():

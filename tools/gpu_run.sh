@@ -141,7 +141,7 @@ evaluate() {
     cp "$REPO/runs/gpu-reading-eval/report.json" "$OUT/bench-reading-eval.json" 2>/dev/null
     local device; device=$("$PYTHON" -c "import torch; print(torch.cuda.get_device_name())")
     "$PYTHON" -m atlas.demo.export_reader "$run" --out "$REPO/runs/gpu-reader" \
-        --hardware "1 $device (bfloat16 autocast)" --bench "$REPO/runs/gpu-reading-eval/report.json" \
+        --hardware "1 $device" --bench "$REPO/runs/gpu-reading-eval/report.json" \
         --bench-reader gpu+span 2>&1 | tail -3
     # back through a channel of <16 MB files: the weights in parts, the rest in one archive
     split -b 15000000 -d "$REPO/runs/gpu-reader/model.safetensors" "$OUT/gpu-reader.safetensors.part"

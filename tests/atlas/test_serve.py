@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import threading
 from pathlib import Path
@@ -325,6 +326,21 @@ def test_the_server_compacts_its_index_between_batches_and_no_result_changes(cli
     assert (again["answer"], again["evidence"], again["generation"]) == \
         (answer["answer"], answer["evidence"], after["generation"])
     assert atlas_main(["index", "info", str(service.index.folder), "--verify"]) == 0
+
+
+def test_an_edit_while_another_process_writes_the_index_is_answered_503(client, service):
+    """The writer lock refuses a second writer at once (here: one the test holds, as `atlas index
+    compact` from a shell would): the edit is not made, the server says why, and goes on."""
+    from retriever.index_files import writer_lock
+
+    before = client.get("/api/health").json()
+    with writer_lock(service.index.folder, "compact"):
+        response = client.put("/api/passages/country-biole", json={"text": "Biole has no capital."})
+    assert response.status_code == 503 and response.headers["retry-after"] == "1"
+    assert response.json()["detail"].startswith(
+        f"{service.index.folder} is being updated by another process (pid {os.getpid()}, compact since ")
+    assert client.get("/api/health").json()["generation"] == before["generation"]
+    assert "Stafairk" in client.get("/api/passages/country-biole").json()["text"]
 
 
 # ----------------------------------------------------------------------------- load
