@@ -14,9 +14,8 @@ from __future__ import annotations
 import torch
 
 from reader.cross_attention_bias import cross_attention_bias, has_cross_attention_bias
+from reader.inputs import IGNORE_INDEX
 from reader.protocol import FusionReader
-
-IGNORE_INDEX = -100
 
 
 def _split_heads(states: torch.Tensor, n_heads: int) -> torch.Tensor:

@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 import torch
 from transformers import PreTrainedTokenizerBase
 
+# the label of a target position that no loss counts (torch's cross-entropy default); the one
+# definition in reader/ (retriever/losses.py keeps its own: retriever may not import reader)
 IGNORE_INDEX = -100
 DEFAULT_PASSAGE_FORMAT = "{query} title: {title} context: {text}"
 

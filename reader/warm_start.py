@@ -43,10 +43,10 @@ from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
 from reader.beam_attention import CACHE_KWARG
 from reader.copy_head import CopyHead, CopySource
+from reader.inputs import IGNORE_INDEX
 
 READER_KIND = "warm-started-fid"
 WEIGHTS_FILE = "model.safetensors"
-IGNORE_INDEX = -100
 
 # Decoder presets over a pre-trained encoder; d_model is the encoder's hidden size.
 WARM_START_PRESETS: dict[str, dict] = {

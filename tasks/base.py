@@ -50,11 +50,12 @@ class Example:
 class Task:
     """Base class of task adapters.
 
-    Subclasses set `name`, `metrics` (the primary metric first) and `default_options`, and
-    implement `parse_record` (one raw record → an Example) and `evaluate`.
+    Subclasses set `metrics` (the primary metric first) and `default_options`, and implement
+    `parse_record` (one raw record → an Example) and `evaluate`; `@register_task(name)` gives a
+    task its `name`.
     """
 
-    name: ClassVar[str] = ""
+    name: ClassVar[str] = ""  # set by `register_task`
     metrics: ClassVar[tuple[str, ...]] = ()
     default_options: ClassVar[dict[str, Any]] = {}
     # the record field that holds the gold answers (named by the error for an example without them)
@@ -266,11 +267,12 @@ TASKS: dict[str, type[Task]] = {}
 
 
 def register_task(name: str) -> Callable[[type[Task]], type[Task]]:
-    """Class decorator: add a Task subclass to `TASKS` under `name`."""
+    """Class decorator: add a Task subclass to `TASKS` under `name`, which becomes its `name`."""
 
     def decorate(cls: type[Task]) -> type[Task]:
         if name in TASKS:
             raise ValueError(f"task '{name}' is registered twice")
+        cls.name = name
         TASKS[name] = cls
         return cls
 

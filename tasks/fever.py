@@ -21,7 +21,6 @@ WORD_TO_LABEL = {word: label for label, word in LABEL_TO_WORD.items()}
 class FeverTask(Task):
     """Claim verification; metric: accuracy (the generated word equals the gold word)."""
 
-    name = "fever"
     metrics = ("accuracy",)
     answer_field = "label"
     default_options: ClassVar[dict[str, Any]] = {

@@ -80,7 +80,6 @@ def infer_kilt_dataset(path: str | os.PathLike) -> str:
 class KiltTask(Task):
     """Any KILT dataset in native KILT format, scored with KILT's official definitions."""
 
-    name = "kilt"
     metrics = ("exact_match", "accuracy", "f1", "rouge_l")
     answer_field = "output[].answer"
     default_options: ClassVar[dict[str, Any]] = {

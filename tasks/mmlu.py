@@ -69,7 +69,6 @@ def _csv_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
 class MMLUTask(Task):
     """Four-way multiple choice with MMLU's files, prompts, permutations and category metrics."""
 
-    name = "mmlu"
     metrics = ("accuracy", "debiased_accuracy")
     answer_field = "answer"
     default_options: ClassVar[dict[str, Any]] = {

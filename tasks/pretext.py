@@ -196,7 +196,6 @@ class _PretextTask(Task):
 class MaskedLanguageModelling(_PretextTask):
     """T5 span corruption of a passage, answered with retrieval of *other* passages."""
 
-    name = "mlm"
     default_options: ClassVar[dict[str, Any]] = {
         **_PretextTask.base_options,
         "noise_density": 0.15,
@@ -218,7 +217,6 @@ class MaskedLanguageModelling(_PretextTask):
 class PrefixLanguageModelling(_PretextTask):
     """Continue a passage from a random prefix."""
 
-    name = "lm"
     default_options: ClassVar[dict[str, Any]] = {
         **_PretextTask.base_options,
         "min_context_ratio": 0.5,
@@ -240,7 +238,6 @@ class PrefixLanguageModelling(_PretextTask):
 class SectionGeneration(_PretextTask):
     """Generate a section's text from the page title and the section name."""
 
-    name = "section"
     default_options: ClassVar[dict[str, Any]] = {
         **_PretextTask.base_options,
         "query_template": "{title}, {section}",

@@ -57,7 +57,6 @@ def _dedupe(values: list[str]) -> list[str]:
 class QATask(Task):
     """Question answering with EM / F1 (SQuAD normalisation, max over gold answers)."""
 
-    name = "qa"
     metrics = ("exact_match", "f1")
     default_options: ClassVar[dict[str, Any]] = {
         "query_template": "question: {question} answer: <extra_id_0>",

@@ -60,7 +60,6 @@ class ReadingTask(QATask):
     """SQuAD-style reading comprehension: QA's query/target templates, random gold answer per epoch
     and SQuAD-official EM / F1 (max over gold answers), with the passages given by the data."""
 
-    name = "reading"
     default_options: ClassVar[dict[str, Any]] = {
         "query_template": "question: {question} answer: <extra_id_0>",
         "target_template": "<extra_id_0> {answer}",

@@ -119,7 +119,6 @@ def evidence_window(text: str, candidate: list, n_words: int, rng: random.Random
 class SalientSpanQuestions(_PretextTask):
     """Salient span masking as question answering over retrieved passages (see the module)."""
 
-    name = "ssm"
     metrics = ("exact_match", "f1", "rouge_l")
     default_options: ClassVar[dict[str, Any]] = {
         "seed": 0,

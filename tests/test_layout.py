@@ -148,3 +148,36 @@ def test_each_package_says_what_lives_there(package):
                                               ("retriever.index", "EncoderMismatchError")])
 def test_import_paths_users_rely_on_keep_working(module, name):
     assert isinstance(getattr(importlib.import_module(module), name), type)
+
+
+def _module_constants(path: Path) -> set[str]:
+    return {target.id for node in ast.parse(path.read_text()).body if isinstance(node, ast.Assign)
+            for target in node.targets if isinstance(target, ast.Name)}
+
+
+@pytest.mark.parametrize("package", ["reader", "retriever"])
+def test_the_ignored_label_is_defined_once_per_package(package):
+    # retriever may not import reader, so each keeps one definition
+    defining = sorted(str(p.relative_to(ROOT)) for p in (ROOT / package).rglob("*.py")
+                      if "IGNORE_INDEX" in _module_constants(p))
+    assert len(defining) == 1, defining
+
+
+def test_a_task_is_named_once_by_its_registration():
+    named_twice = sorted(f"{p.name}:{node.name}" for p in (ROOT / "tasks").rglob("*.py")
+                         for node in ast.walk(ast.parse(p.read_text())) if isinstance(node, ast.ClassDef)
+                         and any(isinstance(d, ast.Call) and getattr(d.func, "id", "") == "register_task"
+                                 for d in node.decorator_list)
+                         and "name" in {t.id for s in node.body if isinstance(s, ast.Assign)
+                                        for t in s.targets if isinstance(t, ast.Name)})
+    assert named_twice == []
+
+
+def test_the_training_recipe_has_no_long_function():
+    # the recipe reads top to bottom: setup / train / step / save / evaluate, none over 80 lines
+    long = sorted(f"{p.name}:{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+                  for p in (ROOT / "atlas" / "training").glob("*.py")
+                  for node in ast.walk(ast.parse(p.read_text()))
+                  if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.end_lineno - node.lineno + 1 > 80)
+    assert long == []

@@ -147,7 +147,9 @@ def export(runs: list[str | Path], out: str | Path, *, hardware: str = "", bench
         beams = (mine.get("decoding") or {}).get("beams", report.get("beams", 1))  # a report may list several
         card["squad_dev"] = {"questions": report["dev_questions"], "beams": beams,
                              "decoding": mine.get("decoding"), "k1": mine["k1"], "k5": mine["k5"],
-                             "k5_questions_per_s": mine["k5_questions_per_s"], "bench": "bench/reading.py"}
+                             "k5_questions_per_s": mine["k5_questions_per_s"], "bench": "bench/reading.py",
+                             # a report from a GPU says so (older reports, all from the CPU, have no "device")
+                             "measured_on": hardware if report.get("device", "cpu").startswith("cuda") else None}
     (tmp / "card.json").write_text(json.dumps(card, indent=2) + "\n")
     (tmp / "README.md").write_text(model_card(card))
     if out.exists():
@@ -168,7 +170,8 @@ def model_card(card: dict) -> str:
     squad_line = (f"- SQuAD v1.1 dev ({squad['questions']} seeded questions, `bench/reading.py`, whole paragraphs, {decoding}): "
                   f"with the gold paragraph EM {squad['k1']['exact_match']:.1f} / F1 {squad['k1']['f1']:.1f}; with "
                   f"the gold among 5 retrieved paragraphs EM {squad['k5']['exact_match']:.1f} / F1 "
-                  f"{squad['k5']['f1']:.1f}; {squad['k5_questions_per_s']:.1f} questions/s at K=5.\n") if squad else ""
+                  f"{squad['k5']['f1']:.1f}; {squad['k5_questions_per_s']:.1f} questions/s at K=5"
+                  f"{' on ' + squad['measured_on'] if squad.get('measured_on') else ''}.\n") if squad else ""
     stage_lines = []
     for n, stage in enumerate(stages, start=1):
         wall = f"{stage['wall_s'] / 60:.0f} min" if stage["wall_s"] else "not recorded"

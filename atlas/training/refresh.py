@@ -61,13 +61,14 @@ def refresh_index(model, corpus_path: str | Path, out: str | Path, index_config,
     barrier = context.barrier if context is not None else (lambda: None)
     was_training = model.retriever.training
     model.retriever.eval()
-    build_index(corpus_path, model.retriever, out, spec=index_config.spec, batch_size=batch_size,
-                chunk_size=index_config.chunk_size, train_sample=index_config.train_sample,
-                keep_embeddings=index_config.keep_embeddings, rerank=index_config.rerank or 0,
-                nprobe=index_config.nprobe,
-                ef_search=index_config.ef_search, progress=False, overwrite=True, restart=True,
-                rank=rank, world_size=world_size, barrier=barrier)
-    model.retriever.train(was_training)
+    try:
+        build_index(corpus_path, model.retriever, out, spec=index_config.spec, batch_size=batch_size,
+                    chunk_size=index_config.chunk_size, train_sample=index_config.train_sample,
+                    keep_embeddings=index_config.keep_embeddings, rerank=index_config.rerank or 0,
+                    nprobe=index_config.nprobe, ef_search=index_config.ef_search, progress=False,
+                    overwrite=True, restart=True, rank=rank, world_size=world_size, barrier=barrier)
+    finally:  # a failed build leaves the retriever in the mode it was in
+        model.retriever.train(was_training)
     index = PassageIndex.load(out, retriever=model.retriever, nprobe=index_config.nprobe,
                               ef_search=index_config.ef_search, rerank=index_config.rerank)
     if index_config.sharded and world_size > 1:

@@ -1,0 +1,53 @@
+"""A run's metrics log: `{output_dir}/log.jsonl` (one JSON line per logged step) and TensorBoard."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tasks.io import atomic_write_text
+
+
+class RunLog:
+    """Console/TensorBoard/JSONL metrics: one line per logged step in `{output_dir}/log.jsonl`."""
+
+    def __init__(self, output_dir: Path, resume_step: int | None):
+        """`resume_step`: the step of the checkpoint a resumed run starts from (None: a new run).
+        Lines logged after it by the interrupted run are dropped, so that the log of a resumed run
+        equals the log of an uninterrupted one."""
+        self.path = output_dir / "log.jsonl"
+        if resume_step is not None and self.path.is_file():
+            kept = [line for line in self.path.read_text(encoding="utf-8").splitlines()
+                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
+            atomic_write_text(self.path, "".join(line + "\n" for line in kept))
+        self.file = open(self.path, "a" if resume_step is not None else "w", encoding="utf-8")  # noqa: SIM115
+        self.tensorboard = None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tensorboard = SummaryWriter(str(output_dir / "tensorboard"))
+        except ImportError:  # tensorboard is an optional extra
+            pass
+
+    def write(self, step: int, values: dict[str, float]) -> None:
+        self.file.write(json.dumps({"step": step, **values}) + "\n")
+        self.file.flush()
+        if self.tensorboard is not None:
+            for key, value in values.items():
+                self.tensorboard.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        self.file.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+
+
+def logged_recall(path: Path) -> dict[str, float] | None:
+    """The retriever's answer recall on training questions at step 0, as the run logged it (None if absent)."""
+    if not path.is_file():
+        return None
+    for line in path.read_text(encoding="utf-8").splitlines():
+        record = json.loads(line) if line.strip() else {}
+        if record.get("step") == 0 and any(k.startswith("train_recall/") for k in record):
+            return {k.removeprefix("train_recall/"): v for k, v in record.items() if k.startswith("train_recall/")}
+    return None
