@@ -228,16 +228,6 @@ def set_search_params(
 EXACT_CHUNK_FLOATS = 48 << 20
 
 
-def _as_float32_tensor(array: np.ndarray) -> torch.Tensor:
-    """(N, d) array (a read-only memmap slice too) → float32 tensor; never written to."""
-    array = np.ascontiguousarray(array)
-    with warnings.catch_warnings():  # torch warns on read-only arrays; nothing writes to this one
-        warnings.simplefilter("ignore", UserWarning)
-        tensor = torch.from_numpy(array)
-    # torch widens float16 with SIMD; numpy's astype is ~5x slower on this CPU
-    return tensor.float()
-
-
 def widen_into(buffer: torch.Tensor, rows: np.ndarray) -> np.ndarray:
     """Widen (C, d) float16/float32 rows into the first C rows of a reused (≥ C, d) float32
     buffer; returns that (C, d) float32 view as numpy. Reusing one buffer avoids a fresh
@@ -253,23 +243,36 @@ def widen_into(buffer: torch.Tensor, rows: np.ndarray) -> np.ndarray:
 
 EXACT_PRECISIONS = ("auto", "fp32", "bf16")
 
-# The bfloat16 path's candidates per query: k + max(k, this), re-scored exactly in float32.
+# The bfloat16 path's candidates per query: k + max(2k, this), re-scored exactly in float32. More
+# candidates lower the threshold τ below the k-th best score, so that the proof (below) holds for
+# nearly every query; the re-scoring of 3k rows costs little beside the scan.
 BF16_EXTRA_CANDIDATES = 64
 _BF16_U = 2.0**-8  # unit roundoff of bfloat16 (8 significant bits, round to nearest)
 
 
-def bf16_error_bound(dim: int) -> float:
-    """c such that |bf16 score − exact score| ≤ c · ‖q‖ · ‖v‖ for one query q and row v.
+def bf16_score_ceiling(bf16_score: np.ndarray, query_error: np.ndarray, query_norm: np.ndarray,
+                       row_norm_max: float, dim: int) -> np.ndarray:
+    """The largest exact inner product q·v of a row v whose bfloat16 score is at most `bf16_score`.
 
-    The bfloat16 path rounds q and v to bfloat16 (relative error ≤ u each, u = 2⁻⁸: ≤ (2u + u²)
-    Σ|q_i v_i| on the products, which are exact in float32), accumulates in float32 in some
-    order (≤ γ_d = d·2⁻²⁴/(1 − d·2⁻²⁴) of Σ|q̂_i v̂_i|) and rounds the sum to bfloat16 (≤ u of
-    it); Σ|q_i v_i| ≤ ‖q‖‖v‖ (Cauchy–Schwarz). Another 2u covers a library that rounds a
-    partial sum to bfloat16 once more (a blocked product's intermediate), and the factor 1.01
-    the float32 norms' own rounding: a safe margin, paid only in a few more candidates."""
-    u, u32 = _BF16_U, 2.0**-24
-    gamma = dim * u32 / (1 - dim * u32)
-    return 1.01 * ((2 * u + u * u) * (1 + gamma) + gamma + u * (1 + u) ** 3 + 2 * u * (1 + u) ** 3)
+    bf16_score, query_error, query_norm: (Q,) float64 — per query, the bfloat16 score bound τ,
+    ‖q − q̂‖ and ‖q̂‖ (q̂: q rounded to bfloat16); row_norm_max ≥ max ‖v‖ over the rows scored.
+    The score is q̂·v̂ (v̂: v rounded to bfloat16, |v_i − v̂_i| ≤ u|v_i|, u = 2⁻⁸) summed in float32
+    and rounded once to bfloat16, so
+        q·v − q̂·v̂ = (q − q̂)·v + q̂·(v − v̂)    ≤ ‖q − q̂‖‖v‖ + u‖q̂‖‖v‖      (Cauchy–Schwarz)
+        float32 sum of the exact products     ≤ γ_d ‖q̂‖‖v̂‖ away,  γ_d = d·2⁻²⁴/(1 − d·2⁻²⁴)
+        that sum s̃, rounded to bfloat16 ŝ ≤ τ  ⇒  s̃ ≤ τ + u|τ|/(1 − u)
+    The factor 1.05 on the error covers the float32 norms' own rounding. It assumes what the
+    kernels do (oneDNN, AVX512-BF16 `vdpbf16ps`, AMX): products accumulated in float32 and the sum
+    rounded once; `tests/retriever/test_exact_search.py` checks it against float64 on this CPU's
+    own kernels, and a query whose proof fails is searched again exactly, so a looser kernel costs
+    speed, not results."""
+    u = _BF16_U
+    gamma = dim * 2.0**-24 / (1 - dim * 2.0**-24)
+    tau = np.asarray(bf16_score, dtype=np.float64)
+    rounding = u * np.abs(tau) / (1 - u)
+    inputs = row_norm_max * (np.asarray(query_error) + u * np.asarray(query_norm)
+                             + gamma * (1 + u) * np.asarray(query_norm))
+    return tau + 1.05 * (rounding + inputs)
 
 
 @functools.lru_cache(maxsize=1)
@@ -412,12 +415,12 @@ def _exact_search_bf16(q: np.ndarray, vectors: np.ndarray, k: int, *, chunk_rows
     """The bf16 path of `exact_search` (inner product; k ≥ 1, at most the eligible rows).
 
     1. Every live row is scored against every query in bfloat16, chunk by chunk; each query keeps
-       its best k' = k + max(k, `BF16_EXTRA_CANDIDATES`) rows by that score. Once it holds k',
+       its best k' = k + max(2k, `BF16_EXTRA_CANDIDATES`) rows by that score. Once it holds k',
        its threshold τ is the lowest of their scores (it only rises), and a chunk's row is looked
        at only where its score beats τ (blocks of columns whose maximum does not are skipped):
        every row let go scores ≤ the final τ in bfloat16.
     2. The k' candidates are re-scored exactly in float32 from the stored rows.
-    3. A row let go has exact score ≤ τ + c·‖q‖·max‖v‖ (`bf16_error_bound`). Where that is below
+    3. A row let go has exact score ≤ `bf16_score_ceiling(τ)`. Where that is below
        the k-th best re-scored score, no row let go can enter the top k (nor tie with it): the
        answer is the candidates' best k. The other queries (near-ties beyond k' rows, copies of
        a row) are searched again on the fp32 path.
@@ -426,50 +429,58 @@ def _exact_search_bf16(q: np.ndarray, vectors: np.ndarray, k: int, *, chunk_rows
     n_q = len(q)
     chunk_rows = int(chunk_rows or BF16_CHUNK_ROWS)
     n_eligible = n_rows if exclude is None else int(n_rows - np.count_nonzero(exclude))
-    wide = min(n_eligible, k + max(k, BF16_EXTRA_CANDIDATES))
+    wide = min(n_eligible, k + max(2 * k, BF16_EXTRA_CANDIDATES))
     q_t = torch.from_numpy(q)
     q_b = q_t.to(torch.bfloat16)
-    cand_scores = torch.zeros((n_q, 0), dtype=torch.bfloat16)  # best first
-    cand_rows = torch.zeros((n_q, 0), dtype=torch.int64)
+    candidates = _Candidates(n_q, wide)
     padded = -(-min(chunk_rows, n_rows) // _BF16_BLOCK) * _BF16_BLOCK
     rows_b = torch.zeros((padded, dim), dtype=torch.bfloat16)  # reused; rows past the chunk stay 0
     scores = torch.empty((n_q, padded), dtype=torch.bfloat16)
-    lane = torch.arange(_BF16_BLOCK)
     max_norm = 0.0
     for start, live, block in _live_chunks(vectors, chunk_rows, exclude):
         n_block = len(block)
         width = -(-n_block // _BF16_BLOCK) * _BF16_BLOCK
-        rows_t = _tensor(block)
-        max_norm = max(max_norm, float(torch.linalg.vector_norm(rows_t.float(), dim=1).max()))
-        rows_b[:n_block].copy_(rows_t)
-        rows_b[n_block:width].zero_()
+        rows_b[:n_block].copy_(_tensor(block))
+        # ‖v‖ ≤ ‖v̂‖/(1 − u): read from the bfloat16 copy, summed in float32 (no float32 copy of the chunk)
+        norms = torch.linalg.vector_norm(rows_b[:n_block], dim=1, dtype=torch.float32)
+        max_norm = max(max_norm, float(norms.max()) / (1 - _BF16_U))
         chunk_scores = scores[:, :width]
         torch.mm(q_b, rows_b[:width].T, out=chunk_scores)  # (Q, width) bfloat16
-        chunk_scores[:, n_block:] = -float("inf")  # the padding rows
-        numbers = torch.full((width,), -1, dtype=torch.int64)
-        numbers[:n_block] = torch.from_numpy(live + start) if live is not None else torch.arange(start, start + n_block)
-        if cand_scores.shape[1] < wide:  # still filling: the chunk's best, merged
+        if n_block < width:  # the padding rows of the last chunk never win
+            rows_b[n_block:width].zero_()
+            chunk_scores[:, n_block:] = -float("inf")
+        # the stored row of each column: start + column, or through the chunk's live rows
+        row_of = (torch.arange(start, start + width) if live is None
+                  else torch.cat([torch.from_numpy(live + start), torch.full((width - n_block,), -1)]))
+        if candidates.threshold is None:  # still filling: the chunk's best
             top, at = chunk_scores[:, :n_block].topk(min(wide, n_block), dim=1)
-            new_scores, new_rows = top, numbers[at]
-        else:  # only scores above τ can enter
-            tau = cand_scores[:, -1]
-            grouped = chunk_scores.view(n_q, -1, _BF16_BLOCK)
-            hit_q, hit_b = (grouped.amax(dim=2) > tau[:, None]).nonzero(as_tuple=True)
-            if len(hit_q) == 0:
-                continue
-            values = grouped[hit_q, hit_b]  # (H, block)
-            values = torch.where(values > tau[hit_q, None], values, -float("inf"))
-            counts = torch.bincount(hit_q, minlength=n_q)
-            slot = torch.arange(len(hit_q)) - (torch.cumsum(counts, 0) - counts)[hit_q]
-            new_scores = torch.full((n_q, int(counts.max()), _BF16_BLOCK), -float("inf"), dtype=torch.bfloat16)
-            new_rows = torch.full((n_q, int(counts.max()), _BF16_BLOCK), -1, dtype=torch.int64)
-            new_scores[hit_q, slot] = values
-            new_rows[hit_q, slot] = numbers[hit_b[:, None] * _BF16_BLOCK + lane]
-            new_scores, new_rows = new_scores.view(n_q, -1), new_rows.view(n_q, -1)
-        merged_scores = torch.cat([cand_scores, new_scores], dim=1)
-        merged_rows = torch.cat([cand_rows, new_rows], dim=1)
-        cand_scores, at = merged_scores.topk(min(wide, merged_scores.shape[1]), dim=1)  # sorted: τ is the last
-        cand_rows = merged_rows.gather(1, at)
+            candidates.add(top, row_of[at])
+            continue
+        # only blocks of columns whose maximum beats τ (from the last merge; a lower, older τ
+        # only lets more rows in) can hold a row that enters
+        grouped = chunk_scores.view(n_q, -1, _BF16_BLOCK)
+        threshold = candidates.threshold
+        if bool((threshold >= 0).all()):
+            # non-negative bfloat16 values order as their bits do: the int16 maximum is ~7× faster
+            # than bfloat16's, and a negative score (sign bit set) is a negative int16, below τ
+            beats = grouped.view(torch.int16).amax(dim=2) > threshold.view(torch.int16)[:, None]
+        else:
+            beats = grouped.amax(dim=2) > threshold[:, None]
+        hit_q, hit_b = beats.nonzero(as_tuple=True)
+        if len(hit_q) == 0:
+            continue
+        values = grouped[hit_q, hit_b]  # (H, block)
+        at_hit, at_lane = (values > threshold[hit_q, None]).nonzero(as_tuple=True)  # the rows themselves
+        query = hit_q[at_hit]
+        counts = torch.bincount(query, minlength=n_q)
+        slot = torch.arange(len(query)) - (torch.cumsum(counts, 0) - counts)[query]
+        new_scores = torch.full((n_q, int(counts.max())), -float("inf"), dtype=torch.bfloat16)
+        new_rows = torch.full((n_q, int(counts.max())), -1, dtype=torch.int64)
+        new_scores[query, slot] = values[at_hit, at_lane]
+        new_rows[query, slot] = row_of[hit_b[at_hit] * _BF16_BLOCK + at_lane]
+        candidates.add(new_scores, new_rows)
+    candidates.merge()
+    cand_scores, cand_rows = candidates.scores, candidates.rows
     # every row let go scores ≤ τ in bfloat16 (none is when all eligible rows are candidates)
     ceiling = cand_scores[:, -1].double().numpy() if n_eligible > wide else np.full(n_q, -np.inf)
     # exact float32 scores of the candidates, from the stored rows, 64 queries at a time
@@ -482,7 +493,11 @@ def _exact_search_bf16(q: np.ndarray, vectors: np.ndarray, k: int, *, chunk_rows
         exact[i : i + 64] = torch.bmm(stored, q_t[i : i + 64, :, None])[..., 0]
     scores, rows = best_first(exact.numpy(), rows_np, k)
     # the proof: nothing let go can reach the k-th best exact score
-    bound = ceiling + bf16_error_bound(dim) * np.linalg.norm(q.astype(np.float64), axis=1) * max_norm
+    bound = np.full(n_q, -np.inf)
+    if n_eligible > wide:
+        q_rounded = q_b.double().numpy()
+        bound = bf16_score_ceiling(ceiling, np.linalg.norm(q.astype(np.float64) - q_rounded, axis=1),
+                                   np.linalg.norm(q_rounded, axis=1), max_norm, dim)
     proven = bound < scores[:, k - 1]
     if not proven.all():
         redo = np.flatnonzero(~proven)
@@ -490,6 +505,40 @@ def _exact_search_bf16(q: np.ndarray, vectors: np.ndarray, k: int, *, chunk_rows
         scores[redo], rows[redo] = _exact_search_fp32(q[redo], vectors, k, "ip", chunk_rows=None, exclude=exclude)
         scores[redo], rows[redo] = best_first(scores[redo], rows[redo], k)
     return scores.astype(np.float32), rows
+
+
+class _Candidates:
+    """Each query's best `wide` rows by bfloat16 score, best first (`scores`, `rows`: (Q, ≤ wide)).
+
+    New rows wait in `pending` and are merged (one top-k) once they add up to `wide` columns: a
+    merge per chunk cost more than the scan's screening. `threshold` (τ, (Q,)) is the
+    `wide`-th best score at the last merge, None until each query holds `wide` rows."""
+
+    def __init__(self, n_queries: int, wide: int):
+        self.wide = wide
+        self.scores = torch.zeros((n_queries, 0), dtype=torch.bfloat16)
+        self.rows = torch.zeros((n_queries, 0), dtype=torch.int64)
+        self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.pending_columns = 0
+        self.threshold: torch.Tensor | None = None
+
+    def add(self, scores: torch.Tensor, rows: torch.Tensor) -> None:
+        """scores: (Q, m) bfloat16 with rows: (Q, m) their row numbers (-1 with score -inf: none)."""
+        self.pending.append((scores, rows))
+        self.pending_columns += scores.shape[1]
+        if self.threshold is None or self.pending_columns >= self.wide:
+            self.merge()
+
+    def merge(self) -> None:
+        if not self.pending:
+            return
+        scores = torch.cat([self.scores, *(s for s, _ in self.pending)], dim=1)
+        rows = torch.cat([self.rows, *(r for _, r in self.pending)], dim=1)
+        self.scores, at = scores.topk(min(self.wide, scores.shape[1]), dim=1)  # sorted: τ is the last
+        self.rows = rows.gather(1, at)
+        self.pending, self.pending_columns = [], 0
+        if self.scores.shape[1] >= self.wide:
+            self.threshold = self.scores[:, -1]
 
 
 def _tensor(rows: np.ndarray) -> torch.Tensor:

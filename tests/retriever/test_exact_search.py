@@ -17,7 +17,7 @@ import torch
 
 from retriever import index_types
 from retriever.index import PassageIndex
-from retriever.index_types import bf16_error_bound, exact_search, resolve_exact_precision
+from retriever.index_types import bf16_score_ceiling, exact_search, resolve_exact_precision
 
 PRECISIONS = ["fp32", "bf16"]
 
@@ -117,20 +117,39 @@ def test_non_gaussian_scales_and_small_stores(precision):
     check(torch.from_numpy(queries), vectors, 7, precision)  # a torch tensor of queries
 
 
-def test_bf16_error_bound_holds_for_the_scores_the_path_computes():
-    """|bfloat16 score − float64 score| ≤ c·‖q‖·‖v‖, over the product the bf16 path runs, for rows
-    and queries with entries of very different magnitudes (the worst case for the bound)."""
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_negative_and_mixed_thresholds(precision):
+    """Scores all negative for some queries (τ < 0: the screening compares bfloat16 values, not their
+    bits) and positive for others, in one batch."""
+    rng = np.random.default_rng(6)
+    vectors = np.abs(rng.standard_normal((4000, 24))).astype(np.float16)  # every entry positive
+    queries = rng.standard_normal((8, 24)).astype(np.float32)
+    queries[:4] = -np.abs(queries[:4])  # these score every row below 0
+    stats, scores, _ = check(queries, vectors, 20, precision, chunk_rows=512)
+    assert (scores[:4] < 0).all() and (scores[4:, 0] > 0).all()
+
+
+def test_the_bf16_ceiling_holds_for_the_scores_the_path_computes():
+    """Every exact (float64) inner product is at most the ceiling of its bfloat16 score, computed
+    the way the bf16 path computes it (this CPU's own kernel), for rows and queries whose entries
+    differ in magnitude (the worst case for the bound); and the ceiling is tight enough to prove a
+    top-k from a few more candidates (its margin ≪ the scores' spread)."""
     rng = np.random.default_rng(4)
     for dim in (16, 384, 768):
         vectors = (rng.standard_normal((2000, dim)) * rng.lognormal(0, 1.5, (2000, dim))).astype(np.float16)
         queries = (rng.standard_normal((50, dim)) * rng.lognormal(0, 1.5, (50, dim))).astype(np.float32)
-        approx = (torch.from_numpy(queries).bfloat16() @ torch.from_numpy(vectors).bfloat16().T).double().numpy()
+        q_b = torch.from_numpy(queries).bfloat16()
+        approx = (q_b @ torch.from_numpy(vectors).bfloat16().T).double().numpy()
         exact = queries.astype(np.float64) @ vectors.astype(np.float64).T
-        scale = np.linalg.norm(queries.astype(np.float64), axis=1)[:, None] * np.linalg.norm(
-            vectors.astype(np.float64), axis=1)[None]
-        worst = (np.abs(approx - exact) / scale).max()
-        assert worst <= bf16_error_bound(dim)
-        assert bf16_error_bound(dim) < 0.025  # a few candidates more, not a scan
+        q_rounded = q_b.double().numpy()
+        error = np.linalg.norm(queries.astype(np.float64) - q_rounded, axis=1)
+        norm = np.linalg.norm(q_rounded, axis=1)
+        row_norm_max = np.linalg.norm(vectors.astype(np.float64), axis=1).max()
+        ceiling = np.stack([bf16_score_ceiling(approx[:, j], error, norm, row_norm_max, dim)
+                            for j in range(approx.shape[1])], axis=1)
+        assert (exact <= ceiling).all()
+        margin = (ceiling - approx) / (norm[:, None] * row_norm_max)
+        assert margin.max() < 0.02
 
 
 def test_precision_is_chosen_at_run_time(monkeypatch):
