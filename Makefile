@@ -32,8 +32,10 @@ quickstart: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VENV)/bin/mkdocs build --strict --site-dir $(or $(SITE),build/site)
 
+# Lint and format, as CI checks them (`ruff format .` applies the format)
 lint: $(STAMP)
-	$(PY) -m pip install -q ruff && $(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 clean:
 	rm -rf $(VENV) .pytest_cache build/site

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import torch
 
-from atlas.config import AtlasConfig
+from atlas.config import AtlasConfig, IndexConfig
+from atlas.distributed import agree_on_rank0, current_context
 from atlas.model import Atlas
 from reader.fid import FiDReader, build_reader
 from reader.tokenizer import build_reader_tokenizer
@@ -30,31 +31,6 @@ def _reader_tokenizer(config: AtlasConfig, checkpoint: Path | None):
     return build_reader_tokenizer(config.reader.model)  # the model's own folder or hub name
 
 
-def _freeze_passage_side(retriever: Retriever, config: AtlasConfig) -> None:
-    if not retriever.tied and not config.retriever.train_passage_encoder:
-        retriever.passage_encoder.requires_grad_(False)
-
-
-def _rank_context() -> tuple[int, int, Callable[[], None]]:
-    """(rank, world size, barrier) of the default process group, or of one process."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size(), dist.barrier
-    return 0, 1, lambda: None
-
-
-def _agree_on_rank0(value: bool) -> bool:
-    """Rank 0's `value` on every rank (a file check that must not differ between ranks)."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return value
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return bool(box[0])
-
-
 def _init_reader_embeddings(reader: FiDReader, tokenizer, config: AtlasConfig) -> None:
     """Token embeddings of a preset reader from the encoder `reader.init_embeddings` names."""
     from transformers import AutoModel, AutoTokenizer
@@ -64,12 +40,14 @@ def _init_reader_embeddings(reader: FiDReader, tokenizer, config: AtlasConfig) -
     from retriever.encoder import default_encoder_path
 
     if config.reader.model not in READER_PRESETS:
-        raise ValueError(f"reader.init_embeddings applies to a reader built from a preset "
-                         f"({sorted(READER_PRESETS)}); reader.model {config.reader.model!r} has its own weights")
+        raise ValueError(
+            f"reader.init_embeddings applies to a reader built from a preset "
+            f"({sorted(READER_PRESETS)}); reader.model {config.reader.model!r} has its own weights"
+        )
     source = default_encoder_path(config.reader.init_embeddings)
     encoder = AutoModel.from_pretrained(source)
     vocab = AutoTokenizer.from_pretrained(source).get_vocab()
-    n = transfer_token_embeddings(reader.t5, tokenizer, encoder.get_input_embeddings().weight, vocab)
+    n = transfer_token_embeddings(reader.seq2seq, tokenizer, encoder.get_input_embeddings().weight, vocab)
     logger.info("reader token embeddings: %d of %d from %s", n, len(tokenizer), source)
 
 
@@ -93,22 +71,36 @@ def build_index(config: AtlasConfig, retriever: Retriever):
     system every rank sees. The passage encoder runs on this rank's GPU when there is one and
     is put back where it was afterwards.
     """
-    from retriever.index import PassageIndex
-
     path = config.index.path
-    rank, world_size, barrier = _rank_context()
+    context = current_context()
+    rank, world_size, barrier = context.rank, context.world_size, context.barrier
     if path is not None and config.index.corpus and rank == 0:
         _warn_if_other_corpus(path, config.index.corpus)
     if path is None and config.index.corpus:
         path = Path(config.training.output_dir) / "index"
-        if _agree_on_rank0(not path.exists()):
+        if agree_on_rank0(not path.exists()):
             _make_run_index(config, retriever, path, rank=rank, world_size=world_size, barrier=barrier)
     if path is None:
         return None
-    index = PassageIndex.load(path, retriever=retriever, allow_encoder_mismatch=config.index.allow_encoder_mismatch,
-                              nprobe=config.index.nprobe, ef_search=config.index.ef_search,
-                              rerank=config.index.rerank)
-    if config.index.sharded and world_size > 1:
+    return open_index(path, retriever, config.index, rank=rank, world_size=world_size)
+
+
+def open_index(
+    path: str | Path, retriever: Retriever, index_config: IndexConfig, *, rank: int = 0, world_size: int = 1
+):
+    """The index at `path` with the search settings and checks of `index_config`; this rank's shard
+    of it when `index.sharded` and there are several ranks. Used at build time and after a refresh."""
+    from retriever.index import PassageIndex
+
+    index = PassageIndex.load(
+        path,
+        retriever=retriever,
+        allow_encoder_mismatch=index_config.allow_encoder_mismatch,
+        nprobe=index_config.nprobe,
+        ef_search=index_config.ef_search,
+        rerank=index_config.exact_rerank,
+    )
+    if index_config.sharded and world_size > 1:
         from retriever.sharded import ShardedPassageIndex
 
         index = ShardedPassageIndex.from_index(index, rank, world_size)
@@ -122,12 +114,17 @@ def _warn_if_other_corpus(index_path: str, corpus_path: str) -> None:
 
     built_on = read_manifest(index_path)["segments"][0]["fingerprint"]
     if Corpus.load(corpus_path).fingerprint != built_on:
-        logger.warning("index.path %s was built on another corpus than index.corpus %s; index.path is used "
-                       "(it wins over index.corpus)", index_path, corpus_path)
+        logger.warning(
+            "index.path %s was built on another corpus than index.corpus %s; index.path is used "
+            "(it wins over index.corpus)",
+            index_path,
+            corpus_path,
+        )
 
 
-def _make_run_index(config: AtlasConfig, retriever: Retriever, path: Path, *, rank: int, world_size: int,
-                    barrier: Callable[[], None]) -> None:
+def _make_run_index(
+    config: AtlasConfig, retriever: Retriever, path: Path, *, rank: int, world_size: int, barrier: Callable[[], None]
+) -> None:
     """Write the run's index of `index.corpus` at `path`: linked from the cache, or built and cached."""
     from retriever.corpus import Corpus
     from retriever.index_build import build_index as build
@@ -136,17 +133,22 @@ def _make_run_index(config: AtlasConfig, retriever: Retriever, path: Path, *, ra
     corpus = config.index.corpus
     settings = cached = None
     if rank == 0:  # rank 0 alone reads and writes the cache; the others follow its decision
-        settings = build_settings(Corpus.load(corpus), retriever, spec=config.index.spec,
-                                  batch_size=config.retriever.batch_size, chunk_size=config.index.chunk_size,
-                                  train_sample=config.index.train_sample,
-                                  keep_embeddings=config.index.keep_embeddings, rerank=config.index.rerank or 0)
+        settings = build_settings(
+            Corpus.load(corpus),
+            retriever,
+            spec=config.index.spec,
+            batch_size=config.retriever.batch_size,
+            chunk_size=config.index.chunk_size,
+            train_sample=config.index.train_sample,
+            keep_embeddings=config.index.keep_embeddings,
+            rerank=config.index.exact_rerank or 0,
+        )
         cached = cached_index(corpus, settings)
     encoder = f"{config.retriever.model} (passage encoder {settings['encoder_fingerprint'][:12]})" if settings else ""
-    if _agree_on_rank0(cached is not None):
+    if agree_on_rank0(cached is not None):
         if rank == 0:
             logger.info("reusing the index of %s built with %s at %s", corpus, encoder, cached)
-            link_index(cached, path, corpus_path=corpus, nprobe=config.index.nprobe,
-                       ef_search=config.index.ef_search)
+            link_index(cached, path, corpus_path=corpus, nprobe=config.index.nprobe, ef_search=config.index.ef_search)
         barrier()  # the run's copy is complete
         return
     if rank == 0:
@@ -155,12 +157,23 @@ def _make_run_index(config: AtlasConfig, retriever: Retriever, path: Path, *, ra
     if torch.cuda.is_available():
         retriever.to(torch.device("cuda", torch.cuda.current_device()))
     try:
-        build(corpus, retriever, path, spec=config.index.spec,
-              batch_size=config.retriever.batch_size, chunk_size=config.index.chunk_size,
-              train_sample=config.index.train_sample, keep_embeddings=config.index.keep_embeddings,
-              rerank=config.index.rerank or 0,
-              nprobe=config.index.nprobe, ef_search=config.index.ef_search, progress=rank == 0,
-              rank=rank, world_size=world_size, barrier=barrier)
+        build(
+            corpus,
+            retriever,
+            path,
+            spec=config.index.spec,
+            batch_size=config.retriever.batch_size,
+            chunk_size=config.index.chunk_size,
+            train_sample=config.index.train_sample,
+            keep_embeddings=config.index.keep_embeddings,
+            rerank=config.index.exact_rerank or 0,
+            nprobe=config.index.nprobe,
+            ef_search=config.index.ef_search,
+            progress=rank == 0,
+            rank=rank,
+            world_size=world_size,
+            barrier=barrier,
+        )
     finally:
         retriever.to(home)
     if rank == 0:  # before anything can update the run's copy
@@ -168,8 +181,9 @@ def _make_run_index(config: AtlasConfig, retriever: Retriever, path: Path, *, ra
         if published is not None:
             logger.info("cached the index of %s at %s for later runs", corpus, published)
         else:
-            logger.info("the index of %s is not cached: its folder is read-only or on another file system "
-                        "than %s", corpus, path)
+            logger.info(
+                "the index of %s is not cached: its folder is read-only or on another file system than %s", corpus, path
+            )
 
 
 def build_atlas(config: AtlasConfig, *, checkpoint: str | Path | None = None, with_index: bool = True) -> Atlas:
@@ -183,21 +197,31 @@ def build_atlas(config: AtlasConfig, *, checkpoint: str | Path | None = None, wi
     if checkpoint is not None:
         reader = FiDReader.from_pretrained(checkpoint / "reader", dropout=config.reader.dropout)
     else:
-        reader = build_reader(config.reader.model, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-                              eos_token_id=tokenizer.eos_token_id, dropout=config.reader.dropout,
-                              seed=config.training.seed, tokenizer=tokenizer, encoder=config.reader.encoder)
+        reader = build_reader(
+            config.reader.model,
+            vocab_size=len(tokenizer),
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            dropout=config.reader.dropout,
+            seed=config.training.seed,
+            tokenizer=tokenizer,
+            encoder=config.reader.encoder,
+        )
         if config.reader.init_embeddings:
             _init_reader_embeddings(reader, tokenizer, config)
     if not config.reader.encoder_dropout:
         reader.disable_encoder_dropout()
     if config.reader.retrieval_prior and not reader.copies_from_source:
-        raise ValueError("reader.retrieval_prior weights a copy head's pointer; this reader has no copy head "
-                         "(set it to 0)")
+        raise ValueError(
+            "reader.retrieval_prior weights a copy head's pointer; this reader has no copy head (set it to 0)"
+        )
     if config.reader.trainable_encoder_layers is not None:
-        if not hasattr(reader.t5, "set_trainable_encoder_layers"):
-            raise ValueError("reader.trainable_encoder_layers applies to warm-started readers (reader.model a "
-                             "warm-start preset or folder); this reader is a plain T5")
-        reader.t5.set_trainable_encoder_layers(config.reader.trainable_encoder_layers)
+        if not hasattr(reader.seq2seq, "set_trainable_encoder_layers"):
+            raise ValueError(
+                "reader.trainable_encoder_layers applies to warm-started readers (reader.model a "
+                "warm-start preset or folder); this reader is a plain T5"
+            )
+        reader.seq2seq.set_trainable_encoder_layers(config.reader.trainable_encoder_layers)
     if config.reader.gradient_checkpointing:
         reader.gradient_checkpointing_enable()
 
@@ -205,18 +229,30 @@ def build_atlas(config: AtlasConfig, *, checkpoint: str | Path | None = None, wi
     retriever = None
     if needs_retriever:
         if checkpoint is not None and (checkpoint / "retriever").is_dir():
-            retriever = Retriever.from_pretrained(checkpoint / "retriever",
-                                                  passage_format=config.retriever.passage_format,
-                                                  passage_maxlength=config.retriever.passage_maxlength)
+            retriever = Retriever.from_pretrained(
+                checkpoint / "retriever",
+                passage_format=config.retriever.passage_format,
+                passage_maxlength=config.retriever.passage_maxlength,
+            )
         else:
             retriever = build_retriever(config.retriever)
-        _freeze_passage_side(retriever, config)
+        retriever.freeze_passage_side(config.retriever.train_passage_encoder)
     index = build_index(config, retriever) if (with_index and retriever is not None) else None
-    loss = build_retriever_loss(config.retriever.loss, temperature_gold=config.retriever.temperature_gold,
-                                temperature_score=config.retriever.temperature_score,
-                                emdr_granularity=config.retriever.emdr_granularity,
-                                adist_attention=config.retriever.adist_attention,
-                                gold_precision=config.retriever.gold_precision)
-    return Atlas(reader=reader, reader_tokenizer=tokenizer, retriever=retriever, index=index, retriever_loss=loss,
-                 reader_config=config.reader, retriever_config=config.retriever, index_config=config.index,
-                 closed_book=config.task.closed_book)
+    loss = build_retriever_loss(
+        config.retriever.loss.name,
+        temperature_gold=config.retriever.temperature_gold,
+        temperature_score=config.retriever.temperature_score,
+        gold_precision=config.retriever.gold_precision,
+        **config.retriever.loss.options,
+    )
+    return Atlas(
+        reader=reader,
+        reader_tokenizer=tokenizer,
+        retriever=retriever,
+        index=index,
+        retriever_loss=loss,
+        reader_config=config.reader,
+        retriever_config=config.retriever,
+        index_config=config.index,
+        closed_book=config.task.closed_book,
+    )

@@ -8,15 +8,32 @@ naming the key and the file (or the command-line override it came from).
 Names that select a registered component are checked against their registry once the
 overrides are applied: `task.name` against the task registry (`tasks.base.TASKS`),
 `task.options.*` against that task's `default_options` (name, and type = the default's
-type), and `retriever.loss` against `retriever.losses.RETRIEVER_LOSSES`.
+type), and `retriever.loss` against `retriever.losses.RETRIEVER_LOSSES` (its options, written beside the
+name as in `retriever.loss: {name: emdr, granularity: token}`, against that loss's `default_options`
+likewise; the plain `retriever.loss: emdr` means the loss's default options).
+
+Old spellings are still read, with a FutureWarning naming the new one (a checkpoint's saved config may
+hold them): the flat loss keys `retriever.emdr_granularity` and `retriever.adist_attention` (now options
+of their loss), the precision value "full" (now "fp32"), and `index.rerank_overretrieve` /
+`index.rerank` (now `index.reencode_candidates` / `index.exact_rerank`). See `_upgrade_section`.
+
+A recipe may start from another: a top-level `base: OTHER.yaml` (a path relative to the file that
+names it) loads OTHER first, itself with its own `base` if it has one, and lays the file's keys over
+it: mappings merge key by key, any other value (a list included) replaces the base's. So a variant
+states only what differs from its parent. A `base` cycle or a base file that does not exist is
+refused with `ConfigError` naming the file; an error in a key names the file that set it. Dotted
+overrides apply after the whole chain, and the resolved config a run saves has no `base`.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
+import os
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union
@@ -30,6 +47,20 @@ logger = logging.getLogger(__name__)
 
 class ConfigError(ValueError):
     """A configuration value that cannot be accepted; the message names key and source."""
+
+
+@dataclass
+class LossConfig:
+    """A retriever loss: its name in `retriever.losses.RETRIEVER_LOSSES` and its own options.
+
+    A recipe writes `retriever.loss: pdist` (default options) or `retriever.loss: {name: emdr,
+    granularity: token}`; the options are kept here in `options`, filled with the loss's defaults
+    once validated, and saved beside the name again (`config_to_dict`). The temperatures and
+    `gold_precision` stay fields of `RetrieverConfig`: every loss that trains the retriever reads them
+    (and `reader.retrieval_prior` reads τ_score)."""
+
+    name: str = "pdist"
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -49,21 +80,15 @@ class RetrieverConfig:
     # index never goes stale (the few-shot default).
     tied: bool = False
     train_passage_encoder: bool = False
-    loss: str = "pdist"
+    loss: LossConfig = field(default_factory=LossConfig)
     temperature_gold: float = 0.01
     temperature_score: float = 0.01
-    emdr_granularity: Literal["sequence", "token"] = "sequence"
-    # adist's attention: the decoder's cross-attention ("cross", the paper's), the copy head's pointer
-    # over the input tokens ("copy", readers with a copy head), or "auto" (copy where the reader has one:
-    # a copying reader takes its answer from where its pointer looks, so that ranks passages by use;
-    # bench/gold_signal.py compares the two, docs/results/retriever.md)
-    adist_attention: Literal["auto", "cross", "copy"] = "auto"
     # How the gold scores' separate eval-mode encoder pass runs (needed when the reader's encoder has
     # dropout): "bf16" = under bfloat16 autocast, which needs no gradient and is faster on hardware that
     # multiplies bfloat16 natively (bench/train_step.py times it, bench/gold_signal.py checks the scores keep
     # their meaning; figures: docs/results/retriever.md); "auto" = bf16 where the hardware has it natively
-    # and it is measured faster at start (reader/encoder_precision.py), else "full"
-    gold_precision: Literal["auto", "full", "bf16"] = "auto"
+    # and it is measured faster at start (reader/encoder_precision.py), else "fp32" (the reader's precision)
+    gold_precision: Literal["auto", "fp32", "bf16"] = "auto"
     n_context: int = 40  # passages retrieved per query and covered by the retriever loss
     batch_size: int = 64  # encoding batch size
 
@@ -78,7 +103,7 @@ class IndexConfig:
     # run uses an index of `corpus` (a folder made by `atlas corpus prepare`) at
     # training.output_dir/index: kept from an earlier start of the run, else linked from
     # CORPUS/.atlas-index-cache/ when an index of the same corpus, passage encoder and index
-    # settings (spec, keep_embeddings, rerank, train_sample, chunk_size, retriever.batch_size) was
+    # settings (spec, keep_embeddings, exact_rerank, train_sample, chunk_size, retriever.batch_size) was
     # built before, else built and cached there (atlas.build.build_index; docs/guides/corpus.md).
     corpus: str | None = None
     path: str | None = None
@@ -88,12 +113,15 @@ class IndexConfig:
     train_sample: int = 262144
     keep_embeddings: bool = False
     refresh: str = "never"  # e.g. "0-1000:500,1000-10000:2000"
-    rerank_overretrieve: int = 0  # >0: re-score this many candidates with the current encoder
+    # Training with a stale index: search this many candidates and re-score them with passage vectors
+    # re-encoded by the current passage encoder (0 = off; used when > the k retrieved). Formerly
+    # `rerank_overretrieve`.
+    reencode_candidates: int = 0
     # Two-stage search of a compressed index (issue 16): its top k' candidates re-scored exactly
     # from the float16 vectors kept memory-mapped on disk. None: the index's own setting (its
-    # manifest); 0: off. Building with k' > 0 keeps the vectors. Not `rerank_overretrieve`
-    # (that re-encodes candidates with the current, training encoder).
-    rerank: int | None = None
+    # manifest); 0: off. Building with k' > 0 keeps the vectors. Not `reencode_candidates`
+    # (that re-encodes candidates with the current, training encoder). Formerly `rerank`.
+    exact_rerank: int | None = None
     filtering_overretrieve_ratio: int = 2
     allow_encoder_mismatch: bool = False
     chunk_size: int = 8192  # passages embedded per resumable chunk
@@ -128,9 +156,9 @@ class ReaderConfig:
     # extractive QA; closed-book examples and option scoring are unconstrained
     span_answers: bool = False
     # the encoder pass of answering (predict, evaluate, serve) under bfloat16 autocast: "bf16", "auto" (bf16
-    # where the hardware multiplies it natively: reader/encoder_precision.py) or "full" (the reader's
+    # where the hardware multiplies it natively: reader/encoder_precision.py) or "fp32" (the reader's
     # precision; the default, so that figures do not depend on the machine). Training is unaffected.
-    inference_precision: Literal["full", "bf16", "auto"] = "full"
+    inference_precision: Literal["fp32", "bf16", "auto"] = "fp32"
     # w of the retrieval prior of answering: the copy head copies from a retrieved passage k in proportion
     # to its own pointer times softmax_k(score_k / retriever.temperature_score)^w (0 = off; readers with a
     # copy head; bench/nq824.py measures it). Given passages without retrieval scores get none.
@@ -243,8 +271,8 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
                 return _coerce(value, arg, key, source)
             except ConfigError as e:
                 errors.append(e)
-        raise errors[0] if len(errors) == 1 else ConfigError(
-            f"{source}: '{key}' must be {_type_name(tp)}, got {value!r}"
+        raise (
+            errors[0] if len(errors) == 1 else ConfigError(f"{source}: '{key}' must be {_type_name(tp)}, got {value!r}")
         )
     if origin is Literal:
         if value not in args:
@@ -282,16 +310,98 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
     raise ConfigError(f"{source}: '{key}' must be {_type_name(tp)}, got {value!r}")
 
 
-def _build(cls: type, data: Any, prefix: str, source: str) -> Any:
+# Old spellings still read, each with a FutureWarning naming the new one: a checkpoint stores its resolved
+# config, and configs written before a rename must still load (and resume) as they did.
+# A renamed key of a section → its new name.
+_RENAMED_KEYS: dict[type, dict[str, str]] = {
+    IndexConfig: {"rerank_overretrieve": "reencode_candidates", "rerank": "exact_rerank"},
+}
+# A flat retriever key that was an option of one loss → (that loss, its option).
+_LOSS_OPTION_KEYS: dict[str, tuple[str, str]] = {
+    "emdr_granularity": ("emdr", "granularity"),
+    "adist_attention": ("adist", "attention"),
+}
+# The precision fields, and their old values → the new ones (reader.encoder_precision.PRECISION_ALIASES; not
+# imported, so that reading a config does not import torch).
+_PRECISION_FIELDS: dict[type, str] = {
+    RetrieverConfig: "gold_precision",
+    ReaderConfig: "inference_precision",
+    TrainingConfig: "precision",
+}
+_PRECISION_ALIASES = {"full": "fp32"}
+
+
+def _warn_deprecated(where: str, old: str, new: str) -> None:
+    warnings.warn(f"{where}: {old} is deprecated; write {new}", FutureWarning, stacklevel=4)
+
+
+def _upgrade_section(cls: type, data: dict, prefix: str, where: typing.Callable[[str], str]) -> dict:
+    """The section `data` of `cls` in the current spelling; `where(key)` names the file or override of a key.
+
+    Old keys are rewritten in place, so that a later dotted override of the same tree meets the new
+    spelling and each old key is warned about once (an old key met here was set after the tree's last
+    rewrite, so its value replaces the new key's). A flat loss key whose loss is not (yet) the selected
+    one is left in the tree, since an override may still select that loss (as the flat key then did), and
+    out of the returned section. A `LossConfig` mapping is returned in its dataclass shape:
+    `{name: emdr, granularity: token}` → `{name: emdr, options: {granularity: token}}`.
+    """
+    dotted = (lambda key: f"{prefix}.{key}") if prefix else (lambda key: key)
+    if cls is LossConfig:
+        shaped = {"options": {k: v for k, v in data.items() if k != "name"}}
+        return {"name": data["name"], **shaped} if "name" in data else shaped
+    for old, new in _RENAMED_KEYS.get(cls, {}).items():
+        if old in data:
+            _warn_deprecated(where(old), f"'{dotted(old)}'", f"'{dotted(new)}'")
+            data[new] = data.pop(old)
+    name = _PRECISION_FIELDS.get(cls)
+    value = data.get(name) if name else None
+    if isinstance(value, str) and value in _PRECISION_ALIASES:
+        _warn_deprecated(where(name), f"{dotted(name)}: {value}", f"{dotted(name)}: {_PRECISION_ALIASES[value]}")
+        data[name] = _PRECISION_ALIASES[value]
+    if cls is not RetrieverConfig:
+        return data
+    if isinstance(data.get("loss"), str):  # the plain form: the loss's default options
+        data["loss"] = {"name": data["loss"]}
+    pending = set()
+    for old, (loss_name, option) in _LOSS_OPTION_KEYS.items():
+        if old not in data:
+            continue
+        loss = data.get("loss") or {}
+        if not isinstance(loss, dict):
+            continue  # _build refuses the loss itself
+        new = f"{dotted('loss')}: {{name: {loss_name}, {option}: {data[old]}}}"
+        if loss.get("name", LossConfig.name) == loss_name:
+            _warn_deprecated(where(old), f"'{dotted(old)}'", new)
+            data["loss"] = {"name": loss_name, **loss, option: data.pop(old)}
+        else:
+            # no source in the message: it is the same at every rebuild of the tree, so it is shown once
+            warnings.warn(
+                f"'{dotted(old)}' is deprecated (an option of the {loss_name} loss, unused with "
+                f"another loss); write {new}",
+                FutureWarning,
+                stacklevel=3,
+            )
+            pending.add(old)
+    return {k: v for k, v in data.items() if k not in pending}
+
+
+def _build(cls: type, data: Any, prefix: str, source: str, origins: dict[str, str] | None = None) -> Any:
+    """`data` checked and typed into `cls`; an error names `source`, or the file `origins` says set the key."""
+    origins = origins or {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{source}: '{prefix or 'config'}' must be a mapping, got {data!r}")
+        raise ConfigError(
+            f"{_source_of(prefix, origins, source)}: '{prefix or 'config'}' must be a mapping, got {data!r}"
+        )
+    data = _upgrade_section(
+        cls, data, prefix, lambda key: _source_of(f"{prefix}.{key}" if prefix else key, origins, source)
+    )
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
     if unknown:
         key = f"{prefix}.{unknown[0]}" if prefix else unknown[0]
         raise ConfigError(
-            f"{source}: unknown key '{key}' (valid keys: {', '.join(sorted(fields))})"
+            f"{_source_of(key, origins, source)}: unknown key '{key}' (valid keys: {', '.join(sorted(fields))})"
         )
     kwargs = {}
     for name, f in fields.items():
@@ -299,9 +409,9 @@ def _build(cls: type, data: Any, prefix: str, source: str) -> Any:
         tp = hints[name]
         if name in data:
             if dataclasses.is_dataclass(tp):
-                kwargs[name] = _build(tp, data[name] or {}, key, source)
+                kwargs[name] = _build(tp, data[name] or {}, key, source, origins)
             else:
-                kwargs[name] = _coerce(data[name], tp, key, source)
+                kwargs[name] = _coerce(data[name], tp, key, _source_of(key, origins, source))
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ConfigError(f"{source}: missing required value '{key}'")
     return cls(**kwargs)
@@ -354,9 +464,9 @@ def _source_of(key: str, origins: dict[str, str], default: str) -> str:
     return default
 
 
-def validate_components(config: AtlasConfig, origins: dict[str, str] | None = None,
-                        source: str = "<defaults>") -> None:
-    """Check registry names and task options; coerce option values to their defaults' types.
+def validate_components(config: AtlasConfig, origins: dict[str, str] | None = None, source: str = "<defaults>") -> None:
+    """Check registry names and task and loss options; coerce option values to their defaults' types
+    (and fill a loss's options with its defaults, so that the saved config says what ran).
 
     `origins` maps dotted keys set by overrides to the override's text, so that an error
     names where the offending value came from (else `source`, the file).
@@ -367,25 +477,44 @@ def validate_components(config: AtlasConfig, origins: dict[str, str] | None = No
 
     origins = origins or {}
     loss = config.retriever.loss
-    if loss not in RETRIEVER_LOSSES:
-        where = _source_of("retriever.loss", origins, source)
-        raise ConfigError(f"{where}: 'retriever.loss' must be one of "
-                          f"{', '.join(sorted(RETRIEVER_LOSSES))}; got {loss!r}")
-    for key, value in (("evaluation.max_examples", config.evaluation.max_examples),
-                       ("reader.trainable_encoder_layers", config.reader.trainable_encoder_layers)):
+    if loss.name not in RETRIEVER_LOSSES:
+        where = _source_of("retriever.loss.name", origins, source)
+        raise ConfigError(
+            f"{where}: 'retriever.loss' must be one of {', '.join(sorted(RETRIEVER_LOSSES))}; got {loss.name!r}"
+        )
+    loss_class = RETRIEVER_LOSSES[loss.name]
+    checked = {}
+    for option, value in loss.options.items():
+        key = f"retriever.loss.{option}"
+        where = _source_of(key, origins, source)
+        if option not in loss_class.default_options:
+            valid = ", ".join(sorted(loss_class.default_options)) or "(none)"
+            raise ConfigError(f"{where}: unknown key '{key}' for retriever loss '{loss.name}' (valid options: {valid})")
+        checked[option] = _coerce(value, _option_type(loss_class.default_options[option]), key, where)
+        choices = loss_class.option_choices.get(option)
+        if choices is not None and checked[option] not in choices:
+            raise ConfigError(f"{where}: '{key}' must be one of {', '.join(map(repr, choices))}, got {value!r}")
+    loss.options = {**loss_class.default_options, **checked}
+    for key, value in (
+        ("evaluation.max_examples", config.evaluation.max_examples),
+        ("reader.trainable_encoder_layers", config.reader.trainable_encoder_layers),
+    ):
         minimum = 1 if key == "evaluation.max_examples" else 0
         if value is not None and value < minimum:
-            raise ConfigError(f"{_source_of(key, origins, source)}: '{key}' must be at least {minimum} "
-                              f"(or null for {'all examples' if minimum else 'the whole encoder'}); got {value}")
-    for key, value in (("evaluation.train_recall_examples", config.evaluation.train_recall_examples),
-                       ("reader.retrieval_prior", config.reader.retrieval_prior)):
+            raise ConfigError(
+                f"{_source_of(key, origins, source)}: '{key}' must be at least {minimum} "
+                f"(or null for {'all examples' if minimum else 'the whole encoder'}); got {value}"
+            )
+    for key, value in (
+        ("evaluation.train_recall_examples", config.evaluation.train_recall_examples),
+        ("reader.retrieval_prior", config.reader.retrieval_prior),
+    ):
         if value < 0:
             raise ConfigError(f"{_source_of(key, origins, source)}: '{key}' must be at least 0 (0 = off); got {value}")
     name = config.task.name
     if name not in TASKS:
         where = _source_of("task.name", origins, source)
-        raise ConfigError(f"{where}: 'task.name' must be one of {', '.join(sorted(TASKS))}; "
-                          f"got {name!r}")
+        raise ConfigError(f"{where}: 'task.name' must be one of {', '.join(sorted(TASKS))}; got {name!r}")
     defaults = TASKS[name].default_options
     checked = {}
     for option, value in config.task.options.items():
@@ -393,8 +522,7 @@ def validate_components(config: AtlasConfig, origins: dict[str, str] | None = No
         where = _source_of(key, origins, source)
         if option not in defaults:
             valid = ", ".join(sorted(defaults)) or "(none)"
-            raise ConfigError(f"{where}: unknown key '{key}' for task '{name}' "
-                              f"(valid options: {valid})")
+            raise ConfigError(f"{where}: unknown key '{key}' for task '{name}' (valid options: {valid})")
         checked[option] = _coerce(value, _option_type(defaults[option]), key, where)
     config.task.options = checked
 
@@ -426,23 +554,108 @@ def validate_data(config: AtlasConfig, origins: dict[str, str] | None = None, so
             for overlap in overlaps:
                 logger.warning("task.allow_overlap is set: %s", overlap.describe())
         elif overlaps:
-            where = " and ".join(dict.fromkeys(_source_of(key, origins or {}, source)
-                                               for key in ("task.train_data", "task.eval_data")))
+            where = " and ".join(
+                dict.fromkeys(_source_of(key, origins or {}, source) for key in ("task.train_data", "task.eval_data"))
+            )
             raise ConfigError(
                 f"{where}: {overlaps[0].describe()}"
                 + (f"; and {len(overlaps) - 1} more file pair(s)" if len(overlaps) > 1 else "")
                 + ". Scores on examples the model trained on measure nothing: use disjoint files (`atlas data "
                 "split FILE --train N --out DIR` splits one file), or set task.allow_overlap: true for a run "
-                "that knowingly evaluates on its training data")
+                "that knowingly evaluates on its training data"
+            )
     if isinstance(task, KiltTask) and not task_config.closed_book and task.options["provenance_metrics"]:
         for path in evaluated:
             check_provenance(task.load(path, skip_invalid=task_config.skip_invalid))
 
 
+def _merge(base: dict, over: dict) -> dict:
+    """`over` laid onto `base`: where both hold a mapping they merge, key by key; else `over`'s value wins
+    (a list replaces the base's list: a recipe that names its data files means exactly those)."""
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _set_keys(tree: dict, prefix: str = "") -> list[str]:
+    """The dotted keys `tree` sets a value at: every leaf, and every non-mapping that replaces a section.
+
+    An empty mapping sets nothing (it merges into the base's mapping unchanged)."""
+    keys = []
+    for key, value in tree.items():
+        dotted = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict):
+            keys += _set_keys(value, dotted)
+        else:
+            keys.append(dotted)
+    return keys
+
+
+def _loss_over_base(base_tree: dict, tree: dict) -> None:
+    """Let a recipe's `retriever.loss` lay over its base's as a loss, not as a plain value: both are
+    made mappings (`emdr` → `{name: emdr}`), so that `{granularity: token}` keeps the base's loss; and a
+    recipe that names another loss drops the base's options, which were that loss's."""
+
+    def as_mapping(section: dict) -> dict | None:
+        loss = section.get("retriever", {}).get("loss") if isinstance(section.get("retriever"), dict) else None
+        if isinstance(loss, str):
+            section["retriever"]["loss"] = loss = {"name": loss}
+        return loss if isinstance(loss, dict) else None
+
+    base_loss, loss = as_mapping(base_tree), as_mapping(tree)
+    if base_loss is not None and loss is not None and loss.get("name", base_loss.get("name")) != base_loss.get("name"):
+        del base_tree["retriever"]["loss"]
+
+
+def _read_recipe(path: Path, source: str, chain: tuple[tuple[Path, str], ...] = ()) -> tuple[dict, dict[str, str]]:
+    """The YAML mapping of `path` laid over its `base` chain → (tree, {dotted key: the file that set it}).
+
+    `source` is how errors name `path`; `chain` holds the files that led here, (resolved path, source),
+    to refuse a cycle."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{source}: config file not found") from None
+    try:
+        tree = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{source}: invalid YAML: {e}") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping")
+    if "base" not in tree:
+        return tree, dict.fromkeys(_set_keys(tree), source)
+    base = tree.pop("base")
+    if not isinstance(base, str) or not base.strip():
+        raise ConfigError(f"{source}: 'base' must be the path of another recipe, relative to this file; got {base!r}")
+    chain = (*chain, (path.resolve(), source))
+    base_path = path.parent / base
+    base_source = os.path.normpath(base_path)
+    if base_path.resolve() in [resolved for resolved, _ in chain]:
+        cycle = " -> ".join([name for _, name in chain] + [base_source])
+        raise ConfigError(f"{source}: 'base: {base}' makes a cycle of base files: {cycle}")
+    if not base_path.is_file():
+        raise ConfigError(f"{source}: base file '{base}' not found (looked for {base_source})")
+    base_tree, origins = _read_recipe(base_path, base_source, chain)
+    _loss_over_base(base_tree, tree)
+    own = _set_keys(tree)
+    # a value this file sets replaces everything the base set under that key
+    origins = {
+        key: where
+        for key, where in origins.items()
+        if not any(key == mine or key.startswith(mine + ".") for mine in own)
+    }
+    return _merge(base_tree, tree), {**origins, **dict.fromkeys(own, source)}
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] = (), *, check_data: bool = True) -> AtlasConfig:
     """Load a YAML recipe (or the defaults when `path` is None) and apply dotted overrides.
 
-    Raises `ConfigError` naming the offending key and the file or override it came from.
+    The recipe's `base` chain, if any, is resolved first (module docstring); the overrides apply to the
+    merged result. Raises `ConfigError` naming the offending key and the file or override it came from.
     Registry names and task options are checked on the final config (`validate_components`),
     so an override may fix what the file alone would get wrong (say, `task.name` with the
     options written for it); then, with `check_data`, the data files that exist (`validate_data`: no
@@ -451,20 +664,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), *, ch
     """
     tree: dict = {}
     source = "<defaults>"
+    origins: dict[str, str] = {}
     if path is not None:
         source = str(path)
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ConfigError(f"{source}: config file not found") from None
-        try:
-            tree = yaml.safe_load(text) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{source}: invalid YAML: {e}") from None
-        if not isinstance(tree, dict):
-            raise ConfigError(f"{source}: the top level must be a mapping")
-    config = _build(AtlasConfig, tree, "", source)
-    origins: dict[str, str] = {}
+        tree, origins = _read_recipe(Path(path), source)  # `base` chain resolved: the tree holds no `base`
+    config = _build(AtlasConfig, tree, "", source, origins)
     for text in overrides:
         key, value = parse_override(text)
         _set_dotted(tree, key, value, f"override '{text}'")
@@ -478,9 +682,18 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), *, ch
     return config
 
 
-def config_to_dict(config: Any) -> dict:
-    """The config as plain nested dicts (for YAML/JSON)."""
-    return dataclasses.asdict(config)
+def config_to_dict(config: Any) -> Any:
+    """The config as plain nested dicts (for YAML/JSON), in the spelling a recipe uses: a loss's options
+    beside its name (`{name: emdr, granularity: token}`), so that the saved config loads again."""
+    if isinstance(config, LossConfig):
+        return {"name": config.name, **config_to_dict(config.options)}
+    if dataclasses.is_dataclass(config):
+        return {f.name: config_to_dict(getattr(config, f.name)) for f in dataclasses.fields(config)}
+    if isinstance(config, (list, tuple)):
+        return type(config)(config_to_dict(v) for v in config)
+    if isinstance(config, dict):
+        return {k: config_to_dict(v) for k, v in config.items()}
+    return copy.deepcopy(config)
 
 
 def save_config(config: AtlasConfig, path: str | Path) -> None:

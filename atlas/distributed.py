@@ -56,6 +56,27 @@ def init_distributed() -> DistributedContext:
     return DistributedContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
 
 
+def current_context() -> DistributedContext:
+    """This process's place in the default process group as it stands (one process of one when
+    there is none): for code that is handed no context, such as building a model from its config."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return DistributedContext()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    return DistributedContext(
+        rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank, device=device
+    )
+
+
+def agree_on_rank0(value: bool) -> bool:
+    """Rank 0's `value` on every rank (a file check that must not differ between ranks)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return bool(box[0])
+
+
 def shutdown(context: DistributedContext) -> None:
     """Leave the process group (when this process created one)."""
     if context.enabled and dist.is_initialized():
@@ -94,5 +115,5 @@ def average_gradients(parameters, context: DistributedContext) -> None:
     flat /= context.world_size
     offset = 0
     for p in used:
-        p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
+        p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
         offset += p.numel()

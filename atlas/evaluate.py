@@ -23,7 +23,7 @@ its share, and rank 0 gathers, writes and scores; every rank returns the same me
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,27 +31,30 @@ import torch
 
 from atlas.config import AtlasConfig, EvaluationConfig, save_config
 from atlas.distributed import DistributedContext
+from atlas.model import template_fields
 from reader.surface import decode_answers
-from retriever.index import Hit
 from retriever.retrieval_eval import RetrievalExample, score_retrieval
 from tasks.base import Example
 from tasks.io import atomic_write_json, write_jsonl
+from tasks.passage import Passage
 from tasks.score import check_labelled
 
 logger = logging.getLogger(__name__)
 
 
-def retrieval_metrics(examples: list[Example], passages: list[list[dict]], ks: list[int]) -> dict[str, float]:
+def retrieval_metrics(examples: list[Example], passages: list[list[Passage]], ks: list[int]) -> dict[str, float]:
     """Answer recall@k (DPR's has-answer match) and MRR, plus gold-passage recall@k and MRR where
     examples name gold ids (`metadata["gold_ids"]`), all in percent; examples without answers are
     left out. The scorer of `atlas index evaluate` (`retriever.retrieval_eval.score_retrieval`), × 100."""
     scored = [(e, ps) for e, ps in zip(examples, passages) if e.answers]
     if not scored:
         return {}
-    hits = [[Hit(**{f: p.get(f, "") for f in ("id", "title", "text", "doc_id")}, score=float(p.get("score") or 0.0),
-                 row=int(p.get("row", -1))) for p in ps[: max(ks)]] for _, ps in scored]
-    queries = [RetrievalExample(question=e.query, answers=e.answers, gold_ids=list(e.metadata.get("gold_ids", [])))
-               for e, _ in scored]
+    # a given (not retrieved) passage has no score: the scorer's per-question records, unused here, round one
+    hits = [[p if p.score is not None else replace(p, score=0.0) for p in ps[: max(ks)]] for _, ps in scored]
+    queries = [
+        RetrievalExample(question=e.query, answers=e.answers, gold_ids=list(e.metadata.get("gold_ids", [])))
+        for e, _ in scored
+    ]
     metrics, _ = score_retrieval(queries, hits, ks)
     return {k: 100 * v for k, v in metrics.items() if not k.startswith("n")}  # `n`, `n_with_gold`: counts
 
@@ -65,32 +68,38 @@ def retriever_recall(model, examples: list[Example], ks: list[int], batch_size: 
     examples = [e for e in examples if e.answers]
     if not examples:
         return {}
-    passages = [ps for start in range(0, len(examples), batch_size)
-                for ps in model.retrieve(examples[start:start + batch_size], max(ks))]
+    passages = [
+        ps
+        for start in range(0, len(examples), batch_size)
+        for ps in model.retrieve(examples[start : start + batch_size], max(ks))
+    ]
     metrics = retrieval_metrics(examples, passages, ks)
     return {k: v for k, v in metrics.items() if k.startswith("answer_recall@")}
 
 
 def recall_drops(before: dict[str, float], now: dict[str, float], tolerance: float = RECALL_DROP_WARNING) -> list[str]:
     """Messages for each answer recall@k that fell by more than `tolerance` points from `before` to `now`."""
-    return [f"{key} {before[key]:.1f} → {value:.1f}" for key, value in now.items()
-            if key in before and value < before[key] - tolerance]
+    return [
+        f"{key} {before[key]:.1f} → {value:.1f}"
+        for key, value in now.items()
+        if key in before and value < before[key] - tolerance
+    ]
 
 
 def _batches(items: list, size: int, desc: str = "evaluating", show: bool = True):
     """Consecutive batches of `items`, with a progress bar (on stderr) for long evaluations."""
     from tasks.progress import progress_bar as tqdm
 
-    with tqdm(total=len(items), desc=desc, unit="ex", disable=not show or len(items) < 2 * size,
-              mininterval=2.0) as bar:
+    with tqdm(
+        total=len(items), desc=desc, unit="ex", disable=not show or len(items) < 2 * size, mininterval=2.0
+    ) as bar:
         for start in range(0, len(items), size):
             yield items[start : start + size]
             bar.update(min(size, len(items) - start))
 
 
-def _passage_summary(passages: list[dict] | None) -> list[dict]:
-    return [{"id": p.get("id"), "score": p.get("score"), "title": p.get("title"),
-             **({"wikipedia_id": p["wikipedia_id"]} if p.get("wikipedia_id") else {})} for p in passages or []]
+def _passage_summary(passages: list[Passage] | None) -> list[dict]:
+    return [p.summary() for p in passages or []]
 
 
 @dataclass
@@ -98,19 +107,22 @@ class Predictions:
     """What the model produced for a list of examples (all lists in example order).
 
     `texts`: raw generated text (generation) or the letter chosen on the original option order
-    (multiple choice); `passages`: the retrieved passages per example (dicts as
-    `Atlas.retrieve` returns them), None when closed-book; `probabilities`: multiple choice
+    (multiple choice); `passages`: the passages per example (retrieved, or given with the
+    example), None when closed-book; `probabilities`: multiple choice
     only, the de-biased probability of each original option letter.
     """
 
     texts: list[str]
-    passages: list[list[dict]] | None
+    passages: list[list[Passage]] | None
     probabilities: list[dict[str, float]] | None = None
 
     def take(self, n: int) -> Predictions:
         """The first `n` examples' predictions (drops the padding of a rank's share)."""
-        return Predictions(self.texts[:n], None if self.passages is None else self.passages[:n],
-                           None if self.probabilities is None else self.probabilities[:n])
+        return Predictions(
+            self.texts[:n],
+            None if self.passages is None else self.passages[:n],
+            None if self.probabilities is None else self.probabilities[:n],
+        )
 
 
 @torch.no_grad()
@@ -128,7 +140,7 @@ def predict_generation(model, task, examples: list[Example], config: EvaluationC
         read = None if passages is None else [ps[:n_read] for ps in passages]
         input_ids, attention_mask = model.reader_inputs([e.query for e in batch], read)  # (B, K, L)
         generated = model.generate(input_ids, attention_mask, read)
-        texts = decode_answers(model.reader_tokenizer, generated, read, skip_special_tokens=False)
+        texts = decode_answers(model.reader_tokenizer, generated, template_fields(read), skip_special_tokens=False)
         predictions.extend(texts)
         retrieved.extend(passages or [None] * len(batch))
     return predictions, (None if model.closed_book else retrieved)
@@ -161,8 +173,9 @@ def predict_multiple_choice(model, task, examples: list[Example], config: Evalua
     return predictions, (None if model.closed_book else retrieved), probabilities
 
 
-def _predict(model, task, examples: list[Example], config: EvaluationConfig, multiple_choice: bool,
-             show: bool) -> Predictions:
+def _predict(
+    model, task, examples: list[Example], config: EvaluationConfig, multiple_choice: bool, show: bool
+) -> Predictions:
     if multiple_choice:
         return Predictions(*predict_multiple_choice(model, task, examples, config, show=show))
     return Predictions(*predict_generation(model, task, examples, config, show=show))
@@ -186,23 +199,23 @@ def rank_share(examples: list[Example], rank: int, world_size: int) -> tuple[lis
     return share + [filler] * (size - len(share)), len(share)
 
 
-def _strip_texts(passages: list[list[dict]] | None, has_index: bool) -> list[list[dict]] | None:
-    """Passage dicts without the text of index passages (rank 0 re-reads it by `row` from the
-    memory-mapped corpus: passage text never travels between ranks)."""
+def _strip_texts(passages: list[list[Passage]] | None, has_index: bool) -> list[list[Passage]] | None:
+    """The passages with the text of index passages (those with a `row`) emptied: rank 0 re-reads
+    it by `row` from the memory-mapped corpus (`_restore_texts`), so passage text never travels
+    between ranks."""
     if passages is None or not has_index:
         return passages
-    return [None if ps is None else [{k: v for k, v in p.items() if not (k == "text" and int(p.get("row", -1)) >= 0)}
-                                     for p in ps] for ps in passages]
+    return [None if ps is None else [p if p.row is None else replace(p, text="") for p in ps] for ps in passages]
 
 
-def _restore_texts(passages: list[list[dict]] | None, index) -> None:
-    """Fill in, in place, the text of passages that `_strip_texts` sent without it."""
+def _restore_texts(passages: list[list[Passage]] | None, index) -> None:
+    """Fill in, in place, the text of the index passages that `_strip_texts` sent without it."""
     if passages is None:
         return
-    missing = [p for ps in passages if ps for p in ps if "text" not in p]
-    if missing:
-        for p, full in zip(missing, index.passages([int(p["row"]) for p in missing])):
-            p["text"] = full["text"]
+    stripped = [p for ps in passages if ps for p in ps if p.row is not None]
+    if stripped:
+        for p, full in zip(stripped, index.passages([p.row for p in stripped])):
+            p.text = full["text"]
 
 
 def _gather(predictions: Predictions, context: DistributedContext, has_index: bool) -> Predictions | None:
@@ -216,8 +229,7 @@ def _gather(predictions: Predictions, context: DistributedContext, has_index: bo
         return None
     texts = [t for part in gathered for t in part.texts]
     passages = None if gathered[0].passages is None else [ps for part in gathered for ps in part.passages]
-    probabilities = (None if gathered[0].probabilities is None
-                     else [p for part in gathered for p in part.probabilities])
+    probabilities = None if gathered[0].probabilities is None else [p for part in gathered for p in part.probabilities]
     return Predictions(texts, passages, probabilities)
 
 
@@ -246,10 +258,18 @@ def _share_result(result: dict | Exception, context: DistributedContext) -> dict
 # ----------------------------------------------------------------------------- evaluate
 
 
-def evaluate(model, task, data_path: str | Path | None, config: EvaluationConfig, *,
-             out_dir: str | Path | None = None, examples: list[Example] | None = None,
-             run_config: AtlasConfig | None = None, context: DistributedContext | None = None,
-             predict_only: bool = False) -> dict[str, float]:
+def evaluate(
+    model,
+    task,
+    data_path: str | Path | None,
+    config: EvaluationConfig,
+    *,
+    out_dir: str | Path | None = None,
+    examples: list[Example] | None = None,
+    run_config: AtlasConfig | None = None,
+    context: DistributedContext | None = None,
+    predict_only: bool = False,
+) -> dict[str, float]:
     """Predict on `data_path` (or on `examples`), write the outputs under `out_dir`, then score.
 
     Returns the metrics in percent, primary first. Every example must have gold answers
@@ -275,8 +295,9 @@ def evaluate(model, task, data_path: str | Path | None, config: EvaluationConfig
         check_labelled(task, data_path, examples)
     multiple_choice = all(e.options for e in examples)
 
-    share, n_real = (rank_share(examples, context.rank, context.world_size) if context.enabled
-                     else (examples, len(examples)))
+    share, n_real = (
+        rank_share(examples, context.rank, context.world_size) if context.enabled else (examples, len(examples))
+    )
     mine = _predict(model, task, share, config, multiple_choice, show=context.is_main).take(n_real)
     has_index = getattr(model, "index", None) is not None
     outputs = _gather(mine, context, has_index) if context.enabled else mine
@@ -284,9 +305,19 @@ def evaluate(model, task, data_path: str | Path | None, config: EvaluationConfig
     result: dict | Exception = {}
     if context.is_main:
         try:
-            result = _write_and_score(model, task, examples, outputs, config, multiple_choice, source,
-                                      out_dir=Path(out_dir) if out_dir is not None else None, run_config=run_config,
-                                      restore_texts=context.enabled and has_index, predict_only=predict_only)
+            result = _write_and_score(
+                model,
+                task,
+                examples,
+                outputs,
+                config,
+                multiple_choice,
+                source,
+                out_dir=Path(out_dir) if out_dir is not None else None,
+                run_config=run_config,
+                restore_texts=context.enabled and has_index,
+                predict_only=predict_only,
+            )
         except Exception as error:  # handed to every rank, then raised on each
             if not context.enabled:
                 raise
@@ -294,29 +325,53 @@ def evaluate(model, task, data_path: str | Path | None, config: EvaluationConfig
     return _share_result(result, context)
 
 
-def _write_and_score(model, task, examples: list[Example], outputs: Predictions, config: EvaluationConfig,
-                     multiple_choice: bool, source: str, *, out_dir: Path | None, run_config: AtlasConfig | None,
-                     restore_texts: bool, predict_only: bool) -> dict[str, float]:
+def _write_and_score(
+    model,
+    task,
+    examples: list[Example],
+    outputs: Predictions,
+    config: EvaluationConfig,
+    multiple_choice: bool,
+    source: str,
+    *,
+    out_dir: Path | None,
+    run_config: AtlasConfig | None,
+    restore_texts: bool,
+    predict_only: bool,
+) -> dict[str, float]:
     """Write config, predictions and KILT predictions, then score (unless `predict_only`) → metrics."""
     retrieved, probabilities = outputs.passages, outputs.probabilities
-    answers = (list(outputs.texts) if multiple_choice
-               else [task.postprocess(e, p) for e, p in zip(examples, outputs.texts)])
+    answers = (
+        list(outputs.texts) if multiple_choice else [task.postprocess(e, p) for e, p in zip(examples, outputs.texts)]
+    )
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         if run_config is not None:
             save_config(run_config, out_dir / "config.yaml")
         if config.write_predictions:
-            write_jsonl(out_dir / "predictions.jsonl", (
-                {"id": e.id, "query": e.query, "prediction": p, "answers": e.answers,
-                 **({"probabilities": probabilities[i]} if probabilities else {}),
-                 "passages": _passage_summary(retrieved[i] if retrieved else None)}
-                for i, (e, p) in enumerate(zip(examples, answers))
-            ))
-            if hasattr(task, "provenance"):  # KILT: its own output format, provenance from retrieval
+            write_jsonl(
+                out_dir / "predictions.jsonl",
+                (
+                    {
+                        "id": e.id,
+                        "query": e.query,
+                        "prediction": p,
+                        "answers": e.answers,
+                        **({"probabilities": probabilities[i]} if probabilities else {}),
+                        "passages": _passage_summary(retrieved[i] if retrieved else None),
+                    }
+                    for i, (e, p) in enumerate(zip(examples, answers))
+                ),
+            )
+            if task.has_provenance:  # KILT: its own output format, provenance from retrieval
                 from tasks.kilt import write_kilt_predictions
 
-                write_kilt_predictions(out_dir / "kilt_predictions.jsonl", [e.id for e in examples], answers,
-                                       [task.provenance(ps or []) for ps in (retrieved or [None] * len(examples))])
+                write_kilt_predictions(
+                    out_dir / "kilt_predictions.jsonl",
+                    [e.id for e in examples],
+                    answers,
+                    [task.provenance(ps or []) for ps in (retrieved or [None] * len(examples))],
+                )
 
     if predict_only:
         if out_dir is not None:  # never leave an older run's scores beside these predictions

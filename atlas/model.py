@@ -10,7 +10,7 @@ Shapes: B examples, K passages, L reader tokens per passage, T target tokens, d 
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -24,22 +24,31 @@ from reader.surface import decode_answers
 from retriever.encoder import Retriever
 from retriever.losses import RetrieverLoss
 from tasks.base import Example
+from tasks.modeling import eval_mode
+from tasks.passage import Passage
 
 # every task's target is "<extra_id_0> {answer}" (T5's span-corruption format): the answer follows it
 ANSWER_SENTINEL = "<extra_id_0>"
 
 
-def passage_log_prior(passages: list[list[dict]], n_passages: int, temperature: float,
-                      weight: float) -> torch.Tensor | None:
+def template_fields(passages: list[list[Passage]] | None) -> list[list[dict[str, str]]] | None:
+    """The passages as the reader's functions take them: per example, each passage's text fields
+    (`Passage.fields`, what `reader.passage_format` may name). None stays None (closed book)."""
+    return None if passages is None else [[p.fields() for p in ps] for ps in passages]
+
+
+def passage_log_prior(
+    passages: list[list[Passage]], n_passages: int, temperature: float, weight: float
+) -> torch.Tensor | None:
     """The retrieval prior of the passages read: weight · log softmax_k(score_k / temperature) over each
     example's passages (their retrieval `score`s), → (B, n_passages), 0 for the padding slots of an
     example with fewer passages; None when some passage has no score (given, not retrieved)."""
-    if any("score" not in p for ps in passages for p in ps):
+    if any(p.score is None for ps in passages for p in ps):
         return None
     prior = torch.zeros(len(passages), n_passages, dtype=torch.float64)
     for row, read in enumerate(passages):
         if read:
-            scores = torch.tensor([p["score"] for p in read[:n_passages]], dtype=torch.float64)
+            scores = torch.tensor([p.score for p in read[:n_passages]], dtype=torch.float64)
             prior[row, : len(scores)] = weight * torch.log_softmax(scores / temperature, dim=0)
     return prior.float()
 
@@ -55,9 +64,19 @@ class Atlas(nn.Module):
         reader_config, retriever_config, index_config: the run's settings (read-only).
     """
 
-    def __init__(self, *, reader: FiDReader, reader_tokenizer, retriever: Retriever | None,
-                 index, retriever_loss: RetrieverLoss, reader_config: ReaderConfig,
-                 retriever_config: RetrieverConfig, index_config: IndexConfig, closed_book: bool = False):
+    def __init__(
+        self,
+        *,
+        reader: FiDReader,
+        reader_tokenizer,
+        retriever: Retriever | None,
+        index,
+        retriever_loss: RetrieverLoss,
+        reader_config: ReaderConfig,
+        retriever_config: RetrieverConfig,
+        index_config: IndexConfig,
+        closed_book: bool = False,
+    ):
         super().__init__()
         self.reader = reader
         self.reader_tokenizer = reader_tokenizer
@@ -76,11 +95,11 @@ class Atlas(nn.Module):
         return self.retriever is not None and self.retriever_loss.trains_retriever and not self.closed_book
 
     @torch.no_grad()
-    def retrieve(self, examples: list[Example], k: int) -> list[list[dict]]:
-        """The top-k passages for each example, as dicts (id, title, text, score, row, …).
+    def retrieve(self, examples: list[Example], k: int) -> list[list[Passage]]:
+        """The top-k passages for each example, best first, each with its `score` (and `row`).
 
         An example's own source passage (`source_id`, pretext tasks) is dropped after
-        over-retrieving by `index.filtering_overretrieve_ratio`. With `rerank_overretrieve`
+        over-retrieving by `index.filtering_overretrieve_ratio`. With `reencode_candidates`
         > k, that many candidates are re-scored with the current passage encoder (between
         index refreshes the stored embeddings are stale). An example's `evidence` passage is read
         as the example gives it (e.g. an excerpt): in place of its own retrieved copy, or of the
@@ -90,37 +109,37 @@ class Atlas(nn.Module):
             raise ValueError("retrieval needs a retriever and an index (set index.path)")
         filtering = any(e.source_id for e in examples)
         n = k * self.index_config.filtering_overretrieve_ratio if filtering else k
-        n = max(n, self.index_config.rerank_overretrieve)
+        n = max(n, self.index_config.reencode_candidates)
         vectors = self.retriever.embed_queries([e.query for e in examples])  # (B, d)
         hits = self.index.search(vectors, n)
         results = []
         for example, example_hits, query_vector in zip(examples, hits, vectors):
-            passages = [asdict(h) for h in example_hits if not example.source_id or h.id != example.source_id]
-            if self.index_config.rerank_overretrieve > k and passages:
-                passage_vectors = self.retriever.embed_passages(passages)  # (n, d)
+            passages = [h for h in example_hits if not example.source_id or h.id != example.source_id]
+            if self.index_config.reencode_candidates > k and passages:
+                passage_vectors = self.retriever.embed_passages([p.fields() for p in passages])  # (n, d)
                 scores = passage_vectors @ query_vector
                 order = np.argsort(-scores, kind="stable")
-                passages = [{**passages[i], "score": float(scores[i])} for i in order]
+                passages = [replace(passages[i], score=float(scores[i])) for i in order]
             passages = passages[:k]
             if example.evidence is not None:  # read as given: in place of its own copy, else of the k-th
                 evidence = self._scored_evidence(example.evidence, query_vector)
-                slot = next((n for n, p in enumerate(passages) if p["id"] == evidence["id"]), len(passages[: k - 1]))
-                passages = passages[:slot] + [evidence] + passages[slot + 1:]
+                slot = next((n for n, p in enumerate(passages) if p.id == evidence.id), len(passages[: k - 1]))
+                passages = passages[:slot] + [evidence] + passages[slot + 1 :]
             results.append(passages)
         return results
 
-    def _scored_evidence(self, evidence: dict, query_vector: np.ndarray) -> dict:
+    def _scored_evidence(self, evidence: Passage, query_vector: np.ndarray) -> Passage:
         """`evidence` with its retrieval score for `query_vector` (d,): read from the index's stored
         embedding where the index holds that passage (and no reranking asks for fresh ones),
         else encoded now; with its index position (`row`) where it has one."""
-        position = self.index.position_of(evidence["id"])
-        if position is not None and self.index.vectors is not None and not self.index_config.rerank_overretrieve:
+        position = self.index.position_of(evidence.id)
+        if position is not None and self.index.vectors is not None and not self.index_config.reencode_candidates:
             vector = self.index.embeddings([position])[0]
         else:
-            vector = self.retriever.embed_passages([evidence])[0]
-        return {**evidence, "score": float(vector @ query_vector), **({"row": position} if position is not None else {})}
+            vector = self.retriever.embed_passages([evidence.fields()])[0]
+        return replace(evidence, score=float(vector @ query_vector), row=evidence.row if position is None else position)
 
-    def retriever_scores(self, queries: list[str], passages: list[list[dict]]) -> torch.Tensor:
+    def retriever_scores(self, queries: list[str], passages: list[list[Passage]]) -> torch.Tensor:
         """s(q, d_k) = E_q(q) · E_p(d_k) with the current encoders: → (B, K), with gradient.
 
         K = max(1, the longest passage list), as in `reader_inputs`: an example with fewer
@@ -140,46 +159,53 @@ class Atlas(nn.Module):
             return query_vectors.new_zeros(len(queries), n_passages) + 0.0 * query_vectors.sum()
         passage_trainable = any(p.requires_grad for p in self.retriever.passage_encoder.parameters())
         if passage_trainable:
-            passage_vectors = self.retriever.encode_passages(flat)  # (ΣK_b, d)
-        elif self.index is not None and self.index.vectors is not None and all("row" in p for p in flat):
-            passage_vectors = torch.from_numpy(self.index.embeddings([p["row"] for p in flat])).to(query_vectors.device)
+            passage_vectors = self.retriever.encode_passages([p.fields() for p in flat])  # (ΣK_b, d)
+        elif self.index is not None and self.index.vectors is not None and all(p.row is not None for p in flat):
+            passage_vectors = torch.from_numpy(self.index.embeddings([p.row for p in flat])).to(query_vectors.device)
         else:
             with torch.no_grad():
-                passage_vectors = self.retriever.encode_passages(flat)
+                passage_vectors = self.retriever.encode_passages([p.fields() for p in flat])
         passage_vectors = passage_vectors.to(query_vectors.dtype)
         # Ragged lists → (B, K, d), zero rows for absent passages (their scores are 0 and masked).
         padded = passage_vectors.new_zeros(len(queries) * n_passages, passage_vectors.shape[-1])
-        slots = torch.tensor([b * n_passages + k for b, ps in enumerate(passages) for k in range(len(ps))],
-                             device=padded.device)
+        slots = torch.tensor(
+            [b * n_passages + k for b, ps in enumerate(passages) for k in range(len(ps))], device=padded.device
+        )
         padded = padded.index_copy(0, slots, passage_vectors).view(len(queries), n_passages, -1)
         return torch.einsum("bd,bkd->bk", query_vectors, padded)
 
     @staticmethod
-    def passage_presence(passages: list[list[dict]], device: torch.device | None = None) -> torch.Tensor:
+    def passage_presence(passages: list[list[Passage]], device: torch.device | None = None) -> torch.Tensor:
         """(B, K) bool, True where example b has a k-th passage (K as in `retriever_scores`)."""
         n_passages = max(1, max((len(ps) for ps in passages), default=0))
         lengths = torch.tensor([len(ps) for ps in passages], device=device)
         return torch.arange(n_passages, device=device).unsqueeze(0) < lengths.unsqueeze(1)
 
     # ------------------------------------------------------------------ reader inputs
-    def reader_inputs(self, queries: list[str], passages: list[list[dict]] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def reader_inputs(
+        self, queries: list[str], passages: list[list[Passage]] | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Tokenise each (query, passage) pair: → input_ids, attention_mask, each (B, K, L).
 
         Closed-book (passages None): K = 1 and the reader reads the query alone. Examples with
         fewer passages than the longest list get fully masked rows.
         """
         input_ids, attention_mask = encode_reader_inputs(
-            self.reader_tokenizer, queries, passages if passages is not None else [[] for _ in queries],
-            self.reader_config.text_maxlength, self.reader_config.passage_format)
-        device = self.reader.t5.device
+            self.reader_tokenizer,
+            queries,
+            template_fields(passages) or [[] for _ in queries],
+            self.reader_config.text_maxlength,
+            self.reader_config.passage_format,
+        )
+        device = self.reader.seq2seq.device
         return input_ids.to(device), attention_mask.to(device)
 
     def target_labels(self, targets: list[str]) -> torch.Tensor:
         """Tokenise targets: → (B, T) ids with IGNORE_INDEX (-100) at padding."""
         labels = encode_targets(self.reader_tokenizer, targets, self.reader_config.answer_maxlength)
-        return labels.to(self.reader.t5.device)
+        return labels.to(self.reader.seq2seq.device)
 
-    def passages_for(self, examples: list[Example], k: int) -> list[list[dict]] | None:
+    def passages_for(self, examples: list[Example], k: int) -> list[list[Passage]] | None:
         """Given passages when examples carry them, none when closed-book, else retrieved ones."""
         if self.closed_book:
             return None
@@ -208,9 +234,13 @@ class Atlas(nn.Module):
         input_ids, attention_mask = self.reader_inputs(queries, read)
         encoder_states = self.reader.encode(input_ids, attention_mask)  # (B, K, L, H)
         mu = self.reader_config.dispersion_weight
-        output = self.reader(input_ids=input_ids, attention_mask=attention_mask, labels=labels,
-                             encoder_states=encoder_states,
-                             output_hidden_states=mu > 0)
+        output = self.reader(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            labels=labels,
+            encoder_states=encoder_states,
+            output_hidden_states=mu > 0,
+        )
         reader_loss = output.loss
         losses = {"reader": reader_loss}
         if mu > 0:
@@ -231,16 +261,23 @@ class Atlas(nn.Module):
             # Padding passages (an example with fewer than K) get no probability on either
             # side; an example that closed-book reads its query alone has no passage at all.
             retriever_loss = self.retriever_loss(
-                self.reader, scores, gold_ids, gold_mask, labels, dim=self.retriever.dim,
-                encoder_states=gold_states, present=self.passage_presence(scored, scores.device),
+                self.reader,
+                scores,
+                gold_ids,
+                gold_mask,
+                labels,
+                dim=self.retriever.dim,
+                encoder_states=gold_states,
+                present=self.passage_presence(scored, scores.device),
             )
             losses["retriever"] = retriever_loss
         total = reader_loss + losses["retriever"] if "retriever" in losses else reader_loss
         losses["total"] = total
         return losses
 
-    def _gold_encoder_states(self, read_states: torch.Tensor, gold_ids: torch.Tensor,
-                             gold_mask: torch.Tensor) -> torch.Tensor | None:
+    def _gold_encoder_states(
+        self, read_states: torch.Tensor, gold_ids: torch.Tensor, gold_mask: torch.Tensor
+    ) -> torch.Tensor | None:
         """Eval-mode encoder states (B, K_s, L_s, H) of the passages the retriever loss scores, reusing
         the training pass's states (B, K_r, L_r, H) of those the reader read when the encoder has no
         dropout (then they are the eval-mode states); only passages beyond the reader's are encoded
@@ -257,24 +294,20 @@ class Atlas(nn.Module):
         states = reused.new_zeros(reused.shape[0], n_scored, length, reused.shape[-1])
         states[:, :n_reused, : reused.shape[2]] = reused[:, :, :length]
         if n_scored > n_reused:
-            was_training = self.reader.training
-            self.reader.train(False)
-            try:
-                with torch.no_grad():
-                    states[:, n_reused:] = self.reader.encode(gold_ids[:, n_reused:], gold_mask[:, n_reused:],
-                                                              precision=self.retriever_loss.gold_precision)
-            finally:
-                self.reader.train(was_training)
+            with eval_mode(self.reader), torch.no_grad():
+                states[:, n_reused:] = self.reader.encode(
+                    gold_ids[:, n_reused:], gold_mask[:, n_reused:], precision=self.retriever_loss.gold_precision
+                )
         return states
 
     # ------------------------------------------------------------------ inference
     @torch.no_grad()
-    def predict(self, examples: list[Example]) -> tuple[list[str], list[list[dict]] | None]:
+    def predict(self, examples: list[Example]) -> tuple[list[str], list[list[Passage]] | None]:
         """Generate an answer for each example: → (answers, the passages read or None)."""
         passages = self.passages_for(examples, self.reader_config.n_context)
         input_ids, attention_mask = self.reader_inputs([e.query for e in examples], passages)
         generated = self.generate(input_ids, attention_mask, passages)
-        answers = decode_answers(self.reader_tokenizer, generated, passages)
+        answers = decode_answers(self.reader_tokenizer, generated, template_fields(passages))
         return [a.strip() for a in answers], passages
 
     @torch.no_grad()
@@ -283,8 +316,13 @@ class Atlas(nn.Module):
         return self.reader.encode(input_ids, attention_mask, precision=self.reader_config.inference_precision)
 
     @torch.no_grad()
-    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, passages: list[list[dict]] | None,
-                 encoder_states: torch.Tensor | None = None) -> torch.Tensor:
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        passages: list[list[Passage]] | None,
+        encoder_states: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Decode answers as the recipe says (`reader.num_beams`, `length_penalty`, `span_answers`,
         `generation_max_length`, `inference_precision`, `retrieval_prior`).
 
@@ -299,19 +337,32 @@ class Atlas(nn.Module):
         constraint = None
         if rc.span_answers and passages is not None:
             constraint = PassageSpanConstraint.from_passages(
-                self.reader_tokenizer, passages, answer_prefix=ANSWER_SENTINEL, vocab_size=self.reader.t5.config.vocab_size)
+                self.reader_tokenizer,
+                template_fields(passages),
+                answer_prefix=ANSWER_SENTINEL,
+                vocab_size=self.reader.seq2seq.config.vocab_size,
+            )
         prior = None
         if rc.retrieval_prior and passages is not None:
-            prior = passage_log_prior(passages, input_ids.shape[1], self.retriever_config.temperature_score,
-                                      rc.retrieval_prior)
-        return self.reader.generate(input_ids, attention_mask, max_length=rc.generation_max_length,
-                                    num_beams=rc.num_beams, length_penalty=rc.length_penalty,
-                                    encoder_states=encoder_states, prefix_allowed_tokens_fn=constraint,
-                                    precision=rc.inference_precision, passage_log_prior=prior)
+            prior = passage_log_prior(
+                passages, input_ids.shape[1], self.retriever_config.temperature_score, rc.retrieval_prior
+            )
+        return self.reader.generate(
+            input_ids,
+            attention_mask,
+            max_length=rc.generation_max_length,
+            num_beams=rc.num_beams,
+            length_penalty=rc.length_penalty,
+            encoder_states=encoder_states,
+            prefix_allowed_tokens_fn=constraint,
+            precision=rc.inference_precision,
+            passage_log_prior=prior,
+        )
 
     @torch.no_grad()
-    def option_logits(self, examples: list[Example], letters: list[str],
-                      passages: list[list[dict]] | None) -> torch.Tensor:
+    def option_logits(
+        self, examples: list[Example], letters: list[str], passages: list[list[Passage]] | None
+    ) -> torch.Tensor:
         """Multiple choice: logits of each option letter at the first answer position: → (B, n)."""
         option_ids = []
         for letter in letters:
@@ -321,5 +372,5 @@ class Atlas(nn.Module):
             option_ids.append(ids[0])
         input_ids, attention_mask = self.reader_inputs([e.query for e in examples], passages)
         sentinel = self.reader_tokenizer.convert_tokens_to_ids(ANSWER_SENTINEL)
-        prefix = torch.full((len(examples), 1), sentinel, dtype=torch.long, device=self.reader.t5.device)
+        prefix = torch.full((len(examples), 1), sentinel, dtype=torch.long, device=self.reader.seq2seq.device)
         return self.reader.score_options(input_ids, attention_mask, torch.tensor(option_ids), prefix_ids=prefix)

@@ -50,8 +50,17 @@ def _child(kind: str, out: str, inputs: list[str]) -> None:
         documents = passages = len(records)
     seconds = time.perf_counter() - start
     peak = peak_rss_bytes()
-    print(json.dumps({"seconds": seconds, "peak_rss_mib": peak / 2**20, "growth_mib": (peak - baseline) / 2**20,
-                      "documents": documents, "passages": passages}))
+    print(
+        json.dumps(
+            {
+                "seconds": seconds,
+                "peak_rss_mib": peak / 2**20,
+                "growth_mib": (peak - baseline) / 2**20,
+                "documents": documents,
+                "passages": passages,
+            }
+        )
+    )
 
 
 def measure(kind: str, inputs: list[Path], out: Path) -> dict:
@@ -97,36 +106,47 @@ def main() -> None:
         ours = measure("atlas", inputs, out)
         base = measure("json", inputs, out)
         shutil.rmtree(out, ignore_errors=True)
-        results.append({
-            "workload": name,
-            "documents": ours["documents"],
-            "passages": ours["passages"],
-            "atlas_docs_per_s": ours["documents"] / ours["seconds"],
-            "atlas_peak_rss_mib": ours["peak_rss_mib"],
-            "atlas_growth_mib": ours["growth_mib"],
-            "json_loop_docs_per_s": base["documents"] / base["seconds"],
-            "json_loop_peak_rss_mib": base["peak_rss_mib"],
-            "json_loop_growth_mib": base["growth_mib"],
-            "time_ratio_atlas_over_json": ours["seconds"] / base["seconds"],
-            "rss_ratio_atlas_over_json": ours["peak_rss_mib"] / base["peak_rss_mib"],
-        })
+        results.append(
+            {
+                "workload": name,
+                "documents": ours["documents"],
+                "passages": ours["passages"],
+                "atlas_docs_per_s": ours["documents"] / ours["seconds"],
+                "atlas_peak_rss_mib": ours["peak_rss_mib"],
+                "atlas_growth_mib": ours["growth_mib"],
+                "json_loop_docs_per_s": base["documents"] / base["seconds"],
+                "json_loop_peak_rss_mib": base["peak_rss_mib"],
+                "json_loop_growth_mib": base["growth_mib"],
+                "time_ratio_atlas_over_json": ours["seconds"] / base["seconds"],
+                "rss_ratio_atlas_over_json": ours["peak_rss_mib"] / base["peak_rss_mib"],
+            }
+        )
     synthetic_rows = [r for r in results if r["workload"].startswith("synthetic-")]
     targets = []
     if len(synthetic_rows) >= 2:
         small, large = synthetic_rows[0], synthetic_rows[-1]
         growth = large["documents"] / small["documents"]
-        targets.append(target(
-            f"peak RSS at {large['documents']:,} docs / at {small['documents']:,} ({growth:.0f}× the documents)",
-            large["atlas_peak_rss_mib"] / small["atlas_peak_rss_mib"], "<=", 1.5,
-            f"json loop: {large['json_loop_peak_rss_mib'] / small['json_loop_peak_rss_mib']:.1f}×"))
+        targets.append(
+            target(
+                f"peak RSS at {large['documents']:,} docs / at {small['documents']:,} ({growth:.0f}× the documents)",
+                large["atlas_peak_rss_mib"] / small["atlas_peak_rss_mib"],
+                "<=",
+                1.5,
+                f"json loop: {large['json_loop_peak_rss_mib'] / small['json_loop_peak_rss_mib']:.1f}×",
+            )
+        )
     print(json.dumps({"benchmark": "corpus_prepare", "results": results, "targets": targets}, indent=2))
-    print(f"\n{'workload':<18}{'docs':>9}{'passages':>10}{'atlas doc/s':>13}{'RSS MiB':>9}"
-          f"{'json doc/s':>12}{'RSS MiB':>9}{'time×':>7}{'RSS×':>7}")
+    print(
+        f"\n{'workload':<18}{'docs':>9}{'passages':>10}{'atlas doc/s':>13}{'RSS MiB':>9}"
+        f"{'json doc/s':>12}{'RSS MiB':>9}{'time×':>7}{'RSS×':>7}"
+    )
     for r in results:
-        print(f"{r['workload']:<18}{r['documents']:>9}{r['passages']:>10}{r['atlas_docs_per_s']:>13.0f}"
-              f"{r['atlas_peak_rss_mib']:>9.0f}{r['json_loop_docs_per_s']:>12.0f}"
-              f"{r['json_loop_peak_rss_mib']:>9.0f}{r['time_ratio_atlas_over_json']:>7.2f}"
-              f"{r['rss_ratio_atlas_over_json']:>7.2f}")
+        print(
+            f"{r['workload']:<18}{r['documents']:>9}{r['passages']:>10}{r['atlas_docs_per_s']:>13.0f}"
+            f"{r['atlas_peak_rss_mib']:>9.0f}{r['json_loop_docs_per_s']:>12.0f}"
+            f"{r['json_loop_peak_rss_mib']:>9.0f}{r['time_ratio_atlas_over_json']:>7.2f}"
+            f"{r['rss_ratio_atlas_over_json']:>7.2f}"
+        )
     print_targets(targets)
 
 

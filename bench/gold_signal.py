@@ -11,7 +11,7 @@ target is worth learning:
                          its target puts more mass on answer passages than the retriever already does
     length ρ             Spearman correlation of the gold score with the passage's token count (a gold
                          score that follows length teaches the retriever length, not relevance)
-    top-1 = full, KL     with `--gold-precision full,bf16`: how the gold scores from a bfloat16 encoder pass
+    top-1 = full, KL     with `--gold-precision fp32,bf16`: how the gold scores from a bfloat16 encoder pass
                          (`retriever.gold_precision`) agree with full precision: same top passage (%),
                          mean KL(p_full ‖ p_bf16) at τ = 0.1
 
@@ -21,7 +21,7 @@ the first dev questions.
 
     .venv/bin/python bench/gold_signal.py                                   # shipped reader
     .venv/bin/python bench/gold_signal.py --checkpoint runs/bench-nq824/frozen/checkpoints/step-000100
-    .venv/bin/python bench/gold_signal.py --gold-precision full,bf16   # + the bf16 gold pass's agreement
+    .venv/bin/python bench/gold_signal.py --gold-precision fp32,bf16   # + the bf16 gold pass's agreement
 Needs the corpus and index of bench/nq824.py (runs/bench-nq824). Prints JSON, then a table.
 """
 
@@ -44,9 +44,9 @@ from atlas.demo.quickstart import SHIPPED_READER, format_table
 
 # name → the registered loss and its settings (every gold is "higher = the passage is worth more")
 GOLDS = {
-    "adist": ("adist", {"adist_attention": "cross"}),
-    "adist/token": ("adist", {"adist_attention": "cross"}),  # cross-attention mass per passage token
-    "adist/copy": ("adist", {"adist_attention": "copy"}),  # the copy head's pointer mass (copy readers)
+    "adist": ("adist", {"attention": "cross"}),
+    "adist/token": ("adist", {"attention": "cross"}),  # cross-attention mass per passage token
+    "adist/copy": ("adist", {"attention": "copy"}),  # the copy head's pointer mass (copy readers)
     "pdist": ("pdist", {}),  # mean token log-likelihood; emdr's sequence log-likelihood ranks the same
     "loop": ("loop", {}),
 }
@@ -56,6 +56,7 @@ AGREEMENT_TAU = 0.1  # the nq824 recipe's τ_gold
 
 def spearman(x: np.ndarray, y: np.ndarray) -> float:
     """Spearman's ρ of two 1-d arrays (ties by average rank); nan when either is constant."""
+
     def ranks(v):
         order = np.argsort(v, kind="stable")
         r = np.empty(len(v))
@@ -63,6 +64,7 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
         for value in np.unique(v):  # average the ranks of ties
             r[v == value] = r[v == value].mean()
         return r
+
     rx, ry = ranks(np.asarray(x, float)), ranks(np.asarray(y, float))
     if rx.std() == 0 or ry.std() == 0:
         return float("nan")
@@ -80,8 +82,13 @@ def build_model(args):
     from atlas.config import load_config
     from atlas.training.checkpoint import checkpoint_config
 
-    overrides = [f"index.path={args.index}", f"retriever.n_context={args.passages}", "reader.dropout=0.0",
-                 f"reader.text_maxlength={args.length}", "reader.answer_maxlength=16"]
+    overrides = [
+        f"index.path={args.index}",
+        f"retriever.n_context={args.passages}",
+        "reader.dropout=0.0",
+        f"reader.text_maxlength={args.length}",
+        "reader.answer_maxlength=16",
+    ]
     if args.checkpoint:
         config = checkpoint_config(args.checkpoint, overrides)
         return build_atlas(config, checkpoint=args.checkpoint)
@@ -94,12 +101,15 @@ def measure(model, examples, args) -> dict:
     from retriever.losses import build_retriever_loss
     from tasks.metrics import has_answer
 
-    losses = {name: build_retriever_loss(loss, **settings) for name, (loss, settings) in GOLDS.items()
-              if name != "adist/copy" or model.reader.copies_from_source}
+    losses = {
+        name: build_retriever_loss(loss, **settings)
+        for name, (loss, settings) in GOLDS.items()
+        if name != "adist/copy" or model.reader.copies_from_source
+    }
     per_question: list[dict] = []
     model.eval()
     for start in range(0, len(examples), args.batch):
-        batch = examples[start:start + args.batch]
+        batch = examples[start : start + args.batch]
         passages = model.retrieve(batch, args.passages)
         input_ids, mask = model.reader_inputs([e.query for e in batch], passages)
         labels = model.target_labels([e.answers[0] for e in batch])
@@ -111,17 +121,25 @@ def measure(model, examples, args) -> dict:
                     gold = loss.gold_scores(model.reader, input_ids, mask, labels, encoder_states=states)
                     if name == "adist/token":
                         gold = gold / mask.sum(-1).clamp(min=1)
-                    golds[name if precision == "full" else f"{name} {precision}"] = gold.float().numpy()
+                    golds[name if precision == "fp32" else f"{name} {precision}"] = gold.float().numpy()
         n_tokens = mask.sum(-1).numpy()
         for b, (example, ps) in enumerate(zip(batch, passages)):
-            has = np.array([has_answer(example.answers, p["title"] + " " + p["text"]) for p in ps], float)
-            per_question.append({"has": has, "retr": np.array([p["score"] for p in ps]), "tokens": n_tokens[b],
-                                 **{name: g[b] for name, g in golds.items()}})
+            has = np.array([has_answer(example.answers, p.title + " " + p.text) for p in ps], float)
+            per_question.append(
+                {
+                    "has": has,
+                    "retr": np.array([p.score for p in ps]),
+                    "tokens": n_tokens[b],
+                    **{name: g[b] for name, g in golds.items()},
+                }
+            )
     dim = model.retriever.dim
     rows = {}
 
     def recall5(order_key) -> float:
-        return 100 * float(np.mean([q["has"][np.argsort(-order_key(q), kind="stable")[:5]].max() for q in per_question]))
+        return 100 * float(
+            np.mean([q["has"][np.argsort(-order_key(q), kind="stable")[:5]].max() for q in per_question])
+        )
 
     def mass(scores_of, tau) -> float:
         return 100 * float(np.mean([(softmax(scores_of(q) / tau) * q["has"]).sum() for q in per_question]))
@@ -131,24 +149,41 @@ def measure(model, examples, args) -> dict:
         share of questions with the same top passage, and mean KL(p_full ‖ p) at τ = AGREEMENT_TAU."""
         full = name.split(" ")[0]
         same_top = np.mean([np.argmax(q[name]) == np.argmax(q[full]) for q in per_question])
-        kl = np.mean([float((softmax(q[full] / AGREEMENT_TAU) * (np.log(softmax(q[full] / AGREEMENT_TAU) + 1e-30)
-                                                                 - np.log(softmax(q[name] / AGREEMENT_TAU) + 1e-30))).sum())
-                      for q in per_question])
+        kl = np.mean(
+            [
+                float(
+                    (
+                        softmax(q[full] / AGREEMENT_TAU)
+                        * (
+                            np.log(softmax(q[full] / AGREEMENT_TAU) + 1e-30)
+                            - np.log(softmax(q[name] / AGREEMENT_TAU) + 1e-30)
+                        )
+                    ).sum()
+                )
+                for q in per_question
+            ]
+        )
         return {"top-1 = full": 100 * float(same_top), f"KL to full τ={AGREEMENT_TAU}": float(kl)}
 
-    rows["retriever"] = {"recall@5": recall5(lambda q: q["retr"]),
-                         **{f"mass τ={t}": mass(lambda q: q["retr"] / math.sqrt(dim), t) for t in TAUS},
-                         "length ρ": float(np.nanmean([spearman(q["retr"], q["tokens"]) for q in per_question])),
-                         "top-1 = full": "-", f"KL to full τ={AGREEMENT_TAU}": "-"}
+    rows["retriever"] = {
+        "recall@5": recall5(lambda q: q["retr"]),
+        **{f"mass τ={t}": mass(lambda q: q["retr"] / math.sqrt(dim), t) for t in TAUS},
+        "length ρ": float(np.nanmean([spearman(q["retr"], q["tokens"]) for q in per_question])),
+        "top-1 = full": "-",
+        f"KL to full τ={AGREEMENT_TAU}": "-",
+    }
     names = [n for n in GOLDS if n in per_question[0]]
     for name in names + [n for n in per_question[0] if n.split(" ")[0] in names and " " in n]:
         # loop's gold is an NLL (higher = the passage matters more): already "higher is better"
         def gold_of(q, name=name):
             return q[name]
 
-        rows[name] = {"recall@5": recall5(gold_of), **{f"mass τ={t}": mass(gold_of, t) for t in TAUS},
-                      "length ρ": float(np.nanmean([spearman(q[name], q["tokens"]) for q in per_question])),
-                      **agreement(name)}
+        rows[name] = {
+            "recall@5": recall5(gold_of),
+            **{f"mass τ={t}": mass(gold_of, t) for t in TAUS},
+            "length ρ": float(np.nanmean([spearman(q[name], q["tokens"]) for q in per_question])),
+            **agreement(name),
+        }
     oracle = 100 * float(np.mean([q["has"].max() for q in per_question]))
     return {"questions": len(per_question), f"answer_recall@{args.passages}": oracle, "losses": rows}
 
@@ -164,11 +199,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-dev", type=int, default=128)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--out", type=Path, help="also write the JSON here")
-    parser.add_argument("--gold-precision", default="full",
-                        help="encoder precisions of the gold pass, comma-separated (full, bf16): each non-full "
-                             "one adds rows '<loss> <precision>' with their agreement with full precision")
+    parser.add_argument(
+        "--gold-precision",
+        default="fp32",
+        help="encoder precisions of the gold pass, comma-separated (fp32, bf16; 'full' = fp32): "
+        "each other than fp32 adds rows '<loss> <precision>' with their agreement with fp32",
+    )
     args = parser.parse_args(argv)
-    args.gold_precision = ["full"] + [p for p in args.gold_precision.split(",") if p != "full"]
+    args.gold_precision = ["fp32"] + [p for p in args.gold_precision.split(",") if p not in ("fp32", "full")]
     if not (args.data / "nq824").is_dir() or not args.index.is_dir():
         print(f"skipped: needs {args.data / 'nq824'} and the index of bench/nq824.py ({args.index})")
         return 0
@@ -178,18 +216,25 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     model = build_model(args)
     task = get_task("qa")
-    sets = {"train-64": task.load(args.data / "nq824" / "train-64.jsonl"),
-            "dev": task.load(args.data / "nq824" / "dev.jsonl")[: args.max_dev]}
-    results = {"reader": args.checkpoint or args.reader, "passages": args.passages,
-               "sets": {name: measure(model, examples, args) for name, examples in sets.items()}}
+    sets = {
+        "train-64": task.load(args.data / "nq824" / "train-64.jsonl"),
+        "dev": task.load(args.data / "nq824" / "dev.jsonl")[: args.max_dev],
+    }
+    results = {
+        "reader": args.checkpoint or args.reader,
+        "passages": args.passages,
+        "sets": {name: measure(model, examples, args) for name, examples in sets.items()},
+    }
     results["wall_s"] = round(time.perf_counter() - started, 1)
     text = json.dumps(results, indent=2)
     if args.out:
         args.out.write_text(text + "\n")
     print(json.dumps(results))
     for name, result in results["sets"].items():
-        print(f"\n{name}: {result['questions']} questions, answer in top {args.passages}: "
-              f"{result[f'answer_recall@{args.passages}']:.1f}%")
+        print(
+            f"\n{name}: {result['questions']} questions, answer in top {args.passages}: "
+            f"{result[f'answer_recall@{args.passages}']:.1f}%"
+        )
         print(format_table([{"scores": k, **v} for k, v in result["losses"].items()]))
     return 0
 

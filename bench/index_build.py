@@ -43,8 +43,7 @@ def flops_per_sequence(config, length: int) -> float:
     return layers * (linear + attention)
 
 
-def matmul_gflops(d: int, ffn: int, rows: int = 8192, repeats: int = 5,
-                  device: torch.device | None = None) -> float:
+def matmul_gflops(d: int, ffn: int, rows: int = 8192, repeats: int = 5, device: torch.device | None = None) -> float:
     """GFLOP/s of a plain (rows, d) @ (d, ffn) matmul: float32 on the CPU, bfloat16 on CUDA (the
     precision `ContrieverEncoder` autocasts to there)."""
     device = device or torch.device("cpu")
@@ -62,11 +61,13 @@ def matmul_gflops(d: int, ffn: int, rows: int = 8192, repeats: int = 5,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--corpus",
+        type=Path,
+        default=NQ824_RUN / "corpus",
+        help="a prepared corpus (default: the nq824 + WikiText-2 one, built if absent)",
     )
-    parser.add_argument("--corpus", type=Path, default=NQ824_RUN / "corpus",
-                        help="a prepared corpus (default: the nq824 + WikiText-2 one, built if absent)")
     parser.add_argument("--sample", type=int, default=768)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--device", default="cpu", help="cpu or cuda (bf16 autocast there)")
@@ -76,20 +77,14 @@ def main() -> None:
     if args.corpus == NQ824_RUN / "corpus":
         ensure_nq824_corpus(args.corpus)
     corpus = Corpus.load(args.corpus)
-    rows = np.sort(
-        np.random.default_rng(0).choice(
-            len(corpus), size=min(args.sample, len(corpus)), replace=False
-        )
-    )
+    rows = np.sort(np.random.default_rng(0).choice(len(corpus), size=min(args.sample, len(corpus)), replace=False))
     retriever = Retriever.from_pretrained(default_encoder_path("minilm")).to(device)
     encoder = retriever.passage_encoder
     texts = [retriever.format_passage(p) for p in corpus.rows(rows)]
     lengths = np.array(
         [
             len(ids)
-            for ids in encoder.tokenizer(
-                texts, truncation=True, max_length=retriever.passage_maxlength
-            )["input_ids"]
+            for ids in encoder.tokenizer(texts, truncation=True, max_length=retriever.passage_maxlength)["input_ids"]
         ]
     )
     useful = sum(flops_per_sequence(encoder.model.config, int(n)) for n in lengths)
@@ -130,9 +125,7 @@ def main() -> None:
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         **results,
         "matmul_gflops_per_s": round(peak, 1),
-        "sorted_vs_naive": round(
-            results["sorted"]["passages_per_s"] / results["naive"]["passages_per_s"], 2
-        ),
+        "sorted_vs_naive": round(results["sorted"]["passages_per_s"] / results["naive"]["passages_per_s"], 2),
         "sorted_useful_vs_roofline": round(results["sorted"]["useful_gflops_per_s"] / peak, 2),
     }
     report["targets"] = [
@@ -143,9 +136,7 @@ def main() -> None:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1) + "\n")
-    print(
-        f"\n{'batches':8s} {'passages/s':>11s} {'useful GFLOP/s':>15s} {'computed GFLOP/s':>17s} {'padding':>8s}"
-    )
+    print(f"\n{'batches':8s} {'passages/s':>11s} {'useful GFLOP/s':>15s} {'computed GFLOP/s':>17s} {'padding':>8s}")
     for name in ("naive", "sorted"):
         r = results[name]
         print(

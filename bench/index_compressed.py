@@ -98,8 +98,7 @@ def large_set(partial: bool, max_questions: int):
     queries = retriever.embed_queries([e.question for e in examples])
 
     def answer_recall_at_20(ids: np.ndarray) -> float:
-        found = [any(has_answer(e.answers, texts[int(i)]) for i in row[:20] if i >= 0)
-                 for e, row in zip(examples, ids)]
+        found = [any(has_answer(e.answers, texts[int(i)]) for i in row[:20] if i >= 0) for e, row in zip(examples, ids)]
         return round(100 * float(np.mean(found)), 2)  # percent, as every answer_recall@k
 
     label = f"real MiniLM N={len(vectors)}{' (partial)' if len(vectors) < len(corpus) else ''}, Q={len(queries)}"
@@ -113,8 +112,9 @@ def overlap(ids: np.ndarray, exact_ids: np.ndarray) -> tuple[float, float]:
     return round(top, 4), round(one, 4)
 
 
-def two_stage_search(index, vectors: np.ndarray, queries: np.ndarray, width: int,
-                     repeats: int = 1, **rerank_options) -> tuple[np.ndarray, float]:
+def two_stage_search(
+    index, vectors: np.ndarray, queries: np.ndarray, width: int, repeats: int = 1, **rerank_options
+) -> tuple[np.ndarray, float]:
     """Top-K rows (Q, K) of a FAISS index, re-ranked exactly from `vectors` (N, d) float16 over
     its top `width` candidates when `width` > 0 (what `PassageIndex.search_vectors` does), and
     the seconds it took (the fastest of `repeats` runs). rerank_options: for
@@ -131,8 +131,23 @@ def two_stage_search(index, vectors: np.ndarray, queries: np.ndarray, width: int
     return ids, best
 
 
-def search_rows(name, spec, index, vectors, queries, exact_ids, exact_qps, answer_recall, *, ram, file_bytes,
-                build_s, nprobes, repeats, baseline_read=False):
+def search_rows(
+    name,
+    spec,
+    index,
+    vectors,
+    queries,
+    exact_ids,
+    exact_qps,
+    answer_recall,
+    *,
+    ram,
+    file_bytes,
+    build_s,
+    nprobes,
+    repeats,
+    baseline_read=False,
+):
     """The rows of one built index: searched plain and with every k' in `RERANKS` (IVF: at each
     nprobe); with `baseline_read`, the first k' also with one `pread` per candidate row.
     ram: codes (+ ids) bytes per passage; file_bytes: the saved FAISS file's size."""
@@ -143,27 +158,51 @@ def search_rows(name, spec, index, vectors, queries, exact_ids, exact_qps, answe
         for width in (0, *RERANKS):
             ids, seconds = two_stage_search(index, vectors, queries, width, repeats)
             top, one = overlap(ids, exact_ids)
-            row = {"set": name, "spec": label + (f" + re-rank k'={width}" if width else ""), "rerank": width,
-                   "ram_bytes_per_passage": round(ram, 1),
-                   "disk_bytes_per_passage": round(file_bytes / len(vectors) + (vectors.shape[1] * 2 if width else 0), 1),
-                   "top100_overlap": top, "1-R@100": one, "qps": round(len(queries) / seconds, 1),
-                   "qps_vs_exact_fp16": round(len(queries) / seconds / exact_qps, 2), "build_s": build_s,
-                   "nprobe": nprobe}
+            row = {
+                "set": name,
+                "spec": label + (f" + re-rank k'={width}" if width else ""),
+                "rerank": width,
+                "ram_bytes_per_passage": round(ram, 1),
+                "disk_bytes_per_passage": round(file_bytes / len(vectors) + (vectors.shape[1] * 2 if width else 0), 1),
+                "top100_overlap": top,
+                "1-R@100": one,
+                "qps": round(len(queries) / seconds, 1),
+                "qps_vs_exact_fp16": round(len(queries) / seconds / exact_qps, 2),
+                "build_s": build_s,
+                "nprobe": nprobe,
+            }
             if answer_recall:
                 row["answer_recall@20"] = answer_recall(ids)
             print(json.dumps(row), file=sys.stderr, flush=True)
             rows.append(row)
             if width == RERANKS[0] and baseline_read:  # the same re-rank, a pread per row (before)
                 _, seconds = two_stage_search(index, vectors, queries, width, repeats, gap_bytes=0)
-                rows.append({**row, "spec": row["spec"] + ", a read per row (baseline)",
-                             "qps": round(len(queries) / seconds, 1),
-                             "qps_vs_exact_fp16": round(len(queries) / seconds / exact_qps, 2)})
+                rows.append(
+                    {
+                        **row,
+                        "spec": row["spec"] + ", a read per row (baseline)",
+                        "qps": round(len(queries) / seconds, 1),
+                        "qps_vs_exact_fp16": round(len(queries) / seconds / exact_qps, 2),
+                    }
+                )
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     return rows
 
 
-def rerank_rows(name, spec, vectors, queries, exact_ids, exact_qps, answer_recall, *, nprobes, train_sample,
-                repeats, baseline_read=False):
+def rerank_rows(
+    name,
+    spec,
+    vectors,
+    queries,
+    exact_ids,
+    exact_qps,
+    answer_recall,
+    *,
+    nprobes,
+    train_sample,
+    repeats,
+    baseline_read=False,
+):
     """One spec: built in memory once, then `search_rows`."""
     import faiss
 
@@ -174,9 +213,22 @@ def rerank_rows(name, spec, vectors, queries, exact_ids, exact_qps, answer_recal
         faiss.write_index(index, f"{tmp}/i.faiss")
         file_bytes = Path(f"{tmp}/i.faiss").stat().st_size
     ram = (file_bytes - fixed_bytes(index)) / len(vectors)  # codes (+ ids for IVF) per passage
-    return search_rows(name, spec, index, vectors, queries, exact_ids, exact_qps, answer_recall, ram=ram,
-                       file_bytes=file_bytes, build_s=round(build_s, 1), nprobes=nprobes, repeats=repeats,
-                       baseline_read=baseline_read)
+    return search_rows(
+        name,
+        spec,
+        index,
+        vectors,
+        queries,
+        exact_ids,
+        exact_qps,
+        answer_recall,
+        ram=ram,
+        file_bytes=file_bytes,
+        build_s=round(build_s, 1),
+        nprobes=nprobes,
+        repeats=repeats,
+        baseline_read=baseline_read,
+    )
 
 
 def exact_qps_of(queries: np.ndarray, vectors: np.ndarray, repeats: int) -> tuple[np.ndarray, float]:
@@ -196,16 +248,38 @@ def real_rows(args) -> list[dict]:
     vectors, _, queries, answer_recall, name = loaded
     exact_ids, exact_qps = exact_qps_of(queries, vectors, args.repeats)
     d = vectors.shape[1]
-    rows = [{"set": name, "spec": "exact fp16", "rerank": 0, "ram_bytes_per_passage": 2 * d,
-             "disk_bytes_per_passage": 2 * d, "top100_overlap": 1.0, "1-R@100": 1.0,
-             "qps": round(exact_qps, 1), "qps_vs_exact_fp16": 1.0, "build_s": 0.0, "nprobe": None,
-             "answer_recall@20": answer_recall(exact_ids)}]
+    rows = [
+        {
+            "set": name,
+            "spec": "exact fp16",
+            "rerank": 0,
+            "ram_bytes_per_passage": 2 * d,
+            "disk_bytes_per_passage": 2 * d,
+            "top100_overlap": 1.0,
+            "1-R@100": 1.0,
+            "qps": round(exact_qps, 1),
+            "qps_vs_exact_fp16": 1.0,
+            "build_s": 0.0,
+            "nprobe": None,
+            "answer_recall@20": answer_recall(exact_ids),
+        }
+    ]
     n_lists = 1 << max(4, int(np.log2(np.sqrt(len(vectors)))))  # ≈ √N lists (128 at 42k)
     # 8-bit PQ (64 B), its OPQ and IVF forms, and 4-bit fast-scan PQ at 64 B and (IVF) 48 B + 8 B ids
     for spec in ["PQ64", "OPQ64,PQ64", f"IVF{n_lists},PQ64", f"PQ{d // 3}x4fs", f"IVF{n_lists},PQ{d // 4}x4fs"]:
-        rows += rerank_rows(name, spec, vectors, queries, exact_ids, exact_qps, answer_recall,
-                            nprobes=args.nprobe, train_sample=args.train_sample, repeats=args.repeats,
-                            baseline_read=spec.endswith("x4fs") and "IVF" not in spec)
+        rows += rerank_rows(
+            name,
+            spec,
+            vectors,
+            queries,
+            exact_ids,
+            exact_qps,
+            answer_recall,
+            nprobes=args.nprobe,
+            train_sample=args.train_sample,
+            repeats=args.repeats,
+            baseline_read=spec.endswith("x4fs") and "IVF" not in spec,
+        )
     return rows
 
 
@@ -262,8 +336,19 @@ def synthetic_rows(args) -> tuple[list[dict], list[dict]]:
     vectors = np.load(vectors_path, mmap_mode="r")
     name = f"synthetic clustered N={n} d={d}, Q={len(queries)}"
     exact_ids, exact_qps = exact_qps_of(queries, vectors, args.repeats)
-    rows = [{"set": name, "spec": "exact fp16", "rerank": 0, "qps": round(exact_qps, 1), "qps_vs_exact_fp16": 1.0,
-             "top100_overlap": 1.0, "1-R@100": 1.0, "ram_bytes_per_passage": 2 * d, "disk_bytes_per_passage": 2 * d}]
+    rows = [
+        {
+            "set": name,
+            "spec": "exact fp16",
+            "rerank": 0,
+            "qps": round(exact_qps, 1),
+            "qps_vs_exact_fp16": 1.0,
+            "top100_overlap": 1.0,
+            "1-R@100": 1.0,
+            "ram_bytes_per_passage": 2 * d,
+            "disk_bytes_per_passage": 2 * d,
+        }
+    ]
     n_lists = 1 << max(4, int(np.log2(np.sqrt(n))))  # ≈ √N lists (512 at 1M)
     fast_scan = f"IVF{n_lists},PQ{d // 8}x4fs"  # 4-bit codes: d/16 B + 8 B of id a vector
     for spec, path in [("PQ64", index_path), (fast_scan, folder / (fast_scan.replace(",", "_") + ".faiss"))]:
@@ -276,22 +361,56 @@ def synthetic_rows(args) -> tuple[list[dict], list[dict]]:
         # codebooks and centroids from an in-memory copy (a mapped index's codes cannot be emptied)
         ram = (path.stat().st_size - fixed_bytes(faiss.read_index(str(path)))) / n
         index = faiss.read_index(str(path), faiss_read_flags(spec, d))
-        rows += search_rows(name, spec, index, vectors, queries, exact_ids, exact_qps, None, ram=ram,
-                            file_bytes=path.stat().st_size, build_s=build_s, nprobes=args.nprobe, repeats=args.repeats)
+        rows += search_rows(
+            name,
+            spec,
+            index,
+            vectors,
+            queries,
+            exact_ids,
+            exact_qps,
+            None,
+            ram=ram,
+            file_bytes=path.stat().st_size,
+            build_s=build_s,
+            nprobes=args.nprobe,
+            repeats=args.repeats,
+        )
         del index
     codes = n * 64
     query_file = folder / "queries.npy"
     np.save(query_file, queries)
     memory = []
     for width in RERANKS:
-        result = subprocess.run([sys.executable, "-c", RSS_CHILD, str(ROOT), str(index_path), str(vectors_path),
-                                 str(query_file), str(width)], capture_output=True, text=True, check=True)
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                RSS_CHILD,
+                str(ROOT),
+                str(index_path),
+                str(vectors_path),
+                str(query_file),
+                str(width),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         child = json.loads(result.stdout.strip().splitlines()[-1])
         extra = child["peak_rss"] - child["rss_before_index"]
-        memory.append({"set": name, "rerank": width, "codes_mb": round(codes / 2**20, 1),
-                       "rss_before_index_mb": round(child["rss_before_index"] / 2**20, 1),
-                       "peak_rss_mb": round(child["peak_rss"] / 2**20, 1), "index_and_search_mb": round(extra / 2**20, 1),
-                       "budget_mb": round((1.2 * codes + 200 * 2**20) / 2**20, 1), "vectors_memmap": child["is_memmap"]})
+        memory.append(
+            {
+                "set": name,
+                "rerank": width,
+                "codes_mb": round(codes / 2**20, 1),
+                "rss_before_index_mb": round(child["rss_before_index"] / 2**20, 1),
+                "peak_rss_mb": round(child["peak_rss"] / 2**20, 1),
+                "index_and_search_mb": round(extra / 2**20, 1),
+                "budget_mb": round((1.2 * codes + 200 * 2**20) / 2**20, 1),
+                "vectors_memmap": child["is_memmap"],
+            }
+        )
         print(json.dumps(memory[-1]), file=sys.stderr, flush=True)
     return rows, memory
 
@@ -299,8 +418,9 @@ def synthetic_rows(args) -> tuple[list[dict], list[dict]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-questions", type=int, default=1000, help="per question set (NQ-open dev, SQuAD dev)")
-    parser.add_argument("--partial", action="store_true",
-                        help="use the rows an unfinished build of the real set has embedded so far")
+    parser.add_argument(
+        "--partial", action="store_true", help="use the rows an unfinished build of the real set has embedded so far"
+    )
     parser.add_argument("--nprobe", type=int, nargs="+", default=[16, 32], help="IVF lists probed (each measured)")
     parser.add_argument("--repeats", type=int, default=2, help="searches timed per row (the fastest counts)")
     parser.add_argument("--train-sample", type=int, default=16384, help="vectors sampled to train each index")
@@ -326,30 +446,67 @@ def main() -> None:
         targets += [
             target("real: top-100 overlap at <= 64 B/passage in RAM", pick["top100_overlap"], ">=", 0.95, pick["spec"]),
             target("real: q/s of that index / exact fp16", pick["qps_vs_exact_fp16"], ">=", 5, pick["spec"]),
-            target("real: answer recall@20 loss vs exact (points)",
-                   round(exact["answer_recall@20"] - pick["answer_recall@20"], 2), "<=", 0.3, pick["spec"]),
+            target(
+                "real: answer recall@20 loss vs exact (points)",
+                round(exact["answer_recall@20"] - pick["answer_recall@20"], 2),
+                "<=",
+                0.3,
+                pick["spec"],
+            ),
         ]
     synthetic = [r for r in results if r["set"].startswith("synthetic")]
     good = [r for r in synthetic[1:] if r["ram_bytes_per_passage"] <= 64 and r["top100_overlap"] >= 0.95]
     if good:
         pick = max(good, key=lambda r: r["qps"])
-        targets.append(target("synthetic: q/s at <= 64 B/passage and overlap >= 0.95 / exact fp16",
-                              pick["qps_vs_exact_fp16"], ">=", 5, pick["spec"]))
+        targets.append(
+            target(
+                "synthetic: q/s at <= 64 B/passage and overlap >= 0.95 / exact fp16",
+                pick["qps_vs_exact_fp16"],
+                ">=",
+                5,
+                pick["spec"],
+            )
+        )
     for m in memory:
-        targets.append(target(f"synthetic: RSS for index + search, PQ64 + re-rank k'={m['rerank']} (MB)",
-                              m["index_and_search_mb"], "<=", m["budget_mb"],
-                              f"peak {m['peak_rss_mb']} MB incl. {m['rss_before_index_mb']} MB interpreter + libraries"))
-    print(json.dumps({"benchmark": "index_compressed", "k": K, "results": results, "memory": memory,
-                      "targets": targets}, indent=1))
+        targets.append(
+            target(
+                f"synthetic: RSS for index + search, PQ64 + re-rank k'={m['rerank']} (MB)",
+                m["index_and_search_mb"],
+                "<=",
+                m["budget_mb"],
+                f"peak {m['peak_rss_mb']} MB incl. {m['rss_before_index_mb']} MB interpreter + libraries",
+            )
+        )
+    print(
+        json.dumps(
+            {"benchmark": "index_compressed", "k": K, "results": results, "memory": memory, "targets": targets},
+            indent=1,
+        )
+    )
     header = ("set", "spec", "RAM B/p", "disk B/p", "top100 ovl", "1-R@100", "ans@20", "q/s", "vs exact")
     print("\n" + " | ".join(header))
     for r in results:
-        print(" | ".join(str(c) for c in (r["set"], r["spec"], r["ram_bytes_per_passage"], r["disk_bytes_per_passage"],
-                                          r["top100_overlap"], r["1-R@100"], r.get("answer_recall@20", "-"), r["qps"],
-                                          r["qps_vs_exact_fp16"])))
+        print(
+            " | ".join(
+                str(c)
+                for c in (
+                    r["set"],
+                    r["spec"],
+                    r["ram_bytes_per_passage"],
+                    r["disk_bytes_per_passage"],
+                    r["top100_overlap"],
+                    r["1-R@100"],
+                    r.get("answer_recall@20", "-"),
+                    r["qps"],
+                    r["qps_vs_exact_fp16"],
+                )
+            )
+        )
     for m in memory:
-        print(f"PQ64 + re-rank k'={m['rerank']}: peak RSS {m['peak_rss_mb']} MB = {m['rss_before_index_mb']} MB before "
-              f"the index + {m['index_and_search_mb']} MB (budget {m['budget_mb']} MB; codes {m['codes_mb']} MB)")
+        print(
+            f"PQ64 + re-rank k'={m['rerank']}: peak RSS {m['peak_rss_mb']} MB = {m['rss_before_index_mb']} MB before "
+            f"the index + {m['index_and_search_mb']} MB (budget {m['budget_mb']} MB; codes {m['codes_mb']} MB)"
+        )
     print_targets(targets)
 
 

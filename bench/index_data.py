@@ -51,8 +51,9 @@ def ensure_nq824_index(path: Path = NQ824_RUN / "index", corpus: Path | None = N
 
         corpus = ensure_nq824_corpus(corpus) if corpus is not None else ensure_nq824_corpus()
         print(f"building the MiniLM Flat index at {path} (~4 min on 2 cores)", file=sys.stderr, flush=True)
-        build_index(corpus, build_retriever(RetrieverConfig(model="minilm")), path, progress=True,
-                    encoder_source="minilm")
+        build_index(
+            corpus, build_retriever(RetrieverConfig(model="minilm")), path, progress=True, encoder_source="minilm"
+        )
     return path
 
 
@@ -73,8 +74,11 @@ def squad_documents(out: Path) -> Path:
                     if paragraph["context"] in seen:
                         continue
                     seen.add(paragraph["context"])
-                    record = {"id": f"squad-{split[:3]}-{article['title']}-{i}", "title": article["title"].replace("_", " "),
-                              "text": paragraph["context"]}
+                    record = {
+                        "id": f"squad-{split[:3]}-{article['title']}-{i}",
+                        "title": article["title"].replace("_", " "),
+                        "text": paragraph["context"],
+                    }
                     f.write(json.dumps(record, ensure_ascii=False) + "\n")
     tmp.rename(out)
     return out
@@ -101,8 +105,14 @@ def ensure_large_index(path: Path = LARGE_RUN / "index") -> Path | None:
         documents = [*NQ824_DOCUMENTS, squad_documents(LARGE_RUN / "squad-paragraphs.jsonl")]
         prepare_corpus(documents, corpus, chunk_words=100, progress=False)
     print(f"building the MiniLM Flat index at {path} (once; resumable)", file=sys.stderr, flush=True)
-    build_index(corpus, build_retriever(RetrieverConfig(model="minilm")), path, progress=True,
-                encoder_source="minilm", chunk_size=2048)
+    build_index(
+        corpus,
+        build_retriever(RetrieverConfig(model="minilm")),
+        path,
+        progress=True,
+        encoder_source="minilm",
+        chunk_size=2048,
+    )
     return path
 
 

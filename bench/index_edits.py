@@ -58,8 +58,42 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-WORDS = ["river", "harbour", "mill", "bridge", "chapel", "market", "tower", "abbey", "canal", "quarry", "forest", "castle", "garden", "station", "library", "orchard", "lighthouse", "museum", "brewery", "theatre"]
-PLACES = ["Arden", "Belmont", "Corvey", "Dunmore", "Elsworth", "Fenwick", "Garrow", "Hollin", "Ivybridge", "Jarrow", "Kestle", "Lanark"]
+WORDS = [
+    "river",
+    "harbour",
+    "mill",
+    "bridge",
+    "chapel",
+    "market",
+    "tower",
+    "abbey",
+    "canal",
+    "quarry",
+    "forest",
+    "castle",
+    "garden",
+    "station",
+    "library",
+    "orchard",
+    "lighthouse",
+    "museum",
+    "brewery",
+    "theatre",
+]
+PLACES = [
+    "Arden",
+    "Belmont",
+    "Corvey",
+    "Dunmore",
+    "Elsworth",
+    "Fenwick",
+    "Garrow",
+    "Hollin",
+    "Ivybridge",
+    "Jarrow",
+    "Kestle",
+    "Lanark",
+]
 
 # the figures held to 1.1x of the fresh build; `load_files_ms` is shown beside them, not held to it: a
 # fresh build's load of the index files alone is one segment's opening, which each further segment adds
@@ -131,8 +165,10 @@ print(json.dumps({"qps": [rounds * len(queries) / s for s in spent]}))
 def sentence(rng: random.Random, pid: str) -> dict:
     """A one-sentence passage about a made-up place (short: embedding stays cheap)."""
     place, thing = rng.choice(PLACES), rng.choice(WORDS)
-    text = (f"The {thing} of {place} {pid} was built in {rng.randint(1200, 1990)} and has "
-            f"{rng.randint(2, 90)} {rng.choice(WORDS)}s.")
+    text = (
+        f"The {thing} of {place} {pid} was built in {rng.randint(1200, 1990)} and has "
+        f"{rng.randint(2, 90)} {rng.choice(WORDS)}s."
+    )
     return {"id": pid, "title": f"{place} {thing}", "text": text}
 
 
@@ -157,8 +193,14 @@ def footprint(folder: Path) -> tuple[int, int]:
 def search_probe(edited: Path, fresh: Path, queries: Path) -> tuple[float, float]:
     """Queries per second of both indexes, searched in turns in one fresh process."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, "-c", SEARCH_PROBE, str(edited), str(fresh), str(queries)], cwd=REPO,
-                            env=env, capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", SEARCH_PROBE, str(edited), str(fresh), str(queries)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     qps = json.loads(result.stdout.strip().splitlines()[-1])["qps"]
     return qps[0], qps[1]
 
@@ -167,8 +209,14 @@ def probe(folder: Path, queries: Path, encoder: str) -> dict:
     """One fresh process: load (with the encoder check when `encoder`), search for a second,
     RSS held and untrimmed."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    result = subprocess.run([sys.executable, "-c", PROBE, str(folder), str(queries), encoder], cwd=REPO, env=env,
-                            capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE, str(folder), str(queries), encoder],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
@@ -179,9 +227,12 @@ def measure(edited: Path, fresh: Path, queries: Path, encoder: str, repeats: int
         for name, folder in (("edited", edited), ("fresh", fresh)):
             with_encoder = probe(folder, queries, encoder)
             alone = probe(folder, queries, "")
-            for key, value in (("load_ms", with_encoder["load_ms"]), ("load_files_ms", alone["load_ms"]),
-                               ("rss_mb", with_encoder["rss_bytes"] / 2**20),
-                               ("rss_untrimmed_mb", with_encoder["rss_untrimmed_bytes"] / 2**20)):
+            for key, value in (
+                ("load_ms", with_encoder["load_ms"]),
+                ("load_files_ms", alone["load_ms"]),
+                ("rss_mb", with_encoder["rss_bytes"] / 2**20),
+                ("rss_untrimmed_mb", with_encoder["rss_untrimmed_bytes"] / 2**20),
+            ):
                 runs[name].setdefault(key, []).append(value)
         for name, qps in zip(("edited", "fresh"), search_probe(edited, fresh, queries)):
             runs[name].setdefault("search_qps", []).append(qps)
@@ -190,8 +241,9 @@ def measure(edited: Path, fresh: Path, queries: Path, encoder: str, repeats: int
         disk, files = footprint(folder)
         out[name] = {key: round(statistics.median(values), 2) for key, values in runs[name].items()}
         out[name].update(disk_bytes=disk, files=files)
-    out["ratio"] = {key: round(out["edited"][key] / out["fresh"][key], 3) if out["fresh"][key] else None
-                    for key in out["fresh"]}
+    out["ratio"] = {
+        key: round(out["edited"][key] / out["fresh"][key], 3) if out["fresh"][key] else None for key in out["fresh"]
+    }
     out["ratio"]["search_qps"] = round(out["fresh"]["search_qps"] / out["edited"]["search_qps"], 3)  # time ratio
     return out
 
@@ -199,8 +251,9 @@ def measure(edited: Path, fresh: Path, queries: Path, encoder: str, repeats: int
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", type=int, default=10_000, help="passages of the first build")
-    parser.add_argument("--checkpoints", type=int, nargs="+", default=[100, 1_000, 10_000],
-                        help="edit counts at which to measure")
+    parser.add_argument(
+        "--checkpoints", type=int, nargs="+", default=[100, 1_000, 10_000], help="edit counts at which to measure"
+    )
     parser.add_argument("--encoder", default="minilm")
     parser.add_argument("--spec", default="Flat")
     parser.add_argument("--repeats", type=int, default=5, help="probe runs per index at each checkpoint")
@@ -239,32 +292,43 @@ def main(argv: list[str] | None = None) -> int:
         if state["settings"] != settings:
             parser.error(f"--resume: {work} was run with {state['settings']}, not {settings}")
         if read_manifest(index)["generation"] != state["generation"]:
-            parser.error(f"--resume: {index} is at generation {read_manifest(index)['generation']}, the saved "
-                         f"state at {state['generation']} (an edit was committed but not recorded): start again")
+            parser.error(
+                f"--resume: {index} is at generation {read_manifest(index)['generation']}, the saved "
+                f"state at {state['generation']} (an edit was committed but not recorded): start again"
+            )
         rng.setstate(state["rng"])
         live, report = state["live"], state["report"]
         done, added, compactions, edit_s, compact_s = state["counters"]
         print(f"resuming after {done} edits", flush=True)
     else:
         live = {f"b{i}": sentence(rng, f"b{i}") for i in range(args.base)}
-        prepare_corpus([write_jsonl(work / "base.jsonl", list(live.values()))], work / "base-corpus",
-                       chunk_words=0, progress=False)
+        prepare_corpus(
+            [write_jsonl(work / "base.jsonl", list(live.values()))], work / "base-corpus", chunk_words=0, progress=False
+        )
         started = time.perf_counter()
-        build_index(work / "base-corpus", retriever, index, spec=args.spec, progress=False,
-                    encoder_source=args.encoder)
+        build_index(work / "base-corpus", retriever, index, spec=args.spec, progress=False, encoder_source=args.encoder)
         build_s = time.perf_counter() - started
         questions = [f"when was the {rng.choice(WORDS)} of {rng.choice(PLACES)} built" for _ in range(args.queries)]
         np.save(work / "queries.npy", retriever.embed_queries(questions))
-        report = {**{k: v for k, v in settings.items() if k != "seed"}, "first_build_s": round(build_s, 1),
-                  "policy": {"max_segments": MAX_SEGMENTS, "max_dead_fraction": MAX_DEAD_FRACTION},
-                  "file_bound": 4 + 4 * MAX_SEGMENTS, "checkpoints": {}}
+        report = {
+            **{k: v for k, v in settings.items() if k != "seed"},
+            "first_build_s": round(build_s, 1),
+            "policy": {"max_segments": MAX_SEGMENTS, "max_dead_fraction": MAX_DEAD_FRACTION},
+            "file_bound": 4 + 4 * MAX_SEGMENTS,
+            "checkpoints": {},
+        }
         done, added, compactions, edit_s, compact_s = 0, 0, 0, 0.0, 0.0
 
     def save_state() -> None:
         if args.work:  # atomically: a kill leaves the previous state or this one
-            state = {"settings": settings, "rng": rng.getstate(), "live": live, "report": report,
-                     "counters": (done, added, compactions, edit_s, compact_s),
-                     "generation": read_manifest(index)["generation"]}
+            state = {
+                "settings": settings,
+                "rng": rng.getstate(),
+                "live": live,
+                "report": report,
+                "counters": (done, added, compactions, edit_s, compact_s),
+                "generation": read_manifest(index)["generation"],
+            }
             (work / "state.pkl.tmp").write_bytes(pickle.dumps(state))
             os.replace(work / "state.pkl.tmp", state_path)
 
@@ -299,46 +363,76 @@ def main(argv: list[str] | None = None) -> int:
         fresh = work / f"fresh-{checkpoint}"
         for leftover in (fresh, work / f"fresh-corpus-{checkpoint}"):  # an interrupted measurement's
             shutil.rmtree(leftover, ignore_errors=True)
-        prepare_corpus([write_jsonl(work / "live.jsonl", list(live.values()))], work / f"fresh-corpus-{checkpoint}",
-                       chunk_words=0, progress=False)
-        build_index(work / f"fresh-corpus-{checkpoint}", retriever, fresh, spec=args.spec, progress=False,
-                    encoder_source=args.encoder)
+        prepare_corpus(
+            [write_jsonl(work / "live.jsonl", list(live.values()))],
+            work / f"fresh-corpus-{checkpoint}",
+            chunk_words=0,
+            progress=False,
+        )
+        build_index(
+            work / f"fresh-corpus-{checkpoint}",
+            retriever,
+            fresh,
+            spec=args.spec,
+            progress=False,
+            encoder_source=args.encoder,
+        )
         from retriever.index import PassageIndex
 
         edited_index = PassageIndex.load(index)
         rows = np.flatnonzero(~edited_index.removed)
-        same_passages = sorted((p["id"], p["text"]) for p in edited_index.passages(rows)) == \
-            sorted((r["id"], r["text"]) for r in live.values())
+        same_passages = sorted((p["id"], p["text"]) for p in edited_index.passages(rows)) == sorted(
+            (r["id"], r["text"]) for r in live.values()
+        )
         manifest = read_manifest(index)
         figures = measure(index, fresh, work / "queries.npy", args.encoder, args.repeats)
-        figures.update(edits=done, compactions=compactions, live_passages=len(live),
-                       segments=len(manifest["segments"]), dead_rows=manifest["total"] - manifest["count"],
-                       same_live_passages=same_passages, mean_edit_ms=round(1000 * edit_s / done, 1),
-                       compaction_s_total=round(compact_s, 1))
+        figures.update(
+            edits=done,
+            compactions=compactions,
+            live_passages=len(live),
+            segments=len(manifest["segments"]),
+            dead_rows=manifest["total"] - manifest["count"],
+            same_live_passages=same_passages,
+            mean_edit_ms=round(1000 * edit_s / done, 1),
+            compaction_s_total=round(compact_s, 1),
+        )
         report["checkpoints"][str(checkpoint)] = figures
         save_state()
         print(json.dumps({checkpoint: figures}), flush=True)
         del edited_index
         shutil.rmtree(fresh)
         shutil.rmtree(work / f"fresh-corpus-{checkpoint}")
-    report["machine"] = {"cpus": os.cpu_count(), "torch_threads": 1,
-                         "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime())}
+    report["machine"] = {
+        "cpus": os.cpu_count(),
+        "torch_threads": 1,
+        "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+    }
     print(json.dumps(report, indent=2))
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     keys = ["load_ms", "load_files_ms", "search_qps", "rss_mb", "rss_untrimmed_mb", "disk_bytes", "files"]
     print(f"\n{'edits':>6} {'segs':>4} {'dead':>5} " + " ".join(f"{k + ' e/f':>24}" for k in keys))
     for checkpoint, figures in report["checkpoints"].items():
-        shown = {side: {k: figures[side][k] / 2**20 if k == "disk_bytes" else figures[side][k] for k in keys}
-                 for side in ("edited", "fresh")}  # disk in MiB
+        shown = {
+            side: {k: figures[side][k] / 2**20 if k == "disk_bytes" else figures[side][k] for k in keys}
+            for side in ("edited", "fresh")
+        }  # disk in MiB
         cells = [f"{shown['edited'][k]:>9.4g}/{shown['fresh'][k]:<9.4g}{figures['ratio'][k]:>5.2f}x" for k in keys]
-        print(f"{checkpoint:>6} {figures['segments']:>4} {figures['dead_rows']:>5} " + " ".join(f"{c:>24}" for c in cells))
-    print(f"(disk in MiB; search_qps ratio: fresh / edited, i.e. time; target <= 1.1 for {', '.join(TARGETED)}; "
-          f"file bound {report['file_bound']})")
+        print(
+            f"{checkpoint:>6} {figures['segments']:>4} {figures['dead_rows']:>5} " + " ".join(f"{c:>24}" for c in cells)
+        )
+    print(
+        f"(disk in MiB; search_qps ratio: fresh / edited, i.e. time; target <= 1.1 for {', '.join(TARGETED)}; "
+        f"file bound {report['file_bound']})"
+    )
     if not args.work:
         shutil.rmtree(work)
-    held = all(f["same_live_passages"] and f["edited"]["files"] <= report["file_bound"]
-               and all(f["ratio"][key] <= 1.1 for key in TARGETED) for f in report["checkpoints"].values())
+    held = all(
+        f["same_live_passages"]
+        and f["edited"]["files"] <= report["file_bound"]
+        and all(f["ratio"][key] <= 1.1 for key in TARGETED)
+        for f in report["checkpoints"].values()
+    )
     return 0 if held else 1
 
 

@@ -60,8 +60,9 @@ def flat_index(vectors: np.ndarray) -> PassageIndex:
     """A `Flat` `PassageIndex` over in-memory float16 vectors (no corpus: search by vector)."""
     n, d = vectors.shape
     manifest = {"segments": [{"offset": 0}], "total": n, "count": n, "dim": d, "spec": "Flat"}
-    return PassageIndex(Path("."), manifest, corpora=[], vectors=vectors, faiss_index=None,
-                        removed=np.zeros(n, dtype=bool))
+    return PassageIndex(
+        Path("."), manifest, corpora=[], vectors=vectors, faiss_index=None, removed=np.zeros(n, dtype=bool)
+    )
 
 
 def timed(search, repeats: int):
@@ -94,8 +95,7 @@ def cpu_info() -> dict:
     }
 
 
-def run(n: int, dim: int, n_queries: int, chunk_rows: int | None, repeats: int = 1,
-        levers: bool = False) -> list[dict]:
+def run(n: int, dim: int, n_queries: int, chunk_rows: int | None, repeats: int = 1, levers: bool = False) -> list[dict]:
     rng = np.random.default_rng(0)
     vectors = rng.standard_normal((n, dim), dtype=np.float32)
     queries = rng.standard_normal((n_queries, dim), dtype=np.float32)
@@ -119,10 +119,12 @@ def run(n: int, dim: int, n_queries: int, chunk_rows: int | None, repeats: int =
     rows.append({"method": f"ours exact_search (fp16 stored, {auto})", "seconds": seconds, "ids": ids, **stats})
     if levers:
         stats = {}
-        seconds, (_, ids) = timed(lambda: exact_search(queries, half, K, chunk_rows=chunk_rows, precision=other,
-                                                       stats=stats), 1)
-        rows.append({"method": f"lever: exact_search (fp16 stored, {other} forced)", "seconds": seconds, "ids": ids,
-                     **stats})
+        seconds, (_, ids) = timed(
+            lambda: exact_search(queries, half, K, chunk_rows=chunk_rows, precision=other, stats=stats), 1
+        )
+        rows.append(
+            {"method": f"lever: exact_search (fp16 stored, {other} forced)", "seconds": seconds, "ids": ids, **stats}
+        )
         sq = faiss.IndexScalarQuantizer(dim, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT)
         sq.add(half.astype(np.float32))
         seconds, (_, ids) = timed(lambda: sq.search(queries, K), 1)
@@ -151,28 +153,34 @@ def run(n: int, dim: int, n_queries: int, chunk_rows: int | None, repeats: int =
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=1_000_000)
     parser.add_argument("--dims", type=int, nargs="+", default=[384, 768])
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--chunk-rows", type=int, default=None, help="default: exact_search's own")
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per method; the best counts")
-    parser.add_argument("--levers", action="store_true",
-                        help="also time the path auto did not pick and FAISS SQfp16 (once each)")
+    parser.add_argument(
+        "--levers", action="store_true", help="also time the path auto did not pick and FAISS SQfp16 (once each)"
+    )
     args = parser.parse_args()
     cpu = cpu_info()
-    results = [row for dim in args.dims
-               for row in run(args.n, dim, args.queries, args.chunk_rows, args.repeats, args.levers)]
+    results = [
+        row for dim in args.dims for row in run(args.n, dim, args.queries, args.chunk_rows, args.repeats, args.levers)
+    ]
     native = cpu["auto_path"] == "bf16"
     targets = []
     for r in results:
         if r["method"].startswith("ours PassageIndex Flat"):
             targets.append(target(f"{r['method']} / faiss fp32, N={r['n']} d={r['dim']}", r["vs_faiss"], ">=", 0.9))
             if native:
-                targets.append(target(f"goal, native bf16: {r['method']} / faiss fp32, N={r['n']} d={r['dim']}",
-                                      r["vs_faiss"], ">=", 1.2))
+                targets.append(
+                    target(
+                        f"goal, native bf16: {r['method']} / faiss fp32, N={r['n']} d={r['dim']}",
+                        r["vs_faiss"],
+                        ">=",
+                        1.2,
+                    )
+                )
     print(
         json.dumps(
             {
@@ -187,13 +195,17 @@ def main() -> None:
             indent=1,
         )
     )
-    print(f"\ncpu: {cpu['model']}, avx512_bf16 {cpu['avx512_bf16']}, amx_bf16 {cpu['amx_bf16']}, "
-          f"bf16 matmul speed-up {cpu['bf16_matmul_speedup']} → auto path {cpu['auto_path']}; "
-          f"{torch.get_num_threads()} threads")
+    print(
+        f"\ncpu: {cpu['model']}, avx512_bf16 {cpu['avx512_bf16']}, amx_bf16 {cpu['amx_bf16']}, "
+        f"bf16 matmul speed-up {cpu['bf16_matmul_speedup']} → auto path {cpu['auto_path']}; "
+        f"{torch.get_num_threads()} threads"
+    )
     print(f"\n{'N':>8s} {'d':>4s} {'method':52s} {'q/s':>8s} {'vs faiss':>9s} {'ids = faiss':>11s}")
     for r in results:
-        print(f"{r['n']:8d} {r['dim']:4d} {r['method']:52s} {r['qps']:8.1f} {r['vs_faiss']:9.2f} "
-              f"{r['id_agreement_with_faiss']:11.4f}")
+        print(
+            f"{r['n']:8d} {r['dim']:4d} {r['method']:52s} {r['qps']:8.1f} {r['vs_faiss']:9.2f} "
+            f"{r['id_agreement_with_faiss']:11.4f}"
+        )
     print_targets(targets)
 
 

@@ -49,9 +49,7 @@ class ClusteredVectors:
 
     def embed_passages(self, passages, **_) -> np.ndarray:
         rows = np.array([int(p["id"][1:]) for p in passages])
-        noise = np.stack(
-            [np.random.default_rng(int(r)).standard_normal(self.dim) for r in rows]
-        ).astype(np.float32)
+        noise = np.stack([np.random.default_rng(int(r)).standard_normal(self.dim) for r in rows]).astype(np.float32)
         x = self.centres[rows % 1000] + 0.5 * noise
         return x / np.linalg.norm(x, axis=1, keepdims=True)
 
@@ -65,19 +63,14 @@ def build(workdir: Path, n: int, dim: int) -> list[Path]:
     if not corpus.exists():
         docs = workdir / f"docs-{n}.jsonl"
         docs.write_text(
-            "".join(
-                json.dumps({"id": f"s{i}", "title": "", "text": f"passage {i}"}) + "\n"
-                for i in range(n)
-            )
+            "".join(json.dumps({"id": f"s{i}", "title": "", "text": f"passage {i}"}) + "\n" for i in range(n))
         )
         prepare_corpus([docs], corpus, chunk_words=0, progress=False)
     source, folders = ClusteredVectors(dim), []
     for spec in SPECS:
         out = workdir / f"index-{n}-{dim}-{spec.replace(',', '_')}"
         if not out.exists():
-            build_index(
-                corpus, source, out, spec=spec, chunk_size=65536, train_sample=65536, progress=False
-            )
+            build_index(corpus, source, out, spec=spec, chunk_size=65536, train_sample=65536, progress=False)
         folders.append(out)
     return folders
 
@@ -118,9 +111,7 @@ def child(folder: str, verify: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=200000)
     parser.add_argument("--dim", type=int, default=384)
     parser.add_argument("--workdir", type=Path, default=ROOT / "runs" / "bench-index-load")
@@ -159,7 +150,8 @@ def main() -> None:
             print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     targets = [
         target(f"{r['spec']}: load peak RSS growth / size on disk", r["growth_vs_size"], "<=", 1.2)
-        for r in results if not r["verify_sha256"]
+        for r in results
+        if not r["verify_sha256"]
     ]
     print(
         json.dumps(
@@ -168,7 +160,8 @@ def main() -> None:
         )
     )
     print(
-        f"\n{'spec':14s} {'sha256':>6s} {'size MB':>8s} {'load s':>7s} {'peak+ MB':>9s} {'peak/size':>9s} {'1st search s':>12s}"
+        f"\n{'spec':14s} {'sha256':>6s} {'size MB':>8s} {'load s':>7s} {'peak+ MB':>9s} {'peak/size':>9s} "
+        f"{'1st search s':>12s}"
     )
     for r in results:
         print(

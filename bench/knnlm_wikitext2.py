@@ -107,9 +107,7 @@ def stage_train(args, run_dir: Path) -> dict:
     warmup = max(1, total_steps // 20)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer,
-        lambda s: min(
-            (s + 1) / warmup, 0.5 * (1 + math.cos(math.pi * min(s, total_steps) / total_steps))
-        ),
+        lambda s: min((s + 1) / warmup, 0.5 * (1 + math.cos(math.pi * min(s, total_steps) / total_steps))),
     )
     generator = torch.Generator().manual_seed(0)
     start = time.time()
@@ -158,9 +156,7 @@ PAPER_KEY = "ffn_input:-1"
 
 def key_specs(n_layers: int) -> list[str]:
     """The paper's key, the "why" paper's two sublayer keys, and every block's output."""
-    return [PAPER_KEY, "attn_output:-1", "ffn_output:-1"] + [
-        f"layer_output:{i}" for i in range(n_layers)
-    ]
+    return [PAPER_KEY, "attn_output:-1", "ffn_output:-1"] + [f"layer_output:{i}" for i in range(n_layers)]
 
 
 def load_trained(run_dir: Path):
@@ -273,9 +269,7 @@ def stage_eval(args, run_dir: Path) -> dict:
     _, holdout_words = split_train_holdout(read_words(DATA / "valid.txt"))
     specs = key_specs(model.config.n_layer)
     start = time.time()
-    dispersion = layer_dispersion(
-        model, encode_words(tokenizer, holdout_words), key_specs=specs, context=args.context
-    )
+    dispersion = layer_dispersion(model, encode_words(tokenizer, holdout_words), key_specs=specs, context=args.context)
     # Rows of the whole test text; the test store may hold fewer (built with --test-tokens).
     test_text_tokens = len(read_words(DATA / "test.txt")) - 1
     if len(test) < test_text_tokens or (args.test_tokens and args.test_tokens < len(test)):
@@ -314,9 +308,7 @@ def stage_eval(args, run_dir: Path) -> dict:
     ivf_name = f"{args.ivf_spec} nprobe {args.nprobe}"
     record(evaluate_key(train, holdout, test, PAPER_KEY, args.k, limit, tune_on, **ivf), ivf_name)
     record(
-        evaluate_key(
-            train, holdout, test, PAPER_KEY, args.k, limit, tune_on, recompute=True, **ivf
-        ),
+        evaluate_key(train, holdout, test, PAPER_KEY, args.k, limit, tune_on, recompute=True, **ivf),
         ivf_name + " + exact d",
     )
     if limit is not None and limit < len(test):
@@ -343,6 +335,7 @@ def spearman(xs: list[float], ys: list[float]) -> float | None:
     """Spearman rank correlation (no ties expected); None with fewer than 3 points."""
     if len(xs) < 3:
         return None
+
     def rank(values: list[float]) -> dict[int, int]:
         return {i: r for r, i in enumerate(sorted(range(len(values)), key=values.__getitem__))}
 
@@ -485,9 +478,7 @@ def print_table(result: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the requested stages and print the JSON result."""
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stage", choices=["train", "build", "eval", "all"], default="all")
     parser.add_argument("--run-dir", type=Path, default=REPO_ROOT / "runs" / "knnlm_wikitext2")
     parser.add_argument("--layers", type=int, default=4)
@@ -500,18 +491,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--stride", type=int, default=64)
     parser.add_argument("--k", type=int, default=1024)
-    parser.add_argument(
-        "--test-tokens", type=int, default=0, help="test tokens scored per key (0 = all)"
-    )
-    parser.add_argument(
-        "--datastore-stride", type=int, default=0, help="stride of the datastore pass (0 = context)"
-    )
+    parser.add_argument("--test-tokens", type=int, default=0, help="test tokens scored per key (0 = all)")
+    parser.add_argument("--datastore-stride", type=int, default=0, help="stride of the datastore pass (0 = context)")
     parser.add_argument("--holdout-tokens", type=int, default=0, help="tuning tokens (0 = all)")
     parser.add_argument("--ivf-spec", default="IVF1024,PQ32")
     parser.add_argument("--nprobe", type=int, default=32)
-    parser.add_argument(
-        "--paper-key-only", action="store_true", help="skip the other keys (faster)"
-    )
+    parser.add_argument("--paper-key-only", action="store_true", help="skip the other keys (faster)")
     args = parser.parse_args(argv)
     args.run_dir.mkdir(parents=True, exist_ok=True)
     result: dict = {}

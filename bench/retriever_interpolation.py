@@ -45,15 +45,17 @@ def interpolate(base: dict[str, torch.Tensor], trained: dict[str, torch.Tensor],
     """θ₀ + α·(θ − θ₀) for floating-point tensors (computed in float32); others as trained."""
     if base.keys() != trained.keys():
         raise ValueError("the frozen and trained query encoders have different parameters")
-    return {k: (base[k].float() + alpha * (v.float() - base[k].float())).to(v.dtype) if v.is_floating_point() else v
-            for k, v in trained.items()}
+    return {
+        k: (base[k].float() + alpha * (v.float() - base[k].float())).to(v.dtype) if v.is_floating_point() else v
+        for k, v in trained.items()
+    }
 
 
 def recall(model, examples) -> dict[str, float]:
     """Answer recall@k (percent) and MRR of the model's retriever over `examples`."""
     from atlas.evaluate import retrieval_metrics
 
-    passages = [p for s in range(0, len(examples), 64) for p in model.retrieve(examples[s:s + 64], max(KS))]
+    passages = [p for s in range(0, len(examples), 64) for p in model.retrieve(examples[s : s + 64], max(KS))]
     return retrieval_metrics(examples, passages, list(KS))  # percent
 
 
@@ -61,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", help="trained runs or checkpoints (bench/nq824.py variant folders)")
     parser.add_argument("--frozen", required=True, help="a run whose retriever was not trained (the baseline)")
-    parser.add_argument("--alphas", default="0,0.1,0.25,0.5,1", help="comma-separated α, fraction of the update (0 is always measured)")
+    parser.add_argument(
+        "--alphas", default="0,0.1,0.25,0.5,1", help="comma-separated α, fraction of the update (0 is always measured)"
+    )
     parser.add_argument("--data", type=Path, default=REPO_ROOT.parent / "shared" / "data")
     args = parser.parse_args(argv)
     from tasks.base import get_task
@@ -70,8 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         raise FileNotFoundError(f"{args.data / 'nq824'}: the shared nq824 data is not there")
     alphas = sorted({0.0, *(float(a) for a in args.alphas.split(","))})  # α = 0: the frozen baseline, always
     task = get_task("qa")
-    questions = {"train": task.load(args.data / "nq824" / "train-64.jsonl"),
-                 "dev": task.load(args.data / "nq824" / "dev.jsonl")}
+    questions = {
+        "train": task.load(args.data / "nq824" / "train-64.jsonl"),
+        "dev": task.load(args.data / "nq824" / "dev.jsonl"),
+    }
     base, _ = query_encoder_state(args.frozen)
     results, rows = {}, []
     for run in args.runs:
@@ -86,11 +92,18 @@ def main(argv: list[str] | None = None) -> int:
         results[run] = {"points": points, "wall_s": round(time.perf_counter() - started, 1)}
         frozen_dev = points[0]["dev"]
         for p in points:
-            rows.append({"run": Path(run).name, "α": f"{p['alpha']:g}",
-                         "train R@5": p["train"]["answer_recall@5"], "dev R@1": p["dev"]["answer_recall@1"],
-                         "dev R@5": p["dev"]["answer_recall@5"], "dev R@20": p["dev"]["answer_recall@20"],
-                         "dev MRR": p["dev"]["answer_mrr"],
-                         "dev R@5 − frozen": p["dev"]["answer_recall@5"] - frozen_dev["answer_recall@5"]})
+            rows.append(
+                {
+                    "run": Path(run).name,
+                    "α": f"{p['alpha']:g}",
+                    "train R@5": p["train"]["answer_recall@5"],
+                    "dev R@1": p["dev"]["answer_recall@1"],
+                    "dev R@5": p["dev"]["answer_recall@5"],
+                    "dev R@20": p["dev"]["answer_recall@20"],
+                    "dev MRR": p["dev"]["answer_mrr"],
+                    "dev R@5 − frozen": p["dev"]["answer_recall@5"] - frozen_dev["answer_recall@5"],
+                }
+            )
     print(json.dumps(results))
     print(format_table(rows))
     return 0

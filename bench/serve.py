@@ -69,13 +69,36 @@ def wait_healthy(url: str, process: subprocess.Popen | None = None, timeout: flo
     raise RuntimeError(f"{url} did not become healthy within {timeout:.0f} s")
 
 
-def start_server(run: Path, index: Path, *, port: int, max_batch: int, threads: int = 1,
-                 overrides: tuple[str, ...] = ("reader.num_beams=1",), log: Path | None = None,
-                 auto_compact: bool = True) -> subprocess.Popen:
+def start_server(
+    run: Path,
+    index: Path,
+    *,
+    port: int,
+    max_batch: int,
+    threads: int = 1,
+    overrides: tuple[str, ...] = ("reader.num_beams=1",),
+    log: Path | None = None,
+    auto_compact: bool = True,
+) -> subprocess.Popen:
     """`atlas serve RUN --index INDEX --allow-edits` on 127.0.0.1:`port` as a subprocess."""
-    command = [sys.executable, "-m", "atlas", "serve", str(run), *overrides, "--index", str(index),
-               "--port", str(port), "--allow-edits", "--max-batch", str(max_batch), "--threads", str(threads),
-               *([] if auto_compact else ["--no-auto-compact"])]
+    command = [
+        sys.executable,
+        "-m",
+        "atlas",
+        "serve",
+        str(run),
+        *overrides,
+        "--index",
+        str(index),
+        "--port",
+        str(port),
+        "--allow-edits",
+        "--max-batch",
+        str(max_batch),
+        "--threads",
+        str(threads),
+        *([] if auto_compact else ["--no-auto-compact"]),
+    ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": str(threads)}
     output = open(log, "w") if log is not None else subprocess.DEVNULL  # noqa: SIM115 (closed with the process)
     return subprocess.Popen(command, cwd=REPO, env=env, stdout=output, stderr=subprocess.STDOUT)
@@ -89,14 +112,32 @@ def edit_plan(n_edits: int, tag: str) -> list[tuple[str, str, dict | None]]:
     for n in range(n_edits):
         if n % 6 in (2, 4):
             pid = f"{tag}-{n - 1}"
-            plan.append(("PUT", f"/api/passages/{pid}",
-                         {"text": f"The lighthouse of {pid} was rebuilt in {1900 + n} by Orla Venn."}))
+            plan.append(
+                (
+                    "PUT",
+                    f"/api/passages/{pid}",
+                    {"text": f"The lighthouse of {pid} was rebuilt in {1900 + n} by Orla Venn."},
+                )
+            )
         elif n % 6 == 5:
             plan.append(("DELETE", f"/api/passages/{tag}-{n - 5}", None))
         else:
             pid = f"{tag}-{n}"
-            plan.append(("POST", "/api/passages", {"passages": [
-                {"id": pid, "title": pid, "text": f"The lighthouse of {pid} was built in {1700 + n} by Ivo Marr."}]}))
+            plan.append(
+                (
+                    "POST",
+                    "/api/passages",
+                    {
+                        "passages": [
+                            {
+                                "id": pid,
+                                "title": pid,
+                                "text": f"The lighthouse of {pid} was built in {1700 + n} by Ivo Marr.",
+                            }
+                        ]
+                    },
+                )
+            )
     return plan
 
 
@@ -112,8 +153,16 @@ def expected_texts(plan: list[tuple[str, str, dict | None]]) -> dict[str, str | 
     return final
 
 
-async def _load(url: str, questions: list[str], asks: int, concurrency: int, k: int,
-                plan: list[tuple[str, str, dict]], token: str | None, timeout: float) -> dict:
+async def _load(
+    url: str,
+    questions: list[str],
+    asks: int,
+    concurrency: int,
+    k: int,
+    plan: list[tuple[str, str, dict]],
+    token: str | None,
+    timeout: float,
+) -> dict:
     latencies: list[float] = []
     errors: list[str] = []
     edit_errors: list[str] = []
@@ -145,22 +194,40 @@ async def _load(url: str, questions: list[str], asks: int, concurrency: int, k: 
             if response.status_code != 200:
                 edit_errors.append(f"edit {n} {method} {path}: HTTP {response.status_code}: {response.text[:200]}")
 
-    async with httpx.AsyncClient(base_url=url, timeout=timeout,
-                                 limits=httpx.Limits(max_connections=concurrency + 4)) as client:
+    async with httpx.AsyncClient(
+        base_url=url, timeout=timeout, limits=httpx.Limits(max_connections=concurrency + 4)
+    ) as client:
         started = time.perf_counter()
         await asyncio.gather(*(asker(client) for _ in range(concurrency)), editor(client))
         wall = time.perf_counter() - started
     ms = np.array(latencies) * 1000
-    return {"asks": asks, "concurrency": concurrency, "k": k, "edits": len(plan), "errors": len(errors),
-            "edit_errors": len(edit_errors), "error_examples": (errors + edit_errors)[:5],
-            "wall_s": round(wall, 2), "throughput_per_s": round(asks / wall, 2),
-            "p50_ms": round(float(np.percentile(ms, 50)), 1) if len(ms) else None,
-            "p99_ms": round(float(np.percentile(ms, 99)), 1) if len(ms) else None,
-            "mean_batch": round(float(np.mean(batch_sizes)), 2) if batch_sizes else None}
+    return {
+        "asks": asks,
+        "concurrency": concurrency,
+        "k": k,
+        "edits": len(plan),
+        "errors": len(errors),
+        "edit_errors": len(edit_errors),
+        "error_examples": (errors + edit_errors)[:5],
+        "wall_s": round(wall, 2),
+        "throughput_per_s": round(asks / wall, 2),
+        "p50_ms": round(float(np.percentile(ms, 50)), 1) if len(ms) else None,
+        "p99_ms": round(float(np.percentile(ms, 99)), 1) if len(ms) else None,
+        "mean_batch": round(float(np.mean(batch_sizes)), 2) if batch_sizes else None,
+    }
 
 
-def load_test(url: str, questions: list[str], *, asks: int, concurrency: int, k: int = 5,
-              plan: list[tuple[str, str, dict]] = (), token: str | None = None, timeout: float = 300.0) -> dict:
+def load_test(
+    url: str,
+    questions: list[str],
+    *,
+    asks: int,
+    concurrency: int,
+    k: int = 5,
+    plan: list[tuple[str, str, dict]] = (),
+    token: str | None = None,
+    timeout: float = 300.0,
+) -> dict:
     """Ask `asks` questions (cycling through `questions`) from `concurrency` concurrent clients
     while applying the edits of `plan` spread over the run. → counts of errors, wall time,
     throughput (asks/s), p50/p99 latency (ms, as the clients saw it), mean micro-batch size."""
@@ -178,9 +245,14 @@ def check_edits(url: str, plan: list[tuple[str, str, dict | None]], passages_bef
         if (response.status_code == 404) != (text is None) or (text is not None and response.json()["text"] != text):
             lost.append(pid)
     health = httpx.get(f"{url}/api/health", timeout=30).json()
-    return {"lost_edits": lost, "passages": health["passages"],
-            "expected_passages": passages_before + sum(text is not None for text in final.values()),
-            "compactions": health["compactions"], "segments": health["segments"], "dead_rows": health["dead_rows"]}
+    return {
+        "lost_edits": lost,
+        "passages": health["passages"],
+        "expected_passages": passages_before + sum(text is not None for text in final.values()),
+        "compactions": health["compactions"],
+        "segments": health["segments"],
+        "dead_rows": health["dead_rows"],
+    }
 
 
 def heldout_questions(limit: int = 200) -> list[str]:
@@ -191,17 +263,36 @@ def heldout_questions(limit: int = 200) -> list[str]:
     return [json.loads(line)["question"] for line in lines]
 
 
-def _serve_and_load(run: Path, pristine_index: Path, work: Path, *, max_batch: int, asks: int, concurrency: int,
-                    k: int, n_edits: int, threads: int, beams: int = 1, auto_compact: bool = True) -> dict:
+def _serve_and_load(
+    run: Path,
+    pristine_index: Path,
+    work: Path,
+    *,
+    max_batch: int,
+    asks: int,
+    concurrency: int,
+    k: int,
+    n_edits: int,
+    threads: int,
+    beams: int = 1,
+    auto_compact: bool = True,
+) -> dict:
     name = f"batch{max_batch}-edits{n_edits}" + ("" if auto_compact else "-no-compaction")
     index = work / f"index-{name}"
     shutil.rmtree(index, ignore_errors=True)
     shutil.copytree(pristine_index, index)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    process = start_server(run, index, port=port, max_batch=max_batch, threads=threads,
-                           overrides=(f"reader.num_beams={beams}",), log=work / f"server-{name}.log",
-                           auto_compact=auto_compact)
+    process = start_server(
+        run,
+        index,
+        port=port,
+        max_batch=max_batch,
+        threads=threads,
+        overrides=(f"reader.num_beams={beams}",),
+        log=work / f"server-{name}.log",
+        auto_compact=auto_compact,
+    )
     try:
         before = wait_healthy(url, process)["passages"]
         questions = heldout_questions()
@@ -224,13 +315,20 @@ def main(argv: list[str] | None = None) -> int:
     """Run both configurations, print JSON and a table; exit 1 on any error or lost edit."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--asks", type=int, default=1000, help="asks to the micro-batched server")
-    parser.add_argument("--baseline-asks", type=int, default=160,
-                        help="asks to the one-at-a-time server (a rate: fewer asks measure it as well)")
+    parser.add_argument(
+        "--baseline-asks",
+        type=int,
+        default=160,
+        help="asks to the one-at-a-time server (a rate: fewer asks measure it as well)",
+    )
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--edits", type=int, default=100, help="edits during the micro-batched run")
-    parser.add_argument("--no-compaction-asks", type=int, default=None,
-                        help="asks of the comparison run without compaction (default: --asks), edits in "
-                        "proportion")
+    parser.add_argument(
+        "--no-compaction-asks",
+        type=int,
+        default=None,
+        help="asks of the comparison run without compaction (default: --asks), edits in proportion",
+    )
     parser.add_argument("--out", help="also write the JSON report here")
     parser.add_argument("-k", type=int, default=5, help="passages read per question")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each server")
@@ -253,21 +351,50 @@ def main(argv: list[str] | None = None) -> int:
     if args.asks:
         if args.edits:  # the comparison first: the shorter one, when --no-compaction-asks is given
             asks = args.no_compaction_asks or args.asks
-            record("same, no compaction", _serve_and_load(
-                run, work / "demo" / "index", work, max_batch=32, asks=asks,
-                n_edits=round(args.edits * asks / args.asks), auto_compact=False, **common))
-        record("load test (batched + edits)", _serve_and_load(run, work / "demo" / "index", work, max_batch=32,
-                                                              asks=args.asks, n_edits=args.edits, **common))
+            record(
+                "same, no compaction",
+                _serve_and_load(
+                    run,
+                    work / "demo" / "index",
+                    work,
+                    max_batch=32,
+                    asks=asks,
+                    n_edits=round(args.edits * asks / args.asks),
+                    auto_compact=False,
+                    **common,
+                ),
+            )
+        record(
+            "load test (batched + edits)",
+            _serve_and_load(
+                run, work / "demo" / "index", work, max_batch=32, asks=args.asks, n_edits=args.edits, **common
+            ),
+        )
         if args.edits:  # the table's order: the load test first
             rows["same, no compaction"] = rows.pop("same, no compaction")
     if args.baseline_asks:
-        record("micro-batched", _serve_and_load(run, work / "demo" / "index", work, max_batch=32,
-                                                asks=args.baseline_asks, n_edits=0, **common))
-        record("one-at-a-time", _serve_and_load(run, work / "demo" / "index", work, max_batch=1,
-                                                asks=args.baseline_asks, n_edits=0, **common))
-    report = {**rows, "beams": args.beams,
-              "machine": {"cpus": os.cpu_count(), "threads_per_server": args.threads,
-                          "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime())}, "work": str(work)}
+        record(
+            "micro-batched",
+            _serve_and_load(
+                run, work / "demo" / "index", work, max_batch=32, asks=args.baseline_asks, n_edits=0, **common
+            ),
+        )
+        record(
+            "one-at-a-time",
+            _serve_and_load(
+                run, work / "demo" / "index", work, max_batch=1, asks=args.baseline_asks, n_edits=0, **common
+            ),
+        )
+    report = {
+        **rows,
+        "beams": args.beams,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "threads_per_server": args.threads,
+            "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        },
+        "work": str(work),
+    }
     if args.baseline_asks:
         ratio = rows["micro-batched"]["throughput_per_s"] / rows["one-at-a-time"]["throughput_per_s"]
         report.update(throughput_ratio=round(ratio, 2), target_ratio=2.0)
@@ -277,23 +404,41 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(report, indent=2))
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\n{'server':<30}{'asks':>6}{'edits':>6}{'errors':>7}{'lost':>5}{'compact':>8}{'ask/s':>7}"
-          f"{'p50 ms':>8}{'p99 ms':>8}{'batch':>6}")
+    print(
+        f"\n{'server':<30}{'asks':>6}{'edits':>6}{'errors':>7}{'lost':>5}{'compact':>8}{'ask/s':>7}"
+        f"{'p50 ms':>8}{'p99 ms':>8}{'batch':>6}"
+    )
     for name, row in rows.items():
-        print(f"{name:<30}{row['asks']:>6}{row['edits']:>6}{row['errors'] + row['edit_errors']:>7}"
-              f"{len(row.get('lost_edits', [])):>5}{row.get('compactions', 0):>8}{row['throughput_per_s']:>7.2f}"
-              f"{row['p50_ms']:>8.0f}{row['p99_ms']:>8.0f}{row['mean_batch']:>6.1f}")
+        print(
+            f"{name:<30}{row['asks']:>6}{row['edits']:>6}{row['errors'] + row['edit_errors']:>7}"
+            f"{len(row.get('lost_edits', [])):>5}{row.get('compactions', 0):>8}{row['throughput_per_s']:>7.2f}"
+            f"{row['p50_ms']:>8.0f}{row['p99_ms']:>8.0f}{row['mean_batch']:>6.1f}"
+        )
     load = rows.get("load test (batched + edits)", {})
-    print(f"concurrency {args.concurrency}, K={args.k}, beams {args.beams}, {args.threads} thread(s) per server"
-          + (f"; throughput ratio {report['throughput_ratio']:.2f}x (target >= 2x)" if args.baseline_asks else "")
-          + (f"; p99 with compaction / without {report['p99_ratio_with_compaction']:.2f}x (target <= 1.5x)"
-             if "p99_ratio_with_compaction" in report else "")
-          + (f"; load test: {load['edits']} edits, {load['compactions']} compactions, lost: "
-             f"{len(load['lost_edits'])}, index size {load['passages']}/{load['expected_passages']}, "
-             f"index verifies: {load['index_verifies']}" if load.get("edits") else ""))
-    failed = any(row["errors"] or row["edit_errors"] or row.get("lost_edits")
-                 or row.get("passages") != row.get("expected_passages") or row.get("index_verifies") is False
-                 for row in rows.values())
+    print(
+        f"concurrency {args.concurrency}, K={args.k}, beams {args.beams}, {args.threads} thread(s) per server"
+        + (f"; throughput ratio {report['throughput_ratio']:.2f}x (target >= 2x)" if args.baseline_asks else "")
+        + (
+            f"; p99 with compaction / without {report['p99_ratio_with_compaction']:.2f}x (target <= 1.5x)"
+            if "p99_ratio_with_compaction" in report
+            else ""
+        )
+        + (
+            f"; load test: {load['edits']} edits, {load['compactions']} compactions, lost: "
+            f"{len(load['lost_edits'])}, index size {load['passages']}/{load['expected_passages']}, "
+            f"index verifies: {load['index_verifies']}"
+            if load.get("edits")
+            else ""
+        )
+    )
+    failed = any(
+        row["errors"]
+        or row["edit_errors"]
+        or row.get("lost_edits")
+        or row.get("passages") != row.get("expected_passages")
+        or row.get("index_verifies") is False
+        for row in rows.values()
+    )
     return 1 if failed else 0
 
 

@@ -137,8 +137,17 @@ def build_folders(workdir: Path, n: int, dim: int, specs: list[str]) -> dict[str
         out = workdir / f"index-{n}-{dim}-{spec.replace(',', '_')}"
         if not (out / "manifest.json").is_file():
             print(f"building {spec} over {n:,} × {dim}", file=sys.stderr, flush=True)
-            build_index(corpus, source, out, spec=spec, chunk_size=65536, train_sample=min(n, 131072),
-                        progress=False, nprobe=32, overwrite=out.exists())
+            build_index(
+                corpus,
+                source,
+                out,
+                spec=spec,
+                chunk_size=65536,
+                train_sample=min(n, 131072),
+                progress=False,
+                nprobe=32,
+                overwrite=out.exists(),
+            )
         folders[spec] = out
     return folders
 
@@ -158,13 +167,18 @@ def _warm_up(queries: np.ndarray, k: int, world: int) -> None:
     scores.topk(min(k, len(queries)), dim=1)
     if world > 1:
         rows = -(-len(queries) // world)
-        for tensor in (torch.zeros(1, dtype=torch.long), torch.zeros(rows, queries.shape[1]),
-                       torch.zeros(rows * world, k), torch.zeros(rows * world, k, dtype=torch.long)):
+        for tensor in (
+            torch.zeros(1, dtype=torch.long),
+            torch.zeros(rows, queries.shape[1]),
+            torch.zeros(rows * world, k),
+            torch.zeros(rows * world, k, dtype=torch.long),
+        ):
             dist.all_gather([torch.empty_like(tensor) for _ in range(world)], tensor)
 
 
-def _shard_worker(rank: int, world: int, threads: int, folder: str, queries_path: str, k: int, port: int,
-                  out: str) -> None:
+def _shard_worker(
+    rank: int, world: int, threads: int, folder: str, queries_path: str, k: int, port: int, out: str
+) -> None:
     """One process of a run: load (sharded when world > 1), search its share of the queries."""
     import gc
 
@@ -204,9 +218,18 @@ def _shard_worker(rank: int, world: int, threads: int, folder: str, queries_path
     seconds = time.perf_counter() - start
     np.save(f"{out}.rows{rank}.npy", rows)
     np.save(f"{out}.scores{rank}.npy", scores)
-    Path(f"{out}.stats{rank}.json").write_text(json.dumps({
-        "seconds": seconds, "load_s": load_s, "baseline_rss": baseline, "rss_after_load": after_load,
-        "peak_rss": peak_rss_bytes(), "holdings": index.holdings()}))
+    Path(f"{out}.stats{rank}.json").write_text(
+        json.dumps(
+            {
+                "seconds": seconds,
+                "load_s": load_s,
+                "baseline_rss": baseline,
+                "rss_after_load": after_load,
+                "peak_rss": peak_rss_bytes(),
+                "holdings": index.holdings(),
+            }
+        )
+    )
     if world > 1:
         dist.destroy_process_group()
 
@@ -228,24 +251,36 @@ def part_shard(args) -> dict:
         rows_by_run, spec_report = {}, {"size_on_disk_mib": size / 2**20, "runs": []}
         for i, (name, world, threads) in enumerate(runs):
             out = str(workdir / f"run-{spec.replace(',', '_')}-{world}x{threads}")
-            mp.spawn(_shard_worker, args=(world, threads, str(folder), str(workdir / "queries.npy"), args.k,
-                                          29500 + 10 * i, out), nprocs=world, join=True)
+            mp.spawn(
+                _shard_worker,
+                args=(world, threads, str(folder), str(workdir / "queries.npy"), args.k, 29500 + 10 * i, out),
+                nprocs=world,
+                join=True,
+            )
             stats = [json.loads(Path(f"{out}.stats{r}.json").read_text()) for r in range(world)]
-            rows_by_run[name] = (np.concatenate([np.load(f"{out}.scores{r}.npy") for r in range(world)]),
-                                 np.concatenate([np.load(f"{out}.rows{r}.npy") for r in range(world)]))
-            spec_report["runs"].append({
-                "run": name, "processes": world, "threads": threads,
-                "qps": args.queries / max(s["seconds"] for s in stats),
-                "load_s": max(s["load_s"] for s in stats),
-                "peak_rss_mib_per_process": [round(s["peak_rss"] / 2**20) for s in stats],
-                "growth_mib_per_process": [round((s["peak_rss"] - s["baseline_rss"]) / 2**20) for s in stats],
-                "holdings": [s["holdings"] for s in stats],
-            })
+            rows_by_run[name] = (
+                np.concatenate([np.load(f"{out}.scores{r}.npy") for r in range(world)]),
+                np.concatenate([np.load(f"{out}.rows{r}.npy") for r in range(world)]),
+            )
+            spec_report["runs"].append(
+                {
+                    "run": name,
+                    "processes": world,
+                    "threads": threads,
+                    "qps": args.queries / max(s["seconds"] for s in stats),
+                    "load_s": max(s["load_s"] for s in stats),
+                    "peak_rss_mib_per_process": [round(s["peak_rss"] / 2**20) for s in stats],
+                    "growth_mib_per_process": [round((s["peak_rss"] - s["baseline_rss"]) / 2**20) for s in stats],
+                    "holdings": [s["holdings"] for s in stats],
+                }
+            )
             print(json.dumps({"spec": spec, **spec_report["runs"][-1]}), file=sys.stderr, flush=True)
         baseline = next(r for r in spec_report["runs"] if r["run"] == "1 process × 2 threads")
         for r in spec_report["runs"]:
             r["qps_vs_baseline"] = r["qps"] / baseline["qps"]
-            r["max_growth_vs_baseline"] = max(r["growth_mib_per_process"]) / max(1, max(baseline["growth_mib_per_process"]))
+            r["max_growth_vs_baseline"] = max(r["growth_mib_per_process"]) / max(
+                1, max(baseline["growth_mib_per_process"])
+            )
         one = rows_by_run["1 process × 1 thread"]
         spec_report["two_processes_vs_one"] = compare(rows_by_run["2 processes × 1 thread"], one)
         if spec == "Flat":
@@ -261,24 +296,39 @@ def compare(got: tuple[np.ndarray, np.ndarray], expected: tuple[np.ndarray, np.n
     (scores, rows), (want_scores, want_rows) = got, expected
     same_scores = bool(np.array_equal(scores, want_scores))
     above = scores > scores[:, -1:]  # strictly better than the k-th score
-    return {"identical": bool(np.array_equal(rows, want_rows)) and same_scores,
-            "identical_up_to_ties_at_k": same_scores and bool((rows[above] == want_rows[above]).all()),
-            "queries_differing": int((rows != want_rows).any(axis=1).sum())}
+    return {
+        "identical": bool(np.array_equal(rows, want_rows)) and same_scores,
+        "identical_up_to_ties_at_k": same_scores and bool((rows[above] == want_rows[above]).all()),
+        "queries_differing": int((rows != want_rows).any(axis=1).sum()),
+    }
 
 
 def shard_targets(report: dict) -> list[dict]:
     targets = []
     for spec, r in report["specs"].items():
         same = r["two_processes_vs_one"]
-        targets.append(target(f"{spec}: 2-process results = 1 process (up to exact score ties at k)",
-                              float(same["identical_up_to_ties_at_k"]), ">=", 1,
-                              f"{same['queries_differing']} queries differ at all"))
+        targets.append(
+            target(
+                f"{spec}: 2-process results = 1 process (up to exact score ties at k)",
+                float(same["identical_up_to_ties_at_k"]),
+                ">=",
+                1,
+                f"{same['queries_differing']} queries differ at all",
+            )
+        )
         two = next(x for x in r["runs"] if x["processes"] == 2)
         one = next(x for x in r["runs"] if x["run"] == "1 process × 2 threads")
         if not spec.startswith("HNSW"):  # split by rows (HNSW is searched replicated: no split)
-            targets.append(target(f"{spec}: peak RSS growth per rank / 1 process", two["max_growth_vs_baseline"],
-                                  "<", 1.0, f"{two['growth_mib_per_process']} vs {one['growth_mib_per_process']} MiB; "
-                                  "issue 7 sets no figure: sharding must divide memory"))
+            targets.append(
+                target(
+                    f"{spec}: peak RSS growth per rank / 1 process",
+                    two["max_growth_vs_baseline"],
+                    "<",
+                    1.0,
+                    f"{two['growth_mib_per_process']} vs {one['growth_mib_per_process']} MiB; "
+                    "issue 7 sets no figure: sharding must divide memory",
+                )
+            )
     return targets
 
 
@@ -286,8 +336,10 @@ def print_shard(report: dict) -> None:
     print(f"\n{'spec':<14}{'run':<24}{'q/s':>8}{'× base':>8}{'load s':>8}{'peak RSS MiB':>16}{'growth MiB':>14}")
     for spec, r in report["specs"].items():
         for x in r["runs"]:
-            print(f"{spec:<14}{x['run']:<24}{x['qps']:>8.1f}{x['qps_vs_baseline']:>8.2f}{x['load_s']:>8.2f}"
-                  f"{x['peak_rss_mib_per_process']!s:>16}{x['growth_mib_per_process']!s:>14}")
+            print(
+                f"{spec:<14}{x['run']:<24}{x['qps']:>8.1f}{x['qps_vs_baseline']:>8.2f}{x['load_s']:>8.2f}"
+                f"{x['peak_rss_mib_per_process']!s:>16}{x['growth_mib_per_process']!s:>14}"
+            )
     print("baseline: 1 process × 2 threads (same cores as 2 × 1)")
 
 
@@ -312,14 +364,18 @@ def part_scale(args) -> dict:
         added_at.append((time.perf_counter(), added, current_rss_bytes()))
         if len(added_at) == 1 or added_at[-1][0] - last_report[0] > 60 or added == args.n:
             last_report[0] = added_at[-1][0]
-            print(f"added {added:,}/{args.n:,} vectors, {added_at[-1][0] - t0:.0f} s, RSS "
-                  f"{current_rss_bytes() / GIB:.2f} GiB (peak {peak_rss_bytes() / GIB:.2f})", file=sys.stderr,
-                  flush=True)
+            print(
+                f"added {added:,}/{args.n:,} vectors, {added_at[-1][0] - t0:.0f} s, RSS "
+                f"{current_rss_bytes() / GIB:.2f} GiB (peak {peak_rss_bytes() / GIB:.2f})",
+                file=sys.stderr,
+                flush=True,
+            )
 
     last_report = [0.0]
     t0 = time.perf_counter()
-    index = train_and_fill(args.spec, vectors, train_sample=args.train_sample, seed=0, add_chunk=vectors.block,
-                           on_added=on_added)
+    index = train_and_fill(
+        args.spec, vectors, train_sample=args.train_sample, seed=0, add_chunk=vectors.block, on_added=on_added
+    )
     total_s = time.perf_counter() - t0
     peak_build, rss_built = peak_rss_bytes(), current_rss_bytes()
     # training (drawing the sample included) ends where the first chunk's add began; a chunk
@@ -344,10 +400,29 @@ def part_scale(args) -> dict:
     t0 = time.perf_counter()
     _, exact = exact_search(queries, vectors[0:slice_n], args.k)
     exact_s = time.perf_counter() - t0
-    child = subprocess.run([sys.executable, __file__, "--part", "scale-search", "--index", str(path), "--spec",
-                            args.spec, "--k", str(args.k), "--nprobe", str(args.nprobe), "--slice", str(slice_n),
-                            "--queries-file", str(workdir / "queries.npy")], check=False, capture_output=True,
-                           text=True)
+    child = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--part",
+            "scale-search",
+            "--index",
+            str(path),
+            "--spec",
+            args.spec,
+            "--k",
+            str(args.k),
+            "--nprobe",
+            str(args.nprobe),
+            "--slice",
+            str(slice_n),
+            "--queries-file",
+            str(workdir / "queries.npy"),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
     if child.returncode != 0:
         raise SystemExit(child.stderr[-3000:])
     searched = json.loads(child.stdout.strip().splitlines()[-1])
@@ -355,13 +430,27 @@ def part_scale(args) -> dict:
     recall = float(np.mean([len(set(a) & set(e)) / args.k for a, e in zip(approx, exact)]))
     per_million = 1e6 / args.n
     report = {
-        "n": args.n, "dim": 768, "spec": args.spec, "train_sample": args.train_sample, "threads": os.cpu_count(),
-        "train_s": train_s, "add_s": add_s, "build_wall_s": total_s, "add_s_per_million": add_s * per_million,
-        "baseline_rss_gib": baseline / GIB, "peak_rss_gib": peak_build / GIB, "rss_after_add_gib": rss_built / GIB,
-        "rss_limit_gib": RSS_LIMIT_GIB, "index_ram_mib_per_million": ram_per_vector * 1e6 / 2**20,
-        "index_bytes_per_vector": size / args.n, "index_file_gib": size / GIB,
-        "load_s": searched["load_s"], "load_peak_growth_mib": searched["load_growth"] / 2**20,
-        "qps": searched["qps"], "nprobe": args.nprobe, "exact_qps_on_slice": args.queries / exact_s,
+        "n": args.n,
+        "dim": 768,
+        "spec": args.spec,
+        "train_sample": args.train_sample,
+        "threads": os.cpu_count(),
+        "train_s": train_s,
+        "add_s": add_s,
+        "build_wall_s": total_s,
+        "add_s_per_million": add_s * per_million,
+        "baseline_rss_gib": baseline / GIB,
+        "peak_rss_gib": peak_build / GIB,
+        "rss_after_add_gib": rss_built / GIB,
+        "rss_limit_gib": RSS_LIMIT_GIB,
+        "index_ram_mib_per_million": ram_per_vector * 1e6 / 2**20,
+        "index_bytes_per_vector": size / args.n,
+        "index_file_gib": size / GIB,
+        "load_s": searched["load_s"],
+        "load_peak_growth_mib": searched["load_growth"] / 2**20,
+        "qps": searched["qps"],
+        "nprobe": args.nprobe,
+        "exact_qps_on_slice": args.queries / exact_s,
         f"recall@{args.k}_on_first_{slice_n}": recall,
     }
     if args.n < SCALE_TARGET_N:
@@ -405,26 +494,40 @@ def scale_targets(report: dict) -> list[dict]:
     key = next(k for k in report if k.startswith("recall@"))
     targets = [target(f"peak RSS (GiB) adding {report['n']:,} vectors", report["peak_rss_gib"], "<", RSS_LIMIT_GIB)]
     if "extrapolated_to_30M" in report:
-        targets.append(target("peak RSS (GiB) extrapolated to 30M", report["extrapolated_to_30M"]["peak_rss_gib"],
-                              "<", RSS_LIMIT_GIB, "this run's peak + its index RAM per vector × the rest"))
+        targets.append(
+            target(
+                "peak RSS (GiB) extrapolated to 30M",
+                report["extrapolated_to_30M"]["peak_rss_gib"],
+                "<",
+                RSS_LIMIT_GIB,
+                "this run's peak + its index RAM per vector × the rest",
+            )
+        )
     targets.append(target(f"{key} (reported, no issue threshold)", report[key], ">=", 0.0))
     return targets
 
 
 def print_scale(report: dict) -> None:
     key = next(k for k in report if k.startswith("recall@"))
-    print(f"\nN={report['n']:,} × 768 {report['spec']}: train {report['train_s']:.0f} s, add "
-          f"{report['add_s_per_million']:.1f} s per million, peak RSS {report['peak_rss_gib']:.2f} GiB "
-          f"(limit {RSS_LIMIT_GIB:g}; index RAM {report['index_ram_mib_per_million']:.0f} MiB per million), index "
-          f"{report['index_bytes_per_vector']:.1f} B/vector")
-    print(f"search (fresh process, memory-mapped load {report['load_s']:.2f} s, +{report['load_peak_growth_mib']:.0f} MiB): "
-          f"{report['qps']:.0f} q/s at nprobe {report['nprobe']} = {report['qps'] / report['exact_qps_on_slice']:.2f}× "
-          f"exact search over only the first {key.rsplit('_', 1)[-1]} vectors ({report['exact_qps_on_slice']:.0f} q/s); "
-          f"{key} {report[key]:.3f}")
+    print(
+        f"\nN={report['n']:,} × 768 {report['spec']}: train {report['train_s']:.0f} s, add "
+        f"{report['add_s_per_million']:.1f} s per million, peak RSS {report['peak_rss_gib']:.2f} GiB "
+        f"(limit {RSS_LIMIT_GIB:g}; index RAM {report['index_ram_mib_per_million']:.0f} MiB per million), index "
+        f"{report['index_bytes_per_vector']:.1f} B/vector"
+    )
+    print(
+        f"search (fresh process, memory-mapped load {report['load_s']:.2f} s, "
+        f"+{report['load_peak_growth_mib']:.0f} MiB): "
+        f"{report['qps']:.0f} q/s at nprobe {report['nprobe']} = {report['qps'] / report['exact_qps_on_slice']:.2f}× "
+        f"exact search over only the first {key.rsplit('_', 1)[-1]} vectors ({report['exact_qps_on_slice']:.0f} q/s); "
+        f"{key} {report[key]:.3f}"
+    )
     if "extrapolated_to_30M" in report:
         e = report["extrapolated_to_30M"]
-        print(f"extrapolated to 30M: build {e['build_wall_s'] / 60:.0f} min, peak RSS {e['peak_rss_gib']:.2f} GiB, "
-              f"index {e['index_file_gib']:.1f} GiB")
+        print(
+            f"extrapolated to 30M: build {e['build_wall_s'] / 60:.0f} min, peak RSS {e['peak_rss_gib']:.2f} GiB, "
+            f"index {e['index_file_gib']:.1f} GiB"
+        )
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ reader's encoder has no dropout (`--dropout 0`, or `--encoder-dropout off`: the 
 Ratios to the `none` step (same checkpointing setting): wall time, CPU time, FLOPs, peak RSS;
 issue 13's target is `pdist` and `adist` ≤ 1.2× `none` in wall time per step (issue 4 asked 1.5×).
 
-Each retriever loss runs once per `--gold-precision` (default: full and the recipes' default, auto =
+Each retriever loss runs once per `--gold-precision` (default: fp32 and the recipes' default, auto =
 bf16 where the hardware multiplies bfloat16 natively): the precision of the gold scores' own eval-mode
 encoder pass (`reader.encoder_precision`).
 
@@ -97,9 +97,7 @@ def current_rss_gib() -> float | None:
 def synthetic_batch(args, vocab_size: int):
     """Random passage ids (B, K, L) ending in eos, full masks, labels (B, T) ending in eos."""
     gen = torch.Generator().manual_seed(0)
-    input_ids = torch.randint(
-        3, vocab_size, (args.batch, args.passages, args.length), generator=gen
-    )
+    input_ids = torch.randint(3, vocab_size, (args.batch, args.passages, args.length), generator=gen)
     input_ids[..., -1] = 1
     mask = torch.ones_like(input_ids)
     labels = torch.randint(3, vocab_size, (args.batch, args.target_length), generator=gen)
@@ -140,7 +138,7 @@ class ScoreSource:
         return self.scores
 
 
-def run_setting(args, loss_name: str, checkpointing: bool, gold_precision: str = "full") -> dict:
+def run_setting(args, loss_name: str, checkpointing: bool, gold_precision: str = "fp32") -> dict:
     """Time `args.steps` training steps (after one warm-up) for one setting."""
     torch.manual_seed(0)
     device = torch.device(args.device)
@@ -154,13 +152,17 @@ def run_setting(args, loss_name: str, checkpointing: bool, gold_precision: str =
     # training.precision: bf16 autocasts the forward pass, as the training loop does
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16")
     synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    retriever_loss = build_retriever_loss(loss_name, temperature_gold=0.01, temperature_score=0.01,
-                                          gold_precision="full" if gold_precision == "-" else gold_precision)
+    retriever_loss = build_retriever_loss(
+        loss_name,
+        temperature_gold=0.01,
+        temperature_score=0.01,
+        gold_precision="fp32" if gold_precision == "-" else gold_precision,
+    )
     reuse = reader.encoder_is_dropout_free()
     if not retriever_loss.trains_retriever:
         precision_used = "-"
     else:
-        precision_used = "reused" if reuse else resolve_precision(gold_precision, reader.t5.encoder)
+        precision_used = "reused" if reuse else resolve_precision(gold_precision, reader.seq2seq.encoder)
     optimizer = torch.optim.AdamW(list(reader.parameters()) + scores_source.parameters, lr=1e-5)
     rss_before_steps = current_rss_gib()  # model, optimizer and batch built, no step yet
     times, cpu_times, gold_times = [], [], []
@@ -263,8 +265,9 @@ def gold_cost(args) -> list[dict]:
                     **{f"{k}_seconds": v for k, v in timings.items()},
                     "naive_over_batched": timings["naive"] / timings["batched"],
                     "naive_over_reused": timings["naive"] / timings["reused"],
-                    "batched_over_batched_bf16": (timings["batched"] / timings["batched_bf16"]
-                                                  if "batched_bf16" in timings else None),
+                    "batched_over_batched_bf16": (
+                        timings["batched"] / timings["batched_bf16"] if "batched_bf16" in timings else None
+                    ),
                     "cpu_naive_over_batched": timings["naive_cpu"] / timings["batched_cpu"],
                     "cpu_naive_over_reused": timings["naive_cpu"] / timings["reused_cpu"],
                 }
@@ -287,9 +290,7 @@ def run_in_fresh_process(loss_name: str, checkpointing: bool, gold_precision: st
     ]
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        raise RuntimeError(
-            f"setting {loss_name} checkpointing={checkpointing} failed:\n{done.stderr[-4000:]}"
-        )
+        raise RuntimeError(f"setting {loss_name} checkpointing={checkpointing} failed:\n{done.stderr[-4000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -317,8 +318,10 @@ def target_verdicts(rows: list[dict]) -> list[dict]:
         measured = {
             r["loss"]: r["ratio_to_none"]
             for r in rows
-            if r["checkpointing"] == checkpointing and r["gold_precision"] == precision
-            and r["loss"] in TARGET_LOSSES and "ratio_to_none" in r
+            if r["checkpointing"] == checkpointing
+            and r["gold_precision"] == precision
+            and r["loss"] in TARGET_LOSSES
+            and "ratio_to_none" in r
         }
         verdicts.append(
             {
@@ -347,8 +350,11 @@ def print_table(args, result: dict) -> None:
         reuse = result["steps"][0]["encoder_states_reused"]
         print(
             "gold scores "
-            + ("reuse the training pass's encoder states (no encoder dropout)" if reuse else
-               "run their own eval-mode encoder pass (encoder dropout > 0; --encoder-dropout off reuses states)")
+            + (
+                "reuse the training pass's encoder states (no encoder dropout)"
+                if reuse
+                else "run their own eval-mode encoder pass (encoder dropout > 0; --encoder-dropout off reuses states)"
+            )
         )
         print(
             f"{'loss':7s} {'gold':6s} {'ckpt':5s} {'s/step':>7s} {'gold s':>7s} {'x none':>7s} {'cpu x':>6s} "
@@ -380,8 +386,10 @@ def print_table(args, result: dict) -> None:
             f"naive/batched {row['naive_over_batched']:.1f}x; cpu time {row['cpu_naive_over_reused']:.1f}x]"
         )
         if row["batched_over_batched_bf16"] is not None:
-            print(f"gold {row['loss']:6s} own encoder pass full / bf16: {row['batched_over_batched_bf16']:.2f}x  "
-                  f"[{row['batched_seconds']:.2f} s vs {row['batched_bf16_seconds']:.2f} s]")
+            print(
+                f"gold {row['loss']:6s} own encoder pass full / bf16: {row['batched_over_batched_bf16']:.2f}x  "
+                f"[{row['batched_seconds']:.2f} s vs {row['batched_bf16_seconds']:.2f} s]"
+            )
 
 
 def main() -> None:
@@ -391,31 +399,38 @@ def main() -> None:
     parser.add_argument("--passages", type=int, default=20)
     parser.add_argument("--length", type=int, default=256)
     parser.add_argument("--target-length", type=int, default=16)
-    parser.add_argument(
-        "--steps", type=int, default=2, help="timed steps per setting (after a warm-up)"
-    )
-    parser.add_argument(
-        "--dropout", type=float, default=0.1, help="0 lets gold reuse encoder states"
-    )
+    parser.add_argument("--steps", type=int, default=2, help="timed steps per setting (after a warm-up)")
+    parser.add_argument("--dropout", type=float, default=0.1, help="0 lets gold reuse encoder states")
     parser.add_argument("--losses", default=",".join(LOSSES))
-    parser.add_argument("--gold-precision", default=f"full,{RetrieverConfig().gold_precision}",
-                        help="gold passes' encoder precision(s) to time, comma-separated (full, bf16, auto); "
-                             "the default compares full with the recipes' default")
-    parser.add_argument("--encoder-dropout", choices=["on", "off"], default="on",
-                        help="off: the reader's encoder runs without dropout (reader.encoder_dropout: false), "
-                             "so the gold scores reuse the training pass's encoder states")
+    parser.add_argument(
+        "--gold-precision",
+        default=f"fp32,{RetrieverConfig().gold_precision}",
+        help="gold passes' encoder precision(s) to time, comma-separated (fp32, bf16, auto; "
+        "'full' = fp32); the default compares fp32 with the recipes' default",
+    )
+    parser.add_argument(
+        "--encoder-dropout",
+        choices=["on", "off"],
+        default="on",
+        help="off: the reader's encoder runs without dropout (reader.encoder_dropout: false), "
+        "so the gold scores reuse the training pass's encoder states",
+    )
     parser.add_argument("--checkpointing", choices=["off", "on", "both"], default="both")
     parser.add_argument("--retriever", choices=["minilm", "learnable"], default="minilm")
     parser.add_argument("--no-gold-cost", action="store_true", help="skip part 2 (gold cost)")
     parser.add_argument("--gold-losses", default="pdist,adist,loop")
     parser.add_argument("--no-steps", action="store_true", help="skip part 1")
     parser.add_argument("--device", default="cpu", help="cpu or cuda: where the reader and the retriever run")
-    parser.add_argument("--precision", choices=["full", "bf16"], default="full",
-                        help="the forward pass's precision (training.precision: bf16 autocasts it)")
+    parser.add_argument(
+        "--precision",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="the forward pass's precision (training.precision: bf16 autocasts it)",
+    )
     parser.add_argument("--single", help=argparse.SUPPRESS)  # internal: one setting per process
     args = parser.parse_args()
     args.gold_losses = args.gold_losses.split(",")
-    args.gold_precision = args.gold_precision.split(",")
+    args.gold_precision = ["fp32" if p == "full" else p for p in args.gold_precision.split(",")]  # old name
     bad = sorted(set(args.gold_precision) - set(PRECISIONS) - {"-"})
     if bad:
         parser.error(f"unknown gold precision(s) {bad}; valid: {list(PRECISIONS)}")
@@ -444,8 +459,9 @@ def main() -> None:
     if not args.no_steps:
         flags = {"off": [False], "on": [True], "both": [False, True]}[args.checkpointing]
         for checkpointing in flags:
-            for loss_name, precision in [(loss, p) for loss in losses
-                                         for p in (["-"] if loss == "none" else args.gold_precision)]:
+            for loss_name, precision in [
+                (loss, p) for loss in losses for p in (["-"] if loss == "none" else args.gold_precision)
+            ]:
                 row = run_in_fresh_process(loss_name, checkpointing, precision)
                 print(
                     f"  {loss_name:6s} checkpointing={checkpointing!s:5s} gold {row['gold_precision_used']:6s} "

@@ -42,7 +42,7 @@ def cross_attention_scores(
         (B, K) float32 scores (see the module docstring).
     """
     batch, n_passages, length, hidden = encoder_states.shape
-    modules = [block.layer[1].EncDecAttention for block in reader.t5.decoder.block]
+    modules = [block.layer[1].EncDecAttention for block in reader.seq2seq.decoder.block]
     queries_in: list[torch.Tensor] = []
 
     def capture(_module, args, kwargs):
@@ -55,14 +55,12 @@ def cross_attention_scores(
         for handle in handles:
             handle.remove()
     if len(queries_in) != len(modules):
-        raise RuntimeError(
-            f"captured {len(queries_in)} cross-attention inputs for {len(modules)} layers"
-        )
+        raise RuntimeError(f"captured {len(queries_in)} cross-attention inputs for {len(modules)} layers")
 
     fused = encoder_states.reshape(batch, n_passages * length, hidden)
     key_mask = attention_mask.reshape(batch, 1, 1, n_passages * length).bool()
     bias = None  # a transformers-3 reader's cross-attention position bias, (1, h, T, K·L), on every layer
-    if has_cross_attention_bias(reader.t5):
+    if has_cross_attention_bias(reader.seq2seq):
         bias = cross_attention_bias(modules[0], labels.shape[1], n_passages * length).float()
     valid_t = (labels != IGNORE_INDEX).to(torch.float32)  # (B, T)
     total = torch.zeros(batch, n_passages * length, dtype=torch.float32, device=fused.device)
@@ -102,7 +100,7 @@ def copy_attention_scores(
     Returns:
         (B, K) float32 scores (float64 for a float64 reader) in [0, 1], summing to at most 1 over passages.
     """
-    head = getattr(reader.t5, "copy_head", None)
+    head = getattr(reader.seq2seq, "copy_head", None)
     if head is None:
         raise ValueError("copy attention scores need a reader with a copy head (a warm-started reader with copy)")
     batch, n_passages, length, _ = encoder_states.shape

@@ -3,8 +3,8 @@
 Hugging Face's beam search repeats the fused encoder states for every beam, (B·beams, K·L, H), so T5's
 cross-attention projects keys and values of beams identical copies of every passage token on the first
 step and reads all beams copies at every later step. With K·L = 1,600 those two costs dominate a K=5
-beam search of 4 on CPU (profiled; bench/reading.py's figures: docs/results/reader.md). Every beam of one example attends to the same
-keys/values, and beam search only moves beams within their example, so:
+beam search of 4 on CPU (profiled; bench/reading.py's figures: docs/results/reader.md). Every beam of one
+example attends to the same keys/values, and beam search only moves beams within their example, so:
 
 - `BeamSharedCrossAttentionCache.prefilled` projects the keys/values from the B unexpanded rows before
   decoding starts, and never reorders them;
@@ -55,8 +55,9 @@ class BeamSharedCrossAttentionCache(EncoderDecoderCache):
     encoder_positions = None
 
     @classmethod
-    def prefilled(cls, decoder: torch.nn.Module, encoder_states: torch.Tensor,
-                  attention_mask: torch.Tensor | None = None) -> BeamSharedCrossAttentionCache:
+    def prefilled(
+        cls, decoder: torch.nn.Module, encoder_states: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> BeamSharedCrossAttentionCache:
         """A cache whose cross-attention keys/values are projected from one copy of each example.
 
         Args:
@@ -103,16 +104,20 @@ class BeamFoldedCrossAttention(T5Attention):
             # and not by T5Attention, which knows neither the packed positions nor, with a cache, the
             # decoder position (it would count the token its block's self-attention has just appended)
             position_bias = cross_attention_bias(
-                self, hidden_states.shape[1], key_value_states.shape[1],
+                self,
+                hidden_states.shape[1],
+                key_value_states.shape[1],
                 offset=decoder_offset(cache, self.layer_idx, hidden_states.shape[1]),
-                encoder_positions=getattr(cache, "encoder_positions", None))
+                encoder_positions=getattr(cache, "encoder_positions", None),
+            )
         shared = self._per_example_keys_values(hidden_states, key_value_states, cache)
         if shared is None:
             if position_bias is not None and position_bias.shape[0] not in (1, hidden_states.shape[0]):
                 # per-example bias for beam-expanded rows (a cache that does not fold beams)
                 position_bias = position_bias.repeat_interleave(hidden_states.shape[0] // position_bias.shape[0], 0)
-            return super().forward(hidden_states, mask=mask, key_value_states=key_value_states,
-                                   position_bias=position_bias, **kwargs)
+            return super().forward(
+                hidden_states, mask=mask, key_value_states=key_value_states, position_bias=position_bias, **kwargs
+            )
         keys, values = shared  # (B, heads, S, d)
         batch = keys.shape[0]
         rows, length, _ = hidden_states.shape

@@ -56,10 +56,17 @@ class CopyHead(nn.Module):
         """β, the span-continuation bias (a scalar tensor)."""
         return CONTINUATION_SCALE * self.continuation
 
-    def copy_attention(self, decoder_states: torch.Tensor, encoder_states: torch.Tensor, encoder_mask: torch.Tensor,
-                       source_ids: torch.Tensor, decoder_input_ids: torch.Tensor | None = None,
-                       passage_length: int | None = None, previous_ids: torch.Tensor | None = None,
-                       log_prior: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def copy_attention(
+        self,
+        decoder_states: torch.Tensor,
+        encoder_states: torch.Tensor,
+        encoder_mask: torch.Tensor,
+        source_ids: torch.Tensor,
+        decoder_input_ids: torch.Tensor | None = None,
+        passage_length: int | None = None,
+        previous_ids: torch.Tensor | None = None,
+        log_prior: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The copy distribution over input positions and the gate's logit of generating.
 
         Args: as `forward` (without vocab_logits).
@@ -68,12 +75,29 @@ class CopyHead(nn.Module):
             of generating from the vocabulary (σ(−gate) is the probability of copying).
         """
         rows, steps = decoder_states.shape[:2]
-        attention, gate = self._folded_copy_attention(decoder_states, encoder_states, encoder_mask, source_ids,
-                                                      decoder_input_ids, passage_length, previous_ids, log_prior)
+        attention, gate = self._folded_copy_attention(
+            decoder_states,
+            encoder_states,
+            encoder_mask,
+            source_ids,
+            decoder_input_ids,
+            passage_length,
+            previous_ids,
+            log_prior,
+        )
         return attention.reshape(rows, steps, -1), gate.reshape(rows, steps, 1)
 
-    def _folded_copy_attention(self, decoder_states, encoder_states, encoder_mask, source_ids, decoder_input_ids,
-                               passage_length, previous_ids, log_prior=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _folded_copy_attention(
+        self,
+        decoder_states,
+        encoder_states,
+        encoder_mask,
+        source_ids,
+        decoder_input_ids,
+        passage_length,
+        previous_ids,
+        log_prior=None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """`copy_attention` with the beams of an example folded into its query axis: attention
         (B, beams·T, S) and gate (B, beams·T, 1), rows beam-major (example b's beams are decoder rows
         b·beams … b·beams + beams − 1, as `generate` lays them out)."""
@@ -102,10 +126,18 @@ class CopyHead(nn.Module):
             attention = (scores + log_prior.to(dtype).unsqueeze(1)).softmax(-1)
         return attention, gate
 
-    def forward(self, decoder_states: torch.Tensor, vocab_logits: torch.Tensor, encoder_states: torch.Tensor,
-                encoder_mask: torch.Tensor, source_ids: torch.Tensor,
-                decoder_input_ids: torch.Tensor | None = None, passage_length: int | None = None,
-                previous_ids: torch.Tensor | None = None, log_prior: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        decoder_states: torch.Tensor,
+        vocab_logits: torch.Tensor,
+        encoder_states: torch.Tensor,
+        encoder_mask: torch.Tensor,
+        source_ids: torch.Tensor,
+        decoder_input_ids: torch.Tensor | None = None,
+        passage_length: int | None = None,
+        previous_ids: torch.Tensor | None = None,
+        log_prior: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Mixed log-probabilities.
 
         Args:
@@ -124,20 +156,30 @@ class CopyHead(nn.Module):
             (N, T, V) log p(w) (normalised over V), float32 (float64 for a float64 head).
         """
         rows, steps, _ = decoder_states.shape
-        attention, gate = self._folded_copy_attention(decoder_states, encoder_states, encoder_mask, source_ids,
-                                                      decoder_input_ids, passage_length, previous_ids, log_prior)
+        attention, gate = self._folded_copy_attention(
+            decoder_states,
+            encoder_states,
+            encoder_mask,
+            source_ids,
+            decoder_input_ids,
+            passage_length,
+            previous_ids,
+            log_prior,
+        )
         batch, queries, _ = attention.shape
         copy = attention.new_zeros(batch, queries, vocab_logits.shape[-1])
         copy.scatter_add_(2, source_ids.unsqueeze(1).expand(-1, queries, -1), attention)
         copy = copy.view(rows, steps, -1)
         log_copy = copy.clamp_min(1e-30).log().masked_fill(copy == 0, float("-inf"))
         gate = gate.view(rows, steps, 1)
-        return torch.logaddexp(F.logsigmoid(gate) + F.log_softmax(vocab_logits.to(attention.dtype), dim=-1),
-                               F.logsigmoid(-gate) + log_copy)
+        return torch.logaddexp(
+            F.logsigmoid(gate) + F.log_softmax(vocab_logits.to(attention.dtype), dim=-1), F.logsigmoid(-gate) + log_copy
+        )
 
 
-def previous_source_ids(source_ids: torch.Tensor, encoder_mask: torch.Tensor,
-                        passage_length: int | None = None) -> torch.Tensor:
+def previous_source_ids(
+    source_ids: torch.Tensor, encoder_mask: torch.Tensor, passage_length: int | None = None
+) -> torch.Tensor:
     """The token id before each input position within its passage (the x_{j-1} of the span-continuation
     bias): −1 at a passage's first position and after a masked one.
 

@@ -59,8 +59,10 @@ def add_cross_attention_bias(t5: nn.Module, table: torch.Tensor) -> None:
     attention = _first_cross_attention(t5)
     expected = (t5.config.relative_attention_num_buckets, t5.config.num_heads)
     if tuple(table.shape) != expected:
-        raise ValueError(f"{CROSS_BIAS_KEY}: shape {tuple(table.shape)}, this T5 needs {expected} "
-                         "(relative_attention_num_buckets, num_heads)")
+        raise ValueError(
+            f"{CROSS_BIAS_KEY}: shape {tuple(table.shape)}, this T5 needs {expected} "
+            "(relative_attention_num_buckets, num_heads)"
+        )
     weight = attention.q.weight
     attention.relative_attention_bias = nn.Embedding(*expected, device=weight.device, dtype=weight.dtype)
     with torch.no_grad():
@@ -111,8 +113,14 @@ def decoder_offset(cache, layer_idx: int, query_length: int) -> int:
     return int(cache.self_attention_cache.get_seq_length(layer_idx)) - query_length
 
 
-def cross_attention_bias(attention: nn.Module, query_length: int, key_length: int, *, offset: int = 0,
-                         encoder_positions: torch.Tensor | None = None) -> torch.Tensor:
+def cross_attention_bias(
+    attention: nn.Module,
+    query_length: int,
+    key_length: int,
+    *,
+    offset: int = 0,
+    encoder_positions: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The bias the cross-attention of every decoder block adds to its scores.
 
     Args:
@@ -130,6 +138,9 @@ def cross_attention_bias(attention: nn.Module, query_length: int, key_length: in
         encoder_positions = torch.arange(key_length, device=table.device).unsqueeze(0)  # (1, S)
     relative = encoder_positions.to(table.device).unsqueeze(1) - decoder.view(1, -1, 1)  # (B, T, S): j − i
     buckets = T5Attention._relative_position_bucket(
-        relative, bidirectional=False, num_buckets=attention.relative_attention_num_buckets,
-        max_distance=attention.relative_attention_max_distance)
+        relative,
+        bidirectional=False,
+        num_buckets=attention.relative_attention_num_buckets,
+        max_distance=attention.relative_attention_max_distance,
+    )
     return nn.functional.embedding(buckets, table).permute(0, 3, 1, 2)  # (B, heads, T, S)

@@ -24,8 +24,12 @@ def project_embeddings(source: torch.Tensor, width: int) -> torch.Tensor:
     return projected
 
 
-def transfer_token_embeddings(t5: T5ForConditionalGeneration, tokenizer: PreTrainedTokenizerBase,
-                              source: torch.Tensor, source_vocab: dict[str, int]) -> int:
+def transfer_token_embeddings(
+    t5: T5ForConditionalGeneration,
+    tokenizer: PreTrainedTokenizerBase,
+    source: torch.Tensor,
+    source_vocab: dict[str, int],
+) -> int:
     """Overwrite the rows of `t5.shared` (V_r, d_model) whose token string is in `source_vocab`
     with that token's row of `source` (V_s, d_s), projected to d_model (`project_embeddings`)
     and rescaled to the standard deviation of the reader's current embeddings. Tokens only the

@@ -8,7 +8,7 @@ That pass needs no gradient, so it can run under bfloat16 autocast where the har
 bfloat16 natively (CPUs with AVX512-BF16 or AMX, CUDA GPUs with bf16), where it is faster and its states
 stay close to float32's (both measured: docs/results/retriever.md, "The cost of a step"). The gold scores
 keep their meaning (the same reader, eval mode, no grad); their change is
-measured by bench/gold_signal.py (`--gold-precision full,bf16`). Only the encoder runs in bfloat16: the
+measured by bench/gold_signal.py (`--gold-precision fp32,bf16`). Only the encoder runs in bfloat16: the
 decoder passes that turn states into likelihoods and attention masses stay in the reader's precision.
 Answering (`reader.inference_precision`, off by default so that figures do not depend on the machine)
 runs its encoder pass the same way; its decoder stays in the reader's precision (autocast slowed the
@@ -24,11 +24,25 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
+import warnings
 
 import torch
 from torch import nn
 
-PRECISIONS = ("auto", "full", "bf16")
+# One vocabulary for every precision setting (`training.precision`, `reader.inference_precision`,
+# `retriever.gold_precision`); "full" is the old name of "fp32", still read with a warning
+PRECISIONS = ("auto", "fp32", "bf16")
+PRECISION_ALIASES = {"full": "fp32"}
+
+
+def canonical_precision(precision: str) -> str:
+    """`precision` in the current vocabulary: an old name (`PRECISION_ALIASES`) → its new one, with a
+    FutureWarning naming the new spelling; any other value as given."""
+    if precision in PRECISION_ALIASES:
+        new = PRECISION_ALIASES[precision]
+        warnings.warn(f"precision {precision!r} is deprecated; write {new!r}", FutureWarning, stacklevel=3)
+        return new
+    return precision
 
 
 def native_bf16(device: torch.device) -> bool:
@@ -48,6 +62,7 @@ def native_bf16(device: torch.device) -> bool:
 @functools.lru_cache(maxsize=1)
 def _cpu_bf16_speedup() -> float:
     """float32 time / bfloat16 time of a (2048 × 384) · (384 × 1536) product on this CPU (~0.1 s to measure)."""
+
     def best_time(dtype: torch.dtype) -> float:
         # a private generator: a probe must not move the global RNG (a run's dropout masks would then
         # depend on whether this process had measured before)
@@ -67,20 +82,21 @@ def _cpu_bf16_speedup() -> float:
 
 
 def resolve_precision(precision: str, encoder: nn.Module) -> str:
-    """"auto" → "bf16" where the encoder is float32 on a device with native bfloat16, else "full";
-    "full" and "bf16" as given. ValueError for an unknown name."""
+    """ "auto" → "bf16" where the encoder is float32 on a device with native bfloat16, else "fp32";
+    "fp32" and "bf16" as given ("full": "fp32", with a warning). ValueError for an unknown name."""
+    precision = canonical_precision(precision)
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; valid: {list(PRECISIONS)}")
     if precision != "auto":
         return precision
     weight = next(encoder.parameters(), None)
     if weight is None or weight.dtype != torch.float32:
-        return "full"
-    return "bf16" if native_bf16(weight.device) else "full"
+        return "fp32"
+    return "bf16" if native_bf16(weight.device) else "fp32"
 
 
 def precision_autocast(precision: str, device: torch.device):
-    """The context a pass at `precision` ("full" or "bf16", resolved) runs in: bfloat16 autocast or none."""
+    """The context a pass at `precision` ("fp32" or "bf16", resolved) runs in: bfloat16 autocast or none."""
     if precision == "bf16":
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()

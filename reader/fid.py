@@ -131,29 +131,36 @@ class FiDReader(nn.Module):
     """A T5 encoder-decoder read as Fusion-in-Decoder.
 
     Args:
-        t5: the wrapped `T5ForConditionalGeneration` (any T5 / v1.1 / lm-adapt config).
+        seq2seq: the wrapped encoder-decoder: a `T5ForConditionalGeneration` (any T5 / v1.1 /
+            lm-adapt config), or a T5 decoder over a BERT-family encoder (`reader.warm_start`, the
+            shipped reader's MiniLM encoder).
     """
 
-    def __init__(self, t5: T5ForConditionalGeneration) -> None:
+    def __init__(self, seq2seq: T5ForConditionalGeneration) -> None:
         super().__init__()
-        self.t5 = t5
-        fold_beams_in_cross_attention(t5)  # beam search reads each example's passages once
+        self.seq2seq = seq2seq
+        fold_beams_in_cross_attention(seq2seq)  # beam search reads each example's passages once
+
+    @property
+    def t5(self) -> T5ForConditionalGeneration:
+        """`seq2seq` under its former name (it does not always hold a T5 encoder), for users' scripts."""
+        return self.seq2seq
 
     @property
     def config(self) -> T5Config:
         """The wrapped model's config (read-only use; FiD keeps no state there)."""
-        return self.t5.config
+        return self.seq2seq.config
 
     @property
     def n_decoder_layers(self) -> int:
         """Number of decoder blocks."""
-        return len(self.t5.decoder.block)
+        return len(self.seq2seq.decoder.block)
 
     @property
     def copies_from_source(self) -> bool:
         """Whether the decoder points into the input tokens (a copy head), so that every decoder
         pass needs the encoder input ids (`source_kwargs`)."""
-        return bool(getattr(self.t5, "copies_from_source", False))
+        return bool(getattr(self.seq2seq, "copies_from_source", False))
 
     def source_kwargs(self, input_ids: torch.Tensor | None) -> dict[str, torch.Tensor]:
         """Extra decoder-pass arguments: `{"source_ids": (B, K·L), "passage_length": L}` for a copy
@@ -171,25 +178,25 @@ class FiDReader(nn.Module):
     def is_dropout_free(self) -> bool:
         """True when no dropout is active in train mode, so train- and eval-mode outputs agree."""
         return all(m.p == 0 for m in self.modules() if isinstance(m, nn.Dropout)) and (
-            self.t5.config.dropout_rate == 0
+            self.seq2seq.config.dropout_rate == 0
         )
 
     def encoder_is_dropout_free(self) -> bool:
         """True when the encoder applies no dropout in train mode, so that its training-pass states
         are the eval-mode states (the retriever losses' gold scores can reuse them)."""
-        return all(_module_dropout(m) == 0 for m in self.t5.encoder.modules())
+        return all(_module_dropout(m) == 0 for m in self.seq2seq.encoder.modules())
 
     def disable_encoder_dropout(self) -> None:
         """No dropout in the encoder (its layers, attention probabilities and embeddings); the decoder
         keeps its rate. Runtime only: a saved reader keeps its config's `dropout_rate`."""
-        for module in self.t5.encoder.modules():
+        for module in self.seq2seq.encoder.modules():
             if isinstance(module, nn.Dropout):
                 module.p = 0.0
             elif isinstance(getattr(module, "dropout", None), float):  # T5Attention: a rate, not a module
                 module.dropout = 0.0
 
     # --- encoding ---------------------------------------------------------------------
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, precision: str = "full") -> torch.Tensor:
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, precision: str = "fp32") -> torch.Tensor:
         """Encode every passage independently.
 
         The B·K rows are encoded in groups of up to `ENCODE_GROUP_ROWS` rows of similar length,
@@ -201,16 +208,16 @@ class FiDReader(nn.Module):
         Args:
             input_ids: (B, K, L) token ids of the formatted (query, passage) pairs.
             attention_mask: (B, K, L), 1 for real tokens.
-            precision: "full" (the encoder's own precision), "bf16" (bfloat16 autocast:
+            precision: "fp32" (the encoder's own precision), "bf16" (bfloat16 autocast:
                 `reader.encoder_precision`) or "auto" (bf16 for a no-grad pass where the hardware
-                multiplies bfloat16 natively, else full).
+                multiplies bfloat16 natively, else fp32).
         Returns:
             (B, K, L, H) encoder states in the encoder's dtype (with gradient when grad is enabled).
         """
         if precision == "auto" and torch.is_grad_enabled():
-            precision = "full"
-        precision = resolve_precision(precision, self.t5.encoder)
-        state_dtype = next(self.t5.encoder.parameters()).dtype
+            precision = "fp32"
+        precision = resolve_precision(precision, self.seq2seq.encoder)
+        state_dtype = next(self.seq2seq.encoder.parameters()).dtype
         batch, n_passages, length = input_ids.shape
         ids = input_ids.reshape(batch * n_passages, length)
         mask = attention_mask.reshape(batch * n_passages, length)
@@ -222,22 +229,20 @@ class FiDReader(nn.Module):
         for rows in order.split(ENCODE_GROUP_ROWS):
             used = int(lengths[rows[0]])  # the longest of the group: rows are sorted
             with precision_autocast(precision, ids.device):
-                group = self.t5.encoder(input_ids=ids[rows, :used], attention_mask=mask[rows, :used]).last_hidden_state
+                group = self.seq2seq.encoder(
+                    input_ids=ids[rows, :used], attention_mask=mask[rows, :used]
+                ).last_hidden_state
             group = group.to(state_dtype)  # autocast leaves bfloat16 states
             groups.append(nn.functional.pad(group, (0, 0, 0, length - used)))  # (rows, L, H)
         states = torch.cat(groups)[torch.argsort(order)]  # back to the input's row order
         return states.view(batch, n_passages, length, -1)
 
     @staticmethod
-    def fuse(
-        encoder_states: torch.Tensor, attention_mask: torch.Tensor
-    ) -> tuple[BaseModelOutput, torch.Tensor]:
+    def fuse(encoder_states: torch.Tensor, attention_mask: torch.Tensor) -> tuple[BaseModelOutput, torch.Tensor]:
         """Concatenate passages: (B, K, L, H) states and (B, K, L) mask → (B, K·L, H), (B, K·L)."""
         batch, n_passages, length, hidden = encoder_states.shape
         fused = encoder_states.reshape(batch, n_passages * length, hidden)
-        return BaseModelOutput(last_hidden_state=fused), attention_mask.reshape(
-            batch, n_passages * length
-        )
+        return BaseModelOutput(last_hidden_state=fused), attention_mask.reshape(batch, n_passages * length)
 
     @staticmethod
     def fuse_packed(
@@ -265,7 +270,7 @@ class FiDReader(nn.Module):
 
     def shift_right(self, labels: torch.Tensor) -> torch.Tensor:
         """Decoder inputs for targets `labels` (B, T): start token prepended, -100 → pad."""
-        return self.t5._shift_right(labels)
+        return self.seq2seq._shift_right(labels)
 
     # --- training / scoring -----------------------------------------------------------
     def forward(
@@ -296,7 +301,7 @@ class FiDReader(nn.Module):
                 raise ValueError("FiDReader.forward needs input_ids or encoder_states")
             encoder_states = self.encode(input_ids, attention_mask)
         encoder_outputs, fused_mask = self.fuse(encoder_states, attention_mask)
-        return self.t5(
+        return self.seq2seq(
             encoder_outputs=encoder_outputs,
             attention_mask=fused_mask,
             labels=labels,
@@ -316,7 +321,7 @@ class FiDReader(nn.Module):
         encoder_states: torch.Tensor | None = None,
         prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], list[int]] | None = None,
         length_penalty: float = 1.0,
-        precision: str = "full",
+        precision: str = "fp32",
         pack_passages: bool = True,
         passage_log_prior: torch.Tensor | None = None,
     ) -> torch.Tensor:
@@ -334,7 +339,7 @@ class FiDReader(nn.Module):
             prefix_allowed_tokens_fn: constrained decoding, `(example index, ids so far (T,)) → allowed
                 next ids` (e.g. `reader.span_constraint.PassageSpanConstraint`).
             length_penalty: beam search ranks by log-probability / length**length_penalty.
-            precision: "full", "bf16" or "auto" (`reader.encoder_precision`) of the encoder pass (when
+            precision: "fp32", "bf16" or "auto" (`reader.encoder_precision`) of the encoder pass (when
                 `encoder_states` is None); the decoder runs at the reader's precision (bfloat16 autocast
                 slowed its small per-step products on CPU: bench/reading.py).
             pack_passages: False decodes over the padded K·L layout (`fuse`): the same answers, slower
@@ -345,6 +350,8 @@ class FiDReader(nn.Module):
         Returns:
             (B, T') generated ids starting with the decoder start token.
         """
+        # long: the one entry of every decoding path (greedy, beam, span answers, packed passages, copy head), each
+        # branch a few lines
         if encoder_states is None:
             encoder_states = self.encode(input_ids, attention_mask, precision=precision)
         source = self.source_kwargs(input_ids)
@@ -355,36 +362,42 @@ class FiDReader(nn.Module):
         positions = torch.arange(encoder_states.shape[1] * length, device=encoder_states.device)
         if pack_passages:
             encoder_outputs, fused_mask, positions = self.fuse_packed(encoder_states, attention_mask)
-            if source:  # the copy head points into the packed ids, each knowing its predecessor in its passage
-                ids = source["source_ids"]
-                previous = previous_source_ids(ids, attention_mask.reshape(ids.shape), source.pop("passage_length"))
-                source = {"source_ids": ids.gather(1, positions).masked_fill(fused_mask.eq(0), 0),
-                          "source_previous_ids": previous.gather(1, positions).masked_fill(fused_mask.eq(0), -1)}
+            if source:
+                source = _packed_copy_source(source, attention_mask, positions, fused_mask)
         else:
             encoder_outputs, fused_mask = self.fuse(encoder_states, attention_mask)
         log_prior = None
         if passage_log_prior is not None:  # (B, K) → (B, S) by each position's passage, zero where masked
             passage_of = (positions // length).expand(encoder_states.shape[0], -1)
-            log_prior = passage_log_prior.to(encoder_states.device).gather(1, passage_of).masked_fill(fused_mask.eq(0), 0)
-        cache = BeamSharedCrossAttentionCache.prefilled(self.t5.decoder, encoder_outputs.last_hidden_state, fused_mask)
-        if pack_passages and has_cross_attention_bias(self.t5):
+            log_prior = passage_log_prior.to(encoder_states.device).gather(1, passage_of)
+            log_prior = log_prior.masked_fill(fused_mask.eq(0), 0)
+        cache = BeamSharedCrossAttentionCache.prefilled(
+            self.seq2seq.decoder, encoder_outputs.last_hidden_state, fused_mask
+        )
+        if pack_passages and has_cross_attention_bias(self.seq2seq):
             # a transformers-3 reader's cross-attention bias depends on each key's place in the K·L layout
             cache.encoder_positions = positions
         if source and isinstance(cache, BeamSharedCrossAttentionCache):  # not a baseline's own cache
-            cache.copy_source = CopySource(encoder_outputs.last_hidden_state, fused_mask, source["source_ids"],
-                                           source.get("source_previous_ids"), log_prior)
+            cache.copy_source = CopySource(
+                encoder_outputs.last_hidden_state,
+                fused_mask,
+                source["source_ids"],
+                source.get("source_previous_ids"),
+                log_prior,
+            )
         elif log_prior is not None:
             raise ValueError("passage_log_prior needs the shipped generation path (a BeamSharedCrossAttentionCache)")
-        return self.t5.generate(
+        config = self.seq2seq.config
+        return self.seq2seq.generate(
             encoder_outputs=encoder_outputs,
             attention_mask=fused_mask,
             max_new_tokens=max_length,
             num_beams=num_beams,
             do_sample=False,
-            decoder_start_token_id=self.t5.config.decoder_start_token_id,
-            eos_token_id=self.t5.config.eos_token_id,
-            pad_token_id=self.t5.config.pad_token_id,
             **{CACHE_KWARG: cache},
+            decoder_start_token_id=config.decoder_start_token_id,
+            eos_token_id=config.eos_token_id,
+            pad_token_id=config.pad_token_id,
             prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
             length_penalty=length_penalty,
             **source,
@@ -410,7 +423,7 @@ class FiDReader(nn.Module):
         batch = input_ids.shape[0]
         start = torch.full(
             (batch, 1),
-            self.t5.config.decoder_start_token_id,
+            self.seq2seq.config.decoder_start_token_id,
             dtype=torch.long,
             device=input_ids.device,
         )
@@ -440,9 +453,7 @@ class FiDReader(nn.Module):
         input_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """(B, K) mean target NLL reading all passages but k; see `passage_scores`."""
-        return passage_scores.leave_one_out_nll(
-            self, encoder_states, attention_mask, labels, input_ids=input_ids
-        )
+        return passage_scores.leave_one_out_nll(self, encoder_states, attention_mask, labels, input_ids=input_ids)
 
     def cross_attention_scores(
         self,
@@ -471,19 +482,17 @@ class FiDReader(nn.Module):
     # --- memory / persistence ---------------------------------------------------------
     def gradient_checkpointing_enable(self) -> None:
         """Recompute T5 block activations in the backward pass (less memory, ~1/3 more time)."""
-        self.t5.activation_checkpointing_enable(
-            activation_checkpointing_kwargs={"use_reentrant": False}
-        )
+        self.seq2seq.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
 
     def gradient_checkpointing_disable(self) -> None:
         """Keep activations (the default)."""
-        self.t5.activation_checkpointing_disable()
+        self.seq2seq.activation_checkpointing_disable()
 
     def save_pretrained(self, path: str | Path, overwrite: bool = False) -> None:
         """Write the reader folder atomically: a plain Hugging Face T5 folder (config.json +
         safetensors), or for a warm-started reader its own folder (`reader.warm_start`)."""
         with atomic_directory(Path(path), overwrite=overwrite) as tmp:
-            self.t5.save_pretrained(str(tmp), safe_serialization=True)
+            self.seq2seq.save_pretrained(str(tmp), safe_serialization=True)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, dropout: float | None = None) -> FiDReader:
@@ -502,8 +511,9 @@ class FiDReader(nn.Module):
         model_class = UntiedT5ForConditionalGeneration if saved_untied(folder) else T5ForConditionalGeneration
         t5, info = model_class.from_pretrained(str(folder), dtype=torch.float32, output_loading_info=True, **kwargs)
         if model_class is UntiedT5ForConditionalGeneration and "lm_head.weight" in info["missing_keys"]:
-            raise ValueError(f"{folder}: config.json says tie_word_embeddings false, but the weights hold no "
-                             "lm_head.weight")
+            raise ValueError(
+                f"{folder}: config.json says tie_word_embeddings false, but the weights hold no lm_head.weight"
+            )
         if getattr(t5.config, CROSS_BIAS_FLAG, False):
             load_cross_attention_bias(t5, folder)
         return cls(t5)
@@ -535,8 +545,10 @@ def build_reader(
             raise ValueError(f"reader preset {model!r} needs the reader tokenizer")
         return FiDReader(build_warm_started(model, tokenizer, encoder=encoder, dropout=dropout, seed=seed))
     if encoder is not None:
-        raise ValueError(f"reader.encoder applies to the warm-start presets ({sorted(WARM_START_PRESETS)}), "
-                         f"not to reader.model {model!r}")
+        raise ValueError(
+            f"reader.encoder applies to the warm-start presets ({sorted(WARM_START_PRESETS)}), "
+            f"not to reader.model {model!r}"
+        )
     if model in READER_PRESETS:
         config = preset_config(model, vocab_size, pad_token_id, eos_token_id, dropout)
         if seed is not None:
@@ -547,9 +559,7 @@ def build_reader(
         # fp32 master weights whatever the folder stores (a shipped fp16 checkpoint would
         # otherwise load as fp16, which CPU training cannot use); autocast handles bf16 runs
         return FiDReader.from_pretrained(folder, dropout=dropout)
-    if "/" in model and not model.startswith(
-        (".", "/")
-    ):  # a hub name, e.g. google/t5-base-lm-adapt
+    if "/" in model and not model.startswith((".", "/")):  # a hub name, e.g. google/t5-base-lm-adapt
         kwargs = {} if dropout is None else {"dropout_rate": dropout}
         return FiDReader(T5ForConditionalGeneration.from_pretrained(model, **kwargs))
     raise ValueError(
@@ -557,3 +567,17 @@ def build_reader(
         "a local folder "
         "nor a hub name (owner/name)"
     )
+
+
+def _packed_copy_source(
+    source: dict, attention_mask: torch.Tensor, positions: torch.Tensor, fused_mask: torch.Tensor
+) -> dict:
+    """The copy head's inputs for passages packed by `fuse_packed`: the source ids (B, K·L) of
+    `source_kwargs` gathered at the packed `positions` (B, S), each with the id before it in its own
+    passage (-1 where there is none); masked positions get 0 / -1."""
+    ids = source["source_ids"]
+    previous = previous_source_ids(ids, attention_mask.reshape(ids.shape), source["passage_length"])
+    return {
+        "source_ids": ids.gather(1, positions).masked_fill(fused_mask.eq(0), 0),
+        "source_previous_ids": previous.gather(1, positions).masked_fill(fused_mask.eq(0), -1),
+    }

@@ -7,15 +7,12 @@ from collections.abc import Mapping, Sequence
 import torch
 from transformers import PreTrainedTokenizerBase
 
-# the label of a target position that no loss counts (torch's cross-entropy default); the one
-# definition in reader/ (retriever/losses.py keeps its own: retriever may not import reader)
-IGNORE_INDEX = -100
+from tasks.modeling import IGNORE_INDEX
+
 DEFAULT_PASSAGE_FORMAT = "{query} title: {title} context: {text}"
 
 
-def format_passage(
-    query: str, passage: Mapping[str, str], passage_format: str = DEFAULT_PASSAGE_FORMAT
-) -> str:
+def format_passage(query: str, passage: Mapping[str, str], passage_format: str = DEFAULT_PASSAGE_FORMAT) -> str:
     """The reader text for one (query, passage) pair; missing title/text count as empty."""
     fields = {"title": "", "text": "", **passage, "query": query}
     return passage_format.format(**fields)
@@ -52,9 +49,7 @@ def encode_reader_inputs(
             example_texts = [format_passage(query, p, passage_format) for p in example_passages]
         real += [True] * len(example_texts) + [False] * (n_passages - len(example_texts))
         texts += example_texts + [""] * (n_passages - len(example_texts))
-    encoded = tokenizer(
-        texts, max_length=max_length, truncation=True, padding="longest", return_tensors="pt"
-    )
+    encoded = tokenizer(texts, max_length=max_length, truncation=True, padding="longest", return_tensors="pt")
     input_ids = encoded["input_ids"]
     attention_mask = encoded["attention_mask"] * torch.tensor(real, dtype=torch.long).unsqueeze(-1)
     input_ids = input_ids.masked_fill(attention_mask == 0, tokenizer.pad_token_id)
@@ -62,9 +57,7 @@ def encode_reader_inputs(
     return input_ids.view(batch, n_passages, -1), attention_mask.view(batch, n_passages, -1)
 
 
-def encode_targets(
-    tokenizer: PreTrainedTokenizerBase, targets: Sequence[str], max_length: int
-) -> torch.Tensor:
+def encode_targets(tokenizer: PreTrainedTokenizerBase, targets: Sequence[str], max_length: int) -> torch.Tensor:
     """Target strings → labels (B, T) ending in `</s>`, -100 at padding (ignored positions)."""
     encoded = tokenizer(
         list(targets),

@@ -17,9 +17,7 @@ from reader.inputs import IGNORE_INDEX
 from reader.protocol import FusionReader
 
 
-def target_token_logprobs(
-    logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0
-) -> torch.Tensor:
+def target_token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """log softmax(logits / temperature)[a_t] per position, 0 where labels are ignored.
 
     Args:
@@ -99,7 +97,7 @@ def leave_one_out_nll(
         mask = attention_mask.clone()
         mask[:, left_out] = 0
         cache = None if cross_cache is None else EncoderDecoderCache(DynamicCache(), cross_cache)
-        output = reader.t5(
+        output = reader.seq2seq(
             encoder_outputs=encoder_outputs,
             attention_mask=mask.flatten(1),
             decoder_input_ids=decoder_input_ids,

@@ -38,8 +38,16 @@ class PassageSpanConstraint:
     the answer prefix.
     """
 
-    def __init__(self, passage_token_ids: Sequence[Sequence[Sequence[int]]], *, answer_prefix: Sequence[int],
-                 eos_token_id: int, pad_token_id: int, continuation_ids: np.ndarray, vocab_size: int):
+    def __init__(
+        self,
+        passage_token_ids: Sequence[Sequence[Sequence[int]]],
+        *,
+        answer_prefix: Sequence[int],
+        eos_token_id: int,
+        pad_token_id: int,
+        continuation_ids: np.ndarray,
+        vocab_size: int,
+    ):
         """
         Args:
             passage_token_ids: per example, the token id sequences (title, text, … of each passage read)
@@ -70,8 +78,9 @@ class PassageSpanConstraint:
         self._ends: list[dict[tuple[int, ...], np.ndarray]] = [{} for _ in self._tokens]
 
     @classmethod
-    def from_passages(cls, tokenizer, passages: Sequence[Sequence[Mapping[str, str]] | None], *,
-                      answer_prefix: str, vocab_size: int) -> PassageSpanConstraint:
+    def from_passages(
+        cls, tokenizer, passages: Sequence[Sequence[Mapping[str, str]] | None], *, answer_prefix: str, vocab_size: int
+    ) -> PassageSpanConstraint:
         """Tokenise each example's passages (title and text separately, no special tokens) with the reader
         tokenizer: a word is tokenised as it is inside the reader input, so the spans match what it read."""
         per_example = []
@@ -80,9 +89,14 @@ class PassageSpanConstraint:
             fields = [f for f in fields if f.strip()]
             per_example.append(tokenizer(fields, add_special_tokens=False)["input_ids"] if fields else [])
         prefix = tokenizer(answer_prefix, add_special_tokens=False)["input_ids"] if answer_prefix else []
-        return cls(per_example, answer_prefix=prefix, eos_token_id=tokenizer.eos_token_id,
-                   pad_token_id=tokenizer.pad_token_id, continuation_ids=continuation_token_ids(tokenizer),
-                   vocab_size=vocab_size)
+        return cls(
+            per_example,
+            answer_prefix=prefix,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            continuation_ids=continuation_token_ids(tokenizer),
+            vocab_size=vocab_size,
+        )
 
     def __call__(self, batch_id: int, sequence: torch.Tensor) -> list[int]:
         """Allowed next ids after `sequence` (T,) for example `batch_id`."""

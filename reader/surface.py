@@ -44,12 +44,13 @@ def find_surface(answer: str, texts: Iterable[str]) -> str | None:
                 folded.append(piece)
                 origin.append(position)
         start = "".join(folded).find(key)
-        return text[origin[start]: origin[start + len(key) - 1] + 1]
+        return text[origin[start] : origin[start + len(key) - 1] + 1]
     return None
 
 
-def restore_surface(generated: str, passages: Sequence[Mapping[str, str]] | None,
-                    special_tokens: Sequence[str] = ()) -> str:
+def restore_surface(
+    generated: str, passages: Sequence[Mapping[str, str]] | None, special_tokens: Sequence[str] = ()
+) -> str:
     """`generated` with each stretch of text between `special_tokens` replaced by its surface form
     in `passages` (dicts with "text" and optionally "title") where it occurs there.
 
@@ -69,13 +70,18 @@ def restore_surface(generated: str, passages: Sequence[Mapping[str, str]] | None
             restored.append(piece)
         else:
             lead = piece[: len(piece) - len(piece.lstrip())]
-            trail = piece[len(piece.rstrip()):]
+            trail = piece[len(piece.rstrip()) :]
             restored.append(f"{lead}{surface}{trail}")
     return "".join(restored)
 
 
-def decode_answers(tokenizer, generated, passages: Sequence[Sequence[Mapping[str, str]] | None] | None, *,
-                   skip_special_tokens: bool = True) -> list[str]:
+def decode_answers(
+    tokenizer,
+    generated,
+    passages: Sequence[Sequence[Mapping[str, str]] | None] | None,
+    *,
+    skip_special_tokens: bool = True,
+) -> list[str]:
     """Decode generated ids (B, T') and give each answer its surface form in the passages its
     example read (`passages[b]`; None or empty: closed book, kept as decoded)."""
     texts = tokenizer.batch_decode(generated, skip_special_tokens=skip_special_tokens)

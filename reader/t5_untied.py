@@ -24,8 +24,9 @@ UNTIED_ARCHITECTURE = "T5ForConditionalGeneration"
 class UntiedT5ForConditionalGeneration(T5ForConditionalGeneration):
     """`T5ForConditionalGeneration` whose `lm_head` is a parameter of its own; same modules, same keys."""
 
-    _tied_weights_keys: ClassVar[dict[str, str]] = {k: v for k, v in T5ForConditionalGeneration._tied_weights_keys.items()
-                          if k != "lm_head.weight"}
+    _tied_weights_keys: ClassVar[dict[str, str]] = {
+        k: v for k, v in T5ForConditionalGeneration._tied_weights_keys.items() if k != "lm_head.weight"
+    }
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args, **kwargs) -> None:
         """`T5ForConditionalGeneration.save_pretrained`, with `tie_word_embeddings: false` in config.json

@@ -23,7 +23,7 @@ from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, process
 from tokenizers.models import WordPiece
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from reader.warm_start import resolve_encoder_source
+from tasks.modeling import MINILM, encoder_source
 
 N_SENTINELS = 100
 PAD, EOS, UNK = "<pad>", "</s>", "<unk>"
@@ -37,12 +37,10 @@ def sentinel(index: int) -> str:
 
 
 def _minilm_vocab_file() -> Path:
-    return Path(resolve_encoder_source("minilm")) / "vocab.txt"
+    return Path(encoder_source(MINILM)) / "vocab.txt"
 
 
-def wordpiece_t5_tokenizer(
-    vocab_file: str | Path, lowercase: bool = True
-) -> PreTrainedTokenizerFast:
+def wordpiece_t5_tokenizer(vocab_file: str | Path, lowercase: bool = True) -> PreTrainedTokenizerFast:
     """A fast tokenizer with T5 conventions over a WordPiece `vocab.txt` (one piece a line).
 
     Ids: `<pad>` 0, `</s>` 1, `<unk>` 2, the pieces in file order (BERT's [PAD]/[UNK]/[CLS]/
@@ -107,11 +105,18 @@ def reference_t5_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedToke
             return [normalizer]
         return [m for child in normalizer.get("normalizers", []) for m in charsmaps(child)]
 
-    spec["normalizer"] = {"type": "Sequence", "normalizers": [
-        *charsmaps(spec.get("normalizer")), {"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": " "}]}
+    spec["normalizer"] = {
+        "type": "Sequence",
+        "normalizers": [
+            *charsmaps(spec.get("normalizer")),
+            {"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": " "},
+        ],
+    }
     spec["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always", "split": True}
-    sentinels = sorted((t for t in tokenizer.get_vocab() if t.startswith("<extra_id_") and t.endswith(">")),
-                       key=lambda t: int(t[len("<extra_id_"):-1]) if t[len("<extra_id_"):-1].isdigit() else -1)
+    sentinels = sorted(
+        (t for t in tokenizer.get_vocab() if t.startswith("<extra_id_") and t.endswith(">")),
+        key=lambda t: int(t[len("<extra_id_") : -1]) if t[len("<extra_id_") : -1].isdigit() else -1,
+    )
     return PreTrainedTokenizerFast(
         tokenizer_object=Tokenizer.from_str(json.dumps(spec)),
         eos_token=tokenizer.eos_token,

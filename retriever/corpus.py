@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 
 from tasks.io import InputError, atomic_directory, read_jsonl, require_str
+from tasks.progress import progress_bar as tqdm
 
 COLUMNS = ("id", "doc_id", "title", "section", "text", "wikipedia_id")
 SCHEMA = pa.schema([(name, pa.string()) for name in COLUMNS])
@@ -51,6 +52,12 @@ class PrepareStats:
     skipped_reasons: list[str] = field(default_factory=list)  # the first few, for the user
     skipped_files: list[str] = field(default_factory=list)  # empty inputs (with skip_invalid)
 
+    def skip(self, error: InputError) -> None:
+        """Count a skipped record (with `skip_invalid`), keeping the first few reasons."""
+        self.skipped += 1
+        if len(self.skipped_reasons) < 5:
+            self.skipped_reasons.append(str(error))
+
 
 def id_hash(passage_id: str) -> int:
     """A stable 64-bit hash of a passage id (blake2b), identical across runs and platforms."""
@@ -68,8 +75,10 @@ def check_chunking(chunk_words: int, stride: int | None) -> int | None:
     """
     if chunk_words <= 0:
         if stride is not None:
-            raise ValueError(f"stride {stride} given without chunking (chunk_words {chunk_words}); "
-                             "set chunk_words > 0 or leave the stride out")
+            raise ValueError(
+                f"stride {stride} given without chunking (chunk_words {chunk_words}); "
+                "set chunk_words > 0 or leave the stride out"
+            )
         return None
     if stride is None:
         return chunk_words
@@ -156,7 +165,9 @@ def _tsv_records(path: Path, on_error: OnError) -> Iterator[tuple[int, dict]]:
                     InputError(path, line_no, "id", "empty id")
                     if len(row) == 3
                     else InputError(
-                        path, line_no, None,
+                        path,
+                        line_no,
+                        None,
                         f"expected 3 tab-separated columns (id, text, title), got {len(row)}",
                     )
                 )
@@ -169,7 +180,7 @@ def _tsv_records(path: Path, on_error: OnError) -> Iterator[tuple[int, dict]]:
 
 def _dataset_records(path: Path) -> Iterator[tuple[int, dict]]:
     """A dataset saved with `datasets.Dataset.save_to_disk`; the 'line' is the 1-based row."""
-    import datasets
+    import datasets  # heavy: imported only when a dataset is read
 
     ds = datasets.load_from_disk(str(path))
     if isinstance(ds, datasets.DatasetDict):
@@ -212,7 +223,7 @@ def is_empty_input(path: str | Path) -> bool:
     byte), or a dataset folder holds no rows. A missing path is not "empty" (it is an error)."""
     path = Path(path)
     if path.is_dir():
-        import datasets
+        import datasets  # heavy: imported only when a dataset is read
 
         ds = datasets.load_from_disk(str(path))
         return not isinstance(ds, datasets.DatasetDict) and len(ds) == 0
@@ -256,86 +267,27 @@ def prepare_corpus(
     `corpus.json` records as the inputs (default: their resolved paths), for callers whose
     inputs are an intermediate file (an index update's normalised records).
     """
-    from tasks.progress import progress_bar as tqdm
-
     if not inputs:
         raise ValueError("no input files given")
     check_chunking(chunk_words, stride)
     stats = PrepareStats()
-
-    def skip(error: InputError) -> None:
-        stats.skipped += 1
-        if len(stats.skipped_reasons) < 5:
-            stats.skipped_reasons.append(str(error))
-    hashes = array("Q")  # 8 bytes per passage: bounded, unlike a set of Python strings
-    origins = array("q")  # (input index << 40) | line, to name both places of a duplicate
     with atomic_directory(out, overwrite=overwrite) as tmp:
         arrow_path = tmp / "passages.arrow"
-        columns: dict[str, list[str]] = {name: [] for name in COLUMNS}
-        bar = tqdm(desc="preparing corpus", unit=" docs", disable=not progress, mininterval=1.0)
-        with pa.OSFile(str(arrow_path), "wb") as sink, pa.ipc.new_stream(sink, SCHEMA) as writer:
-            for input_no, path in enumerate(map(Path, inputs)):
-                if skip_invalid and is_empty_input(path):
-                    logger.warning("%s: skipped: the input is empty", path)
-                    stats.skipped_files.append(str(path))
-                    continue
-                for line_no, doc in iter_documents(path, skip if skip_invalid else None):
-                    if not doc["text"].strip():
-                        error = InputError(path, line_no, "text", "empty text")
-                        if not skip_invalid:
-                            raise error
-                        skip(error)
-                        continue
-                    pieces = chunk_text(doc["text"], chunk_words, stride)
-                    stats.documents += 1
-                    stats.words += len(doc["text"].split())
-                    for i, piece in enumerate(pieces):
-                        pid = passage_id(doc["id"], i, chunk_words)
-                        for name, value in (("id", pid), ("doc_id", doc["id"]), ("text", piece)):
-                            columns[name].append(value)
-                        for name in ("title", "section", "wikipedia_id"):
-                            columns[name].append(doc[name])
-                        hashes.append(id_hash(pid))
-                        origins.append((input_no << 40) | line_no)
-                    bar.update(1)
-                    if len(columns["id"]) >= _WRITE_BATCH:
-                        writer.write_batch(pa.record_batch([columns[c] for c in COLUMNS], schema=SCHEMA))
-                        columns = {name: [] for name in COLUMNS}
-            if columns["id"]:
-                writer.write_batch(pa.record_batch([columns[c] for c in COLUMNS], schema=SCHEMA))
-        bar.close()
-        stats.passages = len(hashes)
+        hashes, origins = _write_passages(
+            inputs,
+            arrow_path,
+            stats,
+            chunk_words=chunk_words,
+            stride=stride,
+            skip_invalid=skip_invalid,
+            progress=progress,
+        )
         if stats.passages == 0:
             where = inputs[0] if len(inputs) == 1 else f"{inputs[0]} (and {len(inputs) - 1} more)"
             raise InputError(where, None, None, "no valid documents in the input")
-
-        hash_array = np.frombuffer(hashes, dtype=np.uint64)
-        order = np.argsort(hash_array, kind="stable")
-        sorted_hashes = hash_array[order]
-        duplicates = _duplicate_rows(arrow_path, sorted_hashes, order)
-        if duplicates:
-            src = np.frombuffer(origins, dtype=np.int64)
-
-            def place(row: int) -> tuple[Path, int]:
-                return Path(inputs[src[row] >> 40]), int(src[row] & ((1 << 40) - 1))
-
-            first, later = duplicates[0]
-            if not skip_invalid:
-                first_path, first_line = place(first)
-                raise InputError(
-                    *place(later), "id", f"duplicate id (first seen at {first_path}:{first_line})"
-                )
-            # drop every passage of a later document whose id was already taken
-            dropped_sources = np.unique(src[[later for _, later in duplicates]])
-            drop = np.isin(src, dropped_sources)
-            for s in dropped_sources:
-                skip(InputError(Path(inputs[s >> 40]), int(s & ((1 << 40) - 1)), "id", "duplicate id"))
-            _rewrite_without(arrow_path, drop)
-            stats.documents -= int(dropped_sources.size)
-            stats.passages = int((~drop).sum())
-            hash_array = hash_array[~drop]
-            order = np.argsort(hash_array, kind="stable")
-            sorted_hashes = hash_array[order]
+        sorted_hashes, order = _drop_duplicate_ids(
+            inputs, arrow_path, hashes, origins, stats, skip_invalid=skip_invalid
+        )
         np.save(tmp / "id_hashes.npy", sorted_hashes)
         np.save(tmp / "id_rows.npy", order.astype(np.int64))
         manifest = {
@@ -352,12 +304,103 @@ def prepare_corpus(
     return stats
 
 
+def _write_passages(
+    inputs: list[str | Path],
+    arrow_path: Path,
+    stats: PrepareStats,
+    *,
+    chunk_words: int,
+    stride: int | None,
+    skip_invalid: bool,
+    progress: bool,
+) -> tuple[array, array]:
+    """Stream the inputs' documents, chunked, into the Arrow file at `arrow_path`, counting them in
+    `stats`. Returns (the id hash of each passage row, its origin `(input index << 40) | line`)."""
+    hashes = array("Q")  # 8 bytes per passage: bounded, unlike a set of Python strings
+    origins = array("q")  # (input index << 40) | line, to name both places of a duplicate
+    columns: dict[str, list[str]] = {name: [] for name in COLUMNS}
+    bar = tqdm(desc="preparing corpus", unit=" docs", disable=not progress, mininterval=1.0)
+    with pa.OSFile(str(arrow_path), "wb") as sink, pa.ipc.new_stream(sink, SCHEMA) as writer:
+        for input_no, path in enumerate(map(Path, inputs)):
+            if skip_invalid and is_empty_input(path):
+                logger.warning("%s: skipped: the input is empty", path)
+                stats.skipped_files.append(str(path))
+                continue
+            for line_no, doc in iter_documents(path, stats.skip if skip_invalid else None):
+                if not doc["text"].strip():
+                    error = InputError(path, line_no, "text", "empty text")
+                    if not skip_invalid:
+                        raise error
+                    stats.skip(error)
+                    continue
+                pieces = chunk_text(doc["text"], chunk_words, stride)
+                stats.documents += 1
+                stats.words += len(doc["text"].split())
+                for i, piece in enumerate(pieces):
+                    pid = passage_id(doc["id"], i, chunk_words)
+                    for name, value in (("id", pid), ("doc_id", doc["id"]), ("text", piece)):
+                        columns[name].append(value)
+                    for name in ("title", "section", "wikipedia_id"):
+                        columns[name].append(doc[name])
+                    hashes.append(id_hash(pid))
+                    origins.append((input_no << 40) | line_no)
+                bar.update(1)
+                if len(columns["id"]) >= _WRITE_BATCH:
+                    writer.write_batch(pa.record_batch([columns[c] for c in COLUMNS], schema=SCHEMA))
+                    columns = {name: [] for name in COLUMNS}
+        if columns["id"]:
+            writer.write_batch(pa.record_batch([columns[c] for c in COLUMNS], schema=SCHEMA))
+    bar.close()
+    stats.passages = len(hashes)
+    return hashes, origins
+
+
+def _drop_duplicate_ids(
+    inputs: list[str | Path],
+    arrow_path: Path,
+    hashes: array,
+    origins: array,
+    stats: PrepareStats,
+    *,
+    skip_invalid: bool,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Find passage ids written twice: an `InputError` naming both places, or, with `skip_invalid`,
+    every passage of each later document dropped (the Arrow file rewritten, `stats` updated).
+    Returns the id lookup table: (sorted id hashes (N,) uint64, the row of each (N,) int64)."""
+    hash_array = np.frombuffer(hashes, dtype=np.uint64)
+    order = np.argsort(hash_array, kind="stable")
+    sorted_hashes = hash_array[order]
+    duplicates = _duplicate_rows(arrow_path, sorted_hashes, order)
+    if not duplicates:
+        return sorted_hashes, order
+    src = np.frombuffer(origins, dtype=np.int64)
+
+    def place(row: int) -> tuple[Path, int]:
+        return Path(inputs[src[row] >> 40]), int(src[row] & ((1 << 40) - 1))
+
+    first, later = duplicates[0]
+    if not skip_invalid:
+        first_path, first_line = place(first)
+        raise InputError(*place(later), "id", f"duplicate id (first seen at {first_path}:{first_line})")
+    # drop every passage of a later document whose id was already taken
+    dropped_sources = np.unique(src[[later for _, later in duplicates]])
+    drop = np.isin(src, dropped_sources)
+    for s in dropped_sources:
+        stats.skip(InputError(Path(inputs[s >> 40]), int(s & ((1 << 40) - 1)), "id", "duplicate id"))
+    _rewrite_without(arrow_path, drop)
+    stats.documents -= int(dropped_sources.size)
+    stats.passages = int((~drop).sum())
+    hash_array = hash_array[~drop]
+    order = np.argsort(hash_array, kind="stable")
+    return hash_array[order], order
+
+
 def _duplicate_rows(arrow_path: Path, sorted_hashes: np.ndarray, order: np.ndarray) -> list[tuple[int, int]]:
     """Pairs (first row, later row) whose passage ids are equal (hash ties are verified)."""
     tie = np.flatnonzero(sorted_hashes[1:] == sorted_hashes[:-1])
     if tie.size == 0:
         return []
-    import datasets
+    import datasets  # heavy: imported only when a dataset is read
 
     ds = datasets.Dataset.from_file(str(arrow_path))
     pairs = []
@@ -372,8 +415,11 @@ def _rewrite_without(arrow_path: Path, drop: np.ndarray) -> None:
     """Rewrite the Arrow file without the rows flagged in `drop` (N,) bool."""
     tmp = arrow_path.with_suffix(".rewrite")
     start = 0
-    with (pa.memory_map(str(arrow_path)) as source, pa.OSFile(str(tmp), "wb") as sink,
-          pa.ipc.new_stream(sink, SCHEMA) as writer):
+    with (
+        pa.memory_map(str(arrow_path)) as source,
+        pa.OSFile(str(tmp), "wb") as sink,
+        pa.ipc.new_stream(sink, SCHEMA) as writer,
+    ):
         for batch in pa.ipc.open_stream(source):
             keep = ~drop[start : start + batch.num_rows]
             start += batch.num_rows
@@ -414,7 +460,7 @@ def merge_corpora(parts: list[tuple[Corpus, np.ndarray]], out: str | Path) -> Co
         sorted_hashes = hash_array[order]
         duplicates = _duplicate_rows(arrow_path, sorted_hashes, order)
         if duplicates:
-            import datasets
+            import datasets  # heavy: imported only when a dataset is read
 
             first, later = duplicates[0]
             pid = datasets.Dataset.from_file(str(arrow_path))[later]["id"]
@@ -474,11 +520,12 @@ class Corpus:
     @functools.cached_property
     def dataset(self):
         """The passages as a `datasets.Dataset` (memory-mapped; its fingerprint is the corpus's)."""
-        import datasets
+        import datasets  # heavy: imported only when a dataset is read
         from datasets.table import MemoryMappedTable
 
-        return datasets.Dataset(MemoryMappedTable(self.table, str(self.path / "passages.arrow")),
-                                fingerprint=self.fingerprint)
+        return datasets.Dataset(
+            MemoryMappedTable(self.table, str(self.path / "passages.arrow")), fingerprint=self.fingerprint
+        )
 
     def __len__(self) -> int:
         return self.table.num_rows

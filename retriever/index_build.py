@@ -81,11 +81,43 @@ def embed_corpus(
         "chunk_size": chunk_size,
         "batch_size": batch_size,
     }
-    vectors_path, progress_path = work_dir / "vectors.npy", work_dir / PROGRESS
+    vectors_path = work_dir / "vectors.npy"
     if restart and work_dir.exists() and rank == 0:
         shutil.rmtree(work_dir)
     if rank != 0:  # rank 0 creates (or checks) the shared file first
         barrier()
+    vectors, state = _open_work_dir(work_dir, settings, (len(corpus), retriever.dim))
+    if rank == 0:
+        barrier()
+    todo, done = _chunks_to_do(work_dir, state, len(corpus), chunk_size, rank=rank, world_size=world_size)
+    done_rows = len(corpus) - sum(min(chunk_size, len(corpus) - c * chunk_size) for c in todo)
+    bar = tqdm(
+        total=len(corpus), initial=done_rows, unit="passage", desc="embedding", disable=not progress, dynamic_ncols=True
+    )
+    for chunk in todo:
+        start = chunk * chunk_size
+        stop = min(start + chunk_size, len(corpus))
+        passages = corpus.rows(range(start, stop))
+        vectors[start:stop] = retriever.embed_passages(passages, batch_size=batch_size).astype(np.float16)
+        vectors.flush()  # the data must be on disk before progress says so
+        if world_size == 1:
+            state["completed_chunks"] = chunk + 1
+            atomic_write_json(work_dir / PROGRESS, state)
+        else:
+            done.add(chunk)
+            atomic_write_json(_rank_progress_file(work_dir, rank, world_size), {"done": sorted(done)})
+        bar.update(stop - start)
+        if on_chunk is not None:
+            on_chunk(chunk)
+    bar.close()
+    del vectors
+    return vectors_path, state
+
+
+def _open_work_dir(work_dir: Path, settings: dict, shape: tuple[int, int]) -> tuple[np.memmap, dict]:
+    """The work folder's vectors memmap (N, d) float16 and progress record: an unfinished build's
+    (`ValueError` when it was started with other `settings`), else new ones."""
+    vectors_path, progress_path = work_dir / "vectors.npy", work_dir / PROGRESS
     if progress_path.is_file():
         state = json.loads(progress_path.read_text())
         differing = [k for k in settings if state.get(k) != settings[k]]
@@ -94,56 +126,29 @@ def embed_corpus(
                 f"{work_dir}: an unfinished build with different {', '.join(differing)} is there; "
                 "pass --restart to discard it"
             )
-        vectors = open_memmap(vectors_path, mode="r+")
-    else:
-        work_dir.mkdir(parents=True, exist_ok=True)
-        state = {
-            **settings,
-            "completed_chunks": 0,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        }
-        vectors = open_memmap(
-            vectors_path, mode="w+", dtype=np.float16, shape=(len(corpus), retriever.dim)
-        )
-        atomic_write_json(progress_path, state)
-    if rank == 0:
-        barrier()
-    n_chunks = -(-len(corpus) // chunk_size)
-    rank_progress = work_dir / f"progress.rank{rank}-of-{world_size}.json"
+        return open_memmap(vectors_path, mode="r+"), state
+    work_dir.mkdir(parents=True, exist_ok=True)
+    state = {**settings, "completed_chunks": 0, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    vectors = open_memmap(vectors_path, mode="w+", dtype=np.float16, shape=shape)
+    atomic_write_json(progress_path, state)
+    return vectors, state
+
+
+def _rank_progress_file(work_dir: Path, rank: int, world_size: int) -> Path:
+    return work_dir / f"progress.rank{rank}-of-{world_size}.json"
+
+
+def _chunks_to_do(
+    work_dir: Path, state: dict, count: int, chunk_size: int, *, rank: int, world_size: int
+) -> tuple[list[int], set[int]]:
+    """(the chunks this rank still has to embed, the chunks it has done): one process resumes after
+    the last completed chunk; rank r of N takes chunks r, r + N, … not in its own progress file."""
+    n_chunks = -(-count // chunk_size)
     if world_size == 1:
-        todo = list(range(state["completed_chunks"], n_chunks))
-    else:
-        done = set(json.loads(rank_progress.read_text())["done"]) if rank_progress.is_file() else set()
-        todo = [c for c in range(rank, n_chunks, world_size) if c not in done]
-    done_rows = len(corpus) - sum(min(chunk_size, len(corpus) - c * chunk_size) for c in todo)
-    bar = tqdm(
-        total=len(corpus),
-        initial=done_rows,
-        unit="passage",
-        desc="embedding",
-        disable=not progress,
-        dynamic_ncols=True,
-    )
-    for chunk in todo:
-        start = chunk * chunk_size
-        stop = min(start + chunk_size, len(corpus))
-        passages = corpus.rows(range(start, stop))
-        vectors[start:stop] = retriever.embed_passages(passages, batch_size=batch_size).astype(
-            np.float16
-        )
-        vectors.flush()  # the data must be on disk before progress says so
-        if world_size == 1:
-            state["completed_chunks"] = chunk + 1
-            atomic_write_json(progress_path, state)
-        else:
-            done.add(chunk)
-            atomic_write_json(rank_progress, {"done": sorted(done)})
-        bar.update(stop - start)
-        if on_chunk is not None:
-            on_chunk(chunk)
-    bar.close()
-    del vectors
-    return vectors_path, state
+        return list(range(state["completed_chunks"], n_chunks)), set()
+    rank_progress = _rank_progress_file(work_dir, rank, world_size)
+    done = set(json.loads(rank_progress.read_text())["done"]) if rank_progress.is_file() else set()
+    return [c for c in range(rank, n_chunks, world_size) if c not in done], done
 
 
 def train_and_fill(
@@ -215,6 +220,8 @@ def build_index(
     (memory-mapped; recorded in the manifest, overridable at load). `encoder_source` (the
     path or name the retriever was loaded from) is recorded so search can default to it.
     """
+    # long: one resumable build, its steps in order (check, embed, train, add, write, publish) so that what a restart
+    # skips reads at a glance
     out = Path(out)
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} already exists (pass --overwrite to replace it)")
@@ -241,20 +248,10 @@ def build_index(
     if rank != 0:  # rank 0 alone trains the FAISS index and writes the folder
         barrier()
         return out
-    vectors = np.load(vectors_path, mmap_mode="r")
-    files: dict[str, dict] = {}
     with atomic_directory(out, overwrite=overwrite) as tmp:
-        if spec.strip() != "Flat":
-            faiss.write_index(
-                train_and_fill(spec, vectors, train_sample=train_sample, seed=seed),
-                str(tmp / "index.g1.faiss"),
-            )
-            files["faiss"] = file_record(tmp / "index.g1.faiss")
-        if spec.strip() == "Flat" or keep_embeddings:
-            link_or_copy(vectors_path, tmp / "vectors.g1.npy")
-            files["vectors"] = file_record(tmp / "vectors.g1.npy")
-        np.save(tmp / "removed.g1.npy", np.zeros(len(corpus), dtype=bool))
-        files["removed"] = file_record(tmp / "removed.g1.npy")
+        files = _write_index_files(
+            tmp, spec.strip(), vectors_path, keep_embeddings=keep_embeddings, train_sample=train_sample, seed=seed
+        )
         write_manifest(
             tmp,
             {
@@ -292,10 +289,29 @@ def build_index(
                 "files": files,
             },
         )
-    del vectors
     shutil.rmtree(work_dir)
     barrier()  # the folder is complete: release the other ranks
     return out
+
+
+def _write_index_files(
+    folder: Path, spec: str, vectors_path: Path, *, keep_embeddings: bool, train_sample: int, seed: int
+) -> dict[str, dict]:
+    """Generation 1's files in `folder`: the FAISS index (any spec but Flat), the float16 vectors (Flat,
+    or kept), no row removed. Returns their records for the manifest's `files`."""
+    vectors = np.load(vectors_path, mmap_mode="r")
+    files: dict[str, dict] = {}
+    if spec != "Flat":
+        faiss.write_index(
+            train_and_fill(spec, vectors, train_sample=train_sample, seed=seed), str(folder / "index.g1.faiss")
+        )
+        files["faiss"] = file_record(folder / "index.g1.faiss")
+    if spec == "Flat" or keep_embeddings:
+        link_or_copy(vectors_path, folder / "vectors.g1.npy")
+        files["vectors"] = file_record(folder / "vectors.g1.npy")
+    np.save(folder / "removed.g1.npy", np.zeros(len(vectors), dtype=bool))
+    files["removed"] = file_record(folder / "removed.g1.npy")
+    return files
 
 
 # ---------------------------------------------------------------- the build cache beside a corpus

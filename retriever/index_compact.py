@@ -115,6 +115,8 @@ def compact_index(index_path: str | os.PathLike, *, full: bool = True) -> Compac
 
 
 def _compact_locked(folder: Path, *, full: bool) -> CompactionStats:
+    # long: a crash-safe commit: its writes are kept in one place so that their order (files first, manifest last) can
+    # be read and checked
     started = time.perf_counter()
     # verified in full: the new files are derived from these bytes (read writable: FAISS drops in memory)
     index = PassageIndex.load(folder, mmap=False, verify=True)
@@ -124,20 +126,31 @@ def _compact_locked(folder: Path, *, full: bool) -> CompactionStats:
     base_rows = segments[0]["count"]
     keep_base = not full and int(removed[:base_rows].sum()) <= MAX_DEAD_FRACTION * base_rows
     first = 1 if keep_base else 0  # the segments from here on are merged into one
-    stats = CompactionStats(compacted=False, full=not keep_base, rows_before=total, rows_after=total,
-                            dead_before=total - manifest["count"], dead_after=total - manifest["count"],
-                            segments_before=len(segments), segments_after=len(segments),
-                            generation=manifest["generation"])
+    stats = CompactionStats(
+        compacted=False,
+        full=not keep_base,
+        rows_before=total,
+        rows_after=total,
+        dead_before=total - manifest["count"],
+        dead_after=total - manifest["count"],
+        segments_before=len(segments),
+        segments_after=len(segments),
+        generation=manifest["generation"],
+    )
     start = segments[first]["offset"] if first < len(segments) else total
     drop = np.zeros(total, dtype=bool)
     drop[start:] = removed[start:]  # the dead rows of the merged segments
     if first >= len(segments) or (first == len(segments) - 1 and not drop.any()):
         return stats  # already one segment without dead rows (where it is merged)
-    parts = [(corpus, np.flatnonzero(~removed[s["offset"] : s["offset"] + s["count"]]))
-             for s, corpus in zip(segments[first:], index.corpora[first:])]
+    parts = [
+        (corpus, np.flatnonzero(~removed[s["offset"] : s["offset"] + s["count"]]))
+        for s, corpus in zip(segments[first:], index.corpora[first:])
+    ]
     if first == 0 and manifest["count"] == 0:
-        raise ValueError(f"{folder}: every passage is removed, and an index holds at least one; "
-                         "add passages before compacting (or build a new index)")
+        raise ValueError(
+            f"{folder}: every passage is removed, and an index holds at least one; "
+            "add passages before compacting (or build a new index)"
+        )
 
     generation = manifest["generation"] + 1
     merged_path = folder / "corpora" / f"segment-g{generation}"
@@ -164,15 +177,25 @@ def _compact_locked(folder: Path, *, full: bool) -> CompactionStats:
         for path in folder.glob(f"*.g{generation}.*"):  # written, never referenced
             path.unlink(missing_ok=True)
         raise
-    manifest["segments"] = segments[:first] + ([{
-        "corpus": str(merged_path.relative_to(folder)),
-        "fingerprint": merged.fingerprint,
-        "count": len(merged),
-        "offset": start,
-    }] if merged is not None else [])
+    manifest["segments"] = segments[:first] + (
+        [
+            {
+                "corpus": str(merged_path.relative_to(folder)),
+                "fingerprint": merged.fingerprint,
+                "count": len(merged),
+                "offset": start,
+            }
+        ]
+        if merged is not None
+        else []
+    )
     manifest.update(total=new_total, generation=generation)
-    manifest["compacted"] = {"generation": generation, "dropped_rows": total - new_total,
-                             "merged_segments": len(segments) - first, "full": not keep_base}
+    manifest["compacted"] = {
+        "generation": generation,
+        "dropped_rows": total - new_total,
+        "merged_segments": len(segments) - first,
+        "full": not keep_base,
+    }
     commit(folder, manifest, written, (merged_path,) if merged is not None else ())
     stats.compacted = True
     stats.rows_after, stats.dead_after = new_total, new_total - manifest["count"]
@@ -240,8 +263,11 @@ def _drop_from_lists(ivf: faiss.IndexIVF, drop: np.ndarray) -> None:
         kept = ~drop[ids]
         if not kept.any():
             continue
-        codes = _unpacked(lists, number, size) if blocked else \
-            faiss.rev_swig_ptr(lists.get_codes(number), size * lists.code_size).reshape(size, -1)
+        codes = (
+            _unpacked(lists, number, size)
+            if blocked
+            else faiss.rev_swig_ptr(lists.get_codes(number), size * lists.code_size).reshape(size, -1)
+        )
         codes = np.ascontiguousarray(codes[kept])
         new_ids = np.ascontiguousarray(new_id[ids[kept]], dtype=np.int64)
         data = _packed(lists, codes) if blocked else codes
@@ -260,8 +286,9 @@ def _unpacked(lists: faiss.BlockInvertedLists, number: int, size: int) -> np.nda
     packed = faiss.rev_swig_ptr(lists.get_codes(number), blocks * packer.block_size)
     flat = np.zeros((blocks * packer.nvec, packer.code_size), dtype=np.uint8)
     for block in range(blocks):
-        packer.unpack_all(faiss.swig_ptr(packed[block * packer.block_size :]),
-                          faiss.swig_ptr(flat[block * packer.nvec :]))
+        packer.unpack_all(
+            faiss.swig_ptr(packed[block * packer.block_size :]), faiss.swig_ptr(flat[block * packer.nvec :])
+        )
     return flat[:size]
 
 
@@ -291,4 +318,3 @@ def _rebuilt_hnsw(index: faiss.Index, drop: np.ndarray, spec: str) -> faiss.Inde
         vectors = storage.reconstruct_n(first, last - first)[rows - first]
         fresh.add(np.ascontiguousarray(vectors, dtype=np.float32))
     return fresh
-

@@ -19,7 +19,6 @@ import numpy as np
 
 from retriever.corpus import Corpus
 from retriever.fingerprint import hash_file
-from retriever.index_types import index_type
 from tasks.io import atomic_write_json
 
 MANIFEST = "manifest.json"
@@ -51,9 +50,7 @@ def read_manifest(path: str | os.PathLike) -> dict:
     """The parsed `manifest.json` of an index folder, with a clear error when absent or corrupt."""
     manifest_path = Path(path) / MANIFEST
     if not manifest_path.is_file():
-        raise FileNotFoundError(
-            f"{path} is not an index (no {MANIFEST}); build one with `atlas index build`"
-        )
+        raise FileNotFoundError(f"{path} is not an index (no {MANIFEST}); build one with `atlas index build`")
     try:
         manifest = json.loads(manifest_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -77,17 +74,13 @@ def check_file(folder: Path, record: dict, *, verify_hash: bool) -> Path:
         raise InvalidIndexError(f"{path}: missing index file")
     size = path.stat().st_size
     if size != record["bytes"]:
-        raise InvalidIndexError(
-            f"{path}: truncated or altered ({size} bytes, manifest says {record['bytes']})"
-        )
+        raise InvalidIndexError(f"{path}: truncated or altered ({size} bytes, manifest says {record['bytes']})")
     if verify_hash and hash_file(path) != record["sha256"]:
         raise InvalidIndexError(f"{path}: corrupted (SHA-256 differs from the manifest)")
     return path
 
 
-def check_encoder(
-    manifest: dict, fingerprint: str, where: str, *, allow_mismatch: bool = False
-) -> None:
+def check_encoder(manifest: dict, fingerprint: str, where: str, *, allow_mismatch: bool = False) -> None:
     """Refuse an encoder whose passage fingerprint differs from the one the index was built with."""
     if fingerprint != manifest["encoder_fingerprint"] and not allow_mismatch:
         raise EncoderMismatchError(
@@ -107,9 +100,7 @@ def open_corpus(folder: Path, segment: dict, override: str | os.PathLike | None 
             f"built on (fingerprint {segment['fingerprint'][:12]}…); build an index for it with `atlas index build`"
         )
     if len(corpus) != segment["count"]:
-        raise CorpusMismatchError(
-            f"corpus {path} has {len(corpus)} passages, the index expects {segment['count']}"
-        )
+        raise CorpusMismatchError(f"corpus {path} has {len(corpus)} passages, the index expects {segment['count']}")
     return corpus
 
 
@@ -169,19 +160,12 @@ def read_faiss(path: Path, *, io_flags: int = 0) -> faiss.Index:
     try:
         return faiss.read_index(str(path), io_flags)
     except RuntimeError as e:
-        raise InvalidIndexError(
-            f"{path}: unreadable FAISS index ({str(e).splitlines()[0]})"
-        ) from None
+        raise InvalidIndexError(f"{path}: unreadable FAISS index ({str(e).splitlines()[0]})") from None
 
 
 def write_manifest(folder: Path, manifest: dict) -> None:
     """Atomically replace the manifest (the commit point of every build and update)."""
     atomic_write_json(folder / MANIFEST, manifest)
-
-
-def index_type_of(manifest: dict):
-    """The registry entry (retriever.index_types.INDEX_TYPES) of a manifest's spec."""
-    return index_type(manifest["spec"], manifest["dim"])
 
 
 # ------------------------------------------------------------------------------ writing
@@ -219,8 +203,11 @@ def writer_lock(folder: str | os.PathLike, operation: str) -> Iterator[None]:
     else:
         raise IndexLockedError(f"{folder}: could not take the writer lock ({path} keeps changing)")
     try:
-        record = {"pid": os.getpid(), "operation": operation,
-                  "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        record = {
+            "pid": os.getpid(),
+            "operation": operation,
+            "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
         os.pwrite(fd, json.dumps(record).encode(), 0)
         yield
     finally:
@@ -229,7 +216,7 @@ def writer_lock(folder: str | os.PathLike, operation: str) -> Iterator[None]:
 
 
 def _lock_holder(path: Path) -> str:
-    """"pid 123, compact since 2026-…" from the lock file, or what is known when it is being written."""
+    """ "pid 123, compact since 2026-…" from the lock file, or what is known when it is being written."""
     try:
         record = json.loads(path.read_text() or "{}")
     except (OSError, json.JSONDecodeError):

@@ -109,17 +109,20 @@ def _read_incoming(new: Sequence[str | os.PathLike], chunk_words: int) -> list[_
             if not doc["text"].strip():
                 raise InputError(path, line, "text", "empty text")
             for n, piece in enumerate(chunk_text(doc["text"], chunk_words)):
-                passage = _Incoming(passage_id(doc["id"], n, chunk_words), doc["id"], str(path), line,
-                                    len(piece.split()))
+                passage = _Incoming(
+                    passage_id(doc["id"], n, chunk_words), doc["id"], str(path), line, len(piece.split())
+                )
                 if passage.id in seen:
-                    raise InputError(path, line, "id", f"duplicate id {passage.id!r} (first seen at {seen[passage.id]})")
+                    raise InputError(
+                        path, line, "id", f"duplicate id {passage.id!r} (first seen at {seen[passage.id]})"
+                    )
                 seen[passage.id] = passage.where
                 incoming.append(passage)
     return incoming
 
 
 def _naming(passages: list[_Incoming], what: str, advice: str) -> str:
-    """"FILE:LINE: passage id 'x' WHAT; also 'y' (FILE:LINE), …; ADVICE" for the first few."""
+    """ "FILE:LINE: passage id 'x' WHAT; also 'y' (FILE:LINE), …; ADVICE" for the first few."""
     first = passages[0]
     text = f"{first.where}: passage id {first.id!r} {what}"
     if len(passages) > 1:
@@ -139,7 +142,12 @@ def _warn_long_passages(index: PassageIndex, incoming: list[_Incoming], chunk_wo
         logger.warning(
             "%d passage(s) have over 1.5 times the words of the index's base corpus passages (%d), e.g. %r (%s, "
             "%d words): only their first tokens are embedded; pass --chunk-words %d to split them",
-            len(long), base, long[0].id, long[0].where, long[0].words, base,
+            len(long),
+            base,
+            long[0].id,
+            long[0].where,
+            long[0].words,
+            base,
         )
 
 
@@ -167,9 +175,17 @@ def add_passages(
     remove in the same commit; one that is not live raises `KeyError` naming it. Nothing is
     changed when anything is refused.
     """
-    return _append(index_path, new, retriever, mode="replace" if replace else "add", batch_size=batch_size,
-                   chunk_words=chunk_words, allow_encoder_mismatch=allow_encoder_mismatch,
-                   progress=progress, remove=remove)
+    return _append(
+        index_path,
+        new,
+        retriever,
+        mode="replace" if replace else "add",
+        batch_size=batch_size,
+        chunk_words=chunk_words,
+        allow_encoder_mismatch=allow_encoder_mismatch,
+        progress=progress,
+        remove=remove,
+    )
 
 
 def update_passages(
@@ -189,8 +205,17 @@ def update_passages(
     corpus is taken as it is. An id with no
     live passage raises `KeyError` naming it and its input line; nothing is changed then.
     """
-    return _append(index_path, new, retriever, mode="update", batch_size=batch_size, chunk_words=0,
-                   allow_encoder_mismatch=allow_encoder_mismatch, progress=progress, remove=())
+    return _append(
+        index_path,
+        new,
+        retriever,
+        mode="update",
+        batch_size=batch_size,
+        chunk_words=0,
+        allow_encoder_mismatch=allow_encoder_mismatch,
+        progress=progress,
+        remove=(),
+    )
 
 
 def _normalised_updates(index: PassageIndex, new: Sequence[str | os.PathLike]):
@@ -201,8 +226,10 @@ def _normalised_updates(index: PassageIndex, new: Sequence[str | os.PathLike]):
             yield {
                 "id": doc["id"],
                 "text": doc["text"],
-                **{key: doc[key] if record.get(key) is not None else current.get(key) or ""
-                   for key in ("title", "section", "wikipedia_id")},
+                **{
+                    key: doc[key] if record.get(key) is not None else current.get(key) or ""
+                    for key in ("title", "section", "wikipedia_id")
+                },
             }
 
 
@@ -222,8 +249,17 @@ def _append(
     `new` in one commit, under the index's writer lock; see `add_passages` and `update_passages`."""
     folder = Path(index_path)
     with writer_lock(folder, "update" if mode == "update" else "add"):
-        return _append_locked(folder, new, retriever, mode=mode, batch_size=batch_size, chunk_words=chunk_words,
-                              allow_encoder_mismatch=allow_encoder_mismatch, progress=progress, remove=remove)
+        return _append_locked(
+            folder,
+            new,
+            retriever,
+            mode=mode,
+            batch_size=batch_size,
+            chunk_words=chunk_words,
+            allow_encoder_mismatch=allow_encoder_mismatch,
+            progress=progress,
+            remove=remove,
+        )
 
 
 def _append_locked(
@@ -241,62 +277,23 @@ def _append_locked(
     # verified in full: the new files are derived from these bytes, and an update reads and
     # rewrites all of them anyway
     index = PassageIndex.load(
-        folder,
-        retriever=retriever,
-        allow_encoder_mismatch=allow_encoder_mismatch,
-        mmap=False,
-        verify=True,
+        folder, retriever=retriever, allow_encoder_mismatch=allow_encoder_mismatch, mmap=False, verify=True
     )
     remove_unreferenced(folder, index.manifest)  # what a writer that died left behind
     incoming = _read_incoming(new, chunk_words)
     remove = list(dict.fromkeys(remove))
     live = _live_positions_of(index, list(dict.fromkeys([p.id for p in incoming] + remove)))
-    missing = [i for i in remove if i not in live]
-    if missing:
-        shown = ", ".join(repr(i) for i in missing[:5])
-        raise KeyError(f"{len(missing)} id(s) to remove are not live in the index {folder}: {shown}")
-    if mode == "update":
-        unknown = [p for p in incoming if p.id not in live]
-        if unknown:
-            raise KeyError(_naming(unknown, f"has no live passage in the index {folder}",
-                                   "add new passages with `atlas index add`"))
-    elif mode == "add":
-        clashes = [p for p in incoming if p.id in live and p.id not in remove]
-        if clashes:
-            raise ValueError(_naming(clashes, f"is already in the index {folder}",
-                                     "replace it with `atlas index update` (or `atlas index add --replace`)"))
-    if chunk_words > 0:
-        first_chunks = {p.doc_id: p for p in reversed(incoming)}  # each record's first passage
-        renamed = [p for p in first_chunks.values() if index.holds(p.doc_id)][::-1]
-        if renamed:
-            raise ValueError(_naming(
-                [_with_id(p, p.doc_id) for p in renamed],
-                f"names a passage of the index {folder}, but with chunk_words {chunk_words} this record "
-                f"would be added as {renamed[0].id!r}",
-                "pass --chunk-words 0 to add records as passages under their own ids "
-                "(`atlas index update` replaces a live one)",
-            ))
+    _refuse_conflicts(index, folder, incoming, live, remove, mode=mode, chunk_words=chunk_words)
     _warn_long_passages(index, incoming, chunk_words)
     manifest = index.manifest
     generation = manifest["generation"] + 1
-    created_segment: Path | None = None
-    if _is_prepared_corpus(new):
-        segment_path = str(Path(new[0]).resolve())
-    else:
-        created_segment = folder / "corpora" / f"segment-g{generation}"
-        if created_segment.exists():  # left by a crashed earlier attempt: never referenced
-            shutil.rmtree(created_segment)
+    created_segment = None if _is_prepared_corpus(new) else folder / "corpora" / f"segment-g{generation}"
+    if created_segment is not None and created_segment.exists():  # left by a crashed earlier attempt: never referenced
+        shutil.rmtree(created_segment)
     try:
-        if created_segment is not None and mode == "update":
-            with tempfile.TemporaryDirectory(prefix="atlas-index-update-") as tmp:
-                records = Path(tmp) / "passages.jsonl"
-                write_jsonl(records, _normalised_updates(index, new))
-                prepare_corpus([records], created_segment, chunk_words=0, progress=progress,
-                               sources=[str(Path(p).resolve()) for p in new])
-        elif created_segment is not None:
-            prepare_corpus([str(p) for p in new], created_segment, chunk_words=chunk_words, progress=progress)
-        if created_segment is not None:
-            segment_path = str(created_segment.relative_to(folder))
+        segment_path = _write_segment(
+            folder, new, index, created_segment, mode=mode, chunk_words=chunk_words, progress=progress
+        )
         corpus = Corpus.load(folder / segment_path)
         new_vectors = np.concatenate(
             [
@@ -304,54 +301,145 @@ def _append_locked(
                 for _, batch in corpus.iter_batches(8192)
             ]
         ).astype(np.float16)
-        old_total, n_new = manifest["total"], len(corpus)
-        written: dict[str, Path] = {}
-        if "vectors" in manifest["files"]:
-            path = folder / f"vectors.g{generation}.npy"
-            merged = open_memmap(
-                path, mode="w+", dtype=np.float16, shape=(old_total + n_new, manifest["dim"])
-            )
-            for start in range(0, old_total, 65536):
-                stop = min(start + 65536, old_total)
-                merged[start:stop] = index.vectors[start:stop]
-            merged[old_total:] = new_vectors
-            merged.flush()
-            del merged
-            written["vectors"] = path
-        if "faiss" in manifest["files"]:
-            faiss_index = index.faiss_index  # loaded writable (mmap=False) above
-            faiss_index.add(new_vectors.astype(np.float32))
-            path = folder / f"index.g{generation}.faiss"
-            faiss.write_index(faiss_index, str(path))
-            written["faiss"] = path
-        removed = np.concatenate([index.removed, np.zeros(n_new, dtype=bool)])
-        for positions in live.values():  # every live id among the new ones and `remove`
-            removed[positions] = True
-        path = folder / f"removed.g{generation}.npy"
-        np.save(path, removed)
-        written["removed"] = path
+        written = _write_generation(folder, index, generation, new_vectors, live)
     except BaseException:
         if created_segment is not None:
             shutil.rmtree(created_segment, ignore_errors=True)
         for path in folder.glob(f"*.g{generation}.*"):  # written, never referenced
             path.unlink(missing_ok=True)
         raise
+    old_total, n_new = manifest["total"], len(corpus)
     manifest["segments"].append(
-        {
-            "corpus": segment_path,
-            "fingerprint": corpus.fingerprint,
-            "count": n_new,
-            "offset": old_total,
-        }
+        {"corpus": segment_path, "fingerprint": corpus.fingerprint, "count": n_new, "offset": old_total}
     )
     incoming_ids = {p.id for p in incoming}
     n_replaced = sum(len(positions) for i, positions in live.items() if i in incoming_ids)
     n_removed = sum(len(positions) for i, positions in live.items() if i not in incoming_ids)
-    manifest.update(total=old_total + n_new, count=manifest["count"] + n_new - n_replaced - n_removed,
-                    generation=generation)
+    manifest.update(
+        total=old_total + n_new, count=manifest["count"] + n_new - n_replaced - n_removed, generation=generation
+    )
     commit(folder, manifest, written, (created_segment,) if created_segment is not None else ())
-    return UpdateStats(added=n_new - n_replaced, replaced=n_replaced, removed=n_removed, count=manifest["count"],
-                       ids=corpus.table.column("id").to_pylist())
+    return UpdateStats(
+        added=n_new - n_replaced,
+        replaced=n_replaced,
+        removed=n_removed,
+        count=manifest["count"],
+        ids=corpus.table.column("id").to_pylist(),
+    )
+
+
+def _refuse_conflicts(
+    index: PassageIndex,
+    folder: Path,
+    incoming: list[_Incoming],
+    live: dict[str, list[int]],
+    remove: list[str],
+    *,
+    mode: str,
+    chunk_words: int,
+) -> None:
+    """Every check of an update before anything is written: ids to remove that are not live
+    (`KeyError`), ids to update that have no live passage (`KeyError`), ids to add that are live
+    (`ValueError`), and, with chunking, records whose own id names a passage of the index."""
+    missing = [i for i in remove if i not in live]
+    if missing:
+        shown = ", ".join(repr(i) for i in missing[:5])
+        raise KeyError(f"{len(missing)} id(s) to remove are not live in the index {folder}: {shown}")
+    if mode == "update":
+        unknown = [p for p in incoming if p.id not in live]
+        if unknown:
+            raise KeyError(
+                _naming(
+                    unknown, f"has no live passage in the index {folder}", "add new passages with `atlas index add`"
+                )
+            )
+    elif mode == "add":
+        clashes = [p for p in incoming if p.id in live and p.id not in remove]
+        if clashes:
+            raise ValueError(
+                _naming(
+                    clashes,
+                    f"is already in the index {folder}",
+                    "replace it with `atlas index update` (or `atlas index add --replace`)",
+                )
+            )
+    if chunk_words > 0:
+        first_chunks = {p.doc_id: p for p in reversed(incoming)}  # each record's first passage
+        renamed = [p for p in first_chunks.values() if index.holds(p.doc_id)][::-1]
+        if renamed:
+            raise ValueError(
+                _naming(
+                    [_with_id(p, p.doc_id) for p in renamed],
+                    f"names a passage of the index {folder}, but with chunk_words {chunk_words} this record "
+                    f"would be added as {renamed[0].id!r}",
+                    "pass --chunk-words 0 to add records as passages under their own ids "
+                    "(`atlas index update` replaces a live one)",
+                )
+            )
+
+
+def _write_segment(
+    folder: Path,
+    new: list[str | os.PathLike],
+    index: PassageIndex,
+    created_segment: Path | None,
+    *,
+    mode: str,
+    chunk_words: int,
+    progress: bool,
+) -> str:
+    """The new corpus segment as the manifest names it: `new` itself when it is a prepared corpus
+    (absolute path), else `new` prepared into `created_segment` (path relative to the index)."""
+    if created_segment is None:
+        return str(Path(new[0]).resolve())
+    if mode == "update":
+        with tempfile.TemporaryDirectory(prefix="atlas-index-update-") as tmp:
+            records = Path(tmp) / "passages.jsonl"
+            write_jsonl(records, _normalised_updates(index, new))
+            prepare_corpus(
+                [records],
+                created_segment,
+                chunk_words=0,
+                progress=progress,
+                sources=[str(Path(p).resolve()) for p in new],
+            )
+    else:
+        prepare_corpus([str(p) for p in new], created_segment, chunk_words=chunk_words, progress=progress)
+    return str(created_segment.relative_to(folder))
+
+
+def _write_generation(
+    folder: Path, index: PassageIndex, generation: int, new_vectors: np.ndarray, live: dict[str, list[int]]
+) -> dict[str, Path]:
+    """Generation `generation`'s files: the old rows followed by `new_vectors` (n, d) float16 (vectors
+    and FAISS index, those the index has), and the removed mask with every `live` position replaced
+    or removed. Returns {file kind: path} for `commit`."""
+    manifest = index.manifest
+    old_total, n_new = manifest["total"], len(new_vectors)
+    written: dict[str, Path] = {}
+    if "vectors" in manifest["files"]:
+        path = folder / f"vectors.g{generation}.npy"
+        merged = open_memmap(path, mode="w+", dtype=np.float16, shape=(old_total + n_new, manifest["dim"]))
+        for start in range(0, old_total, 65536):
+            stop = min(start + 65536, old_total)
+            merged[start:stop] = index.vectors[start:stop]
+        merged[old_total:] = new_vectors
+        merged.flush()
+        del merged
+        written["vectors"] = path
+    if "faiss" in manifest["files"]:
+        faiss_index = index.faiss_index  # loaded writable (mmap=False) above
+        faiss_index.add(new_vectors.astype(np.float32))
+        path = folder / f"index.g{generation}.faiss"
+        faiss.write_index(faiss_index, str(path))
+        written["faiss"] = path
+    removed = np.concatenate([index.removed, np.zeros(n_new, dtype=bool)])
+    for positions in live.values():  # every live id among the new ones and `remove`
+        removed[positions] = True
+    path = folder / f"removed.g{generation}.npy"
+    np.save(path, removed)
+    written["removed"] = path
+    return written
 
 
 def _with_id(passage: _Incoming, new_id: str) -> _Incoming:
@@ -399,6 +487,4 @@ def _remove_locked(folder: Path, ids: list[str]) -> UpdateStats:
     n_removed = int(removed.sum() - index.removed.sum())
     manifest.update(count=manifest["count"] - n_removed, generation=generation)
     commit(folder, manifest, {"removed": path})
-    return UpdateStats(
-        removed=n_removed, already_removed=len(unique_ids) - len(live), count=manifest["count"]
-    )
+    return UpdateStats(removed=n_removed, already_removed=len(unique_ids) - len(live), count=manifest["count"])

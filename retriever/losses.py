@@ -11,6 +11,10 @@ For `adist`, `pdist` and `loop`: KL(p_gold ‖ p_retr), p_gold = softmax(gold / 
 p_retr = softmax(s' / τ_score), summed over passages and averaged over the batch.
 `emdr` maximises log Σ_k p_retr(d_k | q) · p_reader(a | q, d_k)^(1/τ_gold).
 
+Each loss declares its own options with their defaults (`default_options`, e.g. `emdr`'s
+`granularity`), set in a recipe as `retriever.loss: {name: emdr, granularity: token}`;
+`atlas.config` checks a recipe's options against them, as it checks task options.
+
 This module depends on the reader only through the `GoldReader` protocol (the methods of
 `reader.fid.FiDReader`), keeping `retriever/` independent of `reader/`.
 
@@ -20,13 +24,18 @@ Shapes: B examples, K passages, L tokens per passage, H reader width, T target t
 from __future__ import annotations
 
 import math
+import warnings
 from abc import ABC, abstractmethod
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 import torch.nn.functional as F
 
-IGNORE_INDEX = -100
+from tasks.modeling import IGNORE_INDEX, eval_mode
+
+# How the gold pass encodes passages (`reader.encoder_precision.PRECISIONS`, not imported: retriever/ stays
+# independent of reader/); "full" is the old name of "fp32", still accepted
+GOLD_PRECISIONS = ("auto", "fp32", "bf16")
 
 
 class GoldReader(Protocol):
@@ -35,7 +44,9 @@ class GoldReader(Protocol):
     training: bool
 
     def train(self, mode: bool = True): ...
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, precision: str = "full") -> torch.Tensor: ...
+    def encode(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, precision: str = "fp32"
+    ) -> torch.Tensor: ...
     def per_passage_token_logprobs(
         self,
         encoder_states: torch.Tensor,
@@ -135,20 +146,26 @@ class RetrieverLoss(ABC):
 
     name: ClassVar[str]
     trains_retriever: ClassVar[bool] = True
+    # This loss's own options (keyword arguments of __init__) and their defaults; a recipe sets them beside
+    # the name (`retriever.loss: {name: emdr, granularity: token}`). A value must have the default's type
+    # and, where `option_choices` lists them, be one of the choices.
+    default_options: ClassVar[dict[str, Any]] = {}
+    option_choices: ClassVar[dict[str, tuple[Any, ...]]] = {}
 
-    def __init__(self, *, temperature_gold: float = 0.01, temperature_score: float = 0.01,
-                 gold_precision: str = "full") -> None:
+    def __init__(
+        self, *, temperature_gold: float = 0.01, temperature_score: float = 0.01, gold_precision: str = "fp32"
+    ) -> None:
         """gold_precision: how the gold pass encodes passages when it is not given eval-mode encoder
-        states: "full" (the reader's own precision), "bf16" (bfloat16 autocast) or "auto" (bf16 where
-        the hardware multiplies it natively); see `reader.encoder_precision`."""
-        if gold_precision not in ("auto", "full", "bf16"):
-            raise ValueError(f"unknown gold precision {gold_precision!r}; valid: ['auto', 'full', 'bf16']")
+        states: "fp32" (the reader's own precision), "bf16" (bfloat16 autocast) or "auto" (bf16 where
+        the hardware multiplies it natively); see `reader.encoder_precision`. "full" is read as "fp32"."""
+        if gold_precision == "full":
+            warnings.warn("gold precision 'full' is deprecated; it is now called 'fp32'", FutureWarning, stacklevel=2)
+            gold_precision = "fp32"
+        if gold_precision not in GOLD_PRECISIONS:
+            raise ValueError(f"unknown gold precision {gold_precision!r}; valid: {list(GOLD_PRECISIONS)}")
         self.gold_precision = gold_precision
         if temperature_gold <= 0 or temperature_score <= 0:
-            raise ValueError(
-                f"temperatures must be positive, got gold={temperature_gold}, "
-                f"score={temperature_score}"
-            )
+            raise ValueError(f"temperatures must be positive, got gold={temperature_gold}, score={temperature_score}")
         self.temperature_gold = temperature_gold
         self.temperature_score = temperature_score
 
@@ -171,15 +188,10 @@ class RetrieverLoss(ABC):
         Returns:
             gold scores: (B, K), or (B, K, T) for token-level EMDR².
         """
-        was_training = reader.training
-        reader.train(False)
-        try:
-            with torch.no_grad():
-                if encoder_states is None:
-                    encoder_states = reader.encode(input_ids, attention_mask, precision=self.gold_precision)
-                return self._gold(reader, encoder_states.detach(), attention_mask, labels, input_ids)
-        finally:
-            reader.train(was_training)
+        with eval_mode(reader), torch.no_grad():
+            if encoder_states is None:
+                encoder_states = reader.encode(input_ids, attention_mask, precision=self.gold_precision)
+            return self._gold(reader, encoder_states.detach(), attention_mask, labels, input_ids)
 
     @abstractmethod
     def _gold(
@@ -246,17 +258,28 @@ class AttentionDistillation(RetrieverLoss):
     """`adist`: gold = the attention mass the reader puts on each passage while producing the target.
 
     attention "cross": cross-attention probability × value norm, over decoder layers (the paper's);
-    "copy": the copy head's pointer probability (a reader with a copy head); "auto": copy where the
-    reader has a copy head, else cross.
+    "copy": the copy head's pointer probability (a reader with a copy head); "auto" (the default): copy
+    where the reader has a copy head, else cross, because a copying reader takes its answer from where its
+    pointer looks, so the pointer ranks passages by use (bench/gold_signal.py compares the two,
+    docs/results/retriever.md).
     """
 
     name = "adist"
     ATTENTIONS = ("auto", "cross", "copy")
+    default_options: ClassVar[dict[str, Any]] = {"attention": "auto"}
+    option_choices: ClassVar[dict[str, tuple[Any, ...]]] = {"attention": ATTENTIONS}
 
-    def __init__(self, *, temperature_gold: float = 0.01, temperature_score: float = 0.01,
-                 attention: str = "auto", gold_precision: str = "full") -> None:
-        super().__init__(temperature_gold=temperature_gold, temperature_score=temperature_score,
-                         gold_precision=gold_precision)
+    def __init__(
+        self,
+        *,
+        temperature_gold: float = 0.01,
+        temperature_score: float = 0.01,
+        attention: str = "auto",
+        gold_precision: str = "fp32",
+    ) -> None:
+        super().__init__(
+            temperature_gold=temperature_gold, temperature_score=temperature_score, gold_precision=gold_precision
+        )
         if attention not in self.ATTENTIONS:
             raise ValueError(f"unknown adist attention {attention!r}; valid: {list(self.ATTENTIONS)}")
         self.attention = attention
@@ -273,8 +296,7 @@ class PerplexityDistillation(RetrieverLoss):
     name = "pdist"
 
     def _gold(self, reader, encoder_states, attention_mask, labels, input_ids=None):
-        token_logprobs = reader.per_passage_token_logprobs(encoder_states, attention_mask, labels,
-                                                           input_ids=input_ids)
+        token_logprobs = reader.per_passage_token_logprobs(encoder_states, attention_mask, labels, input_ids=input_ids)
         n_tokens = (labels != IGNORE_INDEX).sum(-1).clamp(min=1)  # (B,)
         return token_logprobs.sum(-1) / n_tokens.unsqueeze(-1)
 
@@ -300,6 +322,8 @@ class EMDR(RetrieverLoss):
 
     name = "emdr"
     GRANULARITIES = ("sequence", "token")
+    default_options: ClassVar[dict[str, Any]] = {"granularity": "sequence"}
+    option_choices: ClassVar[dict[str, tuple[Any, ...]]] = {"granularity": GRANULARITIES}
 
     def __init__(
         self,
@@ -307,24 +331,25 @@ class EMDR(RetrieverLoss):
         temperature_gold: float = 0.01,
         temperature_score: float = 0.01,
         granularity: str = "sequence",
-        gold_precision: str = "full",
+        gold_precision: str = "fp32",
     ) -> None:
-        super().__init__(temperature_gold=temperature_gold, temperature_score=temperature_score,
-                         gold_precision=gold_precision)
+        super().__init__(
+            temperature_gold=temperature_gold, temperature_score=temperature_score, gold_precision=gold_precision
+        )
         if granularity not in self.GRANULARITIES:
-            raise ValueError(
-                f"unknown emdr granularity {granularity!r}; valid: {list(self.GRANULARITIES)}"
-            )
+            raise ValueError(f"unknown emdr granularity {granularity!r}; valid: {list(self.GRANULARITIES)}")
         self.granularity = granularity
 
     def _gold(self, reader, encoder_states, attention_mask, labels, input_ids=None):
         if self.granularity == "token":
             return reader.per_passage_token_logprobs(
-                encoder_states, attention_mask, labels, temperature=self.temperature_gold,
+                encoder_states,
+                attention_mask,
+                labels,
+                temperature=self.temperature_gold,
                 input_ids=input_ids,
             )
-        return reader.per_passage_token_logprobs(encoder_states, attention_mask, labels,
-                                                 input_ids=input_ids).sum(-1)
+        return reader.per_passage_token_logprobs(encoder_states, attention_mask, labels, input_ids=input_ids).sum(-1)
 
     def loss(self, scores, gold, labels, *, dim, present=None):
         # Absent passages get log p_retr = -inf, so they drop out of the mixtures.
@@ -349,15 +374,22 @@ class NoRetrieverLoss(RetrieverLoss):
         raise RuntimeError("the 'none' retriever loss computes no gold scores")
 
     def __call__(
-        self, reader, scores, input_ids, attention_mask, labels, *, dim, encoder_states=None,
+        self,
+        reader,
+        scores,
+        input_ids,
+        attention_mask,
+        labels,
+        *,
+        dim,
+        encoder_states=None,
         present=None,
     ):
         return None
 
 
 RETRIEVER_LOSSES: dict[str, type[RetrieverLoss]] = {
-    cls.name: cls
-    for cls in (AttentionDistillation, PerplexityDistillation, LeaveOneOut, EMDR, NoRetrieverLoss)
+    cls.name: cls for cls in (AttentionDistillation, PerplexityDistillation, LeaveOneOut, EMDR, NoRetrieverLoss)
 }
 
 
@@ -366,17 +398,23 @@ def build_retriever_loss(
     *,
     temperature_gold: float = 0.01,
     temperature_score: float = 0.01,
-    emdr_granularity: str = "sequence",
-    adist_attention: str = "auto",
-    gold_precision: str = "full",
+    gold_precision: str = "fp32",
+    **options: Any,
 ) -> RetrieverLoss:
-    """The retriever loss registered as `name`; ValueError listing the valid names otherwise."""
+    """The retriever loss registered as `name` with its own `options` (its `default_options` where not
+    given); ValueError listing the valid names, or that loss's valid options, otherwise."""
     if name not in RETRIEVER_LOSSES:
         raise ValueError(f"unknown retriever loss {name!r}; valid: {sorted(RETRIEVER_LOSSES)}")
-    kwargs = {"temperature_gold": temperature_gold, "temperature_score": temperature_score,
-              "gold_precision": gold_precision}
-    if name == "emdr":
-        kwargs["granularity"] = emdr_granularity
-    if name == "adist":
-        kwargs["attention"] = adist_attention
-    return RETRIEVER_LOSSES[name](**kwargs)
+    cls = RETRIEVER_LOSSES[name]
+    unknown = sorted(set(options) - set(cls.default_options))
+    if unknown:
+        raise ValueError(
+            f"unknown option {unknown[0]!r} of retriever loss {name!r}; "
+            f"valid: {sorted(cls.default_options) or '(none)'}"
+        )
+    return cls(
+        temperature_gold=temperature_gold,
+        temperature_score=temperature_score,
+        gold_precision=gold_precision,
+        **{**cls.default_options, **options},
+    )

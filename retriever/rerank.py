@@ -50,8 +50,9 @@ def release_pages(vectors: np.ndarray) -> None:
         mapping.madvise(mmap.MADV_DONTNEED)
 
 
-def read_runs(rows: np.ndarray, row_bytes: int, *, gap_bytes: int = COALESCE_GAP_BYTES,
-              max_read_bytes: int = MAX_READ_BYTES) -> np.ndarray:
+def read_runs(
+    rows: np.ndarray, row_bytes: int, *, gap_bytes: int = COALESCE_GAP_BYTES, max_read_bytes: int = MAX_READ_BYTES
+) -> np.ndarray:
     """Where to split sorted unique row positions into reads: (R + 1,) int64 offsets into `rows`,
     run r being rows[offsets[r]:offsets[r + 1]]. Rows at most `gap_bytes` apart share one read
     (the rows between them are read and dropped), and no read spans more than `max_read_bytes`
@@ -70,8 +71,9 @@ def read_runs(rows: np.ndarray, row_bytes: int, *, gap_bytes: int = COALESCE_GAP
     return np.append(np.flatnonzero(starts), len(rows)).astype(np.int64)
 
 
-def gather_rows(vectors: np.ndarray, rows: np.ndarray, *, gap_bytes: int = COALESCE_GAP_BYTES,
-                max_read_bytes: int = MAX_READ_BYTES) -> np.ndarray:
+def gather_rows(
+    vectors: np.ndarray, rows: np.ndarray, *, gap_bytes: int = COALESCE_GAP_BYTES, max_read_bytes: int = MAX_READ_BYTES
+) -> np.ndarray:
     """vectors[rows] as an in-memory (len(rows), d) array; rows: sorted unique int64 positions.
 
     For a memory-mapped .npy file (the whole file), the rows are read with `pread` rather than
@@ -84,8 +86,12 @@ def gather_rows(vectors: np.ndarray, rows: np.ndarray, *, gap_bytes: int = COALE
     everything else."""
     path, offset = getattr(vectors, "filename", None), getattr(vectors, "offset", None)
     row_bytes = vectors.shape[1] * vectors.dtype.itemsize
-    whole_file = (isinstance(vectors, np.memmap) and path is not None and offset is not None
-                  and os.path.getsize(path) == offset + vectors.shape[0] * row_bytes)
+    whole_file = (
+        isinstance(vectors, np.memmap)
+        and path is not None
+        and offset is not None
+        and os.path.getsize(path) == offset + vectors.shape[0] * row_bytes
+    )
     if not whole_file:  # an in-memory array, or a slice of a mapping: index it
         return np.asarray(vectors[rows])
     out = np.empty((len(rows), vectors.shape[1]), dtype=vectors.dtype)

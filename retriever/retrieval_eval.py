@@ -45,15 +45,8 @@ def read_retrieval_examples(path: str | os.PathLike) -> list[RetrievalExample]:
         question = require_str(record, "question", path, line)
         key = "answers" if "answers" in record else "answer" if "answer" in record else None
         if key is None:
-            raise InputError(
-                path, line, "answers", "missing required field (also accepted: 'answer')"
-            )
-        gold = [
-            g
-            for k in GOLD_KEYS
-            if record.get(k) is not None
-            for g in _string_list(record, k, path, line)
-        ]
+            raise InputError(path, line, "answers", "missing required field (also accepted: 'answer')")
+        gold = [g for k in GOLD_KEYS if record.get(k) is not None for g in _string_list(record, k, path, line)]
         examples.append(RetrievalExample(question, _string_list(record, key, path, line), gold))
     return examples
 
@@ -63,9 +56,7 @@ def first_rank(flags: list[bool]) -> int | None:
     return next((i + 1 for i, flag in enumerate(flags) if flag), None)
 
 
-def score_retrieval(
-    examples: list[RetrievalExample], hits: list[list], ks: list[int]
-) -> tuple[dict, list[dict]]:
+def score_retrieval(examples: list[RetrievalExample], hits: list[list], ks: list[int]) -> tuple[dict, list[dict]]:
     """Metrics and per-question records for retrieved `hits` (one ranked Hit list per example).
 
     Returns `(metrics, records)`: metrics holds `answer_recall@k`, `answer_mrr`, and where any
@@ -103,18 +94,14 @@ def score_retrieval(
         metrics[f"answer_recall@{k}"] = sum(
             r["answer_rank"] is not None and r["answer_rank"] <= k for r in records
         ) / max(n, 1)
-    metrics["answer_mrr"] = sum(1 / r["answer_rank"] for r in records if r["answer_rank"]) / max(
-        n, 1
-    )
+    metrics["answer_mrr"] = sum(1 / r["answer_rank"] for r in records if r["answer_rank"]) / max(n, 1)
     with_gold = [r for r in records if r["gold_ids"]]
     if with_gold:
         for k in ks:
             metrics[f"gold_recall@{k}"] = sum(
                 r["gold_rank"] is not None and r["gold_rank"] <= k for r in with_gold
             ) / len(with_gold)
-        metrics["gold_mrr"] = sum(1 / r["gold_rank"] for r in with_gold if r["gold_rank"]) / len(
-            with_gold
-        )
+        metrics["gold_mrr"] = sum(1 / r["gold_rank"] for r in with_gold if r["gold_rank"]) / len(with_gold)
         metrics["n_with_gold"] = len(with_gold)
     return metrics, records
 

@@ -80,9 +80,7 @@ def ivf_shard(path, source: faiss.Index, start: int, end: int, removed: np.ndarr
     ivf.ntotal = shard.ntotal = 0
     source_lists = faiss.downcast_InvertedLists(faiss.extract_index_ivf(source).invlists)
     if not isinstance(source_lists, faiss.OnDiskInvertedLists):
-        faiss.extract_index_ivf(source).copy_subset_to(
-            ivf, faiss.InvertedLists.SUBSET_TYPE_ID_RANGE, start, end
-        )
+        faiss.extract_index_ivf(source).copy_subset_to(ivf, faiss.InvertedLists.SUBSET_TYPE_ID_RANGE, start, end)
         dead = np.flatnonzero(removed[start:end]).astype(np.int64) + start
         if dead.size:
             shard.remove_ids(faiss.IDSelectorBatch(dead))
@@ -229,9 +227,7 @@ class ShardedPassageIndex(PassageIndex):
             sharded.mode = "rows"
             path = index.folder / index.manifest["files"]["faiss"]["name"]
             if faiss.try_extract_index_ivf(index.faiss_index) is not None:
-                sharded.shard_index = ivf_shard(
-                    path, index.faiss_index, sharded.start, sharded.end, index.removed
-                )
+                sharded.shard_index = ivf_shard(path, index.faiss_index, sharded.start, sharded.end, index.removed)
             else:
                 sharded.shard_index, sharded.shard_positions = flat_codes_shard(
                     path, index.faiss_index, sharded.start, sharded.end, index.removed
@@ -243,8 +239,12 @@ class ShardedPassageIndex(PassageIndex):
     def holdings(self) -> dict:
         """What this rank keeps for search: mode, positions, and the in-memory bytes of its own
         FAISS shard (codes + ids; memory-mapped data and codebooks are not counted)."""
-        info = {"rank": self.rank, "world_size": self.world_size, "mode": self.mode,
-                "positions": [self.start, self.end] if self.mode == "rows" else [0, int(self.manifest["total"])]}
+        info = {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "mode": self.mode,
+            "positions": [self.start, self.end] if self.mode == "rows" else [0, int(self.manifest["total"])],
+        }
         if self.shard_index is not None:
             ivf = faiss.try_extract_index_ivf(self.shard_index)
             code_size = ivf.code_size if ivf is not None else faiss.downcast_index(self.shard_index).code_size
@@ -259,8 +259,9 @@ class ShardedPassageIndex(PassageIndex):
         query_vectors = np.ascontiguousarray(query_vectors, dtype=np.float32)
         if self.shard_index is None:  # float16 vectors: read only this rank's rows
             live = ~self.removed[self.start : self.end]
-            scores, rows = exact_search(query_vectors, self.vectors[self.start : self.end], k, "ip",
-                                        exclude=None if live.all() else ~live)
+            scores, rows = exact_search(
+                query_vectors, self.vectors[self.start : self.end], k, "ip", exclude=None if live.all() else ~live
+            )
             rows = np.where(rows >= 0, rows + self.start, -1)
         else:
             scores, rows = self.shard_index.search(query_vectors, max(k, self.rerank))

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from tasks.io import InputError, read_jsonl
+from tasks.passage import Passage
 
 logger = logging.getLogger(__name__)
 
@@ -31,20 +32,28 @@ class Example:
     `passages` passages given with the example (None: retrieve them), `options` the choices of
     a multiple-choice question (letter → text), `source_id` the id of the corpus passage the
     example was made from (pretext tasks: retrieving it would be trivial, so it is filtered out),
-    `evidence` a passage `{id, title, text}` known to hold the answer (pretext tasks that teach
-    reading): it is read as given, in place of its own retrieved copy, or of the last passage
-    retrieved where the search missed it.
+    `evidence` a passage known to hold the answer (pretext tasks that teach reading): it is read
+    as given, in place of its own retrieved copy, or of the last passage retrieved where the
+    search missed it. Passages given as dicts (`{id, title, text, ...}`, as data files hold
+    them) become `Passage` records here, where examples are made.
     """
 
     id: str
     query: str
     target: str | None
     answers: list[str]
-    passages: list[dict] | None = None
+    passages: list[Passage] | None = None
     options: dict[str, str] | None = None
     source_id: str | None = None
-    evidence: dict | None = None
+    evidence: Passage | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # the boundary where dict passages (data files, callers' own examples) become records
+        if self.passages is not None:
+            self.passages = [p if isinstance(p, Passage) else Passage.from_record(p) for p in self.passages]
+        if self.evidence is not None and not isinstance(self.evidence, Passage):
+            self.evidence = Passage.from_record(self.evidence)
 
 
 class Task:
@@ -52,7 +61,9 @@ class Task:
 
     Subclasses set `metrics` (the primary metric first) and `default_options`, and implement
     `parse_record` (one raw record → an Example) and `evaluate`; `@register_task(name)` gives a
-    task its `name`.
+    task its `name`. The optional hooks (`query`, `eval_presentations`, `provenance` with
+    `has_provenance`) have defaults that suit a task without the feature; a task overrides those
+    it has.
     """
 
     name: ClassVar[str] = ""  # set by `register_task`
@@ -60,14 +71,15 @@ class Task:
     default_options: ClassVar[dict[str, Any]] = {}
     # the record field that holds the gold answers (named by the error for an example without them)
     answer_field: ClassVar[str] = "answers"
+    # whether `provenance` is implemented: the task writes its own predictions file with the pages
+    # of the passages read (KILT); evaluation writes it only then
+    has_provenance: ClassVar[bool] = False
 
     def __init__(self, **options: Any):
         unknown = sorted(set(options) - set(self.default_options))
         if unknown:
             valid = ", ".join(sorted(self.default_options)) or "(none)"
-            raise ValueError(
-                f"unknown option(s) {', '.join(unknown)} for task '{self.name}'; valid: {valid}"
-            )
+            raise ValueError(f"unknown option(s) {', '.join(unknown)} for task '{self.name}'; valid: {valid}")
         self.options: dict[str, Any] = {**self.default_options, **options}
 
     # ---------------------------------------------------------------- loading
@@ -83,9 +95,7 @@ class Task:
         for line, record in read_jsonl(path, on_error):
             yield str(path), line, record
 
-    def parse_record(
-        self, record: dict[str, Any], path: str, line: int, index: int
-    ) -> Example | None:
+    def parse_record(self, record: dict[str, Any], path: str, line: int, index: int) -> Example | None:
         """Turn one raw record into an Example; raise `InputError(path, line, field, ...)`.
 
         None means a valid record this task has no use for (e.g. a passage with no section for
@@ -133,10 +143,35 @@ class Task:
         if unused:
             logger.info("%s: %d record(s) not usable by task '%s'", path, unused, self.name)
         if skipped:
-            logger.warning(
-                "%s: skipped %d invalid record(s), kept %d", path, skipped, len(examples)
-            )
+            logger.warning("%s: skipped %d invalid record(s), kept %d", path, skipped, len(examples))
         return examples
+
+    # ---------------------------------------------------------------- optional hooks
+
+    def query(self, question: str) -> str:
+        """The reader input for a bare question typed by a user (`atlas ask`, `atlas serve`).
+
+        Default: the question itself. A task whose examples wrap their question in a template
+        (QA: `query_template`) overrides it, so that a typed question reads as its examples do.
+        """
+        return question
+
+    def eval_presentations(self, example: Example) -> list[Example]:
+        """The presentations of a multiple-choice example scored at evaluation, the example as
+        given first; their option probabilities are averaged back onto its options.
+
+        Default: the example alone. A task that de-biases by permuting the options (MMLU) overrides it.
+        """
+        return [example]
+
+    def provenance(self, passages: list[Passage]) -> list[dict]:
+        """The task's provenance entries for the passages read for one example (in rank order),
+        written beside the predictions in the task's own format.
+
+        Only a task with `has_provenance = True` implements it (KILT: `{wikipedia_id, title}` of
+        each page); the default raises `NotImplementedError`.
+        """
+        raise NotImplementedError(f"task '{self.name}' writes no provenance (has_provenance is False)")
 
     # ---------------------------------------------------------------- training
 
@@ -165,11 +200,11 @@ class Task:
         examples: list[Example],
         predictions: list[str],
         *,
-        retrieved: list[list[dict]] | None = None,
+        retrieved: list[list[Passage]] | None = None,
     ) -> dict[str, float]:
         """Score `predictions` (one per example, raw generated text) → metrics, primary first.
 
-        `retrieved` (per example, the retrieved passages as dicts) is used by tasks that score
+        `retrieved` (per example, the retrieved passages) is used by tasks that score
         provenance (KILT); the others ignore it.
         """
         raise NotImplementedError
@@ -220,9 +255,11 @@ class Overlap:
         """One sentence for an error or a warning: both files, how many examples, the first ids."""
         shown = ", ".join(f"train id {a!r} = eval id {b!r}" for a, b in self.pairs)
         same = " (the same file)" if Path(self.train_path).resolve() == Path(self.eval_path).resolve() else ""
-        return (f"training file {self.train_path} and evaluation file {self.eval_path}{same} share "
-                f"{self.shared} of the evaluation file's {self.eval_size} examples (the same question "
-                f"text; e.g. {shown})")
+        return (
+            f"training file {self.train_path} and evaluation file {self.eval_path}{same} share "
+            f"{self.shared} of the evaluation file's {self.eval_size} examples (the same question "
+            f"text; e.g. {shown})"
+        )
 
 
 def _example_key(example: Example) -> str:
@@ -230,7 +267,7 @@ def _example_key(example: Example) -> str:
     example brings them (reading comprehension: the same question of another page is another example)."""
     key = " ".join(example.query.casefold().split())
     if example.passages:
-        key += "\n" + "\n".join(sorted({str(p.get("title") or "") for p in example.passages}))
+        key += "\n" + "\n".join(sorted({p.title for p in example.passages}))
     return key
 
 
@@ -238,8 +275,9 @@ def _example_keys(task: Task, path: str, skip_invalid: bool) -> list[tuple[str, 
     return [(_example_key(e), e.id) for e in task.load(path, skip_invalid=skip_invalid)]
 
 
-def find_overlaps(task: Task, train_paths: list[str], eval_paths: list[str], *,
-                  skip_invalid: bool = False, show: int = 3) -> list[Overlap]:
+def find_overlaps(
+    task: Task, train_paths: list[str], eval_paths: list[str], *, skip_invalid: bool = False, show: int = 3
+) -> list[Overlap]:
     """Every (training file, evaluation file) pair whose examples share a reader input.
 
     Two examples are the same when their queries (the reader's input text: the question, with

@@ -52,8 +52,15 @@ def _documents(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
         if not text.strip():
             raise InputError(path, line, "text", "the text is empty")
         page = require_str(record, "wikipedia_id", path, line, optional=True).strip()
-        yield line, {"id": doc_id, "title": require_str(record, "title", path, line, optional=True),
-                     "text": text, "wikipedia_id": page or doc_id}
+        yield (
+            line,
+            {
+                "id": doc_id,
+                "title": require_str(record, "title", path, line, optional=True),
+                "text": text,
+                "wikipedia_id": page or doc_id,
+            },
+        )
 
 
 def _nq824_record(record: dict, path: Path, line: int, example_id: str, documents: dict[str, dict]) -> dict:
@@ -70,15 +77,25 @@ def _nq824_record(record: dict, path: Path, line: int, example_id: str, document
         raise InputError(path, line, "gold_doc", f"'{gold}' is not a document of documents.jsonl")
     document = documents[gold]
     # each nq824 document is one paragraph of its page: paragraph 0, the whole of its text
-    provenance = {"wikipedia_id": document["wikipedia_id"], "title": document["title"],
-                  "start_paragraph_id": 0, "start_character": 0,
-                  "end_paragraph_id": 0, "end_character": len(document["text"])}
+    provenance = {
+        "wikipedia_id": document["wikipedia_id"],
+        "title": document["title"],
+        "start_paragraph_id": 0,
+        "start_character": 0,
+        "end_paragraph_id": 0,
+        "end_character": len(document["text"]),
+    }
     outputs = [{"answer": answer, "provenance": [provenance]} for answer in dict.fromkeys(answers)]
     return {"id": example_id, "input": question.strip(), "output": outputs}
 
 
-def nq824_to_kilt(nq824: str | os.PathLike, out: str | os.PathLike, *,
-                  distractors: Sequence[str | os.PathLike] = (), overwrite: bool = False) -> KiltConversion:
+def nq824_to_kilt(
+    nq824: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    distractors: Sequence[str | os.PathLike] = (),
+    overwrite: bool = False,
+) -> KiltConversion:
     """Write nq824 in KILT format under `out` (atomically): `train.jsonl` (the 64 training
     questions, ids `nq824-train-N`), `dev.jsonl` (the 578 dev questions, `nq824-dev-N`, N = the
     0-based line of the source file) and `knowledge.jsonl`, the knowledge source for
@@ -93,15 +110,21 @@ def nq824_to_kilt(nq824: str | os.PathLike, out: str | os.PathLike, *,
     first: dict[str, str] = {}  # document id → where it was first seen
     for line, doc in _documents(nq824 / "documents.jsonl"):
         if doc["id"] in documents:
-            raise InputError(nq824 / "documents.jsonl", line, "id",
-                             f"duplicate document id '{doc['id']}' (first at {first[doc['id']]})")
+            raise InputError(
+                nq824 / "documents.jsonl",
+                line,
+                "id",
+                f"duplicate document id '{doc['id']}' (first at {first[doc['id']]})",
+            )
         documents[doc["id"]] = doc
         first[doc["id"]] = f"{nq824 / 'documents.jsonl'}:{line}"
     splits = {}
     for split, name in NQ824_FILES.items():
         path = nq824 / name
-        splits[split] = [_nq824_record(record, path, line, f"nq824-{split}-{n}", documents)
-                         for n, (line, record) in enumerate(read_jsonl(path))]
+        splits[split] = [
+            _nq824_record(record, path, line, f"nq824-{split}-{n}", documents)
+            for n, (line, record) in enumerate(read_jsonl(path))
+        ]
     extra: list[dict] = []
     for path in map(Path, distractors):
         for line, doc in _documents(path):
@@ -155,8 +178,15 @@ def write_kilt_knowledge(source: str | os.PathLike, out: str | os.PathLike) -> i
 # ----------------------------------------------------------------------------- splitting
 
 
-def split_file(path: str | os.PathLike, out: str | os.PathLike, *, train: int, seed: int = 0, prefix: str = "",
-               overwrite: bool = False) -> tuple[int, int]:
+def split_file(
+    path: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    train: int,
+    seed: int = 0,
+    prefix: str = "",
+    overwrite: bool = False,
+) -> tuple[int, int]:
     """Split a JSON-lines file into `out/{prefix}train.jsonl` (a seeded sample of `train` records, in
     file order) and `out/{prefix}dev.jsonl` (every other record), atomically → (train, dev) counts.
     (A KILT dataset is read from its file name: `--prefix hotpotqa-` keeps it.)
@@ -166,11 +196,12 @@ def split_file(path: str | os.PathLike, out: str | os.PathLike, *, train: int, s
     """
     records: list[dict[str, Any]] = [record for _, record in read_jsonl(path)]
     if not 0 < train < len(records):
-        raise ValueError(f"{path}: --train must be between 1 and {len(records) - 1} "
-                         f"(the file has {len(records)} records), got {train}")
+        raise ValueError(
+            f"{path}: --train must be between 1 and {len(records) - 1} "
+            f"(the file has {len(records)} records), got {train}"
+        )
     chosen = set(random.Random(seed).sample(range(len(records)), train))
     with atomic_directory(out, overwrite=overwrite) as tmp:
         write_jsonl(tmp / f"{prefix}train.jsonl", (r for n, r in enumerate(records) if n in chosen))
         write_jsonl(tmp / f"{prefix}dev.jsonl", (r for n, r in enumerate(records) if n not in chosen))
     return train, len(records) - train
-

@@ -16,11 +16,43 @@ from dataclasses import dataclass, replace
 
 from tasks.base import Example
 from tasks.metrics import normalize_answer
+from tasks.passage import Passage
 
-NUMBER_WORDS = frozenset({
-    "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve", "thirteen",
-    "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty", "thirty", "forty", "fifty",
-    "sixty", "seventy", "eighty", "ninety", "hundred", "thousand", "million", "billion"})
+NUMBER_WORDS = frozenset(
+    {
+        "one",
+        "two",
+        "three",
+        "four",
+        "five",
+        "six",
+        "seven",
+        "eight",
+        "nine",
+        "ten",
+        "eleven",
+        "twelve",
+        "thirteen",
+        "fourteen",
+        "fifteen",
+        "sixteen",
+        "seventeen",
+        "eighteen",
+        "nineteen",
+        "twenty",
+        "thirty",
+        "forty",
+        "fifty",
+        "sixty",
+        "seventy",
+        "eighty",
+        "ninety",
+        "hundred",
+        "thousand",
+        "million",
+        "billion",
+    }
+)
 
 
 def whole_words(phrase: str) -> re.Pattern:
@@ -52,8 +84,9 @@ def answer_kind(answer: str) -> str:
     return "name" if words and all(w[:1].isupper() for w in words) else "text"
 
 
-def counterfactual_example(example: Example, pool: dict[str, list[str]], rng: random.Random,
-                           target_template: str, tries: int = 20) -> Example | None:
+def counterfactual_example(
+    example: Example, pool: dict[str, list[str]], rng: random.Random, target_template: str, tries: int = 20
+) -> Example | None:
     """`example` with its first answer replaced, in every passage that states it, by another answer of
     the same kind drawn from `pool` (kind → answers), and that answer as its target and only answer.
 
@@ -67,7 +100,7 @@ def counterfactual_example(example: Example, pool: dict[str, list[str]], rng: ra
         target_template: the task's target template, with `{answer}`.
     """
     old = example.answers[0]
-    if not any(states(p["text"], old) for p in example.passages or []):
+    if not any(states(p.text, old) for p in example.passages or []):
         return None
     candidates = pool.get(answer_kind(old), [])
     if not candidates:
@@ -75,14 +108,20 @@ def counterfactual_example(example: Example, pool: dict[str, list[str]], rng: ra
     old_words = set(old.lower().split())
     for _ in range(tries):
         new = rng.choice(candidates)
-        if set(new.lower().split()) & old_words or any(new.lower() in p["text"].lower() for p in example.passages):
+        if set(new.lower().split()) & old_words or any(new.lower() in p.text.lower() for p in example.passages):
             continue
-        passages = [{**p, "text": replace_fact(p["text"], old, new)} if states(p["text"], old) else p
-                    for p in example.passages]
-        if any(states(p["text"], other) for other in example.answers[1:] for p in passages):
+        passages = [
+            replace(p, text=replace_fact(p.text, old, new)) if states(p.text, old) else p for p in example.passages
+        ]
+        if any(states(p.text, other) for other in example.answers[1:] for p in passages):
             return None
-        return replace(example, passages=passages, target=target_template.format(answer=new), answers=[new],
-                       metadata={**example.metadata, "counterfactual_of": old})
+        return replace(
+            example,
+            passages=passages,
+            target=target_template.format(answer=new),
+            answers=[new],
+            metadata={**example.metadata, "counterfactual_of": old},
+        )
     return None
 
 
@@ -146,12 +185,14 @@ def answer_shape(doc, answer: str) -> str:
     if span is None or not len(span):
         return ""
     number = span.root.morph.get("Number")
-    return " ".join(part for part in ("DET" if span[0].pos_ == "DET" else "", span.root.pos_,
-                                      number[0] if number else "") if part)
+    return " ".join(
+        part for part in ("DET" if span[0].pos_ == "DET" else "", span.root.pos_, number[0] if number else "") if part
+    )
 
 
-def typed_candidates(candidates: list[tuple[str, int]], label: str,
-                     labels: list[str]) -> tuple[list[tuple[str, int]], bool]:
+def typed_candidates(
+    candidates: list[tuple[str, int]], label: str, labels: list[str]
+) -> tuple[list[tuple[str, int]], bool]:
     """The candidates ((answer, pool row)) whose entity label (`labels[row]`) is the old answer's `label`
     (a person for a person, a country for a country, a percentage for a percentage: Longpre et al.'s
     type-preserving substitution), True; all of them, False, when the old answer is no entity or none
@@ -160,8 +201,9 @@ def typed_candidates(candidates: list[tuple[str, int]], label: str,
     return (typed, True) if typed else (candidates, False)
 
 
-def shaped_candidates(candidates: list[tuple[str, int]], shape: str,
-                      shapes: list[str]) -> tuple[list[tuple[str, int]], bool]:
+def shaped_candidates(
+    candidates: list[tuple[str, int]], shape: str, shapes: list[str]
+) -> tuple[list[tuple[str, int]], bool]:
     """The candidates whose shape (`shapes[row]`, `answer_shape`) is the old answer's `shape`, True; all of
     them, False, when the shape is unknown or no candidate has it."""
     shaped = [(a, j) for a, j in candidates if shape and shapes[j] == shape]
@@ -180,8 +222,9 @@ class AnswerType:
     relation: str | None = None
 
 
-def tag_answers(answers: list[str], contexts: list[str | None], relations: list[str | None] | None = None,
-                nlp=None) -> list[AnswerType]:
+def tag_answers(
+    answers: list[str], contexts: list[str | None], relations: list[str | None] | None = None, nlp=None
+) -> list[AnswerType]:
     """Each answer's `AnswerType`, tagged where it stands in its context (the passage stating it; an
     answer with no context, or not found in it, is tagged on its own). `nlp`: a spaCy pipeline with NER and
     a parser (`tasks.salient_span.load_pipeline`); None tags kind and relation only."""
@@ -191,8 +234,9 @@ def tag_answers(answers: list[str], contexts: list[str | None], relations: list[
     texts = [c if c and states(c, a) else a for a, c in zip(answers, contexts, strict=True)]
     types = []
     for doc, answer, relation in zip(nlp.pipe(texts), answers, relations, strict=True):
-        types.append(AnswerType(answer_kind(answer), answer_entity_label(doc, answer), answer_shape(doc, answer),
-                                relation))
+        types.append(
+            AnswerType(answer_kind(answer), answer_entity_label(doc, answer), answer_shape(doc, answer), relation)
+        )
     return types
 
 
@@ -217,15 +261,22 @@ class EditPlan:
     skipped: list[tuple[int, str]]
 
 
-def plan_fact_edits(questions: list[str], answers: list[str], types: list[AnswerType], eligible: list[int],
-                    stating: dict[int, list[dict]], n: int, similarity=None) -> EditPlan:
+def plan_fact_edits(
+    questions: list[str],
+    answers: list[str],
+    types: list[AnswerType],
+    eligible: list[int],
+    stating: dict[int, list[Passage]],
+    n: int,
+    similarity=None,
+) -> EditPlan:
     """Choose up to `n` corpus edits, one per eligible fact, in the order of `eligible`.
 
     Args:
         questions, answers, types: the pool of real answers a replacement is drawn from (row j: question
             j, its answer, `tag_answers`' type); a fact to edit is a row of it.
         eligible: rows whose fact may be edited (e.g. answered right, the answer stated in the top passage).
-        stating: row → the passages ({"id", "text"}) that state its answer and are edited with it.
+        stating: row → the passages that state its answer and are edited with it.
         similarity: (rows, rows) array of answer similarities (e.g. cosine of their embeddings): the
             replacement is the most similar candidate (a city for a city); None: the first candidate.
 
@@ -249,17 +300,23 @@ def plan_fact_edits(questions: list[str], answers: list[str], types: list[Answer
         if not passages:
             skipped.append((i, "no passage read states its answer"))
             continue
-        if any(p["id"] in used_passages for p in passages):
+        if any(p.id in used_passages for p in passages):
             skipped.append((i, "its passage is already edited for another question"))
             continue
         old_words = set(norm[i].split())
-        texts = [p["text"].lower() for p in passages]
-        candidates = [j for j in range(len(answers))
-                      if j != i and norm[j] and norm[j] not in used_replacements
-                      and not set(norm[j].split()) & old_words
-                      and types[j].kind == types[i].kind and asked[j] == asked[i]
-                      and len(answers[j].split()) <= max(3, len(answers[i].split()) + 1)
-                      and not any(answers[j].lower() in t for t in texts)]
+        texts = [p.text.lower() for p in passages]
+        candidates = [
+            j
+            for j in range(len(answers))
+            if j != i
+            and norm[j]
+            and norm[j] not in used_replacements
+            and not set(norm[j].split()) & old_words
+            and types[j].kind == types[i].kind
+            and asked[j] == asked[i]
+            and len(answers[j].split()) <= max(3, len(answers[i].split()) + 1)
+            and not any(answers[j].lower() in t for t in texts)
+        ]
         if types[i].relation is not None:
             kept = f"relation {types[i].relation}"
             candidates = [j for j in candidates if types[j].relation == types[i].relation]
@@ -276,7 +333,7 @@ def plan_fact_edits(questions: list[str], answers: list[str], types: list[Answer
             skipped.append((i, f"no other answer of its type ({kept}) fits"))
             continue
         best = candidates[0] if similarity is None else max(candidates, key=lambda j: (float(similarity[i][j]), -j))
-        edits.append(FactEdit(i, answers[i], answers[best], kept, tuple(p["id"] for p in passages)))
+        edits.append(FactEdit(i, answers[i], answers[best], kept, tuple(p.id for p in passages)))
         used_replacements.add(norm[best])
-        used_passages.update(p["id"] for p in passages)
+        used_passages.update(p.id for p in passages)
     return EditPlan(edits, skipped)

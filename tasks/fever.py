@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 from tasks.base import Example, Task, check_lengths, format_template, register_task
 from tasks.io import InputError, require_str
 from tasks.metrics import percent
+from tasks.passage import Passage
 
 # FEVER's three labels and the words the reader is trained to generate for them.
 LABEL_TO_WORD = {"SUPPORTS": "true", "REFUTES": "false", "NOT ENOUGH INFO": "maybe"}
@@ -48,19 +49,15 @@ class FeverTask(Task):
         query = format_template(self.options["query_template"], "query_template", claim=claim)
         target = None
         if answers:
-            target = format_template(
-                self.options["target_template"], "target_template", answer=answers[0]
-            )
-        return Example(
-            id=example_id, query=query, target=target, answers=answers, metadata={"claim": claim}
-        )
+            target = format_template(self.options["target_template"], "target_template", answer=answers[0])
+        return Example(id=example_id, query=query, target=target, answers=answers, metadata={"claim": claim})
 
     def evaluate(
         self,
         examples: list[Example],
         predictions: list[str],
         *,
-        retrieved: list[list[dict]] | None = None,
+        retrieved: list[list[Passage]] | None = None,
     ) -> dict[str, float]:
         """Accuracy in percent: the generated word, stripped and lower-cased, is the gold word."""
         check_lengths(examples, predictions)

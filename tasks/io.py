@@ -62,9 +62,7 @@ def read_jsonl(
                     if isinstance(record, dict):
                         yield line_no, record
                         continue
-                    error = InputError(
-                        path, line_no, None, f"expected a JSON object, got {type(record).__name__}"
-                    )
+                    error = InputError(path, line_no, None, f"expected a JSON object, got {type(record).__name__}")
             if on_error is None:
                 raise error
             on_error(error)

@@ -43,6 +43,7 @@ from tasks.kilt_scoring import (
     score_kilt,
     write_kilt_predictions,  # noqa: F401  (re-exported: the evaluation loop writes with it)
 )
+from tasks.passage import PASSAGE_FIELDS, Passage
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +83,7 @@ class KiltTask(Task):
 
     metrics = ("exact_match", "accuracy", "f1", "rouge_l")
     answer_field = "output[].answer"
+    has_provenance = True  # kilt_predictions.jsonl: each answer with the pages of the passages read
     default_options: ClassVar[dict[str, Any]] = {
         "kilt_task": "auto",
         "query_template": "question: {input} answer: <extra_id_0>",
@@ -101,6 +103,11 @@ class KiltTask(Task):
             valid = ", ".join(["auto", *KILT_DATASETS])
             raise ValueError(f"unknown kilt_task '{chosen}'; valid: {valid}")
         self.options["kilt_task"] = chosen
+        if self.options["provenance_key"] not in PASSAGE_FIELDS:
+            raise ValueError(
+                f"unknown provenance_key {self.options['provenance_key']!r}: it names a passage "
+                f"field; valid: {', '.join(PASSAGE_FIELDS)}"
+            )
 
     def dataset_for(self, path: str | os.PathLike) -> str:
         """The KILT dataset of a file: the `kilt_task` option, or inferred from its name."""
@@ -137,15 +144,11 @@ class KiltTask(Task):
             if provenance is not None and (
                 not isinstance(provenance, list) or not all(isinstance(p, dict) for p in provenance)
             ):
-                raise InputError(
-                    path, line, f"output[{n}].provenance", "expected a list of objects"
-                )
+                raise InputError(path, line, f"output[{n}].provenance", "expected a list of objects")
         gold = {"id": example_id, "input": text, "output": outputs}
         # The official scorer's gold answers (a set), kept here in file order.
         golds = gold_answers(gold)
-        answers = [
-            a for a in dict.fromkeys((o.get("answer") or "").strip() for o in outputs) if a in golds
-        ]
+        answers = [a for a in dict.fromkeys((o.get("answer") or "").strip() for o in outputs) if a in golds]
         if dataset == "fever":
             unknown = [a for a in answers if a not in FEVER_TO_WORD]
             if unknown:
@@ -156,12 +159,8 @@ class KiltTask(Task):
                     f"unknown FEVER label {unknown[0]!r}; valid: {', '.join(FEVER_TO_WORD)}",
                 )
         if KILT_DATASETS[dataset][0] == "dialogue":
-            text = self.options["dialogue_separator"].join(
-                t.strip() for t in text.split("\n") if t.strip()
-            )
-        query = format_template(
-            self.options["query_template"], "query_template", input=text.strip()
-        )
+            text = self.options["dialogue_separator"].join(t.strip() for t in text.split("\n") if t.strip())
+        query = format_template(self.options["query_template"], "query_template", input=text.strip())
         target = self._target(dataset, answers[0]) if answers else None
         return Example(
             id=example_id,
@@ -188,15 +187,17 @@ class KiltTask(Task):
             return WORD_TO_FEVER.get(answer.lower(), answer)
         return answer
 
-    def provenance(self, passages: list[dict]) -> list[dict]:
-        """KILT provenance entries for retrieved passages that carry a page id (in rank order)."""
+    def provenance(self, passages: list[Passage]) -> list[dict]:
+        """KILT provenance entries for retrieved passages that carry a page id (in rank order): the
+        passage field named by `provenance_key` as the `wikipedia_id`, and the `title` where it has one."""
         key = self.options["provenance_key"]
         entries = []
         for passage in passages:
-            if passage.get(key) not in (None, ""):  # corpora without page ids store ""
-                entry = {"wikipedia_id": str(passage[key])}
-                if passage.get("title"):
-                    entry["title"] = passage["title"]
+            page = getattr(passage, key)
+            if page not in (None, ""):  # a corpus without page ids leaves the field empty
+                entry = {"wikipedia_id": str(page)}
+                if passage.title:
+                    entry["title"] = passage.title
                 entries.append(entry)
         return entries
 
@@ -205,7 +206,7 @@ class KiltTask(Task):
         examples: list[Example],
         predictions: list[str],
         *,
-        retrieved: list[list[dict]] | None = None,
+        retrieved: list[list[Passage]] | None = None,
     ) -> dict[str, float]:
         """KILT's metrics in percent under the project's names: exact_match, accuracy, f1,
         rouge_l; with `retrieved`, also kilt_*, r_precision and provenance_*@k.
@@ -221,7 +222,7 @@ class KiltTask(Task):
         examples: list[Example],
         predictions: list[str],
         *,
-        retrieved: list[list[dict]] | None = None,
+        retrieved: list[list[Passage]] | None = None,
     ) -> dict[str, dict[str, float]]:
         """The scores as KILT's official scorers print them: their key names and [0, 1] scale,
         grouped `downstream` / `kilt` / `retrieval` (`tasks.kilt_scoring.official_report`)."""
@@ -232,7 +233,7 @@ class KiltTask(Task):
         examples: list[Example],
         predictions: list[str],
         *,
-        retrieved: list[list[dict]] | None = None,
+        retrieved: list[list[Passage]] | None = None,
     ) -> dict[str, float]:
         """`tasks.kilt_scoring.score_kilt` of the predictions: official key names, [0, 1] scale;
         the downstream metrics only without `retrieved`."""
@@ -278,12 +279,19 @@ def check_provenance(examples: list[Example]) -> None:
         for n, output in enumerate(example.metadata["kilt"]["output"]):
             for m, entry in enumerate(output.get("provenance") or []):
                 if entry.get("wikipedia_id") in (None, ""):
-                    raise InputError(path, line, f"output[{n}].provenance[{m}].wikipedia_id",
-                                     "missing: each provenance entry names its Wikipedia page")
+                    raise InputError(
+                        path,
+                        line,
+                        f"output[{n}].provenance[{m}].wikipedia_id",
+                        "missing: each provenance entry names its Wikipedia page",
+                    )
                 pages += 1
         if not pages:
             raise InputError(
-                path, line, "output[].provenance",
+                path,
+                line,
+                "output[].provenance",
                 "no provenance in any output: R-precision, recall@k and the KILT- scores compare the "
                 "retrieved pages with the record's gold pages; give them, or set "
-                "task.options.provenance_metrics=false to score the answers only")
+                "task.options.provenance_metrics=false to score the answers only",
+            )

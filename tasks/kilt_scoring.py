@@ -58,9 +58,7 @@ def metric_name(official: str) -> str:
     `provenance_recall@5`."""
     base, at, k = official.partition("@")
     if base not in OFFICIAL_NAMES:
-        raise ValueError(
-            f"unknown KILT metric {official!r}; known: {', '.join(OFFICIAL_NAMES)} (and their @k)"
-        )
+        raise ValueError(f"unknown KILT metric {official!r}; known: {', '.join(OFFICIAL_NAMES)} (and their @k)")
     return OFFICIAL_NAMES[base] + at + k
 
 
@@ -79,9 +77,7 @@ def official_report(scores: dict[str, float]) -> dict[str, dict[str, float]]:
     if downstream:
         report["downstream"] = downstream
         report["kilt"] = {k: v for k, v in scores.items() if k.startswith("KILT-")}
-    report["retrieval"] = {
-        k: v for k, v in scores.items() if k not in DOWNSTREAM_KEYS and not k.startswith("KILT-")
-    }
+    report["retrieval"] = {k: v for k, v in scores.items() if k not in DOWNSTREAM_KEYS and not k.startswith("KILT-")}
     return report
 
 
@@ -103,27 +99,19 @@ def load_kilt_file(path: str | os.PathLike, *, predictions: bool) -> list[tuple[
         if not isinstance(outputs, list) or not outputs:
             raise InputError(path, line, "output", "expected a non-empty list")
         if predictions and len(outputs) != 1:
-            raise InputError(
-                path, line, "output", f"a prediction needs exactly one output, got {len(outputs)}"
-            )
+            raise InputError(path, line, "output", f"a prediction needs exactly one output, got {len(outputs)}")
         for n, output in enumerate(outputs):
             if not isinstance(output, dict):
                 raise InputError(path, line, f"output[{n}]", "expected an object")
             if predictions and "answer" not in output:
                 raise InputError(path, line, "output[0].answer", "missing required field")
-            if (
-                not predictions
-                and output.get("answer") is not None
-                and not isinstance(output["answer"], str)
-            ):
+            if not predictions and output.get("answer") is not None and not isinstance(output["answer"], str):
                 raise InputError(path, line, f"output[{n}].answer", "expected a string")
             provenance = output.get("provenance")
             if provenance is not None and (
                 not isinstance(provenance, list) or not all(isinstance(p, dict) for p in provenance)
             ):
-                raise InputError(
-                    path, line, f"output[{n}].provenance", "expected a list of objects"
-                )
+                raise InputError(path, line, f"output[{n}].provenance", "expected a list of objects")
         records.append((line, record))
     return records
 
@@ -157,9 +145,7 @@ def align_predictions(
                 f"duplicate prediction id '{key}' (first at line {by_id[key][0]})",
             )
         if key not in gold_lines:
-            raise InputError(
-                guess_path, line, "id", f"prediction id '{key}' is not in the gold file {gold_path}"
-            )
+            raise InputError(guess_path, line, "id", f"prediction id '{key}' is not in the gold file {gold_path}")
         by_id[key] = (line, record)
     missing = [key for key in gold_lines if key not in by_id]
     if missing:
@@ -181,16 +167,15 @@ def write_kilt_predictions(
     """
     if not (len(ids) == len(answers) == len(provenance_lists)):
         raise ValueError(
-            f"ids ({len(ids)}), answers ({len(answers)}) and provenance lists ({len(provenance_lists)}) differ in length"
+            f"ids ({len(ids)}), answers ({len(answers)}) and provenance lists ({len(provenance_lists)}) "
+            f"differ in length"
         )
     records = []
     for example_id, answer, provenance in zip(ids, answers, provenance_lists):
         for n, entry in enumerate(provenance):
             if "wikipedia_id" not in entry:
                 raise ValueError(f"id '{example_id}': provenance[{n}] has no 'wikipedia_id'")
-        records.append(
-            {"id": example_id, "output": [{"answer": answer, "provenance": list(provenance)}]}
-        )
+        records.append({"id": example_id, "output": [{"answer": answer, "provenance": list(provenance)}]})
     return write_jsonl(path, records)
 
 
@@ -230,10 +215,7 @@ def _rank(guess: dict, gold: dict, rank_keys: Sequence[str]) -> tuple[list, int]
     for output in gold["output"]:
         if "provenance" in output:
             # Official quirk: a provenance entry without a rank key contributes an id of "".
-            e_set = {
-                "+".join(str(p[key]).strip() for key in rank_keys if key in p)
-                for p in output["provenance"]
-            }
+            e_set = {"+".join(str(p[key]).strip() for key in rank_keys if key in p) for p in output["provenance"]}
             if e_set not in evidence_sets:
                 evidence_sets.append(e_set)
     rank: list = []
@@ -301,19 +283,13 @@ def retrieval_metrics(
 # ----------------------------------------------------------------------------- downstream
 
 
-def downstream_metrics(
-    gold_records: Sequence[dict], guess_records: Sequence[dict]
-) -> dict[str, float]:
+def downstream_metrics(gold_records: Sequence[dict], guess_records: Sequence[dict]) -> dict[str, float]:
     """accuracy, em, f1, rougel and their KILT- variants, averaged over the (aligned) records."""
-    sums = dict.fromkeys(
-        ["accuracy", "em", "f1", "rougel", "KILT-accuracy", "KILT-em", "KILT-f1", "KILT-rougel"], 0
-    )
+    sums = dict.fromkeys(["accuracy", "em", "f1", "rougel", "KILT-accuracy", "KILT-em", "KILT-f1", "KILT-rougel"], 0)
     for guess, gold in zip(guess_records, gold_records):
         golds = gold_answers(gold)
         if not golds:
-            raise ValueError(
-                f"gold record '{gold['id']}' has no answer: it cannot be scored downstream"
-            )
+            raise ValueError(f"gold record '{gold['id']}' has no answer: it cannot be scored downstream")
         answer = str(guess["output"][0]["answer"]).strip()
         if len(answer) == 0:
             continue  # an empty answer scores 0 but still counts (official behaviour)
@@ -358,9 +334,7 @@ def score_kilt_files(
     gold = load_kilt_file(gold_path, predictions=False)
     guess = load_kilt_file(guess_path, predictions=downstream)
     if not downstream:
-        guess = [
-            (line, _provenance_output_only(record, guess_path, line)) for line, record in guess
-        ]
+        guess = [(line, _provenance_output_only(record, guess_path, line)) for line, record in guess]
     gold_records, guess_records = align_predictions(gold, guess, gold_path, guess_path)
     return score_kilt(gold_records, guess_records, ks=ks, downstream=downstream)
 
@@ -369,7 +343,5 @@ def _provenance_output_only(record: dict, path: str | os.PathLike, line: int) ->
     """Keep the one output that carries provenance (the official retrieval scorer's filter)."""
     outputs = [output for output in record["output"] if "provenance" in output]
     if len(outputs) != 1:
-        raise InputError(
-            path, line, "output", f"expected exactly one output with provenance, got {len(outputs)}"
-        )
+        raise InputError(path, line, "output", f"expected exactly one output with provenance, got {len(outputs)}")
     return {**record, "output": outputs}

@@ -31,6 +31,7 @@ from tasks.multiple_choice import (
     permute,
     predict_letter,
 )
+from tasks.passage import Passage
 
 LETTERS = ("A", "B", "C", "D")
 SPLITS = ("dev", "val", "test", "train", "auxiliary_train")
@@ -83,9 +84,7 @@ class MMLUTask(Task):
         super().__init__(**options)
         for key in ("train_permutations", "eval_permutations"):
             if self.options[key] not in PERMUTATION_MODES:
-                raise ValueError(
-                    f"unknown {key} '{self.options[key]}'; valid: {', '.join(PERMUTATION_MODES)}"
-                )
+                raise ValueError(f"unknown {key} '{self.options[key]}'; valid: {', '.join(PERMUTATION_MODES)}")
         multiple_choice_query("q", dict(zip(LETTERS, "abcd")), self.options["query_template"])
         multiple_choice_target("A", self.options["target_template"])
 
@@ -114,9 +113,7 @@ class MMLUTask(Task):
                         "id": f"{file.stem}:{line}",
                     }
                     if len(row) == 6:
-                        record.update(
-                            question=row[0], options=dict(zip(LETTERS, row[1:5])), answer=row[5]
-                        )
+                        record.update(question=row[0], options=dict(zip(LETTERS, row[1:5])), answer=row[5])
                     else:
                         record["bad_row"] = row  # reported by parse_record (skippable)
                     yield str(file), line, record
@@ -141,22 +138,16 @@ class MMLUTask(Task):
             raise InputError(path, line, "question", "the question is empty")
         options = record.get("options")
         if not isinstance(options, dict) or sorted(options) != list(LETTERS):
-            raise InputError(
-                path, line, "options", f"expected an object with keys {', '.join(LETTERS)}"
-            )
+            raise InputError(path, line, "options", f"expected an object with keys {', '.join(LETTERS)}")
         for letter in LETTERS:
-            if not isinstance(options[letter], (str, int, float)) or isinstance(
-                options[letter], bool
-            ):
+            if not isinstance(options[letter], (str, int, float)) or isinstance(options[letter], bool):
                 raise InputError(path, line, f"options.{letter}", "expected a string")
         options = {letter: str(options[letter]) for letter in LETTERS}
         answers: list[str] = []
         if record.get("answer") is not None:
             answer = require_str(record, "answer", path, line).strip()
             if answer not in LETTERS:
-                raise InputError(
-                    path, line, "answer", f"{answer!r} is not a letter; valid: {', '.join(LETTERS)}"
-                )
+                raise InputError(path, line, "answer", f"{answer!r} is not a letter; valid: {', '.join(LETTERS)}")
             answers = [answer]
         subject = require_str(record, "subject", path, line, optional=True)
         metadata = {
@@ -170,9 +161,7 @@ class MMLUTask(Task):
         return Example(
             id=require_str(record, "id", path, line),
             query=multiple_choice_query(question, options, self.options["query_template"]),
-            target=multiple_choice_target(answers[0], self.options["target_template"])
-            if answers
-            else None,
+            target=multiple_choice_target(answers[0], self.options["target_template"]) if answers else None,
             answers=answers,
             options=options,
             metadata=metadata,
@@ -199,7 +188,7 @@ class MMLUTask(Task):
         examples: list[Example],
         predictions: list[str],
         *,
-        retrieved: list[list[dict]] | None = None,
+        retrieved: list[list[Passage]] | None = None,
         letter_probs: list[dict[str, float]] | None = None,
     ) -> dict[str, float]:
         """Accuracy (and de-biased accuracy from `letter_probs`) overall, per category, per subject.
@@ -224,9 +213,7 @@ class MMLUTask(Task):
             correct = [float(letter == e.answers[0]) for e, letter in zip(examples, letters)]
             result[kind] = percent(correct)
             for category in CATEGORIES:
-                chosen = [
-                    c for c, e in zip(correct, examples) if e.metadata.get("category") == category
-                ]
+                chosen = [c for c, e in zip(correct, examples) if e.metadata.get("category") == category]
                 if chosen:
                     result[f"{kind}/{category}"] = percent(chosen)
             by_subject: dict[str, list[float]] = {}
@@ -261,8 +248,6 @@ def build_train_sets(
     if setting == "full":
         auxiliary = data_dir / "auxiliary_train"
         if not auxiliary.is_dir():
-            raise InputError(
-                auxiliary, None, None, "the 'full' setting needs the MMLU auxiliary_train folder"
-            )
+            raise InputError(auxiliary, None, None, "the 'full' setting needs the MMLU auxiliary_train folder")
         return {"all": task.load(auxiliary) + task.load(data_dir / "dev")}
     raise ValueError(f"unknown MMLU setting '{setting}'; valid: {', '.join(SETTINGS)}")

@@ -1,4 +1,5 @@
-"""Model helpers that both the retriever and the reader use: encoder names, the BERT family, eval mode.
+"""Model helpers that both the retriever and the reader use: encoder names, the BERT family, the ignored
+label, eval mode.
 
 They live in the bottom package because `retriever` and `reader` may not import each other
 (tests/test_layout.py); nothing here needs torch or transformers.
@@ -18,6 +19,9 @@ CONTRIEVER_HUB_NAME = "facebook/contriever"
 # Hugging Face model types whose `AutoModel` has a pooler (and takes `add_pooling_layer`); neither
 # the retriever nor the FiD reader uses it, so they load these models without one.
 BERT_FAMILY = ("bert", "roberta", "xlm-roberta")
+# The label of a target position that no loss counts (torch's cross-entropy default): the reader's
+# labels and the retriever losses that read them share it.
+IGNORE_INDEX = -100
 
 
 def encoder_source(name: str) -> str:

@@ -25,13 +25,9 @@ def format_options(options: dict[str, str]) -> str:
     return " ".join(f"({letter}) {options[letter]}" for letter in sorted(options))
 
 
-def multiple_choice_query(
-    question: str, options: dict[str, str], template: str = DEFAULT_QUERY_TEMPLATE
-) -> str:
+def multiple_choice_query(question: str, options: dict[str, str], template: str = DEFAULT_QUERY_TEMPLATE) -> str:
     """The reader input for a question and its options."""
-    return format_template(
-        template, "query_template", question=question.strip(), options=format_options(options)
-    )
+    return format_template(template, "query_template", question=question.strip(), options=format_options(options))
 
 
 def multiple_choice_target(letter: str, template: str = DEFAULT_TARGET_TEMPLATE) -> str:
@@ -88,9 +84,7 @@ def permute(example: Example, mode: str) -> list[Example]:
     return permuted
 
 
-def aggregate(
-    permuted_examples: list[Example], letter_probs: list[dict[str, float]]
-) -> dict[str, float]:
+def aggregate(permuted_examples: list[Example], letter_probs: list[dict[str, float]]) -> dict[str, float]:
     """De-biased probabilities of the *original* options: the mean over the presentations.
 
     `permuted_examples` are the output of `permute` for one question and `letter_probs[i]` the
@@ -98,9 +92,7 @@ def aggregate(
     logits). Returns {original letter: mean probability}, letters in alphabetical order.
     """
     if len(permuted_examples) != len(letter_probs) or not permuted_examples:
-        raise ValueError(
-            f"{len(letter_probs)} probability dicts for {len(permuted_examples)} permuted examples"
-        )
+        raise ValueError(f"{len(letter_probs)} probability dicts for {len(permuted_examples)} permuted examples")
     collected: dict[str, list[float]] = {}
     for example, probs in zip(permuted_examples, letter_probs):
         letter_map = example.metadata.get("letter_map")
@@ -108,8 +100,7 @@ def aggregate(
             raise ValueError(f"example '{example.id}' was not made by permute() (no letter_map)")
         if set(probs) != set(letter_map):
             raise ValueError(
-                f"example '{example.id}': probabilities for {sorted(probs)}, "
-                f"expected letters {sorted(letter_map)}"
+                f"example '{example.id}': probabilities for {sorted(probs)}, expected letters {sorted(letter_map)}"
             )
         for shown, original in letter_map.items():
             collected.setdefault(original, []).append(float(probs[shown]))

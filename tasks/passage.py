@@ -10,8 +10,9 @@ are written (`summary`, `search_record`, `fields`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -63,21 +64,40 @@ class Passage:
     def fields(self) -> dict[str, str]:
         """The text fields a format template names (`reader.passage_format`, `retriever.passage_format`):
         id, title, text, doc_id, wikipedia_id and section, "" where a field is None."""
-        return {"id": self.id, "title": self.title, "text": self.text, "doc_id": self.doc_id or "",
-                "wikipedia_id": self.wikipedia_id or "", "section": self.section or ""}
+        return {
+            "id": self.id,
+            "title": self.title,
+            "text": self.text,
+            "doc_id": self.doc_id or "",
+            "wikipedia_id": self.wikipedia_id or "",
+            "section": self.section or "",
+        }
 
     def summary(self) -> dict[str, Any]:
         """The passage as `predictions.jsonl` lists it: {id, score, title, wikipedia_id (where known)}."""
-        return {"id": self.id, "score": self.score, "title": self.title,
-                **({"wikipedia_id": self.wikipedia_id} if self.wikipedia_id else {})}
+        return {
+            "id": self.id,
+            "score": self.score,
+            "title": self.title,
+            **({"wikipedia_id": self.wikipedia_id} if self.wikipedia_id else {}),
+        }
 
     def search_record(self) -> dict[str, Any]:
         """The passage as `atlas index search --json` prints a hit: every field, "" for a missing string."""
-        return {"id": self.id, "score": self.score, "title": self.title, "text": self.text, "row": self.row,
-                "wikipedia_id": self.wikipedia_id or "", "doc_id": self.doc_id or "", "section": self.section or ""}
+        return {
+            "id": self.id,
+            "score": self.score,
+            "title": self.title,
+            "text": self.text,
+            "row": self.row,
+            "wikipedia_id": self.wikipedia_id or "",
+            "doc_id": self.doc_id or "",
+            "section": self.section or "",
+        }
 
 
-PASSAGE_FIELDS = tuple(f.name for f in fields(Passage))
+# the field names, e.g. for an option that names one (`KiltTask`'s `provenance_key`)
+PASSAGE_FIELDS = tuple(f.name for f in dataclasses.fields(Passage))
 
 
 def _optional_str(value: Any) -> str | None:

@@ -11,8 +11,8 @@ What becomes of the passage an example was made from is the option `source_passa
   (a trivial retrieval, Atlas's and REALM's term) is filtered out;
 - `keep`: plain retrieval, which may return it;
 - `ensure`: it is the example's `evidence`, kept among the passages read — the target is then
-  in what the reader reads, which teaches a small reader to copy from its passages. Examples are made with a seeded RNG at load time;
-`training_pair` draws a fresh corruption / cut for each presentation.
+  in what the reader reads, which teaches a small reader to copy from its passages. Examples are made with a
+  seeded RNG at load time; `training_pair` draws a fresh corruption / cut for each presentation.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from tasks.base import (
 )
 from tasks.io import InputError, require_str
 from tasks.metrics import exact_match, f1, percent, rouge_l
+from tasks.passage import Passage
 
 SOURCE_PASSAGE = ("filter", "keep", "ensure")
 
@@ -77,9 +78,7 @@ def span_corrupt(
     return " ".join(inputs), " ".join(outputs)
 
 
-def lm_split(
-    words: list[str], min_ratio: float, max_ratio: float, rng: random.Random
-) -> tuple[str, str]:
+def lm_split(words: list[str], min_ratio: float, max_ratio: float, rng: random.Random) -> tuple[str, str]:
     """Cut a word list at a random word between the two ratios → (prefix, continuation).
 
     The cut k (the prefix's word count) is uniform in [⌊n·min⌋, ⌊n·max⌋] clamped to [1, n − 1].
@@ -97,14 +96,15 @@ class _PretextTask(Task):
     """Shared loading and scoring of the pretext tasks (EM, F1, ROUGE-L of the target)."""
 
     metrics = ("exact_match", "f1", "rouge_l")
-    base_options: ClassVar[dict[str, Any]] = {"seed": 0, "min_words": 2, "max_words": 512,
-                                              "source_passage": "filter"}
+    base_options: ClassVar[dict[str, Any]] = {"seed": 0, "min_words": 2, "max_words": 512, "source_passage": "filter"}
 
     def __init__(self, **options: Any):
         super().__init__(**options)
         if self.options["source_passage"] not in SOURCE_PASSAGE:
-            raise ValueError(f"{self.name}: source_passage must be one of {', '.join(SOURCE_PASSAGE)}; "
-                             f"got {self.options['source_passage']!r}")
+            raise ValueError(
+                f"{self.name}: source_passage must be one of {', '.join(SOURCE_PASSAGE)}; "
+                f"got {self.options['source_passage']!r}"
+            )
 
     def iter_records(
         self, path, on_error: Callable[[InputError], None] | None = None
@@ -127,9 +127,7 @@ class _PretextTask(Task):
                     row += 1
                     yield str(arrow), row, record
 
-    def parse_record(
-        self, record: dict[str, Any], path: str, line: int, index: int
-    ) -> Example | None:
+    def parse_record(self, record: dict[str, Any], path: str, line: int, index: int) -> Example | None:
         """A corpus passage → a pretext example (seeded by the option `seed` and the passage id)."""
         passage = self.passage(record, path, line)
         return self.from_passage(passage, random.Random(f"{self.options['seed']}:{passage['id']}"))
@@ -165,7 +163,7 @@ class _PretextTask(Task):
         examples: list[Example],
         predictions: list[str],
         *,
-        retrieved: list[list[dict]] | None = None,
+        retrieved: list[list[Passage]] | None = None,
     ) -> dict[str, float]:
         """EM, F1 and ROUGE-L (percent) of the generated text (sentinels dropped) against the target."""
         check_lengths(examples, predictions)
@@ -187,7 +185,9 @@ class _PretextTask(Task):
             target=target,
             answers=[strip_sentinels(target)],
             source_id=passage["id"] if mode == "filter" else None,
-            evidence={key: passage.get(key, "") for key in ("id", "title", "text")} if mode == "ensure" else None,
+            evidence=Passage(id=passage["id"], title=passage.get("title") or "", text=passage.get("text") or "")
+            if mode == "ensure"
+            else None,
             metadata={"passage": passage},
         )
 
@@ -207,9 +207,7 @@ class MaskedLanguageModelling(_PretextTask):
         words = self._words(passage["text"])
         if words is None:
             return None
-        query, target = span_corrupt(
-            words, self.options["noise_density"], self.options["mean_span_length"], rng
-        )
+        query, target = span_corrupt(words, self.options["noise_density"], self.options["mean_span_length"], rng)
         return self._example(passage, query, target)
 
 

@@ -37,6 +37,11 @@ def progress_bar(*args, **kwargs) -> tqdm:
     lines every LOG_INTERVAL_S seconds (a `file` given by the caller is left alone)."""
     stream = kwargs.get("file") or sys.stderr
     if "file" not in kwargs and not (hasattr(stream, "isatty") and stream.isatty()):
-        kwargs.update(file=_LineWriter(stream), mininterval=max(kwargs.get("mininterval", 0), LOG_INTERVAL_S),
-                      dynamic_ncols=False, ncols=100, ascii=True)
+        kwargs.update(
+            file=_LineWriter(stream),
+            mininterval=max(kwargs.get("mininterval", 0), LOG_INTERVAL_S),
+            dynamic_ncols=False,
+            ncols=100,
+            ascii=True,
+        )
     return tqdm(*args, **kwargs)

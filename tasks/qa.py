@@ -23,6 +23,7 @@ from tasks.base import (
 )
 from tasks.io import InputError, require_str
 from tasks.metrics import max_exact_match, max_f1, percent
+from tasks.passage import Passage
 
 _TRIVIAQA_PREFIX = "Question:"
 _TRIVIAQA_SUFFIX = "Answer:"
@@ -40,9 +41,7 @@ def _string_list(record: dict, key: str, path: str, line: int) -> list[str]:
 def _question_from_context(context: str, path: str, line: int) -> str:
     text = context.strip()
     if not text.startswith(_TRIVIAQA_PREFIX) or not text.endswith(_TRIVIAQA_SUFFIX):
-        raise InputError(
-            path, line, "context", "expected the form 'Question: …\\nAnswer:' (TriviaQA)"
-        )
+        raise InputError(path, line, "context", "expected the form 'Question: …\\nAnswer:' (TriviaQA)")
     question = text[len(_TRIVIAQA_PREFIX) : len(text) - len(_TRIVIAQA_SUFFIX)].strip()
     if not question:
         raise InputError(path, line, "context", "the question is empty")
@@ -73,15 +72,12 @@ class QATask(Task):
         """One QA record (any of the accepted forms) → Example; target = the first answer."""
         if "question" in record:
             if not isinstance(record["question"], str):  # an id-like number is not a question
-                raise InputError(path, line, "question",
-                                 f"expected a string, got {type(record['question']).__name__}")
+                raise InputError(path, line, "question", f"expected a string, got {type(record['question']).__name__}")
             question = record["question"].strip()
             if not question:
                 raise InputError(path, line, "question", "the question is empty")
         elif "context" in record:
-            question = _question_from_context(
-                require_str(record, "context", path, line), path, line
-            )
+            question = _question_from_context(require_str(record, "context", path, line), path, line)
         else:
             raise InputError(path, line, "question", "missing required field (or 'context')")
         answers: list[str] = []
@@ -122,7 +118,7 @@ class QATask(Task):
         examples: list[Example],
         predictions: list[str],
         *,
-        retrieved: list[list[dict]] | None = None,
+        retrieved: list[list[Passage]] | None = None,
     ) -> dict[str, float]:
         """Exact match and F1 over the examples, in percent; `retrieved` is not used."""
         check_lengths(examples, predictions)

@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 from tasks.base import Example, register_task
 from tasks.counterfactual import answer_kind, counterfactual_example
 from tasks.io import InputError, read_jsonl, require_str
+from tasks.passage import Passage
 from tasks.qa import QATask
 
 logger = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ def _window(context: str, start: int, end: int, max_words: int, rng: random.Rand
         return context
     low, high = max(0, last - max_words + 1), min(first, len(words) - max_words)
     begin = rng.randint(low, high)
-    return " ".join(words[begin: begin + max_words])
+    return " ".join(words[begin : begin + max_words])
 
 
 @register_task("reading")
@@ -119,11 +120,17 @@ class ReadingTask(QATask):
                     continue
                 for k, qa in enumerate(qas):
                     number += 1
-                    yield str(path), number, {
-                        **(qa if isinstance(qa, dict) else {}), "context": paragraph.get("context"),
-                        "title": title, "_where": f"data[{i}].paragraphs[{j}].qas[{k}]",
-                        "_siblings": (contexts, j),
-                    }
+                    yield (
+                        str(path),
+                        number,
+                        {
+                            **(qa if isinstance(qa, dict) else {}),
+                            "context": paragraph.get("context"),
+                            "title": title,
+                            "_where": f"data[{i}].paragraphs[{j}].qas[{k}]",
+                            "_siblings": (contexts, j),
+                        },
+                    )
 
     def parse_record(self, record: dict[str, Any], path: str, line: int, index: int) -> Example:
         """One question with its paragraph → Example with the gold (and distractor) passages."""
@@ -144,11 +151,17 @@ class ReadingTask(QATask):
             start, end = spans[0]
             text = _window(context, start, end, self.options["max_words"], rng)
         title = str(record.get("title") or "")
-        gold = {"id": f"{example_id}-gold", "title": title, "text": text}
+        gold = Passage(id=f"{example_id}-gold", title=title, text=text)
         passages = [gold] + self._distractors(record, rng, title, example_id)
         rng.shuffle(passages)
-        return Example(id=example_id, query=self.query(question.strip()), target=self.target(answers[0]),
-                       answers=answers, passages=passages, metadata={"question": question.strip()})
+        return Example(
+            id=example_id,
+            query=self.query(question.strip()),
+            target=self.target(answers[0]),
+            answers=answers,
+            passages=passages,
+            metadata={"question": question.strip()},
+        )
 
     # ------------------------------------------------------------------ training
     def training_examples(self, examples: list[Example]) -> list[Example]:
@@ -185,9 +198,13 @@ class ReadingTask(QATask):
                 text, start = answer, context.find(answer)
             elif isinstance(answer, dict) and isinstance(answer.get("text"), str):
                 text, start = answer["text"], answer.get("answer_start")
-                if not isinstance(start, int) or context[start: start + len(text)] != text:
-                    raise InputError(path, at, field(f"answers[{n}]"),
-                                     f"answer {text!r} is not in the context at answer_start={start!r}")
+                if not isinstance(start, int) or context[start : start + len(text)] != text:
+                    raise InputError(
+                        path,
+                        at,
+                        field(f"answers[{n}]"),
+                        f"answer {text!r} is not in the context at answer_start={start!r}",
+                    )
             else:
                 raise InputError(path, at, field(f"answers[{n}]"), "expected a string or {text, answer_start}")
             if not text.strip() or start < 0:
@@ -197,7 +214,7 @@ class ReadingTask(QATask):
             spans.append((start, start + len(text)))
         return answers, spans
 
-    def _distractors(self, record, rng: random.Random, title: str, example_id: str) -> list[dict]:
+    def _distractors(self, record, rng: random.Random, title: str, example_id: str) -> list[Passage]:
         wanted = self.options["distractors"]
         if not wanted or "_siblings" not in record:
             return []
@@ -205,5 +222,11 @@ class ReadingTask(QATask):
         others = [n for n, c in enumerate(contexts) if n != own and isinstance(c, str) and c.strip()]
         picked = rng.sample(others, min(wanted, len(others)))
         max_words = self.options["max_words"]
-        return [{"id": f"{example_id}-d{n}", "title": title,
-                 "text": " ".join(contexts[n].split()[:max_words]) if max_words else contexts[n]} for n in picked]
+        return [
+            Passage(
+                id=f"{example_id}-d{n}",
+                title=title,
+                text=" ".join(contexts[n].split()[:max_words]) if max_words else contexts[n],
+            )
+            for n in picked
+        ]

@@ -36,10 +36,24 @@ from tasks.pretext import _PretextTask
 
 # spaCy entity label → the wh-word a question about such a span starts with
 WH_WORDS: dict[str, str] = {
-    "PERSON": "who", "NORP": "who", "ORG": "what", "GPE": "where", "LOC": "where", "FAC": "where",
-    "DATE": "when", "TIME": "when", "CARDINAL": "how many", "QUANTITY": "how much",
-    "MONEY": "how much", "PERCENT": "what percentage", "ORDINAL": "what", "EVENT": "what",
-    "WORK_OF_ART": "what", "PRODUCT": "what", "LAW": "what", "LANGUAGE": "what",
+    "PERSON": "who",
+    "NORP": "who",
+    "ORG": "what",
+    "GPE": "where",
+    "LOC": "where",
+    "FAC": "where",
+    "DATE": "when",
+    "TIME": "when",
+    "CARDINAL": "how many",
+    "QUANTITY": "how much",
+    "MONEY": "how much",
+    "PERCENT": "what percentage",
+    "ORDINAL": "what",
+    "EVENT": "what",
+    "WORK_OF_ART": "what",
+    "PRODUCT": "what",
+    "LAW": "what",
+    "LANGUAGE": "what",
     "NOUN_PHRASE": "what",
 }
 _PRONOUNS = {"PRON", "DET"}
@@ -99,7 +113,7 @@ def span_question(text: str, candidate: list, left_words: int, right_words: int)
     sentence_start, sentence_end, start, end, label = candidate
     left = text[sentence_start:start].split()
     right = text[end:sentence_end].split()
-    words = left[max(0, len(left) - left_words):] + right[:right_words]
+    words = left[max(0, len(left) - left_words) :] + right[:right_words]
     return " ".join([WH_WORDS[label], *words]), text[start:end].strip()
 
 
@@ -112,7 +126,7 @@ def evidence_window(text: str, candidate: list, n_words: int, rng: random.Random
     last = max(first + 1, len(text[:end].split()))
     low = max(0, last - n_words)
     begin = rng.randint(low, max(low, first))
-    return " ".join(words[begin: begin + max(n_words, last - first)])
+    return " ".join(words[begin : begin + max(n_words, last - first)])
 
 
 @register_task("ssm")
@@ -160,8 +174,9 @@ class SalientSpanQuestions(_PretextTask):
             bar.update(len(batch))
 
     def _tagged(self, batch: list[tuple[str, int, dict[str, Any]]]):
-        untagged = [record for _, _, record in batch
-                    if "salient_spans" not in record and isinstance(record.get("text"), str)]
+        untagged = [
+            record for _, _, record in batch if "salient_spans" not in record and isinstance(record.get("text"), str)
+        ]
         if untagged:
             if self._pipeline is None:
                 self._pipeline = load_pipeline(self.options["spacy_model"])
@@ -173,12 +188,14 @@ class SalientSpanQuestions(_PretextTask):
     def parse_record(self, record: dict[str, Any], path: str, line: int, index: int) -> Example | None:
         """A passage and its salient spans → an example (None where it has no usable span)."""
         if "salient_spans" not in record:  # parsed on its own, not through iter_records
-            (_, _, record), = self._tagged([(path, line, dict(record))])
+            ((_, _, record),) = self._tagged([(path, line, dict(record))])
         spans = record["salient_spans"]
         if not isinstance(spans, list) or not all(
-                isinstance(s, list) and len(s) == 5 and s[4] in WH_WORDS for s in spans):
-            raise InputError(path, line, "salient_spans",
-                             "expected a list of [sentence_start, sentence_end, start, end, label]")
+            isinstance(s, list) and len(s) == 5 and s[4] in WH_WORDS for s in spans
+        ):
+            raise InputError(
+                path, line, "salient_spans", "expected a list of [sentence_start, sentence_end, start, end, label]"
+            )
         passage = {**self.passage(record, path, line), "salient_spans": spans}
         return self.from_passage(passage, random.Random(f"{self.options['seed']}:{passage['id']}"))
 
@@ -195,5 +212,5 @@ class SalientSpanQuestions(_PretextTask):
         target = format_template(self.options["target_template"], "target_template", answer=answer)
         example = self._example(passage, query, target)
         if example.evidence is not None and self.options["evidence_words"]:
-            example.evidence["text"] = evidence_window(passage["text"], candidate, self.options["evidence_words"], rng)
+            example.evidence.text = evidence_window(passage["text"], candidate, self.options["evidence_words"], rng)
         return example

@@ -57,15 +57,11 @@ def _match_predictions(
         if "id" in record:
             key = str(record["id"]).strip()
             if key not in by_id:
-                raise InputError(
-                    pred_path, line, "id", f"id '{key}' is not in the gold file {gold_path}"
-                )
+                raise InputError(pred_path, line, "id", f"id '{key}' is not in the gold file {gold_path}")
             n = by_id[key]
         elif isinstance(record.get("question"), str):
             if record["question"] not in by_question:
-                raise InputError(
-                    pred_path, line, "question", f"question not in the gold file {gold_path}"
-                )
+                raise InputError(pred_path, line, "question", f"question not in the gold file {gold_path}")
             n = by_question[record["question"]]
         else:
             raise InputError(pred_path, line, "id", "missing required field (or 'question')")
@@ -80,21 +76,15 @@ def _match_predictions(
         predictions[n] = _prediction_text(record, pred_path, line)
         keys = [key for key in PROBABILITY_KEYS if key in record]
         if len(keys) > 1:
-            raise InputError(
-                pred_path, line, keys[1], f"give either '{keys[0]}' or '{keys[1]}', not both"
-            )
+            raise InputError(pred_path, line, keys[1], f"give either '{keys[0]}' or '{keys[1]}', not both")
         if keys:
             value = record[keys[0]]
             if (
                 not isinstance(value, dict)
                 or not value
-                or not all(
-                    isinstance(p, (int, float)) and not isinstance(p, bool) for p in value.values()
-                )
+                or not all(isinstance(p, (int, float)) and not isinstance(p, bool) for p in value.values())
             ):
-                raise InputError(
-                    pred_path, line, keys[0], "expected an object letter → probability"
-                )
+                raise InputError(pred_path, line, keys[0], "expected an object letter → probability")
             probs[n] = {str(k): float(v) for k, v in value.items()}
     missing = [examples[n].id for n, p in enumerate(predictions) if p is None]
     if missing:
@@ -171,16 +161,13 @@ def score_files(
         return {primary: metrics[primary], **{k: v for k, v in metrics.items() if k != primary}}
     if retrieval_only or official:
         raise ValueError(
-            f"{'retrieval_only' if retrieval_only else 'official'} scoring needs KILT files, "
-            f"not task '{task_name}'"
+            f"{'retrieval_only' if retrieval_only else 'official'} scoring needs KILT files, not task '{task_name}'"
         )
     examples = task.load(gold_path)
     check_labelled(task, gold_path, examples)
     predictions, probs = _match_predictions(examples, pred_path, gold_path)
     if probs is not None:
         if task_name != "mmlu":
-            raise ValueError(
-                f"letter probabilities in predictions are only used by the mmlu task, not '{task_name}'"
-            )
+            raise ValueError(f"letter probabilities in predictions are only used by the mmlu task, not '{task_name}'")
         return task.evaluate(examples, predictions, letter_probs=probs)
     return task.evaluate(examples, predictions)

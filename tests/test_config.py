@@ -24,7 +24,7 @@ def test_yaml_and_overrides_load_into_typed_sections(tmp_path):
     assert isinstance(config, AtlasConfig)
     assert config.training.lr == pytest.approx(1e-4) and isinstance(config.training.lr, float)
     assert config.training.steps == 10
-    assert config.retriever.loss == "adist"
+    assert config.retriever.loss.name == "adist"
     assert config.index.spec == "IVF1024,PQ64"
     assert config.task.shots == 64
     assert config.reader.n_context == 40  # untouched defaults survive
@@ -95,9 +95,18 @@ def test_saved_config_reloads_identically(tmp_path):
 
 def test_recipes_exist():
     names = {p.stem for p in CONFIGS}
-    assert {"nq-64shot", "triviaqa-64shot", "mmlu-5shot", "mmlu-5shot-multitask", "mmlu-zeroshot",
-            "fever-64shot", "pretrain-mlm"} <= names
-    assert {f"kilt-{t}" for t in ("fever", "aida", "trex", "zsre", "nq", "hotpotqa", "triviaqa", "eli5", "wow")} <= names
+    assert {
+        "nq-64shot",
+        "triviaqa-64shot",
+        "mmlu-5shot",
+        "mmlu-5shot-multitask",
+        "mmlu-zeroshot",
+        "fever-64shot",
+        "pretrain-mlm",
+    } <= names
+    assert {
+        f"kilt-{t}" for t in ("fever", "aida", "trex", "zsre", "nq", "hotpotqa", "triviaqa", "eli5", "wow")
+    } <= names
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[str(p.relative_to(p.parents[1])) for p in CONFIGS])
@@ -110,7 +119,7 @@ def test_every_shipped_recipe_validates(path):
 
     config = load_config(path)
     get_task(config.task.name, **config.task.options)
-    build_retriever_loss(config.retriever.loss, emdr_granularity=config.retriever.emdr_granularity)
+    build_retriever_loss(config.retriever.loss.name, **config.retriever.loss.options)
     index_type(config.index.spec, 768)
     parse_refresh_schedule(config.index.refresh)
     assert config.reader.n_context <= config.retriever.n_context
@@ -119,22 +128,29 @@ def test_every_shipped_recipe_validates(path):
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("task:\n  name: mlm\n  options:\n    noise_densty: 0.2\n",
-         ("unknown key 'task.options.noise_densty' for task 'mlm' (valid options: max_words, "
-          "mean_span_length, min_words, noise_density, seed, source_passage)")),
-        ("task:\n  name: mlm\n  options:\n    noise_density: high\n",
-         "'task.options.noise_density' must be float, got 'high'"),
-        ("task:\n  name: mlm\n  options:\n    seed: 1.5\n",
-         "'task.options.seed' must be int, got 1.5"),
-        ("task:\n  name: qa\n  options:\n    noise_density: 0.2\n",
-         ("unknown key 'task.options.noise_density' for task 'qa' (valid options: "
-          "query_template, target_template)")),
-        ("task:\n  name: qa\n  options:\n    query_template: [a, b]\n",
-         "'task.options.query_template' must be str, got ['a', 'b']"),
+        (
+            "task:\n  name: mlm\n  options:\n    noise_densty: 0.2\n",
+            (
+                "unknown key 'task.options.noise_densty' for task 'mlm' (valid options: max_words, "
+                "mean_span_length, min_words, noise_density, seed, source_passage)"
+            ),
+        ),
+        (
+            "task:\n  name: mlm\n  options:\n    noise_density: high\n",
+            "'task.options.noise_density' must be float, got 'high'",
+        ),
+        ("task:\n  name: mlm\n  options:\n    seed: 1.5\n", "'task.options.seed' must be int, got 1.5"),
+        (
+            "task:\n  name: qa\n  options:\n    noise_density: 0.2\n",
+            ("unknown key 'task.options.noise_density' for task 'qa' (valid options: query_template, target_template)"),
+        ),
+        (
+            "task:\n  name: qa\n  options:\n    query_template: [a, b]\n",
+            "'task.options.query_template' must be str, got ['a', 'b']",
+        ),
         ("task:\n  name: trivia\n", "'task.name' must be one of fever, kilt, lm, mlm, mmlu, "),
         ("task:\n  name: trivia\n", "; got 'trivia'"),
-        ("retriever:\n  loss: kl\n",
-         "'retriever.loss' must be one of adist, emdr, loop, none, pdist; got 'kl'"),
+        ("retriever:\n  loss: kl\n", "'retriever.loss' must be one of adist, emdr, loop, none, pdist; got 'kl'"),
     ],
 )
 def test_registry_names_and_task_options_are_checked_at_load(tmp_path, text, message):
@@ -147,19 +163,31 @@ def test_registry_names_and_task_options_are_checked_at_load(tmp_path, text, mes
 
 def test_task_option_errors_name_the_override_that_set_them(tmp_path):
     path = write(tmp_path, "task:\n  name: mlm\n")
-    with pytest.raises(ConfigError, match=r"^override 'task\.options\.noise_density=lots': "
-                                          r"'task\.options\.noise_density' must be float"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^override 'task\.options\.noise_density=lots': "
+        r"'task\.options\.noise_density' must be float",
+    ):
         load_config(path, ["training.steps=3", "task.options.noise_density=lots"])
-    with pytest.raises(ConfigError, match=r"^override 'task\.options=\{span: 3\}': unknown key "
-                                          r"'task\.options\.span' for task 'mlm'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^override 'task\.options=\{span: 3\}': unknown key "
+        r"'task\.options\.span' for task 'mlm'",
+    ):
         load_config(path, ["task.options={span: 3}"])
-    with pytest.raises(ConfigError, match=r"^override 'retriever\.loss=adistt': 'retriever\.loss' "
-                                          r"must be one of adist, emdr, loop, none, pdist"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^override 'retriever\.loss=adistt': 'retriever\.loss' "
+        r"must be one of adist, emdr, loop, none, pdist",
+    ):
         load_config(path, ["retriever.loss=adistt"])
     # an option set in the file but invalid for the task chosen by an override: blame the file
     mlm = write(tmp_path, "task:\n  name: mlm\n  options:\n    noise_density: 0.3\n")
-    with pytest.raises(ConfigError, match=rf"^{mlm}: unknown key 'task\.options\.noise_density' "
-                                          r"for task 'qa'"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^{mlm}: unknown key 'task\.options\.noise_density' "
+        r"for task 'qa'",
+    ):
         load_config(mlm, ["task.name=qa"])
 
 
@@ -186,8 +214,322 @@ def test_task_options_are_typed_like_their_defaults(tmp_path):
 
 
 def test_counts_that_cannot_work_are_rejected_before_any_training():
-    with pytest.raises(ConfigError, match=r"override 'evaluation.max_examples=0'.*'evaluation.max_examples' must be at least 1"):
+    with pytest.raises(
+        ConfigError, match=r"override 'evaluation.max_examples=0'.*'evaluation.max_examples' must be at least 1"
+    ):
         load_config(None, ["evaluation.max_examples=0"])
     with pytest.raises(ConfigError, match="'reader.trainable_encoder_layers' must be at least 0"):
         load_config(None, ["reader.trainable_encoder_layers=-1"])
     assert load_config(None, ["evaluation.max_examples=1"]).evaluation.max_examples == 1
+
+
+# `base:` inheritance
+
+
+def write_at(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_base_is_merged_under_the_file_keys(tmp_path):
+    write_at(
+        tmp_path / "grand.yaml",
+        "retriever:\n  model: minilm\n  n_context: 20\n"
+        "task:\n  name: qa\n  train_data: [a.jsonl, b.jsonl]\n  eval_data: [dev.jsonl]\n"
+        "training:\n  steps: 10\n  lr: 1.0e-4\n  seed: 3\n",
+    )
+    write_at(
+        tmp_path / "parent.yaml",
+        "base: grand.yaml\nretriever:\n  n_context: 10\n"
+        "task:\n  name: mlm\n  options:\n    noise_density: 0.2\n    seed: 1\n"
+        "training:\n  steps: 20\nevaluation:\n  retrieval_k: [1, 5, 20]\n",
+    )
+    child = write_at(
+        tmp_path / "child.yaml",
+        "base: parent.yaml\n"
+        "task:\n  train_data: [c.jsonl]\n  options:\n    seed: 2\n"
+        "training:\n  lr: 3.0e-5\nevaluation:\n  retrieval_k: [2]\n",
+    )
+    config = load_config(child, check_data=False)
+    # scalars: the nearest file that sets one wins, the rest come from further up, then the defaults
+    assert config.retriever.model == "minilm" and config.retriever.n_context == 10
+    assert config.training.steps == 20 and config.training.lr == 3e-5 and config.training.seed == 3
+    assert config.task.name == "mlm"
+    assert config.reader.n_context == 40  # set by no file: the dataclass default
+    # mappings merge key by key
+    assert config.task.options == {"noise_density": 0.2, "seed": 2}
+    # lists replace, never concatenate
+    assert config.task.train_data == ["c.jsonl"] and config.task.eval_data == ["dev.jsonl"]
+    assert config.evaluation.retrieval_k == [2]
+
+
+def test_overrides_apply_after_the_whole_base_chain(tmp_path):
+    write_at(tmp_path / "parent.yaml", "training:\n  steps: 20\n  lr: 1.0e-4\n")
+    child = write_at(tmp_path / "child.yaml", "base: parent.yaml\ntraining:\n  steps: 30\n")
+    config = load_config(child, ["training.steps=5", "training.lr=2e-5"], check_data=False)
+    assert config.training.steps == 5 and config.training.lr == 2e-5
+
+
+def test_base_path_is_relative_to_the_file_that_names_it(tmp_path, monkeypatch):
+    write_at(tmp_path / "configs" / "nq.yaml", "training:\n  steps: 30\n  batch_size: 8\n")
+    write_at(tmp_path / "configs" / "small" / "base.yaml", "base: ../nq.yaml\ntraining:\n  batch_size: 4\n")
+    child = write_at(
+        tmp_path / "configs" / "small" / "deeper" / "nq.yaml", "base: ../base.yaml\ntraining:\n  lr: 3.0e-5\n"
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # not the file's folder: the bases are found all the same
+    config = load_config(child, check_data=False)
+    assert (config.training.steps, config.training.batch_size, config.training.lr) == (30, 4, 3e-5)
+    monkeypatch.chdir(tmp_path)
+    assert load_config("configs/small/deeper/nq.yaml", check_data=False) == config
+
+
+def test_a_base_cycle_is_refused_naming_the_files(tmp_path):
+    write_at(tmp_path / "a.yaml", "base: b.yaml\ntraining:\n  steps: 1\n")
+    write_at(tmp_path / "b.yaml", "base: a.yaml\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "a.yaml")
+    message = str(info.value)
+    assert message.startswith(f"{tmp_path / 'b.yaml'}: 'base: a.yaml' makes a cycle of base files: ")
+    assert message.endswith(f"{tmp_path / 'a.yaml'} -> {tmp_path / 'b.yaml'} -> {tmp_path / 'a.yaml'}")
+    itself = write_at(tmp_path / "self.yaml", "base: ./self.yaml\n")
+    with pytest.raises(ConfigError, match=r"self\.yaml: 'base: \./self\.yaml' makes a cycle"):
+        load_config(itself)
+
+
+def test_a_missing_base_file_is_refused_naming_the_file(tmp_path):
+    child = write_at(tmp_path / "small" / "child.yaml", "base: ../nope.yaml\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(child)
+    assert str(info.value) == f"{child}: base file '../nope.yaml' not found (looked for {tmp_path / 'nope.yaml'})"
+    for bad in ("base: [a.yaml]\n", "base:\n", "base: ''\n"):
+        with pytest.raises(ConfigError, match=r"child\.yaml: 'base' must be the path of another recipe"):
+            load_config(write_at(child, bad))
+
+
+def test_an_error_in_a_base_key_names_the_base_file(tmp_path):
+    parent = write_at(tmp_path / "parent.yaml", "training:\n  lrr: 1.0e-4\n  steps: ten\n")
+    child = write_at(tmp_path / "child.yaml", "base: parent.yaml\ntraining:\n  steps: 3\n")
+    with pytest.raises(ConfigError, match=rf"^{parent}: unknown key 'training\.lrr'"):
+        load_config(child)
+    write_at(parent, "training:\n  steps: ten\n")
+    assert load_config(child, check_data=False).training.steps == 3  # the child's value replaced the bad one
+    write_at(parent, "retriever:\n  loss: kl\n")
+    with pytest.raises(ConfigError, match=rf"^{parent}: 'retriever\.loss' must be one of"):
+        load_config(child)
+
+
+def test_the_saved_config_is_flat(tmp_path):
+    write_at(tmp_path / "parent.yaml", "task:\n  name: mlm\ntraining:\n  steps: 20\n")
+    child = write_at(tmp_path / "child.yaml", "base: parent.yaml\ntraining:\n  lr: 3.0e-5\n")
+    config = load_config(child, check_data=False)
+    save_config(config, tmp_path / "run" / "config.yaml")
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert "base" not in saved and saved["task"]["name"] == "mlm" and saved["training"]["steps"] == 20
+    assert load_config(tmp_path / "run" / "config.yaml", check_data=False) == config
+
+
+# --- a loss's own options, one precision vocabulary, index names that say what they do (old spellings kept)
+
+OLD_CHECKPOINT_CONFIG = """\
+# config.yaml as save_config wrote it before the loss options, precision names and index names changed
+retriever:
+  model: minilm
+  pooling: null
+  passage_format: '{title} {text}'
+  query_maxlength: 64
+  passage_maxlength: 256
+  tied: false
+  train_passage_encoder: false
+  loss: emdr
+  temperature_gold: 0.1
+  temperature_score: 0.05
+  emdr_granularity: token
+  adist_attention: auto
+  gold_precision: full
+  n_context: 40
+  batch_size: 64
+index:
+  corpus: null
+  path: null
+  spec: Flat
+  nprobe: 32
+  ef_search: 128
+  train_sample: 262144
+  keep_embeddings: false
+  refresh: never
+  rerank_overretrieve: 20
+  rerank: 100
+  filtering_overretrieve_ratio: 2
+  allow_encoder_mismatch: false
+  chunk_size: 8192
+  sharded: false
+reader:
+  inference_precision: full
+training:
+  precision: fp32
+"""
+
+
+def test_a_loss_takes_its_options_beside_its_name(tmp_path):
+    config = load_config(write(tmp_path, "retriever:\n  loss: {name: emdr, granularity: token}\n"))
+    assert (config.retriever.loss.name, config.retriever.loss.options) == ("emdr", {"granularity": "token"})
+    # the plain name means the loss's default options, filled in so that the saved config says what ran
+    plain = load_config(write(tmp_path, "retriever:\n  loss: adist\n"))
+    assert (plain.retriever.loss.name, plain.retriever.loss.options) == ("adist", {"attention": "auto"})
+    assert load_config(None).retriever.loss.name == "pdist" and load_config(None).retriever.loss.options == {}
+
+
+def test_dotted_overrides_reach_the_loss_name_and_options(tmp_path):
+    path = write(tmp_path, "retriever:\n  loss: adist\n")
+    for overrides in (
+        ["retriever.loss.name=emdr", "retriever.loss.granularity=token"],
+        ["retriever.loss=emdr", "retriever.loss.granularity=token"],
+        ["retriever.loss={name: emdr, granularity: token}"],
+    ):
+        config = load_config(path, overrides)
+        assert (config.retriever.loss.name, config.retriever.loss.options) == ("emdr", {"granularity": "token"})
+    # the plain form replaces the whole loss section: default options
+    emdr = write(tmp_path, "retriever:\n  loss: {name: emdr, granularity: token}\n")
+    assert load_config(emdr, ["retriever.loss=emdr"]).retriever.loss.options == {"granularity": "sequence"}
+
+
+@pytest.mark.parametrize(
+    "flat, nested",
+    [
+        (
+            "retriever:\n  loss: emdr\n  emdr_granularity: token\n",
+            "retriever:\n  loss: {name: emdr, granularity: token}\n",
+        ),
+        (
+            "retriever:\n  loss: adist\n  adist_attention: copy\n",
+            "retriever:\n  loss: {name: adist, attention: copy}\n",
+        ),
+        ("reader:\n  inference_precision: full\n", "reader:\n  inference_precision: fp32\n"),
+        ("retriever:\n  gold_precision: full\n", "retriever:\n  gold_precision: fp32\n"),
+        ("training:\n  precision: full\n", "training:\n  precision: fp32\n"),
+        ("index:\n  rerank_overretrieve: 20\n", "index:\n  reencode_candidates: 20\n"),
+        ("index:\n  rerank: 100\n", "index:\n  exact_rerank: 100\n"),
+    ],
+)
+def test_old_spellings_resolve_to_the_new_config_with_a_warning(tmp_path, flat, nested):
+    old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
+    old.write_text(flat)
+    new.write_text(nested)
+    with pytest.warns(FutureWarning, match=r"old\.yaml: .* is deprecated; write "):
+        resolved = load_config(old)
+    assert resolved == load_config(new)
+
+
+def test_old_flat_loss_keys_work_as_overrides_in_any_order():
+    expected = load_config(None, ["retriever.loss={name: emdr, granularity: token}"])
+    for overrides in (
+        ["retriever.loss=emdr", "retriever.emdr_granularity=token"],
+        ["retriever.emdr_granularity=token", "retriever.loss=emdr"],
+    ):  # as the flat key did
+        with pytest.warns(FutureWarning) as caught:
+            assert load_config(None, overrides) == expected
+        assert any(
+            "retriever.emdr_granularity' is deprecated; write retriever.loss: {name: emdr, granularity: token}"
+            in str(w.message)
+            for w in caught
+        )
+    # a flat key of another loss is unused, as it was
+    with pytest.warns(FutureWarning, match="an option of the emdr loss, unused with another loss"):
+        config = load_config(None, ["retriever.loss=adist", "retriever.emdr_granularity=token"])
+    assert (config.retriever.loss.name, config.retriever.loss.options) == ("adist", {"attention": "auto"})
+
+
+def test_an_old_checkpoint_config_loads_and_saves_in_the_new_spelling(tmp_path):
+    old = tmp_path / "checkpoint" / "config.yaml"
+    old.parent.mkdir()
+    old.write_text(OLD_CHECKPOINT_CONFIG)
+    with pytest.warns(FutureWarning) as caught:
+        config = load_config(old, check_data=False)
+    named = " ".join(str(w.message) for w in caught)
+    for key in (
+        "retriever.emdr_granularity",
+        "retriever.gold_precision",
+        "index.rerank_overretrieve",
+        "index.rerank'",
+        "reader.inference_precision",
+    ):
+        assert key in named
+    assert (config.retriever.loss.name, config.retriever.loss.options) == ("emdr", {"granularity": "token"})
+    assert (config.retriever.temperature_gold, config.retriever.temperature_score) == (0.1, 0.05)
+    assert (config.retriever.gold_precision, config.reader.inference_precision) == ("fp32", "fp32")
+    assert (config.index.reencode_candidates, config.index.exact_rerank) == (20, 100)
+    save_config(config, tmp_path / "run" / "config.yaml")
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert saved["retriever"]["loss"] == {"name": "emdr", "granularity": "token"}
+    assert not {"emdr_granularity", "adist_attention"} & set(saved["retriever"])
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the new spelling reloads without a deprecation warning
+        assert load_config(tmp_path / "run" / "config.yaml", check_data=False) == config
+
+
+@pytest.mark.parametrize(
+    "text, overrides, message",
+    [
+        (
+            "retriever:\n  loss: {name: emdr, attention: copy}\n",
+            [],
+            (
+                r"recipe\.yaml: unknown key 'retriever\.loss\.attention' for retriever loss 'emdr' "
+                r"\(valid options: granularity\)"
+            ),
+        ),
+        (
+            "retriever:\n  loss: adist\n",
+            ["retriever.loss.granularity=token"],
+            (
+                r"override 'retriever\.loss\.granularity=token': unknown key 'retriever\.loss\.granularity' "
+                r"for retriever "
+                r"loss 'adist' \(valid options: attention\)"
+            ),
+        ),
+        (
+            "retriever:\n  loss: {name: pdist, granularity: token}\n",
+            [],
+            r"unknown key 'retriever\.loss\.granularity' for retriever loss 'pdist' \(valid options: \(none\)\)",
+        ),
+        (
+            "retriever:\n  loss: {name: emdr, granularity: word}\n",
+            [],
+            r"recipe\.yaml: 'retriever\.loss\.granularity' must be one of 'sequence', 'token', got 'word'",
+        ),
+        (
+            "retriever:\n  loss: {name: emdr, granularity: 3}\n",
+            [],
+            r"'retriever\.loss\.granularity' must be one of 'sequence', 'token', got 3",
+        ),
+        (
+            "retriever:\n  loss: {name: kl}\n",
+            [],
+            r"'retriever\.loss' must be one of adist, emdr, loop, none, pdist; got 'kl'",
+        ),
+        (
+            "reader:\n  inference_precision: fp16\n",
+            [],
+            r"'reader\.inference_precision' must be one of 'fp32', 'bf16', 'auto'",
+        ),
+    ],
+)
+def test_bad_loss_options_and_precisions_are_refused(tmp_path, text, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(write(tmp_path, text), overrides)
+
+
+def test_a_recipe_lays_its_loss_over_its_bases_loss(tmp_path):
+    """Options alone keep the base's loss; naming another loss drops the base's options (they were
+    that loss's)."""
+    (tmp_path / "parent.yaml").write_text("retriever:\n  loss: emdr\n")
+    (tmp_path / "options.yaml").write_text("base: parent.yaml\nretriever:\n  loss: {granularity: token}\n")
+    (tmp_path / "grand.yaml").write_text("base: options.yaml\nretriever:\n  loss: pdist\n")
+    config = load_config(tmp_path / "options.yaml", check_data=False)
+    assert config.retriever.loss.name == "emdr" and config.retriever.loss.options["granularity"] == "token"
+    assert load_config(tmp_path / "grand.yaml", check_data=False).retriever.loss.name == "pdist"

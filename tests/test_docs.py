@@ -34,13 +34,26 @@ RUNNABLE = [page for page in PAGES if page.name != "README.md" and blocks(page, 
 def test_the_runnable_blocks_of_a_guide_run(page, tmp_path):
     for name in ("atlas", "configs"):
         (tmp_path / name).symlink_to(ROOT / name)
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
     for number, block in enumerate(blocks(page, ("bash",)), 1):
-        done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", block], check=False, cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, (f"{page.name}, runnable block {number} failed:\n{block}\n"
-                                      f"--- stdout\n{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-3000:]}")
+        done = subprocess.run(
+            ["bash", "-e", "-o", "pipefail", "-c", block],
+            check=False,
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert done.returncode == 0, (
+            f"{page.name}, runnable block {number} failed:\n{block}\n"
+            f"--- stdout\n{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-3000:]}"
+        )
 
 
 def _commands(text: str) -> list[list[str]]:
@@ -104,22 +117,32 @@ def _generator(name: str):
 
 def test_every_recipe_key_has_a_description():
     missing, stale = _generator("reference").missing_descriptions()
-    assert missing == [], ("recipe keys without a description: give each a comment beside its field in "
-                           f"atlas/config.py (or an entry in docs/_gen/config_descriptions.yaml): {missing}")
+    assert missing == [], (
+        "recipe keys without a description: give each a comment beside its field in "
+        f"atlas/config.py (or an entry in docs/_gen/config_descriptions.yaml): {missing}"
+    )
     assert stale == [], f"docs/_gen/config_descriptions.yaml names keys that are gone or commented in the code: {stale}"
 
 
 def test_the_generated_references_kept_in_git_are_current():
     """The site regenerates them at every build; the copies under docs/reference/ must say the same."""
-    stale = [uri for uri, text in _generator("reference").generated_pages().items()
-             if not (ROOT / "docs" / uri).is_file() or (ROOT / "docs" / uri).read_text(encoding="utf-8") != text]
+    stale = [
+        uri
+        for uri, text in _generator("reference").generated_pages().items()
+        if not (ROOT / "docs" / uri).is_file() or (ROOT / "docs" / uri).read_text(encoding="utf-8") != text
+    ]
     assert stale == [], f"out of date: {stale}; renew them with `python docs/_gen/reference.py --write`"
 
 
 def test_every_figure_the_results_pages_show_is_drawn_from_data():
     figures = _generator("figures")
-    shown = {match for page in (ROOT / "docs").rglob("*.md")
-             for match in re.findall(r"\]\((?:\.\./)*(?:results/)?img/([\w-]+)\.svg\)", page.read_text())}
+    shown = {
+        match
+        for page in (ROOT / "docs").rglob("*.md")
+        for match in re.findall(r"\]\((?:\.\./)*(?:results/)?img/([\w-]+)\.svg\)", page.read_text())
+    }
     assert shown and shown <= set(figures.FIGURES), f"figures with no drawing function: {shown - set(figures.FIGURES)}"
     for name in shown:
-        assert (ROOT / "docs" / "results" / "img" / f"{name}.svg").is_file(), "renew with docs/_gen/reference.py --write"
+        assert (ROOT / "docs" / "results" / "img" / f"{name}.svg").is_file(), (
+            "renew with docs/_gen/reference.py --write"
+        )

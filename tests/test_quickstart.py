@@ -55,8 +55,17 @@ def test_edit_passage_updates_the_index_in_place(tiny_world, tmp_path):
 
     index = tmp_path / "index"
     shutil.copytree(tiny_world["index"], index)
-    model = build_atlas(load_config(None, [f"retriever.model={tiny_world['encoder']}", f"index.path={index}",
-                                           "reader.model=t5-tiny", "retriever.loss=none"]))
+    model = build_atlas(
+        load_config(
+            None,
+            [
+                f"retriever.model={tiny_world['encoder']}",
+                f"index.path={index}",
+                "reader.model=t5-tiny",
+                "retriever.loss=none",
+            ],
+        )
+    )
     passage = model.index.corpora[0].get("p1")
     change = edit_passage(model, index, passage, "Quimper", "Lorient", tmp_path / "edit", progress=False)
     assert change["after"] == "The capital of Zorbland is Lorient. Zorbland is an island."
@@ -72,25 +81,45 @@ def test_edit_passages_updates_several_passages_in_one_index_update(tiny_world, 
 
     index = tmp_path / "index"
     shutil.copytree(tiny_world["index"], index)
-    model = build_atlas(load_config(None, [f"retriever.model={tiny_world['encoder']}", f"index.path={index}",
-                                           "reader.model=t5-tiny", "retriever.loss=none"]))
+    model = build_atlas(
+        load_config(
+            None,
+            [
+                f"retriever.model={tiny_world['encoder']}",
+                f"index.path={index}",
+                "reader.model=t5-tiny",
+                "retriever.loss=none",
+            ],
+        )
+    )
     corpus = model.index.corpora[0]
-    changes = edit_passages(model, index, [(corpus.get("p1"), "Quimper", "Lorient"),
-                                           (corpus.get("p3"), "florin", "ducat")], tmp_path / "edit", progress=False)
+    changes = edit_passages(
+        model,
+        index,
+        [(corpus.get("p1"), "Quimper", "Lorient"), (corpus.get("p3"), "florin", "ducat")],
+        tmp_path / "edit",
+        progress=False,
+    )
     assert [c["id"] for c in changes] == ["p1", "p3"]
     texts = {hit.id: hit.text for hit in model.index.search(["capital"], 5)[0]}
     assert len(model.index) == 5 and "Lorient" in texts["p1"] and "ducat" in texts["p3"]
     with pytest.raises(ValueError, match="edited once per call"):
-        edit_passages(model, index, [(corpus.get("p2"), "Olo", "X"), (corpus.get("p2"), "Tarsia", "Y")],
-                      tmp_path / "edit", progress=False)
+        edit_passages(
+            model,
+            index,
+            [(corpus.get("p2"), "Olo", "X"), (corpus.get("p2"), "Tarsia", "Y")],
+            tmp_path / "edit",
+            progress=False,
+        )
 
 
-def test_the_recipe_is_valid_and_configs_quickstart_is_the_same_file():
+def test_the_recipe_is_valid_and_ships_once():
     from atlas.config import load_config
 
     config = load_config(RECIPE)
     assert config.reader.model == "atlas/demo/atlas-reader" and config.task.name == "qa"
-    assert (DEMO.parents[1] / "configs" / "quickstart.yaml").resolve() == RECIPE
+    # the package's own copy is the recipe: no second one under configs/ to drift from it
+    assert not (DEMO.parents[1] / "configs" / "quickstart.yaml").exists()
 
 
 needs_mini = pytest.mark.skipif(not (SHIPPED_READER / "config.json").is_file(), reason="atlas-reader not exported")
@@ -155,8 +184,25 @@ def test_quickstart_on_your_own_files_reports_the_dev_set_it_was_given(tmp_path)
     (tmp_path / "train.jsonl").write_text(_qa_lines(_records("train.jsonl")[:24]))
     (tmp_path / "dev.jsonl").write_text(_qa_lines(heldout[:8]))
     out = tmp_path / "qs"
-    assert main(["quickstart", "--docs", str(DEMO / "encyclopedia.jsonl"), "--train", str(tmp_path / "train.jsonl"),
-                 "--dev", str(tmp_path / "dev.jsonl"), "--shots", "12", "--tiny", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "quickstart",
+                "--docs",
+                str(DEMO / "encyclopedia.jsonl"),
+                "--train",
+                str(tmp_path / "train.jsonl"),
+                "--dev",
+                str(tmp_path / "dev.jsonl"),
+                "--shots",
+                "12",
+                "--tiny",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     report = json.loads((out / "report.json").read_text())
     assert report["dev"] == str(tmp_path / "dev.jsonl") and report["train"] == str(tmp_path / "train.jsonl")
     assert report["shots"] == 12 and report["dev_questions"] == 8 and report["split"] is None
@@ -170,12 +216,25 @@ def test_overlapping_train_and_dev_files_are_refused_naming_both(tmp_path, capsy
     train = _records("train.jsonl")[:5]
     (tmp_path / "train.jsonl").write_text(_qa_lines(train))
     (tmp_path / "dev.jsonl").write_text(_qa_lines([_records("heldout.jsonl")[0], train[3]]))
-    code = main(["quickstart", "--docs", str(DEMO / "encyclopedia.jsonl"), "--train", str(tmp_path / "train.jsonl"),
-                 "--dev", str(tmp_path / "dev.jsonl"), "--out", str(tmp_path / "qs")])
+    code = main(
+        [
+            "quickstart",
+            "--docs",
+            str(DEMO / "encyclopedia.jsonl"),
+            "--train",
+            str(tmp_path / "train.jsonl"),
+            "--dev",
+            str(tmp_path / "dev.jsonl"),
+            "--out",
+            str(tmp_path / "qs"),
+        ]
+    )
     assert code != 0 and not (tmp_path / "qs").exists()
     message = capsys.readouterr().err
-    assert f"{tmp_path / 'dev.jsonl'}:2: field 'question': also in the training file {tmp_path / 'train.jsonl'} (line 4)" \
+    assert (
+        f"{tmp_path / 'dev.jsonl'}:2: field 'question': also in the training file {tmp_path / 'train.jsonl'} (line 4)"
         in message
+    )
 
 
 def test_one_questions_file_is_split_by_seed_and_the_split_is_said(tmp_path):
@@ -223,7 +282,7 @@ def _stage_run(folder, start) -> None:
 def test_a_stage_from_an_exported_reader_continues_its_card(tmp_path):
     from atlas.demo.export_reader import earlier_stages
 
-    earlier = [{"steps": 700, "recipe": "configs/reader-squad.yaml"}, {"steps": 400, "recipe": "stage2"}]
+    earlier = [{"steps": 700, "recipe": "configs/reader-stages/reader-squad.yaml"}, {"steps": 400, "recipe": "stage2"}]
     shipped = tmp_path / "shipped-reader"
     shipped.mkdir()
     (shipped / "card.json").write_text(json.dumps({"training": earlier}))
@@ -239,14 +298,41 @@ def test_a_stage_from_an_exported_reader_continues_its_card(tmp_path):
 def test_the_card_names_every_encoder_block_any_stage_trained():
     from atlas.demo.export_reader import model_card
 
-    stage = {"steps": 10, "batch_size": 2, "examples_seen": 20, "scheduled_steps": 10, "scheduler": "linear", "lr": 1e-4,
-             "lr_encoder": 1e-5, "options": {"max_words": 100}, "passages_read": 1, "text_maxlength": 192,
-             "recipe": "r.yaml", "first_loss": 1.0, "final_loss": 0.5, "wall_s": 60, "hardware": "", "start": "x"}
-    card = {"architecture": {"decoder_layers": 4, "d_model": 384, "num_heads": 6, "d_ff": 1536, "parameters": 10,
-                             "parameters_shipped": 5},
-            "continuation_beta": 1.0, "demo_reading": {"exact_match": 0.5},
-            "training": [{**stage, "trainable_encoder_layers": 3}, {**stage, "trainable_encoder_layers": 4},
-                         {**stage, "trainable_encoder_layers": 2}]}
+    stage = {
+        "steps": 10,
+        "batch_size": 2,
+        "examples_seen": 20,
+        "scheduled_steps": 10,
+        "scheduler": "linear",
+        "lr": 1e-4,
+        "lr_encoder": 1e-5,
+        "options": {"max_words": 100},
+        "passages_read": 1,
+        "text_maxlength": 192,
+        "recipe": "r.yaml",
+        "first_loss": 1.0,
+        "final_loss": 0.5,
+        "wall_s": 60,
+        "hardware": "",
+        "start": "x",
+    }
+    card = {
+        "architecture": {
+            "decoder_layers": 4,
+            "d_model": 384,
+            "num_heads": 6,
+            "d_ff": 1536,
+            "parameters": 10,
+            "parameters_shipped": 5,
+        },
+        "continuation_beta": 1.0,
+        "demo_reading": {"exact_match": 0.5},
+        "training": [
+            {**stage, "trainable_encoder_layers": 3},
+            {**stage, "trainable_encoder_layers": 4},
+            {**stage, "trainable_encoder_layers": 2},
+        ],
+    }
     assert "(the top 4 encoder blocks," in model_card(card)
     card["training"][1]["trainable_encoder_layers"] = None
     assert "(the whole encoder," in model_card(card)

@@ -11,7 +11,7 @@
 #   tests  pytest -m gpu (tests/gpu): CUDA against the CPU
 #   bench  reader questions/s at K=5 and K=20 (bench/reading.py), retriever-loss step ratios
 #          (bench/train_step.py), index build (bench/index_build.py), on the GPU
-#   train  configs/reader-squad-gpu.yaml: the shipped reader trained further on SQuAD, resumable
+#   train  configs/reader-stages/reader-squad-gpu.yaml: the shipped reader trained further on SQuAD, resumable
 #          (run it again to continue from its last checkpoint), stopped after $GPU_TRAIN_SECONDS
 #   eval   the trained reader against the shipped one (bench/reading.py, the same questions), then
 #          exported (card updated) and split into <16 MB parts for the trip back
@@ -117,7 +117,7 @@ bench() {
 train() {
     if ! has_cuda; then say "train: no CUDA device here, skipped"; return 0; fi
     local run=$REPO/runs/reader-squad-gpu
-    local args=(configs/reader-squad-gpu.yaml "task.train_data=[$DATA/squad/train-v1.1.json]"
+    local args=(configs/reader-stages/reader-squad-gpu.yaml "task.train_data=[$DATA/squad/train-v1.1.json]"
                 "task.eval_data=[$DATA/squad/dev-v1.1.json]" "training.output_dir=$run")
     [ -n "${GPU_TRAIN_STEPS:-}" ] && args+=("training.steps=$GPU_TRAIN_STEPS")
     [ -f "$run/checkpoints/latest" ] && args=(--resume "$run")

@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="atlas",
         description="Few-shot retrieval-augmented seq2seq: Contriever retriever + FiD T5 reader.",
         epilog="Every command takes --verbose (anywhere on the line): show the libraries' own messages "
-               "(transformers' load reports, faiss's CPU probe) that are hidden otherwise.",
+        "(transformers' load reports, faiss's CPU probe) that are hidden otherwise.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:

@@ -25,22 +25,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     prepare.add_argument("inputs", nargs="+", metavar="INPUT", help="JSONL, .tsv or dataset folder")
     prepare.add_argument("--out", required=True, help="output folder (written atomically)")
-    prepare.add_argument("--chunk-words", type=int, default=100, help="words per passage (0: no chunking: one passage per document)")
     prepare.add_argument(
-        "--stride", type=int, default=None,
+        "--chunk-words", type=int, default=100, help="words per passage (0: no chunking: one passage per document)"
+    )
+    prepare.add_argument(
+        "--stride",
+        type=int,
+        default=None,
         help="words between passage starts, 1..chunk-words (default: chunk-words, no overlap; "
         "e.g. 50 with --chunk-words 100 overlaps passages by 50 words)",
     )
     prepare.add_argument(
-        "--skip-invalid", action="store_true",
+        "--skip-invalid",
+        action="store_true",
         help="skip and count bad records (and empty input files, with a warning) instead of failing",
     )
     prepare.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     prepare.set_defaults(func=_prepare)
 
-    info = commands.add_parser(
-        "info", help="print a prepared corpus's manifest", formatter_class=DefaultsFormatter
-    )
+    info = commands.add_parser("info", help="print a prepared corpus's manifest", formatter_class=DefaultsFormatter)
     info.add_argument("corpus", help="a folder made by `atlas corpus prepare`")
     info.set_defaults(func=_info)
 

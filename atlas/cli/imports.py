@@ -10,23 +10,34 @@ import logging
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `atlas import atlas-checkpoint|fid-reader|atlas-index` to the `atlas` parser."""
     group = subparsers.add_parser(
-        "import", help="import reference Atlas / FiD checkpoints and Atlas's saved indexes (pickles are "
-                       "loaded with an allow-list: no pickled code runs)")
+        "import",
+        help="import reference Atlas / FiD checkpoints and Atlas's saved indexes (pickles are "
+        "loaded with an allow-list: no pickled code runs)",
+    )
     commands = group.add_subparsers(dest="import_command", metavar="KIND", required=True)
 
     checkpoint = commands.add_parser(
-        "atlas-checkpoint", help="a facebookresearch/atlas model.pth.tar → a run folder (evaluate, ask, train)")
+        "atlas-checkpoint", help="a facebookresearch/atlas model.pth.tar → a run folder (evaluate, ask, train)"
+    )
     checkpoint.add_argument("src", help="model.pth.tar, its step folder, or the reference run folder")
     checkpoint.add_argument("out", help="the run folder to write")
-    checkpoint.add_argument("--reader-tokenizer", metavar="DIR",
-                            help="reader tokenizer folder (default: the checkpoint's reader_model_type, from the hub)")
-    checkpoint.add_argument("--retriever-tokenizer", metavar="DIR",
-                            help="retriever tokenizer (or whole Contriever) folder (default: the checkpoint's "
-                                 "retriever_model_path, from the hub)")
+    checkpoint.add_argument(
+        "--reader-tokenizer",
+        metavar="DIR",
+        help="reader tokenizer folder (default: the checkpoint's reader_model_type, from the hub)",
+    )
+    checkpoint.add_argument(
+        "--retriever-tokenizer",
+        metavar="DIR",
+        help="retriever tokenizer (or whole Contriever) folder (default: the checkpoint's "
+        "retriever_model_path, from the hub)",
+    )
     checkpoint.add_argument("--reader-config", metavar="FILE", help="T5 config.json (default: from the tensor shapes)")
-    checkpoint.add_argument("--retriever-config", metavar="FILE",
-                            help="BERT config.json (default: the retriever folder's, else from the shapes with "
-                                 "64-wide attention heads)")
+    checkpoint.add_argument(
+        "--retriever-config",
+        metavar="FILE",
+        help="BERT config.json (default: the retriever folder's, else from the shapes with 64-wide attention heads)",
+    )
     checkpoint.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     checkpoint.set_defaults(func=_atlas_checkpoint)
 
@@ -38,13 +49,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     fid.set_defaults(func=_fid_reader)
 
     index = commands.add_parser(
-        "atlas-index", help="Atlas's saved index shards (embeddings.{i}.pt, passages.{i}.pt) → a corpus + an index")
+        "atlas-index", help="Atlas's saved index shards (embeddings.{i}.pt, passages.{i}.pt) → a corpus + an index"
+    )
     index.add_argument("src", help="the folder holding the shards")
     index.add_argument("--corpus-out", required=True, metavar="DIR", help="the corpus folder to write")
     index.add_argument("--index-out", required=True, metavar="DIR", help="the index folder to write")
-    index.add_argument("--encoder", required=True, metavar="DIR",
-                       help="the passage encoder the vectors came from: a run imported with `atlas import "
-                            "atlas-checkpoint`, a checkpoint, or a retriever/encoder folder")
+    index.add_argument(
+        "--encoder",
+        required=True,
+        metavar="DIR",
+        help="the passage encoder the vectors came from: a run imported with `atlas import "
+        "atlas-checkpoint`, a checkpoint, or a retriever/encoder folder",
+    )
     index.add_argument("--spec", default="Flat", help="index spec: Flat (the fp16 vectors), IVF4096,PQ64, SQ8, …")
     index.add_argument("--train-sample", type=int, default=262144, help="vectors sampled to train a FAISS index")
     index.add_argument("--keep-embeddings", action="store_true", help="keep the fp16 vectors beside a FAISS index")
@@ -58,12 +74,20 @@ def _atlas_checkpoint(args: argparse.Namespace) -> int:
     from atlas.importing.checkpoint import import_atlas_checkpoint
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    folder = import_atlas_checkpoint(args.src, args.out, reader_tokenizer=args.reader_tokenizer,
-                                     retriever_tokenizer=args.retriever_tokenizer, reader_config=args.reader_config,
-                                     retriever_config=args.retriever_config, overwrite=args.overwrite)
+    folder = import_atlas_checkpoint(
+        args.src,
+        args.out,
+        reader_tokenizer=args.reader_tokenizer,
+        retriever_tokenizer=args.retriever_tokenizer,
+        reader_config=args.reader_config,
+        retriever_config=args.retriever_config,
+        overwrite=args.overwrite,
+    )
     record = json.loads((folder / "import.json").read_text())
-    print(f"imported step {record['step']} into {args.out} (checkpoint {folder.name}); "
-          f"not imported: {', '.join(record['not_imported']) or 'nothing'}")
+    print(
+        f"imported step {record['step']} into {args.out} (checkpoint {folder.name}); "
+        f"not imported: {', '.join(record['not_imported']) or 'nothing'}"
+    )
     _print_conversions(record)
     print(f"next: atlas evaluate {args.out} --data DATA --index INDEX")
     return 0
@@ -87,9 +111,17 @@ def _print_conversions(record: dict) -> None:
 def _atlas_index(args: argparse.Namespace) -> int:
     from atlas.importing.index import import_atlas_index
 
-    corpus, index = import_atlas_index(args.src, corpus_out=args.corpus_out, index_out=args.index_out,
-                                       encoder=args.encoder, spec=args.spec, train_sample=args.train_sample,
-                                       keep_embeddings=args.keep_embeddings, nprobe=args.nprobe,
-                                       overwrite=args.overwrite, restart=args.restart)
+    corpus, index = import_atlas_index(
+        args.src,
+        corpus_out=args.corpus_out,
+        index_out=args.index_out,
+        encoder=args.encoder,
+        spec=args.spec,
+        train_sample=args.train_sample,
+        keep_embeddings=args.keep_embeddings,
+        nprobe=args.nprobe,
+        overwrite=args.overwrite,
+        restart=args.restart,
+    )
     print(f"corpus written to {corpus}, index to {index}; check it with `atlas index info {index} --verify`")
     return 0

@@ -72,7 +72,9 @@ def _unknown_id_hint(error: KeyError, values: list[str]) -> KeyError:
 def _add_index_argument(parser: argparse.ArgumentParser, *, positional_alias: bool = False) -> None:
     """`--index DIR` (required), or for search/info also the older positional form."""
     parser.add_argument(
-        "--index", metavar="DIR", required=not positional_alias,
+        "--index",
+        metavar="DIR",
+        required=not positional_alias,
         help="the index folder (made by `atlas index build`)"
         + ("; the older positional form is still accepted" if positional_alias else ""),
     )
@@ -94,7 +96,10 @@ def _add_encoder_arguments(parser: argparse.ArgumentParser, *, default: str | No
 
 def _add_rerank_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--rerank", type=int, default=None, metavar="K'",
+        "--rerank",
+        type=int,
+        default=None,
+        metavar="K'",
         help="re-score the compressed index's top K' candidates exactly from its float16 vectors "
         "(needs an index built with --rerank or --keep-embeddings); 0 = off; default: the index's own",
     )
@@ -106,69 +111,74 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     Every subcommand names its index with `--index DIR` (`build` writes a new one: `--out DIR`,
     or `--index DIR`); `search` and `info` also take it as their first positional argument, the
     older form."""
+    # long: the parsers of the index subcommands, declared in one place as argparse reads best: each block is its
+    # subcommand's arguments
     index = subparsers.add_parser(
         "index", help="build, update, search and inspect passage indexes", formatter_class=DefaultsFormatter
     )
     commands = index.add_subparsers(dest="index_command", metavar="SUBCOMMAND", required=True)
 
     def command(name: str, help: str, description: str | None = None) -> argparse.ArgumentParser:
-        return commands.add_parser(name, help=help, description=description or help,
-                                   formatter_class=DefaultsFormatter)
+        return commands.add_parser(name, help=help, description=description or help, formatter_class=DefaultsFormatter)
 
     build = command("build", "embed a prepared corpus and save an index (resumable)")
     build.add_argument("--corpus", required=True, help="a folder made by `atlas corpus prepare`")
-    build.add_argument("--out", "--index", dest="out", metavar="DIR", required=True,
-                       help="the index folder to write")
+    build.add_argument("--out", "--index", dest="out", metavar="DIR", required=True, help="the index folder to write")
     build.add_argument(
         "--encoder",
         default=DEFAULT_ENCODER,
         help="retriever/encoder folder, 'minilm' or 'contriever'",
     )
     build.add_argument(
-        "--spec", default="Flat",
-        help="Flat, IVF{n},Flat, IVF{n},PQ{m}, PQ{m}, OPQ{m},PQ{m}, OPQ{m},IVF{n},PQ{m}, HNSW{M}, SQ8"
+        "--spec",
+        default="Flat",
+        help="Flat, IVF{n},Flat, IVF{n},PQ{m}, PQ{m}, OPQ{m},PQ{m}, OPQ{m},IVF{n},PQ{m}, HNSW{M}, SQ8",
     )
+    build.add_argument("--keep-embeddings", action="store_true", help="also keep the float16 embeddings")
     build.add_argument(
-        "--keep-embeddings", action="store_true", help="also keep the float16 embeddings"
-    )
-    build.add_argument(
-        "--rerank", type=int, default=0, metavar="K'",
+        "--rerank",
+        type=int,
+        default=0,
+        metavar="K'",
         help="compressed specs: search re-scores the top K' candidates exactly from the float16 "
         "vectors (kept, memory-mapped on disk; e.g. 10x k); recorded in the manifest; 0 = off",
     )
     build.add_argument("--batch-size", type=int, default=64, help="passages per encoder batch")
     build.add_argument("--chunk-size", type=int, default=8192, help="passages per resumable chunk")
-    build.add_argument(
-        "--train-sample", type=int, default=262144, help="vectors sampled to train the index"
-    )
+    build.add_argument("--train-sample", type=int, default=262144, help="vectors sampled to train the index")
     build.add_argument("--nprobe", type=int, default=32, help="IVF lists probed at search time")
     build.add_argument("--ef-search", type=int, default=128, help="HNSW search breadth")
     build.add_argument("--seed", type=int, default=0, help="seed of the training sample")
     build.add_argument("--overwrite", action="store_true", help="replace an existing --out")
-    build.add_argument(
-        "--restart", action="store_true", help="discard an unfinished build instead of resuming"
-    )
+    build.add_argument("--restart", action="store_true", help="discard an unfinished build instead of resuming")
     build.set_defaults(func=_build)
 
     add = command(
-        "add", "embed new passages and add them to an index in place",
+        "add",
+        "embed new passages and add them to an index in place",
         "Embed new passages and add them to an index in place. Each record is one passage under "
         "its own id unless --chunk-words splits it; an id that is already live is refused "
         "(replace it with `atlas index update`, or pass --replace).",
     )
     _add_index_argument(add)
     add.add_argument(
-        "--corpus", required=True, nargs="+", metavar="INPUT",
+        "--corpus",
+        required=True,
+        nargs="+",
+        metavar="INPUT",
         help="JSONL / TSV files of passages {id, title, text}, or a prepared corpus folder",
     )
     add.add_argument(
-        "--chunk-words", type=int, default=0,
+        "--chunk-words",
+        type=int,
+        default=0,
         help="split each record into passages of this many words named ID-0, ID-1, ... (as "
         "`atlas corpus prepare` names them, even a record that fits in one); 0: each record is "
         "one passage under its own id",
     )
     add.add_argument(
-        "--replace", action="store_true",
+        "--replace",
+        action="store_true",
         help="replace passages whose id is already live instead of refusing them",
     )
     add.add_argument("--batch-size", type=int, default=64, help="passages per encoder batch")
@@ -176,7 +186,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add.set_defaults(func=_add)
 
     update = command(
-        "update", "replace passages by id (ids kept) with new versions, in place",
+        "update",
+        "replace passages by id (ids kept) with new versions, in place",
         "Replace live passages by id with the records of INPUT (each one passage, never split): "
         "the ids are kept and the old versions removed in the same commit. A record without a "
         "title keeps the passage's title. An id with no live passage is refused (nothing is "
@@ -184,7 +195,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     _add_index_argument(update)
     update.add_argument(
-        "--corpus", required=True, nargs="+", metavar="INPUT",
+        "--corpus",
+        required=True,
+        nargs="+",
+        metavar="INPUT",
         help="JSONL / TSV files of passages {id, title, text}, or a prepared corpus folder",
     )
     update.add_argument("--batch-size", type=int, default=64, help="passages per encoder batch")
@@ -193,18 +207,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     remove = command("remove", "remove passages (by id) from an index in place")
     _add_index_argument(remove)
-    remove.add_argument("--ids", required=True, nargs="+", metavar="ID",
-                        help=IDS_HELP.format(example="--ids a-0 b-0, or --ids @ids.txt"))
+    remove.add_argument(
+        "--ids",
+        required=True,
+        nargs="+",
+        metavar="ID",
+        help=IDS_HELP.format(example="--ids a-0 b-0, or --ids @ids.txt"),
+    )
     remove.set_defaults(func=_remove)
     for edit in (add, update, remove):
         edit.add_argument(
-            "--no-compact", dest="compact", action="store_false",
+            "--no-compact",
+            dest="compact",
+            action="store_false",
             help="do not compact the index after the edit (default: compact it when it has more than 8 corpus "
             "segments or 5%% dead rows; see `atlas index compact`)",
         )
 
     compact = command(
-        "compact", "merge the index's corpus segments and drop its removed rows, in place",
+        "compact",
+        "merge the index's corpus segments and drop its removed rows, in place",
         "Merge the corpus segments of an index into one and drop the rows of removed and replaced "
         "passages from its files, as one atomic commit; search results stay the same. `add`, `update` "
         "and `remove` (and `atlas serve`) do this by themselves when an index has more than "
@@ -216,53 +238,49 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     get = command("get", "print passages by id: id, title, text")
     _add_index_argument(get)
-    get.add_argument("ids", nargs="+", metavar="ID",
-                     help=IDS_HELP.format(example="get --index DIR a-0 @more-ids.txt"))
+    get.add_argument("ids", nargs="+", metavar="ID", help=IDS_HELP.format(example="get --index DIR a-0 @more-ids.txt"))
     get.add_argument("--json", action="store_true", help="print JSON lines {id, title, text}")
     get.set_defaults(func=_get)
 
     search = command("search", "print the top-k passages for queries")
     _add_index_argument(search, positional_alias=True)
-    search.add_argument("queries", nargs="+", metavar="QUERY",
-                        help="queries (older form: INDEX QUERY...: the first is the index folder)")
+    search.add_argument(
+        "queries",
+        nargs="+",
+        metavar="QUERY",
+        help="queries (older form: INDEX QUERY...: the first is the index folder)",
+    )
     search.add_argument("-k", type=int, default=5, help="passages per query")
     search.add_argument("--corpus", help="the base corpus's folder if it moved since the build")
-    search.add_argument("--nprobe", type=int, default=None,
-                        help="IVF lists probed; default: the index's own")
-    search.add_argument("--ef-search", type=int, default=None,
-                        help="HNSW search breadth; default: the index's own")
+    search.add_argument("--nprobe", type=int, default=None, help="IVF lists probed; default: the index's own")
+    search.add_argument("--ef-search", type=int, default=None, help="HNSW search breadth; default: the index's own")
     _add_rerank_argument(search)
     search.add_argument("--json", action="store_true", help="print JSON lines instead of text")
-    search.add_argument("--sharded", action="store_true",
-                        help="under torchrun: each rank searches 1/N of the index; rank 0 prints")
+    search.add_argument(
+        "--sharded", action="store_true", help="under torchrun: each rank searches 1/N of the index; rank 0 prints"
+    )
     _add_encoder_arguments(search, default=None)
     search.set_defaults(func=_search)
 
     info = command("info", "print an index's manifest and size")
     _add_index_argument(info, positional_alias=True)
-    info.add_argument("positional_index", nargs="?", metavar="INDEX",
-                      help="the index folder (older form of --index)")
+    info.add_argument("positional_index", nargs="?", metavar="INDEX", help="the index folder (older form of --index)")
     info.add_argument("--verify", action="store_true", help="also check every file's SHA-256")
     info.set_defaults(func=_info)
 
     evaluate = subparsers.add_parser(
-        "evaluate-retrieval", help="answer / gold recall@k and MRR of an index",
+        "evaluate-retrieval",
+        help="answer / gold recall@k and MRR of an index",
         formatter_class=DefaultsFormatter,
     )
     _add_index_argument(evaluate)
-    evaluate.add_argument(
-        "--data", required=True, help="JSONL with question and answers (or answer)"
-    )
-    evaluate.add_argument(
-        "-k", type=int, nargs="+", default=[1, 5, 20], help="cut-offs (default: 1 5 20)"
-    )
+    evaluate.add_argument("--data", required=True, help="JSONL with question and answers (or answer)")
+    evaluate.add_argument("-k", type=int, nargs="+", default=[1, 5, 20], help="cut-offs (default: 1 5 20)")
     evaluate.add_argument("--out", help="write per-question results to this JSONL file")
     evaluate.add_argument("--max-examples", type=int, default=None, help="default: all")
     evaluate.add_argument("--corpus", help="the base corpus's folder if it moved since the build")
-    evaluate.add_argument("--nprobe", type=int, default=None,
-                          help="IVF lists probed; default: the index's own")
-    evaluate.add_argument("--ef-search", type=int, default=None,
-                          help="HNSW search breadth; default: the index's own")
+    evaluate.add_argument("--nprobe", type=int, default=None, help="IVF lists probed; default: the index's own")
+    evaluate.add_argument("--ef-search", type=int, default=None, help="HNSW search breadth; default: the index's own")
     _add_rerank_argument(evaluate)
     evaluate.add_argument("--batch-size", type=int, default=64, help="queries per encoder batch")
     _add_encoder_arguments(evaluate, default=None)
@@ -364,8 +382,10 @@ def _add(args: argparse.Namespace) -> int:
         allow_encoder_mismatch=args.allow_encoder_mismatch,
         replace=args.replace,
     )
-    print(f"added {stats.added} and replaced {stats.replaced} passages ({_shown(stats.ids)}); "
-          f"{stats.count} live passages in {args.index}")
+    print(
+        f"added {stats.added} and replaced {stats.replaced} passages ({_shown(stats.ids)}); "
+        f"{stats.count} live passages in {args.index}"
+    )
     _compact_if_due(args)
     return 0
 
@@ -381,8 +401,7 @@ def _update(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         allow_encoder_mismatch=args.allow_encoder_mismatch,
     )
-    print(f"updated {stats.replaced} passages ({_shown(stats.ids)}); "
-          f"{stats.count} live passages in {args.index}")
+    print(f"updated {stats.replaced} passages ({_shown(stats.ids)}); {stats.count} live passages in {args.index}")
     _compact_if_due(args)
     return 0
 
@@ -405,10 +424,12 @@ def _remove(args: argparse.Namespace) -> int:
 
 def _compacted(stats) -> str:
     """One line on what a compaction did."""
-    return (f"compacted {'all' if stats.full else 'the added'} segments: {stats.segments_before} → "
-            f"{stats.segments_after} segments, {stats.rows_before} → {stats.rows_after} rows "
-            f"({stats.dead_before - stats.dead_after} dead rows dropped), generation {stats.generation}, "
-            f"{stats.seconds:.2f} s")
+    return (
+        f"compacted {'all' if stats.full else 'the added'} segments: {stats.segments_before} → "
+        f"{stats.segments_after} segments, {stats.rows_before} → {stats.rows_after} rows "
+        f"({stats.dead_before - stats.dead_after} dead rows dropped), generation {stats.generation}, "
+        f"{stats.seconds:.2f} s"
+    )
 
 
 def _compact_if_due(args: argparse.Namespace) -> None:
@@ -426,8 +447,11 @@ def _compact(args: argparse.Namespace) -> int:
     from retriever.index_compact import compact_index
 
     stats = compact_index(args.index, full=True)
-    print(_compacted(stats) if stats.compacted else
-          f"nothing to compact: {args.index} is one segment with no dead rows (generation {stats.generation})")
+    print(
+        _compacted(stats)
+        if stats.compacted
+        else f"nothing to compact: {args.index} is one segment with no dead rows (generation {stats.generation})"
+    )
     return 0
 
 
@@ -476,7 +500,7 @@ def _search(args: argparse.Namespace) -> int:
         results = _load_index(args).search(args.queries, args.k)
     for query, hits in zip(args.queries, results):
         if args.json:
-            print(json.dumps({"query": query, "hits": [vars(h) for h in hits]}, ensure_ascii=False))
+            print(json.dumps({"query": query, "hits": [h.search_record() for h in hits]}, ensure_ascii=False))
             continue
         print(f"query: {query}")
         for rank, hit in enumerate(hits, start=1):
@@ -499,8 +523,12 @@ def _info(args: argparse.Namespace) -> int:
     manifest = read_manifest(folder)
     for record in manifest["files"].values():  # sizes always; contents with --verify
         check_file(Path(folder), record, verify_hash=args.verify)
-    print(json.dumps({**index_summary(manifest), "compaction_due": compaction_due(manifest),
-                      "verified": bool(args.verify)}, indent=2))
+    print(
+        json.dumps(
+            {**index_summary(manifest), "compaction_due": compaction_due(manifest), "verified": bool(args.verify)},
+            indent=2,
+        )
+    )
     return 0
 
 
@@ -510,9 +538,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     from tasks.io import write_jsonl
 
     examples = read_retrieval_examples(args.data)[: args.max_examples]
-    metrics, records = evaluate_retrieval(
-        _load_index(args), examples, ks=args.k, batch_size=args.batch_size
-    )
+    metrics, records = evaluate_retrieval(_load_index(args), examples, ks=args.k, batch_size=args.batch_size)
     if args.out:
         write_jsonl(args.out, records)
     print(json.dumps(metrics, indent=2))

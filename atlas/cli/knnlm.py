@@ -29,13 +29,9 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--k", type=int, default=1024, help="neighbours per token (paper: 1024)")
     parser.add_argument("--metric", choices=("l2", "ip"), default="l2")
     parser.add_argument("--search", choices=SEARCH_CHOICES, default="exact")
-    parser.add_argument(
-        "--index-spec", default="IVF1024,PQ32", help="FAISS spec when --search faiss"
-    )
+    parser.add_argument("--index-spec", default="IVF1024,PQ32", help="FAISS spec when --search faiss")
     parser.add_argument("--nprobe", type=int, default=32)
-    parser.add_argument(
-        "--recompute", action="store_true", help="exact distances from stored keys for FAISS hits"
-    )
+    parser.add_argument("--recompute", action="store_true", help="exact distances from stored keys for FAISS hits")
     parser.add_argument("--batch-size", type=int, default=8)
 
 
@@ -44,9 +40,7 @@ def register(subparsers) -> None:
     knnlm = subparsers.add_parser("knnlm", help="kNN-LM: token datastores, λ/τ tuning, perplexity")
     knnlm_sub = knnlm.add_subparsers(dest="knnlm_command", metavar="STEP", required=True)
 
-    build = knnlm_sub.add_parser(
-        "build", help="build (or resume) a token-level datastore over a text"
-    )
+    build = knnlm_sub.add_parser("build", help="build (or resume) a token-level datastore over a text")
     build.add_argument("model", type=Path)
     build.add_argument("text", type=Path)
     build.add_argument("datastore", type=Path)
@@ -65,27 +59,19 @@ def register(subparsers) -> None:
     for name in ("model", "datastore", "text"):
         tune.add_argument(name, type=Path)
     _add_search_arguments(tune)
-    tune.add_argument(
-        "--lambdas", type=float, nargs="+", default=[0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6]
-    )
-    tune.add_argument(
-        "--temperatures", type=float, nargs="+", default=[1, 3, 10, 30, 100, 300, 1000]
-    )
+    tune.add_argument("--lambdas", type=float, nargs="+", default=[0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6])
+    tune.add_argument("--temperatures", type=float, nargs="+", default=[1, 3, 10, 30, 100, 300, 1000])
     tune.add_argument("--out", type=Path, required=True, help="JSON file for the tuning result")
     tune.set_defaults(func=run_tune)
 
-    evaluate = knnlm_sub.add_parser(
-        "eval", help="sliding-window perplexity of the LM and of the kNN-LM"
-    )
+    evaluate = knnlm_sub.add_parser("eval", help="sliding-window perplexity of the LM and of the kNN-LM")
     for name in ("model", "datastore", "text"):
         evaluate.add_argument(name, type=Path)
     _add_search_arguments(evaluate)
     evaluate.add_argument("--tuning", type=Path, help="JSON written by `knnlm tune` (λ and τ)")
     evaluate.add_argument("--lambda", dest="lam", type=float, help="overrides the tuned λ")
     evaluate.add_argument("--temperature", type=float, help="overrides the tuned τ")
-    evaluate.add_argument(
-        "--out", type=Path, required=True, help="folder for summary.json and per-token log-probs"
-    )
+    evaluate.add_argument("--out", type=Path, required=True, help="folder for summary.json and per-token log-probs")
     evaluate.set_defaults(func=run_eval)
 
     dispersion = subparsers.add_parser(
@@ -93,9 +79,7 @@ def register(subparsers) -> None:
     )
     dispersion.add_argument("model", type=Path)
     dispersion.add_argument("text", type=Path)
-    dispersion.add_argument(
-        "--keys", nargs="+", help="key specs (default: every block output + last-block sublayers)"
-    )
+    dispersion.add_argument("--keys", nargs="+", help="key specs (default: every block output + last-block sublayers)")
     dispersion.add_argument("--context", type=int, default=512)
     dispersion.add_argument("--batch-size", type=int, default=8)
     dispersion.add_argument("--max-tokens", type=int, default=100_000)
@@ -152,9 +136,7 @@ def _query_store(args, train):
     )
 
     if args.key not in train.key_names:
-        raise ValueError(
-            f"{train.path}: key '{args.key}' not stored; stored keys: {train.key_names}"
-        )
+        raise ValueError(f"{train.path}: key '{args.key}' not stored; stored keys: {train.key_names}")
     model, tokenizer, ids = _model_and_tokens(args.model, args.text)
     fingerprint = model_fingerprint(model)
     keyed = KeyedLM(model, [args.key])
@@ -167,10 +149,7 @@ def _query_store(args, train):
     except ValueError as error:
         raise ValueError(f"{error} (model given: {args.model})") from None
     meta = train.manifest["meta"]
-    folder = (
-        args.datastore.parent
-        / f"{args.datastore.name}-queries-{args.text.stem}-{args.key.replace(':', '@')}"
-    )
+    folder = args.datastore.parent / f"{args.datastore.name}-queries-{args.text.stem}-{args.key.replace(':', '@')}"
     return build_datastore(
         folder,
         model,

@@ -13,32 +13,59 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="index the demo (or --docs), few-shot fine-tune the shipped reader, evaluate, answer, edit facts",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Offline, on CPU: prepare a corpus, build the MiniLM index, evaluate the shipped "
-                    "atlas-reader on dev questions, fine-tune it on training questions, evaluate again, show "
-                    "answers with their evidence, then change facts in the corpus, update the index (as "
-                    "`atlas index update` does) and report how many answers follow the new text. On 2 idle CPU "
-                    "cores the demo takes 1.5 min and --tiny 36 s; 820 Wikipedia paragraphs with 64 training "
-                    "and 100 dev questions took 24 min on 2 busy ones (docs/results.md). Everything lands in "
-                    "--out: report.md to read, report.json with every number.",
+        "atlas-reader on dev questions, fine-tune it on training questions, evaluate again, show "
+        "answers with their evidence, then change facts in the corpus, update the index (as "
+        "`atlas index update` does) and report how many answers follow the new text. On 2 idle CPU "
+        "cores the demo takes 1.5 min and --tiny 36 s; 820 Wikipedia paragraphs with 64 training "
+        "and 100 dev questions took 24 min on 2 busy ones (docs/results.md). Everything lands in "
+        "--out: report.md to read, report.json with every number.",
     )
-    quickstart.add_argument("--docs", metavar="FILE", help="your documents (JSONL {id, title, text} or DPR TSV) "
-                            "instead of the demo encyclopedia")
+    quickstart.add_argument(
+        "--docs",
+        metavar="FILE",
+        help="your documents (JSONL {id, title, text} or DPR TSV) instead of the demo encyclopedia",
+    )
     quickstart.add_argument("--train", metavar="FILE", help="QA JSONL {question, answers} about --docs to fine-tune on")
-    quickstart.add_argument("--dev", metavar="FILE", help="QA JSONL {question, answers} about --docs to evaluate on "
-                            "(and whose facts are edited); must share no question with --train")
-    quickstart.add_argument("--questions", metavar="FILE", help="one QA JSONL to split in two instead of --train/--dev "
-                            "(seeded: up to 64, at most half, to fine-tune on; the rest dev; the split is printed "
-                            "and written to the report)")
-    quickstart.add_argument("--shots", type=int, metavar="N", help="training questions to fine-tune on "
-                            "(default: all of them, up to 256; 16 with --tiny)")
-    quickstart.add_argument("--out", metavar="DIR", help="output folder, must not exist "
-                            "(default: runs/quickstart-YYYYmmdd-HHMMSS)")
-    quickstart.add_argument("--tiny", action="store_true", help="a 25-second run (what CI runs): 16 shots, 6 steps, "
-                            "8 dev questions, 4 edits")
-    quickstart.add_argument("--reader", metavar="DIR", help="a reader folder or preset instead of the shipped atlas-reader")
-    quickstart.add_argument("--edits", type=int, default=25, metavar="N",
-                            help="facts to edit (on distinct passages) at the last step (4 with --tiny)")
-    quickstart.add_argument("overrides", nargs="*", help="dotted overrides of atlas/demo/quickstart.yaml, "
-                            "e.g. training.steps=100")
+    quickstart.add_argument(
+        "--dev",
+        metavar="FILE",
+        help="QA JSONL {question, answers} about --docs to evaluate on "
+        "(and whose facts are edited); must share no question with --train",
+    )
+    quickstart.add_argument(
+        "--questions",
+        metavar="FILE",
+        help="one QA JSONL to split in two instead of --train/--dev "
+        "(seeded: up to 64, at most half, to fine-tune on; the rest dev; the split is printed "
+        "and written to the report)",
+    )
+    quickstart.add_argument(
+        "--shots",
+        type=int,
+        metavar="N",
+        help="training questions to fine-tune on (default: all of them, up to 256; 16 with --tiny)",
+    )
+    quickstart.add_argument(
+        "--out", metavar="DIR", help="output folder, must not exist (default: runs/quickstart-YYYYmmdd-HHMMSS)"
+    )
+    quickstart.add_argument(
+        "--tiny",
+        action="store_true",
+        help="a 25-second run (what CI runs): 16 shots, 6 steps, 8 dev questions, 4 edits",
+    )
+    quickstart.add_argument(
+        "--reader", metavar="DIR", help="a reader folder or preset instead of the shipped atlas-reader"
+    )
+    quickstart.add_argument(
+        "--edits",
+        type=int,
+        default=25,
+        metavar="N",
+        help="facts to edit (on distinct passages) at the last step (4 with --tiny)",
+    )
+    quickstart.add_argument(
+        "overrides", nargs="*", help="dotted overrides of atlas/demo/quickstart.yaml, e.g. training.steps=100"
+    )
     quickstart.set_defaults(func=_quickstart)
 
 
@@ -49,10 +76,21 @@ def _quickstart(args: argparse.Namespace) -> int:
 
     if (args.questions or args.train or args.dev) and not args.docs:
         raise SystemExit("atlas quickstart: --train/--dev/--questions need --docs (the documents they are about)")
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
     out = args.out or time.strftime("runs/quickstart-%Y%m%d-%H%M%S")
     print(f"atlas quickstart → {out}")
-    run_quickstart(out, docs=args.docs, questions=args.questions, train=args.train, dev=args.dev, shots=args.shots,
-                   tiny=args.tiny, reader=args.reader, overrides=args.overrides, n_edits=args.edits)
+    run_quickstart(
+        out,
+        docs=args.docs,
+        questions=args.questions,
+        train=args.train,
+        dev=args.dev,
+        shots=args.shots,
+        tiny=args.tiny,
+        reader=args.reader,
+        overrides=args.overrides,
+        n_edits=args.edits,
+    )
     return 0

@@ -17,63 +17,84 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-MODEL_HELP = ("a run folder, a checkpoint folder, or a reader to run without training: a reader folder, "
-              "'atlas-reader' (the shipped reader) or a reader preset (then --index is required)")
+MODEL_HELP = (
+    "a run folder, a checkpoint folder, or a reader to run without training: a reader folder, "
+    "'atlas-reader' (the shipped reader) or a reader preset (then --index is required)"
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the model-running commands to the `atlas` parser."""
     train = subparsers.add_parser(
-        "train", help="train reader + retriever from a YAML recipe",
+        "train",
+        help="train reader + retriever from a YAML recipe",
         description="Train reader + retriever from a YAML recipe (docs/guides/recipes.md lists them). The index: "
-                    "index.path (an index folder) wins over index.corpus; with only index.corpus, the index is "
-                    "built once per corpus, encoder and index settings, cached beside the corpus "
-                    "(CORPUS/.atlas-index-cache/) and reused by later runs (docs/guides/corpus.md).")
+        "index.path (an index folder) wins over index.corpus; with only index.corpus, the index is "
+        "built once per corpus, encoder and index settings, cached beside the corpus "
+        "(CORPUS/.atlas-index-cache/) and reused by later runs (docs/guides/corpus.md).",
+    )
     train.add_argument("config", nargs="?", help="a YAML recipe from configs/ (omit with --resume)")
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. training.lr=4e-5")
     train.add_argument("--resume", metavar="DIR", help="continue the run in DIR (its latest checkpoint)")
-    train.add_argument("--stop-at", type=int, metavar="STEP",
-                       help="end this session after STEP with a checkpoint (e.g. a job's time slot); "
-                            "--resume continues to training.steps")
+    train.add_argument(
+        "--stop-at",
+        type=int,
+        metavar="STEP",
+        help="end this session after STEP with a checkpoint (e.g. a job's time slot); "
+        "--resume continues to training.steps",
+    )
     train.set_defaults(func=_train)
 
     evaluate = subparsers.add_parser(
-        "evaluate", help="generate on a data file and score it with the task's metrics (percent)",
+        "evaluate",
+        help="generate on a data file and score it with the task's metrics (percent)",
         description="Predict on --data and score with the task's metrics, in percent. Writes predictions.jsonl, "
-                    "metrics.json and config.yaml (KILT: also kilt_predictions.jsonl, kilt_scores.json) to --out; "
-                    "never a checkpoint. docs/guides/evaluate.md explains every metric.")
+        "metrics.json and config.yaml (KILT: also kilt_predictions.jsonl, kilt_scores.json) to --out; "
+        "never a checkpoint. docs/guides/evaluate.md explains every metric.",
+    )
     evaluate.add_argument("checkpoint", metavar="MODEL", help=MODEL_HELP)
     evaluate.add_argument("--data", required=True, help="examples to evaluate on (every one with gold answers)")
     evaluate.add_argument("--index", help="index folder to retrieve from (default: the run's; required for a reader)")
     evaluate.add_argument("--task", help="task name (default: the run's; qa for a reader)")
-    evaluate.add_argument("--out", help="output folder (default: CHECKPOINT/eval-<data name>; for a reader "
-                                        "runs/eval-<reader name>-<data name>)")
-    evaluate.add_argument("--predict-only", action="store_true",
-                          help="an unlabelled test set: write the predictions, score nothing")
+    evaluate.add_argument(
+        "--out",
+        help="output folder (default: CHECKPOINT/eval-<data name>; for a reader runs/eval-<reader name>-<data name>)",
+    )
+    evaluate.add_argument(
+        "--predict-only", action="store_true", help="an unlabelled test set: write the predictions, score nothing"
+    )
     evaluate.add_argument("overrides", nargs="*", help="dotted overrides, e.g. evaluation.max_examples=100")
     evaluate.set_defaults(func=_evaluate)
 
     per_subject = subparsers.add_parser(
         "mmlu-per-subject",
         help="MMLU 5-shot per subject: fine-tune one model per subject on its dev split, evaluate it on "
-             "its test split, merge all subjects into one per-category/overall table")
+        "its test split, merge all subjects into one per-category/overall table",
+    )
     per_subject.add_argument("config", help="the per-subject recipe, e.g. configs/mmlu-5shot.yaml")
     per_subject.add_argument("overrides", nargs="*", help="dotted overrides, e.g. training.steps=16")
     per_subject.add_argument("--data-dir", required=True, help="the MMLU root (with dev/ and test/ folders)")
     per_subject.add_argument("--subjects", help="comma-separated subjects (default: all that have dev and test)")
     per_subject.add_argument("--out", help="output folder (default: the recipe's training.output_dir)")
-    per_subject.add_argument("--keep-checkpoints", action="store_true",
-                             help="keep each subject's checkpoint (default: deleted once it is evaluated)")
+    per_subject.add_argument(
+        "--keep-checkpoints",
+        action="store_true",
+        help="keep each subject's checkpoint (default: deleted once it is evaluated)",
+    )
     per_subject.set_defaults(func=_mmlu_per_subject)
 
     score = subparsers.add_parser("score", help="score a predictions file against gold with the task's metrics")
     score.add_argument("--task", required=True, help="qa, kilt, mmlu, fever")
     score.add_argument("--gold", required=True, help="gold examples (the task's own format; KILT jsonl for kilt)")
-    score.add_argument("--pred", required=True,
-                       help="predictions: {id|question, answer} lines, KILT's format for kilt, or the "
-                            "predictions.jsonl of `atlas evaluate` (MMLU: with its probabilities)")
-    score.add_argument("--official", action="store_true",
-                       help="kilt: print KILT's official report instead (its key names, scale 0-1)")
+    score.add_argument(
+        "--pred",
+        required=True,
+        help="predictions: {id|question, answer} lines, KILT's format for kilt, or the "
+        "predictions.jsonl of `atlas evaluate` (MMLU: with its probabilities)",
+    )
+    score.add_argument(
+        "--official", action="store_true", help="kilt: print KILT's official report instead (its key names, scale 0-1)"
+    )
     score.set_defaults(func=_score)
 
     ask = subparsers.add_parser("ask", help="answer one question and show the evidence passages")
@@ -95,15 +116,26 @@ def _train(args: argparse.Namespace) -> int:
         summary = train(None, resume=args.resume, stop_at=args.stop_at)
     else:
         if not args.config:
-            raise SystemExit("atlas train: give a config (e.g. configs/quickstart.yaml) or --resume DIR")
+            raise SystemExit("atlas train: give a config (e.g. configs/small/nq-64shot.yaml) or --resume DIR")
         summary = train(load_config(args.config, args.overrides), stop_at=args.stop_at)
-    print(json.dumps({"step": summary["step"], "final_loss": summary["losses"][-1] if summary["losses"] else None,
-                      "eval": summary["eval"], "checkpoint": summary["checkpoint"]}, indent=2))
+    print(
+        json.dumps(
+            {
+                "step": summary["step"],
+                "final_loss": summary["losses"][-1] if summary["losses"] else None,
+                "eval": summary["eval"],
+                "checkpoint": summary["checkpoint"],
+            },
+            indent=2,
+        )
+    )
     if summary.get("disk"):
         print(summary["disk"]["message"])
     elif summary["checkpoint"] is None:
-        print("training.steps is 0: the model was evaluated as built; nothing was trained, so no checkpoint was "
-              "written (`atlas evaluate READER --index IDX --data FILE` evaluates a reader without a recipe)")
+        print(
+            "training.steps is 0: the model was evaluated as built; nothing was trained, so no checkpoint was "
+            "written (`atlas evaluate READER --index IDX --data FILE` evaluates a reader without a recipe)"
+        )
     return 0
 
 
@@ -145,13 +177,16 @@ def resolve_model(name: str) -> ModelSource:
         return ModelSource(reader=name)
     hint = ""
     if (path / "config.yaml").is_file():
-        hint = ("; it has a config.yaml but no checkpoint (a run of training.steps 0 writes none): run the reader "
-                "its reader.model names, with --index")
+        hint = (
+            "; it has a config.yaml but no checkpoint (a run of training.steps 0 writes none): run the reader "
+            "its reader.model names, with --index"
+        )
     raise FileNotFoundError(
         f"{name}: neither a run, a checkpoint nor a reader: looked for checkpoints/latest (a run folder), "
         f"latest or config.yaml with reader/ (a checkpoint folder), config.json (a reader folder), a shipped "
-        f"reader ({', '.join(shipped)}) and the reader presets ({', '.join(sorted(READER_PRESETS | WARM_START_PRESETS))})"
-        + hint)
+        f"reader ({', '.join(shipped)}) and the reader presets "
+        f"({', '.join(sorted(READER_PRESETS | WARM_START_PRESETS))})" + hint
+    )
 
 
 def _index_encoder(index: str) -> list[str]:
@@ -159,8 +194,11 @@ def _index_encoder(index: str) -> list[str]:
     from retriever.index_files import read_manifest
 
     record = read_manifest(index).get("encoder") or {}
-    return [f"retriever.{key}={json.dumps(record[key])}" for key in ("passage_format", "passage_maxlength")
-            if record.get(key) is not None]
+    return [
+        f"retriever.{key}={json.dumps(record[key])}"
+        for key in ("passage_format", "passage_maxlength")
+        if record.get(key) is not None
+    ]
 
 
 def reader_config(reader: str, index: str, task: str | None = None, overrides: list[str] = ()):
@@ -175,12 +213,26 @@ def reader_config(reader: str, index: str, task: str | None = None, overrides: l
 
     source = (read_manifest(index).get("encoder") or {}).get("source")
     if not source:
-        logger.warning("%s does not record the encoder it was built with; searching it with minilm "
-                       "(give retriever.model=ENCODER if it was another)", index)
-    settings = [f"reader.model={reader}", "reader.trainable_encoder_layers=null", f"retriever.model={source or 'minilm'}",
-                "retriever.loss=none", f"index.path={index}", "index.corpus=null", "task.train_data=[]",
-                "task.eval_data=[]", "task.shots=null", "training.steps=0", "evaluation.max_examples=null",
-                *_index_encoder(index), *([f"task.name={task}", "task.options={}"] if task else [])]
+        logger.warning(
+            "%s does not record the encoder it was built with; searching it with minilm "
+            "(give retriever.model=ENCODER if it was another)",
+            index,
+        )
+    settings = [
+        f"reader.model={reader}",
+        "reader.trainable_encoder_layers=null",
+        f"retriever.model={source or 'minilm'}",
+        "retriever.loss=none",
+        f"index.path={index}",
+        "index.corpus=null",
+        "task.train_data=[]",
+        "task.eval_data=[]",
+        "task.shots=null",
+        "training.steps=0",
+        "evaluation.max_examples=null",
+        *_index_encoder(index),
+        *([f"task.name={task}", "task.options={}"] if task else []),
+    ]
     return load_config(RECIPE, [*settings, *overrides])
 
 
@@ -198,8 +250,10 @@ def load_run(checkpoint: str | ModelSource, index: str | None, overrides: list[s
     source = checkpoint if isinstance(checkpoint, ModelSource) else resolve_model(checkpoint)
     if source.reader is not None:
         if not index:
-            raise ValueError(f"{source.reader} is a reader, not a run: it has no index of its own; give --index IDX "
-                             "(an index folder made by `atlas index build`)")
+            raise ValueError(
+                f"{source.reader} is a reader, not a run: it has no index of its own; give --index IDX "
+                "(an index folder made by `atlas index build`)"
+            )
         config = reader_config(source.reader, index, task, overrides)
         return Path(source.reader), config, build_atlas(config)
     extra = [f"index.path={index}", *_index_encoder(index)] if index else []
@@ -230,20 +284,34 @@ def _evaluate(args: argparse.Namespace) -> int:
         else:
             out = folder / f"eval-{Path(args.data).stem}"
         # the config as evaluated: the checkpoint's, with this command's task, data and overrides
-        recorded = dataclasses.replace(config, task=dataclasses.replace(
-            config.task, name=task_name, options=dict(options), eval_data=[str(args.data)]))
-        metrics = evaluate(model, task, args.data, config.evaluation, out_dir=out if context.is_main else None,
-                           run_config=recorded, context=context, predict_only=args.predict_only)
+        recorded = dataclasses.replace(
+            config,
+            task=dataclasses.replace(config.task, name=task_name, options=dict(options), eval_data=[str(args.data)]),
+        )
+        metrics = evaluate(
+            model,
+            task,
+            args.data,
+            config.evaluation,
+            out_dir=out if context.is_main else None,
+            run_config=recorded,
+            context=context,
+            predict_only=args.predict_only,
+        )
         if context.is_main:
             if not args.predict_only:
                 print(json.dumps(metrics, indent=2))
                 print(f"metrics in percent (docs/guides/evaluate.md); predictions and metrics written to {out}")
             elif config.evaluation.write_predictions:
-                print(f"{args.data}: predicted, not scored (--predict-only); predictions written to {out} "
-                      "(score them later with `atlas score`)")
+                print(
+                    f"{args.data}: predicted, not scored (--predict-only); predictions written to {out} "
+                    "(score them later with `atlas score`)"
+                )
             else:
-                print(f"{args.data}: predicted, not scored (--predict-only), and evaluation.write_predictions is "
-                      "false: nothing was written")
+                print(
+                    f"{args.data}: predicted, not scored (--predict-only), and evaluation.write_predictions is "
+                    "false: nothing was written"
+                )
     finally:
         shutdown(context)
     return 0
@@ -260,8 +328,14 @@ def _mmlu_per_subject(args: argparse.Namespace) -> int:
     subjects = [s.strip() for s in args.subjects.split(",") if s.strip()] if args.subjects else None
     context = init_distributed()
     try:
-        metrics = run_per_subject(config, args.data_dir, out_dir=args.out, subjects=subjects,
-                                  keep_checkpoints=args.keep_checkpoints, context=context)
+        metrics = run_per_subject(
+            config,
+            args.data_dir,
+            out_dir=args.out,
+            subjects=subjects,
+            keep_checkpoints=args.keep_checkpoints,
+            context=context,
+        )
         if context.is_main:
             table = {k: v for k, v in metrics.items() if "/subject/" not in k}
             print(json.dumps(table, indent=2))
@@ -287,11 +361,10 @@ def _ask(args: argparse.Namespace) -> int:
     _, config, model = load_run(args.checkpoint, args.index, [])
     model.eval()
     task = get_task(config.task.name, **config.task.options)
-    query = task.query(args.question) if hasattr(task, "query") else args.question
-    example = Example(id="ask", query=query, target=None, answers=[])
+    example = Example(id="ask", query=task.query(args.question), target=None, answers=[])
     answers, passages = model.predict([example])
     print(f"Q: {args.question}\nA: {task.postprocess(example, answers[0])}")
     for rank, passage in enumerate((passages or [[]])[0][: args.show], start=1):
-        text = passage["text"] if len(passage["text"]) < 300 else passage["text"][:297] + "..."
-        print(f"  [{rank}] {passage.get('title') or passage['id']} (score {passage.get('score', 0):.3f}): {text}")
+        text = passage.text if len(passage.text) < 300 else passage.text[:297] + "..."
+        print(f"  [{rank}] {passage.title or passage.id} (score {passage.score or 0:.3f}): {text}")
     return 0

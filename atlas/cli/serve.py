@@ -12,28 +12,40 @@ import socket
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `atlas serve` to the `atlas` parser."""
     serve = subparsers.add_parser(
-        "serve", help="serve a run over HTTP: ask, search, see the evidence, edit the corpus live (web page at /)")
-    serve.add_argument("checkpoint", metavar="MODEL", help="a run folder, a checkpoint folder, or a reader "
-                       "(a reader folder, 'atlas-reader', a preset) with --index")
+        "serve", help="serve a run over HTTP: ask, search, see the evidence, edit the corpus live (web page at /)"
+    )
+    serve.add_argument(
+        "checkpoint",
+        metavar="MODEL",
+        help="a run folder, a checkpoint folder, or a reader (a reader folder, 'atlas-reader', a preset) with --index",
+    )
     serve.add_argument("overrides", nargs="*", help="dotted overrides, e.g. reader.num_beams=1")
     serve.add_argument("--index", help="index folder to serve and edit (default: the run's; required for a reader)")
-    serve.add_argument("--host", default="127.0.0.1",
-                       help="address to bind (default 127.0.0.1: this machine only)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--allow-edits", action="store_true",
-                       help="enable adding, updating and removing passages (off by default)")
-    serve.add_argument("--token", default=None,
-                       help="bearer token that editing requests must carry (default: $ATLAS_TOKEN); "
-                            "required with --allow-edits when --host is not a loopback address")
-    serve.add_argument("--max-batch", type=int, default=32,
-                       help="questions per forward pass (1: no micro-batching)")
-    serve.add_argument("--batch-window-ms", type=float, default=5.0,
-                       help="how long a batch waits for more questions after its first")
-    serve.add_argument("--no-auto-compact", dest="auto_compact", action="store_false",
-                       help="do not compact the index after the edits that leave it due for one (more than "
-                            "8 corpus segments or 5%% dead rows); `atlas index compact` still does")
-    serve.add_argument("--threads", type=int, default=None,
-                       help="torch CPU threads (default: torch's; 1 is fastest on a busy machine)")
+    serve.add_argument(
+        "--allow-edits", action="store_true", help="enable adding, updating and removing passages (off by default)"
+    )
+    serve.add_argument(
+        "--token",
+        default=None,
+        help="bearer token that editing requests must carry (default: $ATLAS_TOKEN); "
+        "required with --allow-edits when --host is not a loopback address",
+    )
+    serve.add_argument("--max-batch", type=int, default=32, help="questions per forward pass (1: no micro-batching)")
+    serve.add_argument(
+        "--batch-window-ms", type=float, default=5.0, help="how long a batch waits for more questions after its first"
+    )
+    serve.add_argument(
+        "--no-auto-compact",
+        dest="auto_compact",
+        action="store_false",
+        help="do not compact the index after the edits that leave it due for one (more than "
+        "8 corpus segments or 5%% dead rows); `atlas index compact` still does",
+    )
+    serve.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (default: torch's; 1 is fastest on a busy machine)"
+    )
     serve.set_defaults(func=_serve)
 
 
@@ -56,8 +68,9 @@ def serving_token(host: str, allow_edits: bool, token: str | None) -> str | None
     `ValueError` when edits are allowed beyond loopback without one."""
     token = token or os.environ.get("ATLAS_TOKEN") or None
     if allow_edits and token is None and not is_loopback(host):
-        raise ValueError(f"--allow-edits on {host} (not a loopback address) needs a token: "
-                         "give --token TOKEN or set ATLAS_TOKEN")
+        raise ValueError(
+            f"--allow-edits on {host} (not a loopback address) needs a token: give --token TOKEN or set ATLAS_TOKEN"
+        )
     return token
 
 
@@ -78,12 +91,19 @@ def _serve(args: argparse.Namespace) -> int:
     if torch.cuda.is_available():
         model.to(torch.device("cuda", torch.cuda.current_device()))
     service = AtlasService(model, config, checkpoint=folder, auto_compact=args.auto_compact)
-    app = create_app(service, allow_edits=args.allow_edits, token=token, max_batch=args.max_batch,
-                     batch_window_ms=args.batch_window_ms)
+    app = create_app(
+        service,
+        allow_edits=args.allow_edits,
+        token=token,
+        max_batch=args.max_batch,
+        batch_window_ms=args.batch_window_ms,
+    )
     index = service.index
-    print(f"atlas serve: {folder} with {len(index)} passages ({index.manifest['spec']}) from {index.folder}; "
-          f"edits {'on' if args.allow_edits else 'off'}; http://{args.host}:{args.port}/ (API docs at /docs)",
-          flush=True)
+    print(
+        f"atlas serve: {folder} with {len(index)} passages ({index.manifest['spec']}) from {index.folder}; "
+        f"edits {'on' if args.allow_edits else 'off'}; http://{args.host}:{args.port}/ (API docs at /docs)",
+        flush=True,
+    )
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:

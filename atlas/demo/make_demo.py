@@ -22,21 +22,97 @@ SEED = 6
 N_COUNTRIES, N_CITIES, N_PEOPLE, N_MOUNTAINS = 24, 48, 40, 24
 N_TRAIN = 256
 
-_ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "gr", "kr",
-           "tr", "st", "th", "sh", "ch", "qu"]
+_ONSETS = [
+    "b",
+    "d",
+    "f",
+    "g",
+    "k",
+    "l",
+    "m",
+    "n",
+    "p",
+    "r",
+    "s",
+    "t",
+    "v",
+    "z",
+    "br",
+    "dr",
+    "gr",
+    "kr",
+    "tr",
+    "st",
+    "th",
+    "sh",
+    "ch",
+    "qu",
+]
 _VOWELS = ["a", "e", "i", "o", "u", "ai", "ou", "ea", "io"]
 _CODAS = ["", "", "", "n", "r", "l", "s", "th", "nd", "rk"]
 _SEAS = ["Amber", "Silver", "Northern", "Coral", "Misty", "Eastern", "Quiet", "Windward"]
-_EXPORTS = ["copper", "wool", "saffron", "timber", "salt", "tea", "glass", "silk", "coffee", "marble",
-            "honey", "tin", "cotton", "pepper", "rice", "amber"]
-_ANIMALS = ["lynx", "heron", "otter", "ibex", "falcon", "tortoise", "badger", "crane", "stag", "seal",
-            "owl", "fox"]
-_LANDMARKS = ["clock tower", "stone bridge", "glass market", "lighthouse", "opera house", "salt mine",
-              "botanical garden", "river harbour", "old fortress", "copper dome", "painted gate", "observatory"]
-_PROFESSIONS = ["engineer", "chemist", "astronomer", "painter", "composer", "botanist", "architect",
-                "physician", "cartographer", "poet"]
-_INVENTIONS = ["lantern", "loom", "compass", "water clock", "printing press", "telescope", "steam pump",
-               "sextant", "barometer", "windmill", "kite", "abacus", "sundial", "bicycle", "harp"]
+_EXPORTS = [
+    "copper",
+    "wool",
+    "saffron",
+    "timber",
+    "salt",
+    "tea",
+    "glass",
+    "silk",
+    "coffee",
+    "marble",
+    "honey",
+    "tin",
+    "cotton",
+    "pepper",
+    "rice",
+    "amber",
+]
+_ANIMALS = ["lynx", "heron", "otter", "ibex", "falcon", "tortoise", "badger", "crane", "stag", "seal", "owl", "fox"]
+_LANDMARKS = [
+    "clock tower",
+    "stone bridge",
+    "glass market",
+    "lighthouse",
+    "opera house",
+    "salt mine",
+    "botanical garden",
+    "river harbour",
+    "old fortress",
+    "copper dome",
+    "painted gate",
+    "observatory",
+]
+_PROFESSIONS = [
+    "engineer",
+    "chemist",
+    "astronomer",
+    "painter",
+    "composer",
+    "botanist",
+    "architect",
+    "physician",
+    "cartographer",
+    "poet",
+]
+_INVENTIONS = [
+    "lantern",
+    "loom",
+    "compass",
+    "water clock",
+    "printing press",
+    "telescope",
+    "steam pump",
+    "sextant",
+    "barometer",
+    "windmill",
+    "kite",
+    "abacus",
+    "sundial",
+    "bicycle",
+    "harp",
+]
 
 
 class _Names:
@@ -62,6 +138,8 @@ def _year(rng: random.Random, low: int, high: int) -> str:
 
 def generate(seed: int = SEED) -> tuple[list[dict], list[dict]]:
     """→ (passages, questions); each question names its gold passage id and relation."""
+    # long: the demo world's generator, one kind of fact after another, seeded in one order (splitting it would
+    # reorder the draws)
     rng = random.Random(seed)
     names = _Names(rng)
     people = [f"{names.word(2)} {names.word(2)}" for _ in range(N_PEOPLE)]
@@ -80,54 +158,82 @@ def generate(seed: int = SEED) -> tuple[list[dict], list[dict]]:
     for i, country in enumerate(countries):
         capital, currency = cities[i], names.word(2).lower()
         export, animal, year = rng.choice(_EXPORTS), rng.choice(_ANIMALS), _year(rng, 1650, 1990)
-        text = (f"{country} is an island nation in the {rng.choice(_SEAS)} Sea. Its capital is {capital}, "
-                f"and its currency is the {currency}. The main export of {country} is {export}. {country} "
-                f"became independent in {year}, and its national animal is the {animal}.")
-        add("country", country, text, [
-            ("capital", f"What is the capital of {country}?", capital),
-            ("currency", f"What is the currency of {country}?", currency),
-            ("export", f"What is the main export of {country}?", export),
-            ("independence", f"In what year did {country} become independent?", year),
-            ("animal", f"What is the national animal of {country}?", animal),
-        ])
+        text = (
+            f"{country} is an island nation in the {rng.choice(_SEAS)} Sea. Its capital is {capital}, "
+            f"and its currency is the {currency}. The main export of {country} is {export}. {country} "
+            f"became independent in {year}, and its national animal is the {animal}."
+        )
+        add(
+            "country",
+            country,
+            text,
+            [
+                ("capital", f"What is the capital of {country}?", capital),
+                ("currency", f"What is the currency of {country}?", currency),
+                ("export", f"What is the main export of {country}?", export),
+                ("independence", f"In what year did {country} become independent?", year),
+                ("animal", f"What is the national animal of {country}?", animal),
+            ],
+        )
     for city in cities:
         river, founder = names.word(2), rng.choice(people)
         year, landmark = _year(rng, 900, 1800), rng.choice(_LANDMARKS)
         population = f"{rng.randint(12, 950)},000"
-        text = (f"{city} is a city in {city_country[city]}, on the banks of the {river} River. It was founded "
-                f"in {year} by {founder}. {city} is famous for its {landmark}, and about {population} people "
-                f"live there today.")
-        add("city", city, text, [
-            ("river", f"Which river flows through {city}?", river),
-            ("founder", f"Who founded the city of {city}?", founder),
-            ("founded", f"In what year was {city} founded?", year),
-            ("landmark", f"What is {city} famous for?", landmark),
-            ("city_country", f"In which country is the city of {city}?", city_country[city]),
-        ])
+        text = (
+            f"{city} is a city in {city_country[city]}, on the banks of the {river} River. It was founded "
+            f"in {year} by {founder}. {city} is famous for its {landmark}, and about {population} people "
+            f"live there today."
+        )
+        add(
+            "city",
+            city,
+            text,
+            [
+                ("river", f"Which river flows through {city}?", river),
+                ("founder", f"Who founded the city of {city}?", founder),
+                ("founded", f"In what year was {city} founded?", year),
+                ("landmark", f"What is {city} famous for?", landmark),
+                ("city_country", f"In which country is the city of {city}?", city_country[city]),
+            ],
+        )
     for person in people:
         profession, invention = rng.choice(_PROFESSIONS), rng.choice(_INVENTIONS)
         birthplace, year = rng.choice(cities), _year(rng, 1500, 1950)
-        text = (f"{person} was a {profession} born in {birthplace} in {year}. {person.split()[0]} is best "
-                f"remembered for building the first {names.word(2).lower()} {invention}, and later taught "
-                f"at the academy of {rng.choice(cities)}.")
+        text = (
+            f"{person} was a {profession} born in {birthplace} in {year}. {person.split()[0]} is best "
+            f"remembered for building the first {names.word(2).lower()} {invention}, and later taught "
+            f"at the academy of {rng.choice(cities)}."
+        )
         built = text.split("building the first ")[1].split(",")[0]
-        add("person", person, text, [
-            ("profession", f"What was the profession of {person}?", profession),
-            ("birthplace", f"Where was {person} born?", birthplace),
-            ("born", f"In what year was {person} born?", year),
-            ("invention", f"What did {person} build first?", built),
-        ])
+        add(
+            "person",
+            person,
+            text,
+            [
+                ("profession", f"What was the profession of {person}?", profession),
+                ("birthplace", f"Where was {person} born?", birthplace),
+                ("born", f"In what year was {person} born?", year),
+                ("invention", f"What did {person} build first?", built),
+            ],
+        )
     for _ in range(N_MOUNTAINS):
         mountain = names.word(2)
         country, climber = rng.choice(countries), rng.choice(people)
         height, year = str(rng.randint(1200, 8400)), _year(rng, 1780, 1990)
-        text = (f"Mount {mountain} is a mountain in {country}, {height} metres high. It was first climbed by "
-                f"{climber} in {year}. Snow covers the summit of Mount {mountain} for most of the year.")
-        add("mountain", f"Mount {mountain}", text, [
-            ("height", f"How high is Mount {mountain} in metres?", height),
-            ("climber", f"Who first climbed Mount {mountain}?", climber),
-            ("mountain_country", f"In which country is Mount {mountain}?", country),
-        ])
+        text = (
+            f"Mount {mountain} is a mountain in {country}, {height} metres high. It was first climbed by "
+            f"{climber} in {year}. Snow covers the summit of Mount {mountain} for most of the year."
+        )
+        add(
+            "mountain",
+            f"Mount {mountain}",
+            text,
+            [
+                ("height", f"How high is Mount {mountain} in metres?", height),
+                ("climber", f"Who first climbed Mount {mountain}?", climber),
+                ("mountain_country", f"In which country is Mount {mountain}?", country),
+            ],
+        )
     return passages, questions
 
 

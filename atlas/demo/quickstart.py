@@ -1,8 +1,8 @@
 """`atlas quickstart`: the whole system on the shipped demo (or your documents) in minutes, offline.
 
 prepare the corpus → build the MiniLM index → few-shot fine-tune the shipped `atlas-reader`
-(and, with a retriever loss, the query encoder) → evaluate on held-out questions (EM, F1, answer recall@k) → answer three
-questions with their evidence → edit facts in up to 25 passages, update the index with the same
+(and, with a retriever loss, the query encoder) → evaluate on held-out questions (EM, F1, answer recall@k) →
+answer three questions with their evidence → edit facts in up to 25 passages, update the index with the same
 `add_passages` that `atlas index add` runs (old versions removed in the same commit), and ask again: the share of
 answers that follow the new text with no retraining is reported. Everything lands in one output folder:
 
@@ -18,7 +18,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
+from atlas.build import build_atlas
 from atlas.config import AtlasConfig, load_config
+from atlas.evaluate import evaluate, predict_generation
+from atlas.training.checkpoint import checkpoint_config
+from atlas.training.loop import train as train_model
+from retriever.corpus import PrepareStats, prepare_corpus
+from retriever.encoder import build_retriever
+from retriever.index import PassageIndex
+from retriever.index_build import build_index
+from retriever.index_update import add_passages
+from tasks.base import Task, get_task
 from tasks.counterfactual import (
     EditPlan,
     edit_answer,
@@ -29,14 +41,23 @@ from tasks.counterfactual import (
 )
 from tasks.io import InputError, atomic_write_json, atomic_write_text, read_jsonl, write_jsonl
 from tasks.metrics import normalize_answer
+from tasks.passage import Passage
+from tasks.salient_span import load_pipeline
 
 DEMO = Path(__file__).resolve().parent
 SHIPPED_READER = DEMO / "atlas-reader"
 RECIPE = DEMO / "quickstart.yaml"
 # Small enough for CI (about a minute on 2 cores): fewer shots, steps, passages and questions.
-TINY_OVERRIDES = ["task.shots=16", "training.steps=6", "training.warmup_steps=1", "training.batch_size=2",
-                  "reader.text_maxlength=96",
-                  "evaluation.max_examples=8", "evaluation.retrieval_k=[1,2]", "training.log_every=1"]
+TINY_OVERRIDES = [
+    "task.shots=16",
+    "training.steps=6",
+    "training.warmup_steps=1",
+    "training.batch_size=2",
+    "reader.text_maxlength=96",
+    "evaluation.max_examples=8",
+    "evaluation.retrieval_k=[1,2]",
+    "training.log_every=1",
+]
 # `--questions FILE` split in two: at most this many (and at most half) to fine-tune on.
 MAX_SPLIT_TRAIN = 64
 # `--shots` default: every training question up to this many (the demo's 256).
@@ -66,7 +87,9 @@ def split_questions(questions: Path, out: Path, seed: int = 0) -> QuickstartData
     on, the rest to evaluate on, written to `out/questions/{train,dev}.jsonl` in the file's own order."""
     records = [record for _, record in read_jsonl(questions)]
     if len(records) < 4:
-        raise InputError(questions, None, None, f"need at least 4 questions to fine-tune and evaluate, got {len(records)}")
+        raise InputError(
+            questions, None, None, f"need at least 4 questions to fine-tune and evaluate, got {len(records)}"
+        )
     order = list(range(len(records)))
     random.Random(seed).shuffle(order)
     n_train = min(MAX_SPLIT_TRAIN, len(records) // 2)
@@ -74,12 +97,23 @@ def split_questions(questions: Path, out: Path, seed: int = 0) -> QuickstartData
     split.mkdir(parents=True, exist_ok=True)
     write_jsonl(split / "train.jsonl", [records[i] for i in sorted(order[:n_train])])
     write_jsonl(split / "dev.jsonl", [records[i] for i in sorted(order[n_train:])])
-    return QuickstartData([], split / "train.jsonl", split / "dev.jsonl",
-                          {"from": str(questions), "seed": seed, "train": n_train, "dev": len(records) - n_train})
+    return QuickstartData(
+        [],
+        split / "train.jsonl",
+        split / "dev.jsonl",
+        {"from": str(questions), "seed": seed, "train": n_train, "dev": len(records) - n_train},
+    )
 
 
-def user_data(docs: Path, out: Path, *, train: Path | None = None, dev: Path | None = None,
-              questions: Path | None = None, seed: int = 0) -> QuickstartData:
+def user_data(
+    docs: Path,
+    out: Path,
+    *,
+    train: Path | None = None,
+    dev: Path | None = None,
+    questions: Path | None = None,
+    seed: int = 0,
+) -> QuickstartData:
     """The user's documents and questions about them: `train` + `dev` as given, or one `questions`
     file split in two (`split_questions`). With no questions, the reader is fine-tuned on the demo's
     questions over an index of both corpora and evaluated on the demo's held-out questions."""
@@ -103,18 +137,27 @@ def check_disjoint(train: Path, dev: Path) -> None:
     for line, record in read_jsonl(dev):
         key = " ".join(str(record.get("question", "")).lower().split())
         if key and key in seen:
-            raise InputError(dev, line, "question", f"also in the training file {train} (line {seen[key]}): "
-                             "a dev question must not be trained on")
+            raise InputError(
+                dev,
+                line,
+                "question",
+                f"also in the training file {train} (line {seen[key]}): a dev question must not be trained on",
+            )
 
 
-def quickstart_config(out: Path, data: QuickstartData, *, tiny: bool = False, reader: str | Path | None = None,
-                      overrides: list[str] = ()) -> AtlasConfig:
+def quickstart_config(
+    out: Path, data: QuickstartData, *, tiny: bool = False, reader: str | Path | None = None, overrides: list[str] = ()
+) -> AtlasConfig:
     """The recipe `atlas/demo/quickstart.yaml` with its paths pointed into `out`."""
     reader = str(reader or SHIPPED_READER)
     reader = str(Path(reader).resolve()) if Path(reader).exists() else reader  # else a preset name
-    paths = [f"reader.model={reader}", f"index.path={(out / 'index').resolve()}",
-             f"task.train_data=[{data.train.resolve()}]", f"task.eval_data=[{data.dev.resolve()}]",
-             f"training.output_dir={(out / 'train').resolve()}"]
+    paths = [
+        f"reader.model={reader}",
+        f"index.path={(out / 'index').resolve()}",
+        f"task.train_data=[{data.train.resolve()}]",
+        f"task.eval_data=[{data.dev.resolve()}]",
+        f"training.output_dir={(out / 'train').resolve()}",
+    ]
     return load_config(RECIPE, [*paths, *(TINY_OVERRIDES if tiny else []), *overrides])
 
 
@@ -123,14 +166,27 @@ def answer_with_evidence(model, examples, n_evidence: int = 3) -> list[dict]:
     answers, passages = model.predict(examples)
     shown = []
     for example, answer, read in zip(examples, answers, passages or [[]] * len(examples)):
-        shown.append({"question": example.metadata.get("question", example.query), "answer": answer,
-                      "gold": example.answers,
-                      "evidence": [{k: p.get(k) for k in ("id", "title", "text", "score")} for p in read[:n_evidence]]})
+        shown.append(
+            {
+                "question": example.metadata.get("question", example.query),
+                "answer": answer,
+                "gold": example.answers,
+                "evidence": [
+                    {"id": p.id, "title": p.title, "text": p.text, "score": p.score} for p in read[:n_evidence]
+                ],
+            }
+        )
     return shown
 
 
-def edit_passages(model, index_path: Path, edits: list[tuple[dict, str, str]], work: Path,
-                  progress: bool = True, asked: list[str] | None = None) -> list[dict]:
+def edit_passages(
+    model,
+    index_path: Path,
+    edits: list[tuple[dict, str, str]],
+    work: Path,
+    progress: bool = True,
+    asked: list[str] | None = None,
+) -> list[dict]:
     """Change `old` to `new` in each `(passage, old, new)` of `edits` (distinct passages) and update
     the index in place in one commit that removes the old versions and adds the new ones (same
     ids; a crash leaves all edits or none), then reload it into `model`.
@@ -139,15 +195,14 @@ def edit_passages(model, index_path: Path, edits: list[tuple[dict, str, str]], w
     standing alone follows the full name (`edit_answer`). Uses `retriever.index_update.add_passages`,
     the function behind `atlas index add`. → per edit {"id", "before", "after"}.
     """
-    from retriever.index import PassageIndex
-    from retriever.index_update import add_passages
-
     ids = [passage["id"] for passage, _, _ in edits]
     if len(set(ids)) != len(ids):
         raise ValueError("edit_passages: each passage may be edited once per call")
     asked = asked or [""] * len(edits)
-    edited = [{"id": passage["id"], "title": passage.get("title", ""), "text": edit_answer(passage["text"], old, new, how)}
-              for (passage, old, new), how in zip(edits, asked, strict=True)]
+    edited = [
+        {"id": passage["id"], "title": passage.get("title", ""), "text": edit_answer(passage["text"], old, new, how)}
+        for (passage, old, new), how in zip(edits, asked, strict=True)
+    ]
     work.mkdir(parents=True, exist_ok=True)
     edited_file = work / f"edited-{len(list(work.glob('edited-*.jsonl')))}.jsonl"
     write_jsonl(edited_file, edited)
@@ -156,14 +211,20 @@ def edit_passages(model, index_path: Path, edits: list[tuple[dict, str, str]], w
     return [{"id": e["id"], "before": passage["text"], "after": e["text"]} for (passage, _, _), e in zip(edits, edited)]
 
 
-def edit_passage(model, index_path: Path, passage: dict, old: str, new: str, work: Path,
-                 progress: bool = True) -> dict:
+def edit_passage(model, index_path: Path, passage: dict, old: str, new: str, work: Path, progress: bool = True) -> dict:
     """`edit_passages` for one passage: → {"id", "before", "after"}."""
     return edit_passages(model, index_path, [(passage, old, new)], work, progress=progress)[0]
 
 
-def plan_edits(model, examples, predictions: list[str], read: list[list[dict]], relations: list[str | None],
-               pool: list[tuple[str, str, str | None, str | None]], n: int) -> tuple[EditPlan, int]:
+def plan_edits(
+    model,
+    examples,
+    predictions: list[str],
+    read: list[list[Passage]],
+    relations: list[str | None],
+    pool: list[tuple[str, str, str | None, str | None]],
+    n: int,
+) -> tuple[EditPlan, int]:
     """The quickstart's corpus edits: → (the plan, how many facts were eligible).
 
     A fact is eligible when the reader answered its question right and the top passage it read states
@@ -173,18 +234,18 @@ def plan_edits(model, examples, predictions: list[str], read: list[list[dict]], 
     (`tasks.counterfactual.plan_fact_edits`: the relation where the data gives one, else spaCy's entity
     type or phrase shape where the answer stands), the one whose retriever embedding is closest.
     """
-    import numpy as np
-
-    from tasks.salient_span import load_pipeline
-
     answers = [e.answers[0] for e in examples] + [a for _, a, _, _ in pool]
     questions = [e.metadata.get("question", e.query) for e in examples] + [q for q, _, _, _ in pool]
     relations = list(relations) + [r for _, _, r, _ in pool]
-    stating = {i: [p for p in passages if states(p["text"], answers[i])] for i, passages in enumerate(read)}
-    eligible = [i for i, (example, passages) in enumerate(zip(examples, read))
-                if passages and states(passages[0]["text"], answers[i])
-                and normalize_answer(predictions[i]) in {normalize_answer(a) for a in example.answers}]
-    contexts = [stating[i][0]["text"] if stating.get(i) else None for i in range(len(examples))]
+    stating = {i: [p for p in passages if states(p.text, answers[i])] for i, passages in enumerate(read)}
+    eligible = [
+        i
+        for i, (example, passages) in enumerate(zip(examples, read))
+        if passages
+        and states(passages[0].text, answers[i])
+        and normalize_answer(predictions[i]) in {normalize_answer(a) for a in example.answers}
+    ]
+    contexts = [stating[i][0].text if stating.get(i) else None for i in range(len(examples))]
     contexts += [context for _, _, _, context in pool]
     nlp = None if all(r is not None for r in relations) else load_pipeline(SPACY_PIPELINE)
     types = tag_answers(answers, contexts, relations, nlp)
@@ -194,12 +255,13 @@ def plan_edits(model, examples, predictions: list[str], read: list[list[dict]], 
     return plan, len(eligible)
 
 
-def apply_edits(model, plan: EditPlan, examples, predictions: list[str], read: list[list[dict]], out: Path,
-                progress: bool = True) -> list[dict]:
+def apply_edits(
+    model, plan: EditPlan, examples, predictions: list[str], read: list[list[Passage]], out: Path, progress: bool = True
+) -> list[dict]:
     """Make `plan`'s edits in the index at `out/index` in one update, ask the edited questions again:
     → per fact {"question", "gold", "old_answer", "replacement", "kept", "new_answer", "follows_edit",
     "edited_passage_read", "id", "before", "after"} (the first edited passage's text before and after)."""
-    passages = {p["id"]: p for ps in read for p in ps}
+    passages = {p.id: p.fields() for ps in read for p in ps}  # the {id, title, text} dicts `edit_passages` takes
     asked = [question_word(examples[e.example].metadata.get("question", examples[e.example].query)) for e in plan.edits]
     triples = [(passages[pid], e.old, e.new) for e in plan.edits for pid in e.passage_ids]
     hows = [how for e, how in zip(plan.edits, asked) for _ in e.passage_ids]
@@ -208,12 +270,20 @@ def apply_edits(model, plan: EditPlan, examples, predictions: list[str], read: l
     facts = []
     for edit, new_answer, now_read in zip(plan.edits, new_answers, new_read, strict=True):
         example = examples[edit.example]
-        facts.append({"question": example.metadata.get("question", example.query), "gold": edit.old,
-                      "old_answer": predictions[edit.example], "replacement": edit.new, "kept": edit.kept,
-                      "new_answer": new_answer,
-                      "follows_edit": normalize_answer(new_answer) == normalize_answer(edit.new),
-                      "edited_passage_read": any(p["id"] in edit.passage_ids for p in now_read),
-                      "passages_edited": len(edit.passage_ids), **changes[edit.passage_ids[0]]})
+        facts.append(
+            {
+                "question": example.metadata.get("question", example.query),
+                "gold": edit.old,
+                "old_answer": predictions[edit.example],
+                "replacement": edit.new,
+                "kept": edit.kept,
+                "new_answer": new_answer,
+                "follows_edit": normalize_answer(new_answer) == normalize_answer(edit.new),
+                "edited_passage_read": any(p.id in edit.passage_ids for p in now_read),
+                "passages_edited": len(edit.passage_ids),
+                **changes[edit.passage_ids[0]],
+            }
+        )
     return facts
 
 
@@ -223,13 +293,25 @@ def edit_summary(plan: EditPlan, eligible: int, facts: list[dict], examples) -> 
     reasons: dict[str, int] = {}
     for _, reason in plan.skipped:
         reasons[reason] = reasons.get(reason, 0) + 1
-    return {"done": bool(facts), "eligible": eligible, "edited": len(facts), "followed": followed,
-            "follow_rate": 100 * followed / len(facts) if facts else None,
-            "edited_passage_read": sum(f["edited_passage_read"] for f in facts),
-            "skipped": len(plan.skipped), "skipped_reasons": reasons,
-            "skipped_facts": [{"question": examples[i].metadata.get("question", examples[i].query),
-                               "answer": examples[i].answers[0], "reason": reason} for i, reason in plan.skipped],
-            "facts": facts}
+    return {
+        "done": bool(facts),
+        "eligible": eligible,
+        "edited": len(facts),
+        "followed": followed,
+        "follow_rate": 100 * followed / len(facts) if facts else None,
+        "edited_passage_read": sum(f["edited_passage_read"] for f in facts),
+        "skipped": len(plan.skipped),
+        "skipped_reasons": reasons,
+        "skipped_facts": [
+            {
+                "question": examples[i].metadata.get("question", examples[i].query),
+                "answer": examples[i].answers[0],
+                "reason": reason,
+            }
+            for i, reason in plan.skipped
+        ],
+        "facts": facts,
+    }
 
 
 def format_table(rows: list[dict]) -> str:
@@ -243,19 +325,29 @@ def format_table(rows: list[dict]) -> str:
 
 def _metrics_row(name: str, metrics: dict, ks: list[int]) -> dict:
     """One table row of percent metrics (as `atlas evaluate` writes them)."""
-    return {"model": name, "exact_match": metrics["exact_match"], "f1": metrics["f1"],
-            **{f"answer_recall@{k}": metrics.get(f"answer_recall@{k}", float("nan")) for k in ks}}
+    return {
+        "model": name,
+        "exact_match": metrics["exact_match"],
+        "f1": metrics["f1"],
+        **{f"answer_recall@{k}": metrics.get(f"answer_recall@{k}", float("nan")) for k in ks},
+    }
 
 
 def summary_lines(rows: list[dict], edit: dict) -> str:
     """What the reader got right, in two or three sentences for the report."""
     before, after = rows
-    lines = [(f"Dev exact match {before['exact_match']:.1f}% before fine-tuning, "
-              f"{after['exact_match']:.1f}% after ({after['model']}).")]
+    lines = [
+        (
+            f"Dev exact match {before['exact_match']:.1f}% before fine-tuning, "
+            f"{after['exact_match']:.1f}% after ({after['model']})."
+        )
+    ]
     if edit.get("done"):
-        lines.append(f"Of {edit['eligible']} facts eligible for an edit (answered right, the answer stated in the top "
-                     f"passage), {edit['edited']} were edited in the corpus and the index updated (no retraining): "
-                     f"{edit['followed']} answers ({edit['follow_rate']:.0f}%) follow the new text.")
+        lines.append(
+            f"Of {edit['eligible']} facts eligible for an edit (answered right, the answer stated in the top "
+            f"passage), {edit['edited']} were edited in the corpus and the index updated (no retraining): "
+            f"{edit['followed']} answers ({edit['follow_rate']:.0f}%) follow the new text."
+        )
     else:
         lines.append(f"No fact was edited: {edit.get('reason', 'none was eligible')}.")
     return " ".join(lines)
@@ -265,55 +357,79 @@ def report_markdown(report: dict) -> str:
     """`report.md`: a page a person reads — the data, the table, answers with evidence, the edits
     (the raw numbers stay in report.json)."""
     edit = report["edit"]
-    lines = ["# atlas quickstart", "", summary_lines(report["table"], edit), "", "## Data", "",
-             f"- documents: {', '.join(report['documents'])} ({report['passages']} passages)",
-             f"- training questions: {report['train']} ({report['shots']} used, {report['steps']} steps)",
-             f"- dev questions: {report['dev']} ({report['dev_questions']} evaluated)"]
+    lines = [
+        "# atlas quickstart",
+        "",
+        summary_lines(report["table"], edit),
+        "",
+        "## Data",
+        "",
+        f"- documents: {', '.join(report['documents'])} ({report['passages']} passages)",
+        f"- training questions: {report['train']} ({report['shots']} used, {report['steps']} steps)",
+        f"- dev questions: {report['dev']} ({report['dev_questions']} evaluated)",
+    ]
     if report.get("split"):
         split = report["split"]
         lines.append(f"- split of {split['from']} (seed {split['seed']}): {split['train']} train, {split['dev']} dev")
     lines += ["", "## Dev set", "", format_table(report["table"]), "", "## Answers with their evidence", ""]
     for item in report["answers"]:
         lines.append(f"**Q:** {item['question']}  \n**A:** {item['answer']} (gold: {' | '.join(item['gold'])})")
-        lines += [f"- [{p['score']:.2f}] {'*' + p['title'] + '*: ' if p['title'] else ''}{p['text'][:200]}"
-                  for p in item["evidence"]]
+        lines += [
+            f"- [{p['score']:.2f}] {'*' + p['title'] + '*: ' if p['title'] else ''}{p['text'][:200]}"
+            for p in item["evidence"]
+        ]
         lines.append("")
     lines += ["## Corpus edits", ""]
     if edit["done"]:
-        lines += [(f"{edit['eligible']} eligible, {edit['edited']} edited, {edit['followed']} followed "
-                  f"({edit['follow_rate']:.0f}%); the edited passage was read again for {edit['edited_passage_read']}; "
-                  f"{edit['skipped']} eligible facts skipped."), "",
-                  "| question | before | edit | after | follows |", "|---|---|---|---|---|"]
+        lines += [
+            (
+                f"{edit['eligible']} eligible, {edit['edited']} edited, {edit['followed']} followed "
+                f"({edit['follow_rate']:.0f}%); the edited passage was read again for {edit['edited_passage_read']}; "
+                f"{edit['skipped']} eligible facts skipped."
+            ),
+            "",
+            "| question | before | edit | after | follows |",
+            "|---|---|---|---|---|",
+        ]
         for fact in edit["facts"][:10]:
-            lines.append(f"| {fact['question']} | {fact['old_answer']} | {fact['gold']} → {fact['replacement']} "
-                         f"({fact['kept']}) | {fact['new_answer']} | {'yes' if fact['follows_edit'] else 'no'} |")
+            lines.append(
+                f"| {fact['question']} | {fact['old_answer']} | {fact['gold']} → {fact['replacement']} "
+                f"({fact['kept']}) | {fact['new_answer']} | {'yes' if fact['follows_edit'] else 'no'} |"
+            )
         if len(edit["facts"]) > 10:
             lines.append(f"\n({len(edit['facts']) - 10} more in report.json)")
     if edit.get("skipped_reasons"):
         lines += ["", "Skipped:"] + [f"- {n} × {reason}" for reason, n in edit["skipped_reasons"].items()]
-    lines += ["", "## Time", "", " · ".join(f"{k} {v:.0f} s" for k, v in report["timings_s"].items())
-              + f" · total {report['wall_s']:.0f} s", ""]
+    lines += [
+        "",
+        "## Time",
+        "",
+        " · ".join(f"{k} {v:.0f} s" for k, v in report["timings_s"].items()) + f" · total {report['wall_s']:.0f} s",
+        "",
+    ]
     return "\n".join(lines)
 
 
-def run_quickstart(out: str | Path, *, docs: str | Path | None = None, questions: str | Path | None = None,
-                   train: str | Path | None = None, dev: str | Path | None = None, shots: int | None = None,
-                   tiny: bool = False, reader: str | Path | None = None, overrides: list[str] = (),
-                   n_edits: int = 25, progress: bool = True, echo: Callable[[str], None] = print) -> dict:
+def run_quickstart(
+    out: str | Path,
+    *,
+    docs: str | Path | None = None,
+    questions: str | Path | None = None,
+    train: str | Path | None = None,
+    dev: str | Path | None = None,
+    shots: int | None = None,
+    tiny: bool = False,
+    reader: str | Path | None = None,
+    overrides: list[str] = (),
+    n_edits: int = 25,
+    progress: bool = True,
+    echo: Callable[[str], None] = print,
+) -> dict:
     """Run every quickstart step into the folder `out` (created; must not exist yet); → the report.
 
     `docs` with `train` + `dev` (or `questions`, split in two): the user's data; none: the demo.
     `shots`: training questions used (default: all, up to `MAX_SHOTS`; 16 with `tiny`).
     `n_edits`: how many facts (on distinct passages) are edited at the last step (4 with `tiny`)."""
-    from atlas.build import build_atlas
-    from atlas.evaluate import evaluate
-    from atlas.training.checkpoint import checkpoint_config
-    from atlas.training.loop import train as train_model
-    from retriever.corpus import prepare_corpus
-    from retriever.encoder import build_retriever
-    from retriever.index_build import build_index
-    from tasks.base import get_task
-
     out = Path(out)
     if docs is None and (questions or train or dev):
         raise ValueError("--train/--dev/--questions need --docs (the documents they are about)")
@@ -321,50 +437,23 @@ def run_quickstart(out: str | Path, *, docs: str | Path | None = None, questions
         raise FileExistsError(f"{out} already exists (choose another --out)")
     data = demo_data() if docs is None else user_data(Path(docs), out, train=train, dev=dev, questions=questions)
     out.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    timings: dict[str, float] = {}
-
-    def stage(name: str, since: float) -> float:
-        timings[name] = round(time.perf_counter() - since, 1)
-        return time.perf_counter()
-
+    clock = _Stopwatch()
     n_edits = min(n_edits, 4) if tiny else n_edits
     n_train = sum(1 for _ in read_jsonl(data.train))
     shots = min(shots or (16 if tiny else MAX_SHOTS), n_train)
     config = quickstart_config(out, data, tiny=tiny, reader=reader, overrides=[f"task.shots={shots}", *overrides])
     if data.split:
-        echo(f"split {data.split['from']} (seed {data.split['seed']}): {data.split['train']} training questions "
-             f"→ {data.train}, {data.split['dev']} dev questions → {data.dev}")
-    echo(f"[1/6] preparing the corpus from {', '.join(str(d) for d in data.documents)}")
-    t = time.perf_counter()
-    stats = prepare_corpus(data.documents, out / "corpus", chunk_words=100, progress=progress)
-    echo(f"      {stats.documents} documents → {stats.passages} passages")
-    t = stage("prepare", t)
-    echo("[2/6] building the MiniLM index")
-    retriever = build_retriever(config.retriever)
-    build_index(out / "corpus", retriever, out / "index", spec=config.index.spec, batch_size=config.retriever.batch_size,
-                progress=progress, encoder_source=config.retriever.model)
-    del retriever
-    t = stage("index", t)
-
+        echo(
+            f"split {data.split['from']} (seed {data.split['seed']}): {data.split['train']} training questions "
+            f"→ {data.train}, {data.split['dev']} dev questions → {data.dev}"
+        )
+    stats = _prepare_and_index(config, data, out, clock, progress=progress, echo=echo)
     task = get_task(config.task.name, **config.task.options)
-    ks = config.evaluation.retrieval_k
-    reader_name = Path(config.reader.model).name
     examples = task.load(data.dev)[: config.evaluation.max_examples]
-    echo(f"[3/6] evaluating {reader_name} before fine-tuning on {len(examples)} dev questions of {data.dev}")
-    before = evaluate(build_atlas(config), task, data.dev, config.evaluation, out_dir=out / "eval-before")
-    t = stage("eval_before", t)
-    trained = "reader + query encoder" if config.retriever.loss != "none" else "reader (retriever frozen)"
-    echo(f"[4/6] fine-tuning the {trained} on {shots} questions of {data.train}, {config.training.steps} steps")
-    summary = train_model(config, progress=progress)
-    after = summary["eval"]
-    t = stage("train_and_eval", t)
-    rows = [_metrics_row(f"{reader_name}, no fine-tuning", before, ks),
-            _metrics_row(f"{reader_name}, {shots}-shot fine-tuned", after, ks)]
-    echo(format_table(rows))
-
+    rows, checkpoint = _evaluate_and_fine_tune(
+        config, task, data, examples, shots, out, clock, progress=progress, echo=echo
+    )
     echo("[5/6] answers with their evidence")
-    checkpoint = Path(summary["checkpoint"])
     model = build_atlas(checkpoint_config(checkpoint), checkpoint=checkpoint)
     model.eval()
     shown = answer_with_evidence(model, examples[:3])
@@ -372,17 +461,28 @@ def run_quickstart(out: str | Path, *, docs: str | Path | None = None, questions
         echo(f"  Q: {item['question']}\n  A: {item['answer']}   (gold: {' | '.join(item['gold'])})")
         for p in item["evidence"]:
             echo(f"     [{p['score']:.2f}] {p['title'] + ': ' if p['title'] else ''}{p['text'][:110]}…")
-    t = stage("answers", t)
-
+    clock.lap("answers")
     echo(f"[6/6] editing up to {n_edits} facts in the corpus and updating the index (no retraining)")
     edit = edit_facts(model, task, examples, data, config, out, n_edits, progress, echo)
-    stage("edit", t)
-
-    report = {"out": str(out.resolve()), "tiny": tiny, "documents": [str(d) for d in data.documents],
-              "train": str(data.train), "dev": str(data.dev), "split": data.split, "dev_questions": len(examples),
-              "passages": stats.passages, "shots": shots, "steps": config.training.steps,
-              "table": rows, "answers": shown, "edit": edit, "timings_s": timings,
-              "wall_s": round(time.perf_counter() - started, 1), "checkpoint": str(checkpoint)}
+    clock.lap("edit")
+    report = {
+        "out": str(out.resolve()),
+        "tiny": tiny,
+        "documents": [str(d) for d in data.documents],
+        "train": str(data.train),
+        "dev": str(data.dev),
+        "split": data.split,
+        "dev_questions": len(examples),
+        "passages": stats.passages,
+        "shots": shots,
+        "steps": config.training.steps,
+        "table": rows,
+        "answers": shown,
+        "edit": edit,
+        "timings_s": clock.timings,
+        "wall_s": clock.total(),
+        "checkpoint": str(checkpoint),
+    }
     atomic_write_json(out / "report.json", report)
     atomic_write_text(out / "report.md", report_markdown(report))
     echo(summary_lines(rows, edit))
@@ -390,11 +490,100 @@ def run_quickstart(out: str | Path, *, docs: str | Path | None = None, questions
     return report
 
 
-def edit_facts(model, task, examples, data: QuickstartData, config: AtlasConfig, out: Path, n_edits: int,
-               progress: bool, echo: Callable[[str], None]) -> dict:
-    """The quickstart's last step: plan, make and check the corpus edits; → the report's "edit" section."""
-    from atlas.evaluate import predict_generation
+class _Stopwatch:
+    """Seconds per quickstart stage (the report's `timings_s`, each since the previous lap) and in all."""
 
+    def __init__(self) -> None:
+        self.started = self.last = time.perf_counter()
+        self.timings: dict[str, float] = {}
+
+    def start(self) -> None:
+        """The next lap starts now (set-up before it is not counted in any stage)."""
+        self.last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.timings[name] = round(now - self.last, 1)
+        self.last = now
+
+    def total(self) -> float:
+        return round(time.perf_counter() - self.started, 1)
+
+
+def _prepare_and_index(
+    config: AtlasConfig,
+    data: QuickstartData,
+    out: Path,
+    clock: _Stopwatch,
+    *,
+    progress: bool,
+    echo: Callable[[str], None],
+) -> PrepareStats:
+    """Steps 1 and 2: the corpus at OUT/corpus and its MiniLM index at OUT/index."""
+    echo(f"[1/6] preparing the corpus from {', '.join(str(d) for d in data.documents)}")
+    clock.start()
+    stats = prepare_corpus(data.documents, out / "corpus", chunk_words=100, progress=progress)
+    echo(f"      {stats.documents} documents → {stats.passages} passages")
+    clock.lap("prepare")
+    echo("[2/6] building the MiniLM index")
+    retriever = build_retriever(config.retriever)
+    build_index(
+        out / "corpus",
+        retriever,
+        out / "index",
+        spec=config.index.spec,
+        batch_size=config.retriever.batch_size,
+        progress=progress,
+        encoder_source=config.retriever.model,
+    )
+    del retriever
+    clock.lap("index")
+    return stats
+
+
+def _evaluate_and_fine_tune(
+    config: AtlasConfig,
+    task: Task,
+    data: QuickstartData,
+    examples: list,
+    shots: int,
+    out: Path,
+    clock: _Stopwatch,
+    *,
+    progress: bool,
+    echo: Callable[[str], None],
+) -> tuple[list, Path]:
+    """Steps 3 and 4: the shipped reader evaluated on the dev questions, fine-tuned, evaluated again.
+    → (the before/after metrics table's rows, the fine-tuned checkpoint)."""
+    ks = config.evaluation.retrieval_k
+    reader_name = Path(config.reader.model).name
+    echo(f"[3/6] evaluating {reader_name} before fine-tuning on {len(examples)} dev questions of {data.dev}")
+    before = evaluate(build_atlas(config), task, data.dev, config.evaluation, out_dir=out / "eval-before")
+    clock.lap("eval_before")
+    trained = "reader + query encoder" if config.retriever.loss.name != "none" else "reader (retriever frozen)"
+    echo(f"[4/6] fine-tuning the {trained} on {shots} questions of {data.train}, {config.training.steps} steps")
+    summary = train_model(config, progress=progress)
+    clock.lap("train_and_eval")
+    rows = [
+        _metrics_row(f"{reader_name}, no fine-tuning", before, ks),
+        _metrics_row(f"{reader_name}, {shots}-shot fine-tuned", summary["eval"], ks),
+    ]
+    echo(format_table(rows))
+    return rows, Path(summary["checkpoint"])
+
+
+def edit_facts(
+    model,
+    task,
+    examples,
+    data: QuickstartData,
+    config: AtlasConfig,
+    out: Path,
+    n_edits: int,
+    progress: bool,
+    echo: Callable[[str], None],
+) -> dict:
+    """The quickstart's last step: plan, make and check the corpus edits; → the report's "edit" section."""
     predictions, passages = predict_generation(model, task, examples, config.evaluation, show=progress)
     predictions = [task.postprocess(e, p) for e, p in zip(examples, predictions)]
     read = [ps[: config.reader.n_context] for ps in passages]
@@ -403,22 +592,36 @@ def edit_facts(model, task, examples, data: QuickstartData, config: AtlasConfig,
     train_examples = task.load(data.train)
     train_relations = [r.get("relation") for _, r in read_jsonl(data.train)]
     train_read = model.passages_for(train_examples, config.reader.n_context) or [[] for _ in train_examples]
-    pool = [(e.metadata.get("question", e.query), e.answers[0], relation,
-             next((p["text"] for p in ps if states(p["text"], e.answers[0])), None))
-            for e, relation, ps in zip(train_examples, train_relations, train_read, strict=True) if e.answers]
+    pool = [
+        (
+            e.metadata.get("question", e.query),
+            e.answers[0],
+            relation,
+            next((p.text for p in ps if states(p.text, e.answers[0])), None),
+        )
+        for e, relation, ps in zip(train_examples, train_relations, train_read, strict=True)
+        if e.answers
+    ]
     plan, eligible = plan_edits(model, examples, predictions, read, relations, pool, n_edits)
     if not plan.edits:
-        reason = ("no dev question was answered right with its answer in its top passage" if not eligible
-                  else f"no sensible replacement for any of the {eligible} eligible facts")
+        reason = (
+            "no dev question was answered right with its answer in its top passage"
+            if not eligible
+            else f"no sensible replacement for any of the {eligible} eligible facts"
+        )
         echo(f"  skipped: {reason}")
         return {**edit_summary(plan, eligible, [], examples), "reason": reason}
     facts = apply_edits(model, plan, examples, predictions, read, out, progress)
     edit = edit_summary(plan, eligible, facts, examples)
     for fact in facts[:3]:
-        echo(f"  Q: {fact['question']}\n     {fact['gold']} → {fact['replacement']} ({fact['kept']}): "
-             f"answered {fact['old_answer']!r} before, {fact['new_answer']!r} after "
-             f"({'follows the new text' if fact['follows_edit'] else 'did not follow'})")
-    echo(f"  {eligible} facts eligible (answered right, the answer in the top passage); {edit['edited']} edited, "
-         f"{edit['followed']} answered from the new text ({edit['follow_rate']:.0f}%); "
-         f"{edit['skipped']} skipped ({'; '.join(f'{n} × {r}' for r, n in edit['skipped_reasons'].items()) or 'none'})")
+        echo(
+            f"  Q: {fact['question']}\n     {fact['gold']} → {fact['replacement']} ({fact['kept']}): "
+            f"answered {fact['old_answer']!r} before, {fact['new_answer']!r} after "
+            f"({'follows the new text' if fact['follows_edit'] else 'did not follow'})"
+        )
+    echo(
+        f"  {eligible} facts eligible (answered right, the answer in the top passage); {edit['edited']} edited, "
+        f"{edit['followed']} answered from the new text ({edit['follow_rate']:.0f}%); "
+        f"{edit['skipped']} skipped ({'; '.join(f'{n} × {r}' for r, n in edit['skipped_reasons'].items()) or 'none'})"
+    )
     return edit

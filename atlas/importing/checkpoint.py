@@ -34,28 +34,45 @@ import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 from transformers import AutoTokenizer, BertConfig, T5Config
 
-from atlas.config import AtlasConfig, save_config, validate_components
+from atlas.config import AtlasConfig, LossConfig, save_config, validate_components
 from atlas.importing.safe_pickle import load_torch_file
 from atlas.importing.weights import bert_from_state_dict, read_config_file, t5_from_state_dict
+from reader.cross_attention_bias import CROSS_BIAS_KEY, has_cross_attention_bias
+from reader.fid import FiDReader
+from reader.t5_untied import UntiedT5ForConditionalGeneration
+from reader.tokenizer import build_reader_tokenizer, reference_t5_tokenizer
+from retriever.encoder import ContrieverEncoder, Retriever
 from tasks.io import InputError, atomic_directory, atomic_write_json, atomic_write_text
-
-if TYPE_CHECKING:
-    from retriever.encoder import Retriever
 
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "model.pth.tar"
 # the reference's gold_score_mode → our retriever.loss (its README: pdist = ppmean, adist = evalnormsum)
-GOLD_SCORE_MODES = {"ppmean": "pdist", "pdist": "pdist", "evalnormsum": "adist", "adist": "adist",
-                    "emdr": "emdr", "loop": "loop"}
+GOLD_SCORE_MODES = {
+    "ppmean": "pdist",
+    "pdist": "pdist",
+    "evalnormsum": "adist",
+    "adist": "adist",
+    "emdr": "emdr",
+    "loop": "loop",
+}
 # the reference's task names → ours
-TASK_NAMES = {"qa": "qa", "kilt": "kilt", "multiple_choice": "mmlu", "fever": "fever", "mlm": "mlm",
-              "lm": "lm", "section": "section"}
+TASK_NAMES = {
+    "qa": "qa",
+    "kilt": "kilt",
+    "multiple_choice": "mmlu",
+    "fever": "fever",
+    "mlm": "mlm",
+    "lm": "lm",
+    "section": "section",
+}
 BERT_MAX_LENGTH = 512  # the reference truncates retriever inputs to min(text_maxlength, 512)
 REFERENCE_MAX_LENGTH = 128  # the reference's default generation_max_length
 
@@ -78,8 +95,13 @@ def find_checkpoint_file(src: str | Path) -> Path:
     for candidate in (src, src / CHECKPOINT_FILE, src / "checkpoint" / "latest" / CHECKPOINT_FILE):
         if candidate.is_file():
             return candidate
-    raise InputError(src, None, None, f"no {CHECKPOINT_FILE} here (give the file, the step folder holding it, "
-                                      "or the reference run folder with checkpoint/latest/)")
+    raise InputError(
+        src,
+        None,
+        None,
+        f"no {CHECKPOINT_FILE} here (give the file, the step folder holding it, "
+        "or the reference run folder with checkpoint/latest/)",
+    )
 
 
 def split_atlas_state(model_state: Mapping[str, Any], source: str) -> dict[str, dict[str, torch.Tensor]]:
@@ -88,23 +110,32 @@ def split_atlas_state(model_state: Mapping[str, Any], source: str) -> dict[str, 
 
     Raises `InputError` naming the file and the first key of an unknown layout.
     """
-    prefixes = {"reader.": "reader", "retriever.contriever.": "retriever",
-                "retriever.query_contriever.": "query", "retriever.passage_contriever.": "passage"}
+    prefixes = {
+        "reader.": "reader",
+        "retriever.contriever.": "retriever",
+        "retriever.query_contriever.": "query",
+        "retriever.passage_contriever.": "passage",
+    }
     parts: dict[str, dict[str, torch.Tensor]] = {}
     for raw_key, tensor in model_state.items():
         key = _strip_module(str(raw_key))
         for prefix, part in prefixes.items():
             if key.startswith(prefix):
                 if not isinstance(tensor, torch.Tensor):
-                    raise InputError(source, None, f"model.{raw_key}",
-                                     f"expected a tensor, got {type(tensor).__name__}")
-                parts.setdefault(part, {})[key[len(prefix):]] = tensor
+                    raise InputError(
+                        source, None, f"model.{raw_key}", f"expected a tensor, got {type(tensor).__name__}"
+                    )
+                parts.setdefault(part, {})[key[len(prefix) :]] = tensor
                 break
         else:
-            raise InputError(source, None, f"model.{raw_key}",
-                             "unknown key layout: an Atlas checkpoint's keys start with reader., "
-                             "retriever.contriever. (tied) or retriever.query_contriever. and "
-                             "retriever.passage_contriever. (untied), optionally with .module infixes")
+            raise InputError(
+                source,
+                None,
+                f"model.{raw_key}",
+                "unknown key layout: an Atlas checkpoint's keys start with reader., "
+                "retriever.contriever. (tied) or retriever.query_contriever. and "
+                "retriever.passage_contriever. (untied), optionally with .module infixes",
+            )
     if "reader" not in parts:
         raise InputError(source, None, "model", "no reader. tensors (a retrieve-only checkpoint cannot be imported)")
     if "retriever" in parts and ({"query", "passage"} & set(parts)):
@@ -124,11 +155,14 @@ def _option(opt: Any, name: str, default: Any = None) -> Any:
 def config_from_options(opt: Any, *, tied: bool, closed_book: bool, source: str) -> tuple[AtlasConfig, list[str]]:
     """Our `AtlasConfig` from the reference's options (`opt`, a Namespace or dict), and notes
     on the options that have no counterpart here (for import.json)."""
+    # long: a table of the reference's options and the config keys they become, one entry per option
     notes: list[str] = []
     if closed_book and _option(opt, "use_file_passages") and not _option(opt, "closed_book"):
-        notes.append("use_file_passages (passages read from the data files, no retriever saved): "
-                     "task.closed_book = true, the reader sees the query alone; to read the data files' "
-                     "passages set task.closed_book=false and a retriever.model")
+        notes.append(
+            "use_file_passages (passages read from the data files, no retriever saved): "
+            "task.closed_book = true, the reader sees the query alone; to read the data files' "
+            "passages set task.closed_book=false and a retriever.model"
+        )
     base = AtlasConfig()
     text_maxlength = int(_option(opt, "text_maxlength", 200))
     retriever_length = min(text_maxlength, BERT_MAX_LENGTH)
@@ -140,30 +174,41 @@ def config_from_options(opt: Any, *, tied: bool, closed_book: bool, source: str)
     if not _option(opt, "train_retriever", True):
         loss = "none"  # the reference trained only the reader
     retriever = dataclasses.replace(
-        base.retriever, pooling="mean", tied=tied, loss=loss,
+        base.retriever,
+        pooling="mean",
+        tied=tied,
         # the reference's EMDR² mixes per token (SPEC); keep its behaviour for a faithful continuation
-        emdr_granularity="token" if loss == "emdr" else "sequence",
+        loss=LossConfig(name=loss, options={"granularity": "token"} if loss == "emdr" else {}),
         passage_format=_option(opt, "retriever_format", "{title} {text}"),
-        query_maxlength=retriever_length, passage_maxlength=retriever_length,
+        query_maxlength=retriever_length,
+        passage_maxlength=retriever_length,
         temperature_gold=float(_option(opt, "temperature_gold", 0.01)),
         temperature_score=float(_option(opt, "temperature_score", 0.01)),
-        n_context=int(_option(opt, "retriever_n_context", base.retriever.n_context)))
+        n_context=int(_option(opt, "retriever_n_context", base.retriever.n_context)),
+    )
     target_maxlength = _option(opt, "target_maxlength")
     reader = dataclasses.replace(
-        base.reader, n_context=int(_option(opt, "n_context", base.reader.n_context)), text_maxlength=text_maxlength,
-        answer_maxlength=int(target_maxlength) if target_maxlength and int(target_maxlength) > 0
+        base.reader,
+        n_context=int(_option(opt, "n_context", base.reader.n_context)),
+        text_maxlength=text_maxlength,
+        answer_maxlength=int(target_maxlength)
+        if target_maxlength and int(target_maxlength) > 0
         else base.reader.answer_maxlength,
         passage_format=_option(opt, "encoder_format", base.reader.passage_format),
         generation_max_length=reference_new_tokens(_option(opt, "generation_max_length", REFERENCE_MAX_LENGTH)),
         num_beams=int(_option(opt, "generation_num_beams", base.reader.num_beams)),
         length_penalty=float(_option(opt, "generation_length_penalty", base.reader.length_penalty)),
-        dropout=float(_option(opt, "dropout")) if _option(opt, "dropout") is not None else None)
+        dropout=float(_option(opt, "dropout")) if _option(opt, "dropout") is not None else None,
+    )
     refresh = str(_option(opt, "refresh_index", "-1"))
     index = dataclasses.replace(
-        base.index, refresh="never" if refresh.strip() in ("-1", "") else refresh,
+        base.index,
+        refresh="never" if refresh.strip() in ("-1", "") else refresh,
         filtering_overretrieve_ratio=int(_option(opt, "filtering_overretrieve_ratio", 2)),
-        rerank_overretrieve=int(_option(opt, "n_to_rerank_with_retrieve_with_rerank", 128))
-        if _option(opt, "retrieve_with_rerank", False) else 0)
+        reencode_candidates=int(_option(opt, "n_to_rerank_with_retrieve_with_rerank", 128))
+        if _option(opt, "retrieve_with_rerank", False)
+        else 0,
+    )
     task_name = _option(opt, "task")
     name = TASK_NAMES.get(task_name or "qa")
     if name is None:
@@ -172,12 +217,18 @@ def config_from_options(opt: Any, *, tied: bool, closed_book: bool, source: str)
     options = {}
     if name == "qa" and _option(opt, "qa_prompt_format"):
         options["query_template"] = _option(opt, "qa_prompt_format")
-    task = dataclasses.replace(base.task, name=name, options=options, closed_book=closed_book,
-                               train_data=[str(p) for p in _option(opt, "train_data", []) or []],
-                               eval_data=[str(p) for p in _option(opt, "eval_data", []) or []])
+    task = dataclasses.replace(
+        base.task,
+        name=name,
+        options=options,
+        closed_book=closed_book,
+        train_data=[str(p) for p in _option(opt, "train_data", []) or []],
+        eval_data=[str(p) for p in _option(opt, "eval_data", []) or []],
+    )
     scheduler = _option(opt, "scheduler", "linear")
     training = dataclasses.replace(
-        base.training, lr=float(_option(opt, "lr", base.training.lr)),
+        base.training,
+        lr=float(_option(opt, "lr", base.training.lr)),
         lr_retriever=float(_option(opt, "lr_retriever", base.training.lr_retriever)),
         weight_decay=float(_option(opt, "weight_decay", base.training.weight_decay)),
         warmup_steps=int(_option(opt, "warmup_steps", base.training.warmup_steps)),
@@ -185,10 +236,12 @@ def config_from_options(opt: Any, *, tied: bool, closed_book: bool, source: str)
         batch_size=int(_option(opt, "per_gpu_batch_size", base.training.batch_size)),
         accumulation_steps=int(_option(opt, "accumulation_steps", 1)),
         clip_norm=float(_option(opt, "clip", base.training.clip_norm)),
-        scheduler={"fixed": "constant"}.get(scheduler, scheduler) if scheduler in ("linear", "cosine", "fixed")
+        scheduler={"fixed": "constant"}.get(scheduler, scheduler)
+        if scheduler in ("linear", "cosine", "fixed")
         else "linear",
         precision="bf16" if _option(opt, "precision") == "bf16" else "fp32",
-        seed=int(_option(opt, "seed", 0)))
+        seed=int(_option(opt, "seed", 0)),
+    )
     min_length = _option(opt, "generation_min_length")
     if min_length is not None and int(min_length) > 1:
         notes.append(f"generation_min_length {min_length} has no counterpart: answers may be shorter")
@@ -197,8 +250,9 @@ def config_from_options(opt: Any, *, tied: bool, closed_book: bool, source: str)
             notes.append(f"{name} {_option(opt, name)!r} has no counterpart: targets are the task's own")
     if _option(opt, "precision") == "fp16":
         notes.append("precision fp16 has no counterpart (training runs in fp32 or bf16): training.precision = fp32")
-    config = AtlasConfig(retriever=retriever, index=index, reader=reader, task=task, training=training,
-                         evaluation=base.evaluation)
+    config = AtlasConfig(
+        retriever=retriever, index=index, reader=reader, task=task, training=training, evaluation=base.evaluation
+    )
     validate_components(config, source=source)
     return config, notes
 
@@ -208,13 +262,13 @@ def _tokenizer(path: str | None, kind: str, flag: str, source: str):
         raise InputError(source, None, "opt", f"names no {kind} tokenizer: pass {flag} FOLDER")
     try:
         if kind == "reader":
-            from reader.tokenizer import build_reader_tokenizer
-
             return build_reader_tokenizer(path)
         return AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError) as e:
-        raise ValueError(f"cannot load the {kind} tokenizer {path!r} ({str(e).splitlines()[0][:200]}); "
-                         f"without a network, pass {flag} with a local folder") from None
+        raise ValueError(
+            f"cannot load the {kind} tokenizer {path!r} ({str(e).splitlines()[0][:200]}); "
+            f"without a network, pass {flag} with a local folder"
+        ) from None
 
 
 def _plain(value: Any) -> Any:
@@ -228,39 +282,61 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
-def _import_retriever(parts: Mapping[str, dict[str, torch.Tensor]], config: AtlasConfig, *, tied: bool,
-                      encoder_source: str | None, retriever_config: str | None, source: str, notes: list[str]) -> Retriever:
+def _import_retriever(
+    parts: Mapping[str, dict[str, torch.Tensor]],
+    config: AtlasConfig,
+    *,
+    tied: bool,
+    encoder_source: str | None,
+    retriever_config: str | None,
+    source: str,
+    notes: list[str],
+) -> Retriever:
     """The `Retriever` holding a checkpoint's Contriever tensors (`parts` from `split_atlas_state`):
     one encoder when tied, query + passage when untied, mean pooling, unnormalised, as the
     reference's Contriever ("average"), with the reference's layer norm (`ReferenceLayerNorm`: its BERT
     is its own src/modeling_bert.py). BERT's head count comes from `retriever_config`, else the
     `encoder_source` folder's config.json, else hidden_size / 64 (noted in `notes`)."""
-    from retriever.encoder import ContrieverEncoder, Retriever
-
     bert_config = None
     if retriever_config:
         bert_config = read_config_file(retriever_config, BertConfig)
     elif encoder_source and (Path(encoder_source) / "config.json").is_file():
         bert_config = read_config_file(encoder_source, BertConfig)
     if bert_config is None:
-        notes.append("retriever attention heads are not in any tensor shape: assumed hidden_size / 64 "
-                     "(Contriever's); pass --retriever-config if the encoder differs")
+        notes.append(
+            "retriever attention heads are not in any tensor shape: assumed hidden_size / 64 "
+            "(Contriever's); pass --retriever-config if the encoder differs"
+        )
     tokenizer = _tokenizer(encoder_source, "retriever", "--retriever-tokenizer", source)
 
     def encoder(state: dict[str, torch.Tensor]) -> ContrieverEncoder:
-        return ContrieverEncoder(bert_from_state_dict(state, source, bert_config), tokenizer,
-                                 pooling="mean", normalize=False, layer_norm="reference")
+        return ContrieverEncoder(
+            bert_from_state_dict(state, source, bert_config),
+            tokenizer,
+            pooling="mean",
+            normalize=False,
+            layer_norm="reference",
+        )
 
-    return Retriever(query_encoder=encoder(parts["retriever" if tied else "query"]),
-                     passage_encoder=None if tied else encoder(parts["passage"]),
-                     passage_format=config.retriever.passage_format,
-                     query_maxlength=config.retriever.query_maxlength,
-                     passage_maxlength=config.retriever.passage_maxlength)
+    return Retriever(
+        query_encoder=encoder(parts["retriever" if tied else "query"]),
+        passage_encoder=None if tied else encoder(parts["passage"]),
+        passage_format=config.retriever.passage_format,
+        query_maxlength=config.retriever.query_maxlength,
+        passage_maxlength=config.retriever.passage_maxlength,
+    )
 
 
-def import_atlas_checkpoint(src: str | Path, out: str | Path, *, reader_tokenizer: str | None = None,
-                            retriever_tokenizer: str | None = None, reader_config: str | None = None,
-                            retriever_config: str | None = None, overwrite: bool = False) -> Path:
+def import_atlas_checkpoint(
+    src: str | Path,
+    out: str | Path,
+    *,
+    reader_tokenizer: str | None = None,
+    retriever_tokenizer: str | None = None,
+    reader_config: str | None = None,
+    retriever_config: str | None = None,
+    overwrite: bool = False,
+) -> Path:
     """Import a facebookresearch/atlas checkpoint as a run folder at `out`; returns the checkpoint folder.
 
     reader_tokenizer / retriever_tokenizer: local folders (default: the checkpoint's
@@ -270,6 +346,8 @@ def import_atlas_checkpoint(src: str | Path, out: str | Path, *, reader_tokenize
     `retriever_tokenizer` with a config.json supplies BERT's head count). The folder is
     written atomically: on any error nothing is left at `out`.
     """
+    # long: the import's steps in the order they run (options, retriever, reader, config, record), each a few lines;
+    # split, they would hand a dozen values from one to the next
     file = find_checkpoint_file(src)
     source = str(file)
     out = Path(out)
@@ -286,37 +364,45 @@ def import_atlas_checkpoint(src: str | Path, out: str | Path, *, reader_tokenize
     if closed_book and not (_option(opt, "closed_book") or _option(opt, "use_file_passages")):
         raise InputError(source, None, "model", "no retriever. tensors, and the options say it retrieved")
 
-    t5_config = read_config_file(reader_config, T5Config) if reader_config else None
-    t5 = t5_from_state_dict(parts["reader"], source, t5_config)
-    tokenizer = _tokenizer(reader_tokenizer or _option(opt, "reader_model_type"), "reader", "--reader-tokenizer",
-                           source)
-    conversions = _reader_conversions(t5)
-    tokenizer, segmentation = _reference_segmentation(tokenizer)
-    if segmentation is not None:
-        conversions.append(segmentation)
-    if len(tokenizer) > t5.config.vocab_size:
-        raise InputError(source, None, "reader.shared.weight",
-                         f"{t5.config.vocab_size} token embeddings, but the reader tokenizer has "
-                         f"{len(tokenizer)} tokens")
+    t5, tokenizer, conversions = _import_reader(
+        parts["reader"], opt, reader_config=reader_config, reader_tokenizer=reader_tokenizer, source=source
+    )
     config, notes = config_from_options(opt, tied=tied, closed_book=closed_book, source=source)
 
     encoder_source = retriever_tokenizer or _option(opt, "retriever_model_path")
-    retriever = None if closed_book else _import_retriever(
-        parts, config, tied=tied, encoder_source=encoder_source, retriever_config=retriever_config,
-        source=source, notes=notes)
+    retriever = (
+        None
+        if closed_book
+        else _import_retriever(
+            parts,
+            config,
+            tied=tied,
+            encoder_source=encoder_source,
+            retriever_config=retriever_config,
+            source=source,
+            notes=notes,
+        )
+    )
     reference_length = _option(opt, "generation_max_length", REFERENCE_MAX_LENGTH)
-    conversions.append({
-        "what": "reader.generation_max_length", "reference": _plain(reference_length),
-        "here": config.reader.generation_max_length,
-        "why": "the reference's generate(max_length) counts the decoder start token; ours counts new tokens"})
+    conversions.append(
+        {
+            "what": "reader.generation_max_length",
+            "reference": _plain(reference_length),
+            "here": config.reader.generation_max_length,
+            "why": "the reference's generate(max_length) counts the decoder start token; ours counts new tokens",
+        }
+    )
     if retriever is not None:
         eps = float(retriever.query_encoder.model.config.layer_norm_eps)
-        conversions.append({
-            "what": "retriever layer norm", "reference": "BertLayerNorm of src/modeling_bert.py: "
-            "(x - mean(x)) / sqrt(mean(x^2) + eps) * w + b", "here": "layer_norm: reference", "eps": eps,
-            "why": "the reference's BERT divides by the raw second moment, not the variance"})
-
-    from reader.fid import FiDReader
+        conversions.append(
+            {
+                "what": "retriever layer norm",
+                "reference": "BertLayerNorm of src/modeling_bert.py: (x - mean(x)) / sqrt(mean(x^2) + eps) * w + b",
+                "here": "layer_norm: reference",
+                "eps": eps,
+                "why": "the reference's BERT divides by the raw second moment, not the variance",
+            }
+        )
 
     name = f"step-{step:06d}"
     final = out.resolve() / "checkpoints" / name
@@ -327,11 +413,15 @@ def import_atlas_checkpoint(src: str | Path, out: str | Path, *, reader_tokenize
     config.training.output_dir = str(out.resolve())
     skipped = sorted(k for k in checkpoint if k not in ("model", "opt", "step") and checkpoint[k] is not None)
     record = {
-        "source": str(file.resolve()), "format": "facebookresearch/atlas model.pth.tar", "step": step,
+        "source": str(file.resolve()),
+        "format": "facebookresearch/atlas model.pth.tar",
+        "step": step,
         "reader": {"model_type": _plain(_option(opt, "reader_model_type")), **t5.config.to_diff_dict()},
         "retriever": None if retriever is None else {"tied": tied, "source": _plain(encoder_source)},
-        "not_imported": {k: "the reference's optimizer/scheduler state: a run started from this "
-                            "checkpoint builds fresh ones" for k in skipped},
+        "not_imported": {
+            k: "the reference's optimizer/scheduler state: a run started from this checkpoint builds fresh ones"
+            for k in skipped
+        },
         "conversions": conversions,
         "notes": notes,
         "options": _plain(vars(opt) if isinstance(opt, argparse.Namespace) else opt),
@@ -351,48 +441,75 @@ def import_atlas_checkpoint(src: str | Path, out: str | Path, *, reader_tokenize
     return out / "checkpoints" / name
 
 
+def _import_reader(
+    state: dict[str, torch.Tensor], opt, *, reader_config: str | None, reader_tokenizer: str | None, source: str
+) -> tuple[Any, Any, list[dict[str, Any]]]:
+    """The reader of a checkpoint: (its T5 model from the `reader.` tensors `state`, its tokenizer
+    segmenting as the reference's did, the import.json records of what either needed converted)."""
+    t5_config = read_config_file(reader_config, T5Config) if reader_config else None
+    t5 = t5_from_state_dict(state, source, t5_config)
+    tokenizer = _tokenizer(
+        reader_tokenizer or _option(opt, "reader_model_type"), "reader", "--reader-tokenizer", source
+    )
+    conversions = _reader_conversions(t5)
+    tokenizer, segmentation = _reference_segmentation(tokenizer)
+    if segmentation is not None:
+        conversions.append(segmentation)
+    if len(tokenizer) > t5.config.vocab_size:
+        raise InputError(
+            source,
+            None,
+            "reader.shared.weight",
+            f"{t5.config.vocab_size} token embeddings, but the reader tokenizer has {len(tokenizer)} tokens",
+        )
+    return t5, tokenizer, conversions
+
+
 def _reader_conversions(t5) -> list[dict[str, Any]]:
     """import.json records of what the reader's tensors needed beyond loading: an own `lm_head`, a
     transformers-3 cross-attention bias."""
-    from reader.cross_attention_bias import CROSS_BIAS_KEY, has_cross_attention_bias
-    from reader.t5_untied import UntiedT5ForConditionalGeneration
-
     conversions: list[dict[str, Any]] = []
     if isinstance(t5, UntiedT5ForConditionalGeneration):
-        conversions.append({
-            "what": "reader lm_head", "reference": "lm_head.weight differs from shared.weight (T5 v1.1 / lm-adapt)",
-            "here": "own lm_head, config.json tie_word_embeddings: false",
-            "why": "transformers 5's T5Config always says tied"})
+        conversions.append(
+            {
+                "what": "reader lm_head",
+                "reference": "lm_head.weight differs from shared.weight (T5 v1.1 / lm-adapt)",
+                "here": "own lm_head, config.json tie_word_embeddings: false",
+                "why": "transformers 5's T5Config always says tied",
+            }
+        )
     if has_cross_attention_bias(t5):
-        conversions.append({
-            "what": "reader cross-attention position bias", "reference": CROSS_BIAS_KEY,
-            "here": "kept and added to every decoder block's cross-attention (config: cross_attention_relative_bias)",
-            "why": "saved and used by transformers < 4; transformers >= 4 drops it"})
+        conversions.append(
+            {
+                "what": "reader cross-attention position bias",
+                "reference": CROSS_BIAS_KEY,
+                "here": "kept and added to every decoder block's cross-attention (config: "
+                "cross_attention_relative_bias)",
+                "why": "saved and used by transformers < 4; transformers >= 4 drops it",
+            }
+        )
     return conversions
 
 
 def _reference_segmentation(tokenizer) -> tuple[Any, dict[str, Any] | None]:
     """The reader tokenizer splitting text as the reference's transformers 4 did, and its import.json
     record; a tokenizer that is not a T5 SentencePiece one is kept as it is (None)."""
-    from reader.tokenizer import reference_t5_tokenizer
-
     try:
         converted = reference_t5_tokenizer(tokenizer)
     except ValueError:
         return tokenizer, None
     return converted, {
-        "what": "reader tokenizer segmentation", "reference": "transformers 4.18 T5 tokenizer: a space before a "
+        "what": "reader tokenizer segmentation",
+        "reference": "transformers 4.18 T5 tokenizer: a space before a "
         "special token is a token '▁' of its own ('answer: <extra_id_0>' ends ':', '▁', '<extra_id_0>')",
         "here": "the same normaliser and pre-tokenizer, saved in tokenizer.json (a PreTrainedTokenizerFast)",
-        "why": "transformers 5's T5 tokenizer splits on whitespace first and drops that '▁'"}
+        "why": "transformers 5's T5 tokenizer splits on whitespace first and drops that '▁'",
+    }
 
 
 def _read_fid_state(folder: Path) -> dict[str, torch.Tensor]:
     """The tensors of an HF-style folder: model.safetensors, or pytorch_model.bin (safe-loaded)."""
     if (folder / "model.safetensors").is_file():
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
         try:
             return load_file(str(folder / "model.safetensors"))
         except (SafetensorError, OSError) as e:
@@ -410,13 +527,14 @@ def fid_to_t5_keys(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]
     for key, tensor in state.items():
         key = _strip_module(key)
         if key.startswith("encoder.encoder."):
-            key = key[len("encoder."):]
+            key = key[len("encoder.") :]
         out[key] = tensor
     return out
 
 
-def import_fid_reader(src: str | Path, out: str | Path, *, tokenizer: str | None = None,
-                      overwrite: bool = False) -> Path:
+def import_fid_reader(
+    src: str | Path, out: str | Path, *, tokenizer: str | None = None, overwrite: bool = False
+) -> Path:
     """Import a facebookresearch/FiD reader folder (config.json + FiDT5 weights) as a plain
     HF T5 reader folder at `out` (with the reader tokenizer), usable as `reader.model=OUT`.
 
@@ -432,9 +550,7 @@ def import_fid_reader(src: str | Path, out: str | Path, *, tokenizer: str | None
     weights = src / ("model.safetensors" if (src / "model.safetensors").is_file() else "pytorch_model.bin")
     t5 = t5_from_state_dict(state, str(weights), config)
     has_tokenizer = any((src / n).is_file() for n in ("tokenizer.json", "spiece.model", "tokenizer_config.json"))
-    reader_tokenizer = _tokenizer(tokenizer or (str(src) if has_tokenizer else None), "reader", "--tokenizer",
-                                  str(src))
-    from reader.fid import FiDReader
+    reader_tokenizer = _tokenizer(tokenizer or (str(src) if has_tokenizer else None), "reader", "--tokenizer", str(src))
 
     with atomic_directory(out, overwrite=overwrite) as tmp:
         FiDReader(t5).save_pretrained(tmp / "reader")
@@ -442,7 +558,13 @@ def import_fid_reader(src: str | Path, out: str | Path, *, tokenizer: str | None
             os.replace(item, tmp / item.name)
         (tmp / "reader").rmdir()
         reader_tokenizer.save_pretrained(str(tmp))
-        atomic_write_json(tmp / "import.json", {"source": str(src.resolve()), "format": "facebookresearch/FiD FiDT5",
-                                                "weights": weights.name, "conversions": _reader_conversions(t5)})
+        atomic_write_json(
+            tmp / "import.json",
+            {
+                "source": str(src.resolve()),
+                "format": "facebookresearch/FiD FiDT5",
+                "weights": weights.name,
+                "conversions": _reader_conversions(t5),
+            },
+        )
     return out
-

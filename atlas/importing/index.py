@@ -34,6 +34,12 @@ import torch
 from numpy.lib.format import open_memmap
 
 from atlas.importing.safe_pickle import load_plain_pickle, load_torch_file
+from atlas.training.checkpoint import resolve_checkpoint
+from retriever.corpus import prepare_corpus
+from retriever.encoder import Retriever
+from retriever.index_build import PROGRESS, build_index, work_dir_for
+from retriever.index_files import read_manifest, write_manifest
+from retriever.index_types import index_type
 from tasks.io import InputError, atomic_write_json
 
 STATE_FILE = "import-progress.json"
@@ -67,8 +73,12 @@ def find_shards(src: str | Path) -> list[tuple[Path, Path]]:
     for shard in range(max(found) + 1):
         for kind in ("embeddings", "passages"):
             if shard not in numbers[kind]:
-                raise InputError(src / f"{kind}.{shard}.pt", None, None,
-                                 f"missing shard file (shards found: {', '.join(map(str, sorted(found)))})")
+                raise InputError(
+                    src / f"{kind}.{shard}.pt",
+                    None,
+                    None,
+                    f"missing shard file (shards found: {', '.join(map(str, sorted(found)))})",
+                )
     return [(src / f"embeddings.{i}.pt", src / f"passages.{i}.pt") for i in range(max(found) + 1)]
 
 
@@ -82,8 +92,12 @@ def _embedding_shard(path: Path, dim: int) -> torch.Tensor:
         return tensor.t()
     if tensor.shape[1] == dim:  # forks that store (n, d)
         return tensor
-    raise InputError(path, None, None, f"shape {tuple(tensor.shape)}: neither dimension is the encoder's "
-                                       f"embedding size {dim} (expected (d, n))")
+    raise InputError(
+        path,
+        None,
+        None,
+        f"shape {tuple(tensor.shape)}: neither dimension is the encoder's embedding size {dim} (expected (d, n))",
+    )
 
 
 def _passage_record(passage, path: Path, entry: int) -> dict[str, str]:
@@ -110,9 +124,6 @@ def _passage_record(passage, path: Path, entry: int) -> dict[str, str]:
 def _resolve_retriever(encoder: str | Path):
     """The retriever whose passage encoder made the vectors: a run or checkpoint folder
     (its retriever/), a retriever folder (retriever.json), or a plain encoder folder."""
-    from atlas.training.checkpoint import resolve_checkpoint
-    from retriever.encoder import Retriever
-
     path = Path(encoder)
     if not path.exists():
         raise FileNotFoundError(f"{path}: encoder folder not found")
@@ -150,11 +161,8 @@ def import_atlas_index(
     file, and leaves no output and no work folder. `on_shard(i)` runs after shard i is recorded.
     Returns (corpus folder, index folder).
     """
-    from retriever.corpus import prepare_corpus
-    from retriever.index_build import PROGRESS, build_index, work_dir_for
-    from retriever.index_files import read_manifest, write_manifest
-    from retriever.index_types import index_type
-
+    # long: the import's steps in the order they run (read, check, convert, write, record), each a few lines; split,
+    # they would hand a dozen values from one to the next
     src, corpus_out, index_out = Path(src), Path(corpus_out), Path(index_out)
     shards = find_shards(src)
     own_corpus = _resumable_corpus(corpus_out, index_out)  # written by the interrupted import (before `restart`)
@@ -164,15 +172,17 @@ def import_atlas_index(
     retriever = _resolve_retriever(encoder)
     dim = retriever.dim
     index_type(spec, dim)  # a bad spec fails before any shard is read
-    counts = []
-    for emb_path, _ in shards:  # headers only (memory-mapped): sizes are known before writing
-        counts.append(int(_embedding_shard(emb_path, dim).shape[0]))
+    # headers only (memory-mapped): sizes are known before writing
+    counts = [int(_embedding_shard(emb_path, dim).shape[0]) for emb_path, _ in shards]
     total = sum(counts)
-    settings = {"source": str(src.resolve()), "shards": counts, "dim": dim,
-                "encoder_fingerprint": retriever.passage_fingerprint()}
+    settings = {
+        "source": str(src.resolve()),
+        "shards": counts,
+        "dim": dim,
+        "encoder_fingerprint": retriever.passage_fingerprint(),
+    }
 
     work = work_dir_for(index_out)
-    state_path, jsonl_path = work / STATE_FILE, work / "passages.jsonl"
     state, vectors, created = _open_work(work, settings, total, restart=restart)
     starts = [0, *np.cumsum(counts).tolist()]  # first row of each shard
     try:
@@ -184,38 +194,93 @@ def import_atlas_index(
     del vectors
     agreement = _encoder_agreement(retriever, work)
     if agreement < MIN_AGREEMENT:
-        logger.warning("%s: the first vectors agree with %s's passage encoder only to cosine %.3f: is it the "
-                       "encoder that built this index (an index saved before later retriever training, or "
-                       "another retriever.passage_format, also lower it)?", shards[0][0], encoder, agreement)
-
+        logger.warning(
+            "%s: the first vectors agree with %s's passage encoder only to cosine %.3f: is it the "
+            "encoder that built this index (an index saved before later retriever training, or "
+            "another retriever.passage_format, also lower it)?",
+            shards[0][0],
+            encoder,
+            agreement,
+        )
     if not _resumable_corpus(corpus_out, index_out, state.get("corpus_fingerprint")):
-        try:
-            prepare_corpus([jsonl_path], corpus_out, chunk_words=0, progress=progress,
-                           overwrite=overwrite or own_corpus)  # a restarted import replaces its own
-        except InputError as e:  # name the shard a duplicate id came from, not the work file
-            shard = bisect.bisect_right(starts, (e.line or 1) - 1) - 1
-            _discard(work, created)
-            raise InputError(shards[shard][1], (e.line or 1) - 1 - starts[shard], e.field,
-                             e.message.split(" (first seen")[0]) from None
-        manifest = json.loads((corpus_out / "corpus.json").read_text())
-        manifest["sources"] = [str(p.resolve()) for _, p in shards]
-        atomic_write_json(corpus_out / "corpus.json", manifest)
-        state["corpus_fingerprint"] = manifest["fingerprint"]
-        atomic_write_json(state_path, state)
+        _write_corpus(
+            work,
+            corpus_out,
+            shards,
+            starts,
+            state,
+            created=created,
+            progress=progress,
+            overwrite=overwrite or own_corpus,
+        )  # a restarted import replaces its own
 
     # every chunk is already "embedded": build_index only trains/writes the index of `spec`
-    atomic_write_json(work / PROGRESS, {
-        "encoder_fingerprint": settings["encoder_fingerprint"], "corpus_fingerprint": state["corpus_fingerprint"],
-        "count": total, "dim": dim, "chunk_size": chunk_size, "batch_size": batch_size,
-        "completed_chunks": -(-total // chunk_size), "created": state["created"]})
-    build_index(corpus_out, retriever, index_out, spec=spec, batch_size=batch_size, chunk_size=chunk_size,
-                train_sample=train_sample, keep_embeddings=keep_embeddings, nprobe=nprobe, ef_search=ef_search,
-                progress=progress, overwrite=overwrite, encoder_source=str(Path(encoder).resolve()))
+    atomic_write_json(
+        work / PROGRESS,
+        {
+            "encoder_fingerprint": settings["encoder_fingerprint"],
+            "corpus_fingerprint": state["corpus_fingerprint"],
+            "count": total,
+            "dim": dim,
+            "chunk_size": chunk_size,
+            "batch_size": batch_size,
+            "completed_chunks": -(-total // chunk_size),
+            "created": state["created"],
+        },
+    )
+    build_index(
+        corpus_out,
+        retriever,
+        index_out,
+        spec=spec,
+        batch_size=batch_size,
+        chunk_size=chunk_size,
+        train_sample=train_sample,
+        keep_embeddings=keep_embeddings,
+        nprobe=nprobe,
+        ef_search=ef_search,
+        progress=progress,
+        overwrite=overwrite,
+        encoder_source=str(Path(encoder).resolve()),
+    )
     manifest = read_manifest(index_out)
-    manifest["imported"] = {"source": settings["source"], "shards": len(shards), "encoder_agreement": agreement,
-                            "format": "facebookresearch/atlas embeddings.{i}.pt + passages.{i}.pt"}
+    manifest["imported"] = {
+        "source": settings["source"],
+        "shards": len(shards),
+        "encoder_agreement": agreement,
+        "format": "facebookresearch/atlas embeddings.{i}.pt + passages.{i}.pt",
+    }
     write_manifest(index_out, manifest)
     return corpus_out, index_out
+
+
+def _write_corpus(
+    work: Path,
+    corpus_out: Path,
+    shards: list[tuple[Path, Path]],
+    starts: list[int],
+    state: dict,
+    *,
+    created: list[Path],
+    progress: bool,
+    overwrite: bool,
+) -> None:
+    """The corpus of the work folder's passages.jsonl at `corpus_out` (one passage per record, ids
+    kept, the shards recorded as its sources); its fingerprint goes into the progress record. A
+    duplicate id raises `InputError` naming the shard and entry it came from (the work folder removed)."""
+    try:
+        prepare_corpus([work / "passages.jsonl"], corpus_out, chunk_words=0, progress=progress, overwrite=overwrite)
+    except InputError as e:  # name the shard a duplicate id came from, not the work file
+        shard = bisect.bisect_right(starts, (e.line or 1) - 1) - 1
+        _discard(work, created)
+        raise InputError(
+            shards[shard][1], (e.line or 1) - 1 - starts[shard], e.field, e.message.split(" (first seen")[0]
+        ) from None
+    manifest = json.loads((corpus_out / "corpus.json").read_text())
+    manifest["sources"] = [str(p.resolve()) for _, p in shards]
+    atomic_write_json(corpus_out / "corpus.json", manifest)
+    state["corpus_fingerprint"] = manifest["fingerprint"]
+    atomic_write_json(work / STATE_FILE, state)
 
 
 def _open_work(work: Path, settings: dict, total: int, *, restart: bool) -> tuple[dict, np.memmap, list[Path]]:
@@ -227,26 +292,41 @@ def _open_work(work: Path, settings: dict, total: int, *, restart: bool) -> tupl
         shutil.rmtree(work)
     if work.exists():
         if not state_path.is_file():
-            raise FileExistsError(f"{work}: an unfinished `atlas index build` is there; remove it or pick another "
-                                  "--index-out")
+            raise FileExistsError(
+                f"{work}: an unfinished `atlas index build` is there; remove it or pick another --index-out"
+            )
         state = json.loads(state_path.read_text())
         differing = [k for k in settings if state.get(k) != settings[k]]
         if differing:
-            raise ValueError(f"{work}: an unfinished import with different {', '.join(differing)} is there; "
-                             "pass --restart to discard it")
+            raise ValueError(
+                f"{work}: an unfinished import with different {', '.join(differing)} is there; "
+                "pass --restart to discard it"
+            )
         return state, open_memmap(vectors_path, mode="r+"), []
     created = [p for p in (work, *work.parents) if not p.exists()]
     work.mkdir(parents=True)
-    state = {**settings, "completed_shards": 0, "jsonl_bytes": 0,
-             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    state = {
+        **settings,
+        "completed_shards": 0,
+        "jsonl_bytes": 0,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     vectors = open_memmap(vectors_path, mode="w+", dtype=np.float16, shape=(total, settings["dim"]))
     (work / "passages.jsonl").touch()
     atomic_write_json(state_path, state)
     return state, vectors, created
 
 
-def _copy_shards(shards: list[tuple[Path, Path]], starts: list[int], dim: int, state: dict, vectors: np.memmap,
-                 work: Path, *, on_shard: Callable[[int], None] | None) -> None:
+def _copy_shards(
+    shards: list[tuple[Path, Path]],
+    starts: list[int],
+    dim: int,
+    state: dict,
+    vectors: np.memmap,
+    work: Path,
+    *,
+    on_shard: Callable[[int], None] | None,
+) -> None:
     """Copy shards `state["completed_shards"]`… into the work folder, one at a time: shard i's
     (d, n_i) vectors into rows starts[i]:starts[i+1] of `vectors` ((N, d) float16), its passages
     as lines of passages.jsonl; then the progress record, so a killed import resumes there."""
@@ -258,17 +338,21 @@ def _copy_shards(shards: list[tuple[Path, Path]], starts: list[int], dim: int, s
             count = starts[shard + 1] - starts[shard]
             passages = load_plain_pickle(passages_path)
             if not isinstance(passages, list):
-                raise InputError(passages_path, None, None, f"expected a list of passages, got "
-                                                            f"{type(passages).__name__}")
+                raise InputError(
+                    passages_path, None, None, f"expected a list of passages, got {type(passages).__name__}"
+                )
             if len(passages) != count:
-                raise InputError(passages_path, None, None, f"{len(passages)} passages, but {emb_path.name} "
-                                                            f"holds {count} vectors")
-            lines = [json.dumps(_passage_record(p, passages_path, entry), ensure_ascii=False) + "\n"
-                     for entry, p in enumerate(passages)]
+                raise InputError(
+                    passages_path, None, None, f"{len(passages)} passages, but {emb_path.name} holds {count} vectors"
+                )
+            lines = [
+                json.dumps(_passage_record(p, passages_path, entry), ensure_ascii=False) + "\n"
+                for entry, p in enumerate(passages)
+            ]
             rows = _embedding_shard(emb_path, dim)  # (n_i, d) view of the memory-mapped shard
             for first in range(0, count, _COPY_ROWS):
-                block = rows[first: first + _COPY_ROWS].to(torch.float16).numpy()
-                vectors[starts[shard] + first: starts[shard] + first + len(block)] = block
+                block = rows[first : first + _COPY_ROWS].to(torch.float16).numpy()
+                vectors[starts[shard] + first : starts[shard] + first + len(block)] = block
             vectors.flush()
             jsonl.write("".join(lines).encode("utf-8"))
             jsonl.flush()
@@ -288,8 +372,7 @@ def _encoder_agreement(retriever, work: Path) -> float:
     with open(work / "passages.jsonl", encoding="utf-8") as f:
         docs = [json.loads(line) for line, _ in zip(f, range(len(stored)))]
     fresh = retriever.embed_passages(docs)  # (k, d) float32
-    cosine = (stored * fresh).sum(1) / np.maximum(np.linalg.norm(stored, axis=1) * np.linalg.norm(fresh, axis=1),
-                                                  1e-12)
+    cosine = (stored * fresh).sum(1) / np.maximum(np.linalg.norm(stored, axis=1) * np.linalg.norm(fresh, axis=1), 1e-12)
     return round(float(cosine.min()), 4)
 
 
@@ -306,8 +389,6 @@ def _discard(work: Path, created: list[Path]) -> None:
 def _resumable_corpus(path: Path, index_out: Path, fingerprint: str | None = None) -> bool:
     """Whether `path` is the corpus an interrupted import of `index_out` already wrote (a
     resumed import reuses it instead of refusing an existing output)."""
-    from retriever.index_build import work_dir_for
-
     state_path = work_dir_for(index_out) / STATE_FILE
     if path == index_out or not (path / "corpus.json").is_file() or not state_path.is_file():
         return False

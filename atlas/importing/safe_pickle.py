@@ -32,8 +32,21 @@ ALLOWED_GLOBALS: tuple[type, ...] = (argparse.Namespace, pathlib.PosixPath, path
 # What a truncated or damaged pickle raises from deep inside the unpicklers (torch's legacy
 # format: IndexError, AssertionError on a storage key, struct.error; a zip: BadZipFile; a
 # FRAME length: OverflowError): all mean "not a readable file", never a crash.
-_DAMAGED = (EOFError, OSError, RuntimeError, ValueError, TypeError, IndexError, KeyError, AttributeError,
-            AssertionError, OverflowError, MemoryError, struct.error, zipfile.BadZipFile)
+_DAMAGED = (
+    EOFError,
+    OSError,
+    RuntimeError,
+    ValueError,
+    TypeError,
+    IndexError,
+    KeyError,
+    AttributeError,
+    AssertionError,
+    OverflowError,
+    MemoryError,
+    struct.error,
+    zipfile.BadZipFile,
+)
 
 
 class UnsafePickleError(InputError):
@@ -89,9 +102,12 @@ def load_torch_file(path: str | Path, *, mmap: bool = True) -> Any:
         refused = _refused_global(str(e))
         if refused is not None:
             raise UnsafePickleError(
-                path, None, None,
+                path,
+                None,
+                None,
                 f"refused to unpickle: it asks for {refused}, which is not in the allow-list "
-                f"({_allowed_names()}, tensors and plain containers); nothing from it was executed") from None
+                f"({_allowed_names()}, tensors and plain containers); nothing from it was executed",
+            ) from None
         raise InputError(path, None, None, f"truncated or not a torch file ({_reason(e)})") from None
     except _DAMAGED as e:
         raise InputError(path, None, None, f"truncated or not a torch file ({_reason(e)})") from None
@@ -124,9 +140,12 @@ def load_plain_pickle(path: str | Path) -> Any:
             return _NoGlobalsUnpickler(f).load()
     except _RefusedGlobal as e:
         raise UnsafePickleError(
-            path, None, None,
+            path,
+            None,
+            None,
             f"refused to unpickle: it asks for {str(e)[:200]}, and a passages file may hold only "
-            "lists, dicts, strings and numbers; nothing from it was executed") from None
+            "lists, dicts, strings and numbers; nothing from it was executed",
+        ) from None
     except pickle.UnpicklingError as e:
         raise InputError(path, None, None, f"not a readable pickle ({_reason(e)})") from None
     except _DAMAGED as e:

@@ -79,23 +79,38 @@ def infer_t5_config(state: Mapping[str, torch.Tensor], source: str) -> T5Config:
     gated = "encoder.block.0.layer.1.DenseReluDense.wi_0.weight" in state
     d_ff = _tensor(state, "encoder.block.0.layer.1.DenseReluDense.wo.weight", source).shape[1]
     lm_head = state.get("lm_head.weight")
-    tied = lm_head is None or (lm_head.shape == state["shared.weight"].shape
-                               and torch.equal(lm_head, state["shared.weight"]))
+    tied = lm_head is None or (
+        lm_head.shape == state["shared.weight"].shape and torch.equal(lm_head, state["shared.weight"])
+    )
     layers = _count_blocks(state, "encoder.block.", source)
     decoder_layers = _count_blocks(state, "decoder.block.", source)
     if inner % heads:
-        raise InputError(source, None, "encoder.block.0.layer.0.SelfAttention.q.weight",
-                         f"{inner} rows do not split into {heads} heads")
+        raise InputError(
+            source,
+            None,
+            "encoder.block.0.layer.0.SelfAttention.q.weight",
+            f"{inner} rows do not split into {heads} heads",
+        )
     return T5Config(
-        vocab_size=int(vocab), d_model=int(d_model), d_kv=inner // heads, d_ff=int(d_ff), num_heads=int(heads),
-        num_layers=layers, num_decoder_layers=decoder_layers, relative_attention_num_buckets=int(buckets),
-        feed_forward_proj="gated-gelu" if gated else "relu", tie_word_embeddings=tied,
-        pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+        vocab_size=int(vocab),
+        d_model=int(d_model),
+        d_kv=inner // heads,
+        d_ff=int(d_ff),
+        num_heads=int(heads),
+        num_layers=layers,
+        num_decoder_layers=decoder_layers,
+        relative_attention_num_buckets=int(buckets),
+        feed_forward_proj="gated-gelu" if gated else "relu",
+        tie_word_embeddings=tied,
+        pad_token_id=0,
+        eos_token_id=1,
+        decoder_start_token_id=0,
     )
 
 
-def infer_bert_config(state: Mapping[str, torch.Tensor], source: str, *, num_attention_heads: int | None = None
-                      ) -> BertConfig:
+def infer_bert_config(
+    state: Mapping[str, torch.Tensor], source: str, *, num_attention_heads: int | None = None
+) -> BertConfig:
     """The BERT config of a Contriever state dict (HF BertModel keys, no `bert.` prefix).
 
     Heads are not visible in any shape: `num_attention_heads`, else hidden_size / 64.
@@ -107,11 +122,21 @@ def infer_bert_config(state: Mapping[str, torch.Tensor], source: str, *, num_att
     layers = _count_blocks(state, "encoder.layer.", source)
     heads = num_attention_heads or max(int(hidden) // 64, 1)
     if hidden % heads:
-        raise InputError(source, None, "embeddings.word_embeddings.weight",
-                         f"hidden size {hidden} does not split into {heads} attention heads")
-    return BertConfig(vocab_size=int(vocab), hidden_size=int(hidden), num_hidden_layers=layers,
-                      num_attention_heads=heads, intermediate_size=int(intermediate),
-                      max_position_embeddings=int(positions), type_vocab_size=int(types))
+        raise InputError(
+            source,
+            None,
+            "embeddings.word_embeddings.weight",
+            f"hidden size {hidden} does not split into {heads} attention heads",
+        )
+    return BertConfig(
+        vocab_size=int(vocab),
+        hidden_size=int(hidden),
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=int(intermediate),
+        max_position_embeddings=int(positions),
+        type_vocab_size=int(types),
+    )
 
 
 def _load_checked(model: torch.nn.Module, state: Mapping[str, torch.Tensor], source: str, what: str) -> None:
@@ -127,13 +152,15 @@ def _load_checked(model: torch.nn.Module, state: Mapping[str, torch.Tensor], sou
         raise InputError(source, None, missing[0], f"missing tensor of the {what}{more}")
     for key, tensor in state.items():
         if tuple(tensor.shape) != tuple(expected[key].shape):
-            raise InputError(source, None, key, f"shape {tuple(tensor.shape)}, the {what} needs "
-                                                f"{tuple(expected[key].shape)}")
+            raise InputError(
+                source, None, key, f"shape {tuple(tensor.shape)}, the {what} needs {tuple(expected[key].shape)}"
+            )
     model.load_state_dict({k: v.to(torch.float32) for k, v in state.items()}, strict=True)
 
 
-def t5_from_state_dict(state: Mapping[str, torch.Tensor], source: str, config: T5Config | None = None
-                       ) -> T5ForConditionalGeneration:
+def t5_from_state_dict(
+    state: Mapping[str, torch.Tensor], source: str, config: T5Config | None = None
+) -> T5ForConditionalGeneration:
     """A `T5ForConditionalGeneration` (fp32, eval mode) holding the tensors of a T5 state dict.
 
     state: HF T5 keys (`shared.weight`, `encoder.block.{i}…`, `decoder.block.{i}…`, `lm_head.weight`,
@@ -167,8 +194,7 @@ def t5_from_state_dict(state: Mapping[str, torch.Tensor], source: str, config: T
     return model.eval()
 
 
-def bert_from_state_dict(state: Mapping[str, torch.Tensor], source: str, config: BertConfig | None = None
-                         ) -> BertModel:
+def bert_from_state_dict(state: Mapping[str, torch.Tensor], source: str, config: BertConfig | None = None) -> BertModel:
     """A `BertModel` without pooler (fp32, eval mode) holding a Contriever state dict's tensors.
 
     state: HF BertModel keys (`embeddings.…`, `encoder.layer.{i}.…`); config: None = inferred.

@@ -47,9 +47,7 @@ def sliding_windows(n_tokens: int, context: int, stride: int) -> list[tuple[int,
     later one the `stride` newest.
     """
     if context < 1 or not 1 <= stride <= context:
-        raise ValueError(
-            f"need context >= 1 and 1 <= stride <= context, got context={context} stride={stride}"
-        )
+        raise ValueError(f"need context >= 1 and 1 <= stride <= context, got context={context} stride={stride}")
     n_rows = n_tokens - 1
     if n_rows < 1:
         return []
@@ -97,8 +95,7 @@ def check_same_producer(query_store: Datastore, datastore: Datastore) -> None:
     differing = [f for f in recorded if a.get(f) != b.get(f)]
     if differing:
         details = "; ".join(
-            f"{f}: {_short(a.get(f, '(not recorded)'))} vs {_short(b.get(f, '(not recorded)'))}"
-            for f in differing
+            f"{f}: {_short(a.get(f, '(not recorded)'))} vs {_short(b.get(f, '(not recorded)'))}" for f in differing
         )
         raise ValueError(
             f"query store {query_store.path} and datastore {datastore.path} were built by "
@@ -113,14 +110,10 @@ class Datastore:
         self.path = Path(path)
         manifest_path = self.path / MANIFEST
         if not manifest_path.exists():
-            raise FileNotFoundError(
-                f"{manifest_path}: no datastore manifest (was the build finished?)"
-            )
+            raise FileNotFoundError(f"{manifest_path}: no datastore manifest (was the build finished?)")
         self.manifest: dict[str, Any] = json.loads(manifest_path.read_text())
         if not self.manifest.get("complete"):
-            raise ValueError(
-                f"{manifest_path}: datastore build is incomplete; rerun the build to resume it"
-            )
+            raise ValueError(f"{manifest_path}: datastore build is incomplete; rerun the build to resume it")
 
     def __len__(self) -> int:
         return int(self.manifest["n_rows"])
@@ -138,9 +131,7 @@ class Datastore:
     def keys(self, key_name: str) -> np.ndarray:
         """float16 (N, d) keys of one type; ValueError names the stored types."""
         if key_name not in self.manifest["key_dims"]:
-            raise ValueError(
-                f"{self.path}: key '{key_name}' not stored; stored keys: {self.key_names}"
-            )
+            raise ValueError(f"{self.path}: key '{key_name}' not stored; stored keys: {self.key_names}")
         return np.load(self.path / key_file_name(key_name), mmap_mode="r")
 
     @property
@@ -179,9 +170,7 @@ class DatastoreWriter:
         if manifest_path.exists():
             old = json.loads(manifest_path.read_text())
             mismatched = [
-                f
-                for f in ("n_rows", "key_dims", "with_lm_logprobs", "meta")
-                if old.get(f) != self.manifest[f]
+                f for f in ("n_rows", "key_dims", "with_lm_logprobs", "meta") if old.get(f) != self.manifest[f]
             ]
             if mismatched:
                 raise ValueError(
@@ -192,9 +181,7 @@ class DatastoreWriter:
             self.manifest = old
             mode = "r+"
             self.n_done = (
-                int(json.loads((self.path / PROGRESS).read_text())["n_done"])
-                if (self.path / PROGRESS).exists()
-                else 0
+                int(json.loads((self.path / PROGRESS).read_text())["n_done"]) if (self.path / PROGRESS).exists() else 0
             )
         else:
             mode = "w+"
@@ -204,9 +191,7 @@ class DatastoreWriter:
             name: self._open(key_file_name(name), mode, np.float16, (n_rows, dim))
             for name, dim in self.key_dims.items()
         }
-        self.lm_logprobs = (
-            self._open("lm_logprobs.npy", mode, np.float32, (n_rows,)) if with_lm_logprobs else None
-        )
+        self.lm_logprobs = self._open("lm_logprobs.npy", mode, np.float32, (n_rows,)) if with_lm_logprobs else None
         if mode == "w+":
             atomic_write_json(manifest_path, self.manifest)
             self.commit(0)
@@ -217,8 +202,7 @@ class DatastoreWriter:
         array = np.lib.format.open_memmap(self.path / name, mode="r+")
         if array.dtype != dtype or array.shape != shape:
             raise ValueError(
-                f"{self.path / name}: expected {np.dtype(dtype)} {shape}, "
-                f"found {array.dtype} {array.shape}"
+                f"{self.path / name}: expected {np.dtype(dtype)} {shape}, found {array.dtype} {array.shape}"
             )
         return array
 
@@ -244,9 +228,7 @@ class DatastoreWriter:
 
     def commit(self, n_done: int) -> None:
         """Flush the arrays, then record that rows < n_done are final (that order is crash-safe)."""
-        for array in [self.values, *self.keys.values()] + (
-            [self.lm_logprobs] if self.lm_logprobs is not None else []
-        ):
+        for array in [self.values, *self.keys.values()] + ([self.lm_logprobs] if self.lm_logprobs is not None else []):
             array.flush()
         self.n_done = n_done
         atomic_write_json(self.path / PROGRESS, {"n_done": n_done, "n_rows": self.n_rows})
@@ -276,10 +258,7 @@ def fill_datastore(
     """
     token_ids = np.asarray(token_ids, dtype=np.int64)
     if writer.n_rows != len(token_ids) - 1:
-        raise ValueError(
-            f"{writer.path}: datastore has {writer.n_rows} rows "
-            f"but the text gives {len(token_ids) - 1}"
-        )
+        raise ValueError(f"{writer.path}: datastore has {writer.n_rows} rows but the text gives {len(token_ids) - 1}")
     if writer.complete:
         return Datastore(writer.path)
     windows = sliding_windows(len(token_ids), context, stride)

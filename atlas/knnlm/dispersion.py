@@ -9,7 +9,8 @@ Tokens can be subsampled (`sample_fraction`) to bound time rather than memory.
 
 Higher dispersion goes with lower perplexity, and the most dispersed layer is a good kNN-LM
 key ("On the predictive power of representation dispersion in language models"). The same
-quantity on a training batch gives the auxiliary loss L = CE − μ · dispersion.
+quantity on a training batch gives the auxiliary loss L = CE − μ · dispersion (`reader.dispersion_weight`
+= μ; atlas/model.py computes it with `mean_pairwise_cosine_distance`).
 """
 
 from __future__ import annotations
@@ -22,9 +23,7 @@ from torch.nn import functional as F
 from atlas.knnlm.lm import ARCHITECTURES, KeyedLM, architecture_of
 
 
-def mean_pairwise_cosine_distance(
-    hidden: torch.Tensor, mask: torch.Tensor | None = None
-) -> torch.Tensor:
+def mean_pairwise_cosine_distance(hidden: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Mean of 1 − cos over all ordered pairs i ≠ j of the rows of hidden (..., d), differentiable.
 
     mask (...) bool/0-1 selects rows (e.g. non-padding tokens). Needs at least 2 rows.
@@ -39,15 +38,6 @@ def mean_pairwise_cosine_distance(
     total = unit.sum(dim=0)
     mean_cosine = (total.pow(2).sum() - unit.pow(2).sum()) / (count * (count - 1))
     return 1.0 - mean_cosine
-
-
-def dispersion_regularised_loss(
-    ce_loss: torch.Tensor, final_hidden: torch.Tensor, mu: float, mask: torch.Tensor | None = None
-) -> torch.Tensor:
-    """L = CE − μ · dispersion(final hidden states (B, T, d), non-padding mask (B, T))."""
-    if mu == 0.0:
-        return ce_loss
-    return ce_loss - mu * mean_pairwise_cosine_distance(final_hidden, mask)
 
 
 class DispersionAccumulator:
@@ -115,11 +105,7 @@ def layer_dispersion(
         for start in range(0, n_windows, batch_size):
             _, keys = keyed(windows[start : start + batch_size])
             shape = next(iter(keys.values())).shape[:2]
-            keep = (
-                torch.rand(shape, generator=generator) < sample_fraction
-                if sample_fraction < 1.0
-                else None
-            )
+            keep = torch.rand(shape, generator=generator) < sample_fraction if sample_fraction < 1.0 else None
             for spec, hidden in keys.items():
                 flat = hidden.reshape(-1, hidden.shape[-1]).cpu()
                 accumulator.add(spec, flat if keep is None else flat[keep.reshape(-1)])

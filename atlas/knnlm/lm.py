@@ -41,9 +41,7 @@ class BlockParts:
 
     blocks: Callable[[nn.Module], nn.ModuleList]
     attention: Callable[[nn.Module], nn.Module]  # block → attention module
-    feed_forward: Callable[
-        [nn.Module], nn.Module
-    ]  # block → FFN core (its input is post-layer-norm)
+    feed_forward: Callable[[nn.Module], nn.Module]  # block → FFN core (its input is post-layer-norm)
 
 
 ARCHITECTURES: dict[str, BlockParts] = {
@@ -65,10 +63,7 @@ def architecture_of(model: nn.Module) -> str:
         return "gpt2"
     if hasattr(model, "model") and hasattr(model.model, "layers"):
         return "llama"
-    raise ValueError(
-        f"cannot locate the blocks of {type(model).__name__}; "
-        f"supported layouts: {sorted(ARCHITECTURES)}"
-    )
+    raise ValueError(f"cannot locate the blocks of {type(model).__name__}; supported layouts: {sorted(ARCHITECTURES)}")
 
 
 def _first(output):
@@ -165,9 +160,7 @@ class KeyedLM:
         self._captured = {}
         try:
             if self.architecture == "t5":
-                encoder_ids = torch.tensor(
-                    [self.encoder_input_ids] * len(input_ids), device=self.device
-                )
+                encoder_ids = torch.tensor([self.encoder_input_ids] * len(input_ids), device=self.device)
                 logits = self.model(input_ids=encoder_ids, decoder_input_ids=input_ids).logits
             else:
                 logits = self.model(input_ids=input_ids).logits
@@ -187,14 +180,12 @@ class KeyedLM:
 
 def load_lm(path: str | Path, *, device: str | torch.device = "cpu") -> nn.Module:
     """A causal LM (or a T5 model) from a local folder; a lone config.json builds a fresh model."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM  # heavy: only to load a model
 
     path = Path(path)
     config_path = path if path.is_file() else path / "config.json"
     if not config_path.exists():
-        raise FileNotFoundError(
-            f"{path}: neither a model folder with config.json nor a config file"
-        )
+        raise FileNotFoundError(f"{path}: neither a model folder with config.json nor a config file")
     config = AutoConfig.from_pretrained(config_path.parent if path.is_dir() else path)
     auto = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
     has_weights = path.is_dir() and any(path.glob("*.safetensors"))

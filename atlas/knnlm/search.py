@@ -22,22 +22,6 @@ from atlas.knnlm.datastore import Datastore, check_same_producer, key_file_name
 from retriever.index_types import build_faiss_index, exact_search, set_search_params
 
 
-def knn_distribution(
-    distances: torch.Tensor, neighbour_values: torch.Tensor, vocab_size: int, temperature: float
-) -> torch.Tensor:
-    """Full p_kNN over the vocabulary: distances (..., k), values (..., k) int → probs (..., V)."""
-    weights = torch.softmax(-distances.double() / temperature, dim=-1)
-    probs = torch.zeros(*distances.shape[:-1], vocab_size, dtype=torch.float64)
-    return probs.scatter_add_(-1, neighbour_values.long(), weights)
-
-
-def interpolate_distributions(
-    lm_probs: torch.Tensor, knn_probs: torch.Tensor, lam: float
-) -> torch.Tensor:
-    """λ·p_kNN + (1−λ)·p_LM for full distributions (..., V)."""
-    return lam * knn_probs + (1.0 - lam) * lm_probs
-
-
 def knn_target_logprobs(
     distances: np.ndarray, neighbour_values: np.ndarray, targets: np.ndarray, temperature: float
 ) -> np.ndarray:
@@ -52,9 +36,7 @@ def knn_target_logprobs(
     return (on_target - normaliser).numpy()
 
 
-def interpolate_logprobs(
-    lm_logprobs: np.ndarray, knn_logprobs: np.ndarray, lam: float
-) -> np.ndarray:
+def interpolate_logprobs(lm_logprobs: np.ndarray, knn_logprobs: np.ndarray, lam: float) -> np.ndarray:
     """log(λ·p_kNN + (1−λ)·p_LM) per token, computed in log space (Q,) → (Q,)."""
     lm = np.asarray(lm_logprobs, dtype=np.float64)
     if lam == 0.0:
@@ -87,9 +69,7 @@ def exact_distances(
         gathered = np.empty((len(flat), keys.shape[1]), dtype=np.float32)
         gathered[order] = keys[flat[order]]
         k = torch.from_numpy(gathered).view(*part.shape, -1)  # (C, k, d)
-        q = torch.from_numpy(
-            np.asarray(queries[start : start + chunk], dtype=np.float32)
-        ).unsqueeze(1)  # (C, 1, d)
+        q = torch.from_numpy(np.asarray(queries[start : start + chunk], dtype=np.float32)).unsqueeze(1)  # (C, 1, d)
         if metric == "ip":
             out[start : start + chunk] = -(k * q).sum(-1).double().numpy()
         else:
@@ -108,9 +88,7 @@ def build_knn_index(
     seed: int = 0,
 ) -> faiss.Index:
     """Train and fill a FAISS index of `spec` (e.g. 'IVF1024,PQ32') over one key; cached on disk."""
-    cache = datastore.path / (
-        key_file_name(key_name)[:-4] + f".{spec.replace(',', '_')}.{metric}.faiss"
-    )
+    cache = datastore.path / (key_file_name(key_name)[:-4] + f".{spec.replace(',', '_')}.{metric}.faiss")
     if cache.exists():
         return faiss.read_index(str(cache))
     keys = datastore.keys(key_name)
@@ -220,9 +198,7 @@ def grid_search(
     Returns {"lambda", "temperature", "perplexity", "lm_perplexity", "grid": [[λ, τ, ppl], ...]}.
     """
     settings = [(lam, tau) for lam in lambdas for tau in temperatures]
-    results = knn_lm_logprobs(
-        query_store, datastore, key_name, k=k, settings=settings, **search_kwargs
-    )
+    results = knn_lm_logprobs(query_store, datastore, key_name, k=k, settings=settings, **search_kwargs)
     grid = [[lam, tau, perplexity(lp)] for (lam, tau), lp in results.items()]
     best = min(grid, key=lambda row: row[2])
     n = len(next(iter(results.values())))

@@ -30,8 +30,14 @@ class MicroBatcher(Generic[Item, Result]):
     submit, stop with `await stop()`.
     """
 
-    def __init__(self, run_batch: Callable[[Sequence[Item]], Sequence[Result]], *, executor: Executor,
-                 max_batch: int = 32, window_ms: float = 5.0):
+    def __init__(
+        self,
+        run_batch: Callable[[Sequence[Item]], Sequence[Result]],
+        *,
+        executor: Executor,
+        max_batch: int = 32,
+        window_ms: float = 5.0,
+    ):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if window_ms < 0:

@@ -83,15 +83,17 @@ def _unique(values: list[str]) -> list[str]:
 
 def _text(max_length: int, what: str) -> Any:
     """A string of 1..max_length characters, not all white space (`pattern` in the schema)."""
-    return Annotated[str, Field(min_length=1, max_length=max_length, json_schema_extra={"pattern": NOT_BLANK}),
-                     _not_blank(what)]
+    return Annotated[
+        str, Field(min_length=1, max_length=max_length, json_schema_extra={"pattern": NOT_BLANK}), _not_blank(what)
+    ]
 
 
 ID_SCHEMA: dict[str, Any] = {"not": {"pattern": BAD_ID}}
 QuestionText = _text(MAX_QUESTION_CHARS, "question")
 QueryText = _text(MAX_QUESTION_CHARS, "query")
-PassageId = Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS, json_schema_extra=ID_SCHEMA),
-                      AfterValidator(clean_id)]
+PassageId = Annotated[
+    str, Field(min_length=1, max_length=MAX_ID_CHARS, json_schema_extra=ID_SCHEMA), AfterValidator(clean_id)
+]
 PassageText = _text(MAX_PASSAGE_CHARS, "passage text")
 Title = Annotated[str, Field(max_length=MAX_TITLE_CHARS)]
 AskK = Annotated[integer(1, MAX_ASK_K) | None, Field(default=None)]
@@ -151,14 +153,19 @@ class EditRequest(Strict):
 
     At least one of the three lists is non-empty, and an id appears once in the whole edit."""
 
-    model_config = ConfigDict(json_schema_extra={
-        "anyOf": [{"required": [key], "properties": {key: {"minItems": 1}}} for key in ("add", "update", "remove")]})
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [{"required": [key], "properties": {key: {"minItems": 1}}} for key in ("add", "update", "remove")]
+        }
+    )
 
     add: list[Passage] = Field(default_factory=list, max_length=MAX_BATCH)
     update: list[PassageReplacement] = Field(default_factory=list, max_length=MAX_BATCH)
-    remove: Annotated[list[PassageId], Field(default_factory=list, max_length=MAX_BATCH,
-                                             json_schema_extra={"uniqueItems": True}),
-                      AfterValidator(_unique)]
+    remove: Annotated[
+        list[PassageId],
+        Field(default_factory=list, max_length=MAX_BATCH, json_schema_extra={"uniqueItems": True}),
+        AfterValidator(_unique),
+    ]
 
     @model_validator(mode="after")
     def _not_empty(self) -> EditRequest:

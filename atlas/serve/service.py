@@ -27,10 +27,12 @@ from pathlib import Path
 
 import torch
 
+from atlas.model import template_fields
 from reader.fid import IGNORE_INDEX
 from reader.surface import decode_answers
 from tasks.base import Example, get_task
 from tasks.io import write_jsonl
+from tasks.passage import Passage
 
 logger = logging.getLogger(__name__)
 
@@ -78,8 +80,9 @@ class AtlasService:
         from retriever.index import PassageIndex
 
         if model.retriever is None or not isinstance(model.index, PassageIndex):
-            raise ValueError("atlas serve needs a run with a retriever and a (not sharded) passage index; "
-                             "give one with --index DIR")
+            raise ValueError(
+                "atlas serve needs a run with a retriever and a (not sharded) passage index; give one with --index DIR"
+            )
         self.model = model.eval()
         self.config = config
         self.checkpoint = Path(checkpoint) if checkpoint is not None else None
@@ -109,7 +112,7 @@ class AtlasService:
 
     # ------------------------------------------------------------------ questions (model thread)
     def _query(self, question: str) -> str:
-        return self.task.query(question) if hasattr(self.task, "query") else question
+        return self.task.query(question)
 
     @torch.no_grad()
     def answer(self, questions: Sequence[Question]) -> list[dict]:
@@ -125,33 +128,48 @@ class AtlasService:
         for n, q in enumerate(questions):
             by_k.setdefault(q.k, []).append(n)
         for k, positions in by_k.items():
-            examples = [Example(id=str(n), query=self._query(questions[n].question), target=None, answers=[])
-                        for n in positions]
+            examples = [
+                Example(id=str(n), query=self._query(questions[n].question), target=None, answers=[]) for n in positions
+            ]
             passages = self.model.retrieve(examples, k)
             texts, attention = self._read([e.query for e in examples], passages)
             for row, (n, example, read) in enumerate(zip(positions, examples, passages)):
                 shares = attention[row, : len(read)]
                 shares = shares / shares.sum() if float(shares.sum()) > 0 else shares
-                evidence = [{"id": p["id"], "title": p.get("title") or "", "text": p["text"],
-                             "score": float(p.get("score", 0.0)), "attention": float(s)}
-                            for p, s in zip(read, shares.tolist())]
+                evidence = [
+                    {
+                        "id": p.id,
+                        "title": p.title,
+                        "text": p.text,
+                        "score": float(p.score or 0.0),
+                        "attention": float(s),
+                    }
+                    for p, s in zip(read, shares.tolist())
+                ]
                 attended = max(evidence, key=lambda e: e["attention"])["id"] if evidence else None
-                results[n] = {"question": questions[n].question, "answer": self.task.postprocess(example, texts[row]),
-                              "k": k, "evidence": evidence, "attended": attended,
-                              "generation": int(index.manifest["generation"])}
+                results[n] = {
+                    "question": questions[n].question,
+                    "answer": self.task.postprocess(example, texts[row]),
+                    "k": k,
+                    "evidence": evidence,
+                    "attended": attended,
+                    "generation": int(index.manifest["generation"]),
+                }
         return results
 
-    def _read(self, queries: list[str], passages: list[list[dict]]) -> tuple[list[str], torch.Tensor]:
+    def _read(self, queries: list[str], passages: list[list[Passage]]) -> tuple[list[str], torch.Tensor]:
         """Generate answers and score each passage by cross-attention: → (B texts, (B, K) scores)."""
         model, reader = self.model, self.model.reader
         input_ids, attention_mask = model.reader_inputs(queries, passages)  # (B, K, L) each
         # the attention scores below read the same encoder states as generation: encode once
         states = model.encode_for_answers(input_ids, attention_mask)  # (B, K, L, H)
-        generated = model.generate(input_ids, attention_mask, passages, encoder_states=states)  # (B, T') from the start token
-        texts = [t.strip() for t in decode_answers(model.reader_tokenizer, generated, passages)]
+        generated = model.generate(
+            input_ids, attention_mask, passages, encoder_states=states
+        )  # (B, T') from the start token
+        texts = [t.strip() for t in decode_answers(model.reader_tokenizer, generated, template_fields(passages))]
         # teacher-force the generated answer to see where the decoder looked while writing it
         labels = generated[:, 1:].clone()
-        labels[labels == reader.t5.config.pad_token_id] = IGNORE_INDEX
+        labels[labels == reader.seq2seq.config.pad_token_id] = IGNORE_INDEX
         scores = reader.cross_attention_scores(states, attention_mask, labels, input_ids=input_ids)  # (B, K)
         return texts, scores.float().cpu()
 
@@ -161,8 +179,11 @@ class AtlasService:
         index = self.model.index
         vectors = self.model.retriever.embed_queries([self._query(query)])
         hits = index.search(vectors, k)[0]
-        return {"query": query, "generation": int(index.manifest["generation"]),
-                "hits": [{"id": h.id, "title": h.title, "text": h.text, "score": h.score} for h in hits]}
+        return {
+            "query": query,
+            "generation": int(index.manifest["generation"]),
+            "hits": [{"id": h.id, "title": h.title, "text": h.text, "score": h.score} for h in hits],
+        }
 
     def passage(self, passage_id: str) -> dict:
         """The live passage with this id: {id, title, text}; `PassageNotFound` if there is none."""
@@ -196,16 +217,18 @@ class AtlasService:
             raise EditsConflict(f"each passage may appear once per edit; repeated: {', '.join(map(repr, repeated))}")
         existing = [p["id"] for p in add if index.position_of(p["id"]) is not None]
         if existing:
-            raise PassageExists(f"passage id(s) already in the index: {', '.join(map(repr, existing))} "
-                                "(update them instead)")
+            raise PassageExists(
+                f"passage id(s) already in the index: {', '.join(map(repr, existing))} (update them instead)"
+            )
         unknown = [i for i in [p["id"] for p in update] + list(remove) if index.position_of(i) is None]
         if unknown:
             raise PassageNotFound(f"no passage with id(s) {', '.join(map(repr, unknown))} in the index")
         new = [{"id": p["id"], "title": p.get("title") or "", "text": p["text"]} for p in add]
         for p in update:
             title = p.get("title")
-            new.append({"id": p["id"], "title": self.passage(p["id"])["title"] if title is None else title,
-                        "text": p["text"]})
+            new.append(
+                {"id": p["id"], "title": self.passage(p["id"])["title"] if title is None else title, "text": p["text"]}
+            )
         replaced = [p["id"] for p in update] + list(remove)
         retriever = self._editing_retriever()
         allow_mismatch = self.model.index_config.allow_encoder_mismatch
@@ -213,8 +236,15 @@ class AtlasService:
             if new:
                 with tempfile.TemporaryDirectory(prefix="atlas-serve-edit-") as tmp:
                     write_jsonl(Path(tmp) / "passages.jsonl", new)
-                    add_passages(index.folder, [Path(tmp) / "passages.jsonl"], retriever, chunk_words=0,
-                                 progress=False, remove=replaced, allow_encoder_mismatch=allow_mismatch)
+                    add_passages(
+                        index.folder,
+                        [Path(tmp) / "passages.jsonl"],
+                        retriever,
+                        chunk_words=0,
+                        progress=False,
+                        remove=replaced,
+                        allow_encoder_mismatch=allow_mismatch,
+                    )
             else:
                 remove_passages(index.folder, replaced)
         except IndexLockedError as e:
@@ -222,17 +252,26 @@ class AtlasService:
         fresh = self._swap_in_index_from_disk()
         if self.auto_compact and compaction_due(fresh.manifest) is not None:
             self.edit_executor.submit(self._compact)  # runs after this edit, before the next one
-        return {"added": [p["id"] for p in add], "updated": [p["id"] for p in update], "removed": list(remove),
-                "count": len(fresh), "generation": int(fresh.manifest["generation"])}
+        return {
+            "added": [p["id"] for p in add],
+            "updated": [p["id"] for p in update],
+            "removed": list(remove),
+            "count": len(fresh),
+            "generation": int(fresh.manifest["generation"]),
+        }
 
     def _swap_in_index_from_disk(self):
         """Load the index's last commit and serve it from the next batch on (edit thread)."""
         from retriever.index import PassageIndex
 
         index = self.model.index
-        fresh = PassageIndex.load(index.folder, retriever=self._editing_retriever(),
-                                  allow_encoder_mismatch=self.model.index_config.allow_encoder_mismatch,
-                                  nprobe=index.nprobe, ef_search=index.ef_search)
+        fresh = PassageIndex.load(
+            index.folder,
+            retriever=self._editing_retriever(),
+            allow_encoder_mismatch=self.model.index_config.allow_encoder_mismatch,
+            nprobe=index.nprobe,
+            ef_search=index.ef_search,
+        )
         fresh.retriever = self.model.retriever  # string searches embed on the model thread's copy
         self.model_executor.submit(setattr, self.model, "index", fresh).result()
         return fresh
@@ -252,8 +291,15 @@ class AtlasService:
             return
         self._swap_in_index_from_disk()
         self.compactions += 1
-        logger.info("compacted %s: %d -> %d segments, %d -> %d rows in %.2f s", self.model.index.folder,
-                    stats.segments_before, stats.segments_after, stats.rows_before, stats.rows_after, stats.seconds)
+        logger.info(
+            "compacted %s: %d -> %d segments, %d -> %d rows in %.2f s",
+            self.model.index.folder,
+            stats.segments_before,
+            stats.segments_after,
+            stats.rows_before,
+            stats.rows_after,
+            stats.seconds,
+        )
 
     def _editing_retriever(self):
         """The edit thread's own copy of the retriever (same weights, so the same fingerprint)."""
@@ -266,9 +312,15 @@ class AtlasService:
         """Liveness and the state served: live passages, index generation, uptime."""
         index = self.model.index
         manifest = index.manifest
-        return {"status": "ok", "passages": len(index), "generation": int(manifest["generation"]),
-                "dead_rows": int(manifest["total"] - manifest["count"]), "segments": len(manifest["segments"]),
-                "compactions": self.compactions, "uptime_s": round(time.monotonic() - self.started, 3)}
+        return {
+            "status": "ok",
+            "passages": len(index),
+            "generation": int(manifest["generation"]),
+            "dead_rows": int(manifest["total"] - manifest["count"]),
+            "segments": len(manifest["segments"]),
+            "compactions": self.compactions,
+            "uptime_s": round(time.monotonic() - self.started, 3),
+        }
 
     def describe(self) -> dict:
         """The loaded run: checkpoint, task, reader, retriever (encoder fingerprint) and index."""
@@ -277,18 +329,33 @@ class AtlasService:
         return {
             "checkpoint": str(self.checkpoint) if self.checkpoint else None,
             "task": config.task.name,
-            "reader": {"model": config.reader.model, "class": type(model.reader.t5).__name__,
-                       "parameters": sum(p.numel() for p in model.reader.parameters()),
-                       "n_context": config.reader.n_context, "num_beams": config.reader.num_beams,
-                       "text_maxlength": config.reader.text_maxlength,
-                       "generation_max_length": config.reader.generation_max_length},
-            "retriever": {"model": config.retriever.model, "tied": model.retriever.tied,
-                          "passage_fingerprint": model.retriever.passage_fingerprint()},
-            "index": {"path": str(index.folder), "spec": manifest["spec"], "passages": len(index),
-                      "total": manifest["total"], "dead_rows": manifest["total"] - manifest["count"],
-                      "dim": manifest["dim"], "generation": manifest["generation"],
-                      "segments": len(manifest["segments"]), "compactions": self.compactions,
-                      "auto_compact": self.auto_compact, "encoder_fingerprint": manifest["encoder_fingerprint"],
-                      "encoder": manifest.get("encoder", {}).get("source")},
+            "reader": {
+                "model": config.reader.model,
+                "class": type(model.reader.seq2seq).__name__,
+                "parameters": sum(p.numel() for p in model.reader.parameters()),
+                "n_context": config.reader.n_context,
+                "num_beams": config.reader.num_beams,
+                "text_maxlength": config.reader.text_maxlength,
+                "generation_max_length": config.reader.generation_max_length,
+            },
+            "retriever": {
+                "model": config.retriever.model,
+                "tied": model.retriever.tied,
+                "passage_fingerprint": model.retriever.passage_fingerprint(),
+            },
+            "index": {
+                "path": str(index.folder),
+                "spec": manifest["spec"],
+                "passages": len(index),
+                "total": manifest["total"],
+                "dead_rows": manifest["total"] - manifest["count"],
+                "dim": manifest["dim"],
+                "generation": manifest["generation"],
+                "segments": len(manifest["segments"]),
+                "compactions": self.compactions,
+                "auto_compact": self.auto_compact,
+                "encoder_fingerprint": manifest["encoder_fingerprint"],
+                "encoder": manifest.get("encoder", {}).get("source"),
+            },
             "device": str(next(model.reader.parameters()).device),
         }

@@ -65,9 +65,16 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(output_dir: str | Path, step: int, *, model, config: AtlasConfig,
-                    training_state: dict[str, Any], keep_last: int = 2,
-                    reader_weights: dict[str, torch.Tensor] | None = None) -> Path:
+def save_checkpoint(
+    output_dir: str | Path,
+    step: int,
+    *,
+    model,
+    config: AtlasConfig,
+    training_state: dict[str, Any],
+    keep_last: int = 2,
+    reader_weights: dict[str, torch.Tensor] | None = None,
+) -> Path:
     """Write checkpoint `step` atomically, point `latest` at it and keep only the newest `keep_last`.
 
     `training_state`: optimizer/scheduler state dicts, data position, step — plain values and tensors.
@@ -80,7 +87,9 @@ def save_checkpoint(output_dir: str | Path, step: int, *, model, config: AtlasCo
         if reader_weights is None:
             model.reader.save_pretrained(tmp / "reader")
         else:
-            model.reader.t5.save_pretrained(str(tmp / "reader"), state_dict=reader_weights, safe_serialization=True)
+            model.reader.seq2seq.save_pretrained(
+                str(tmp / "reader"), state_dict=reader_weights, safe_serialization=True
+            )
         model.reader_tokenizer.save_pretrained(str(tmp / "reader"))
         if model.retriever is not None:
             model.retriever.save_pretrained(tmp / "retriever")
@@ -119,12 +128,21 @@ def disk_report(output_dir: str | Path, checkpoint: str | Path, *, keep_last: in
     kept = len(list(checkpoint_root(output_dir).glob("step-*")))
     run_total = folder_bytes(output_dir)
     keeps = "every checkpoint" if keep_last <= 0 else f"the newest {keep_last}"
-    message = (f"wrote {checkpoint} ({megabytes(total)}, of which {STATE_FILE} {megabytes(state)}: the optimizer "
-               f"state, read only by --resume; delete it once the run is final). training.keep_last={keep_last} "
-               f"keeps {keeps}: {kept} checkpoint(s) now; {output_dir} holds {megabytes(run_total)} in all")
-    return {"checkpoint": str(checkpoint), "checkpoint_bytes": total, "weights_bytes": total - state,
-            "training_state_bytes": state, "checkpoints_kept": kept, "keep_last": keep_last,
-            "run_folder_bytes": run_total, "message": message}
+    message = (
+        f"wrote {checkpoint} ({megabytes(total)}, of which {STATE_FILE} {megabytes(state)}: the optimizer "
+        f"state, read only by --resume; delete it once the run is final). training.keep_last={keep_last} "
+        f"keeps {keeps}: {kept} checkpoint(s) now; {output_dir} holds {megabytes(run_total)} in all"
+    )
+    return {
+        "checkpoint": str(checkpoint),
+        "checkpoint_bytes": total,
+        "weights_bytes": total - state,
+        "training_state_bytes": state,
+        "checkpoints_kept": kept,
+        "keep_last": keep_last,
+        "run_folder_bytes": run_total,
+        "message": message,
+    }
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -147,7 +165,8 @@ def load_training_state(checkpoint: str | Path) -> dict[str, Any]:
     if not path.is_file():  # e.g. a run made by `atlas import`: weights and config, no optimizer state
         raise FileNotFoundError(
             f"{path}: no training state, so this checkpoint cannot be resumed; start a new run from its "
-            f"weights instead: atlas train {Path(checkpoint) / 'config.yaml'} training.output_dir=DIR …")
+            f"weights instead: atlas train {Path(checkpoint) / 'config.yaml'} training.output_dir=DIR …"
+        )
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
@@ -170,7 +189,8 @@ def per_rank_batch_size(global_batch: int, accumulation_steps: int, world_size: 
         raise ValueError(
             f"cannot keep the checkpoint's global batch of {global_batch} examples on {world_size} rank(s) "
             f"× {accumulation_steps} accumulation step(s): {global_batch} is not divisible by {share}; "
-            f"resume on a number of ranks that divides {global_batch // accumulation_steps}")
+            f"resume on a number of ranks that divides {global_batch // accumulation_steps}"
+        )
     return global_batch // share
 
 
@@ -184,7 +204,13 @@ def config_for_world_size(config: AtlasConfig, state: dict[str, Any], world_size
         return config
     batch = per_rank_batch_size(int(state["global_batch"]), t.accumulation_steps, world_size)
     if batch != t.batch_size:
-        logger.info("resuming on %d rank(s) instead of %d: per-rank batch %d → %d (global batch %d)",
-                    world_size, state.get("world_size", "?"), t.batch_size, batch, state["global_batch"])
+        logger.info(
+            "resuming on %d rank(s) instead of %d: per-rank batch %d → %d (global batch %d)",
+            world_size,
+            state.get("world_size", "?"),
+            t.batch_size,
+            batch,
+            state["global_batch"],
+        )
         config = dataclasses.replace(config, training=dataclasses.replace(t, batch_size=batch))
     return config

@@ -76,7 +76,9 @@ def _trainable(task, path, skip_invalid: bool) -> list[Example]:
             task.train_target(example, random.Random(0))
         except ValueError as error:
             if not skip_invalid:
-                raise InputError(path, None, "answers", f"{error} (set task.skip_invalid=true to leave it out)") from None
+                raise InputError(
+                    path, None, "answers", f"{error} (set task.skip_invalid=true to leave it out)"
+                ) from None
             skipped += 1
             continue
         kept.append(example)

@@ -85,19 +85,26 @@ def load_deepspeed_config(path: str | Path, training: TrainingConfig, world_size
 
     stage = (config.get("zero_optimization") or {}).get("stage")
     if stage not in (1, 2, 3):
-        raise ConfigError(f"{path}: 'zero_optimization.stage' must be 1, 2 or 3, got {stage!r} "
-                          "(for plain data parallelism leave training.deepspeed unset: atlas uses DDP)")
-    for section, instead in (("optimizer", "training.lr, training.weight_decay"),
-                             ("scheduler", "training.scheduler, training.warmup_steps")):
+        raise ConfigError(
+            f"{path}: 'zero_optimization.stage' must be 1, 2 or 3, got {stage!r} "
+            "(for plain data parallelism leave training.deepspeed unset: atlas uses DDP)"
+        )
+    for section, instead in (
+        ("optimizer", "training.lr, training.weight_decay"),
+        ("scheduler", "training.scheduler, training.warmup_steps"),
+    ):
         if section in config:
-            raise ConfigError(f"{path}: remove '{section}': atlas passes DeepSpeed its own AdamW and "
-                              f"learning-rate schedule, configured by {instead}")
+            raise ConfigError(
+                f"{path}: remove '{section}': atlas passes DeepSpeed its own AdamW and "
+                f"learning-rate schedule, configured by {instead}"
+            )
     for precision in ("fp16", "bf16"):
         enabled = (config.get(precision) or {}).get("enabled", False)
         if enabled is True:
             raise ConfigError(
                 f"{path}: '{precision}.enabled' is not supported: the reader keeps fp32 weights (the retriever "
-                "and its loss stay outside DeepSpeed); set training.precision: bf16 for bf16 autocast")
+                "and its loss stay outside DeepSpeed); set training.precision: bf16 for bf16 autocast"
+            )
         config.pop(precision, None)  # "auto" or false: nothing to enable
 
     ours = {
@@ -109,8 +116,10 @@ def load_deepspeed_config(path: str | Path, training: TrainingConfig, world_size
     for key, value in ours.items():
         given = config.get(key, "auto")
         if given != "auto" and given != value:
-            raise ConfigError(f"{path}: '{key}' is {given!r} but {_FROM_TRAINING[key]} gives {value!r}; "
-                              f'set it to "auto" (atlas fills it in from training.*)')
+            raise ConfigError(
+                f"{path}: '{key}' is {given!r} but {_FROM_TRAINING[key]} gives {value!r}; "
+                f'set it to "auto" (atlas fills it in from training.*)'
+            )
         config[key] = value
     config.setdefault("steps_per_print", 2**31 - 1)  # atlas logs the losses itself
     return config
@@ -142,20 +151,32 @@ class DeepSpeedReader:
     checkpointing and resuming go through this object.
     """
 
-    def __init__(self, reader: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, *,
-                 ds_config: dict[str, Any], context: DistributedContext):
+    def __init__(
+        self,
+        reader: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler,
+        *,
+        ds_config: dict[str, Any],
+        context: DistributedContext,
+    ):
         deepspeed = require_deepspeed()
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)  # its per-step INFO lines drown the log
         if len(optimizer.param_groups) != 1:
-            raise ValueError(f"the reader's optimizer has {len(optimizer.param_groups)} parameter groups; "
-                             "checkpoint consolidation supports one (leave training.lr_encoder unset)")
+            raise ValueError(
+                f"the reader's optimizer has {len(optimizer.param_groups)} parameter groups; "
+                "checkpoint consolidation supports one (leave training.lr_encoder unset)"
+            )
         if any(not p.requires_grad for p in reader.parameters()):
-            raise ValueError("under DeepSpeed the whole reader trains (checkpoint consolidation covers every "
-                             "parameter): leave reader.trainable_encoder_layers unset")
+            raise ValueError(
+                "under DeepSpeed the whole reader trains (checkpoint consolidation covers every "
+                "parameter): leave reader.trainable_encoder_layers unset"
+            )
         self.context = context
         _ensure_process_group(context)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=reader, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
+            model=reader, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config
+        )
         self.stage = self.engine.zero_optimization_stage()
 
     @property
@@ -202,16 +223,22 @@ class DeepSpeedReader:
             if stepped:
                 moments = {key: safe_get_full_optimizer_state(param, key) for key in _MOMENTS}
                 if main:
-                    state[index] = {"step": torch.tensor(float(step)),
-                                    **{key: value.detach().to("cpu", copy=True).reshape(full[id(param)].shape)
-                                       for key, value in moments.items()}}
+                    state[index] = {
+                        "step": torch.tensor(float(step)),
+                        **{
+                            key: value.detach().to("cpu", copy=True).reshape(full[id(param)].shape)
+                            for key, value in moments.items()
+                        },
+                    }
         if not main:
             return None, None
         weights = None
         if self.stage == 3:
-            weights = {name.removeprefix("t5."): full[id(param)]
-                       for name, param in module.named_parameters(remove_duplicate=False)}
-            weights.update({name.removeprefix("t5."): b.detach().cpu() for name, b in module.named_buffers()})
+            weights = {
+                name.removeprefix("seq2seq."): full[id(param)]
+                for name, param in module.named_parameters(remove_duplicate=False)
+            }
+            weights.update({name.removeprefix("seq2seq."): b.detach().cpu() for name, b in module.named_buffers()})
         n_params = len(full)
         group = {key: value for key, value in self.optimizer.param_groups[0].items() if key != "params"}
         return weights, {"state": state, "param_groups": [{**group, "params": list(range(n_params))}]}
@@ -234,8 +261,10 @@ class DeepSpeedReader:
             return
         params = list(self.engine.module.parameters())
         if len(saved["param_groups"][0]["params"]) != len(params):
-            raise ValueError(f"saved reader optimizer covers {len(saved['param_groups'][0]['params'])} parameters, "
-                             f"the reader has {len(params)}")
+            raise ValueError(
+                f"saved reader optimizer covers {len(saved['param_groups'][0]['params'])} parameters, "
+                f"the reader has {len(params)}"
+            )
         self._materialise_optimizer_state()
         for index, param in enumerate(params):
             entry = saved["state"].get(index, {})
@@ -255,8 +284,7 @@ class DeepSpeedReader:
         for the duration of its step."""
         zero = self.optimizer
         if hasattr(zero, "fp32_partitioned_groups_flat"):  # ZeRO-3
-            return [(zero.sub_group_to_group_id[i], flat)
-                    for i, flat in enumerate(zero.fp32_partitioned_groups_flat)]
+            return [(zero.sub_group_to_group_id[i], flat) for i, flat in enumerate(zero.fp32_partitioned_groups_flat)]
         return [(i, flat) for i, group in enumerate(zero.optimizer.param_groups) for flat in group["params"]]
 
     def _materialise_optimizer_state(self) -> None:

@@ -108,9 +108,11 @@ class Optimizers:
     def state_dicts(self, reader_state: dict | None) -> dict:
         """The optimizers' part of a training state; `reader_state`: the reader's AdamW state
         (gathered by DeepSpeed when it holds the reader)."""
-        return {"reader_optimizer": reader_state,
-                "retriever_optimizer": self.retriever.state_dict() if self.retriever else None,
-                "schedulers": [s.state_dict() for s in self.schedules]}
+        return {
+            "reader_optimizer": reader_state,
+            "retriever_optimizer": self.retriever.state_dict() if self.retriever else None,
+            "schedulers": [s.state_dict() for s in self.schedules],
+        }
 
     def load_state_dicts(self, state: dict, deepspeed: DeepSpeedReader | None) -> None:
         """Restore what `state_dicts` saved (the reader's AdamW through DeepSpeed when it holds it)."""
@@ -129,7 +131,7 @@ def make_optimizers(model, config: AtlasConfig) -> Optimizers:
     trains, for it (`lr_retriever`), each with the `training.scheduler` schedule. Frozen
     parameters are left out."""
     t = config.training
-    encoder_ids = {id(p) for p in model.reader.t5.encoder.parameters()} if t.lr_encoder is not None else set()
+    encoder_ids = {id(p) for p in model.reader.seq2seq.encoder.parameters()} if t.lr_encoder is not None else set()
     trainable = [p for p in model.reader.parameters() if p.requires_grad]
     groups = [{"params": [p for p in trainable if id(p) not in encoder_ids], "lr": t.lr}]
     if encoder_ids:
@@ -141,8 +143,12 @@ def make_optimizers(model, config: AtlasConfig) -> Optimizers:
         if params:
             retriever = torch.optim.AdamW(params, lr=t.lr_retriever, weight_decay=t.weight_decay)
     schedule = lambda step: lr_multiplier(step, warmup=t.warmup_steps, total=t.steps, kind=t.scheduler)
-    return Optimizers(reader=reader, reader_schedule=LambdaLR(reader, schedule), retriever=retriever,
-                      retriever_schedule=LambdaLR(retriever, schedule) if retriever is not None else None)
+    return Optimizers(
+        reader=reader,
+        reader_schedule=LambdaLR(reader, schedule),
+        retriever=retriever,
+        retriever_schedule=LambdaLR(retriever, schedule) if retriever is not None else None,
+    )
 
 
 class NonFiniteLoss(ArithmeticError):
@@ -163,7 +169,8 @@ def check_finite(step: int, step_losses: dict[str, float], context, output_dir) 
             f"training step {step}: the loss is not finite ({values}); the run stopped before the optimizer "
             f"step, so the weights and the checkpoints in {output_dir}/checkpoints are as they were. Causes "
             "seen: training.precision=bf16 on CUDA with the shipped reader (use fp32 there), a learning rate "
-            "far too high (training.lr). See docs/troubleshooting.md.")
+            "far too high (training.lr). See docs/troubleshooting.md."
+        )
 
 
 @dataclass
@@ -179,14 +186,17 @@ class RecallGuard:
     before: dict[str, float] | None = None
 
     @classmethod
-    def start(cls, model, examples: list[Example], config: AtlasConfig, log: RunLog | None,
-              logged: Path | None) -> RecallGuard | None:
+    def start(
+        cls, model, examples: list[Example], config: AtlasConfig, log: RunLog | None, logged: Path | None
+    ) -> RecallGuard | None:
         """The guard of a run whose retriever trains against an index (None otherwise); its
         starting recall is read from `logged` (a resumed run's log) or measured and logged now."""
         questions = [e for e in examples if e.answers and not e.passages][: config.evaluation.train_recall_examples]
         if not (questions and model.trains_retriever and model.index is not None):
             return None
-        guard = cls(questions, sorted({config.reader.n_context, config.retriever.n_context}), config.retriever.loss)
+        guard = cls(
+            questions, sorted({config.reader.n_context, config.retriever.n_context}), config.retriever.loss.name
+        )
         guard.before = logged_recall(logged) if logged is not None else None
         if guard.before is None:
             model.eval()
@@ -203,14 +213,20 @@ class RecallGuard:
             log.write(step, {f"train_recall/{k}": v for k, v in now.items()})
             dropped = recall_drops(self.before or {}, now)
             if dropped:
-                logger.warning("step %d: the retriever loss '%s' lowered answer recall on %d training questions "
-                               "(%s); check its temperatures and lr_retriever", step, self.loss_name,
-                               len(self.examples), ", ".join(dropped))
+                logger.warning(
+                    "step %d: the retriever loss '%s' lowered answer recall on %d training questions "
+                    "(%s); check its temperatures and lr_retriever",
+                    step,
+                    self.loss_name,
+                    len(self.examples),
+                    ", ".join(dropped),
+                )
         return now
 
 
-def _resolve_run(config: AtlasConfig | None, resume: str | Path | None,
-                 context: DistributedContext) -> tuple[AtlasConfig, Path | None, dict | None]:
+def _resolve_run(
+    config: AtlasConfig | None, resume: str | Path | None, context: DistributedContext
+) -> tuple[AtlasConfig, Path | None, dict | None]:
     """→ (the run's config, the checkpoint it resumes from, that checkpoint's training state);
     a resumed run takes the checkpoint's config with the per-rank batch that keeps its global batch."""
     if resume is None:
@@ -237,8 +253,15 @@ class TrainingRecipe:
     guard: RecallGuard | None
     autocast: torch.autocast
 
-    def __init__(self, config: AtlasConfig | None, *, resume: str | Path | None = None, progress: bool = True,
-                 stop_at: int | None = None, context: DistributedContext | None = None):
+    def __init__(
+        self,
+        config: AtlasConfig | None,
+        *,
+        resume: str | Path | None = None,
+        progress: bool = True,
+        stop_at: int | None = None,
+        context: DistributedContext | None = None,
+    ):
         self.context = context or init_distributed()
         self.config, self.checkpoint, self.resumed_state = _resolve_run(config, resume, self.context)
         self.progress = progress
@@ -268,16 +291,24 @@ class TrainingRecipe:
         self.model = model = build_atlas(config, checkpoint=self.checkpoint).to(context.device)
         self.task = get_task(config.task.name, **config.task.options)
         if config.task.eval_data:  # an evaluation file without gold answers fails now, not after training
-            check_labelled(self.task, config.task.eval_data[0],
-                           self.task.load(config.task.eval_data[0], skip_invalid=config.task.skip_invalid))
+            check_labelled(
+                self.task,
+                config.task.eval_data[0],
+                self.task.load(config.task.eval_data[0], skip_invalid=config.task.skip_invalid),
+            )
         examples = load_training_examples(config, self.task)
         if context.is_main:
             atomic_write_json(self.output_dir / "train_examples.json", [e.id for e in examples])
         self.optimizers = make_optimizers(model, config)
         self.engine, self.deepspeed = model, None
         if ds_config is not None:  # the reader inside DeepSpeed; the retriever keeps its own AdamW
-            self.deepspeed = DeepSpeedReader(model.reader, self.optimizers.reader, self.optimizers.reader_schedule,
-                                             ds_config=ds_config, context=context)
+            self.deepspeed = DeepSpeedReader(
+                model.reader,
+                self.optimizers.reader,
+                self.optimizers.reader_schedule,
+                ds_config=ds_config,
+                context=context,
+            )
         elif context.enabled:
             # unused: the retriever's parameters when its loss is `none`, the reader's lm head in MC scoring
             self.engine = DistributedDataParallel(model, find_unused_parameters=True)
@@ -288,16 +319,21 @@ class TrainingRecipe:
         self.log = RunLog(self.output_dir, resume_step=resume_step) if context.is_main else None
         self.refresh_schedule = parse_refresh_schedule(config.index.refresh)
         self.passage_side_trains = model.trains_retriever and any(
-            p.requires_grad for p in model.retriever.passage_encoder.parameters())
+            p.requires_grad for p in model.retriever.passage_encoder.parameters()
+        )
         if self.checkpoint is not None and self.passage_side_trains and self.refresh_schedule:
             self.refresh()  # the saved passage encoder has moved on since the index was built
-        self.guard = RecallGuard.start(model, examples, config, self.log,
-                                       self.output_dir / "log.jsonl" if self.checkpoint is not None else None)
+        self.guard = RecallGuard.start(
+            model, examples, config, self.log, self.output_dir / "log.jsonl" if self.checkpoint is not None else None
+        )
         if len(config.task.eval_data) > 1 and context.is_main:
-            logger.warning("training evaluates on %s only (the first of task.eval_data); "
-                           "`atlas evaluate` scores the others", config.task.eval_data[0])
-        self.autocast = torch.autocast(model.reader.t5.device.type, dtype=torch.bfloat16,
-                                       enabled=t.precision == "bf16")
+            logger.warning(
+                "training evaluates on %s only (the first of task.eval_data); `atlas evaluate` scores the others",
+                config.task.eval_data[0],
+            )
+        self.autocast = torch.autocast(
+            model.reader.seq2seq.device.type, dtype=torch.bfloat16, enabled=t.precision == "bf16"
+        )
 
     def _restore(self, state: dict) -> None:
         """Continue where the checkpoint stopped: optimizers and schedules, data position, step, RNGs."""
@@ -311,8 +347,13 @@ class TrainingRecipe:
     def train(self) -> dict:
         """Steps until `training.steps` (or `stop_at`), then the final save and evaluation; → the summary."""
         t = self.config.training
-        self.bar = tqdm(total=t.steps, initial=self.step, desc="training",
-                        disable=not (self.progress and self.context.is_main), dynamic_ncols=True)
+        self.bar = tqdm(
+            total=t.steps,
+            initial=self.step,
+            desc="training",
+            disable=not (self.progress and self.context.is_main),
+            dynamic_ncols=True,
+        )
         started, first_step = time.perf_counter(), self.step
         end = t.steps if self.stop_at is None else min(self.stop_at, t.steps)
         while self.step < end:
@@ -374,10 +415,12 @@ class TrainingRecipe:
         t = self.config.training
         lr = self.optimizers.reader_schedule.get_last_lr()[0]
         if self.log is not None and (self.step % max(1, t.log_every) == 0 or self.step == t.steps):
-            self.log.write(self.step, {**{f"loss/{k}": v for k, v in step_losses.items()}, "lr": lr,
-                                       "steps_per_s": rate})
-        self.bar.set_postfix({k: f"{v:.4f}" for k, v in step_losses.items()} | {"lr": f"{lr:.2e}"},
-                             refresh=False)  # drawn by update(), at most every mininterval
+            self.log.write(
+                self.step, {**{f"loss/{k}": v for k, v in step_losses.items()}, "lr": lr, "steps_per_s": rate}
+            )
+        self.bar.set_postfix(
+            {k: f"{v:.4f}" for k, v in step_losses.items()} | {"lr": f"{lr:.2e}"}, refresh=False
+        )  # drawn by update(), at most every mininterval
         self.bar.update(1)
 
     # ---------------------------------------------------------------- save, refresh, evaluate
@@ -385,8 +428,11 @@ class TrainingRecipe:
         """Checkpoint the current step (rank 0 writes it; → its folder there, None elsewhere)."""
         t, context = self.config.training, self.context
         # under DeepSpeed every rank takes part in gathering the reader's weights and Adam state
-        reader_weights, reader_state = (self.deepspeed.consolidated_state(self.step) if self.deepspeed is not None
-                                        else (None, self.optimizers.reader.state_dict()))
+        reader_weights, reader_state = (
+            self.deepspeed.consolidated_state(self.step)
+            if self.deepspeed is not None
+            else (None, self.optimizers.reader.state_dict())
+        )
         path = None
         if context.is_main:
             training_state = {
@@ -395,17 +441,29 @@ class TrainingRecipe:
                 "world_size": context.world_size,
                 "global_batch": global_batch_size(t.batch_size, t.accumulation_steps, context.world_size),
             }
-            path = save_checkpoint(self.output_dir, self.step, model=self.model, config=self.config,
-                                   keep_last=t.keep_last, reader_weights=reader_weights,
-                                   training_state=training_state)
+            path = save_checkpoint(
+                self.output_dir,
+                self.step,
+                model=self.model,
+                config=self.config,
+                keep_last=t.keep_last,
+                reader_weights=reader_weights,
+                training_state=training_state,
+            )
         context.barrier()
         return path
 
     def refresh(self) -> None:
         """Re-embed the corpus with the current passage encoder and search that index from now on."""
         config = self.config
-        refresh_index(self.model, self.model.index.corpora[0].path, self.output_dir / "index-refreshed", config.index,
-                      batch_size=config.retriever.batch_size, context=self.context)
+        refresh_index(
+            self.model,
+            self.model.index.corpora[0].path,
+            self.output_dir / "index-refreshed",
+            config.index,
+            batch_size=config.retriever.batch_size,
+            context=self.context,
+        )
         if self.log is not None:
             self.log.write(self.step, {"index_refreshed": 1.0})
 
@@ -420,8 +478,15 @@ class TrainingRecipe:
         # but ZeRO-3 gathers parameters in every forward, so there all ranks generate the same
         # examples in lockstep (split shares would stop generating at different steps)
         lockstep = self.deepspeed is not None and self.deepspeed.forward_needs_all_ranks
-        metrics = evaluate(self.model, self.task, config.task.eval_data[0], config.evaluation, out_dir=out_dir,
-                           run_config=config, context=None if lockstep else context)
+        metrics = evaluate(
+            self.model,
+            self.task,
+            config.task.eval_data[0],
+            config.evaluation,
+            out_dir=out_dir,
+            run_config=config,
+            context=None if lockstep else context,
+        )
         if self.log is not None:
             self.log.write(step, {f"eval/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
         context.barrier()
@@ -431,8 +496,12 @@ class TrainingRecipe:
     def _summary(self, final: Path | None) -> dict:
         """The run's summary (see `train`); rank 0 also writes it to `summary.json`."""
         t = self.config.training
-        summary = {"step": self.step, "losses": self.losses, "eval": self.metrics,
-                   "checkpoint": str(final) if final else None}
+        summary = {
+            "step": self.step,
+            "losses": self.losses,
+            "eval": self.metrics,
+            "checkpoint": str(final) if final else None,
+        }
         if final is not None:
             summary["disk"] = disk_report(self.output_dir, final, keep_last=t.keep_last)
         elif self.context.is_main:
@@ -451,8 +520,14 @@ class TrainingRecipe:
             self.log.close()
 
 
-def train(config: AtlasConfig | None, *, resume: str | Path | None = None, progress: bool = True,
-          stop_at: int | None = None, context: DistributedContext | None = None) -> dict:
+def train(
+    config: AtlasConfig | None,
+    *,
+    resume: str | Path | None = None,
+    progress: bool = True,
+    stop_at: int | None = None,
+    context: DistributedContext | None = None,
+) -> dict:
     """Run the recipe `config` (or continue the run in `resume`); returns the final summary.
 
     `stop_at` ends this session after that step with a checkpoint (no final evaluation), as

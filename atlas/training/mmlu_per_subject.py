@@ -45,8 +45,9 @@ def subject_files(data_dir: str | Path, subjects: list[str] | None = None) -> di
     data_dir = Path(data_dir)
     for split in ("dev", "test"):
         if not (data_dir / split).is_dir():
-            raise InputError(data_dir / split, None, None,
-                             "folder not found (expected the MMLU root with dev/ and test/)")
+            raise InputError(
+                data_dir / split, None, None, "folder not found (expected the MMLU root with dev/ and test/)"
+            )
     dev = {p.name[: -len("_dev.csv")]: p for p in (data_dir / "dev").glob("*_dev.csv")}
     test = {p.name[: -len("_test.csv")]: p for p in (data_dir / "test").glob("*_test.csv")}
     available = sorted(set(dev) & set(test))
@@ -55,8 +56,9 @@ def subject_files(data_dir: str | Path, subjects: list[str] | None = None) -> di
     chosen = available if subjects is None else list(dict.fromkeys(subjects))
     unknown = [s for s in chosen if s not in dev or s not in test]
     if unknown:
-        raise ValueError(f"{data_dir}: no dev and test files for subject(s) {', '.join(unknown)}; "
-                         f"valid: {', '.join(available)}")
+        raise ValueError(
+            f"{data_dir}: no dev and test files for subject(s) {', '.join(unknown)}; valid: {', '.join(available)}"
+        )
     return {s: (dev[s], test[s]) for s in chosen}
 
 
@@ -103,17 +105,29 @@ def _read_predictions(path: Path, examples: list[Example]) -> tuple[list[str], l
     """A subject's predictions.jsonl, checked against its test examples (same ids, same order)."""
     rows = [(line, record) for line, record in read_jsonl(path)]
     if [str(r.get("id")) for _, r in rows] != [e.id for e in examples]:
-        raise InputError(path, None, "id", f"the predictions are not those of the {len(examples)} test questions "
-                                           "evaluated (delete this subject's eval/ folder to run it again)")
+        raise InputError(
+            path,
+            None,
+            "id",
+            f"the predictions are not those of the {len(examples)} test questions "
+            "evaluated (delete this subject's eval/ folder to run it again)",
+        )
     for line, record in rows:
         if not isinstance(record.get("probabilities"), dict):
             raise InputError(path, line, "probabilities", "missing: not an MMLU evaluation output")
     return [r["prediction"] for _, r in rows], [r["probabilities"] for _, r in rows]
 
 
-def run_per_subject(config: AtlasConfig, data_dir: str | Path, *, out_dir: str | Path | None = None,
-                    subjects: list[str] | None = None, keep_checkpoints: bool = False, progress: bool = True,
-                    context: DistributedContext | None = None) -> dict[str, float]:
+def run_per_subject(
+    config: AtlasConfig,
+    data_dir: str | Path,
+    *,
+    out_dir: str | Path | None = None,
+    subjects: list[str] | None = None,
+    keep_checkpoints: bool = False,
+    progress: bool = True,
+    context: DistributedContext | None = None,
+) -> dict[str, float]:
     """Fine-tune and evaluate one model per MMLU subject, then merge → the overall metrics.
 
     `config` is the per-subject recipe (its train/eval data are replaced by each subject's dev
@@ -152,8 +166,15 @@ def run_per_subject(config: AtlasConfig, data_dir: str | Path, *, out_dir: str |
         model = build_atlas(subject_config, checkpoint=checkpoint).to(context.device)
         recorded = copy.deepcopy(subject_config)
         recorded.task.eval_data = [str(test)]
-        evaluate(model, task, test, subject_config.evaluation, out_dir=eval_dir if context.is_main else None,
-                 run_config=recorded, context=context)
+        evaluate(
+            model,
+            task,
+            test,
+            subject_config.evaluation,
+            out_dir=eval_dir if context.is_main else None,
+            run_config=recorded,
+            context=context,
+        )
         del model
         if context.is_main and not keep_checkpoints:
             shutil.rmtree(Path(subject_config.training.output_dir) / "checkpoints", ignore_errors=True)
@@ -171,8 +192,9 @@ def run_per_subject(config: AtlasConfig, data_dir: str | Path, *, out_dir: str |
     return metrics
 
 
-def merge_subjects(out: str | Path, files: dict[str, tuple[Path, Path]], task, *,
-                   max_examples: int | None = None) -> dict[str, float]:
+def merge_subjects(
+    out: str | Path, files: dict[str, tuple[Path, Path]], task, *, max_examples: int | None = None
+) -> dict[str, float]:
     """Merge `OUT/subjects/<subject>/eval/predictions.jsonl` of every subject into one table.
 
     Writes OUT/predictions.jsonl, OUT/metrics.json and OUT/subjects.json; returns the metrics
@@ -193,12 +215,26 @@ def merge_subjects(out: str | Path, files: dict[str, tuple[Path, Path]], task, *
         predictions += letters
         probabilities += probs
         counts[subject] = len(subject_examples)
-    write_jsonl(out / "predictions.jsonl", (
-        {"id": e.id, "subject": e.metadata.get("subject"), "prediction": p, "answers": e.answers, "probabilities": q}
-        for e, p, q in zip(examples, predictions, probabilities)))
+    write_jsonl(
+        out / "predictions.jsonl",
+        (
+            {
+                "id": e.id,
+                "subject": e.metadata.get("subject"),
+                "prediction": p,
+                "answers": e.answers,
+                "probabilities": q,
+            }
+            for e, p, q in zip(examples, predictions, probabilities)
+        ),
+    )
     metrics = task.evaluate(examples, predictions, letter_probs=probabilities)
     atomic_write_json(out / "subjects.json", counts)
     atomic_write_json(out / "metrics.json", metrics)
-    logger.info("merged %d subjects, %d questions: %s", len(counts), len(examples),
-                json.dumps({k: metrics[k] for k in ("accuracy", "debiased_accuracy")}))
+    logger.info(
+        "merged %d subjects, %d questions: %s",
+        len(counts),
+        len(examples),
+        json.dumps({k: metrics[k] for k in ("accuracy", "debiased_accuracy")}),
+    )
     return metrics

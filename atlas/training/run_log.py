@@ -17,8 +17,11 @@ class RunLog:
         equals the log of an uninterrupted one."""
         self.path = output_dir / "log.jsonl"
         if resume_step is not None and self.path.is_file():
-            kept = [line for line in self.path.read_text(encoding="utf-8").splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
+            kept = [
+                line
+                for line in self.path.read_text(encoding="utf-8").splitlines()
+                if line.strip() and json.loads(line).get("step", 0) <= resume_step
+            ]
             atomic_write_text(self.path, "".join(line + "\n" for line in kept))
         self.file = open(self.path, "a" if resume_step is not None else "w", encoding="utf-8")  # noqa: SIM115
         self.tensorboard = None

@@ -20,8 +20,16 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 DATA = Path(__file__).resolve().parents[1] / "results" / "data"
-plt.rcParams.update({"svg.hashsalt": "atlas-docs", "font.size": 10, "axes.spines.top": False,
-                     "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3})
+plt.rcParams.update(
+    {
+        "svg.hashsalt": "atlas-docs",
+        "font.size": 10,
+        "axes.spines.top": False,
+        "axes.spines.right": False,
+        "axes.grid": True,
+        "grid.alpha": 0.3,
+    }
+)
 
 
 def _load(name: str) -> dict:
@@ -40,8 +48,9 @@ def reader_stages() -> str:
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
     for (decoding, d), marker, color in zip(data["decodings"].items(), "os", ("tab:blue", "tab:orange")):
         ax.plot(d["stages"], d["gold"], marker=marker, color=color, label=f"gold paragraph — {decoding}")
-        ax.plot(d["stages"], d["among5"], marker=marker, color=color, linestyle="--",
-                label=f"gold among 5 — {decoding}")
+        ax.plot(
+            d["stages"], d["among5"], marker=marker, color=color, linestyle="--", label=f"gold among 5 — {decoding}"
+        )
     ax.set_xlabel("training stage of the shipped reader")
     ax.set_ylabel("SQuAD dev EM (300 questions)")
     ax.set_xticks(range(3, 9))
@@ -56,11 +65,13 @@ def index_compressed() -> str:
         speed = [q / data["exact_qps"] for q in d["qps"]]
         ax.plot(speed, d["overlap"], marker="o", label=name)
         for x, y, k in zip(speed, d["overlap"], d["rerank"]) if "x4fs" in name else ():
-            ax.annotate("codes" if k == 0 else f"k'={k}", (x, y), textcoords="offset points", xytext=(4, -10),
-                        fontsize=7)
+            ax.annotate(
+                "codes" if k == 0 else f"k'={k}", (x, y), textcoords="offset points", xytext=(4, -10), fontsize=7
+            )
     ax.axvline(1.0, color="grey", linewidth=0.8)
-    ax.annotate("exact float16 search", (1.0, 1.0), textcoords="offset points", xytext=(4, -4), fontsize=7,
-                color="grey")
+    ax.annotate(
+        "exact float16 search", (1.0, 1.0), textcoords="offset points", xytext=(4, -4), fontsize=7, color="grey"
+    )
     ax.set_xscale("log")
     ax.set_xlabel("queries/s relative to exact search (log scale); points: codes alone, then re-rank k' ↑")
     ax.set_ylabel("top-100 overlap with exact search")
@@ -89,8 +100,11 @@ def reading_speed() -> str:
 
 def serving() -> str:
     data = _load("serving")
-    return _bars(data["variants"], {"micro-batched": data["batched"], "one at a time": data["one_at_a_time"]},
-                 "asks/s, 16 concurrent clients")
+    return _bars(
+        data["variants"],
+        {"micro-batched": data["batched"], "one at a time": data["one_at_a_time"]},
+        "asks/s, 16 concurrent clients",
+    )
 
 
 def retriever_interpolation() -> str:
@@ -105,8 +119,13 @@ def retriever_interpolation() -> str:
     return _svg(fig)
 
 
-FIGURES = {"reader-stages": reader_stages, "index-compressed": index_compressed, "reading-speed": reading_speed,
-           "serving": serving, "retriever-interpolation": retriever_interpolation}
+FIGURES = {
+    "reader-stages": reader_stages,
+    "index-compressed": index_compressed,
+    "reading-speed": reading_speed,
+    "serving": serving,
+    "retriever-interpolation": retriever_interpolation,
+}
 
 
 def draw_all() -> dict[str, str]:

@@ -23,8 +23,10 @@ import reference
 
 
 def on_files(files: Files, config) -> Files:
-    generated = {**reference.generated_pages(),
-                 **{f"results/img/{name}.svg": svg for name, svg in figures.draw_all().items()}}
+    generated = {
+        **reference.generated_pages(),
+        **{f"results/img/{name}.svg": svg for name, svg in figures.draw_all().items()},
+    }
     for uri, content in generated.items():
         kept = files.get_file_from_path(uri)
         if kept is not None:

@@ -4,10 +4,10 @@
 
 The docs build calls `generated_pages()` from `hooks.py`, so the site's pages are made from the code at every
 build and cannot drift from it; git keeps a copy of each under docs/reference/ for readers of the repository,
-and tests/test_docs.py checks that copy is current (`--write` renews it). A config key's description is the comment above or beside
-its field in `atlas/config.py`; where a field has none, `config_descriptions.yaml` (beside this file) gives
-it. `missing_descriptions()` lists keys with neither, and stale entries of that file; tests/test_docs.py
-asserts both lists are empty.
+and tests/test_docs.py checks that copy is current (`--write` renews it). A config key's description is the
+comment above or beside its field in `atlas/config.py`; where a field has none, `config_descriptions.yaml`
+(beside this file) gives it. `missing_descriptions()` lists keys with neither, and stale entries of that file;
+tests/test_docs.py asserts both lists are empty.
 
     python docs/_gen/reference.py --write    # renews docs/reference/{cli,config,http}.md, openapi.json and the figures
     python docs/_gen/reference.py --check    # lists config keys without a description
@@ -76,8 +76,11 @@ def _option_rows(parser: argparse.ArgumentParser) -> list[str]:
             continue
         default = action.default
         help_text = help_text.removesuffix(f" (default: {default})")
-        shown = "" if (default in (None, False, argparse.SUPPRESS, []) or not action.option_strings
-                       or action.nargs == 0) else f"`{default}`"
+        shown = (
+            ""
+            if (default in (None, False, argparse.SUPPRESS, []) or not action.option_strings or action.nargs == 0)
+            else f"`{default}`"
+        )
         rows.append(f"| {name} | {_cell(shown)} | {_cell(help_text)} |")
     return rows
 
@@ -87,11 +90,17 @@ def cli_reference() -> str:
     from atlas.cli import build_parser
 
     root = build_parser()
-    out = ["# Command line", "",
-           ("Generated from the `atlas` argparse parser at every docs build (`docs/_gen/reference.py`); "
-           "`atlas COMMAND --help` prints the same. Every command also takes `--verbose` anywhere on the "
-           "line, and commands that load a recipe take dotted `KEY=VALUE` overrides of the "
-           "[configuration](config.md)."), ""]
+    out = [
+        "# Command line",
+        "",
+        (
+            "Generated from the `atlas` argparse parser at every docs build (`docs/_gen/reference.py`); "
+            "`atlas COMMAND --help` prints the same. Every command also takes `--verbose` anywhere on the "
+            "line, and commands that load a recipe take dotted `KEY=VALUE` overrides of the "
+            "[configuration](config.md)."
+        ),
+        "",
+    ]
 
     def walk(parser: argparse.ArgumentParser, path: list[str], summary: str) -> None:
         depth = min(len(path), 3)
@@ -145,7 +154,9 @@ def _field_comments() -> dict[str, str]:
             while line >= 1 and line in comments and lines[line - 1].lstrip().startswith("#"):
                 above.insert(0, comments[line])
                 line -= 1
-            beside = comments.get(statement.lineno) if not lines[statement.lineno - 1].lstrip().startswith("#") else None
+            beside = (
+                comments.get(statement.lineno) if not lines[statement.lineno - 1].lstrip().startswith("#") else None
+            )
             text = " ".join([*above, *([beside] if beside else [])]).strip()
             if text:
                 found[f"{node.name}.{statement.target.id}"] = text
@@ -153,6 +164,8 @@ def _field_comments() -> dict[str, str]:
 
 
 def _type_text(tp) -> str:
+    if dataclasses.is_dataclass(tp):  # a section within a section (`retriever.loss`): a name, or a name and options
+        return "str \\| mapping"
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is typing.Literal:
         return " \\| ".join(repr(a).replace("'", '"') for a in args)
@@ -172,8 +185,19 @@ def _default_text(f: dataclasses.Field) -> str:
         value = f.default_factory()
     else:
         return "required"
-    return "`" + (yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
-                  if value is not None else "null") + "`"
+    if dataclasses.is_dataclass(value):
+        from atlas.config import config_to_dict
+
+        value = config_to_dict(value)  # as a recipe writes it
+    return (
+        "`"
+        + (
+            yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+            if value is not None
+            else "null"
+        )
+        + "`"
+    )
 
 
 def config_keys() -> list[tuple[str, str, str, str]]:
@@ -204,8 +228,9 @@ def missing_descriptions() -> tuple[list[str], list[str]]:
     commented = set()
     for section in dataclasses.fields(AtlasConfig):
         cls = typing.get_type_hints(AtlasConfig)[section.name]
-        commented |= {f"{section.name}.{f.name}" for f in dataclasses.fields(cls)
-                      if f"{cls.__name__}.{f.name}" in comments}
+        commented |= {
+            f"{section.name}.{f.name}" for f in dataclasses.fields(cls) if f"{cls.__name__}.{f.name}" in comments
+        }
     stale = sorted(k for k in (extra or {}) if k not in keys or k in commented)
     return [key for key, _, _, description in rows if not description], stale
 
@@ -219,9 +244,37 @@ def _task_options() -> list[str]:
         options = TASKS[name].default_options
         if not options:
             continue
-        out.append(f"- `{name}`: " + ", ".join(
-            f"`{option}` (`{yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}`)"
-            for option, value in options.items()))
+        out.append(
+            f"- `{name}`: "
+            + ", ".join(
+                f"`{option}` (`{yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}`)"
+                for option, value in options.items()
+            )
+        )
+    return out
+
+
+def _loss_options() -> list[str]:
+    from retriever.losses import RETRIEVER_LOSSES
+
+    out = []
+    for name in sorted(RETRIEVER_LOSSES):
+        cls = RETRIEVER_LOSSES[name]
+        if not cls.default_options:
+            continue
+        out.append(
+            f"- `{name}`: "
+            + ", ".join(
+                f"`{option}` (`{value}`"
+                + (
+                    f"; one of {', '.join(f'`{c}`' for c in cls.option_choices[option])}"
+                    if option in cls.option_choices
+                    else ""
+                )
+                + ")"
+                for option, value in cls.default_options.items()
+            )
+        )
     return out
 
 
@@ -229,33 +282,87 @@ def config_reference() -> str:
     """The configuration reference page: every recipe key with its type, default and description."""
     from atlas.config import AtlasConfig
 
-    out = ["# Configuration", "",
-           ("Generated from the config dataclasses of `atlas/config.py` at every docs build "
-           "(`docs/_gen/reference.py`): every key a recipe may set, its type, its default and what it does. "
-           "A recipe is a YAML mapping with one section per component; any key can be overridden on the "
-           "command line as `section.key=value` (the value is read as YAML: `training.lr=4e-5`, "
-           "`task.train_data=[a.jsonl,b.jsonl]`, `index.path=null`). Unknown keys, wrong types and unknown "
-           "registry names are refused with the key and the file or override they came from."), "",
-           "```yaml", "# configs/small/nq-64shot.yaml, abridged",
-           "retriever: {model: minilm, loss: pdist, n_context: 20}",
-           "index: {corpus: runs/corpus-nq824}",
-           "reader: {model: atlas/demo/atlas-reader, n_context: 5}",
-           "task: {name: qa, train_data: [...], eval_data: [...], shots: 64}",
-           "training: {steps: 100, batch_size: 4, output_dir: runs/small-nq-64shot}", "```", ""]
+    out = [
+        "# Configuration",
+        "",
+        (
+            "Generated from the config dataclasses of `atlas/config.py` at every docs build "
+            "(`docs/_gen/reference.py`): every key a recipe may set, its type, its default and what it does. "
+            "A recipe is a YAML mapping with one section per component; any key can be overridden on the "
+            "command line as `section.key=value` (the value is read as YAML: `training.lr=4e-5`, "
+            "`task.train_data=[a.jsonl,b.jsonl]`, `index.path=null`). Unknown keys, wrong types and unknown "
+            "registry names are refused with the key and the file or override they came from."
+        ),
+        "",
+        (
+            "A recipe may start from another: a top-level `base: OTHER.yaml` (a path relative to the file "
+            "that names it) loads OTHER first (itself with its own `base`, if any) and lays the file's keys "
+            "over it: mappings merge key by key, any other value, a list included, replaces the base's. A "
+            "`base` cycle or a missing base file is refused naming the file. Overrides apply after the whole "
+            "chain, and the config a run saves is the resolved one, without `base`. `configs/small/` and "
+            "`configs/reader-stages/` state only what differs from their parent this way "
+            "(`configs/README.md` lists every recipe)."
+        ),
+        "",
+        "```yaml",
+        "# configs/small/nq-64shot.yaml, abridged: the paper's recipe, on a CPU",
+        "base: ../nq-64shot.yaml   # task qa, 64 shots, loss pdist, ... come from there",
+        "retriever: {model: minilm, n_context: 20}",
+        "index: {corpus: runs/corpus-nq824, spec: Flat}",
+        "reader: {model: atlas/demo/atlas-reader, n_context: 5}",
+        "task: {train_data: [...], eval_data: [...]}",
+        "training: {steps: 100, batch_size: 4, output_dir: runs/small-nq-64shot}",
+        "```",
+        "",
+    ]
     rows = config_keys()
     for section in dataclasses.fields(AtlasConfig):
         cls = typing.get_type_hints(AtlasConfig)[section.name]
-        out.extend([f"## `{section.name}`", "", (cls.__doc__ or "").strip(), "",
-                    "| key | type | default | description |", "|---|---|---|---|"])
+        out.extend(
+            [
+                f"## `{section.name}`",
+                "",
+                (cls.__doc__ or "").strip(),
+                "",
+                "| key | type | default | description |",
+                "|---|---|---|---|",
+            ]
+        )
         for key, type_text, default, description in rows:
             if key.startswith(section.name + "."):
                 out.append(f"| `{key}` | {type_text} | {_cell(default)} | {_cell(description)} |")
         out.append("")
+        if section.name == "retriever":
+            out.extend(
+                [
+                    "### `retriever.loss` options by loss",
+                    "",
+                    (
+                        "A loss takes its options beside its name, `retriever.loss: {name: emdr, granularity: "
+                        "token}` (or `retriever.loss.granularity=token` on the command line); the plain "
+                        "`retriever.loss: emdr` means its defaults. Options by loss (value: its default; an "
+                        "unknown option is refused naming the valid ones):"
+                    ),
+                    "",
+                    *_loss_options(),
+                    "",
+                ]
+            )
         if section.name == "task":
-            out.extend(["### `task.options` by task", "",
-                        ("Each task accepts the options below under `task.options` (value: its default; a "
+            out.extend(
+                [
+                    "### `task.options` by task",
+                    "",
+                    (
+                        "Each task accepts the options below under `task.options` (value: its default; a "
                         "value must have the default's type, and an unknown option is refused naming the "
-                        "valid ones)."), "", *_task_options(), ""])
+                        "valid ones)."
+                    ),
+                    "",
+                    *_task_options(),
+                    "",
+                ]
+            )
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -288,8 +395,14 @@ def _schema_type(schema: dict) -> str:
 def _limits(schema: dict) -> str:
     found = []
     for option in (schema, *schema.get("anyOf", [])):
-        for key, label in (("minLength", "min length"), ("maxLength", "max length"), ("minimum", "≥"),
-                           ("maximum", "≤"), ("minItems", "min items"), ("maxItems", "max items")):
+        for key, label in (
+            ("minLength", "min length"),
+            ("maxLength", "max length"),
+            ("minimum", "≥"),
+            ("maximum", "≤"),
+            ("minItems", "min items"),
+            ("maxItems", "max items"),
+        ):
             if key in option:
                 value = option[key]
                 found.append(f"{label} {int(value) if float(value).is_integer() else value}")
@@ -299,12 +412,21 @@ def _limits(schema: dict) -> str:
 def http_reference() -> str:
     """The HTTP API page: every endpoint and every schema of the server's own OpenAPI document."""
     schema = openapi_schema()
-    out = ["# HTTP API", "",
-           ("Generated from the OpenAPI schema of `atlas serve` (`atlas/serve/app.py`, `atlas/serve/schemas.py`) at "
-           "every docs build (`docs/_gen/reference.py`); a running server serves the same document at "
-           "`/openapi.json` and a try-it page at `/docs`, and the whole schema is [openapi.json](openapi.json). "
-           "How to start a server, its page, safety and edits: [Serve](../guides/serve.md)."), "",
-           f"{schema['info'].get('summary', '')}", "", "## Endpoints", ""]
+    out = [
+        "# HTTP API",
+        "",
+        (
+            "Generated from the OpenAPI schema of `atlas serve` (`atlas/serve/app.py`, `atlas/serve/schemas.py`) at "
+            "every docs build (`docs/_gen/reference.py`); a running server serves the same document at "
+            "`/openapi.json` and a try-it page at `/docs`, and the whole schema is [openapi.json](openapi.json). "
+            "How to start a server, its page, safety and edits: [Serve](../guides/serve.md)."
+        ),
+        "",
+        f"{schema['info'].get('summary', '')}",
+        "",
+        "## Endpoints",
+        "",
+    ]
     for path, methods in schema["paths"].items():
         for method, op in methods.items():
             out.extend([f"### `{method.upper()} {path}`", "", op.get("description") or op.get("summary", ""), ""])
@@ -312,14 +434,21 @@ def http_reference() -> str:
             if body:
                 out.extend([f"Body: {_schema_type(body)}.", ""])
             for parameter in op.get("parameters", []):
-                out.extend([f"Path parameter `{parameter['name']}`: {_schema_type(parameter.get('schema', {}))}"
-                            + (f" ({_limits(parameter['schema'])})" if _limits(parameter.get("schema", {})) else "")
-                            + ".", ""])
+                out.extend(
+                    [
+                        f"Path parameter `{parameter['name']}`: {_schema_type(parameter.get('schema', {}))}"
+                        + (f" ({_limits(parameter['schema'])})" if _limits(parameter.get("schema", {})) else "")
+                        + ".",
+                        "",
+                    ]
+                )
             out.extend(["| status | meaning | body |", "|---|---|---|"])
             for status, response in op.get("responses", {}).items():
                 returned = response.get("content", {}).get("application/json", {}).get("schema", {})
-                out.append(f"| {status} | {_cell(response.get('description', ''))} | "
-                           f"{_schema_type(returned) if returned else ''} |")
+                out.append(
+                    f"| {status} | {_cell(response.get('description', ''))} | "
+                    f"{_schema_type(returned) if returned else ''} |"
+                )
             out.append("")
     out.extend(["## Schemas", ""])
     for name, component in sorted(schema["components"]["schemas"].items()):
@@ -329,8 +458,10 @@ def http_reference() -> str:
             required = set(component.get("required", []))
             out.extend(["| field | type | required | limits | description |", "|---|---|---|---|---|"])
             for field_name, field_schema in properties.items():
-                out.append(f"| `{field_name}` | {_schema_type(field_schema)} | {'yes' if field_name in required else ''} "
-                           f"| {_cell(_limits(field_schema))} | {_cell(field_schema.get('description', ''))} |")
+                out.append(
+                    f"| `{field_name}` | {_schema_type(field_schema)} | {'yes' if field_name in required else ''} "
+                    f"| {_cell(_limits(field_schema))} | {_cell(field_schema.get('description', ''))} |"
+                )
             out.append("")
     return "\n".join(out).rstrip() + "\n"
 
@@ -339,17 +470,26 @@ def generated_pages() -> dict[str, str]:
     """docs-relative path → content of every generated reference file."""
     import json
 
-    return {"reference/cli.md": cli_reference(), "reference/config.md": config_reference(),
-            "reference/http.md": http_reference(),
-            "reference/openapi.json": json.dumps(openapi_schema(), indent=2, ensure_ascii=False) + "\n"}
+    return {
+        "reference/cli.md": cli_reference(),
+        "reference/config.md": config_reference(),
+        "reference/http.md": http_reference(),
+        "reference/openapi.json": json.dumps(openapi_schema(), indent=2, ensure_ascii=False) + "\n",
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--write", action="store_true",
-                        help="write the reference pages and the figures into docs/ (the copies git keeps)")
-    parser.add_argument("--check", action="store_true",
-                        help="list config keys without a description, and stale entries of config_descriptions.yaml")
+    parser.add_argument(
+        "--write",
+        action="store_true",
+        help="write the reference pages and the figures into docs/ (the copies git keeps)",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="list config keys without a description, and stale entries of config_descriptions.yaml",
+    )
     args = parser.parse_args()
     if args.check:
         missing, stale = missing_descriptions()

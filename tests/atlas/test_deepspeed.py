@@ -42,8 +42,12 @@ def ds():
 
 # single-token answers: every rank's slice has as many target tokens as any other, so the mean
 # of the ranks' mean token losses equals one process's mean over the whole batch
-COLOURS = [("what colour is the zorbland flag", "red"), ("what colour is the tarsia flag", "blue"),
-           ("what colour is mount olo", "green"), ("what colour is the fenwick river", "black")]
+COLOURS = [
+    ("what colour is the zorbland flag", "red"),
+    ("what colour is the tarsia flag", "blue"),
+    ("what colour is mount olo", "green"),
+    ("what colour is the fenwick river", "black"),
+]
 
 
 def recipe(world, out, *overrides):
@@ -51,14 +55,30 @@ def recipe(world, out, *overrides):
     data = Path(world["root"]) / "colours.jsonl"
     if not data.exists():
         data.write_text("".join(json.dumps({"question": q, "answers": [a]}) + "\n" for q, a in COLOURS))
-    return load_config(None, [
-        f"retriever.model={world['encoder']}", "retriever.loss=pdist", "retriever.n_context=2",
-        "retriever.temperature_gold=0.1", "retriever.temperature_score=0.1", f"index.path={world['index']}",
-        "reader.model=t5-tiny", "reader.n_context=2", "reader.text_maxlength=48", "reader.dropout=0.0",
-        "task.name=qa", f"task.train_data=[{data}]", f"training.output_dir={out}", "training.steps=4",
-        "training.batch_size=2", "training.lr=3e-3", "training.lr_retriever=1e-3", "training.warmup_steps=2",
-        *overrides,
-    ])
+    return load_config(
+        None,
+        [
+            f"retriever.model={world['encoder']}",
+            "retriever.loss=pdist",
+            "retriever.n_context=2",
+            "retriever.temperature_gold=0.1",
+            "retriever.temperature_score=0.1",
+            f"index.path={world['index']}",
+            "reader.model=t5-tiny",
+            "reader.n_context=2",
+            "reader.text_maxlength=48",
+            "reader.dropout=0.0",
+            "task.name=qa",
+            f"task.train_data=[{data}]",
+            f"training.output_dir={out}",
+            "training.steps=4",
+            "training.batch_size=2",
+            "training.lr=3e-3",
+            "training.lr_retriever=1e-3",
+            "training.warmup_steps=2",
+            *overrides,
+        ],
+    )
 
 
 def zero_config(tmp_path, stage: int) -> Path:
@@ -145,13 +165,33 @@ def test_checkpoints_move_between_one_and_two_ranks(ds, stage, tiny_world, plain
     The global batch, the data order, the losses and the final state equal plain training's."""
     out = tmp_path / f"zero{stage}"
     data = Path(tiny_world["root"]) / "colours.jsonl"
-    config = recipe(tiny_world, out, f"training.deepspeed={zero_config(tmp_path, stage)}", "training.keep_last=3",
-                    f"task.eval_data=[{data}]", "task.allow_overlap=true", "training.eval_every=2", "evaluation.retrieval_k=[1]",
-                    "reader.generation_max_length=4")
+    config = recipe(
+        tiny_world,
+        out,
+        f"training.deepspeed={zero_config(tmp_path, stage)}",
+        "training.keep_last=3",
+        f"task.eval_data=[{data}]",
+        "task.allow_overlap=true",
+        "training.eval_every=2",
+        "evaluation.retrieval_k=[1]",
+        "reader.generation_max_length=4",
+    )
     train(config, progress=False, stop_at=1)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "atlas", "train", "--resume", str(out), "--stop-at", "3"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "atlas",
+        "train",
+        "--resume",
+        str(out),
+        "--stop-at",
+        "3",
+    ]
     result = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     states = {s: load_training_state(checkpoint(out, s)) for s in (1, 3)}
@@ -174,21 +214,32 @@ def test_shipped_configs_fill_in_the_training_values(tmp_path):
     for stage in (1, 2, 3):
         config = load_deepspeed_config(ZERO_CONFIGS / f"zero{stage}.json", training, world_size=4)
         assert config["zero_optimization"]["stage"] == stage
-        assert (config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"],
-                config["train_batch_size"], config["gradient_clipping"]) == (3, 2, 24, 0.5)
+        assert (
+            config["train_micro_batch_size_per_gpu"],
+            config["gradient_accumulation_steps"],
+            config["train_batch_size"],
+            config["gradient_clipping"],
+        ) == (3, 2, 24, 0.5)
 
 
-@pytest.mark.parametrize("content, message", [
-    ({"zero_optimization": {"stage": 0}}, "'zero_optimization.stage' must be 1, 2 or 3, got 0"),
-    ({}, "'zero_optimization.stage' must be 1, 2 or 3, got None"),
-    ({"zero_optimization": {"stage": 2}, "optimizer": {"type": "Adam"}}, "remove 'optimizer'"),
-    ({"zero_optimization": {"stage": 2}, "scheduler": {"type": "WarmupLR"}}, "remove 'scheduler'"),
-    ({"zero_optimization": {"stage": 2}, "bf16": {"enabled": True}}, "'bf16.enabled' is not supported"),
-    ({"zero_optimization": {"stage": 2}, "gradient_accumulation_steps": 4},
-     "'gradient_accumulation_steps' is 4 but training.accumulation_steps gives 1"),
-    ({"zero_optimization": {"stage": 2}, "gradient_clipping": 2.0},
-     "'gradient_clipping' is 2.0 but training.clip_norm"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ({"zero_optimization": {"stage": 0}}, "'zero_optimization.stage' must be 1, 2 or 3, got 0"),
+        ({}, "'zero_optimization.stage' must be 1, 2 or 3, got None"),
+        ({"zero_optimization": {"stage": 2}, "optimizer": {"type": "Adam"}}, "remove 'optimizer'"),
+        ({"zero_optimization": {"stage": 2}, "scheduler": {"type": "WarmupLR"}}, "remove 'scheduler'"),
+        ({"zero_optimization": {"stage": 2}, "bf16": {"enabled": True}}, "'bf16.enabled' is not supported"),
+        (
+            {"zero_optimization": {"stage": 2}, "gradient_accumulation_steps": 4},
+            "'gradient_accumulation_steps' is 4 but training.accumulation_steps gives 1",
+        ),
+        (
+            {"zero_optimization": {"stage": 2}, "gradient_clipping": 2.0},
+            "'gradient_clipping' is 2.0 but training.clip_norm",
+        ),
+    ],
+)
 def test_bad_deepspeed_configs_are_rejected_with_the_file_and_key(tmp_path, content, message):
     from atlas.training.deepspeed_engine import load_deepspeed_config
 

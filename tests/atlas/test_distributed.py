@@ -17,26 +17,55 @@ from atlas.training.checkpoint import load_training_state
 from atlas.training.loop import train
 
 # single-token answers: every rank's slice has as many target tokens as any other
-COLOURS = [("what colour is the zorbland flag", "red"), ("what colour is the tarsia flag", "blue"),
-           ("what colour is mount olo", "green"), ("what colour is the fenwick river", "black")]
+COLOURS = [
+    ("what colour is the zorbland flag", "red"),
+    ("what colour is the tarsia flag", "blue"),
+    ("what colour is mount olo", "green"),
+    ("what colour is the fenwick river", "black"),
+]
 
 
 def recipe(world, out, tmp_path, *overrides):
     data = tmp_path / "colours.jsonl"
     data.write_text("".join(json.dumps({"question": q, "answers": [a]}) + "\n" for q, a in COLOURS))
-    return load_config(None, [
-        f"retriever.model={world['encoder']}", "retriever.loss=pdist", "retriever.n_context=2",
-        "retriever.temperature_gold=0.1", "retriever.temperature_score=0.1", f"index.path={world['index']}",
-        "reader.model=t5-tiny", "reader.n_context=2", "reader.text_maxlength=48", "reader.dropout=0.0",
-        "task.name=qa", f"task.train_data=[{data}]", f"training.output_dir={out}", "training.steps=3",
-        "training.lr=3e-3", "training.lr_retriever=1e-3", "training.warmup_steps=0", *overrides,
-    ])
+    return load_config(
+        None,
+        [
+            f"retriever.model={world['encoder']}",
+            "retriever.loss=pdist",
+            "retriever.n_context=2",
+            "retriever.temperature_gold=0.1",
+            "retriever.temperature_score=0.1",
+            f"index.path={world['index']}",
+            "reader.model=t5-tiny",
+            "reader.n_context=2",
+            "reader.text_maxlength=48",
+            "reader.dropout=0.0",
+            "task.name=qa",
+            f"task.train_data=[{data}]",
+            f"training.output_dir={out}",
+            "training.steps=3",
+            "training.lr=3e-3",
+            "training.lr_retriever=1e-3",
+            "training.warmup_steps=0",
+            *overrides,
+        ],
+    )
 
 
 def torchrun(config_or_resume: list[str], tmp_path, nproc: int = 2) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "atlas", "train", *config_or_resume]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "atlas",
+        "train",
+        *config_or_resume,
+    ]
     result = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
 
@@ -69,11 +98,23 @@ def test_two_ranks_match_one_process_with_the_whole_batch(tiny_world, tmp_path):
 def test_accumulation_under_ddp_and_resume_on_one_rank(tiny_world, tmp_path):
     """2 ranks × batch 1 × 2 micro-batches, stopped at step 2, resumed on 1 rank: the stored
     global batch (4) makes it 1 rank × batch 2 × 2, with the same data order and losses."""
-    straight = recipe(tiny_world, tmp_path / "straight", tmp_path, "training.batch_size=2",
-                      "training.accumulation_steps=2", "training.steps=4")
+    straight = recipe(
+        tiny_world,
+        tmp_path / "straight",
+        tmp_path,
+        "training.batch_size=2",
+        "training.accumulation_steps=2",
+        "training.steps=4",
+    )
     train(straight, progress=False)
-    two = recipe(tiny_world, tmp_path / "two", tmp_path, "training.batch_size=1",
-                 "training.accumulation_steps=2", "training.steps=4")
+    two = recipe(
+        tiny_world,
+        tmp_path / "two",
+        tmp_path,
+        "training.batch_size=1",
+        "training.accumulation_steps=2",
+        "training.steps=4",
+    )
     save_config(two, tmp_path / "two.yaml")
     torchrun([str(tmp_path / "two.yaml"), "--stop-at", "2"], tmp_path)
     state = load_training_state(tmp_path / "two" / "checkpoints" / "step-000002")
@@ -87,11 +128,23 @@ def test_accumulation_under_ddp_and_resume_on_one_rank(tiny_world, tmp_path):
 def test_one_rank_checkpoint_resumes_on_two_ranks(tiny_world, tmp_path):
     """1 rank × batch 2 × 2 micro-batches, stopped at step 2, resumed under torchrun on 2 ranks:
     batch 1 per rank keeps the global batch of 4, the data order and the losses."""
-    straight = recipe(tiny_world, tmp_path / "straight", tmp_path, "training.batch_size=2",
-                      "training.accumulation_steps=2", "training.steps=4")
+    straight = recipe(
+        tiny_world,
+        tmp_path / "straight",
+        tmp_path,
+        "training.batch_size=2",
+        "training.accumulation_steps=2",
+        "training.steps=4",
+    )
     train(straight, progress=False)
-    one = recipe(tiny_world, tmp_path / "one", tmp_path, "training.batch_size=2",
-                 "training.accumulation_steps=2", "training.steps=4")
+    one = recipe(
+        tiny_world,
+        tmp_path / "one",
+        tmp_path,
+        "training.batch_size=2",
+        "training.accumulation_steps=2",
+        "training.steps=4",
+    )
     train(one, progress=False, stop_at=2)
     torchrun(["--resume", str(tmp_path / "one")], tmp_path)
     state = load_training_state(tmp_path / "one" / "checkpoints" / "step-000004")
@@ -104,8 +157,11 @@ def test_resuming_keeps_the_global_batch_or_says_why_it_cannot():
     from atlas.training.checkpoint import config_for_world_size, per_rank_batch_size
 
     assert [per_rank_batch_size(8, 2, world) for world in (1, 2, 4)] == [4, 2, 1]
-    with pytest.raises(ValueError, match="global batch of 6 examples on 4 rank\\(s\\) × 1 accumulation step"
-                                         "\\(s\\): 6 is not divisible by 4; resume on a number of ranks that divides 6"):
+    with pytest.raises(
+        ValueError,
+        match="global batch of 6 examples on 4 rank\\(s\\) × 1 accumulation step"
+        "\\(s\\): 6 is not divisible by 4; resume on a number of ranks that divides 6",
+    ):
         per_rank_batch_size(6, 1, 4)
     config = load_config(None, ["training.batch_size=3", "training.accumulation_steps=2"])
     assert config_for_world_size(config, {"global_batch": 12, "world_size": 2}, 1).training.batch_size == 6

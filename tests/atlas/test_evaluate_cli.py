@@ -15,8 +15,12 @@ from atlas.cli import main
 from atlas.config import load_config
 
 # four subjects, one per MMLU category
-SUBJECTS = {"abstract_algebra": "STEM", "anatomy": "other", "philosophy": "humanities",
-            "high_school_geography": "social sciences"}
+SUBJECTS = {
+    "abstract_algebra": "STEM",
+    "anatomy": "other",
+    "philosophy": "humanities",
+    "high_school_geography": "social sciences",
+}
 ROWS_PER_SUBJECT = 3
 
 
@@ -51,23 +55,46 @@ def real_world(shared_data, tiny_encoder_path, tmp_path_factory):
         for output in json.loads(line)["output"]:
             for p in output.get("provenance", []):
                 pages[p["wikipedia_id"]] = p["title"]
-    docs = [{"id": f"page-{wid}", "title": title, "text": f"{title}. An article about {title}.", "wikipedia_id": wid}
-            for wid, title in sorted(pages.items())]
+    docs = [
+        {"id": f"page-{wid}", "title": title, "text": f"{title}. An article about {title}.", "wikipedia_id": wid}
+        for wid, title in sorted(pages.items())
+    ]
     docs.append({"id": "no-page", "title": "Nowhere", "text": "A passage without a page id."})
     (root / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs), encoding="utf-8")
     prepare_corpus([root / "docs.jsonl"], root / "corpus", chunk_words=0, progress=False)
-    build_index(root / "corpus", build_retriever(load_config(None, [f"retriever.model={tiny_encoder_path}"]).retriever),
-                root / "index", spec="Flat", progress=False)
+    build_index(
+        root / "corpus",
+        build_retriever(load_config(None, [f"retriever.model={tiny_encoder_path}"]).retriever),
+        root / "index",
+        spec="Flat",
+        progress=False,
+    )
 
-    config = load_config(None, [
-        f"retriever.model={tiny_encoder_path}", f"index.path={root / 'index'}", "reader.model=t5-tiny",
-        "reader.n_context=2", "reader.text_maxlength=48", "reader.generation_max_length=5", "task.name=qa",
-        f"training.output_dir={root / 'run'}", "evaluation.retrieval_k=[1,2,5]", "evaluation.batch_size=8",
-    ])
+    config = load_config(
+        None,
+        [
+            f"retriever.model={tiny_encoder_path}",
+            f"index.path={root / 'index'}",
+            "reader.model=t5-tiny",
+            "reader.n_context=2",
+            "reader.text_maxlength=48",
+            "reader.generation_max_length=5",
+            "task.name=qa",
+            f"training.output_dir={root / 'run'}",
+            "evaluation.retrieval_k=[1,2,5]",
+            "evaluation.batch_size=8",
+        ],
+    )
     model = build_atlas(config)
     checkpoint = save_checkpoint(root / "run", 0, model=model, config=config, training_state={})
-    return {"root": root, "checkpoint": checkpoint, "kilt": root / "hotpotqa-dev-kilt.jsonl",
-            "nq": root / "nq-dev.jsonl", "mmlu": root / "mmlu", "n_pages": len(pages)}
+    return {
+        "root": root,
+        "checkpoint": checkpoint,
+        "kilt": root / "hotpotqa-dev-kilt.jsonl",
+        "nq": root / "nq-dev.jsonl",
+        "mmlu": root / "mmlu",
+        "n_pages": len(pages),
+    }
 
 
 def test_kilt_hotpotqa_outputs_and_official_scores(real_world, tmp_path, capsys):
@@ -75,10 +102,28 @@ def test_kilt_hotpotqa_outputs_and_official_scores(real_world, tmp_path, capsys)
     from tasks.score import score_files
 
     out = tmp_path / "kilt"
-    assert main(["evaluate", str(real_world["checkpoint"]), "--data", str(real_world["kilt"]), "--task", "kilt",
-                 "--out", str(out)]) == 0
-    assert {p.name for p in out.iterdir()} == {"config.yaml", "predictions.jsonl", "kilt_predictions.jsonl",
-                                               "metrics.json", "kilt_scores.json"}
+    assert (
+        main(
+            [
+                "evaluate",
+                str(real_world["checkpoint"]),
+                "--data",
+                str(real_world["kilt"]),
+                "--task",
+                "kilt",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    assert {p.name for p in out.iterdir()} == {
+        "config.yaml",
+        "predictions.jsonl",
+        "kilt_predictions.jsonl",
+        "metrics.json",
+        "kilt_scores.json",
+    }
     metrics = json.loads((out / "metrics.json").read_text())
     printed = capsys.readouterr().out
     assert json.loads(printed[: printed.rindex("}") + 1]) == metrics
@@ -98,9 +143,21 @@ def test_kilt_hotpotqa_outputs_and_official_scores(real_world, tmp_path, capsys)
     # the metric table: KILT's downstream, KILT- and retrieval metrics under the project's names, in
     # percent, primary (exact_match) first
     assert next(iter(metrics)) == "exact_match"
-    assert {"exact_match", "accuracy", "f1", "rouge_l", "kilt_exact_match", "kilt_accuracy", "kilt_f1", "kilt_rouge_l",
-            "r_precision", "provenance_precision@1", "provenance_recall@5", "provenance_success@5",
-            "answer_recall@5"} <= set(metrics)
+    assert {
+        "exact_match",
+        "accuracy",
+        "f1",
+        "rouge_l",
+        "kilt_exact_match",
+        "kilt_accuracy",
+        "kilt_f1",
+        "kilt_rouge_l",
+        "r_precision",
+        "provenance_precision@1",
+        "provenance_recall@5",
+        "provenance_success@5",
+        "answer_recall@5",
+    } <= set(metrics)
     assert not {"em", "rougel", "KILT-em", "Rprec", "recall@5"} & set(metrics)
     assert 0.0 <= metrics["r_precision"] <= 100.0 and metrics["kilt_exact_match"] <= metrics["exact_match"]
     # unrounded, and exactly what `atlas score` gives on the written file: 100 × the official scorer's figures
@@ -111,8 +168,9 @@ def test_kilt_hotpotqa_outputs_and_official_scores(real_world, tmp_path, capsys)
     assert scored["provenance_recall@5"] == 100 * official["recall@5"]
     # the official report beside them: KILT's key names and [0, 1] scale, as its scorers print them
     report = json.loads((out / "kilt_scores.json").read_text())
-    assert report == score_files("kilt", real_world["kilt"], out / "kilt_predictions.jsonl", ks=(1, 5, 10, 20),
-                                 official=True)
+    assert report == score_files(
+        "kilt", real_world["kilt"], out / "kilt_predictions.jsonl", ks=(1, 5, 10, 20), official=True
+    )
     assert report["downstream"]["em"] == official["em"] and report["retrieval"]["Rprec"] == official["Rprec"]
 
     # the resolved config of this evaluation sits beside its outputs
@@ -125,8 +183,21 @@ def test_mmlu_subject_folders_per_category_and_score_roundtrip(real_world, tmp_p
     from tasks.score import score_files
 
     out = tmp_path / "mmlu"
-    assert main(["evaluate", str(real_world["checkpoint"]), "--data", str(real_world["mmlu"]), "--task", "mmlu",
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                str(real_world["checkpoint"]),
+                "--data",
+                str(real_world["mmlu"]),
+                "--task",
+                "mmlu",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     metrics = json.loads((out / "metrics.json").read_text())
     rows = read_jsonl(out / "predictions.jsonl")
     n = ROWS_PER_SUBJECT * len(SUBJECTS)
@@ -138,8 +209,9 @@ def test_mmlu_subject_folders_per_category_and_score_roundtrip(real_world, tmp_p
 
     # per-question averages in percent: overall, per category, per subject, from the written predictions
     def correct(row, key):
-        letter = row["prediction"] if key == "accuracy" else max(sorted(row["probabilities"]),
-                                                                 key=row["probabilities"].get)
+        letter = (
+            row["prediction"] if key == "accuracy" else max(sorted(row["probabilities"]), key=row["probabilities"].get)
+        )
         return float(letter == row["answers"][0])
 
     for key in ("accuracy", "debiased_accuracy"):
@@ -160,8 +232,20 @@ def test_nq_open_exact_match_f1_and_answer_recall(real_world, tmp_path):
     from tasks.score import score_files
 
     out = tmp_path / "nq"
-    assert main(["evaluate", str(real_world["checkpoint"]), "--data", str(real_world["nq"]), "--out", str(out),
-                 "evaluation.retrieval_k=[1,2]"]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                str(real_world["checkpoint"]),
+                "--data",
+                str(real_world["nq"]),
+                "--out",
+                str(out),
+                "evaluation.retrieval_k=[1,2]",
+            ]
+        )
+        == 0
+    )
     metrics = json.loads((out / "metrics.json").read_text())
     assert list(metrics)[:2] == ["exact_match", "f1"]
     assert {"answer_recall@1", "answer_recall@2", "answer_mrr"} <= set(metrics)
@@ -181,17 +265,36 @@ def test_unlabelled_kilt_test_file_writes_predictions_and_skips_metrics(real_wor
     test_file.write_text("".join(json.dumps({"id": r["id"], "input": r["input"]}) + "\n" for r in rows))
     out = tmp_path / "kilt-test"
     out.mkdir()
-    (out / "metrics.json").write_text('{"exact_match": 50.0}\n')  # an older run's: must not survive beside new predictions
-    (out / "kilt_scores.json").write_text('{}\n')
+    (out / "metrics.json").write_text(
+        '{"exact_match": 50.0}\n'
+    )  # an older run's: must not survive beside new predictions
+    (out / "kilt_scores.json").write_text("{}\n")
     # without --predict-only an unlabelled file is an error naming its first record, and nothing is written
-    assert main(["evaluate", str(real_world["checkpoint"]), "--data", str(test_file), "--task", "kilt",
-                 "--out", str(out)]) == 2
+    assert (
+        main(["evaluate", str(real_world["checkpoint"]), "--data", str(test_file), "--task", "kilt", "--out", str(out)])
+        == 2
+    )
     assert capsys.readouterr().err == (
         f"atlas evaluate: error: {test_file}:1: field 'output[].answer': no gold answer to score against (4 of 4 "
-        "examples have none); an unlabelled test set is predicted without scores by `atlas evaluate … --predict-only`\n")
+        "examples have none); an unlabelled test set is predicted without scores by `atlas evaluate … --predict-only`\n"
+    )
     assert sorted(p.name for p in out.iterdir()) == ["kilt_scores.json", "metrics.json"]
-    assert main(["evaluate", str(real_world["checkpoint"]), "--data", str(test_file), "--task", "kilt",
-                 "--out", str(out), "--predict-only"]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                str(real_world["checkpoint"]),
+                "--data",
+                str(test_file),
+                "--task",
+                "kilt",
+                "--out",
+                str(out),
+                "--predict-only",
+            ]
+        )
+        == 0
+    )
     assert "predicted, not scored (--predict-only)" in capsys.readouterr().out
     assert not (out / "metrics.json").exists() and not (out / "kilt_scores.json").exists()
     kilt = read_jsonl(out / "kilt_predictions.jsonl")

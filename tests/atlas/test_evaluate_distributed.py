@@ -15,8 +15,10 @@ from atlas.cli import main
 from atlas.config import load_config
 
 QUESTIONS = [  # 5 examples over 2 ranks: shares of 2 and 3, the first padded to 3
-    ("what is the capital of zorbland", ["Quimper"]), ("what is the capital of tarsia", ["Belmont"]),
-    ("who first climbed mount olo", ["Anna Brook"]), ("what is the currency of tarsia", ["florin"]),
+    ("what is the capital of zorbland", ["Quimper"]),
+    ("what is the capital of tarsia", ["Belmont"]),
+    ("who first climbed mount olo", ["Anna Brook"]),
+    ("what is the currency of tarsia", ["florin"]),
     ("where is the fenwick river", ["Tarsia"]),
 ]
 
@@ -28,17 +30,41 @@ def test_two_ranks_write_what_one_process_writes(tiny_world, tmp_path):
 
     data = tmp_path / "qa.jsonl"
     data.write_text("".join(json.dumps({"question": q, "answers": a}) + "\n" for q, a in QUESTIONS))
-    config = load_config(None, [
-        f"retriever.model={tiny_world['encoder']}", f"index.path={tiny_world['index']}", "reader.model=t5-tiny",
-        "reader.n_context=2", "reader.text_maxlength=48", "reader.generation_max_length=5", "task.name=qa",
-        f"training.output_dir={tmp_path / 'run'}", "evaluation.retrieval_k=[1,3]", "evaluation.batch_size=2",
-    ])
+    config = load_config(
+        None,
+        [
+            f"retriever.model={tiny_world['encoder']}",
+            f"index.path={tiny_world['index']}",
+            "reader.model=t5-tiny",
+            "reader.n_context=2",
+            "reader.text_maxlength=48",
+            "reader.generation_max_length=5",
+            "task.name=qa",
+            f"training.output_dir={tmp_path / 'run'}",
+            "evaluation.retrieval_k=[1,3]",
+            "evaluation.batch_size=2",
+        ],
+    )
     checkpoint = save_checkpoint(tmp_path / "run", 0, model=build_atlas(config), config=config, training_state={})
 
     assert main(["evaluate", str(checkpoint), "--data", str(data), "--out", str(tmp_path / "one")]) == 0
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "atlas",
-               "evaluate", str(checkpoint), "--data", str(data), "--out", str(tmp_path / "two"), "index.sharded=true"]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "atlas",
+        "evaluate",
+        str(checkpoint),
+        "--data",
+        str(data),
+        "--out",
+        str(tmp_path / "two"),
+        "index.sharded=true",
+    ]
     result = subprocess.run(command, check=False, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("predictions and metrics written to") == 1  # rank 0 alone reports

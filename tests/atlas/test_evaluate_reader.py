@@ -37,19 +37,42 @@ def demo_index(tmp_path_factory) -> dict:
     (root / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in chosen), encoding="utf-8")
     prepare_corpus([root / "docs.jsonl"], root / "corpus", chunk_words=100, progress=False)
     recipe = load_config(RECIPE)
-    build_index(root / "corpus", build_retriever(recipe.retriever), root / "index", spec="Flat",
-                batch_size=recipe.retriever.batch_size, progress=False, encoder_source=recipe.retriever.model)
+    build_index(
+        root / "corpus",
+        build_retriever(recipe.retriever),
+        root / "index",
+        spec="Flat",
+        batch_size=recipe.retriever.batch_size,
+        progress=False,
+        encoder_source=recipe.retriever.model,
+    )
     return {"root": root, "index": root / "index", "dev": root / "dev.jsonl", "questions": questions}
 
 
 @needs_reader
 def test_zero_shot_evaluate_of_the_shipped_reader_writes_predictions_and_metrics_only(demo_index, tmp_path, capsys):
     out = tmp_path / "zero-shot"
-    assert main(["evaluate", "atlas-reader", "--index", str(demo_index["index"]), "--data", str(demo_index["dev"]),
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "atlas-reader",
+                "--index",
+                str(demo_index["index"]),
+                "--data",
+                str(demo_index["dev"]),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     # predictions, metrics and the config that made them: no checkpoint, no weights, no optimizer state
-    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == ["config.yaml", "metrics.json",
-                                                                           "predictions.jsonl"]
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == [
+        "config.yaml",
+        "metrics.json",
+        "predictions.jsonl",
+    ]
     metrics = json.loads((out / "metrics.json").read_text())
     printed = capsys.readouterr().out
     assert json.loads(printed[: printed.rindex("}") + 1]) == metrics
@@ -68,9 +91,13 @@ def test_zero_shot_evaluate_of_the_shipped_reader_writes_predictions_and_metrics
 
     config = load_config(out / "config.yaml")
     assert config.reader.model == str(SHIPPED_READER)
-    assert (config.reader.span_answers, config.reader.length_penalty, config.reader.num_beams,
-            config.reader.n_context) == (True, 0.0, 4, 2)
-    assert (config.retriever.model, config.retriever.loss, config.training.steps) == ("minilm", "none", 0)
+    assert (
+        config.reader.span_answers,
+        config.reader.length_penalty,
+        config.reader.num_beams,
+        config.reader.n_context,
+    ) == (True, 0.0, 4, 2)
+    assert (config.retriever.model, config.retriever.loss.name, config.training.steps) == ("minilm", "none", 0)
     assert config.task.eval_data == [str(demo_index["dev"])]
 
 
@@ -95,8 +122,21 @@ def test_zero_shot_scores_are_the_quickstarts_no_fine_tuning_scores(demo_index, 
 
     before = evaluate(build_atlas(quickstart), get_task("qa"), demo_index["dev"], quickstart.evaluation)
     out = tmp_path / "zero-shot"
-    assert main(["evaluate", "atlas-reader", "--index", str(demo_index["index"]), "--data", str(demo_index["dev"]),
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "atlas-reader",
+                "--index",
+                str(demo_index["index"]),
+                "--data",
+                str(demo_index["dev"]),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert json.loads((out / "metrics.json").read_text()) == before
 
 
@@ -104,8 +144,21 @@ def test_zero_shot_scores_are_the_quickstarts_no_fine_tuning_scores(demo_index, 
 def test_ask_the_shipped_reader_by_name(demo_index, tmp_path, capsys):
     question = demo_index["questions"][0]["question"]
     out = tmp_path / "zero-shot"
-    assert main(["evaluate", "atlas-reader", "--index", str(demo_index["index"]), "--data", str(demo_index["dev"]),
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "atlas-reader",
+                "--index",
+                str(demo_index["index"]),
+                "--data",
+                str(demo_index["dev"]),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     predicted = json.loads((out / "predictions.jsonl").read_text().splitlines()[0])["prediction"]
     capsys.readouterr()
     assert main(["ask", "atlas-reader", "--index", str(demo_index["index"]), question, "--show", "2"]) == 0
@@ -120,7 +173,8 @@ def test_a_bare_reader_needs_an_index(tmp_path, capsys):
     assert main(["evaluate", "atlas-reader", "--data", str(data)]) == 2
     assert capsys.readouterr().err == (
         f"atlas evaluate: error: {SHIPPED_READER} is a reader, not a run: it has no index of its own; give --index "
-        "IDX (an index folder made by `atlas index build`)\n")
+        "IDX (an index folder made by `atlas index build`)\n"
+    )
     assert main(["ask", str(SHIPPED_READER), "what?"]) == 2
     assert "atlas ask: error: " in capsys.readouterr().err
     assert not Path("runs", f"eval-atlas-reader-{data.stem}").exists()
@@ -134,13 +188,16 @@ def test_a_folder_that_is_neither_a_run_a_checkpoint_nor_a_reader_is_named_with_
     data = tmp_path / "dev.jsonl"
     data.write_text('{"question": "q", "answers": ["a"]}\n')
     presets = ", ".join(sorted(READER_PRESETS | WARM_START_PRESETS))
-    expected = (f"{folder}: neither a run, a checkpoint nor a reader: looked for checkpoints/latest (a run folder), "
-                f"latest or config.yaml with reader/ (a checkpoint folder), config.json (a reader folder), a shipped "
-                f"reader (atlas-reader) and the reader presets ({presets})")
+    expected = (
+        f"{folder}: neither a run, a checkpoint nor a reader: looked for checkpoints/latest (a run folder), "
+        f"latest or config.yaml with reader/ (a checkpoint folder), config.json (a reader folder), a shipped "
+        f"reader (atlas-reader) and the reader presets ({presets})"
+    )
     assert main(["evaluate", str(folder), "--index", str(tmp_path), "--data", str(data)]) == 2
     assert capsys.readouterr().err == f"atlas evaluate: error: {expected}\n"
     (folder / "config.yaml").write_text("training:\n  steps: 0\n")  # a run of 0 steps: no checkpoint
     assert main(["ask", str(folder), "what?"]) == 2
     assert capsys.readouterr().err == (
         f"atlas ask: error: {expected}; it has a config.yaml but no checkpoint (a run of training.steps 0 writes "
-        "none): run the reader its reader.model names, with --index\n")
+        "none): run the reader its reader.model names, with --index\n"
+    )

@@ -38,8 +38,9 @@ def reader_tokenizer_dir(tmp_path_factory) -> Path:
     return folder
 
 
-def tiny_t5(vocab_size: int, *, gated: bool = True, tied: bool = False, seed: int = 0,
-            decoder_layers: int = 2) -> T5ForConditionalGeneration:
+def tiny_t5(
+    vocab_size: int, *, gated: bool = True, tied: bool = False, seed: int = 0, decoder_layers: int = 2
+) -> T5ForConditionalGeneration:
     """A 2-layer, 16-wide T5 (lm-adapt layout when gated and untied, T5 v1.0 when relu and tied).
 
     The sizes the import infers from shapes differ from their defaults and from each other:
@@ -47,11 +48,22 @@ def tiny_t5(vocab_size: int, *, gated: bool = True, tied: bool = False, seed: in
     `decoder_layers` (generation needs as many as the encoder has: transformers sizes its cache
     by the encoder's depth)."""
     torch.manual_seed(seed)
-    config = T5Config(vocab_size=vocab_size, d_model=16, d_kv=6, d_ff=20, num_heads=4, num_layers=2,
-                      num_decoder_layers=decoder_layers, relative_attention_num_buckets=8,
-                      feed_forward_proj="gated-gelu" if gated else "relu",
-                      tie_word_embeddings=tied, dropout_rate=0.0, pad_token_id=0, eos_token_id=1,
-                      decoder_start_token_id=0)
+    config = T5Config(
+        vocab_size=vocab_size,
+        d_model=16,
+        d_kv=6,
+        d_ff=20,
+        num_heads=4,
+        num_layers=2,
+        num_decoder_layers=decoder_layers,
+        relative_attention_num_buckets=8,
+        feed_forward_proj="gated-gelu" if gated else "relu",
+        tie_word_embeddings=tied,
+        dropout_rate=0.0,
+        pad_token_id=0,
+        eos_token_id=1,
+        decoder_start_token_id=0,
+    )
     model = T5ForConditionalGeneration(config)
     if not tied:  # transformers ties lm_head to `shared` at construction; lm-adapt has its own
         model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.shared.weight))
@@ -61,24 +73,56 @@ def tiny_t5(vocab_size: int, *, gated: bool = True, tied: bool = False, seed: in
 def reference_options(**changes) -> argparse.Namespace:
     """The options a reference run stores as `opt` (a subset, with its names and defaults)."""
     opt = argparse.Namespace(
-        name="nq-64shot", checkpoint_dir=Path("/ckpt"), reader_model_type="google/t5-base-lm-adapt",
-        retriever_model_path="facebook/contriever", text_maxlength=40, target_maxlength=16, n_context=2,
-        retriever_n_context=3, gold_score_mode="ppmean", temperature_gold=0.1, temperature_score=0.05,
-        query_side_retriever_training=False, train_retriever=True,
+        name="nq-64shot",
+        checkpoint_dir=Path("/ckpt"),
+        reader_model_type="google/t5-base-lm-adapt",
+        retriever_model_path="facebook/contriever",
+        text_maxlength=40,
+        target_maxlength=16,
+        n_context=2,
+        retriever_n_context=3,
+        gold_score_mode="ppmean",
+        temperature_gold=0.1,
+        temperature_score=0.05,
+        query_side_retriever_training=False,
+        train_retriever=True,
         encoder_format="{query} title: {title} context: {text}",
-        retriever_format="{title} {text}", generation_max_length=4, generation_num_beams=1, task="qa",
-        qa_prompt_format="question: {question} answer: <extra_id_0>", lr=4e-5, lr_retriever=4e-5, total_steps=30,
-        warmup_steps=5, scheduler="linear", weight_decay=0.01, per_gpu_batch_size=1, accumulation_steps=1,
-        clip=1.0, precision="bf16", refresh_index="-1", filtering_overretrieve_ratio=2, seed=0,
-        train_data=["nq-train.jsonl"], eval_data=[])
+        retriever_format="{title} {text}",
+        generation_max_length=4,
+        generation_num_beams=1,
+        task="qa",
+        qa_prompt_format="question: {question} answer: <extra_id_0>",
+        lr=4e-5,
+        lr_retriever=4e-5,
+        total_steps=30,
+        warmup_steps=5,
+        scheduler="linear",
+        weight_decay=0.01,
+        per_gpu_batch_size=1,
+        accumulation_steps=1,
+        clip=1.0,
+        precision="bf16",
+        refresh_index="-1",
+        filtering_overretrieve_ratio=2,
+        seed=0,
+        train_data=["nq-train.jsonl"],
+        eval_data=[],
+    )
     for key, value in changes.items():
         setattr(opt, key, value)
     return opt
 
 
-def write_atlas_checkpoint(folder: Path, reader: T5ForConditionalGeneration, query: BertModel,
-                           passage: BertModel | None, *, module: bool, opt: argparse.Namespace | None = None,
-                           step: int = 12) -> Path:
+def write_atlas_checkpoint(
+    folder: Path,
+    reader: T5ForConditionalGeneration,
+    query: BertModel,
+    passage: BertModel | None,
+    *,
+    module: bool,
+    opt: argparse.Namespace | None = None,
+    step: int = 12,
+) -> Path:
     """`folder/model.pth.tar` as the reference's save_atlas_model writes it."""
     wrap = ".module" if module else ""
     state = {f"reader{wrap}.{k}": v for k, v in reader.state_dict().items()}
@@ -88,12 +132,22 @@ def write_atlas_checkpoint(folder: Path, reader: T5ForConditionalGeneration, que
         state.update({f"retriever{wrap}.query_contriever.{k}": v for k, v in query.state_dict().items()})
         state.update({f"retriever{wrap}.passage_contriever.{k}": v for k, v in passage.state_dict().items()})
     folder.mkdir(parents=True, exist_ok=True)
-    optimizer = {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.zeros(2)}},
-                 "param_groups": [{"lr": 1e-4, "params": [0]}]}
-    torch.save({"step": step, "model": state, "optimizer": optimizer, "retr_optimizer": None,
-                "scheduler": {"last_epoch": step, "_step_count": step + 1}, "retr_scheduler": None,
-                "opt": opt or reference_options(query_side_retriever_training=passage is not None)},
-               folder / "model.pth.tar")
+    optimizer = {
+        "state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.zeros(2)}},
+        "param_groups": [{"lr": 1e-4, "params": [0]}],
+    }
+    torch.save(
+        {
+            "step": step,
+            "model": state,
+            "optimizer": optimizer,
+            "retr_optimizer": None,
+            "scheduler": {"last_epoch": step, "_step_count": step + 1},
+            "retr_scheduler": None,
+            "opt": opt or reference_options(query_side_retriever_training=passage is not None),
+        },
+        folder / "model.pth.tar",
+    )
     return folder / "model.pth.tar"
 
 
@@ -119,16 +173,20 @@ def mean_pooled(model: BertModel, tokenizer, texts: list[str], max_length: int) 
 
 def plain_t5_logits(t5: T5ForConditionalGeneration, input_ids, decoder_input_ids) -> torch.Tensor:
     with torch.no_grad():
-        return t5(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-                  decoder_input_ids=decoder_input_ids).logits
+        return t5(
+            input_ids=input_ids, attention_mask=torch.ones_like(input_ids), decoder_input_ids=decoder_input_ids
+        ).logits
 
 
 def tree(path: Path) -> list[str]:
     return sorted(str(p.relative_to(path)) for p in path.rglob("*")) if path.exists() else []
 
 
-@pytest.mark.parametrize(("untied", "module"), [(False, False), (False, True), (True, False), (True, True)],
-                         ids=["tied", "tied-module", "untied", "untied-module"])
+@pytest.mark.parametrize(
+    ("untied", "module"),
+    [(False, False), (False, True), (True, False), (True, True)],
+    ids=["tied", "tied-module", "untied", "untied-module"],
+)
 def test_round_trip_logits_embeddings_and_config(tmp_path, reader_tokenizer_dir, tiny_encoder_path, untied, module):
     from reader.fid import FiDReader
     from reader.tokenizer import build_reader_tokenizer
@@ -139,24 +197,35 @@ def test_round_trip_logits_embeddings_and_config(tmp_path, reader_tokenizer_dir,
     query, passage = bert_pair(tiny_encoder_path, untied=untied)
     src = write_atlas_checkpoint(tmp_path / "ref" / "checkpoint" / "step-12", t5, query, passage, module=module)
 
-    folder = import_atlas_checkpoint(src.parent, tmp_path / "run", reader_tokenizer=str(reader_tokenizer_dir),
-                                     retriever_tokenizer=str(tiny_encoder_path))
+    folder = import_atlas_checkpoint(
+        src.parent,
+        tmp_path / "run",
+        reader_tokenizer=str(reader_tokenizer_dir),
+        retriever_tokenizer=str(tiny_encoder_path),
+    )
     assert folder == tmp_path / "run" / "checkpoints" / "step-000012"
     assert (tmp_path / "run" / "checkpoints" / "latest").read_text().strip() == "step-000012"
 
     # reader: FiD over one passage = the plain T5 built from the same tensors, logit for logit
     imported = FiDReader.from_pretrained(folder / "reader").eval()
-    got = imported.t5.config
-    assert (got.d_kv, got.num_heads, got.d_ff, got.num_layers, got.num_decoder_layers,
-            got.relative_attention_num_buckets) == (6, 4, 20, 2, 3, 8)
-    assert imported.t5.config.scale_decoder_outputs == untied  # T5 v1.0 scales, lm-adapt does not
-    assert torch.equal(imported.t5.lm_head.weight, t5.lm_head.weight)
-    assert imported.t5.config.feed_forward_proj == ("relu" if untied else "gated-gelu")
+    got = imported.seq2seq.config
+    assert (
+        got.d_kv,
+        got.num_heads,
+        got.d_ff,
+        got.num_layers,
+        got.num_decoder_layers,
+        got.relative_attention_num_buckets,
+    ) == (6, 4, 20, 2, 3, 8)
+    assert imported.seq2seq.config.scale_decoder_outputs == untied  # T5 v1.0 scales, lm-adapt does not
+    assert torch.equal(imported.seq2seq.lm_head.weight, t5.lm_head.weight)
+    assert imported.seq2seq.config.feed_forward_proj == ("relu" if untied else "gated-gelu")
     ids = torch.tensor([tokenizer("question: where is quimper answer: <extra_id_0>")["input_ids"]])
     decoder_ids = torch.tensor([[0, 5, 9, 11]])
     with torch.no_grad():
-        fid_logits = imported(input_ids=ids[:, None], attention_mask=torch.ones_like(ids)[:, None],
-                              decoder_input_ids=decoder_ids).logits
+        fid_logits = imported(
+            input_ids=ids[:, None], attention_mask=torch.ones_like(ids)[:, None], decoder_input_ids=decoder_ids
+        ).logits
     torch.testing.assert_close(fid_logits, plain_t5_logits(t5, ids, decoder_ids), rtol=0, atol=0)
 
     # retriever: the reference's Contriever (its second-moment layer norm, mean pooling) with the same
@@ -171,8 +240,9 @@ def test_round_trip_logits_embeddings_and_config(tmp_path, reader_tokenizer_dir,
         got_p = retriever.passage_encoder.embed(TEXTS, 40)
     batch = retriever.query_encoder.tokenize(TEXTS, 40)
     for got, bert in ((got_q, query), (got_p, passage if untied else query)):
-        want = bert_embeddings(bert.state_dict(), heads=bert.config.num_attention_heads,
-                               eps=bert.config.layer_norm_eps, **batch)
+        want = bert_embeddings(
+            bert.state_dict(), heads=bert.config.num_attention_heads, eps=bert.config.layer_norm_eps, **batch
+        )
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
     if untied:
         assert not torch.allclose(got_q, got_p)
@@ -181,7 +251,11 @@ def test_round_trip_logits_embeddings_and_config(tmp_path, reader_tokenizer_dir,
     from atlas.training.checkpoint import checkpoint_config
 
     config = checkpoint_config(folder)
-    assert (config.retriever.tied, config.retriever.loss, config.retriever.pooling) == (not untied, "pdist", "mean")
+    assert (config.retriever.tied, config.retriever.loss.name, config.retriever.pooling) == (
+        not untied,
+        "pdist",
+        "mean",
+    )
     assert (config.retriever.temperature_gold, config.retriever.temperature_score) == (0.1, 0.05)
     assert (config.reader.n_context, config.retriever.n_context, config.reader.text_maxlength) == (2, 3, 40)
     assert (config.retriever.passage_maxlength, config.reader.answer_maxlength) == (40, 16)
@@ -196,10 +270,14 @@ def test_round_trip_logits_embeddings_and_config(tmp_path, reader_tokenizer_dir,
 def test_gold_score_modes_map_to_losses(mode, loss):
     from atlas.importing.checkpoint import config_from_options
 
-    config, notes = config_from_options(reference_options(gold_score_mode=mode, scheduler="fixed", precision="fp16"),
-                                        tied=True, closed_book=False, source="x")
-    assert config.retriever.loss == loss and config.training.scheduler == "constant"
-    assert config.retriever.emdr_granularity == ("token" if loss == "emdr" else "sequence")
+    config, notes = config_from_options(
+        reference_options(gold_score_mode=mode, scheduler="fixed", precision="fp16"),
+        tied=True,
+        closed_book=False,
+        source="x",
+    )
+    assert config.retriever.loss.name == loss and config.training.scheduler == "constant"
+    assert config.retriever.loss.options.get("granularity") == ("token" if loss == "emdr" else None)
     assert config.training.precision == "fp32" and any("fp16" in n for n in notes)
 
 
@@ -218,8 +296,9 @@ def test_closed_book_checkpoint_imports_without_a_retriever(tmp_path, reader_tok
     assert not (folder / "retriever").exists() and (folder / "reader" / "config.json").is_file()
     assert checkpoint_config(folder).task.closed_book
     torch.save({"step": 3, "model": state, "opt": reference_options()}, src)
-    _assert_refused(tmp_path / "again", src, {"reader_tokenizer": str(reader_tokenizer_dir)}, InputError,
-                    "options say it retrieved")
+    _assert_refused(
+        tmp_path / "again", src, {"reader_tokenizer": str(reader_tokenizer_dir)}, InputError, "options say it retrieved"
+    )
 
 
 def test_file_passages_run_is_imported_closed_book_with_a_note():
@@ -230,8 +309,9 @@ def test_file_passages_run_is_imported_closed_book_with_a_note():
     opt = reference_options(use_file_passages=True, closed_book=False)
     config, notes = config_from_options(opt, tied=False, closed_book=True, source="x")
     assert config.task.closed_book and any("use_file_passages" in n for n in notes)
-    _, notes = config_from_options(reference_options(use_file_passages=True, closed_book=True), tied=False,
-                                   closed_book=True, source="x")
+    _, notes = config_from_options(
+        reference_options(use_file_passages=True, closed_book=True), tied=False, closed_book=True, source="x"
+    )
     assert not any("use_file_passages" in n for n in notes)
 
 
@@ -243,33 +323,89 @@ def test_evaluate_and_ask_run_on_the_imported_run(tmp_path, reader_tokenizer_dir
     tokenizer = build_reader_tokenizer(reader_tokenizer_dir)
     query, _ = bert_pair(tiny_encoder_path, untied=False)
     src = write_atlas_checkpoint(tmp_path / "ref", tiny_t5(len(tokenizer)), query, None, module=True)
-    assert main(["import", "atlas-checkpoint", str(src), str(tmp_path / "run"), "--reader-tokenizer",
-                 str(reader_tokenizer_dir), "--retriever-tokenizer", str(tiny_encoder_path)]) == 0
+    assert (
+        main(
+            [
+                "import",
+                "atlas-checkpoint",
+                str(src),
+                str(tmp_path / "run"),
+                "--reader-tokenizer",
+                str(reader_tokenizer_dir),
+                "--retriever-tokenizer",
+                str(tiny_encoder_path),
+            ]
+        )
+        == 0
+    )
 
     # the reference's saved index of 2 shards, embedded with the same passage encoder
     from retriever.encoder import Retriever
 
     retriever = Retriever.from_pretrained(tmp_path / "run" / "checkpoints" / "step-000012" / "retriever")
-    docs = [{"id": f"p{i}", "title": t.split()[0], "text": t, "section": ""} for i, t in enumerate(
-        ["quimper is the capital of zorbland", "fenwick is a river in tarsia", "belmont has a clock tower",
-         "anna brook climbed mount olo", "the florin is the currency of tarsia"])]
+    docs = [
+        {"id": f"p{i}", "title": t.split()[0], "text": t, "section": ""}
+        for i, t in enumerate(
+            [
+                "quimper is the capital of zorbland",
+                "fenwick is a river in tarsia",
+                "belmont has a clock tower",
+                "anna brook climbed mount olo",
+                "the florin is the currency of tarsia",
+            ]
+        )
+    ]
     vectors = torch.from_numpy(retriever.embed_passages(docs)).to(torch.float16)  # (N, d)
     (tmp_path / "ref-index").mkdir()
     for shard, rows in enumerate((slice(0, 3), slice(3, 5))):
         torch.save(vectors[rows].T.contiguous(), tmp_path / "ref-index" / f"embeddings.{shard}.pt")
         with open(tmp_path / "ref-index" / f"passages.{shard}.pt", "wb") as f:
             pickle.dump(docs[rows], f, protocol=pickle.HIGHEST_PROTOCOL)
-    assert main(["import", "atlas-index", str(tmp_path / "ref-index"), "--corpus-out", str(tmp_path / "corpus"),
-                 "--index-out", str(tmp_path / "index"), "--encoder", str(tmp_path / "run")]) == 0
+    assert (
+        main(
+            [
+                "import",
+                "atlas-index",
+                str(tmp_path / "ref-index"),
+                "--corpus-out",
+                str(tmp_path / "corpus"),
+                "--index-out",
+                str(tmp_path / "index"),
+                "--encoder",
+                str(tmp_path / "run"),
+            ]
+        )
+        == 0
+    )
     # the vectors came from the named encoder: re-embedding the first passages agrees (fp16 rounding aside)
     assert json.loads((tmp_path / "index" / "manifest.json").read_text())["imported"]["encoder_agreement"] > 0.99
 
-    (tmp_path / "qa.jsonl").write_text("".join(json.dumps(q) + "\n" for q in [
-        {"question": "what is the capital of zorbland", "answers": ["quimper"]},
-        {"question": "what is the currency of tarsia", "answers": ["florin"]}]))
+    (tmp_path / "qa.jsonl").write_text(
+        "".join(
+            json.dumps(q) + "\n"
+            for q in [
+                {"question": "what is the capital of zorbland", "answers": ["quimper"]},
+                {"question": "what is the currency of tarsia", "answers": ["florin"]},
+            ]
+        )
+    )
     capsys.readouterr()
-    assert main(["evaluate", str(tmp_path / "run"), "--data", str(tmp_path / "qa.jsonl"), "--index",
-                 str(tmp_path / "index"), "--out", str(tmp_path / "eval"), "evaluation.retrieval_k=[1,2]"]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                str(tmp_path / "run"),
+                "--data",
+                str(tmp_path / "qa.jsonl"),
+                "--index",
+                str(tmp_path / "index"),
+                "--out",
+                str(tmp_path / "eval"),
+                "evaluation.retrieval_k=[1,2]",
+            ]
+        )
+        == 0
+    )
     metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert {"exact_match", "f1"} <= set(metrics)
     predictions = [json.loads(line) for line in (tmp_path / "eval" / "predictions.jsonl").read_text().splitlines()]
@@ -282,9 +418,21 @@ def test_evaluate_and_ask_run_on_the_imported_run(tmp_path, reader_tokenizer_dir
     assert "Q: where is quimper" in capsys.readouterr().out
 
     # the run's config names the imported weights: a new run fine-tunes from them
-    assert main(["train", str(tmp_path / "run" / "config.yaml"), f"task.train_data=[{tmp_path / 'qa.jsonl'}]",
-                 f"index.path={tmp_path / 'index'}", f"training.output_dir={tmp_path / 'tuned'}", "training.steps=1",
-                 "training.precision=fp32", "training.warmup_steps=0"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                str(tmp_path / "run" / "config.yaml"),
+                f"task.train_data=[{tmp_path / 'qa.jsonl'}]",
+                f"index.path={tmp_path / 'index'}",
+                f"training.output_dir={tmp_path / 'tuned'}",
+                "training.steps=1",
+                "training.precision=fp32",
+                "training.warmup_steps=0",
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "tuned" / "checkpoints" / "step-000001" / "training_state.pt").is_file()
     capsys.readouterr()
     assert main(["train", "--resume", str(tmp_path / "run")]) == 2  # weights only: nothing to resume
@@ -319,14 +467,16 @@ def test_fid_reader_folder_imports_with_the_same_logits(tmp_path, reader_tokeniz
     with pytest.raises(ValueError, match="--tokenizer"):
         import_fid_reader(src, tmp_path / "out")
     assert not (tmp_path / "out").exists()
-    assert main(["import", "fid-reader", str(src), str(tmp_path / "out"),
-                 "--tokenizer", str(reader_tokenizer_dir)]) == 0
+    assert (
+        main(["import", "fid-reader", str(src), str(tmp_path / "out"), "--tokenizer", str(reader_tokenizer_dir)]) == 0
+    )
     reader = FiDReader.from_pretrained(tmp_path / "out").eval()
     ids = torch.tensor([tokenizer("question: who climbed olo answer: <extra_id_0>")["input_ids"]])
     decoder_ids = torch.tensor([[0, 7, 3]])
     with torch.no_grad():
-        logits = reader(input_ids=ids[:, None], attention_mask=torch.ones_like(ids)[:, None],
-                        decoder_input_ids=decoder_ids).logits
+        logits = reader(
+            input_ids=ids[:, None], attention_mask=torch.ones_like(ids)[:, None], decoder_input_ids=decoder_ids
+        ).logits
     torch.testing.assert_close(logits, plain_t5_logits(t5, ids, decoder_ids), rtol=0, atol=0)
     assert build_reader_tokenizer(tmp_path / "out").get_vocab() == tokenizer.get_vocab()
 
@@ -355,6 +505,7 @@ def test_contriever_layout_folder_loads_and_pools_the_same(tmp_path, tiny_encode
 
 # --- bad input: one error naming the file, nothing written ------------------------------------
 
+
 @pytest.fixture
 def reference_checkpoint(tmp_path, reader_tokenizer_dir, tiny_encoder_path):
     from reader.tokenizer import build_reader_tokenizer
@@ -362,8 +513,12 @@ def reference_checkpoint(tmp_path, reader_tokenizer_dir, tiny_encoder_path):
     t5 = tiny_t5(len(build_reader_tokenizer(reader_tokenizer_dir)))
     query, _ = bert_pair(tiny_encoder_path, untied=False)
     src = write_atlas_checkpoint(tmp_path / "ref", t5, query, None, module=False)
-    return {"src": src, "t5": t5, "query": query,
-            "kwargs": {"reader_tokenizer": str(reader_tokenizer_dir), "retriever_tokenizer": str(tiny_encoder_path)}}
+    return {
+        "src": src,
+        "t5": t5,
+        "query": query,
+        "kwargs": {"reader_tokenizer": str(reader_tokenizer_dir), "retriever_tokenizer": str(tiny_encoder_path)},
+    }
 
 
 def _rewrite(src: Path, change) -> None:
@@ -460,8 +615,21 @@ def test_malicious_pickle_is_refused_and_never_runs(tmp_path, reference_checkpoi
     assert not marker.exists()
     # the command line says the same in one line and exits 2
     kwargs = reference_checkpoint["kwargs"]
-    assert main(["import", "atlas-checkpoint", str(src), str(tmp_path / "run"), "--reader-tokenizer",
-                 kwargs["reader_tokenizer"], "--retriever-tokenizer", kwargs["retriever_tokenizer"]]) == 2
+    assert (
+        main(
+            [
+                "import",
+                "atlas-checkpoint",
+                str(src),
+                str(tmp_path / "run"),
+                "--reader-tokenizer",
+                kwargs["reader_tokenizer"],
+                "--retriever-tokenizer",
+                kwargs["retriever_tokenizer"],
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert err.startswith("atlas import: error: ") and str(src) in err and len(err.splitlines()) == 1
     assert not marker.exists() and not (tmp_path / "run").exists()

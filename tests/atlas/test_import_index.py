@@ -34,9 +34,16 @@ def write_reference_index(folder: Path, sizes=SIZES, dim: int = DIM, seed: int =
     embeddings = torch.randn(dim, sum(sizes), generator=generator).to(torch.float16)
     ids, start = [], 0
     for shard, n in enumerate(sizes):
-        passages = [{"id": str(1000 + start + i), "title": f"Title {start + i}", "text": f"passage text {start + i}",
-                     "section": "History" if i % 2 else ""} for i in range(n)]
-        torch.save(embeddings[:, start: start + n], folder / f"embeddings.{shard}.pt")
+        passages = [
+            {
+                "id": str(1000 + start + i),
+                "title": f"Title {start + i}",
+                "text": f"passage text {start + i}",
+                "section": "History" if i % 2 else "",
+            }
+            for i in range(n)
+        ]
+        torch.save(embeddings[:, start : start + n], folder / f"embeddings.{shard}.pt")
         with open(folder / f"passages.{shard}.pt", "wb") as f:
             pickle.dump(passages, f, protocol=pickle.HIGHEST_PROTOCOL)
         ids += [p["id"] for p in passages]
@@ -64,11 +71,24 @@ def test_same_top_k_ids_and_scores_as_brute_force(tmp_path, reference_index, tin
     from retriever.encoder import Retriever
     from retriever.index import EncoderMismatchError, PassageIndex
 
-    corpus, index = import_atlas_index(reference_index["src"], encoder=tiny_encoder_path, spec=spec, nprobe=nprobe,
-                                       train_sample=100, progress=False, **_outputs(tmp_path))
+    corpus, index = import_atlas_index(
+        reference_index["src"],
+        encoder=tiny_encoder_path,
+        spec=spec,
+        nprobe=nprobe,
+        train_sample=100,
+        progress=False,
+        **_outputs(tmp_path),
+    )
     assert [p["id"] for p in Corpus.load(corpus).rows(range(sum(SIZES)))] == reference_index["ids"]
-    assert Corpus.load(corpus)[6] == {"id": "1006", "doc_id": "1006", "title": "Title 6", "section": "History",
-                                      "text": "passage text 6", "wikipedia_id": ""}
+    assert Corpus.load(corpus)[6] == {
+        "id": "1006",
+        "doc_id": "1006",
+        "title": "Title 6",
+        "section": "History",
+        "text": "passage text 6",
+        "wikipedia_id": "",
+    }
     retriever = Retriever.from_pretrained(tiny_encoder_path)
     loaded = PassageIndex.load(index, retriever=retriever, verify=True)
     queries = torch.randn(7, DIM, generator=torch.Generator().manual_seed(1))
@@ -99,8 +119,17 @@ def test_same_top_k_ids_and_scores_as_brute_force(tmp_path, reference_index, tin
 
 def test_cli_import_then_index_info_verify(tmp_path, reference_index, tiny_encoder_path, capsys):
     out = _outputs(tmp_path)
-    args = ["import", "atlas-index", str(reference_index["src"]), "--corpus-out", str(out["corpus_out"]),
-            "--index-out", str(out["index_out"]), "--encoder", str(tiny_encoder_path)]
+    args = [
+        "import",
+        "atlas-index",
+        str(reference_index["src"]),
+        "--corpus-out",
+        str(out["corpus_out"]),
+        "--index-out",
+        str(out["index_out"]),
+        "--encoder",
+        str(tiny_encoder_path),
+    ]
     assert main(args) == 0
     assert main(["index", "info", str(out["index_out"]), "--verify"]) == 0
     assert main(args) == 2  # outputs exist: refused, untouched
@@ -118,14 +147,14 @@ def test_interrupted_import_resumes_to_the_same_files(tmp_path, reference_index,
 
     first = _outputs(tmp_path)
     with pytest.raises(Interrupted):
-        import_atlas_index(reference_index["src"], encoder=tiny_encoder_path, progress=False,
-                           on_shard=stop_after_first, **first)
+        import_atlas_index(
+            reference_index["src"], encoder=tiny_encoder_path, progress=False, on_shard=stop_after_first, **first
+        )
     work = tmp_path / "out" / "index.building"
     assert json.loads((work / "import-progress.json").read_text())["completed_shards"] == 1
     assert not first["corpus_out"].exists() and not first["index_out"].exists()
     done = []
-    import_atlas_index(reference_index["src"], encoder=tiny_encoder_path, progress=False, on_shard=done.append,
-                       **first)
+    import_atlas_index(reference_index["src"], encoder=tiny_encoder_path, progress=False, on_shard=done.append, **first)
     assert done == [1, 2]  # shard 0 was not read again
     fresh = {"corpus_out": tmp_path / "fresh" / "corpus", "index_out": tmp_path / "fresh" / "index"}
     import_atlas_index(reference_index["src"], encoder=tiny_encoder_path, progress=False, **fresh)
@@ -135,29 +164,31 @@ def test_interrupted_import_resumes_to_the_same_files(tmp_path, reference_index,
     assert not work.exists()
 
 
-def test_restart_discards_an_interrupted_import_with_its_corpus(tmp_path, reference_index, tiny_encoder_path,
-                                                                 monkeypatch):
+def test_restart_discards_an_interrupted_import_with_its_corpus(
+    tmp_path, reference_index, tiny_encoder_path, monkeypatch
+):
     """Killed while building the index (the corpus already written): `restart=True` starts over
     and replaces that corpus too, instead of copying every shard and then refusing it."""
-    import retriever.index_build
 
     def killed(*args, **kwargs):
         raise Interrupted
 
     out = _outputs(tmp_path)
-    monkeypatch.setattr(retriever.index_build, "build_index", killed)
+    monkeypatch.setattr("atlas.importing.index.build_index", killed)
     with pytest.raises(Interrupted):
         import_atlas_index(reference_index["src"], encoder=tiny_encoder_path, progress=False, **out)
     assert (out["corpus_out"] / "corpus.json").is_file() and not out["index_out"].exists()
     monkeypatch.undo()
     done = []
-    import_atlas_index(reference_index["src"], encoder=tiny_encoder_path, progress=False, restart=True,
-                       on_shard=done.append, **out)
+    import_atlas_index(
+        reference_index["src"], encoder=tiny_encoder_path, progress=False, restart=True, on_shard=done.append, **out
+    )
     assert done == [0, 1, 2]  # started over
     assert (out["index_out"] / "manifest.json").is_file() and not (tmp_path / "out" / "index.building").exists()
 
 
 # --- bad input: one error naming the file, nothing written ------------------------------------
+
 
 def _refused(tmp_path, src, encoder, error=InputError, match=""):
     before = tree(tmp_path)

@@ -35,7 +35,29 @@ from tests.atlas.test_import_checkpoint import (
 )
 
 RTOL = 1e-5
-WORDS = ["question", "answer", "title", "context", "who", "what", "where", "is", "the", "capital", "of", "zorbland", "quimper", "river", "in", "tarsia", "fenwick", "mount", "olo", "climbed", "first"]
+WORDS = [
+    "question",
+    "answer",
+    "title",
+    "context",
+    "who",
+    "what",
+    "where",
+    "is",
+    "the",
+    "capital",
+    "of",
+    "zorbland",
+    "quimper",
+    "river",
+    "in",
+    "tarsia",
+    "fenwick",
+    "mount",
+    "olo",
+    "climbed",
+    "first",
+]
 CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789:?.,'-")
 N_SENTINELS = 10
 
@@ -70,10 +92,16 @@ def reference_vocabulary(folder: Path) -> tuple[dict[str, float], dict[str, int]
 
 
 QUESTIONS = ["who is the capital of zorbland", "what river is in tarsia"]
-PASSAGES = [[{"title": "zorbland", "text": "the capital of zorbland is quimper"},
-             {"title": "olo", "text": "who climbed mount olo first"}],
-            [{"title": "fenwick", "text": "fenwick is a river in tarsia"},
-             {"title": "tarsia", "text": "the capital of tarsia"}]]
+PASSAGES = [
+    [
+        {"title": "zorbland", "text": "the capital of zorbland is quimper"},
+        {"title": "olo", "text": "who climbed mount olo first"},
+    ],
+    [
+        {"title": "fenwick", "text": "fenwick is a river in tarsia"},
+        {"title": "tarsia", "text": "the capital of tarsia"},
+    ],
+]
 
 
 def reference_prompts() -> list[str]:
@@ -91,6 +119,7 @@ def reference_prompts() -> list[str]:
 
 # --- an Atlas checkpoint ----------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def imported_atlas(tmp_path_factory, t5_tokenizer_dir, tiny_encoder_path) -> dict:
     """A reference Atlas run (untied lm-adapt reader, query-side-trained Contriever, generation_max_length 8),
@@ -106,10 +135,17 @@ def imported_atlas(tmp_path_factory, t5_tokenizer_dir, tiny_encoder_path) -> dic
                     parameter.add_(0.5)
     opt = reference_options(generation_max_length=8, query_side_retriever_training=True, n_context=2)
     src = write_atlas_checkpoint(root / "ref", t5, query, passage, module=True, opt=opt)
-    folder = import_atlas_checkpoint(src, root / "run", reader_tokenizer=str(t5_tokenizer_dir),
-                                     retriever_tokenizer=str(tiny_encoder_path))
-    return {"folder": folder, "t5": t5.state_dict(), "query": query.state_dict(), "passage": passage.state_dict(),
-            "eps": query.config.layer_norm_eps, "heads": query.config.num_attention_heads}
+    folder = import_atlas_checkpoint(
+        src, root / "run", reader_tokenizer=str(t5_tokenizer_dir), retriever_tokenizer=str(tiny_encoder_path)
+    )
+    return {
+        "folder": folder,
+        "t5": t5.state_dict(),
+        "query": query.state_dict(),
+        "passage": passage.state_dict(),
+        "eps": query.config.layer_norm_eps,
+        "heads": query.config.num_attention_heads,
+    }
 
 
 def test_every_conversion_is_recorded(imported_atlas):
@@ -118,14 +154,21 @@ def test_every_conversion_is_recorded(imported_atlas):
     folder = imported_atlas["folder"]
     record = json.loads((folder / "import.json").read_text())
     conversions = {c["what"]: c for c in record["conversions"]}
-    assert set(conversions) == {"reader lm_head", "reader tokenizer segmentation", "reader.generation_max_length",
-                                "retriever layer norm"}
-    assert (conversions["reader.generation_max_length"]["reference"],
-            conversions["reader.generation_max_length"]["here"]) == (8, 7)
+    assert set(conversions) == {
+        "reader lm_head",
+        "reader tokenizer segmentation",
+        "reader.generation_max_length",
+        "retriever layer norm",
+    }
+    assert (
+        conversions["reader.generation_max_length"]["reference"],
+        conversions["reader.generation_max_length"]["here"],
+    ) == (8, 7)
     assert conversions["retriever layer norm"]["eps"] == imported_atlas["eps"]
     assert checkpoint_config(folder).reader.generation_max_length == 7
-    assert json.loads((folder / "retriever" / "query" / "contriever_config.json").read_text())["layer_norm"] == \
-        "reference"
+    assert (
+        json.loads((folder / "retriever" / "query" / "contriever_config.json").read_text())["layer_norm"] == "reference"
+    )
 
 
 def test_retriever_embeddings_are_the_references(imported_atlas):
@@ -137,13 +180,15 @@ def test_retriever_embeddings_are_the_references(imported_atlas):
     texts = ["the capital of zorbland is quimper", "a river in tarsia", "mount olo was first climbed in 1820"]
     passages = [{"title": t.split()[1], "text": t} for t in texts]
     for side, encoder, got in (
-            ("query", retriever.query_encoder, torch.from_numpy(retriever.embed_queries(texts))),
-            ("passage", retriever.passage_encoder, retriever.encode_passages(passages).detach())):
+        ("query", retriever.query_encoder, torch.from_numpy(retriever.embed_queries(texts))),
+        ("passage", retriever.passage_encoder, retriever.encode_passages(passages).detach()),
+    ):
         rendered = texts if side == "query" else [retriever.format_passage(p) for p in passages]
         maxlength = retriever.query_maxlength if side == "query" else retriever.passage_maxlength
         batch = encoder.tokenize(rendered, maxlength)
-        want = ref.bert_embeddings(imported_atlas[side], heads=imported_atlas["heads"], eps=imported_atlas["eps"],
-                                   **batch)
+        want = ref.bert_embeddings(
+            imported_atlas[side], heads=imported_atlas["heads"], eps=imported_atlas["eps"], **batch
+        )
         assert relative_error(got, want) < RTOL
         use_layer_norm(encoder.model, "standard")
         with torch.no_grad():
@@ -167,11 +212,13 @@ def test_reader_prompts_are_tokenized_as_the_reference_did(imported_atlas, t5_to
             assert stock(prompt)["input_ids"] != want
     # the run's own path to the reader: encode_reader_inputs with the run's passage format
     query = f"question: {QUESTIONS[0]} answer: <extra_id_0>"
-    input_ids, mask = encode_reader_inputs(tokenizer, [query], [PASSAGES[0]], 40,
-                                           "{query} title: {title} context: {text}")
+    input_ids, mask = encode_reader_inputs(
+        tokenizer, [query], [PASSAGES[0]], 40, "{query} title: {title} context: {text}"
+    )
     for k, passage in enumerate(PASSAGES[0]):
-        want = ref.legacy_t5_tokens(f"{query} title: {passage['title']} context: {passage['text']}", pieces,
-                                    specials, ids)
+        want = ref.legacy_t5_tokens(
+            f"{query} title: {passage['title']} context: {passage['text']}", pieces, specials, ids
+        )
         assert input_ids[0, k, : int(mask[0, k].sum())].tolist() == want
     closed_ids, _ = encode_reader_inputs(tokenizer, [query], [[]], 40)
     assert closed_ids[0, 0].tolist() == ref.legacy_t5_tokens(query, pieces, specials, ids)
@@ -179,7 +226,9 @@ def test_reader_prompts_are_tokenized_as_the_reference_did(imported_atlas, t5_to
 
 def atlas_inputs(model) -> tuple[torch.Tensor, torch.Tensor]:
     queries = [f"question: {q} answer: <extra_id_0>" for q in QUESTIONS]
-    return model.reader_inputs(queries, PASSAGES)
+    from tasks.passage import Passage
+
+    return model.reader_inputs(queries, [[Passage(id=p["title"], **p) for p in ps] for ps in PASSAGES])
 
 
 def test_reader_logits_and_generations_are_the_references(imported_atlas):
@@ -194,15 +243,22 @@ def test_reader_logits_and_generations_are_the_references(imported_atlas):
     decoder_ids = torch.tensor([[0, 52, 40, 7, 22], [0, 52, 9, 31, 5]])
     with torch.no_grad():
         logits = model.reader(input_ids=input_ids, attention_mask=mask, decoder_input_ids=decoder_ids).logits
-    want = ref.fid_t5_logits(imported_atlas["t5"], heads=4, input_ids=input_ids, attention_mask=mask,
-                             decoder_input_ids=decoder_ids, cross_bias=False)
+    want = ref.fid_t5_logits(
+        imported_atlas["t5"],
+        heads=4,
+        input_ids=input_ids,
+        attention_mask=mask,
+        decoder_input_ids=decoder_ids,
+        cross_bias=False,
+    )
     assert relative_error(logits, want) < RTOL
 
     generated = model.generate(input_ids, mask, PASSAGES)
-    expected = ref.greedy(imported_atlas["t5"], heads=4, input_ids=input_ids, attention_mask=mask, max_length=8,
-                          cross_bias=False)
+    expected = ref.greedy(
+        imported_atlas["t5"], heads=4, input_ids=input_ids, attention_mask=mask, max_length=8, cross_bias=False
+    )
     for row, want_ids in zip(generated.tolist(), expected):
-        assert row[: len(want_ids)] == want_ids and set(row[len(want_ids):]) <= {0}
+        assert row[: len(want_ids)] == want_ids and set(row[len(want_ids) :]) <= {0}
     assert max(len(ids) for ids in expected) == 8  # an answer ran to max_length: 7 tokens after the start
     unconverted = model.reader.generate(input_ids, mask, max_length=8)
     assert unconverted.shape[1] == 9  # taking the reference's 8 as new tokens generates one more
@@ -222,7 +278,7 @@ def test_untied_reader_saves_untied_and_loads_without_a_warning(imported_atlas, 
     finally:
         transformers.logging.disable_propagation()
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], [r.getMessage() for r in caplog.records]
-    t5 = reader.t5
+    t5 = reader.seq2seq
     assert isinstance(t5, UntiedT5ForConditionalGeneration)
     assert t5.encoder.embed_tokens.weight is t5.shared.weight and t5.decoder.embed_tokens.weight is t5.shared.weight
     assert t5.lm_head.weight is not t5.shared.weight
@@ -244,8 +300,16 @@ def imported_fid(tmp_path_factory, t5_tokenizer_dir) -> dict:
     root = tmp_path_factory.mktemp("fid-parity")
     vocab = len(T5Tokenizer.from_pretrained(str(t5_tokenizer_dir)))
     torch.manual_seed(15)  # a tiny random T5 whose greedy answers the bias changes
-    config = T5Config(vocab_size=vocab, d_model=16, d_kv=6, d_ff=20, num_heads=4, num_layers=2,
-                      relative_attention_num_buckets=8, dropout_rate=0.0)
+    config = T5Config(
+        vocab_size=vocab,
+        d_model=16,
+        d_kv=6,
+        d_ff=20,
+        num_heads=4,
+        num_layers=2,
+        relative_attention_num_buckets=8,
+        dropout_rate=0.0,
+    )
     t5 = T5ForConditionalGeneration(config).eval()
     state = {}
     for key, value in t5.state_dict().items():
@@ -261,11 +325,30 @@ def imported_fid(tmp_path_factory, t5_tokenizer_dir) -> dict:
     state[CROSS_KEY] = 0.7 * torch.randn(8, 4)  # (buckets, heads)
     src = root / "nq_reader_tiny"
     src.mkdir()
-    (src / "config.json").write_text(json.dumps({
-        "architectures": ["FiDT5"], "d_ff": 20, "d_kv": 6, "d_model": 16, "decoder_start_token_id": 0,
-        "dropout_rate": 0.1, "eos_token_id": 1, "initializer_factor": 1.0, "is_encoder_decoder": True,
-        "layer_norm_epsilon": 1e-06, "model_type": "t5", "n_positions": 512, "num_heads": 4, "num_layers": 2,
-        "output_past": True, "pad_token_id": 0, "relative_attention_num_buckets": 8, "vocab_size": vocab}))
+    (src / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["FiDT5"],
+                "d_ff": 20,
+                "d_kv": 6,
+                "d_model": 16,
+                "decoder_start_token_id": 0,
+                "dropout_rate": 0.1,
+                "eos_token_id": 1,
+                "initializer_factor": 1.0,
+                "is_encoder_decoder": True,
+                "layer_norm_epsilon": 1e-06,
+                "model_type": "t5",
+                "n_positions": 512,
+                "num_heads": 4,
+                "num_layers": 2,
+                "output_past": True,
+                "pad_token_id": 0,
+                "relative_attention_num_buckets": 8,
+                "vocab_size": vocab,
+            }
+        )
+    )
     torch.save(state, src / "pytorch_model.bin", _use_new_zipfile_serialization=False)
     assert main(["import", "fid-reader", str(src), str(root / "reader"), "--tokenizer", str(t5_tokenizer_dir)]) == 0
     reference = {k: v for k, v in t5.state_dict().items()}
@@ -291,7 +374,7 @@ def load_fid(imported_fid):
     from reader.fid import FiDReader
 
     reader = FiDReader.from_pretrained(imported_fid["folder"], dropout=0.0).eval()
-    assert has_cross_attention_bias(reader.t5)
+    assert has_cross_attention_bias(reader.seq2seq)
     return reader
 
 
@@ -302,7 +385,7 @@ def test_fid_import_keeps_the_cross_attention_bias(imported_fid):
     assert record["conversions"][0]["reference"] == CROSS_KEY
     assert json.loads((folder / "config.json").read_text())["cross_attention_relative_bias"] is True
     reader = load_fid(imported_fid)
-    table = reader.t5.decoder.block[0].layer[1].EncDecAttention.relative_attention_bias.weight
+    table = reader.seq2seq.decoder.block[0].layer[1].EncDecAttention.relative_attention_bias.weight
     assert torch.equal(table, imported_fid["state"][CROSS_KEY])
 
 
@@ -312,17 +395,29 @@ def test_fid_logits_loss_and_gradient_are_the_references(imported_fid):
     labels = torch.tensor([[17, 30, 8, 44, 1, -100], [25, 6, 19, 33, 12, 1]])
     decoder_ids = reader.shift_right(labels)
     output = reader(input_ids=ids, attention_mask=mask, labels=labels)
-    want = ref.fid_t5_logits(imported_fid["state"], heads=4, input_ids=ids, attention_mask=mask,
-                             decoder_input_ids=decoder_ids, cross_bias=True)
+    want = ref.fid_t5_logits(
+        imported_fid["state"],
+        heads=4,
+        input_ids=ids,
+        attention_mask=mask,
+        decoder_input_ids=decoder_ids,
+        cross_bias=True,
+    )
     assert relative_error(output.logits.detach(), want) < RTOL
-    without = ref.fid_t5_logits(imported_fid["state"], heads=4, input_ids=ids, attention_mask=mask,
-                                decoder_input_ids=decoder_ids, cross_bias=False)
+    without = ref.fid_t5_logits(
+        imported_fid["state"],
+        heads=4,
+        input_ids=ids,
+        attention_mask=mask,
+        decoder_input_ids=decoder_ids,
+        cross_bias=False,
+    )
     assert relative_error(without, want) > 1e-3  # the bias matters to these numbers
     keep = labels != -100
     nll = -want.log_softmax(-1).gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)[keep].mean()
     assert abs(float(output.loss.detach()) - float(nll)) / float(nll) < RTOL
     output.loss.backward()  # training reaches the table
-    table = reader.t5.decoder.block[0].layer[1].EncDecAttention.relative_attention_bias.weight
+    table = reader.seq2seq.decoder.block[0].layer[1].EncDecAttention.relative_attention_bias.weight
     assert table.grad is not None and float(table.grad.abs().sum()) > 0
 
 
@@ -333,22 +428,29 @@ def test_fid_greedy_generation_is_the_references(imported_fid, pack):
     reader = load_fid(imported_fid)
     ids, mask = fid_batch(imported_fid["vocab"])
     steps: list[torch.Tensor] = []  # the logits of every decoding step, (B, V)
-    hook = reader.t5.register_forward_hook(lambda _m, _a, out: steps.append(out.logits[:, -1].detach()))
+    hook = reader.seq2seq.register_forward_hook(lambda _m, _a, out: steps.append(out.logits[:, -1].detach()))
     try:
         generated = reader.generate(ids, mask, max_length=reference_new_tokens(10), pack_passages=pack).tolist()
     finally:
         hook.remove()
-    expected = ref.greedy(imported_fid["state"], heads=4, input_ids=ids, attention_mask=mask, max_length=10,
-                          cross_bias=True)
+    expected = ref.greedy(
+        imported_fid["state"], heads=4, input_ids=ids, attention_mask=mask, max_length=10, cross_bias=True
+    )
     for b, (row, want) in enumerate(zip(generated, expected)):
-        assert row[: len(want)] == want and set(row[len(want):]) <= {0}
-        logits = ref.fid_t5_logits(imported_fid["state"], heads=4, input_ids=ids[b:b + 1],
-                                   attention_mask=mask[b:b + 1], decoder_input_ids=torch.tensor([want[:-1]]),
-                                   cross_bias=True)[0]
+        assert row[: len(want)] == want and set(row[len(want) :]) <= {0}
+        logits = ref.fid_t5_logits(
+            imported_fid["state"],
+            heads=4,
+            input_ids=ids[b : b + 1],
+            attention_mask=mask[b : b + 1],
+            decoder_input_ids=torch.tensor([want[:-1]]),
+            cross_bias=True,
+        )[0]
         for t in range(len(want) - 1):  # every step's logits, not only its argmax
             assert relative_error(steps[t][b], logits[t]) < RTOL, (b, t)
-    without = ref.greedy(imported_fid["state"], heads=4, input_ids=ids, attention_mask=mask, max_length=10,
-                         cross_bias=False)
+    without = ref.greedy(
+        imported_fid["state"], heads=4, input_ids=ids, attention_mask=mask, max_length=10, cross_bias=False
+    )
     assert without != expected  # the bias changes these answers
 
 
@@ -367,17 +469,27 @@ def test_fid_cached_packed_decoding_steps_are_the_references(imported_fid, beams
     with torch.no_grad():
         states = reader.encode(ids, mask)
         packed, packed_mask, positions = reader.fuse_packed(states, mask)
-        cache = BeamSharedCrossAttentionCache.prefilled(reader.t5.decoder, packed.last_hidden_state, packed_mask)
+        cache = BeamSharedCrossAttentionCache.prefilled(reader.seq2seq.decoder, packed.last_hidden_state, packed_mask)
         cache.encoder_positions = positions
         memory = BaseModelOutput(last_hidden_state=packed.last_hidden_state.repeat_interleave(beams, 0))
         for step in range(prefixes.shape[1]):
-            out = reader.t5(encoder_outputs=memory, attention_mask=packed_mask.repeat_interleave(beams, 0),
-                            decoder_input_ids=prefixes[:, step:step + 1], use_cache=True, **{CACHE_KWARG: cache})
+            out = reader.seq2seq(
+                encoder_outputs=memory,
+                attention_mask=packed_mask.repeat_interleave(beams, 0),
+                decoder_input_ids=prefixes[:, step : step + 1],
+                use_cache=True,
+                **{CACHE_KWARG: cache},
+            )
             for row in range(2 * beams):
                 example = row // beams
-                want = ref.fid_t5_logits(imported_fid["state"], heads=4, input_ids=ids[example:example + 1],
-                                         attention_mask=mask[example:example + 1],
-                                         decoder_input_ids=prefixes[row:row + 1, : step + 1], cross_bias=True)
+                want = ref.fid_t5_logits(
+                    imported_fid["state"],
+                    heads=4,
+                    input_ids=ids[example : example + 1],
+                    attention_mask=mask[example : example + 1],
+                    decoder_input_ids=prefixes[row : row + 1, : step + 1],
+                    cross_bias=True,
+                )
                 assert relative_error(out.logits[row, -1], want[0, -1]) < RTOL, (step, row)
 
 
@@ -390,8 +502,16 @@ def test_fid_beam_search_agrees_on_every_path(imported_fid):
     unpacked = reader.generate(ids, mask, max_length=6, num_beams=3, pack_passages=False)
     with torch.no_grad():
         outputs, fused_mask = reader.fuse(reader.encode(ids, mask), mask)
-        stock = reader.t5.generate(encoder_outputs=outputs, attention_mask=fused_mask, max_new_tokens=6, num_beams=3,
-                                   do_sample=False, decoder_start_token_id=0, eos_token_id=1, pad_token_id=0)
+        stock = reader.seq2seq.generate(
+            encoder_outputs=outputs,
+            attention_mask=fused_mask,
+            max_new_tokens=6,
+            num_beams=3,
+            do_sample=False,
+            decoder_start_token_id=0,
+            eos_token_id=1,
+            pad_token_id=0,
+        )
     assert torch.equal(packed, unpacked) and torch.equal(packed, stock)
 
 
@@ -404,8 +524,15 @@ def test_fid_adist_gold_scores_include_the_bias(imported_fid):
         got = reader.cross_attention_scores(reader.encode(ids, mask), mask, labels)
     for b in range(2):
         capture: list = []
-        ref.fid_t5_logits(imported_fid["state"], heads=4, input_ids=ids[b:b + 1], attention_mask=mask[b:b + 1],
-                          decoder_input_ids=reader.shift_right(labels[b:b + 1]), cross_bias=True, capture=capture)
+        ref.fid_t5_logits(
+            imported_fid["state"],
+            heads=4,
+            input_ids=ids[b : b + 1],
+            attention_mask=mask[b : b + 1],
+            decoder_input_ids=reader.shift_right(labels[b : b + 1]),
+            cross_bias=True,
+            capture=capture,
+        )
         total = torch.zeros(ids.shape[1] * ids.shape[2], dtype=torch.float64)
         for probs, values in capture:  # (h, T, K·L), (h, K·L, d)
             total += (probs * values.norm(dim=-1).unsqueeze(1)).mean(0).sum(0)

@@ -24,8 +24,10 @@ QUERIES = ["what is the capital of zorbland", "who first climbed mount olo"]
 
 
 def run_config(world, corpus: Path, out: Path, *overrides: str):
-    return load_config(None, [f"retriever.model={world['encoder']}", f"index.corpus={corpus}",
-                              f"training.output_dir={out}", *overrides])
+    return load_config(
+        None,
+        [f"retriever.model={world['encoder']}", f"index.corpus={corpus}", f"training.output_dir={out}", *overrides],
+    )
 
 
 def open_run_index(world, corpus: Path, out: Path, *overrides: str):
@@ -66,8 +68,12 @@ def test_a_second_run_reuses_the_index_built_by_the_first(tiny_world, corpus, tm
     first = open_run_index(tiny_world, corpus, tmp_path / "run1")
     assert builds == [tmp_path / "run1" / "index"]
     (cached,) = entries(corpus)  # one finished entry, no temporary folder left
-    assert sorted(p.name for p in cached.iterdir()) == ["build-settings.json", "manifest.json",
-                                                         "removed.g1.npy", "vectors.g1.npy"]
+    assert sorted(p.name for p in cached.iterdir()) == [
+        "build-settings.json",
+        "manifest.json",
+        "removed.g1.npy",
+        "vectors.g1.npy",
+    ]
     stamp, contents = cached.stat().st_mtime_ns, files_of(cached)
     caplog.clear()
 
@@ -75,15 +81,18 @@ def test_a_second_run_reuses_the_index_built_by_the_first(tiny_world, corpus, tm
     assert builds == [tmp_path / "run1" / "index"]  # not built again
     fingerprint = json.loads((cached / "build-settings.json").read_text())["encoder_fingerprint"]
     assert [r.getMessage() for r in caplog.records if "reusing" in r.getMessage()] == [
-        (f"reusing the index of {corpus} built with {tiny_world['encoder']} (passage encoder {fingerprint[:12]}) "
-         f"at {cached}")
+        (
+            f"reusing the index of {corpus} built with {tiny_world['encoder']} (passage encoder {fingerprint[:12]}) "
+            f"at {cached}"
+        )
     ]
     assert cached.stat().st_mtime_ns == stamp and files_of(cached) == contents
     vectors = tmp_path / "run2" / "index" / "vectors.g1.npy"
     assert vectors.stat().st_ino == (cached / "vectors.g1.npy").stat().st_ino  # linked, not copied
     assert second.folder == tmp_path / "run2" / "index" and len(second) == 5
     assert [[(h.id, h.score) for h in hits] for hits in second.search(QUERIES, 3)] == [
-        [(h.id, h.score) for h in hits] for hits in first.search(QUERIES, 3)]
+        [(h.id, h.score) for h in hits] for hits in first.search(QUERIES, 3)
+    ]
 
 
 def test_a_different_spec_or_encoder_builds_anew(tiny_world, corpus, tmp_path, builds):
@@ -153,8 +162,11 @@ def test_index_path_wins_over_index_corpus(tiny_world, corpus, tmp_path, builds,
     index = open_run_index(tiny_world, tmp_path / "other", tmp_path / "run", f"index.path={tiny_world['index']}")
     assert len(index) == 5 and builds == []
     assert [r.getMessage() for r in caplog.records] == [
-        (f"index.path {tiny_world['index']} was built on another corpus than index.corpus {tmp_path / 'other'}; "
-         "index.path is used (it wins over index.corpus)")]
+        (
+            f"index.path {tiny_world['index']} was built on another corpus than index.corpus {tmp_path / 'other'}; "
+            "index.path is used (it wins over index.corpus)"
+        )
+    ]
 
 
 BUILD_SCRIPT = r"""
@@ -192,10 +204,26 @@ def test_two_ranks_build_once_then_reuse(tiny_world, corpus, tmp_path):
     script.write_text(BUILD_SCRIPT)
     reports = {}
     for run in ("run1", "run2"):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
-               str(corpus), str(tmp_path / run), str(tiny_world["encoder"])]
-        result = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300,
-                                cwd=Path(__file__).resolve().parents[2], env={**os.environ, "OMP_NUM_THREADS": "1"})
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(script),
+            str(corpus),
+            str(tmp_path / run),
+            str(tiny_world["encoder"]),
+        ]
+        result = subprocess.run(
+            cmd,
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=Path(__file__).resolve().parents[2],
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         reports[run] = [json.loads((tmp_path / run / f"report-{r}.json").read_text()) for r in (0, 1)]
     first, second = reports["run1"], reports["run2"]

@@ -34,15 +34,31 @@ def mmlu_root(shared_data, tmp_path):
 
 
 def recipe(world, out):
-    return load_config(None, [
-        f"retriever.model={world['encoder']}", "retriever.loss=pdist", "retriever.n_context=2",
-        "retriever.temperature_gold=0.1", "retriever.temperature_score=0.1", f"index.path={world['index']}",
-        "reader.model=t5-tiny", "reader.n_context=2", "reader.text_maxlength=64", "reader.answer_maxlength=4",
-        "task.name=mmlu", "task.train_data=[unused-dev.csv]", "task.eval_data=[unused-test.csv]",
-        "task.options={train_permutations: cyclic, eval_permutations: cyclic}",
-        f"training.output_dir={out}", "training.steps=2", "training.batch_size=2", "training.warmup_steps=0",
-        "training.lr=1e-3", "evaluation.batch_size=4",
-    ])
+    return load_config(
+        None,
+        [
+            f"retriever.model={world['encoder']}",
+            "retriever.loss=pdist",
+            "retriever.n_context=2",
+            "retriever.temperature_gold=0.1",
+            "retriever.temperature_score=0.1",
+            f"index.path={world['index']}",
+            "reader.model=t5-tiny",
+            "reader.n_context=2",
+            "reader.text_maxlength=64",
+            "reader.answer_maxlength=4",
+            "task.name=mmlu",
+            "task.train_data=[unused-dev.csv]",
+            "task.eval_data=[unused-test.csv]",
+            "task.options={train_permutations: cyclic, eval_permutations: cyclic}",
+            f"training.output_dir={out}",
+            "training.steps=2",
+            "training.batch_size=2",
+            "training.warmup_steps=0",
+            "training.lr=1e-3",
+            "evaluation.batch_size=4",
+        ],
+    )
 
 
 def test_per_subject_runs_merge_and_resume(tiny_world, mmlu_root, tmp_path, capsys, monkeypatch):
@@ -51,8 +67,9 @@ def test_per_subject_runs_merge_and_resume(tiny_world, mmlu_root, tmp_path, caps
 
     out = tmp_path / "per-subject"
     save_config(recipe(tiny_world, tmp_path / "unused"), tmp_path / "recipe.yaml")
-    assert main(["mmlu-per-subject", str(tmp_path / "recipe.yaml"), "--data-dir", str(mmlu_root),
-                 "--out", str(out)]) == 0
+    assert (
+        main(["mmlu-per-subject", str(tmp_path / "recipe.yaml"), "--data-dir", str(mmlu_root), "--out", str(out)]) == 0
+    )
     printed = capsys.readouterr().out
     metrics = json.loads((out / "metrics.json").read_text())
     assert json.loads(printed[: printed.rindex("}") + 1]) == {k: v for k, v in metrics.items() if "/subject/" not in k}
@@ -73,9 +90,13 @@ def test_per_subject_runs_merge_and_resume(tiny_world, mmlu_root, tmp_path, caps
     rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     assert [r["subject"] for r in rows] == ["anatomy"] * 2 + ["philosophy"] * 4
     for key in ("accuracy", "debiased_accuracy"):
-        correct = [float((r["prediction"] if key == "accuracy" else max(sorted(r["probabilities"]),
-                                                                        key=r["probabilities"].get))
-                         == r["answers"][0]) for r in rows]
+        correct = [
+            float(
+                (r["prediction"] if key == "accuracy" else max(sorted(r["probabilities"]), key=r["probabilities"].get))
+                == r["answers"][0]
+            )
+            for r in rows
+        ]
         assert metrics[key] == pytest.approx(100 * (sum(correct) / 6), abs=1e-15)  # percent
         assert metrics[f"{key}/other"] == pytest.approx(100 * (sum(correct[:2]) / 2), abs=1e-15)  # anatomy
         assert metrics[f"{key}/humanities"] == pytest.approx(100 * (sum(correct[2:]) / 4), abs=1e-15)  # philosophy
@@ -83,8 +104,12 @@ def test_per_subject_runs_merge_and_resume(tiny_world, mmlu_root, tmp_path, caps
             per_subject = json.loads((out / "subjects" / subject / "eval" / "metrics.json").read_text())
             assert metrics[f"{key}/subject/{subject}"] == per_subject[key]
     examples = get_task("mmlu").load(mmlu_root / "test")
-    assert get_task("mmlu").evaluate(examples, [r["prediction"] for r in rows],
-                                     letter_probs=[r["probabilities"] for r in rows]) == metrics
+    assert (
+        get_task("mmlu").evaluate(
+            examples, [r["prediction"] for r in rows], letter_probs=[r["probabilities"] for r in rows]
+        )
+        == metrics
+    )
 
     # started again: every subject is already evaluated, nothing trains, the same table
     def no_training(*args, **kwargs):
@@ -100,8 +125,11 @@ def test_subject_selection_errors(mmlu_root, tiny_world, tmp_path):
 
     assert list(subject_files(mmlu_root)) == ["anatomy", "philosophy"]
     assert list(subject_files(mmlu_root, ["philosophy"])) == ["philosophy"]
-    with pytest.raises(ValueError, match=r"no dev and test files for subject\(s\) astronomy, chess; "
-                                         r"valid: anatomy, philosophy"):
+    with pytest.raises(
+        ValueError,
+        match=r"no dev and test files for subject\(s\) astronomy, chess; "
+        r"valid: anatomy, philosophy",
+    ):
         subject_files(mmlu_root, ["astronomy", "chess"])
     with pytest.raises(ValueError, match=r"mmlu/dev/dev: folder not found \(expected the MMLU root"):
         subject_files(mmlu_root / "dev")

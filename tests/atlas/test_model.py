@@ -6,14 +6,24 @@ import numpy as np
 import pytest
 
 from tasks.base import Example
+from tasks.passage import Passage
 
 
 def _model(tiny_world):
     from atlas.build import build_atlas
     from atlas.config import load_config
 
-    return build_atlas(load_config(None, [f"retriever.model={tiny_world['encoder']}", f"index.path={tiny_world['index']}",
-                                          "reader.model=t5-tiny", "retriever.loss=none"]))
+    return build_atlas(
+        load_config(
+            None,
+            [
+                f"retriever.model={tiny_world['encoder']}",
+                f"index.path={tiny_world['index']}",
+                "reader.model=t5-tiny",
+                "retriever.loss=none",
+            ],
+        )
+    )
 
 
 def test_a_missed_evidence_passage_replaces_the_last_retrieved_one(tiny_world):
@@ -21,22 +31,23 @@ def test_a_missed_evidence_passage_replaces_the_last_retrieved_one(tiny_world):
     query = "The capital of Zorbland"
     plain = model.retrieve([Example(id="q", query=query, target=None, answers=[])], 3)[0]
     ranked = model.retrieve([Example(id="q", query=query, target=None, answers=[])], 5)[0]
+    assert all(isinstance(p, Passage) and p.score is not None and p.row is not None for p in ranked)
     missed = ranked[-1]  # a passage the top-3 search does not return
-    evidence = {"id": missed["id"], "title": missed["title"], "text": missed["text"]}
+    evidence = Passage(id=missed.id, title=missed.title, text=missed.text)
     example = Example(id="q", query=query, target=None, answers=[], evidence=evidence)
     got = model.retrieve([example], 3)[0]
-    assert [p["id"] for p in got] == [p["id"] for p in plain[:2]] + [missed["id"]]
+    assert [p.id for p in got] == [p.id for p in plain[:2]] + [missed.id]
     # scored as the search scores it (stored float16 vector · query), ≈ a fresh encoding's score
-    assert np.isclose(got[-1]["score"], missed["score"], atol=1e-6) and got[-1]["row"] == missed["row"]
-    fresh = float(model.retriever.embed_passages([evidence])[0] @ model.retriever.embed_queries([query])[0])
-    assert np.isclose(got[-1]["score"], fresh, atol=2e-3)
+    assert np.isclose(got[-1].score, missed.score, atol=1e-6) and got[-1].row == missed.row
+    fresh = float(model.retriever.embed_passages([evidence.fields()])[0] @ model.retriever.embed_queries([query])[0])
+    assert np.isclose(got[-1].score, fresh, atol=2e-3)
     # evidence among the top-k: read as given (an excerpt here) in place of its own copy
-    excerpt = {"id": plain[1]["id"], "title": plain[1]["title"], "text": plain[1]["text"][:20]}
+    excerpt = Passage(id=plain[1].id, title=plain[1].title, text=plain[1].text[:20])
     found = Example(id="q", query=query, target=None, answers=[], evidence=excerpt)
     got = model.retrieve([found], 3)[0]
-    assert [p["id"] for p in got] == [p["id"] for p in plain]
-    assert got[1]["text"] == excerpt["text"] and np.isclose(got[1]["score"], plain[1]["score"], atol=1e-6)
-    assert [p["text"] for p in got[::2]] == [p["text"] for p in plain[::2]]
+    assert [p.id for p in got] == [p.id for p in plain]
+    assert got[1].text == excerpt.text and np.isclose(got[1].score, plain[1].score, atol=1e-6)
+    assert [p.text for p in got[::2]] == [p.text for p in plain[::2]]
 
 
 def test_evidence_outside_the_index_is_encoded_and_inside_it_read_from_the_index(tiny_world):
@@ -44,14 +55,29 @@ def test_evidence_outside_the_index_is_encoded_and_inside_it_read_from_the_index
     query = "The capital of Zorbland"
     query_vector = model.retriever.embed_queries([query])[0]
     inside = model.index.passages([3])[0]
-    scored = model._scored_evidence({k: inside[k] for k in ("id", "title", "text")}, query_vector)
-    assert scored["row"] == 3 and model.index.position_of(inside["id"]) == 3
+    scored = model._scored_evidence(Passage(id=inside["id"], title=inside["title"], text=inside["text"]), query_vector)
+    assert scored.row == 3 and model.index.position_of(inside["id"]) == 3
     stored = model.index.embeddings([3])[0]
-    assert scored["score"] == float(stored @ query_vector)  # the stored vector, bit for bit
-    outside = {"id": "new", "title": "Nowhere", "text": "Nothing is indexed about this."}
+    assert scored.score == float(stored @ query_vector)  # the stored vector, bit for bit
+    outside = Passage(id="new", title="Nowhere", text="Nothing is indexed about this.")
     scored = model._scored_evidence(outside, query_vector)
-    assert "row" not in scored and model.index.position_of("new") is None
-    assert np.isclose(scored["score"], float(model.retriever.embed_passages([outside])[0] @ query_vector))
+    assert scored.row is None and model.index.position_of("new") is None
+    assert np.isclose(scored.score, float(model.retriever.embed_passages([outside.fields()])[0] @ query_vector))
+
+
+def test_dict_passages_of_an_example_become_passage_records():
+    """Data files give an example's passages as dicts: they are records from the Example on."""
+    example = Example(
+        id="e",
+        query="q",
+        target=None,
+        answers=[],
+        passages=[{"id": "p", "title": "T", "text": "x", "wikipedia_id": ""}],
+        evidence={"id": "v"},
+    )
+    assert example.passages == [Passage(id="p", title="T", text="x")] and example.evidence == Passage(id="v")
+    with pytest.raises(KeyError, match="needs an 'id'"):
+        Example(id="e", query="q", target=None, answers=[], passages=[{"text": "no id"}])
 
 
 READERS = {
@@ -78,11 +104,24 @@ def test_gold_scores_reuse_the_training_pass_only_where_it_is_exact(tiny_world, 
     losses, calls = {}, {}
     for encoder_dropout in (False, True):
         overrides = [o.format(encoder=tiny_world["encoder"]) for o in READERS[reader]]
-        model = build_atlas(load_config(None, [
-            f"retriever.model={tiny_world['encoder']}", f"index.path={tiny_world['index']}", *overrides,
-            "retriever.loss=pdist", f"retriever.n_context={n_scored}", f"reader.n_context={n_read}",
-            "reader.dropout=0.1", f"reader.encoder_dropout={str(encoder_dropout).lower()}",
-            "reader.text_maxlength=48", "training.seed=3", "retriever.gold_precision=full"]))
+        model = build_atlas(
+            load_config(
+                None,
+                [
+                    f"retriever.model={tiny_world['encoder']}",
+                    f"index.path={tiny_world['index']}",
+                    *overrides,
+                    "retriever.loss=pdist",
+                    f"retriever.n_context={n_scored}",
+                    f"reader.n_context={n_read}",
+                    "reader.dropout=0.1",
+                    f"reader.encoder_dropout={str(encoder_dropout).lower()}",
+                    "reader.text_maxlength=48",
+                    "training.seed=3",
+                    "retriever.gold_precision=fp32",
+                ],
+            )
+        )
         model.train()
         model.retriever.eval()  # deterministic retriever scores: the comparison is about the gold side
         assert model.reader.encoder_is_dropout_free() is not encoder_dropout
@@ -91,7 +130,7 @@ def test_gold_scores_reuse_the_training_pass_only_where_it_is_exact(tiny_world, 
         def count(_module, _args, kwargs, _output, rows=rows):
             rows.append(kwargs["input_ids"].shape[0])
 
-        handle = model.reader.t5.encoder.register_forward_hook(count, with_kwargs=True)
+        handle = model.reader.seq2seq.encoder.register_forward_hook(count, with_kwargs=True)
         try:
             got = model.losses(examples, targets)["retriever"]
         finally:
@@ -100,9 +139,15 @@ def test_gold_scores_reuse_the_training_pass_only_where_it_is_exact(tiny_world, 
         # the definition: gold from an eval-mode pass over all scored passages
         scored = [ps[:n_scored] for ps in model.retrieve(examples, max(n_read, n_scored))]
         ids, mask = model.reader_inputs([e.query for e in examples], scored)
-        expected = model.retriever_loss(model.reader, model.retriever_scores([e.query for e in examples], scored),
-                                        ids, mask, model.target_labels(targets), dim=model.retriever.dim,
-                                        present=model.passage_presence(scored))
+        expected = model.retriever_loss(
+            model.reader,
+            model.retriever_scores([e.query for e in examples], scored),
+            ids,
+            mask,
+            model.target_labels(targets),
+            dim=model.retriever.dim,
+            present=model.passage_presence(scored),
+        )
         losses[encoder_dropout] = (got, expected)
     got, expected = losses[False]
     assert torch.allclose(got, expected, atol=1e-5, rtol=1e-4)
@@ -124,16 +169,29 @@ def test_span_answers_are_spans_of_the_passages_each_question_read(tiny_world, r
     overrides = [o.format(encoder=tiny_world["encoder"]) for o in READERS[reader]]
     answers = {}
     for span_answers in (True, False):
-        model = build_atlas(load_config(None, [
-            f"retriever.model={tiny_world['encoder']}", f"index.path={tiny_world['index']}", *overrides,
-            "retriever.loss=none", "reader.n_context=2", "reader.text_maxlength=48", "reader.num_beams=2",
-            "reader.length_penalty=0.0", "reader.generation_max_length=5",
-            f"reader.span_answers={str(span_answers).lower()}", "training.seed=1"])).eval()
+        model = build_atlas(
+            load_config(
+                None,
+                [
+                    f"retriever.model={tiny_world['encoder']}",
+                    f"index.path={tiny_world['index']}",
+                    *overrides,
+                    "retriever.loss=none",
+                    "reader.n_context=2",
+                    "reader.text_maxlength=48",
+                    "reader.num_beams=2",
+                    "reader.length_penalty=0.0",
+                    "reader.generation_max_length=5",
+                    f"reader.span_answers={str(span_answers).lower()}",
+                    "training.seed=1",
+                ],
+            )
+        ).eval()
         answers[span_answers] = model.predict(examples)
 
     def inside(answer, passages):
         squash = "".join(answer.lower().split())
-        return bool(squash) and any(squash in "".join(f"{p['title']} {p['text']}".lower().split()) for p in passages)
+        return bool(squash) and any(squash in "".join(f"{p.title} {p.text}".lower().split()) for p in passages)
 
     predicted, passages = answers[True]
     assert all(inside(a, ps) for a, ps in zip(predicted, passages)), predicted

@@ -70,8 +70,9 @@ def live_url(service):
 
     bench = _bench()
     port = bench.free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(service, allow_edits=True), host="127.0.0.1", port=port,
-                                           log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(service, allow_edits=True), host="127.0.0.1", port=port, log_level="warning")
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
@@ -113,11 +114,19 @@ def test_info_describes_the_run_and_health_the_index(client, service):
     info = client.get("/api/info").json()
     manifest = service.index.manifest
     assert info["reader"]["class"] == "WarmStartedT5" and info["reader"]["parameters"] > 10**7
-    assert info["retriever"]["passage_fingerprint"] == info["index"]["encoder_fingerprint"] \
+    assert (
+        info["retriever"]["passage_fingerprint"]
+        == info["index"]["encoder_fingerprint"]
         == manifest["encoder_fingerprint"]
+    )
     assert info["index"]["spec"] == "Flat" and info["index"]["passages"] == len(service.index) >= 136
-    assert info["serving"] == {"edits_allowed": True, "token_required": False, "max_batch": 32,
-                               "batch_window_ms": 5.0, "default_k": 2}
+    assert info["serving"] == {
+        "edits_allowed": True,
+        "token_required": False,
+        "max_batch": 32,
+        "batch_window_ms": 5.0,
+        "default_k": 2,
+    }
     health = client.get("/api/health").json()
     assert health["status"] == "ok" and health["generation"] == manifest["generation"]
     assert client.get("/").text.startswith("<!doctype html>")
@@ -128,45 +137,75 @@ def test_info_describes_the_run_and_health_the_index(client, service):
 LONG = "x" * 2001
 
 
-@pytest.mark.parametrize(("method", "path", "body", "status", "message"), [
-    ("POST", "/api/ask", "{not json", 400, "malformed JSON body"),
-    ("POST", "/api/ask", {"question": "   "}, 422, "the question is empty"),
-    ("POST", "/api/ask", {"question": LONG}, 422, "at most 2000 characters"),
-    ("POST", "/api/ask", {"question": "q", "k": 0}, 422, "body.k"),
-    ("POST", "/api/ask", {"question": "q", "k": 21}, 422, "less than or equal to 20"),
-    ("POST", "/api/ask", {"k": 2}, 422, "body.question: Field required"),
-    ("POST", "/api/ask/batch", {"questions": ["q"] * 65}, 422, "at most 64 items"),
-    ("POST", "/api/ask/batch", {"questions": ["q", "\u3000 "]}, 422,
-     "body.questions.1: Value error, the question is empty"),
-    ("POST", "/api/search", {"query": "q", "k": 101}, 422, "less than or equal to 100"),
-    # what the schema used to allow and the server refused (issue 35): now the schema says it too
-    ("POST", "/api/ask", {"question": ""}, 422, "body.question: String should have at least 1 character"),
-    ("POST", "/api/ask/batch", {"questions": [""]}, 422, "body.questions.0: String should have at least 1 character"),
-    ("POST", "/api/search", {"query": "", "k": 99}, 422, "body.query: String should have at least 1 character"),
-    ("PUT", "/api/passages/country-biole", {"text": ""}, 422, "body.text: String should have at least 1 character"),
-    ("POST", "/api/edits", {"remove": ["country-biole"] * 63}, 422,
-     "body.remove: Value error, each id once; repeated: 'country-biole'"),
-    ("POST", "/api/passages", {"passages": [{"id": "empty", "text": ""}]}, 422,
-     "body.passages.0.text: String should have at least 1 character"),
-    # and what the schema forbade and the server took: a boolean (or a string) for an integer
-    ("POST", "/api/search", {"query": "q", "k": True}, 422, "body.k: Input should be a valid integer"),
-    ("POST", "/api/ask", {"question": "q", "k": "2"}, 422, "body.k: Input should be a valid integer"),
-    ("POST", "/api/ask", {"question": "q", "top_k": 2}, 422, "body.top_k: Extra inputs are not permitted"),
-    ("GET", "/api/passages/%20country-biole", None, 422, "path.passage_id: Value error, a passage id has no"),
-    ("GET", "/api/passages/no-such-passage", None, 404, "no passage with id 'no-such-passage'"),
-    ("PUT", "/api/passages/no-such-passage", {"text": "t"}, 404, "no passage with id(s) 'no-such-passage'"),
-    ("DELETE", "/api/passages/no-such-passage", None, 404, "'no-such-passage'"),
-    ("PUT", "/api/passages/country-biole", {"text": "y" * 20001}, 422, "at most 20000 characters"),
-    ("POST", "/api/passages", {"passages": [{"id": "country-biole", "text": "t"}]}, 409, "already in the index"),
-    ("POST", "/api/passages", {"passages": [{"id": " x", "text": "t"}]}, 422, "white space"),
-    ("POST", "/api/edits", {}, 422, "the edit is empty"),
-    ("POST", "/api/edits", {"update": [{"id": "country-biole", "text": "t"}], "remove": ["country-biole"]}, 409,
-     "repeated: 'country-biole'"),  # valid by the schema (it cannot say it), a conflict within the edit
-])
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status", "message"),
+    [
+        ("POST", "/api/ask", "{not json", 400, "malformed JSON body"),
+        ("POST", "/api/ask", {"question": "   "}, 422, "the question is empty"),
+        ("POST", "/api/ask", {"question": LONG}, 422, "at most 2000 characters"),
+        ("POST", "/api/ask", {"question": "q", "k": 0}, 422, "body.k"),
+        ("POST", "/api/ask", {"question": "q", "k": 21}, 422, "less than or equal to 20"),
+        ("POST", "/api/ask", {"k": 2}, 422, "body.question: Field required"),
+        ("POST", "/api/ask/batch", {"questions": ["q"] * 65}, 422, "at most 64 items"),
+        (
+            "POST",
+            "/api/ask/batch",
+            {"questions": ["q", "\u3000 "]},
+            422,
+            "body.questions.1: Value error, the question is empty",
+        ),
+        ("POST", "/api/search", {"query": "q", "k": 101}, 422, "less than or equal to 100"),
+        # what the schema used to allow and the server refused (issue 35): now the schema says it too
+        ("POST", "/api/ask", {"question": ""}, 422, "body.question: String should have at least 1 character"),
+        (
+            "POST",
+            "/api/ask/batch",
+            {"questions": [""]},
+            422,
+            "body.questions.0: String should have at least 1 character",
+        ),
+        ("POST", "/api/search", {"query": "", "k": 99}, 422, "body.query: String should have at least 1 character"),
+        ("PUT", "/api/passages/country-biole", {"text": ""}, 422, "body.text: String should have at least 1 character"),
+        (
+            "POST",
+            "/api/edits",
+            {"remove": ["country-biole"] * 63},
+            422,
+            "body.remove: Value error, each id once; repeated: 'country-biole'",
+        ),
+        (
+            "POST",
+            "/api/passages",
+            {"passages": [{"id": "empty", "text": ""}]},
+            422,
+            "body.passages.0.text: String should have at least 1 character",
+        ),
+        # and what the schema forbade and the server took: a boolean (or a string) for an integer
+        ("POST", "/api/search", {"query": "q", "k": True}, 422, "body.k: Input should be a valid integer"),
+        ("POST", "/api/ask", {"question": "q", "k": "2"}, 422, "body.k: Input should be a valid integer"),
+        ("POST", "/api/ask", {"question": "q", "top_k": 2}, 422, "body.top_k: Extra inputs are not permitted"),
+        ("GET", "/api/passages/%20country-biole", None, 422, "path.passage_id: Value error, a passage id has no"),
+        ("GET", "/api/passages/no-such-passage", None, 404, "no passage with id 'no-such-passage'"),
+        ("PUT", "/api/passages/no-such-passage", {"text": "t"}, 404, "no passage with id(s) 'no-such-passage'"),
+        ("DELETE", "/api/passages/no-such-passage", None, 404, "'no-such-passage'"),
+        ("PUT", "/api/passages/country-biole", {"text": "y" * 20001}, 422, "at most 20000 characters"),
+        ("POST", "/api/passages", {"passages": [{"id": "country-biole", "text": "t"}]}, 409, "already in the index"),
+        ("POST", "/api/passages", {"passages": [{"id": " x", "text": "t"}]}, 422, "white space"),
+        ("POST", "/api/edits", {}, 422, "the edit is empty"),
+        (
+            "POST",
+            "/api/edits",
+            {"update": [{"id": "country-biole", "text": "t"}], "remove": ["country-biole"]},
+            409,
+            "repeated: 'country-biole'",
+        ),  # valid by the schema (it cannot say it), a conflict within the edit
+    ],
+)
 def test_bad_requests_get_a_4xx_with_a_clear_message(client, method, path, body, status, message):
     content = body if isinstance(body, str) else None
-    response = client.request(method, path, content=content, json=None if content else body,
-                              headers={"content-type": "application/json"})
+    response = client.request(
+        method, path, content=content, json=None if content else body, headers={"content-type": "application/json"}
+    )
     assert response.status_code == status, response.text
     assert message in response.json()["detail"]
     assert client.get("/api/health").status_code == 200  # still serving
@@ -182,18 +221,31 @@ def test_the_published_schema_refuses_what_the_server_refuses(client):
         schema = {"$ref": f"#/components/schemas/{model}", "components": openapi["components"]}
         return jsonschema_rs.validator_for(schema).is_valid(body)
 
-    refused = [("AskRequest", {"question": ""}), ("AskRequest", {"question": " \t"}), ("AskRequest", {"question": "q", "k": True}),
-               ("AskRequest", {"question": "q", "k": 21}), ("AskRequest", {"question": "q", "top_k": 2}),
-               ("BatchAskRequest", {"questions": [""]}), ("SearchRequest", {"query": "", "k": 99}),
-               ("PassageUpdate", {"text": ""}), ("EditRequest", {"remove": ["x"] * 63}), ("EditRequest", {}),
-               ("EditRequest", {"add": []}), ("AddRequest", {"passages": [{"id": "x", "text": ""}]}),
-               ("AddRequest", {"passages": [{"id": " x", "text": "t"}]}),
-               ("AddRequest", {"passages": [{"id": "x\ny", "text": "t"}]})]
+    refused = [
+        ("AskRequest", {"question": ""}),
+        ("AskRequest", {"question": " \t"}),
+        ("AskRequest", {"question": "q", "k": True}),
+        ("AskRequest", {"question": "q", "k": 21}),
+        ("AskRequest", {"question": "q", "top_k": 2}),
+        ("BatchAskRequest", {"questions": [""]}),
+        ("SearchRequest", {"query": "", "k": 99}),
+        ("PassageUpdate", {"text": ""}),
+        ("EditRequest", {"remove": ["x"] * 63}),
+        ("EditRequest", {}),
+        ("EditRequest", {"add": []}),
+        ("AddRequest", {"passages": [{"id": "x", "text": ""}]}),
+        ("AddRequest", {"passages": [{"id": " x", "text": "t"}]}),
+        ("AddRequest", {"passages": [{"id": "x\ny", "text": "t"}]}),
+    ]
     for model, body in refused:
         assert not valid(model, body), (model, body)
-    taken = [("AskRequest", {"question": "q", "k": 2}), ("AskRequest", {"question": "q", "k": 2.0}),
-             ("SearchRequest", {"query": " q "}), ("EditRequest", {"remove": ["x", "y"]}),
-             ("AddRequest", {"passages": [{"id": "a b", "text": "t"}]})]
+    taken = [
+        ("AskRequest", {"question": "q", "k": 2}),
+        ("AskRequest", {"question": "q", "k": 2.0}),
+        ("SearchRequest", {"query": " q "}),
+        ("EditRequest", {"remove": ["x", "y"]}),
+        ("AddRequest", {"passages": [{"id": "a b", "text": "t"}]}),
+    ]
     for model, body in taken:
         assert valid(model, body), (model, body)
         path = {"AskRequest": "/api/ask", "SearchRequest": "/api/search"}.get(model)
@@ -270,17 +322,31 @@ def test_an_edit_changes_the_answer_at_once_and_is_committed_on_disk(client, ser
 
 def test_add_update_remove_in_one_atomic_edit(client):
     count = client.get("/api/health").json()["passages"]
-    added = client.post("/api/passages", json={"passages": [
-        {"id": "isle-a", "title": "Isle A", "text": "Isle A is ruled by Queen Ysolde."},
-        {"id": "isle-b", "title": "Isle B", "text": "Isle B exports copper."}]}).json()
+    added = client.post(
+        "/api/passages",
+        json={
+            "passages": [
+                {"id": "isle-a", "title": "Isle A", "text": "Isle A is ruled by Queen Ysolde."},
+                {"id": "isle-b", "title": "Isle B", "text": "Isle B exports copper."},
+            ]
+        },
+    ).json()
     assert added["added"] == ["isle-a", "isle-b"] and added["count"] == count + 2
-    edit = client.post("/api/edits", json={"add": [{"id": "isle-c", "text": "Isle C has one harbour."}],
-                                           "update": [{"id": "isle-a", "text": "Isle A is ruled by King Odo."}],
-                                           "remove": ["isle-b"]})
+    edit = client.post(
+        "/api/edits",
+        json={
+            "add": [{"id": "isle-c", "text": "Isle C has one harbour."}],
+            "update": [{"id": "isle-a", "text": "Isle A is ruled by King Odo."}],
+            "remove": ["isle-b"],
+        },
+    )
     assert edit.status_code == 200, edit.text
     assert edit.json()["count"] == count + 2 and edit.json()["generation"] == added["generation"] + 1
-    assert client.get("/api/passages/isle-a").json() == {"id": "isle-a", "title": "Isle A",
-                                                         "text": "Isle A is ruled by King Odo."}
+    assert client.get("/api/passages/isle-a").json() == {
+        "id": "isle-a",
+        "title": "Isle A",
+        "text": "Isle A is ruled by King Odo.",
+    }
     assert client.get("/api/passages/isle-b").status_code == 404
     hits = client.post("/api/search", json={"query": "Who rules Isle A?", "k": 3}).json()["hits"]
     assert hits[0]["id"] == "isle-a" and "Odo" in hits[0]["text"]
@@ -303,9 +369,21 @@ def test_the_server_compacts_its_index_between_batches_and_no_result_changes(cli
     start = settled()
     fillers = [f"filler-{n}" for n in range(MAX_SEGMENTS + 1 - start["segments"])]
     for pid in fillers:  # one segment each: one segment too many
-        assert client.post("/api/passages", json={"passages": [
-            {"id": pid, "title": "Filler", "text": f"{pid} is a line of filler about nothing in particular."}]}
-        ).status_code == 200
+        assert (
+            client.post(
+                "/api/passages",
+                json={
+                    "passages": [
+                        {
+                            "id": pid,
+                            "title": "Filler",
+                            "text": f"{pid} is a line of filler about nothing in particular.",
+                        }
+                    ]
+                },
+            ).status_code
+            == 200
+        )
     before = settled()
     assert before["segments"] == MAX_SEGMENTS + 1 and before["compactions"] == start["compactions"] == 0
     queries = ["the capital of Biole", "Who rules Isle A?", "What is the capital of Dreagriodros?"]
@@ -323,8 +401,11 @@ def test_the_server_compacts_its_index_between_batches_and_no_result_changes(cli
     assert after["passages"] == before["passages"] - 1 and after["dead_rows"] <= before["dead_rows"]
     assert [client.post("/api/search", json={"query": q, "k": 10}).json()["hits"] for q in queries] == hits
     again = client.post("/api/ask", json={"question": CAPITAL}).json()
-    assert (again["answer"], again["evidence"], again["generation"]) == \
-        (answer["answer"], answer["evidence"], after["generation"])
+    assert (again["answer"], again["evidence"], again["generation"]) == (
+        answer["answer"],
+        answer["evidence"],
+        after["generation"],
+    )
     assert atlas_main(["index", "info", str(service.index.folder), "--verify"]) == 0
 
 
@@ -338,7 +419,8 @@ def test_an_edit_while_another_process_writes_the_index_is_answered_503(client, 
         response = client.put("/api/passages/country-biole", json={"text": "Biole has no capital."})
     assert response.status_code == 503 and response.headers["retry-after"] == "1"
     assert response.json()["detail"].startswith(
-        f"{service.index.folder} is being updated by another process (pid {os.getpid()}, compact since ")
+        f"{service.index.folder} is being updated by another process (pid {os.getpid()}, compact since "
+    )
     assert client.get("/api/health").json()["generation"] == before["generation"]
     assert "Stafairk" in client.get("/api/passages/country-biole").json()["text"]
 
@@ -378,14 +460,22 @@ def _chromium():
 
     browser = next((p for p in ("/usr/bin/chromium", "/usr/bin/chromium-browser") if Path(p).exists()), None)
     driver = shutil.which("chromedriver") or next(
-        (p for p in ("/usr/bin/chromedriver", "/usr/lib/chromium/chromedriver") if Path(p).exists()), None)
+        (p for p in ("/usr/bin/chromedriver", "/usr/lib/chromium/chromedriver") if Path(p).exists()), None
+    )
     if browser is None or driver is None:
-        pytest.skip("no Chromium/chromedriver here: install the Debian packages chromium and chromium-driver "
-                    "(.ci/run does so when it runs as root)")
+        pytest.skip(
+            "no Chromium/chromedriver here: install the Debian packages chromium and chromium-driver "
+            "(.ci/run does so when it runs as root)"
+        )
     options = webdriver.ChromeOptions()
     options.binary_location = browser
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                     "--window-size=1000,1100"):
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1000,1100",
+    ):
         options.add_argument(argument)
     return webdriver.Chrome(service=Service(executable_path=driver), options=options)
 

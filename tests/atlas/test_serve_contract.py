@@ -20,7 +20,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 pytest.importorskip("fastapi", reason="atlas serve needs fastapi (pip install -e '.[test]')")
-schemathesis = pytest.importorskip("schemathesis", reason="the contract test needs schemathesis (pip install -e '.[test]')")
+schemathesis = pytest.importorskip(
+    "schemathesis", reason="the contract test needs schemathesis (pip install -e '.[test]')"
+)
 
 MAX_EXAMPLES = 6  # random requests per operation and mode, after the boundary cases: under a minute in all
 
@@ -39,17 +41,35 @@ def _tiny_run(root: Path, tiny_encoder_path: Path) -> tuple[Path, Path]:
 
     tokenizer = build_reader_tokenizer(None)
     torch.manual_seed(0)
-    config = T5Config(vocab_size=len(tokenizer), d_model=16, d_kv=8, d_ff=32, num_heads=2, num_layers=1,
-                      num_decoder_layers=1, dropout_rate=0.0, pad_token_id=tokenizer.pad_token_id,
-                      eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.pad_token_id)
+    config = T5Config(
+        vocab_size=len(tokenizer),
+        d_model=16,
+        d_kv=8,
+        d_ff=32,
+        num_heads=2,
+        num_layers=1,
+        num_decoder_layers=1,
+        dropout_rate=0.0,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.pad_token_id,
+    )
     T5ForConditionalGeneration(config).save_pretrained(root / "reader")
     tokenizer.save_pretrained(root / "reader")
-    (root / "docs.jsonl").write_text("".join(
-        json.dumps({"id": f"p{i}", "title": f"Place {i}", "text": f"Place {i} lies on river {i % 7}."}) + "\n"
-        for i in range(30)))
+    (root / "docs.jsonl").write_text(
+        "".join(
+            json.dumps({"id": f"p{i}", "title": f"Place {i}", "text": f"Place {i} lies on river {i % 7}."}) + "\n"
+            for i in range(30)
+        )
+    )
     prepare_corpus([root / "docs.jsonl"], root / "corpus", chunk_words=0, progress=False)
-    build_index(root / "corpus", build_retriever(RetrieverConfig(model=str(tiny_encoder_path))), root / "index",
-                progress=False, encoder_source=str(tiny_encoder_path))
+    build_index(
+        root / "corpus",
+        build_retriever(RetrieverConfig(model=str(tiny_encoder_path))),
+        root / "index",
+        progress=False,
+        encoder_source=str(tiny_encoder_path),
+    )
     return root / "reader", root / "index"
 
 
@@ -74,14 +94,24 @@ def api_schema(tmp_path_factory, tiny_encoder_path):
     torch.set_num_threads(threads)
 
 
-OPERATIONS = [("POST", "/api/ask"), ("POST", "/api/ask/batch"), ("POST", "/api/search"),
-              ("GET", "/api/passages/{passage_id}"), ("PUT", "/api/passages/{passage_id}"),
-              ("DELETE", "/api/passages/{passage_id}"), ("POST", "/api/passages"), ("POST", "/api/edits"),
-              ("GET", "/api/health"), ("GET", "/api/info")]
+OPERATIONS = [
+    ("POST", "/api/ask"),
+    ("POST", "/api/ask/batch"),
+    ("POST", "/api/search"),
+    ("GET", "/api/passages/{passage_id}"),
+    ("PUT", "/api/passages/{passage_id}"),
+    ("DELETE", "/api/passages/{passage_id}"),
+    ("POST", "/api/passages"),
+    ("POST", "/api/edits"),
+    ("GET", "/api/health"),
+    ("GET", "/api/info"),
+]
 
 
 def test_the_schema_lists_every_operation(api_schema):
-    listed = sorted((operation.ok().method.upper(), operation.ok().path) for operation in api_schema.get_all_operations())
+    listed = sorted(
+        (operation.ok().method.upper(), operation.ok().path) for operation in api_schema.get_all_operations()
+    )
     assert listed == sorted(OPERATIONS)
 
 
@@ -93,8 +123,9 @@ def test_every_operation_keeps_its_schema_at_its_boundaries(api_schema, method, 
 
     operation = api_schema[path][method]
     config = api_schema.config.generation_for(operation=operation)
-    cases = list(api_schema.iter_coverage_cases(operation, generation_modes=list(GenerationMode),
-                                                generation_config=config))
+    cases = list(
+        api_schema.iter_coverage_cases(operation, generation_modes=list(GenerationMode), generation_config=config)
+    )
     assert cases
     for case in cases:
         case.call_and_validate()
@@ -103,8 +134,10 @@ def test_every_operation_keeps_its_schema_at_its_boundaries(api_schema, method, 
 WITH_INPUT = [operation for operation in OPERATIONS if operation[1] not in ("/api/health", "/api/info")]
 
 
-@pytest.mark.parametrize(("method", "path", "mode"), [(*operation, "positive") for operation in OPERATIONS]
-                         + [(*operation, "negative") for operation in WITH_INPUT])
+@pytest.mark.parametrize(
+    ("method", "path", "mode"),
+    [(*operation, "positive") for operation in OPERATIONS] + [(*operation, "negative") for operation in WITH_INPUT],
+)
 def test_every_operation_keeps_its_schema(api_schema, method, path, mode):
     """`mode` positive: requests the schema says are valid must not get a 400 or 422 (404 and 409
     are the index's state: an id that is not live, or one that already is); negative: requests it
@@ -115,10 +148,13 @@ def test_every_operation_keeps_its_schema(api_schema, method, path, mode):
     operation = api_schema[path][method]
 
     @given(case=operation.as_strategy(generation_mode=GenerationMode(mode)))
-    @settings(max_examples=MAX_EXAMPLES, deadline=None, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    @settings(
+        max_examples=MAX_EXAMPLES,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
     def check(case) -> None:
         case.call_and_validate()
 
     check()
-

@@ -35,8 +35,7 @@ class Crash(BaseException):
 
 
 @pytest.mark.parametrize("when", ["before", "after"])
-def test_a_replace_that_dies_around_its_commit_leaves_the_old_or_the_new_index(tiny_world, tmp_path, monkeypatch,
-                                                                               when):
+def test_a_replace_that_dies_around_its_commit_leaves_the_old_or_the_new_index(tiny_world, tmp_path, monkeypatch, when):
     """Dies with every new file written and flushed but the manifest not replaced ("before"), or
     with the manifest replaced but the superseded files not yet deleted ("after")."""
     import retriever.index_update as update
@@ -47,8 +46,12 @@ def test_a_replace_that_dies_around_its_commit_leaves_the_old_or_the_new_index(t
     shutil.copytree(tiny_world["index"], folder)
     before = _live_texts(folder)
     new_file = tmp_path / "edit.jsonl"
-    new_file.write_text(json.dumps({"id": "p1", "title": "Zorbland", "text": "The capital of Zorbland is Lorient."})
-                        + "\n" + json.dumps({"id": "p9", "title": "New", "text": "A new passage."}) + "\n")
+    new_file.write_text(
+        json.dumps({"id": "p1", "title": "Zorbland", "text": "The capital of Zorbland is Lorient."})
+        + "\n"
+        + json.dumps({"id": "p9", "title": "New", "text": "A new passage."})
+        + "\n"
+    )
     real = index_files.write_manifest  # the commit point of every update (index_files.commit)
 
     def dies(folder_, manifest):
@@ -118,10 +121,12 @@ def test_kill_9_of_the_server_during_an_edit_then_restart(tmp_path_factory, tmp_
     try:
         bench.wait_healthy(url, server)
         # a big edit (31 new passages and one rewrite) so that it is surely in flight when killed
-        edit = {"add": [{"id": f"kill-{n}", "text": f"Passage {n} of the edit that is killed. " * 20}
-                        for n in range(31)],
-                "update": [{"id": "country-biole", "text": "Biole is an island. Its capital is Quillmoor."}]}
+        edit = {
+            "add": [{"id": f"kill-{n}", "text": f"Passage {n} of the edit that is killed. " * 20} for n in range(31)],
+            "update": [{"id": "country-biole", "text": "Biole is an island. Its capital is Quillmoor."}],
+        }
         responses: list = []
+
         def send() -> None:
             try:
                 responses.append(httpx.post(f"{url}/api/edits", json=edit, timeout=120))
@@ -143,8 +148,9 @@ def test_kill_9_of_the_server_during_an_edit_then_restart(tmp_path_factory, tmp_
             server.kill()
     assert not any(getattr(r, "status_code", None) == 200 for r in responses)  # killed before it answered
     after = _live_texts(index)
-    assert after == before or (len(after) == len(before) + 31
-                               and after["country-biole"] == edit["update"][0]["text"]), "a half-applied edit"
+    assert after == before or (
+        len(after) == len(before) + 31 and after["country-biole"] == edit["update"][0]["text"]
+    ), "a half-applied edit"
     assert atlas_main(["index", "info", str(index), "--verify"]) == 0
 
     server = bench.start_server(run, index, port=port, max_batch=8, log=tmp_path / "server-2.log")

@@ -17,19 +17,36 @@ from tasks.base import get_task
 
 
 def tiny_config(world, out, *overrides):
-    return load_config(None, [
-        f"retriever.model={world['encoder']}", "retriever.loss=pdist", "retriever.n_context=3",
-        "retriever.temperature_gold=0.1", "retriever.temperature_score=0.1",
-        f"index.path={world['index']}",
-        "reader.model=t5-tiny", "reader.n_context=3", "reader.text_maxlength=48", "reader.dropout=0.0",
-        "reader.answer_maxlength=8", "reader.generation_max_length=6",
-        "task.name=qa", f"task.train_data=[{world['qa']}]", f"task.eval_data=[{world['qa']}]",
-        f"training.output_dir={out}", "training.steps=8", "training.batch_size=2", "training.lr=3e-3",
-        "training.lr_retriever=1e-3", "training.warmup_steps=1", "training.log_every=1",
-        "evaluation.retrieval_k=[1,3]",
-        "task.allow_overlap=true",  # a pipeline check: it evaluates on the questions it trains on
-        *overrides,
-    ])
+    return load_config(
+        None,
+        [
+            f"retriever.model={world['encoder']}",
+            "retriever.loss=pdist",
+            "retriever.n_context=3",
+            "retriever.temperature_gold=0.1",
+            "retriever.temperature_score=0.1",
+            f"index.path={world['index']}",
+            "reader.model=t5-tiny",
+            "reader.n_context=3",
+            "reader.text_maxlength=48",
+            "reader.dropout=0.0",
+            "reader.answer_maxlength=8",
+            "reader.generation_max_length=6",
+            "task.name=qa",
+            f"task.train_data=[{world['qa']}]",
+            f"task.eval_data=[{world['qa']}]",
+            f"training.output_dir={out}",
+            "training.steps=8",
+            "training.batch_size=2",
+            "training.lr=3e-3",
+            "training.lr_retriever=1e-3",
+            "training.warmup_steps=1",
+            "training.log_every=1",
+            "evaluation.retrieval_k=[1,3]",
+            "task.allow_overlap=true",  # a pipeline check: it evaluates on the questions it trains on
+            *overrides,
+        ],
+    )
 
 
 def logged_losses(out):
@@ -54,8 +71,10 @@ def test_training_lowers_the_loss_and_writes_a_loadable_checkpoint(tiny_world, t
     # percent, as computed by hand from the written predictions, in the summary and in the log
     from tasks.metrics import normalize_answer
 
-    rows = [json.loads(line) for line in
-            (tmp_path / "run" / "eval-step-000008" / "predictions.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(line)
+        for line in (tmp_path / "run" / "eval-step-000008" / "predictions.jsonl").read_text().splitlines()
+    ]
     right = sum(any(normalize_answer(r["prediction"]) == normalize_answer(a) for a in r["answers"]) for r in rows)
     assert summary["eval"]["exact_match"] == 100 * (right / len(rows))
     logged = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
@@ -98,8 +117,9 @@ def test_bf16_precision_autocasts_the_forward_pass(tiny_world, tmp_path):
     """training.precision=bf16 autocasts on the model's device (here the CPU): the losses move
     by bf16 rounding (fp32 repeats exactly)."""
     fp32 = train(tiny_config(tiny_world, tmp_path / "fp32", "training.steps=3"), progress=False)["losses"]
-    bf16 = train(tiny_config(tiny_world, tmp_path / "bf16", "training.steps=3", "training.precision=bf16"),
-                 progress=False)["losses"]
+    bf16 = train(
+        tiny_config(tiny_world, tmp_path / "bf16", "training.steps=3", "training.precision=bf16"), progress=False
+    )["losses"]
     relative = [abs(b - a) / a for a, b in zip(fp32, bf16)]
     # bf16 moves the losses (at some step by more than fp32 noise), but only by rounding; a single
     # step may land within 1e-5 by chance (measured: 1.1e-4, 9.7e-6, 2.1e-3)
@@ -118,9 +138,16 @@ def test_resume_restores_both_optimizers_and_schedulers(tiny_world, tmp_path):
 
 def test_gradient_accumulation_divides_the_loss(tiny_world, tmp_path):
     """One step of batch 2 equals two accumulated micro-batches of 1 (equal-length targets)."""
+
     def one_step(*overrides):
-        config = tiny_config(tiny_world, tmp_path / "acc", "training.steps=1", "training.clip_norm=1e9",
-                             "retriever.loss=none", *overrides)
+        config = tiny_config(
+            tiny_world,
+            tmp_path / "acc",
+            "training.steps=1",
+            "training.clip_norm=1e9",
+            "retriever.loss=none",
+            *overrides,
+        )
         torch.manual_seed(0)
         model = build_atlas(config)
         task = get_task("qa")
@@ -129,7 +156,7 @@ def test_gradient_accumulation_divides_the_loss(tiny_world, tmp_path):
         steps = config.training.accumulation_steps
         size = config.training.batch_size
         for i in range(steps):
-            loss = model.losses(examples[i * size:(i + 1) * size], targets[i * size:(i + 1) * size])["total"]
+            loss = model.losses(examples[i * size : (i + 1) * size], targets[i * size : (i + 1) * size])["total"]
             (loss / steps).backward()
         return torch.cat([p.grad.flatten() for p in model.reader.parameters() if p.grad is not None])
 
@@ -153,6 +180,7 @@ def test_retriever_loss_sends_no_gradient_into_the_reader(tiny_world, tmp_path):
 
 def test_closed_book_and_given_passages(tiny_world, tmp_path):
     from tasks.base import Example
+    from tasks.passage import Passage
 
     model = build_atlas(tiny_config(tiny_world, tmp_path / "cb", "task.closed_book=true"))
     assert model.retriever is None and model.passages_for([], 3) is None
@@ -161,7 +189,7 @@ def test_closed_book_and_given_passages(tiny_world, tmp_path):
     model = build_atlas(tiny_config(tiny_world, tmp_path / "gp"))
     given = [{"id": "g1", "title": "T", "text": "given text"}, {"id": "g2", "title": "U", "text": "more"}]
     example = Example(id="e", query="q", target=None, answers=[], passages=given)
-    assert model.passages_for([example], 1) == [given[:1]]
+    assert model.passages_for([example], 1) == [[Passage(id="g1", title="T", text="given text")]]
 
 
 def test_trivial_retrievals_are_filtered(tiny_world, tmp_path):
@@ -170,10 +198,10 @@ def test_trivial_retrievals_are_filtered(tiny_world, tmp_path):
     model = build_atlas(tiny_config(tiny_world, tmp_path / "f"))
     plain = Example(id="e", query="Zorbland capital Quimper", target=None, answers=[])
     own = model.retrieve([plain], 5)[0]
-    top = own[0]["id"]
+    top = own[0].id
     filtered = model.retrieve([Example(id="e", query=plain.query, target=None, answers=[], source_id=top)], 3)[0]
-    assert top not in [p["id"] for p in filtered] and len(filtered) == 3
-    assert [p["id"] for p in filtered] == [p["id"] for p in own if p["id"] != top][:3]
+    assert top not in [p.id for p in filtered] and len(filtered) == 3
+    assert [p.id for p in filtered] == [p.id for p in own if p.id != top][:3]
 
 
 def test_retriever_scores_match_index_inner_products(tiny_world, tmp_path):
@@ -185,13 +213,18 @@ def test_retriever_scores_match_index_inner_products(tiny_world, tmp_path):
     passages = model.retrieve([example], 3)
     with torch.no_grad():
         scores = model.retriever_scores([example.query], passages)
-    expected = torch.tensor([[p["score"] for p in passages[0]]])
+    expected = torch.tensor([[p.score for p in passages[0]]])
     torch.testing.assert_close(scores, expected, rtol=1e-3, atol=1e-3)  # index stores float16
 
 
-@pytest.mark.parametrize("kind, expected", [("linear", [0.5, 1.0, 1.0, 0.5, 0.0]),
-                                            ("cosine", [0.5, 1.0, 1.0, 0.5, 0.0]),
-                                            ("constant", [0.5, 1.0, 1.0, 1.0, 1.0])])
+@pytest.mark.parametrize(
+    "kind, expected",
+    [
+        ("linear", [0.5, 1.0, 1.0, 0.5, 0.0]),
+        ("cosine", [0.5, 1.0, 1.0, 0.5, 0.0]),
+        ("constant", [0.5, 1.0, 1.0, 1.0, 1.0]),
+    ],
+)
 def test_learning_rate_schedules(kind, expected):
     got = [lr_multiplier(s, warmup=2, total=6, kind=kind) for s in [0, 1, 2, 4, 6]]
     assert got == pytest.approx(expected)
@@ -223,8 +256,9 @@ def test_cli_train_says_what_the_run_folder_holds_on_disk(tiny_world, tmp_path, 
 
     out = tmp_path / "disk"
     recipe = tmp_path / "recipe.yaml"
-    save_config(tiny_config(tiny_world, out, "training.steps=2", "training.save_every=1", "training.keep_last=1"),
-                recipe)
+    save_config(
+        tiny_config(tiny_world, out, "training.steps=2", "training.save_every=1", "training.keep_last=1"), recipe
+    )
     assert main(["train", str(recipe)]) == 0
     printed = capsys.readouterr().out
     checkpoint = out / "checkpoints" / "step-000002"
@@ -238,7 +272,8 @@ def test_cli_train_says_what_the_run_folder_holds_on_disk(tiny_world, tmp_path, 
     assert printed.endswith(
         f"wrote {checkpoint} ({megabytes(total)}, of which training_state.pt {megabytes(state)}: the optimizer state, "
         f"read only by --resume; delete it once the run is final). training.keep_last=1 keeps the newest 1: "
-        f"1 checkpoint(s) now; {out} holds {megabytes(disk['run_folder_bytes'])} in all\n")
+        f"1 checkpoint(s) now; {out} holds {megabytes(disk['run_folder_bytes'])} in all\n"
+    )
     assert disk["run_folder_bytes"] >= total
 
 
@@ -257,19 +292,26 @@ def test_zero_training_steps_evaluate_and_write_no_checkpoint(tiny_world, tmp_pa
     metrics = json.loads((out / "eval-step-000000" / "metrics.json").read_text())
     assert {k: v for k, v in summary["eval"].items() if not k.startswith("train_recall/")} == metrics
     assert 0.0 <= metrics["answer_recall@3"] <= 100.0
-    assert "training.steps is 0: the model was evaluated as built; nothing was trained, so no checkpoint was " \
-           "written" in printed
+    assert (
+        "training.steps is 0: the model was evaluated as built; nothing was trained, so no checkpoint was "
+        "written" in printed
+    )
 
 
 def test_an_evaluation_file_without_answers_fails_before_training(tiny_world, tmp_path):
     from tasks.io import InputError
 
     dev = tmp_path / "dev.jsonl"
-    dev.write_text('{"question": "what is the capital of zorbland", "answers": ["Quimper"]}\n'
-                   '{"question": "who first climbed mount olo", "answer_text": "Anna Brook"}\n')
+    dev.write_text(
+        '{"question": "what is the capital of zorbland", "answers": ["Quimper"]}\n'
+        '{"question": "who first climbed mount olo", "answer_text": "Anna Brook"}\n'
+    )
     config = tiny_config(tiny_world, tmp_path / "run", f"task.eval_data=[{dev}]")
-    with pytest.raises(InputError, match=rf"^{dev}:2: field 'answers': no gold answer to score against \(1 of 2 "
-                                         r"examples have none\)"):
+    with pytest.raises(
+        InputError,
+        match=rf"^{dev}:2: field 'answers': no gold answer to score against \(1 of 2 "
+        r"examples have none\)",
+    ):
         train(config, progress=False)
     assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "log.jsonl").exists()
 
@@ -277,8 +319,9 @@ def test_an_evaluation_file_without_answers_fails_before_training(tiny_world, tm
 def test_a_resumed_run_logs_exactly_what_an_uninterrupted_one_does(tiny_world, tmp_path):
     straight = tiny_config(tiny_world, tmp_path / "straight", "training.steps=6", "retriever.loss=none")
     train(straight, progress=False)
-    killed = tiny_config(tiny_world, tmp_path / "killed", "training.steps=6", "retriever.loss=none",
-                         "training.save_every=4")
+    killed = tiny_config(
+        tiny_world, tmp_path / "killed", "training.steps=6", "retriever.loss=none", "training.save_every=4"
+    )
     train(killed, progress=False, stop_at=6)  # as if killed after step 6: the last checkpoint is step 4
     (tmp_path / "killed" / "checkpoints" / "latest").write_text("step-000004\n")
     train(None, resume=tmp_path / "killed", progress=False)
@@ -310,8 +353,15 @@ def test_full_retriever_training_refreshes_the_index(tiny_world, tmp_path):
     from retriever.index import PassageIndex
 
     out = tmp_path / "tied"
-    config = tiny_config(tiny_world, out, "retriever.tied=true", "training.steps=2", "index.refresh=0-2:1",
-                         "index.rerank_overretrieve=5", "training.lr_retriever=1e-2")
+    config = tiny_config(
+        tiny_world,
+        out,
+        "retriever.tied=true",
+        "training.steps=2",
+        "index.refresh=0-2:1",
+        "index.reencode_candidates=5",
+        "training.lr_retriever=1e-2",
+    )
     train(config, progress=False)
     refreshed = PassageIndex.load(out / "index-refreshed")
     original = PassageIndex.load(tiny_world["index"])
@@ -324,8 +374,7 @@ def test_full_retriever_training_refreshes_the_index(tiny_world, tmp_path):
 def test_dispersion_auxiliary_loss(tiny_world, tmp_path):
     """total = CE − μ·dispersion, dispersion = mean pairwise cosine distance of final decoder
     states over target tokens, checked against a brute-force pairwise loop."""
-    model = build_atlas(tiny_config(tiny_world, tmp_path / "d", "reader.dispersion_weight=0.5",
-                                    "retriever.loss=none"))
+    model = build_atlas(tiny_config(tiny_world, tmp_path / "d", "reader.dispersion_weight=0.5", "retriever.loss=none"))
     model.eval()
     examples = get_task("qa").load(tiny_world["qa"])[:2]
     targets = ["<extra_id_0> Quimper", "<extra_id_0> Anna Brook"]
@@ -372,19 +421,28 @@ def test_the_training_log_guards_the_retrievers_answer_recall(tiny_world, tmp_pa
     examples = get_task("qa").load(tiny_world["qa"])
     untrained = build_atlas(config).eval()
     retrieved = untrained.retrieve(examples, 3)
-    by_hand = {k: 100 * sum(any(has_answer(e.answers, f"{p['title']} {p['text']}") for p in ps[:k])
-                            for e, ps in zip(examples, retrieved)) / len(examples) for k in (1, 3)}
+    by_hand = {
+        k: 100
+        * sum(any(has_answer(e.answers, f"{p.title} {p.text}") for p in ps[:k]) for e, ps in zip(examples, retrieved))
+        / len(examples)
+        for k in (1, 3)
+    }
 
     train(config, progress=False, stop_at=2)
-    at_1, at_3 = _logged(tmp_path / "run", "train_recall/answer_recall@1"), _logged(tmp_path / "run", "train_recall/answer_recall@3")
+    at_1, at_3 = (
+        _logged(tmp_path / "run", "train_recall/answer_recall@1"),
+        _logged(tmp_path / "run", "train_recall/answer_recall@3"),
+    )
     assert at_1[0] == pytest.approx(by_hand[1]) and at_3[0] == pytest.approx(by_hand[3])
     assert sorted(at_1) == [0, 2]  # start, and the evaluation at step 2
 
     # the step-0 figure is the baseline a resumed run keeps: raise it, and the final check must warn
     log = tmp_path / "run" / "log.jsonl"
     lines = [json.loads(line) for line in log.read_text().splitlines()]
-    lines = [{**r, "train_recall/answer_recall@1": 100.0, "train_recall/answer_recall@3": 100.0}
-             if r["step"] == 0 else r for r in lines]
+    lines = [
+        {**r, "train_recall/answer_recall@1": 100.0, "train_recall/answer_recall@3": 100.0} if r["step"] == 0 else r
+        for r in lines
+    ]
     log.write_text("".join(json.dumps(r) + "\n" for r in lines))
     caplog.clear()
     summary = train(None, resume=tmp_path / "run", progress=False)
@@ -393,7 +451,10 @@ def test_the_training_log_guards_the_retrievers_answer_recall(tiny_world, tmp_pa
     assert summary["train_recall_before"] == {"answer_recall@1": 100.0, "answer_recall@3": 100.0}
     assert summary["eval"]["train_recall/answer_recall@1"] == final[4]
     assert final[4] < 99  # the tiny random encoder does not find every answer first
-    assert "the retriever loss 'pdist' lowered answer recall on 4 training questions (answer_recall@1 100.0 →" in caplog.text
+    assert (
+        "the retriever loss 'pdist' lowered answer recall on 4 training questions (answer_recall@1 100.0 →"
+        in caplog.text
+    )
 
 
 def test_no_recall_guard_without_a_retriever_loss(tiny_world, tmp_path):
@@ -406,7 +467,9 @@ def test_no_recall_guard_without_a_retriever_loss(tiny_world, tmp_path):
 def test_a_retrieval_prior_needs_a_copy_head_and_a_non_negative_weight(tiny_world, tmp_path):
     with pytest.raises(Exception, match="'reader.retrieval_prior' must be at least 0"):
         tiny_config(tiny_world, tmp_path / "bad", "reader.retrieval_prior=-1")
-    with pytest.raises(ValueError, match="reader.retrieval_prior weights a copy head's pointer; this reader has no copy head"):
+    with pytest.raises(
+        ValueError, match="reader.retrieval_prior weights a copy head's pointer; this reader has no copy head"
+    ):
         build_atlas(tiny_config(tiny_world, tmp_path / "run", "reader.retrieval_prior=1.0"))
 
 
@@ -418,8 +481,14 @@ def test_a_loss_that_is_not_finite_stops_the_run_before_it_reaches_the_weights(t
 
     from atlas.training.loop import NonFiniteLoss
 
-    config = tiny_config(tiny_world, tmp_path / "run", "training.steps=6", "training.lr=1e30",
-                         "training.lr_retriever=1e30", "training.save_every=1")
+    config = tiny_config(
+        tiny_world,
+        tmp_path / "run",
+        "training.steps=6",
+        "training.lr=1e30",
+        "training.lr_retriever=1e30",
+        "training.save_every=1",
+    )
     with pytest.raises(NonFiniteLoss, match=r"training step \d: the loss is not finite \(reader nan") as raised:
         train(config, progress=False)
     assert "training.precision=bf16 on CUDA" in str(raised.value)

@@ -16,18 +16,39 @@ from atlas.training.loop import train
 
 
 def warm_config(world, out, *overrides):
-    return load_config(None, [
-        f"retriever.model={world['encoder']}", "retriever.loss=pdist", "retriever.n_context=3",
-        "retriever.temperature_gold=0.1", "retriever.temperature_score=0.1", f"index.path={world['index']}",
-        "reader.model=minilm-fid-tiny", f"reader.encoder={world['encoder']}", "reader.trainable_encoder_layers=1",
-        "reader.n_context=3", "reader.text_maxlength=48", "reader.dropout=0.0", "reader.answer_maxlength=8",
-        "reader.generation_max_length=6", "task.name=qa", f"task.train_data=[{world['qa']}]",
-        f"task.eval_data=[{world['qa']}]", f"training.output_dir={out}", "training.steps=4",
-        "training.batch_size=2", "training.lr=3e-3", "training.lr_encoder=1e-3", "training.lr_retriever=1e-3",
-        "training.warmup_steps=1", "training.log_every=1", "evaluation.retrieval_k=[1,3]",
-        "task.allow_overlap=true",  # a 4-question world: trained on, then asked (does training reach the answers?)
-        *overrides,
-    ])
+    return load_config(
+        None,
+        [
+            f"retriever.model={world['encoder']}",
+            "retriever.loss=pdist",
+            "retriever.n_context=3",
+            "retriever.temperature_gold=0.1",
+            "retriever.temperature_score=0.1",
+            f"index.path={world['index']}",
+            "reader.model=minilm-fid-tiny",
+            f"reader.encoder={world['encoder']}",
+            "reader.trainable_encoder_layers=1",
+            "reader.n_context=3",
+            "reader.text_maxlength=48",
+            "reader.dropout=0.0",
+            "reader.answer_maxlength=8",
+            "reader.generation_max_length=6",
+            "task.name=qa",
+            f"task.train_data=[{world['qa']}]",
+            f"task.eval_data=[{world['qa']}]",
+            f"training.output_dir={out}",
+            "training.steps=4",
+            "training.batch_size=2",
+            "training.lr=3e-3",
+            "training.lr_encoder=1e-3",
+            "training.lr_retriever=1e-3",
+            "training.warmup_steps=1",
+            "training.log_every=1",
+            "evaluation.retrieval_k=[1,3]",
+            "task.allow_overlap=true",  # a 4-question world: trained on, then asked (does training reach the answers?)
+            *overrides,
+        ],
+    )
 
 
 @pytest.mark.parametrize("loss", ["adist", "pdist", "emdr", "loop"])
@@ -51,7 +72,7 @@ def test_frozen_blocks_stay_the_base_and_the_checkpoint_holds_only_the_rest(tiny
     base = build_atlas(warm_config(tiny_world, tmp_path / "fresh", "retriever.loss=none"))
     frozen = "encoder.model.encoder.layer.0.attention.self.query.weight"
     top = "encoder.model.encoder.layer.1.attention.self.query.weight"
-    t_state, b_state = trained.reader.t5.state_dict(), base.reader.t5.state_dict()
+    t_state, b_state = trained.reader.seq2seq.state_dict(), base.reader.seq2seq.state_dict()
     assert torch.equal(t_state[frozen], b_state[frozen]) and not torch.equal(t_state[top], b_state[top])
 
 
@@ -61,7 +82,7 @@ def test_the_reader_encoder_gets_its_own_learning_rate(tiny_world, tmp_path):
     config = warm_config(tiny_world, tmp_path / "run")
     model = build_atlas(config)
     reader_opt, _, _ = make_optimizers(model, config)
-    encoder = {id(p) for p in model.reader.t5.encoder.parameters()}
+    encoder = {id(p) for p in model.reader.seq2seq.encoder.parameters()}
     rates = {(g["lr"], all(id(p) in encoder for p in g["params"])) for g in reader_opt.param_groups}
     assert rates == {(3e-3, False), (1e-3, True)}
     assert all(p.requires_grad for g in reader_opt.param_groups for p in g["params"])
@@ -69,18 +90,47 @@ def test_the_reader_encoder_gets_its_own_learning_rate(tiny_world, tmp_path):
 
 def test_reading_stage_resumes_bit_identically(tiny_world, tmp_path):
     squad = tmp_path / "squad.jsonl"
-    squad.write_text("".join(json.dumps(r) + "\n" for r in [
-        {"id": "a", "question": "What is the capital of Zorbland?", "title": "Zorbland",
-         "context": "The capital of Zorbland is Quimper. Zorbland is an island.", "answers": ["Quimper"]},
-        {"id": "b", "question": "Who first climbed Mount Olo?", "title": "Olo",
-         "context": "Mount Olo is 3000 metres high; Anna Brook first climbed it.", "answers": ["Anna Brook"]},
-        {"id": "c", "question": "What is the currency of Tarsia?", "title": "Tarsia",
-         "context": "The currency of Tarsia is the florin. Its capital is Belmont.", "answers": ["florin"]}]))
-    reading = ["retriever.loss=none", "task.name=reading", f"task.train_data=[{squad}]",
-               f"task.eval_data=[{squad}]", "reader.n_context=1", "task.options={max_words: 8}", "training.steps=4"]
+    squad.write_text(
+        "".join(
+            json.dumps(r) + "\n"
+            for r in [
+                {
+                    "id": "a",
+                    "question": "What is the capital of Zorbland?",
+                    "title": "Zorbland",
+                    "context": "The capital of Zorbland is Quimper. Zorbland is an island.",
+                    "answers": ["Quimper"],
+                },
+                {
+                    "id": "b",
+                    "question": "Who first climbed Mount Olo?",
+                    "title": "Olo",
+                    "context": "Mount Olo is 3000 metres high; Anna Brook first climbed it.",
+                    "answers": ["Anna Brook"],
+                },
+                {
+                    "id": "c",
+                    "question": "What is the currency of Tarsia?",
+                    "title": "Tarsia",
+                    "context": "The currency of Tarsia is the florin. Its capital is Belmont.",
+                    "answers": ["florin"],
+                },
+            ]
+        )
+    )
+    reading = [
+        "retriever.loss=none",
+        "task.name=reading",
+        f"task.train_data=[{squad}]",
+        f"task.eval_data=[{squad}]",
+        "reader.n_context=1",
+        "task.options={max_words: 8}",
+        "training.steps=4",
+    ]
     train(warm_config(tiny_world, tmp_path / "straight", *reading, "training.save_every=2"), progress=False)
     train(warm_config(tiny_world, tmp_path / "halted", *reading), progress=False, stop_at=2)
     summary = train(None, resume=tmp_path / "halted", progress=False)
+
     def losses(run):
         rows = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
         return [r["loss/total"] for r in rows if "loss/total" in r]
@@ -97,8 +147,9 @@ def test_answers_weigh_the_retrievers_ranking_with_a_retrieval_prior(tiny_world,
     for weight in (0.0, 2.0):
         model = build_atlas(warm_config(tiny_world, tmp_path / "run", f"reader.retrieval_prior={weight}")).eval()
         seen = []
-        hook = model.reader.t5.copy_head.register_forward_hook(
-            lambda _m, _args, kwargs, _out, seen=seen: seen.append(kwargs["log_prior"]), with_kwargs=True)
+        hook = model.reader.seq2seq.copy_head.register_forward_hook(
+            lambda _m, _args, kwargs, _out, seen=seen: seen.append(kwargs["log_prior"]), with_kwargs=True
+        )
         _, passages = model.predict(examples)
         hook.remove()
         if not weight:

@@ -132,11 +132,21 @@ def test_generation_on_cuda_gives_the_cpu_answers(beams, span):
     reader = FiDReader.from_pretrained(SHIPPED).eval()
 
     def answers(device):
-        constraint = PassageSpanConstraint.from_passages(tokenizer, passages, answer_prefix=ANSWER_SENTINEL,
-                                                         vocab_size=reader.t5.config.vocab_size) if span else None
-        generated = reader.to(device).generate(ids.to(device), mask.to(device), max_length=24, num_beams=beams,
-                                               length_penalty=0.0 if span else 1.0,
-                                               prefix_allowed_tokens_fn=constraint)
+        constraint = (
+            PassageSpanConstraint.from_passages(
+                tokenizer, passages, answer_prefix=ANSWER_SENTINEL, vocab_size=reader.seq2seq.config.vocab_size
+            )
+            if span
+            else None
+        )
+        generated = reader.to(device).generate(
+            ids.to(device),
+            mask.to(device),
+            max_length=24,
+            num_beams=beams,
+            length_penalty=0.0 if span else 1.0,
+            prefix_allowed_tokens_fn=constraint,
+        )
         return decode_answers(tokenizer, generated.cpu(), passages)
 
     on_cpu = answers(torch.device("cpu"))
@@ -174,8 +184,9 @@ def run_train(args: list[str], cpu: bool, cwd: Path) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     if cpu:
         env["CUDA_VISIBLE_DEVICES"] = ""
-    subprocess.run([sys.executable, "-m", "atlas", "train", *args], check=True, cwd=cwd, env=env,
-                   capture_output=True, text=True)
+    subprocess.run(
+        [sys.executable, "-m", "atlas", "train", *args], check=True, cwd=cwd, env=env, capture_output=True, text=True
+    )
 
 
 def write_recipe(config, path: Path) -> Path:
@@ -189,9 +200,11 @@ def test_a_training_run_on_cuda_matches_the_cpu_and_checkpoints_move_both_ways(t
     """8 steps of the tiny recipe: fp32 on CUDA equals the CPU (relative 1e-3 per step); bf16 autocast
     within 2e-2; a checkpoint written on CUDA resumes on the CPU and one written on the CPU on CUDA,
     each continuing the straight run's losses."""
+
     def recipe(name, *overrides):
-        return write_recipe(tiny_config(tiny_world, tmp_path / name, "training.steps=6", *overrides),
-                            tmp_path / f"{name}.yaml")
+        return write_recipe(
+            tiny_config(tiny_world, tmp_path / name, "training.steps=6", *overrides), tmp_path / f"{name}.yaml"
+        )
 
     run_train([str(recipe("cpu"))], cpu=True, cwd=REPO)
     run_train([str(recipe("cuda"))], cpu=False, cwd=REPO)
@@ -214,11 +227,28 @@ def test_a_training_run_on_cuda_matches_the_cpu_and_checkpoints_move_both_ways(t
 def test_torchrun_on_one_gpu_matches_the_plain_run(tiny_world, tmp_path):
     recipe = write_recipe(tiny_config(tiny_world, tmp_path / "plain", "training.steps=4"), tmp_path / "plain.yaml")
     run_train([str(recipe)], cpu=False, cwd=REPO)
-    launched = write_recipe(tiny_config(tiny_world, tmp_path / "torchrun", "training.steps=4"),
-                            tmp_path / "torchrun.yaml")
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
-                    "-m", "atlas", "train", str(launched)], check=True, cwd=REPO, capture_output=True, text=True,
-                   env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    launched = write_recipe(
+        tiny_config(tiny_world, tmp_path / "torchrun", "training.steps=4"), tmp_path / "torchrun.yaml"
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "1",
+            "-m",
+            "atlas",
+            "train",
+            str(launched),
+        ],
+        check=True,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     plain, torchrun = logged_losses(tmp_path / "plain"), logged_losses(tmp_path / "torchrun")
     assert sorted(plain) == sorted(torchrun) == [1, 2, 3, 4]
     assert all(abs(plain[s] - torchrun[s]) <= 1e-5 * abs(plain[s]) for s in plain)
@@ -230,8 +260,12 @@ def test_deepspeed_zero2_step_on_cuda_matches_the_plain_step(tiny_world, tmp_pat
 
     plain = write_recipe(tiny_config(tiny_world, tmp_path / "plain", "training.steps=3"), tmp_path / "plain.yaml")
     run_train([str(plain)], cpu=False, cwd=REPO)
-    zero = write_recipe(tiny_config(tiny_world, tmp_path / "zero2", "training.steps=3",
-                                    f"training.deepspeed={zero_config(tmp_path, 2)}"), tmp_path / "zero2.yaml")
+    zero = write_recipe(
+        tiny_config(
+            tiny_world, tmp_path / "zero2", "training.steps=3", f"training.deepspeed={zero_config(tmp_path, 2)}"
+        ),
+        tmp_path / "zero2.yaml",
+    )
     run_train([str(zero)], cpu=False, cwd=REPO)
     a, b = logged_losses(tmp_path / "plain"), logged_losses(tmp_path / "zero2")
     assert sorted(a) == sorted(b) and all(abs(a[s] - b[s]) <= 1e-3 * abs(a[s]) for s in a)
@@ -243,8 +277,9 @@ def test_the_server_answers_on_cuda_as_on_the_cpu(tmp_path):
     from atlas.serve.service import AtlasService, Question
 
     run = build_demo_run(tmp_path / "demo")
-    questions = [Question(json.loads(line)["question"], 3)
-                 for line in (REPO / "atlas" / "demo" / "heldout.jsonl").open()][:24]
+    questions = [
+        Question(json.loads(line)["question"], 3) for line in (REPO / "atlas" / "demo" / "heldout.jsonl").open()
+    ][:24]
     answers = {}
     for device in ("cpu", "cuda"):
         folder, config, model = load_run(str(run), str(run.parent / "index"), ["reader.num_beams=1"])
@@ -256,15 +291,16 @@ def test_the_server_answers_on_cuda_as_on_the_cpu(tmp_path):
         finally:
             service.close()
     assert [a["answer"] for a in answers["cuda"]] == [a["answer"] for a in answers["cpu"]]
-    assert [[e["id"] for e in a["evidence"]] for a in answers["cuda"]] == \
-        [[e["id"] for e in a["evidence"]] for a in answers["cpu"]]
+    assert [[e["id"] for e in a["evidence"]] for a in answers["cuda"]] == [
+        [e["id"] for e in a["evidence"]] for a in answers["cpu"]
+    ]
     for on_cpu, on_cuda in zip(answers["cpu"], answers["cuda"]):
         shares = [abs(x["attention"] - y["attention"]) for x, y in zip(on_cpu["evidence"], on_cuda["evidence"])]
         assert max(shares) < 1e-3
 
 
 def test_the_reading_recipe_under_bf16_autocast_on_cuda_gives_finite_losses(shared_data, tmp_path):
-    """configs/reader-squad-gpu.yaml under training.precision=bf16 on CUDA: found giving NaN from the
+    """configs/reader-stages/reader-squad-gpu.yaml under training.precision=bf16 on CUDA: found giving NaN from the
     first logged step (2026-11-25, H100), while fp32 on CUDA and bf16 on the CPU train; the training
     step of the shipped reader alone (above) is finite. The run now stops at the first such step
     (`NonFiniteLoss`); this test stays red on a GPU until the cause is found."""
@@ -274,9 +310,19 @@ def test_the_reading_recipe_under_bf16_autocast_on_cuda_gives_finite_losses(shar
     squad = shared_data / "squad"
     if not (squad / "train-v1.1.json").is_file():
         pytest.skip(f"SQuAD v1.1 not found in {squad}")
-    config = load_config(REPO / "configs" / "reader-squad-gpu.yaml", [
-        f"task.train_data=[{squad / 'train-v1.1.json'}]", f"task.eval_data=[{squad / 'dev-v1.1.json'}]",
-        f"training.output_dir={tmp_path / 'run'}", "training.steps=4", "training.batch_size=16",
-        "training.precision=bf16", "training.save_every=0", "training.log_every=1", "evaluation.max_examples=16"])
+    config = load_config(
+        REPO / "configs" / "reader-stages" / "reader-squad-gpu.yaml",
+        [
+            f"task.train_data=[{squad / 'train-v1.1.json'}]",
+            f"task.eval_data=[{squad / 'dev-v1.1.json'}]",
+            f"training.output_dir={tmp_path / 'run'}",
+            "training.steps=4",
+            "training.batch_size=16",
+            "training.precision=bf16",
+            "training.save_every=0",
+            "training.log_every=1",
+            "evaluation.max_examples=16",
+        ],
+    )
     losses = train(config, progress=False)["losses"]
     assert len(losses) == 4 and all(0 < loss < 10 for loss in losses), losses

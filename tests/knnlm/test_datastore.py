@@ -30,9 +30,7 @@ def new_writer(path, n_tokens: int, meta=None) -> DatastoreWriter:
     )
 
 
-@pytest.mark.parametrize(
-    "n_tokens,context,stride", [(50, 12, 5), (9, 12, 4), (40, 8, 8), (30, 6, 1)]
-)
+@pytest.mark.parametrize("n_tokens,context,stride", [(50, 12, 5), (9, 12, 4), (40, 8, 8), (30, 6, 1)])
 def test_sliding_windows_score_each_row_once_with_enough_context(n_tokens, context, stride):
     windows = sliding_windows(n_tokens, context, stride)
     scored = [row for begin, end, first in windows for row in range(first, end)]
@@ -66,9 +64,7 @@ def test_round_trip_rows_line_up_with_positions(tmp_path):
     np.testing.assert_array_equal(keys[:12, 2], np.arange(12))
     np.testing.assert_array_equal(keys[12:17, 2], np.arange(7, 12))
     assert store.values.dtype == np.int32 and store.keys("probe").dtype == np.float16
-    with pytest.raises(
-        ValueError, match=r"key 'nope' not stored; stored keys: \['probe', 'twice'\]"
-    ):
+    with pytest.raises(ValueError, match=r"key 'nope' not stored; stored keys: \['probe', 'twice'\]"):
         store.keys("nope")
 
 
@@ -103,9 +99,7 @@ def test_resume_after_crash_gives_byte_identical_files(tmp_path):
     assert writer.n_done == progress["n_done"]
     fill_datastore(writer, ids, recording, **kwargs)
     n_windows = len(sliding_windows(len(ids), 10, 4))
-    assert (
-        sum(len(w) for w in seen) == n_windows - 2 * 3
-    )  # the two committed batches were not recomputed
+    assert sum(len(w) for w in seen) == n_windows - 2 * 3  # the two committed batches were not recomputed
     for name in [
         "values.npy",
         "keys-probe.npy",
@@ -113,9 +107,7 @@ def test_resume_after_crash_gives_byte_identical_files(tmp_path):
         "lm_logprobs.npy",
         "manifest.json",
     ]:
-        assert (tmp_path / "whole" / name).read_bytes() == (
-            tmp_path / "resumed" / name
-        ).read_bytes(), name
+        assert (tmp_path / "whole" / name).read_bytes() == (tmp_path / "resumed" / name).read_bytes(), name
 
 
 def test_existing_folder_with_other_settings_is_refused(tmp_path):

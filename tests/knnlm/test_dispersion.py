@@ -12,7 +12,6 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from atlas.knnlm.dispersion import (
     DispersionAccumulator,
     default_dispersion_keys,
-    dispersion_regularised_loss,
     layer_dispersion,
     mean_pairwise_cosine_distance,
     recommend_key,
@@ -22,10 +21,7 @@ from atlas.knnlm.dispersion import (
 def brute_force_dispersion(vectors: np.ndarray) -> float:
     """Mean of 1 − cos over all unordered pairs, one pair at a time in float64."""
     vectors = np.asarray(vectors, dtype=np.float64)
-    distances = [
-        1 - a @ b / (np.linalg.norm(a) * np.linalg.norm(b))
-        for a, b in itertools.combinations(vectors, 2)
-    ]
+    distances = [1 - a @ b / (np.linalg.norm(a) * np.linalg.norm(b)) for a, b in itertools.combinations(vectors, 2)]
     return float(np.mean(distances))
 
 
@@ -47,9 +43,7 @@ def test_accumulator_over_chunks_equals_all_pairs():
     accumulator = DispersionAccumulator()
     for chunk in np.array_split(vectors, 4):
         accumulator.add("x", torch.from_numpy(chunk))
-    assert accumulator.dispersion()["x"] == pytest.approx(
-        brute_force_dispersion(vectors), abs=1e-12
-    )
+    assert accumulator.dispersion()["x"] == pytest.approx(brute_force_dispersion(vectors), abs=1e-12)
 
 
 def test_layer_dispersion_matches_brute_force_on_hidden_states():
@@ -76,32 +70,23 @@ def test_layer_dispersion_matches_brute_force_on_hidden_states():
     ]
     values = layer_dispersion(model, ids, key_specs=specs, context=8, batch_size=2)
     with torch.no_grad():
-        hidden = model(
-            input_ids=torch.from_numpy(ids[:24].reshape(3, 8)), output_hidden_states=True
-        ).hidden_states
-    assert values["layer_output:0"] == pytest.approx(
-        brute_force_dispersion(hidden[1].reshape(-1, 8).numpy()), abs=1e-6
-    )
+        hidden = model(input_ids=torch.from_numpy(ids[:24].reshape(3, 8)), output_hidden_states=True).hidden_states
+    assert values["layer_output:0"] == pytest.approx(brute_force_dispersion(hidden[1].reshape(-1, 8).numpy()), abs=1e-6)
     assert recommend_key(values) == max(values, key=values.get)
-    sampled = layer_dispersion(
-        model, ids, key_specs=["layer_output:0"], context=8, sample_fraction=0.5, seed=3
-    )
-    assert sampled == layer_dispersion(
-        model, ids, key_specs=["layer_output:0"], context=8, sample_fraction=0.5, seed=3
-    )
+    sampled = layer_dispersion(model, ids, key_specs=["layer_output:0"], context=8, sample_fraction=0.5, seed=3)
+    assert sampled == layer_dispersion(model, ids, key_specs=["layer_output:0"], context=8, sample_fraction=0.5, seed=3)
     assert sampled["layer_output:0"] != values["layer_output:0"]
 
 
 def test_auxiliary_loss_is_ce_minus_mu_dispersion_and_has_gradients():
+    # atlas/model.py's reader loss with `reader.dispersion_weight` μ: CE − μ · dispersion(final hidden
+    # states of the non-padding tokens), against the brute-force oracle (tests/atlas/test_train.py runs the model)
     rng = np.random.default_rng(4)
     hidden = torch.tensor(rng.normal(size=(2, 4, 3)), requires_grad=True)
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
     ce = torch.tensor(2.5, dtype=torch.float64)
-    loss = dispersion_regularised_loss(ce, hidden, 0.3, mask)
+    loss = ce - 0.3 * mean_pairwise_cosine_distance(hidden, mask)
     expected = 2.5 - 0.3 * brute_force_dispersion(hidden.detach().numpy()[mask.bool().numpy()])
     assert loss.item() == pytest.approx(expected, abs=1e-12)
     loss.backward()
-    assert (
-        hidden.grad[0, 0].abs().sum() > 0 and hidden.grad[0, 3].abs().sum() == 0
-    )  # padding gets none
-    assert dispersion_regularised_loss(ce, hidden, 0.0) is ce
+    assert hidden.grad[0, 0].abs().sum() > 0 and hidden.grad[0, 3].abs().sum() == 0  # padding gets none

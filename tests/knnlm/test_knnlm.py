@@ -14,9 +14,7 @@ from atlas.knnlm.lm import KeyedLM, build_datastore, parse_key_spec
 from atlas.knnlm.search import (
     build_knn_index,
     grid_search,
-    interpolate_distributions,
     interpolate_logprobs,
-    knn_distribution,
     knn_lm_logprobs,
     knn_target_logprobs,
     perplexity,
@@ -24,6 +22,21 @@ from atlas.knnlm.search import (
 )
 
 VOCAB = 40
+
+
+def knn_distribution(
+    distances: torch.Tensor, neighbour_values: torch.Tensor, vocab_size: int, temperature: float
+) -> torch.Tensor:
+    """Oracle: the full p_kNN over the vocabulary, distances (..., k), values (..., k) int → probs (..., V)."""
+    weights = torch.softmax(-distances.double() / temperature, dim=-1)
+    probs = torch.zeros(*distances.shape[:-1], vocab_size, dtype=torch.float64)
+    return probs.scatter_add_(-1, neighbour_values.long(), weights)
+
+
+def interpolate_distributions(lm_probs: torch.Tensor, knn_probs: torch.Tensor, lam: float) -> torch.Tensor:
+    """Oracle: λ·p_kNN + (1−λ)·p_LM for full distributions (..., V), against which the library's
+    log-space per-target path is checked."""
+    return lam * knn_probs + (1.0 - lam) * lm_probs
 
 
 def tiny_gpt2(seed: int = 0) -> GPT2LMHeadModel:
@@ -63,9 +76,7 @@ def test_interpolated_distribution_matches_hand_computation_and_sums_to_one():
     knn_lp = knn_target_logprobs(np.tile(distances, (5, 1)), np.tile(values, (5, 1)), targets, tau)
     with np.errstate(divide="ignore"):
         np.testing.assert_allclose(knn_lp, np.log(knn_hand), rtol=1e-12)
-    np.testing.assert_allclose(
-        interpolate_logprobs(np.log(lm), knn_lp, lam), np.log(expected), rtol=1e-12
-    )
+    np.testing.assert_allclose(interpolate_logprobs(np.log(lm), knn_lp, lam), np.log(expected), rtol=1e-12)
     # λ = 0 returns the LM exactly, on both paths.
     assert torch.equal(
         interpolate_distributions(torch.tensor(lm, dtype=torch.float64), knn, 0.0),
@@ -74,9 +85,7 @@ def test_interpolated_distribution_matches_hand_computation_and_sums_to_one():
     assert np.array_equal(interpolate_logprobs(np.log(lm), knn_lp, 0.0), np.log(lm))
 
 
-def reference_sublayers(
-    model: GPT2LMHeadModel, window: torch.Tensor, block_index: int
-) -> dict[str, torch.Tensor]:
+def reference_sublayers(model: GPT2LMHeadModel, window: torch.Tensor, block_index: int) -> dict[str, torch.Tensor]:
     """Recompute one block's sublayer states by calling its modules on the previous output."""
     with torch.no_grad():
         hidden = model(input_ids=window[None], output_hidden_states=True).hidden_states
@@ -97,9 +106,7 @@ def test_datastore_keys_values_and_logprobs_match_a_direct_forward_pass(tmp_path
     model = tiny_gpt2()
     ids = np.random.default_rng(0).integers(0, VOCAB, size=45)
     specs = ["ffn_input:-1", "attn_output:-1", "ffn_output:-1", "layer_output:0", "layer_output:1"]
-    store = build_datastore(
-        tmp_path / "ds", model, ids, specs, context=12, stride=5, batch_size=3, progress=False
-    )
+    store = build_datastore(tmp_path / "ds", model, ids, specs, context=12, stride=5, batch_size=3, progress=False)
     np.testing.assert_array_equal(store.values, ids[1:])
     for begin, end, first in sliding_windows(len(ids), 12, 5):
         window = torch.from_numpy(ids[begin:end])
@@ -118,12 +125,8 @@ def test_datastore_keys_values_and_logprobs_match_a_direct_forward_pass(tmp_path
                     )
         with torch.no_grad():
             logits = model(input_ids=window[None]).logits[0].double()
-        expected = torch.log_softmax(logits, -1)[
-            torch.arange(end - begin), torch.from_numpy(ids[begin + 1 : end + 1])
-        ]
-        np.testing.assert_allclose(
-            store.lm_logprobs[rows], expected[local].numpy(), rtol=1e-5, atol=1e-5
-        )
+        expected = torch.log_softmax(logits, -1)[torch.arange(end - begin), torch.from_numpy(ids[begin + 1 : end + 1])]
+        np.testing.assert_allclose(store.lm_logprobs[rows], expected[local].numpy(), rtol=1e-5, atol=1e-5)
 
 
 def test_resumed_lm_datastore_is_byte_identical(tmp_path):
@@ -144,9 +147,7 @@ def test_resumed_lm_datastore_is_byte_identical(tmp_path):
     handle.remove()
     build_datastore(tmp_path / "resumed", model, ids, ["ffn_input:-1"], **args)
     for name in ["values.npy", "keys-ffn_input@-1.npy", "lm_logprobs.npy", "manifest.json"]:
-        assert (tmp_path / "whole" / name).read_bytes() == (
-            tmp_path / "resumed" / name
-        ).read_bytes(), name
+        assert (tmp_path / "whole" / name).read_bytes() == (tmp_path / "resumed" / name).read_bytes(), name
 
 
 def test_t5_decoder_keys_with_teacher_forcing():
@@ -167,9 +168,7 @@ def test_t5_decoder_keys_with_teacher_forcing():
     ids = torch.randint(2, VOCAB, (2, 7))
     logits, keys = keyed(ids)
     with torch.no_grad():
-        reference = model(
-            input_ids=torch.tensor([[1], [1]]), decoder_input_ids=ids, output_hidden_states=True
-        )
+        reference = model(input_ids=torch.tensor([[1], [1]]), decoder_input_ids=ids, output_hidden_states=True)
     torch.testing.assert_close(logits, reference.logits)
     torch.testing.assert_close(keys["layer_output:0"], reference.decoder_hidden_states[1])
     assert keys["ffn_input:-1"].shape == (2, 7, 16)
@@ -219,9 +218,7 @@ def test_search_distances_equal_brute_force(stores):
     dist, _ids = search_neighbours(queries, train, "ffn_input:-1", 8)
     np.testing.assert_allclose(dist, np.sort(brute, axis=1)[:, :8], rtol=1e-4, atol=1e-3)
     index = build_knn_index(train, "ffn_input:-1", "IVF4,PQ4", train_rows=399)
-    approx, approx_ids = search_neighbours(
-        queries, train, "ffn_input:-1", 8, index=index, nprobe=4, recompute=True
-    )
+    approx, approx_ids = search_neighbours(queries, train, "ffn_input:-1", 8, index=index, nprobe=4, recompute=True)
     np.testing.assert_allclose(approx, np.take_along_axis(brute, approx_ids, 1), rtol=1e-5)
 
 
@@ -229,14 +226,10 @@ def test_lambda_zero_is_the_lm_and_grid_search_picks_the_minimum(stores):
     train, test = stores
     out = knn_lm_logprobs(test, train, "ffn_input:-1", k=16, settings=[(0.0, 1.0), (0.5, 10.0)])
     assert np.array_equal(out[(0.0, 1.0)], np.asarray(test.lm_logprobs, dtype=np.float64))
-    tuned = grid_search(
-        test, train, "ffn_input:-1", k=16, lambdas=[0.0, 0.2, 0.5], temperatures=[1.0, 10.0]
-    )
+    tuned = grid_search(test, train, "ffn_input:-1", k=16, lambdas=[0.0, 0.2, 0.5], temperatures=[1.0, 10.0])
     assert tuned["perplexity"] == min(row[2] for row in tuned["grid"])
     assert tuned["lm_perplexity"] == pytest.approx(perplexity(test.lm_logprobs))
-    assert [row[:2] for row in tuned["grid"]] == [
-        [l, t] for l in (0.0, 0.2, 0.5) for t in (1.0, 10.0)
-    ]
+    assert [row[:2] for row in tuned["grid"]] == [[l, t] for l in (0.0, 0.2, 0.5) for t in (1.0, 10.0)]
 
 
 def test_cli_build_tune_eval_and_dispersion(tmp_path, capsys):
@@ -252,16 +245,11 @@ def test_cli_build_tune_eval_and_dispersion(tmp_path, capsys):
     core = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     model_dir = tmp_path / "lm"
-    PreTrainedTokenizerFast(
-        tokenizer_object=core, unk_token="<unk>", eos_token="<eos>"
-    ).save_pretrained(model_dir)
+    PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", eos_token="<eos>").save_pretrained(model_dir)
     tiny_gpt2().save_pretrained(model_dir)
     rng = np.random.default_rng(7)
     for name, n_lines in [("train", 30), ("valid", 6), ("test", 6)]:
-        lines = [
-            " ".join(f"w{j}" for j in rng.integers(0, 12, size=rng.integers(3, 9)))
-            for _ in range(n_lines)
-        ]
+        lines = [" ".join(f"w{j}" for j in rng.integers(0, 12, size=rng.integers(3, 9))) for _ in range(n_lines)]
         (tmp_path / f"{name}.txt").write_text("\n".join(lines) + "\n")
 
     parser = argparse.ArgumentParser()
@@ -321,9 +309,7 @@ def test_cli_build_tune_eval_and_dispersion(tmp_path, capsys):
     summary = json.loads((tmp_path / "results" / "summary.json").read_text())
     lm = np.load(tmp_path / "results" / "lm_logprobs.npy")
     knn = np.load(tmp_path / "results" / "knnlm_logprobs.npy")
-    test_tokens = sum(
-        len(line.split()) + 1 for line in (tmp_path / "test.txt").read_text().splitlines()
-    )
+    test_tokens = sum(len(line.split()) + 1 for line in (tmp_path / "test.txt").read_text().splitlines())
     assert summary["tokens"] == len(lm) == len(knn) == test_tokens - 1
     assert summary["lm_perplexity"] == pytest.approx(perplexity(lm), rel=1e-6)
     assert summary["knnlm_perplexity"] == pytest.approx(perplexity(knn), rel=1e-6)
@@ -372,9 +358,7 @@ def test_datastore_of_another_model_is_never_resumed_or_reused(tmp_path):
     with pytest.raises(ValueError, match="built with a different model"):
         build_datastore(tmp_path / "done", second, ids, ["ffn_input:-1"], **args)
     # the same model reuses the finished store
-    assert build_datastore(tmp_path / "done", first, ids, ["ffn_input:-1"], **args).manifest == (
-        store.manifest
-    )
+    assert build_datastore(tmp_path / "done", first, ids, ["ffn_input:-1"], **args).manifest == (store.manifest)
 
     # a half-built store is not resumed by another model either
     calls = {"n": 0}
@@ -426,9 +410,7 @@ def write_word_lm(folder, words, seed: int = 0):
 
     core = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(
-        tokenizer_object=core, unk_token="<unk>", eos_token="<eos>"
-    ).save_pretrained(folder)
+    PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", eos_token="<eos>").save_pretrained(folder)
     tiny_gpt2(seed=seed).save_pretrained(folder)
     return folder
 
@@ -456,31 +438,30 @@ def test_cli_refuses_a_datastore_built_with_another_model_or_tokenizer(tmp_path)
         return args.func(args)
 
     ds = tmp_path / "ds"
-    assert run("knnlm", "build", built_with, tmp_path / "train.txt", ds, "--context", 16,
-               "--stride", 8) == 0
+    assert run("knnlm", "build", built_with, tmp_path / "train.txt", ds, "--context", 16, "--stride", 8) == 0
     meta = json.loads((ds / "manifest.json").read_text())["meta"]
     assert len(meta["tokenizer_fingerprint"]) == 64
     tune = ["--k", 4, "--lambdas", 0.3, "--temperatures", 1, "--out", tmp_path / "t.json"]
-    with pytest.raises(ValueError, match=r"different model \(configuration or weights\).*"
-                                         r"model given: .*lm-retrained"):
+    with pytest.raises(
+        ValueError,
+        match=r"different model \(configuration or weights\).*"
+        r"model given: .*lm-retrained",
+    ):
         run("knnlm", "tune", retrained, ds, tmp_path / "valid.txt", *tune)
     with pytest.raises(ValueError, match="datastore was built with a different tokenizer"):
         run("knnlm", "tune", shuffled, ds, tmp_path / "valid.txt", *tune)
     with pytest.raises(ValueError, match="different model"):
-        run("knnlm", "build", retrained, tmp_path / "train.txt", ds, "--context", 16,
-            "--stride", 8)
+        run("knnlm", "build", retrained, tmp_path / "train.txt", ds, "--context", 16, "--stride", 8)
     assert not list(tmp_path.glob("ds-queries-*"))  # nothing was cached for the wrong models
     assert run("knnlm", "tune", built_with, ds, tmp_path / "valid.txt", *tune) == 0
     cached = tmp_path / "ds-queries-valid-ffn_input@-1"
-    assert json.loads((cached / "manifest.json").read_text())["meta"]["model_fingerprint"] == (
-        meta["model_fingerprint"]
+    assert (
+        json.loads((cached / "manifest.json").read_text())["meta"]["model_fingerprint"] == (meta["model_fingerprint"])
     )
     # the datastore is rebuilt with another model in place: the stale cached query store is refused
     import shutil
 
     shutil.rmtree(ds)
-    assert run("knnlm", "build", retrained, tmp_path / "train.txt", ds, "--context", 16,
-               "--stride", 8) == 0
-    with pytest.raises(ValueError, match="ds-queries-valid-ffn_input@-1: datastore was built "
-                                         "with a different model"):
+    assert run("knnlm", "build", retrained, tmp_path / "train.txt", ds, "--context", 16, "--stride", 8) == 0
+    with pytest.raises(ValueError, match="ds-queries-valid-ffn_input@-1: datastore was built with a different model"):
         run("knnlm", "tune", retrained, ds, tmp_path / "valid.txt", *tune)

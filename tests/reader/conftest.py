@@ -11,9 +11,7 @@ from reader.fid import FiDReader
 VOCAB = 48
 
 
-def tiny_t5(
-    seed: int = 0, attn_implementation: str | None = None, v1_1: bool = False
-) -> T5ForConditionalGeneration:
+def tiny_t5(seed: int = 0, attn_implementation: str | None = None, v1_1: bool = False) -> T5ForConditionalGeneration:
     """A 2+2-layer T5 (d_model 32, no dropout) with random weights seeded by `seed`.
 
     `v1_1`: the T5 v1.1 / lm-adapt layout (gated-GELU feed-forward, untied output layer).
@@ -36,14 +34,10 @@ def tiny_t5(
     torch.manual_seed(seed)
     if attn_implementation is None:
         return T5ForConditionalGeneration(config).eval()
-    return T5ForConditionalGeneration._from_config(
-        config, attn_implementation=attn_implementation
-    ).eval()
+    return T5ForConditionalGeneration._from_config(config, attn_implementation=attn_implementation).eval()
 
 
-def random_batch(
-    batch: int = 2, n_passages: int = 3, length: int = 5, target: int = 4, seed: int = 1
-):
+def random_batch(batch: int = 2, n_passages: int = 3, length: int = 5, target: int = 4, seed: int = 1):
     """Random reader inputs (B, K, L) with some padding, and labels (B, T) with -100 tails."""
     gen = torch.Generator().manual_seed(seed)
     input_ids = torch.randint(2, VOCAB, (batch, n_passages, length), generator=gen)
@@ -62,9 +56,13 @@ def reader() -> FiDReader:
     return FiDReader(tiny_t5())
 
 
-SPAN_PASSAGES = [[{"title": "Zorbland", "text": "The capital of Zorbland is Quimper, on the river Aulne."},
-                  {"title": "Tarsia", "text": "The currency of Tarsia is the florin."}],
-                 [{"title": "Olo", "text": "Anna Brook first climbed Mount Olo in 1911."}]]
+SPAN_PASSAGES = [
+    [
+        {"title": "Zorbland", "text": "The capital of Zorbland is Quimper, on the river Aulne."},
+        {"title": "Tarsia", "text": "The currency of Tarsia is the florin."},
+    ],
+    [{"title": "Olo", "text": "Anna Brook first climbed Mount Olo in 1911."}],
+]
 
 
 def copy_head_reader_batch(tokenizer, encoder_path, seed: int = 0):
@@ -74,8 +72,17 @@ def copy_head_reader_batch(tokenizer, encoder_path, seed: int = 0):
     from reader.warm_start import build_warm_started
 
     torch.manual_seed(0)
-    model = build_warm_started({"num_decoder_layers": 2, "num_heads": 2, "d_kv": 16, "d_ff": 64, "copy": True},
-                               tokenizer, encoder=str(encoder_path), dropout=0.0, seed=seed)
-    ids, mask = encode_reader_inputs(tokenizer, ["question: capital? answer: <extra_id_0>",
-                                                 "question: who climbed? answer: <extra_id_0>"], SPAN_PASSAGES, 48)
+    model = build_warm_started(
+        {"num_decoder_layers": 2, "num_heads": 2, "d_kv": 16, "d_ff": 64, "copy": True},
+        tokenizer,
+        encoder=str(encoder_path),
+        dropout=0.0,
+        seed=seed,
+    )
+    ids, mask = encode_reader_inputs(
+        tokenizer,
+        ["question: capital? answer: <extra_id_0>", "question: who climbed? answer: <extra_id_0>"],
+        SPAN_PASSAGES,
+        48,
+    )
     return FiDReader(model).eval(), ids, mask

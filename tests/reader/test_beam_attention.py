@@ -39,8 +39,10 @@ def test_folded_cross_attention_equals_t5_attention_over_repeated_rows(query_pos
     # T5's decoder hands cross-attention a boolean (rows, 1, T, S) mask under sdpa
     rows_mask = mask.repeat_interleave(beams, 0).bool()[:, None, None, :].expand(-1, 1, query_positions, -1)
     with torch.no_grad():
-        expected = [block.layer[1].EncDecAttention(queries, mask=rows_mask, key_value_states=repeated_states)[0]
-                    for block in t5.decoder.block]
+        expected = [
+            block.layer[1].EncDecAttention(queries, mask=rows_mask, key_value_states=repeated_states)[0]
+            for block in t5.decoder.block
+        ]
         fold_beams_in_cross_attention(t5)
         assert all(type(b.layer[1].EncDecAttention) is BeamFoldedCrossAttention for b in t5.decoder.block)
         cache = BeamSharedCrossAttentionCache.prefilled(t5.decoder, encoder_states, mask if padded else None)
@@ -49,8 +51,9 @@ def test_folded_cross_attention_equals_t5_attention_over_repeated_rows(query_pos
             assert keys.shape == (batch, t5.config.num_heads, length, t5.config.d_kv)  # one copy per example
             if padded:
                 assert keys[0, :, 4:].eq(0).all()  # padding is not projected
-            folded = block.layer[1].EncDecAttention(queries, mask=rows_mask, key_value_states=repeated_states,
-                                                    **{CACHE_KWARG: cache})[0]
+            folded = block.layer[1].EncDecAttention(
+                queries, mask=rows_mask, key_value_states=repeated_states, **{CACHE_KWARG: cache}
+            )[0]
             torch.testing.assert_close(folded, expected[index], atol=1e-6, rtol=0)
 
 
@@ -60,8 +63,11 @@ def test_folded_cross_attention_refuses_rows_that_are_not_whole_beams():
     cache = BeamSharedCrossAttentionCache.prefilled(t5.decoder, torch.randn(2, 5, t5.config.d_model))
     attention = t5.decoder.block[0].layer[1].EncDecAttention
     with pytest.raises(ValueError, match="5 query rows are not a whole number of beams for 2 cached examples"):
-        attention(torch.randn(5, 1, t5.config.d_model), key_value_states=torch.randn(5, 5, t5.config.d_model),
-                  **{CACHE_KWARG: cache})
+        attention(
+            torch.randn(5, 1, t5.config.d_model),
+            key_value_states=torch.randn(5, 5, t5.config.d_model),
+            **{CACHE_KWARG: cache},
+        )
 
 
 @pytest.mark.parametrize("beams", [1, 3])
@@ -69,8 +75,13 @@ def test_generation_matches_t5s_own_beam_search_and_projects_each_token_once(bea
     reader = FiDReader(tiny_t5(seed=4))
     input_ids, mask, _ = random_batch(batch=3, n_passages=3, length=6, seed=5)
     projected_rows = []
-    hook = reader.t5.decoder.block[0].layer[1].EncDecAttention.k.register_forward_hook(
-        lambda _m, args, _out: projected_rows.append(args[0].shape[:-1].numel()))
+    hook = (
+        reader.seq2seq.decoder.block[0]
+        .layer[1]
+        .EncDecAttention.k.register_forward_hook(
+            lambda _m, args, _out: projected_rows.append(args[0].shape[:-1].numel())
+        )
+    )
     shared = reader.generate(input_ids, mask, max_length=6, num_beams=beams)
     assert projected_rows == [int(mask.sum())]  # real tokens of each example, once
     projected_rows.clear()
@@ -86,13 +97,18 @@ def test_copy_head_reader_beam_search_matches_t5s_own_path(tiny_encoder_path, mo
 
     tokenizer = build_reader_tokenizer(None)
     reader, ids, mask = copy_head_reader_batch(tokenizer, tiny_encoder_path, seed=3)
-    constraint = PassageSpanConstraint.from_passages(tokenizer, SPAN_PASSAGES, answer_prefix="<extra_id_0>",
-                                                     vocab_size=reader.t5.config.vocab_size)
-    shared = [reader.generate(ids, mask, max_length=6, num_beams=4, prefix_allowed_tokens_fn=fn, length_penalty=0.0)
-              for fn in (None, constraint)]
+    constraint = PassageSpanConstraint.from_passages(
+        tokenizer, SPAN_PASSAGES, answer_prefix="<extra_id_0>", vocab_size=reader.seq2seq.config.vocab_size
+    )
+    shared = [
+        reader.generate(ids, mask, max_length=6, num_beams=4, prefix_allowed_tokens_fn=fn, length_penalty=0.0)
+        for fn in (None, constraint)
+    ]
     monkeypatch.setattr(BeamSharedCrossAttentionCache, "prefilled", classmethod(_own_path_cache))
-    own = [reader.generate(ids, mask, max_length=6, num_beams=4, prefix_allowed_tokens_fn=fn, length_penalty=0.0)
-           for fn in (None, constraint)]
+    own = [
+        reader.generate(ids, mask, max_length=6, num_beams=4, prefix_allowed_tokens_fn=fn, length_penalty=0.0)
+        for fn in (None, constraint)
+    ]
     for a, b in zip(shared, own, strict=True):
         assert torch.equal(a, b)
 
@@ -160,11 +176,19 @@ def test_copy_head_reads_one_copy_of_the_passages_for_all_beams_in_float64():
     ids = torch.tensor([[4, 7, 4, 9, 0, 0], [5, 4, 7, 3, 10, 4]])
     inputs = torch.randint(2, 12, (batch * beams, steps))
     with torch.no_grad():
-        repeated = head(states, vocab, encoder.repeat_interleave(beams, 0), mask.repeat_interleave(beams, 0),
-                        ids.repeat_interleave(beams, 0), decoder_input_ids=inputs, passage_length=3)
+        repeated = head(
+            states,
+            vocab,
+            encoder.repeat_interleave(beams, 0),
+            mask.repeat_interleave(beams, 0),
+            ids.repeat_interleave(beams, 0),
+            decoder_input_ids=inputs,
+            passage_length=3,
+        )
         folded = head(states, vocab, encoder, mask, ids, decoder_input_ids=inputs, passage_length=3)
-        given = head(states, vocab, encoder, mask, ids, decoder_input_ids=inputs,
-                     previous_ids=previous_source_ids(ids, mask, 3))
+        given = head(
+            states, vocab, encoder, mask, ids, decoder_input_ids=inputs, previous_ids=previous_source_ids(ids, mask, 3)
+        )
     torch.testing.assert_close(folded, repeated, atol=1e-12, rtol=0)
     assert torch.equal(given, folded)
     with pytest.raises(ValueError, match="5 decoder rows are not a whole number of beams for 2 encoded examples"):
@@ -194,15 +218,24 @@ def test_copy_head_reader_packed_generation_gives_the_padded_layouts_answers(tin
 
     tokenizer = build_reader_tokenizer(None)
     reader, ids, mask = copy_head_reader_batch(tokenizer, tiny_encoder_path, seed=3)
-    reader.t5.copy_head.continuation.data.fill_(0.2)  # a span-continuation bias that matters
-    constraint = PassageSpanConstraint.from_passages(tokenizer, SPAN_PASSAGES, answer_prefix="<extra_id_0>",
-                                                     vocab_size=reader.t5.config.vocab_size)
+    reader.seq2seq.copy_head.continuation.data.fill_(0.2)  # a span-continuation bias that matters
+    constraint = PassageSpanConstraint.from_passages(
+        tokenizer, SPAN_PASSAGES, answer_prefix="<extra_id_0>", vocab_size=reader.seq2seq.config.vocab_size
+    )
     for beams in (1, 4):
         for fn in (None, constraint):
-            packed = reader.generate(ids, mask, max_length=6, num_beams=beams, prefix_allowed_tokens_fn=fn,
-                                     length_penalty=0.0)
-            padded = reader.generate(ids, mask, max_length=6, num_beams=beams, prefix_allowed_tokens_fn=fn,
-                                     length_penalty=0.0, pack_passages=False)
+            packed = reader.generate(
+                ids, mask, max_length=6, num_beams=beams, prefix_allowed_tokens_fn=fn, length_penalty=0.0
+            )
+            padded = reader.generate(
+                ids,
+                mask,
+                max_length=6,
+                num_beams=beams,
+                prefix_allowed_tokens_fn=fn,
+                length_penalty=0.0,
+                pack_passages=False,
+            )
             assert torch.equal(packed, padded)
 
 
@@ -228,14 +261,21 @@ def test_generation_maps_the_passage_prior_onto_each_read_position(tiny_encoder_
     reader, ids, mask = copy_head_reader_batch(tokenizer, tiny_encoder_path, seed=3)
     prior = torch.log_softmax(torch.tensor([[2.0, 0.5], [1.0, 3.0]]), dim=-1)
     seen = []
-    hook = reader.t5.copy_head.register_forward_hook(
-        lambda _m, _args, kwargs, _out: seen.append(kwargs["log_prior"]), with_kwargs=True)
+    hook = reader.seq2seq.copy_head.register_forward_hook(
+        lambda _m, _args, kwargs, _out: seen.append(kwargs["log_prior"]), with_kwargs=True
+    )
     answers = {}
     for pack in (True, False):
-        answers[pack] = reader.generate(ids, mask, max_length=5, num_beams=2, passage_log_prior=prior, pack_passages=pack)
+        answers[pack] = reader.generate(
+            ids, mask, max_length=5, num_beams=2, passage_log_prior=prior, pack_passages=pack
+        )
         log_prior = seen[-1]
         _, packed_mask, positions = FiDReader.fuse_packed(torch.zeros(*ids.shape, 1), mask)
-        passage = positions // ids.shape[2] if pack else torch.arange(ids.shape[1] * ids.shape[2]).expand(2, -1) // ids.shape[2]
+        passage = (
+            positions // ids.shape[2]
+            if pack
+            else torch.arange(ids.shape[1] * ids.shape[2]).expand(2, -1) // ids.shape[2]
+        )
         real = packed_mask.bool() if pack else mask.reshape(2, -1).bool()
         assert torch.equal(log_prior[real], prior.gather(1, passage)[real])
         assert log_prior[~real].eq(0).all()
@@ -249,11 +289,12 @@ def test_the_retrieval_prior_is_a_tempered_log_softmax_of_the_scores():
     import math
 
     from atlas.model import passage_log_prior
+    from tasks.passage import Passage
 
-    passages = [[{"score": 0.8}, {"score": 0.6}], [{"score": 0.5}]]
+    passages = [[Passage("a", score=0.8), Passage("b", score=0.6)], [Passage("c", score=0.5)]]
     prior = passage_log_prior(passages, 2, temperature=0.1, weight=0.5)
     first = 0.5 * (8 - math.log(math.exp(8) + math.exp(6)))
     assert prior[0, 0].item() == pytest.approx(first, abs=1e-6)
     assert prior[0, 1].item() == pytest.approx(first - 0.5 * 2, abs=1e-6)
     assert prior[1].tolist() == [0.0, 0.0]  # one passage: log 1; the padding slot: 0
-    assert passage_log_prior([[{"score": 0.8}, {"text": "given"}]], 2, 0.1, 1.0) is None
+    assert passage_log_prior([[Passage("a", score=0.8), Passage("g", text="given")]], 2, 0.1, 1.0) is None

@@ -30,19 +30,19 @@ def biased_reader() -> FiDReader:
 @pytest.mark.parametrize("sharded", [False, True], ids=["one-file", "sharded"])
 def test_the_bias_survives_save_and_load(tmp_path, sharded):
     reader = biased_reader()
-    assert has_cross_attention_bias(reader.t5) and not has_cross_attention_bias(tiny_t5())
+    assert has_cross_attention_bias(reader.seq2seq) and not has_cross_attention_bias(tiny_t5())
     input_ids, mask, labels = random_batch()
     with torch.no_grad():
         before = reader(input_ids=input_ids, attention_mask=mask, labels=labels).logits
     if sharded:
-        reader.t5.save_pretrained(str(tmp_path / "reader"), max_shard_size="20KB")
+        reader.seq2seq.save_pretrained(str(tmp_path / "reader"), max_shard_size="20KB")
         assert (tmp_path / "reader" / "model.safetensors.index.json").is_file()
     else:
         reader.save_pretrained(tmp_path / "reader")
     assert json.loads((tmp_path / "reader" / "config.json").read_text())[CONFIG_FLAG] is True
     loaded = FiDReader.from_pretrained(tmp_path / "reader").eval()
-    table = loaded.t5.decoder.block[0].layer[1].EncDecAttention.relative_attention_bias.weight
-    assert torch.equal(table, reader.t5.decoder.block[0].layer[1].EncDecAttention.relative_attention_bias.weight)
+    table = loaded.seq2seq.decoder.block[0].layer[1].EncDecAttention.relative_attention_bias.weight
+    assert torch.equal(table, reader.seq2seq.decoder.block[0].layer[1].EncDecAttention.relative_attention_bias.weight)
     with torch.no_grad():
         after = loaded(input_ids=input_ids, attention_mask=mask, labels=labels).logits
     assert torch.equal(before, after)

@@ -25,8 +25,9 @@ def test_projection_keeps_the_top_principal_directions():
 
 def test_shared_tokens_get_the_projected_rows_and_the_others_keep_theirs():
     tokenizer = build_reader_tokenizer(None)
-    t5 = T5ForConditionalGeneration(T5Config(vocab_size=len(tokenizer), d_model=8, d_ff=16, d_kv=4, num_heads=2,
-                                             num_layers=1, num_decoder_layers=1))
+    t5 = T5ForConditionalGeneration(
+        T5Config(vocab_size=len(tokenizer), d_model=8, d_ff=16, d_kv=4, num_heads=2, num_layers=1, num_decoder_layers=1)
+    )
     before = t5.shared.weight.detach().clone()
     source_vocab = {"the": 0, "river": 1, "not-in-the-reader": 2, "<extra_id_0>": 3}
     source = torch.tensor(np.random.default_rng(1).normal(size=(4, 12)))
@@ -47,16 +48,26 @@ def test_build_atlas_starts_a_preset_from_minilm_and_refuses_a_folder(tmp_path):
     from atlas.config import load_config
 
     plain = build_atlas(load_config(None, ["reader.model=t5-tiny", "task.closed_book=true"]))
-    started = build_atlas(load_config(None, ["reader.model=t5-tiny", "task.closed_book=true",
-                                             "reader.init_embeddings=minilm"]))
+    started = build_atlas(
+        load_config(None, ["reader.model=t5-tiny", "task.closed_book=true", "reader.init_embeddings=minilm"])
+    )
     vocab = started.reader_tokenizer.get_vocab()
     the, paris, sentinel = vocab["the"], vocab["paris"], vocab["<extra_id_0>"]
-    assert not torch.equal(started.reader.t5.shared.weight[the], plain.reader.t5.shared.weight[the])
-    assert torch.equal(started.reader.t5.shared.weight[sentinel], plain.reader.t5.shared.weight[sentinel])
+    assert not torch.equal(started.reader.seq2seq.shared.weight[the], plain.reader.seq2seq.shared.weight[the])
+    assert torch.equal(started.reader.seq2seq.shared.weight[sentinel], plain.reader.seq2seq.shared.weight[sentinel])
     # MiniLM's geometry survives: "paris" is nearer "london" than "the"
-    e = torch.nn.functional.normalize(started.reader.t5.shared.weight.detach(), dim=-1)
+    e = torch.nn.functional.normalize(started.reader.seq2seq.shared.weight.detach(), dim=-1)
     assert e[paris] @ e[vocab["london"]] > e[paris] @ e[the] + 0.2
     started.reader.save_pretrained(tmp_path / "reader")
     with pytest.raises(ValueError, match="applies to a reader built from a preset"):
-        build_atlas(load_config(None, [f"reader.model={tmp_path / 'reader'}", "task.closed_book=true",
-                                       "reader.init_embeddings=minilm", f"reader.tokenizer={tmp_path / 'reader'}"]))
+        build_atlas(
+            load_config(
+                None,
+                [
+                    f"reader.model={tmp_path / 'reader'}",
+                    "task.closed_book=true",
+                    "reader.init_embeddings=minilm",
+                    f"reader.tokenizer={tmp_path / 'reader'}",
+                ],
+            )
+        )

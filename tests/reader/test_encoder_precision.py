@@ -15,9 +15,19 @@ from retriever.losses import build_retriever_loss
 
 def _reader(dropout: float = 0.0, seed: int = 0) -> FiDReader:
     """A T5 reader wide enough (d_model 128) for rounding to be typical of real ones."""
-    config = T5Config(vocab_size=64, d_model=128, d_ff=256, d_kv=32, num_heads=4, num_layers=2,
-                      num_decoder_layers=2, dropout_rate=dropout, pad_token_id=0, eos_token_id=1,
-                      decoder_start_token_id=0)
+    config = T5Config(
+        vocab_size=64,
+        d_model=128,
+        d_ff=256,
+        d_kv=32,
+        num_heads=4,
+        num_layers=2,
+        num_decoder_layers=2,
+        dropout_rate=dropout,
+        pad_token_id=0,
+        eos_token_id=1,
+        decoder_start_token_id=0,
+    )
     torch.manual_seed(seed)
     return FiDReader(T5ForConditionalGeneration(config))
 
@@ -53,16 +63,18 @@ def test_auto_is_full_precision_under_grad_and_for_a_float64_encoder(monkeypatch
     torch.testing.assert_close(with_grad, reader.encode(ids, mask), rtol=0, atol=0)
     with torch.no_grad():
         assert not torch.equal(reader.encode(ids, mask, precision="auto"), reader.encode(ids, mask))
-    assert resolve_precision("auto", reader.t5.encoder) == "bf16"
-    assert resolve_precision("auto", reader.t5.encoder.double()) == "full"
+    assert resolve_precision("auto", reader.seq2seq.encoder) == "bf16"
+    assert resolve_precision("auto", reader.seq2seq.encoder.double()) == "fp32"
     monkeypatch.setattr(encoder_precision, "native_bf16", lambda device: False)  # emulated bf16: slower
-    assert resolve_precision("auto", reader.t5.encoder.float()) == "full"
+    assert resolve_precision("auto", reader.seq2seq.encoder.float()) == "fp32"
 
 
 def test_unknown_precisions_are_refused_with_the_valid_names():
-    encoder = _reader().t5.encoder
-    assert resolve_precision("bf16", encoder) == "bf16" and resolve_precision("full", encoder) == "full"
-    with pytest.raises(ValueError, match=r"unknown precision 'int8'; valid: \['auto', 'full', 'bf16'\]"):
+    encoder = _reader().seq2seq.encoder
+    assert resolve_precision("bf16", encoder) == "bf16" and resolve_precision("fp32", encoder) == "fp32"
+    with pytest.warns(FutureWarning, match="precision 'full' is deprecated; write 'fp32'"):
+        assert resolve_precision("full", encoder) == "fp32"  # the old name
+    with pytest.raises(ValueError, match=r"unknown precision 'int8'; valid: \['auto', 'fp32', 'bf16'\]"):
         resolve_precision("int8", encoder)
     with pytest.raises(ValueError, match="unknown gold precision 'fp16'"):
         build_retriever_loss("pdist", gold_precision="fp16")
@@ -83,34 +95,49 @@ def test_bf16_gold_scores_rank_passages_as_full_precision_does(loss_name):
 
 def test_the_training_step_uses_the_recipes_gold_precision(tiny_world):
     """`retriever.gold_precision` reaches the loss that `Atlas.losses` calls: with dropout in the
-    encoder, bf16 and full give different but close retriever losses."""
+    encoder, bf16 and fp32 give different but close retriever losses."""
     from atlas.build import build_atlas
     from atlas.config import load_config
     from tasks.base import get_task
 
     assert load_config(None, []).retriever.gold_precision == "auto"
     losses = {}
-    for precision in ("full", "bf16"):
-        model = build_atlas(load_config(None, [
-            f"retriever.model={tiny_world['encoder']}", f"index.path={tiny_world['index']}", "reader.model=t5-tiny",
-            "retriever.loss=pdist", "retriever.n_context=3", "reader.n_context=2", "reader.dropout=0.1",
-            "reader.text_maxlength=48", "training.seed=3", f"retriever.gold_precision={precision}"]))
+    for precision in ("fp32", "bf16"):
+        model = build_atlas(
+            load_config(
+                None,
+                [
+                    f"retriever.model={tiny_world['encoder']}",
+                    f"index.path={tiny_world['index']}",
+                    "reader.model=t5-tiny",
+                    "retriever.loss=pdist",
+                    "retriever.n_context=3",
+                    "reader.n_context=2",
+                    "reader.dropout=0.1",
+                    "reader.text_maxlength=48",
+                    "training.seed=3",
+                    f"retriever.gold_precision={precision}",
+                ],
+            )
+        )
         assert model.retriever_loss.gold_precision == precision
         model.train()
         model.retriever.eval()  # deterministic retriever scores: the comparison is about the gold side
         examples = get_task("qa").load(tiny_world["qa"])[:2]
         torch.manual_seed(0)
         losses[precision] = model.losses(examples, [e.answers[0] for e in examples])["retriever"].item()
-    assert losses["full"] != losses["bf16"]
-    assert abs(losses["full"] - losses["bf16"]) < 0.1 * abs(losses["full"]) + 1e-3
+    assert losses["fp32"] != losses["bf16"]
+    assert abs(losses["fp32"] - losses["bf16"]) < 0.1 * abs(losses["fp32"]) + 1e-3
 
 
 def _dtypes_seen(reader: FiDReader) -> tuple[dict, list]:
     """Output dtypes of the encoder's first linear layer and of the decoder's output layer, as they run."""
     seen: dict = {"encoder": set(), "decoder": set()}
-    encoder_linear = next(m for m in reader.t5.encoder.modules() if isinstance(m, nn.Linear))
-    handles = [encoder_linear.register_forward_hook(lambda _m, _i, out: seen["encoder"].add(out.dtype)),
-               reader.t5.lm_head.register_forward_hook(lambda _m, _i, out: seen["decoder"].add(out.dtype))]
+    encoder_linear = next(m for m in reader.seq2seq.encoder.modules() if isinstance(m, nn.Linear))
+    handles = [
+        encoder_linear.register_forward_hook(lambda _m, _i, out: seen["encoder"].add(out.dtype)),
+        reader.seq2seq.lm_head.register_forward_hook(lambda _m, _i, out: seen["decoder"].add(out.dtype)),
+    ]
     return seen, handles
 
 
@@ -136,11 +163,21 @@ def test_the_recipes_inference_precision_reaches_predict(tiny_world):
     from tasks.base import get_task
 
     examples = get_task("qa").load(tiny_world["qa"])[:2]
-    for precision, dtype in (("full", torch.float32), ("bf16", torch.bfloat16)):
-        model = build_atlas(load_config(None, [
-            f"retriever.model={tiny_world['encoder']}", f"index.path={tiny_world['index']}", "reader.model=t5-tiny",
-            "retriever.loss=none", "reader.n_context=2", "reader.generation_max_length=3",
-            f"reader.inference_precision={precision}"])).eval()
+    for precision, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        model = build_atlas(
+            load_config(
+                None,
+                [
+                    f"retriever.model={tiny_world['encoder']}",
+                    f"index.path={tiny_world['index']}",
+                    "reader.model=t5-tiny",
+                    "retriever.loss=none",
+                    "reader.n_context=2",
+                    "reader.generation_max_length=3",
+                    f"reader.inference_precision={precision}",
+                ],
+            )
+        ).eval()
         seen, handles = _dtypes_seen(model.reader)
         try:
             answers, _ = model.predict(examples)

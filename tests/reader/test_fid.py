@@ -16,7 +16,7 @@ def test_k1_matches_plain_t5(v1_1):
     reader = FiDReader(tiny_t5(v1_1=v1_1))
     input_ids, mask, labels = random_batch(n_passages=1)
     fid = reader(input_ids, mask, labels=labels)
-    plain = reader.t5(input_ids=input_ids[:, 0], attention_mask=mask[:, 0], labels=labels)
+    plain = reader.seq2seq(input_ids=input_ids[:, 0], attention_mask=mask[:, 0], labels=labels)
     torch.testing.assert_close(fid.logits, plain.logits, atol=1e-5, rtol=0)
     torch.testing.assert_close(fid.loss, plain.loss, atol=1e-6, rtol=0)
 
@@ -24,10 +24,9 @@ def test_k1_matches_plain_t5(v1_1):
 def test_k_passages_match_manual_concatenation(reader):
     input_ids, mask, labels = random_batch(n_passages=3)
     states = [
-        reader.t5.encoder(input_ids=input_ids[:, k], attention_mask=mask[:, k]).last_hidden_state
-        for k in range(3)
+        reader.seq2seq.encoder(input_ids=input_ids[:, k], attention_mask=mask[:, k]).last_hidden_state for k in range(3)
     ]
-    manual = reader.t5(
+    manual = reader.seq2seq(
         encoder_outputs=BaseModelOutput(last_hidden_state=torch.cat(states, 1)),
         attention_mask=mask.reshape(2, -1),
         labels=labels,
@@ -100,9 +99,7 @@ def test_save_and_load_round_trip(reader, tmp_path):
     plain = T5ForConditionalGeneration.from_pretrained(str(tmp_path / "reader")).eval()
     loaded = FiDReader.from_pretrained(tmp_path / "reader").eval()
     expected = reader(input_ids, mask, labels=labels).logits
-    torch.testing.assert_close(
-        loaded(input_ids, mask, labels=labels).logits, expected, atol=0, rtol=0
-    )
+    torch.testing.assert_close(loaded(input_ids, mask, labels=labels).logits, expected, atol=0, rtol=0)
     torch.testing.assert_close(FiDReader(plain)(input_ids, mask, labels=labels).logits, expected)
     with pytest.raises(FileExistsError):
         reader.save_pretrained(tmp_path / "reader")
@@ -115,11 +112,9 @@ def test_gradient_checkpointing_gives_the_same_gradients():
         reader = FiDReader(tiny_t5()).train()
         if checkpointing:
             reader.gradient_checkpointing_enable()
-            assert reader.t5.is_activation_checkpointing
+            assert reader.seq2seq.is_activation_checkpointing
         reader(input_ids, mask, labels=labels).loss.backward()
-        grads.append(
-            torch.cat([p.grad.flatten() for p in reader.parameters() if p.grad is not None])
-        )
+        grads.append(torch.cat([p.grad.flatten() for p in reader.parameters() if p.grad is not None]))
     torch.testing.assert_close(grads[0], grads[1], atol=1e-6, rtol=1e-5)
 
 
@@ -129,7 +124,7 @@ def test_build_reader_presets_and_errors(tmp_path):
     assert reader.config.vocab_size == 100 and reader.config.decoder_start_token_id == 0
     reader.save_pretrained(tmp_path / "r")
     again = build_reader(str(tmp_path / "r"), vocab_size=0)
-    assert torch.equal(again.t5.shared.weight, reader.t5.shared.weight)
+    assert torch.equal(again.seq2seq.shared.weight, reader.seq2seq.shared.weight)
     with pytest.raises(ValueError, match="neither a preset"):
         build_reader("t5-huge", vocab_size=100)
     with pytest.raises(ValueError, match="no config.json"):
@@ -154,18 +149,25 @@ def test_grouped_encoding_equals_each_passage_encoded_alone(reader, monkeypatch,
             n = int(mask[b, k].sum())
             if n == 0:
                 continue
-            alone = reader.t5.encoder(input_ids=input_ids[b, k, None, :n],
-                                      attention_mask=mask[b, k, None, :n]).last_hidden_state[0]
+            alone = reader.seq2seq.encoder(
+                input_ids=input_ids[b, k, None, :n], attention_mask=mask[b, k, None, :n]
+            ).last_hidden_state[0]
             torch.testing.assert_close(states[b, k, :n], alone, atol=1e-5, rtol=0)
     labels = torch.randint(2, 48, (3, 4), generator=gen)
     grouped_logits = reader(input_ids, mask, labels=labels).logits
     monkeypatch.setattr("reader.fid.ENCODE_GROUP_ROWS", 100)
     torch.testing.assert_close(grouped_logits, reader(input_ids, mask, labels=labels).logits, atol=1e-5, rtol=0)
     # the gradient through grouped encoding equals the one through a single padded pass
-    weight = reader.t5.encoder.block[0].layer[0].SelfAttention.q.weight
+    weight = reader.seq2seq.encoder.block[0].layer[0].SelfAttention.q.weight
     (reader.encode(input_ids, mask) * mask[..., None]).sum().backward()
     grouped = weight.grad.clone()
     weight.grad = None
-    padded = reader.t5.encoder(input_ids=input_ids.view(12, 9), attention_mask=mask.view(12, 9)).last_hidden_state
+    padded = reader.seq2seq.encoder(input_ids=input_ids.view(12, 9), attention_mask=mask.view(12, 9)).last_hidden_state
     (padded * mask.view(12, 9, 1)).sum().backward()
     torch.testing.assert_close(grouped, weight.grad, atol=1e-4, rtol=1e-4)
+
+
+def test_the_wrapped_model_is_seq2seq_and_t5_still_names_it():
+    reader = build_reader("t5-tiny", vocab_size=100, seed=0)
+    assert reader.t5 is reader.seq2seq  # the former name, for users' scripts
+    assert all(name.startswith("seq2seq.") for name in reader.state_dict())

@@ -29,7 +29,7 @@ def test_per_passage_logprobs_match_plain_t5_per_passage(reader):
     input_ids, mask, labels = random_batch(n_passages=3)
     with torch.no_grad():
         fast = reader.per_passage_token_logprobs(reader.encode(input_ids, mask), mask, labels)
-        naive = naive_token_logprobs(reader.t5, input_ids, mask, labels)
+        naive = naive_token_logprobs(reader.seq2seq, input_ids, mask, labels)
     torch.testing.assert_close(fast, naive, atol=1e-5, rtol=0)
 
 
@@ -80,9 +80,7 @@ def test_cross_attention_scores_match_eager_output_attentions():
         expected = torch.zeros(batch, n_passages, dtype=torch.float64)
         for layer, alpha in enumerate(out.cross_attentions):  # alpha: (B, heads, T, K·L)
             attention = eager.decoder.block[layer].layer[1].EncDecAttention
-            values = attention.v(fused).view(
-                batch, -1, attention.n_heads, attention.key_value_proj_dim
-            )
+            values = attention.v(fused).view(batch, -1, attention.n_heads, attention.key_value_proj_dim)
             value_norms = values.double().norm(dim=-1)  # (B, K·L, heads)
             for b in range(batch):
                 for t in range(labels.shape[1]):
@@ -102,9 +100,7 @@ def test_reordering_passages_reorders_gold_scores(reader):
     with torch.no_grad():
         for method in (reader.cross_attention_scores, reader.leave_one_out_nll):
             scores = method(reader.encode(input_ids, mask), mask, labels)
-            permuted = method(
-                reader.encode(input_ids[:, order], mask[:, order]), mask[:, order], labels
-            )
+            permuted = method(reader.encode(input_ids[:, order], mask[:, order]), mask[:, order], labels)
             torch.testing.assert_close(permuted, scores[:, order], atol=1e-5, rtol=1e-5)
         logprobs = reader.per_passage_token_logprobs(reader.encode(input_ids, mask), mask, labels)
         permuted = reader.per_passage_token_logprobs(

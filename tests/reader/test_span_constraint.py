@@ -16,20 +16,29 @@ START, EOS, PAD, SENTINEL = 0, 1, 0, 3
 
 def _constraint():
     # example 0: two sequences, [5 6 7 8] and [6 9]; 7 continues a word. example 1: closed book.
-    return PassageSpanConstraint([[[5, 6, 7, 8], [6, 9]], []], answer_prefix=[SENTINEL], eos_token_id=EOS,
-                                 pad_token_id=PAD, continuation_ids=np.array([7]), vocab_size=12)
+    return PassageSpanConstraint(
+        [[[5, 6, 7, 8], [6, 9]], []],
+        answer_prefix=[SENTINEL],
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+        continuation_ids=np.array([7]),
+        vocab_size=12,
+    )
 
 
-@pytest.mark.parametrize(("generated", "allowed"), [
-    ([], [SENTINEL]),                  # the answer prefix first
-    ([SENTINEL], [5, 6, 8, 9]),        # a span starts a word: not with 7
-    ([SENTINEL, 6], [EOS, 7, 9]),      # "6" ends a word before 9 (second sequence), not before 7
-    ([SENTINEL, 5, 6], [7]),           # "5 6" is only followed by the continuation 7: no end there
-    ([SENTINEL, 5, 6, 7], [EOS, 8]),
-    ([SENTINEL, 5, 6, 7, 8], [EOS]),   # the end of a sequence: nothing crosses into the next
-    ([SENTINEL, 6, 9], [EOS]),
-    ([SENTINEL, 8, EOS], [PAD, EOS]),  # a finished greedy row is padded
-])
+@pytest.mark.parametrize(
+    ("generated", "allowed"),
+    [
+        ([], [SENTINEL]),  # the answer prefix first
+        ([SENTINEL], [5, 6, 8, 9]),  # a span starts a word: not with 7
+        ([SENTINEL, 6], [EOS, 7, 9]),  # "6" ends a word before 9 (second sequence), not before 7
+        ([SENTINEL, 5, 6], [7]),  # "5 6" is only followed by the continuation 7: no end there
+        ([SENTINEL, 5, 6, 7], [EOS, 8]),
+        ([SENTINEL, 5, 6, 7, 8], [EOS]),  # the end of a sequence: nothing crosses into the next
+        ([SENTINEL, 6, 9], [EOS]),
+        ([SENTINEL, 8, EOS], [PAD, EOS]),  # a finished greedy row is padded
+    ],
+)
 def test_allowed_tokens_by_hand(generated, allowed):
     assert _constraint()(0, torch.tensor([START, *generated])) == allowed
 
@@ -60,8 +69,9 @@ def tokenizer():
 
 def test_spans_of_real_passages_match_the_reader_tokenisation(tokenizer):
     passages = [[{"title": "Super Bowl 50", "text": "The Denver Broncos defeated the Carolina Panthers 24–10."}]]
-    constraint = PassageSpanConstraint.from_passages(tokenizer, passages, answer_prefix="<extra_id_0>",
-                                                     vocab_size=len(tokenizer))
+    constraint = PassageSpanConstraint.from_passages(
+        tokenizer, passages, answer_prefix="<extra_id_0>", vocab_size=len(tokenizer)
+    )
     prefix = tokenizer("<extra_id_0>", add_special_tokens=False)["input_ids"]
 
     def walk(text):  # every step of `text`'s tokens allowed, then whether it may end there
@@ -74,10 +84,10 @@ def test_spans_of_real_passages_match_the_reader_tokenisation(tokenizer):
         return tokenizer.eos_token_id in constraint(0, torch.tensor(sequence))
 
     assert walk("Carolina Panthers") is True
-    assert walk("super bowl 50") is True     # the title, lower-cased as the reader reads it
+    assert walk("super bowl 50") is True  # the title, lower-cased as the reader reads it
     assert walk("24–10") is True
     assert walk("Panthers Carolina") is None  # a splice of two places is not a span
-    assert walk("bowl 50 the") is None        # nor one across the title and the text
+    assert walk("bowl 50 the") is None  # nor one across the title and the text
     reader_ids, _ = encode_reader_inputs(tokenizer, ["question: who won? answer: <extra_id_0>"], passages, 64)
     inside = set(reader_ids.flatten().tolist())
     assert set(tokenizer("Carolina Panthers", add_special_tokens=False)["input_ids"]) <= inside
@@ -86,23 +96,27 @@ def test_spans_of_real_passages_match_the_reader_tokenisation(tokenizer):
 @pytest.mark.parametrize("beams", [1, 3])
 def test_an_untrained_reader_constrained_generates_only_spans(tokenizer, tiny_encoder_path, beams):
     reader, ids, mask = copy_head_reader_batch(tokenizer, tiny_encoder_path, seed=0)
-    model, passages = reader.t5, SPAN_PASSAGES
-    spans = [[tokenizer(p[key], add_special_tokens=False)["input_ids"] for p in ps for key in ("title", "text")]
-             for ps in passages]
+    model, passages = reader.seq2seq, SPAN_PASSAGES
+    spans = [
+        [tokenizer(p[key], add_special_tokens=False)["input_ids"] for p in ps for key in ("title", "text")]
+        for ps in passages
+    ]
     free = reader.generate(ids, mask, max_length=6, num_beams=beams)
-    constraint = PassageSpanConstraint.from_passages(tokenizer, passages, answer_prefix="<extra_id_0>",
-                                                     vocab_size=model.config.vocab_size)
+    constraint = PassageSpanConstraint.from_passages(
+        tokenizer, passages, answer_prefix="<extra_id_0>", vocab_size=model.config.vocab_size
+    )
     constrained = reader.generate(ids, mask, max_length=6, num_beams=beams, prefix_allowed_tokens_fn=constraint)
     prefix = tokenizer("<extra_id_0>", add_special_tokens=False)["input_ids"]
 
     def is_span(answer, sequences):
         n = len(answer)
-        return n > 0 and any(seq[i:i + n] == answer for seq in sequences for i in range(len(seq) - n + 1))
+        return n > 0 and any(seq[i : i + n] == answer for seq in sequences for i in range(len(seq) - n + 1))
 
     for b in range(2):
         row = [t for t in constrained[b, 1:].tolist() if t not in (tokenizer.eos_token_id, tokenizer.pad_token_id)]
-        assert row[: len(prefix)] == prefix and is_span(row[len(prefix):], spans[b])
+        assert row[: len(prefix)] == prefix and is_span(row[len(prefix) :], spans[b])
     # without the constraint a random decoder writes no such span (the test can fail)
-    free_rows = [[t for t in free[b, 1:].tolist() if t not in (tokenizer.eos_token_id, tokenizer.pad_token_id)]
-                 for b in range(2)]
-    assert not all(r[: len(prefix)] == prefix and is_span(r[len(prefix):], spans[b]) for b, r in enumerate(free_rows))
+    free_rows = [
+        [t for t in free[b, 1:].tolist() if t not in (tokenizer.eos_token_id, tokenizer.pad_token_id)] for b in range(2)
+    ]
+    assert not all(r[: len(prefix)] == prefix and is_span(r[len(prefix) :], spans[b]) for b, r in enumerate(free_rows))

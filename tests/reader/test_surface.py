@@ -8,16 +8,22 @@ from reader.surface import decode_answers, find_surface, fold, restore_surface
 from reader.tokenizer import build_reader_tokenizer
 from tasks.metrics import exact_match
 
-PASSAGE = {"title": "Pelé", "text": "About 3.2 million farmers; every car has a rear-view mirror. Pelé scored 1,000 goals."}
+PASSAGE = {
+    "title": "Pelé",
+    "text": "About 3.2 million farmers; every car has a rear-view mirror. Pelé scored 1,000 goals.",
+}
 
 
-@pytest.mark.parametrize(("generated", "expected"), [
-    ("3. 2 million", "3.2 million"),
-    ("rear - view mirror", "rear-view mirror"),
-    ("pele", "Pelé"),  # from the text (or the title): accents and case come back
-    ("1, 000 goals", "1,000 goals"),
-    ("h. g. wells", "h. g. wells"),  # not in the passage: kept as generated
-])
+@pytest.mark.parametrize(
+    ("generated", "expected"),
+    [
+        ("3. 2 million", "3.2 million"),
+        ("rear - view mirror", "rear-view mirror"),
+        ("pele", "Pelé"),  # from the text (or the title): accents and case come back
+        ("1, 000 goals", "1,000 goals"),
+        ("h. g. wells", "h. g. wells"),  # not in the passage: kept as generated
+    ],
+)
 def test_a_copied_span_gets_the_passage_characters(generated, expected):
     assert restore_surface(generated, [PASSAGE]) == expected
 
@@ -41,7 +47,11 @@ def test_the_wordpiece_reader_tokenizer_loses_the_surface_and_decode_answers_res
     answers = ["3.2 million", "rear-view mirror", "Pelé"]
     generated = tokenizer(answers, padding=True, return_tensors="pt")["input_ids"]
     plain = tokenizer.batch_decode(generated, skip_special_tokens=True)
-    assert [exact_match(p, a) for p, a in zip(plain, answers)] == [False, False, False]  # "3. 2 million", "rear - view mirror", "pele"
+    assert [exact_match(p, a) for p, a in zip(plain, answers)] == [
+        False,
+        False,
+        False,
+    ]  # "3. 2 million", "rear - view mirror", "pele"
     restored = decode_answers(tokenizer, generated, [[PASSAGE]] * 3)
     assert restored == answers
     assert decode_answers(tokenizer, generated, None) == plain

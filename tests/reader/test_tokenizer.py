@@ -38,10 +38,7 @@ def test_sentinels_are_atomic_and_eos_is_appended(tokenizer):
         "</s>",
     ]
     assert (
-        tokenizer.decode(
-            tokenizer("<extra_id_0> Shakespeare")["input_ids"], skip_special_tokens=True
-        )
-        == "shakespeare"
+        tokenizer.decode(tokenizer("<extra_id_0> Shakespeare")["input_ids"], skip_special_tokens=True) == "shakespeare"
     )
 
 
@@ -68,9 +65,7 @@ def test_encode_reader_inputs(tokenizer):
     ]
     input_ids, mask = encode_reader_inputs(tokenizer, ["where?", "what?"], passages, max_length=8)
     assert input_ids.shape == mask.shape == (2, 2, 8)
-    first = tokenizer(
-        "where? title: Paris context: capital of france", max_length=8, truncation=True
-    )["input_ids"]
+    first = tokenizer("where? title: Paris context: capital of france", max_length=8, truncation=True)["input_ids"]
     assert input_ids[0, 0].tolist() == first and first[-1] == tokenizer.eos_token_id
     assert mask[1, 1].sum() == 0 and input_ids[1, 1].sum() == 0  # padding passage row
     labels = encode_targets(tokenizer, ["<extra_id_0> paris", "<extra_id_0> the city of oslo"], 16)

@@ -28,11 +28,19 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def batch(tokenizer):
-    passages = [[{"title": "Zorbland", "text": "The capital of Zorbland is Quimper."},
-                 {"title": "Tarsia", "text": "The currency of Tarsia is the florin."}],
-                [{"title": "Olo", "text": "Anna Brook first climbed Mount Olo."}]]  # one passage: a padded row
-    ids, mask = encode_reader_inputs(tokenizer, ["question: capital? answer: <extra_id_0>",
-                                                 "question: who climbed? answer: <extra_id_0>"], passages, 48)
+    passages = [
+        [
+            {"title": "Zorbland", "text": "The capital of Zorbland is Quimper."},
+            {"title": "Tarsia", "text": "The currency of Tarsia is the florin."},
+        ],
+        [{"title": "Olo", "text": "Anna Brook first climbed Mount Olo."}],
+    ]  # one passage: a padded row
+    ids, mask = encode_reader_inputs(
+        tokenizer,
+        ["question: capital? answer: <extra_id_0>", "question: who climbed? answer: <extra_id_0>"],
+        passages,
+        48,
+    )
     labels = encode_targets(tokenizer, ["<extra_id_0> quimper", "<extra_id_0> anna brook"], 8)
     return ids, mask, labels
 
@@ -55,8 +63,9 @@ def test_copy_head_equals_the_pointer_generator_formula_in_float64():
     for b in range(2):
         for t in range(3):
             scores = [float(head.query(h[b, t]).detach() @ head.key(e[b, j]).detach()) / 8**0.5 for j in range(5)]
-            weights = torch.tensor([s if mask[b, j] else float("-inf") for j, s in enumerate(scores)],
-                                   dtype=torch.float64).softmax(0)
+            weights = torch.tensor(
+                [s if mask[b, j] else float("-inf") for j, s in enumerate(scores)], dtype=torch.float64
+            ).softmax(0)
             context = sum(weights[j] * e[b, j] for j in range(5))
             g = torch.sigmoid(head.gate(torch.cat([h[b, t], context]))).item()  # float64 throughout
             vocab = z[b, t].softmax(0)
@@ -78,8 +87,9 @@ def test_copy_head_equals_the_pointer_generator_formula_in_float64():
     weights = scores.masked_fill(mask[b] == 0, float("-inf")).softmax(0)
     context = (weights.unsqueeze(-1) * e[b]).sum(0)
     g = torch.sigmoid(head.gate(torch.cat([h[b, t], context]))).item()
-    assert biased[b, t, 7].item() == pytest.approx(g * z[b, t].softmax(0)[7].item() + (1 - g) * weights[1].item(),
-                                                   abs=1e-9)
+    assert biased[b, t, 7].item() == pytest.approx(
+        g * z[b, t].softmax(0)[7].item() + (1 - g) * weights[1].item(), abs=1e-9
+    )
     assert biased[b, t, 7] > plain[b, t, 7]
     assert torch.equal(biased[:, 0], plain[:, 0])  # y_{-1} is the start token: no input follows it
 
@@ -101,7 +111,7 @@ def test_fid_with_one_passage_gives_the_logits_of_the_model_on_that_input(tokeni
     ids, mask, labels = batch
     one_ids, one_mask = ids[:, :1], mask[:, :1]
     fid = reader(input_ids=one_ids, attention_mask=one_mask, labels=labels)
-    plain = reader.t5(input_ids=one_ids[:, 0], attention_mask=one_mask[:, 0], labels=labels)
+    plain = reader.seq2seq(input_ids=one_ids[:, 0], attention_mask=one_mask[:, 0], labels=labels)
     # equal up to float32 summation order (the plain T5 path is exact; here the BERT kernels are
     # chosen per input layout)
     assert torch.allclose(fid.logits, plain.logits, atol=1e-5, rtol=0)
@@ -118,8 +128,7 @@ def test_a_padding_passage_changes_nothing_and_makes_no_nan(tokenizer, tiny_enco
     assert torch.allclose(both[1], alone[0], atol=1e-5)
 
 
-def test_greedy_generation_with_its_cache_equals_a_loop_of_full_forward_passes(tokenizer, tiny_encoder_path,
-                                                                               batch):
+def test_greedy_generation_with_its_cache_equals_a_loop_of_full_forward_passes(tokenizer, tiny_encoder_path, batch):
     reader = _reader(tokenizer, tiny_encoder_path, seed=3)
     ids, mask, _ = batch
     generated = reader.generate(ids, mask, max_length=5)
@@ -156,10 +165,9 @@ def test_gold_scores_read_each_passage_as_the_reader_would(tokenizer, tiny_encod
         reader.per_passage_token_logprobs(states, mask, labels)
 
 
-def test_the_folder_holds_only_what_differs_from_the_base_and_loads_back(tokenizer, tiny_encoder_path, batch,
-                                                                          tmp_path):
+def test_the_folder_holds_only_what_differs_from_the_base_and_loads_back(tokenizer, tiny_encoder_path, batch, tmp_path):
     reader = _reader(tokenizer, tiny_encoder_path, seed=2)
-    reader.t5.set_trainable_encoder_layers(1)
+    reader.seq2seq.set_trainable_encoder_layers(1)
     trainable = {n for n, p in reader.named_parameters() if p.requires_grad}
     top, bottom = "encoder.model.encoder.layer.1.", "encoder.model.encoder.layer.0."
     assert any(top in n for n in trainable) and not any(bottom in n for n in trainable)
@@ -176,9 +184,11 @@ def test_the_folder_holds_only_what_differs_from_the_base_and_loads_back(tokeniz
     assert "shared.weight" not in stored and "lm_head.weight" not in stored
     loaded = FiDReader.from_pretrained(tmp_path / "reader").eval()
     ids, mask, labels = batch
-    assert torch.equal(loaded(input_ids=ids, attention_mask=mask, labels=labels).logits,
-                       reader(input_ids=ids, attention_mask=mask, labels=labels).logits)
-    assert loaded.t5.lm_head.weight.data_ptr() == loaded.t5.encoder.get_input_embeddings().weight.data_ptr()
+    assert torch.equal(
+        loaded(input_ids=ids, attention_mask=mask, labels=labels).logits,
+        reader(input_ids=ids, attention_mask=mask, labels=labels).logits,
+    )
+    assert loaded.seq2seq.lm_head.weight.data_ptr() == loaded.seq2seq.encoder.get_input_embeddings().weight.data_ptr()
 
     config = json.loads((tmp_path / "reader" / "config.json").read_text())
     config["atlas_reader"]["base_sha256"] = "0" * 64
@@ -187,30 +197,36 @@ def test_the_folder_holds_only_what_differs_from_the_base_and_loads_back(tokeniz
         FiDReader.from_pretrained(tmp_path / "reader")
 
 
-def test_a_reader_whose_whole_encoder_trained_saves_its_embedding_once_and_loads_back(tokenizer, tiny_encoder_path,
-                                                                                        batch, tmp_path):
+def test_a_reader_whose_whole_encoder_trained_saves_its_embedding_once_and_loads_back(
+    tokenizer, tiny_encoder_path, batch, tmp_path
+):
     reader = _reader(tokenizer, tiny_encoder_path, seed=5)
-    reader.t5.set_trainable_encoder_layers(None)  # the token embedding (shared with the decoder) trains too
+    reader.seq2seq.set_trainable_encoder_layers(None)  # the token embedding (shared with the decoder) trains too
     with torch.no_grad():
-        reader.t5.encoder.get_input_embeddings().weight.add_(0.01)
+        reader.seq2seq.encoder.get_input_embeddings().weight.add_(0.01)
     reader.save_pretrained(tmp_path / "reader")  # safetensors refuses one tensor under two names
     stored = load_file(str(tmp_path / "reader" / "model.safetensors"))
     assert "encoder.model.embeddings.word_embeddings.weight" in stored and "shared.weight" not in stored
     loaded = FiDReader.from_pretrained(tmp_path / "reader").eval()
     ids, mask, labels = batch
-    assert torch.equal(loaded(input_ids=ids, attention_mask=mask, labels=labels).logits,
-                       reader(input_ids=ids, attention_mask=mask, labels=labels).logits)
-    assert loaded.t5.shared.weight.data_ptr() == loaded.t5.encoder.get_input_embeddings().weight.data_ptr()
+    assert torch.equal(
+        loaded(input_ids=ids, attention_mask=mask, labels=labels).logits,
+        reader(input_ids=ids, attention_mask=mask, labels=labels).logits,
+    )
+    assert loaded.seq2seq.shared.weight.data_ptr() == loaded.seq2seq.encoder.get_input_embeddings().weight.data_ptr()
 
 
 def test_fp16_folder_reads_the_same(tokenizer, tiny_encoder_path, batch, tmp_path):
     reader = _reader(tokenizer, tiny_encoder_path, seed=4)
-    reader.t5.save_pretrained(tmp_path / "half", dtype=torch.float16)
+    reader.seq2seq.save_pretrained(tmp_path / "half", dtype=torch.float16)
     loaded = FiDReader.from_pretrained(tmp_path / "half").eval()
     assert next(loaded.parameters()).dtype == torch.float32
     ids, mask, labels = batch
-    assert torch.allclose(loaded(input_ids=ids, attention_mask=mask, labels=labels).logits,
-                          reader(input_ids=ids, attention_mask=mask, labels=labels).logits, atol=2e-2)
+    assert torch.allclose(
+        loaded(input_ids=ids, attention_mask=mask, labels=labels).logits,
+        reader(input_ids=ids, attention_mask=mask, labels=labels).logits,
+        atol=2e-2,
+    )
 
 
 def test_presets_are_named_and_plain_t5_rejects_warm_start_options(tokenizer):
@@ -229,7 +245,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(tokenizer, tiny_encoder
         reader = _reader(tokenizer, tiny_encoder_path, seed=5).train()
         if checkpointing:
             reader.gradient_checkpointing_enable()
-            assert reader.t5.encoder.layers[0].gradient_checkpointing  # the BERT blocks too
+            assert reader.seq2seq.encoder.layers[0].gradient_checkpointing  # the BERT blocks too
         reader(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
         grads.append({n: p.grad.clone() for n, p in reader.named_parameters() if p.grad is not None})
     assert grads[0].keys() == grads[1].keys()
@@ -254,18 +270,19 @@ def test_copy_attention_gold_is_the_copy_probability_per_passage_in_float64(toke
     from retriever.losses import build_retriever_loss
 
     reader = _reader(tokenizer, tiny_encoder_path, seed=2).double()
-    head = reader.t5.copy_head
+    head = reader.seq2seq.copy_head
     with torch.no_grad():
         head.continuation.fill_(2.0 / CONTINUATION_SCALE)
     ids, mask, labels = batch
     batch_size, n_passages, length = ids.shape
     with torch.no_grad():
         states = reader.encode(ids, mask)
-        got = build_retriever_loss("adist", adist_attention="copy").gold_scores(reader, ids, mask, labels)
+        got = build_retriever_loss("adist", attention="copy").gold_scores(reader, ids, mask, labels)
         fused, fused_mask = states.reshape(batch_size, -1, states.shape[-1]), mask.reshape(batch_size, -1)
         decoder_in = reader.shift_right(labels)
-        h = reader.t5.decoder(input_ids=decoder_in, encoder_hidden_states=fused,
-                              encoder_attention_mask=fused_mask).last_hidden_state
+        h = reader.seq2seq.decoder(
+            input_ids=decoder_in, encoder_hidden_states=fused, encoder_attention_mask=fused_mask
+        ).last_hidden_state
     flat_ids = ids.reshape(batch_size, -1)
     for b in range(batch_size):
         valid = [t for t in range(labels.shape[1]) if labels[b, t] != -100]
@@ -274,7 +291,9 @@ def test_copy_attention_gold_is_the_copy_probability_per_passage_in_float64(toke
             scores = []
             for j in range(n_passages * length):
                 follows = j % length != 0 and fused_mask[b, j - 1] == 1 and flat_ids[b, j - 1] == decoder_in[b, t]
-                score = float((head.query(h[b, t]) @ head.key(fused[b, j])).detach()) / h.shape[-1] ** 0.5 + 2.0 * bool(follows)
+                score = float((head.query(h[b, t]) @ head.key(fused[b, j])).detach()) / h.shape[-1] ** 0.5 + 2.0 * bool(
+                    follows
+                )
                 scores.append(score if fused_mask[b, j] else float("-inf"))
             alpha = torch.tensor(scores, dtype=torch.float64).softmax(0)
             context = (alpha.unsqueeze(-1) * fused[b]).sum(0)
@@ -282,14 +301,14 @@ def test_copy_attention_gold_is_the_copy_probability_per_passage_in_float64(toke
             expected += copying * alpha.view(n_passages, length).sum(-1)
         assert torch.allclose(got[b], expected / len(valid), atol=1e-9), (got[b], expected / len(valid))
     assert (got.sum(-1) < 1).all() and (got >= 0).all()
-    cross = build_retriever_loss("adist", adist_attention="cross").gold_scores(reader, ids, mask, labels)
+    cross = build_retriever_loss("adist", attention="cross").gold_scores(reader, ids, mask, labels)
     assert torch.equal(build_retriever_loss("adist").gold_scores(reader, ids, mask, labels), got)  # auto → copy
     assert not torch.allclose(cross.double(), got)
-    plain = FiDReader(build_reader("t5-tiny", vocab_size=len(tokenizer)).t5)
+    plain = FiDReader(build_reader("t5-tiny", vocab_size=len(tokenizer)).seq2seq)
     with pytest.raises(ValueError, match="copy head"):
-        build_retriever_loss("adist", adist_attention="copy").gold_scores(plain, ids, mask, labels)
+        build_retriever_loss("adist", attention="copy").gold_scores(plain, ids, mask, labels)
     with pytest.raises(ValueError, match="unknown adist attention 'mean'"):
-        build_retriever_loss("adist", adist_attention="mean")
+        build_retriever_loss("adist", attention="mean")
 
 
 def test_grouped_encoding_of_a_pretrained_encoder_equals_each_passage_alone(tokenizer, tiny_encoder_path, monkeypatch):
@@ -297,17 +316,21 @@ def test_grouped_encoding_of_a_pretrained_encoder_equals_each_passage_alone(toke
     unpadded ones, so a many-question batch answers as each question does alone."""
     monkeypatch.setattr("reader.fid.ENCODE_GROUP_ROWS", 2)
     reader = _reader(tokenizer, tiny_encoder_path)
-    texts = ["Quimper.", "The capital of Zorbland is the old harbour town of Quimper.",
-             "Tarsia pays in florins.", "Anna Brook first climbed Mount Olo in the spring of 1901."]
+    texts = [
+        "Quimper.",
+        "The capital of Zorbland is the old harbour town of Quimper.",
+        "Tarsia pays in florins.",
+        "Anna Brook first climbed Mount Olo in the spring of 1901.",
+    ]
     passages = [[{"title": "", "text": t}] for t in texts]
     ids, mask = encode_reader_inputs(tokenizer, ["question: what? answer: <extra_id_0>"] * 4, passages, 48)
     states = reader.encode(ids, mask)  # (4, 1, L, H)
     for row in range(4):
         n = int(mask[row, 0].sum())
-        alone = reader.encode(ids[row:row + 1, :, :n], mask[row:row + 1, :, :n])
+        alone = reader.encode(ids[row : row + 1, :, :n], mask[row : row + 1, :, :n])
         torch.testing.assert_close(states[row, 0, :n], alone[0, 0], atol=1e-5, rtol=0)
     batched = reader.generate(ids, mask, max_length=5)
     for row in range(4):
         n = int(mask[row, 0].sum())
-        alone = reader.generate(ids[row:row + 1, :, :n], mask[row:row + 1, :, :n], max_length=5)
-        assert batched[row, :alone.shape[1]].tolist() == alone[0].tolist()
+        alone = reader.generate(ids[row : row + 1, :, :n], mask[row : row + 1, :, :n], max_length=5)
+        assert batched[row, : alone.shape[1]].tolist() == alone[0].tolist()

@@ -26,8 +26,10 @@ def bench(monkeypatch):
     def measure(edited, fresh, queries, encoder, repeats):
         measured.append(len(PassageIndex.load(fresh)))
         figures = dict.fromkeys(["load_ms", "load_files_ms", "search_qps", "rss_mb", "rss_untrimmed_mb"], 1.0)
-        sides = {side: {**figures, "disk_bytes": 1, "files": module.footprint(folder)[1]}
-                 for side, folder in (("edited", edited), ("fresh", fresh))}
+        sides = {
+            side: {**figures, "disk_bytes": 1, "files": module.footprint(folder)[1]}
+            for side, folder in (("edited", edited), ("fresh", fresh))
+        }
         return {**sides, "ratio": dict.fromkeys([*figures, "disk_bytes", "files"], 1.0)}
 
     monkeypatch.setattr(module, "measure", measure)
@@ -37,18 +39,47 @@ def bench(monkeypatch):
 
 def _live(folder: Path) -> list[tuple[str, str]]:
     index = PassageIndex.load(folder)
-    return sorted((p["id"], p["text"]) for p in index.passages([i for i in range(index.manifest["total"])
-                                                               if not index.removed[i]]))
+    return sorted(
+        (p["id"], p["text"])
+        for p in index.passages([i for i in range(index.manifest["total"]) if not index.removed[i]])
+    )
 
 
 def test_a_resumed_run_makes_the_same_edits_and_a_mismatched_state_is_refused(bench, tmp_path, capsys):
     common = ["--base", "30", "--queries", "4", "--repeats", "1"]
-    assert bench.main([*common, "--checkpoints", "6", "14", "--work", str(tmp_path / "whole"),
-                       "--out", str(tmp_path / "whole.json")]) == 0
+    assert (
+        bench.main(
+            [
+                *common,
+                "--checkpoints",
+                "6",
+                "14",
+                "--work",
+                str(tmp_path / "whole"),
+                "--out",
+                str(tmp_path / "whole.json"),
+            ]
+        )
+        == 0
+    )
     assert bench.main([*common, "--checkpoints", "6", "--work", str(tmp_path / "cut")]) == 0
     assert len(bench.measured) == 3  # two checkpoints, then one
-    assert bench.main([*common, "--checkpoints", "6", "14", "--work", str(tmp_path / "cut"), "--resume",
-                       "--out", str(tmp_path / "cut.json")]) == 0
+    assert (
+        bench.main(
+            [
+                *common,
+                "--checkpoints",
+                "6",
+                "14",
+                "--work",
+                str(tmp_path / "cut"),
+                "--resume",
+                "--out",
+                str(tmp_path / "cut.json"),
+            ]
+        )
+        == 0
+    )
     assert len(bench.measured) == 4  # checkpoint 6 was not measured again
     assert bench.measured[1] == bench.measured[3]  # the fresh builds at 14 edits: as many live passages
     assert _live(tmp_path / "cut" / "edited") == _live(tmp_path / "whole" / "edited")
@@ -56,8 +87,9 @@ def test_a_resumed_run_makes_the_same_edits_and_a_mismatched_state_is_refused(be
     for report in (whole, cut):
         assert [c["edits"] for c in report["checkpoints"].values()] == [6, 14]
         assert all(c["same_live_passages"] for c in report["checkpoints"].values())
-    assert [c["live_passages"] for c in cut["checkpoints"].values()] == \
-        [c["live_passages"] for c in whole["checkpoints"].values()]
+    assert [c["live_passages"] for c in cut["checkpoints"].values()] == [
+        c["live_passages"] for c in whole["checkpoints"].values()
+    ]
 
     # an edit the saved state does not know of: resuming would lose track of the live passages
     remove_passages(tmp_path / "cut" / "edited", [_live(tmp_path / "cut" / "edited")[0][0]])

@@ -26,12 +26,7 @@ def minilm() -> ContrieverEncoder:
 
 
 def test_reads_sentence_transformers_settings(minilm):
-    assert (
-        minilm.pooling == "mean"
-        and minilm.normalize
-        and minilm.max_length == 256
-        and minilm.dim == 384
-    )
+    assert minilm.pooling == "mean" and minilm.normalize and minilm.max_length == 256 and minilm.dim == 384
 
 
 def test_matches_sentence_transformers_encode(minilm):
@@ -96,17 +91,13 @@ def test_retriever_gradients_and_round_trip(tmp_path, minilm):
     retriever.save_pretrained(tmp_path / "r")
     loaded = Retriever.from_pretrained(tmp_path / "r")
     assert not loaded.tied and loaded.passage_fingerprint() == fingerprint
-    np.testing.assert_allclose(
-        loaded.embed_passages([passage]), retriever.embed_passages([passage]), atol=1e-6
-    )
+    np.testing.assert_allclose(loaded.embed_passages([passage]), retriever.embed_passages([passage]), atol=1e-6)
     # any change to what fixes a passage embedding changes the fingerprint
     with torch.no_grad():
         loaded.passage_encoder.model.embeddings.word_embeddings.weight[0, 0] += 1e-3
     assert loaded.passage_fingerprint() != fingerprint
     other_format = Retriever(query_encoder=minilm, passage_format="{text}")
-    assert (
-        other_format.passage_fingerprint() != Retriever(query_encoder=minilm).passage_fingerprint()
-    )
+    assert other_format.passage_fingerprint() != Retriever(query_encoder=minilm).passage_fingerprint()
     with pytest.raises(ValueError, match="unknown field"):
         Retriever(query_encoder=minilm, passage_format="{body}")
 

@@ -40,8 +40,9 @@ def test_reference_layer_norm_is_the_formula():
     # eps as given: large eps damps small inputs exactly as the formula says
     tiny = 1e-3 * torch.randn(2, 64)
     damped = ReferenceLayerNorm(64, eps=1e-6).requires_grad_(False)
-    assert torch.allclose(damped(tiny).double(), second_moment_norm(tiny, damped.weight, damped.bias, 1e-6),
-                          rtol=1e-6, atol=1e-7)
+    assert torch.allclose(
+        damped(tiny).double(), second_moment_norm(tiny, damped.weight, damped.bias, 1e-6), rtol=1e-6, atol=1e-7
+    )
 
 
 def test_swapping_keeps_the_parameters_and_is_reversible(tiny_encoder_path):

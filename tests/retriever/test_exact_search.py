@@ -125,7 +125,7 @@ def test_negative_and_mixed_thresholds(precision):
     vectors = np.abs(rng.standard_normal((4000, 24))).astype(np.float16)  # every entry positive
     queries = rng.standard_normal((8, 24)).astype(np.float32)
     queries[:4] = -np.abs(queries[:4])  # these score every row below 0
-    stats, scores, _ = check(queries, vectors, 20, precision, chunk_rows=512)
+    _, scores, _ = check(queries, vectors, 20, precision, chunk_rows=512)
     assert (scores[:4] < 0).all() and (scores[4:, 0] > 0).all()
 
 
@@ -145,8 +145,9 @@ def test_the_bf16_ceiling_holds_for_the_scores_the_path_computes():
         error = np.linalg.norm(queries.astype(np.float64) - q_rounded, axis=1)
         norm = np.linalg.norm(q_rounded, axis=1)
         row_norm_max = np.linalg.norm(vectors.astype(np.float64), axis=1).max()
-        ceiling = np.stack([bf16_score_ceiling(approx[:, j], error, norm, row_norm_max, dim)
-                            for j in range(approx.shape[1])], axis=1)
+        ceiling = np.stack(
+            [bf16_score_ceiling(approx[:, j], error, norm, row_norm_max, dim) for j in range(approx.shape[1])], axis=1
+        )
         assert (exact <= ceiling).all()
         margin = (ceiling - approx) / (norm[:, None] * row_norm_max)
         assert margin.max() < 0.02
@@ -161,9 +162,17 @@ def test_precision_is_chosen_at_run_time(monkeypatch):
     assert resolve_exact_precision("auto", "ip") == "fp32"
     monkeypatch.setattr(index_types, "native_bf16_speedup", lambda: 2.0)  # measured 2x faster
     assert resolve_exact_precision("auto", "ip") == "bf16"
+    # a short scan keeps the fp32 path: too few rows, or too few queries
+    assert resolve_exact_precision("auto", "ip", n_rows=index_types.BF16_MIN_ROWS - 1, n_queries=1000) == "fp32"
+    assert resolve_exact_precision("auto", "ip", n_rows=10**6, n_queries=index_types.BF16_MIN_QUERIES - 1) == "fp32"
+    assert resolve_exact_precision("auto", "ip", n_rows=10**6, n_queries=1000) == "bf16"
     stats: dict = {}
     rng = np.random.default_rng(5)
     vectors = rng.standard_normal((300, 8)).astype(np.float16)
+    exact_search(rng.standard_normal((2, 8)), vectors, 3, stats=stats)
+    assert stats["path"] == "fp32"  # 300 rows, 2 queries
+    monkeypatch.setattr(index_types, "BF16_MIN_ROWS", 0)
+    monkeypatch.setattr(index_types, "BF16_MIN_QUERIES", 0)
     exact_search(rng.standard_normal((2, 8)), vectors, 3, stats=stats)
     assert stats["path"] == "bf16"
 
@@ -179,6 +188,8 @@ def test_this_cpu_detection_matches_its_flags():
 def test_passage_index_flat_search_on_both_paths(precision, monkeypatch):
     """`PassageIndex.search_vectors` (what `atlas index search` runs) with removed rows and ties."""
     monkeypatch.setattr(index_types, "native_bf16_speedup", lambda: 2.0 if precision == "bf16" else 0.0)
+    monkeypatch.setattr(index_types, "BF16_MIN_ROWS", 0)  # auto takes bf16 at any size here
+    monkeypatch.setattr(index_types, "BF16_MIN_QUERIES", 0)
     rng = np.random.default_rng(6)
     vectors = rng.standard_normal((2000, 24)).astype(np.float16)
     vectors[1500:1510] = vectors[7]  # copies of row 7

@@ -69,9 +69,7 @@ def tiny_retriever(seed: int = 0) -> Retriever:
     )
     model = BertModel(config, add_pooling_layer=False).eval()
     tokenizer = AutoTokenizer.from_pretrained(default_encoder_path("minilm"))
-    return Retriever(
-        query_encoder=ContrieverEncoder(model, tokenizer, pooling="mean"), passage_maxlength=64
-    )
+    return Retriever(query_encoder=ContrieverEncoder(model, tokenizer, pooling="mean"), passage_maxlength=64)
 
 
 @pytest.fixture(scope="module")
@@ -101,9 +99,7 @@ def test_flat_search_equals_brute_force(tmp_path, retriever, corpus):
     hits = index.search(queries, 5)
     for q, q_hits in enumerate(hits):
         assert [h.row for h in q_hits] == list(expected_rows[q])
-        np.testing.assert_allclose(
-            [h.score for h in q_hits], scores[q, expected_rows[q]], rtol=1e-5
-        )
+        np.testing.assert_allclose([h.score for h in q_hits], scores[q, expected_rows[q]], rtol=1e-5)
         for h in q_hits:
             assert index.corpora[0][h.row]["id"] == h.id and h.text and h.title.startswith("Title ")
     # embeddings by row are the stored float16 vectors
@@ -126,21 +122,15 @@ def test_ivf_pq_recall_on_clustered_data():
 def test_encoder_and_corpus_mismatch_are_refused(tmp_path, retriever, corpus):
     out = build_index(corpus, retriever, tmp_path / "ix", progress=False)
     other = tiny_retriever(1)
-    with pytest.raises(
-        EncoderMismatchError, match="built with passage encoder .* would not be comparable"
-    ):
+    with pytest.raises(EncoderMismatchError, match="built with passage encoder .* would not be comparable"):
         PassageIndex.load(out, retriever=other)
     assert len(PassageIndex.load(out, retriever=other, allow_encoder_mismatch=True)) == 40
     # a different passage format is a different encoder fingerprint too
-    reformatted = Retriever(
-        query_encoder=retriever.query_encoder, passage_format="{text}", passage_maxlength=64
-    )
+    reformatted = Retriever(query_encoder=retriever.query_encoder, passage_format="{text}", passage_maxlength=64)
     with pytest.raises(EncoderMismatchError):
         PassageIndex.load(out, retriever=reformatted)
     other_corpus = tmp_path / "other"
-    prepare_corpus(
-        [write_docs(tmp_path / "o.jsonl", ["x1", "x2"], 5)], other_corpus, progress=False
-    )
+    prepare_corpus([write_docs(tmp_path / "o.jsonl", ["x1", "x2"], 5)], other_corpus, progress=False)
     with pytest.raises(CorpusMismatchError, match="is not the corpus the index"):
         PassageIndex.load(out, corpus=other_corpus)
 
@@ -189,9 +179,7 @@ def test_resumed_build_is_byte_identical(tmp_path, retriever, corpus, spec, keep
     ref_manifest.pop("created"), new_manifest.pop("created")  # two separate builds, two start times
     assert new_manifest == ref_manifest
     for name in (f for f in ref_manifest["files"].values()):
-        assert (target / name["name"]).read_bytes() == (reference / name["name"]).read_bytes(), (
-            name["name"]
-        )
+        assert (target / name["name"]).read_bytes() == (reference / name["name"]).read_bytes(), name["name"]
 
 
 def test_restart_and_mismatched_unfinished_build(tmp_path, retriever, corpus):
@@ -200,9 +188,7 @@ def test_restart_and_mismatched_unfinished_build(tmp_path, retriever, corpus):
 
     with pytest.raises(Killed):
         build_index(corpus, retriever, tmp_path / "ix", chunk_size=8, progress=False, on_chunk=stop)
-    with pytest.raises(
-        ValueError, match="unfinished build with different chunk_size is there; pass --restart"
-    ):
+    with pytest.raises(ValueError, match="unfinished build with different chunk_size is there; pass --restart"):
         build_index(corpus, retriever, tmp_path / "ix", chunk_size=16, progress=False)
     build_index(corpus, retriever, tmp_path / "ix", chunk_size=16, progress=False, restart=True)
     with pytest.raises(FileExistsError, match="already exists"):
@@ -211,9 +197,7 @@ def test_restart_and_mismatched_unfinished_build(tmp_path, retriever, corpus):
 
 @pytest.mark.parametrize("spec", ["Flat", "IVF2,Flat", "IVF2,PQ8x4fs"])
 def test_add_and_remove(tmp_path, retriever, corpus, spec):
-    out = build_index(
-        corpus, retriever, tmp_path / "ix", spec=spec, keep_embeddings=True, progress=False
-    )
+    out = build_index(corpus, retriever, tmp_path / "ix", spec=spec, keep_embeddings=True, progress=False)
     old_vectors = np.load(out / "vectors.g1.npy")
     new_docs = write_docs(tmp_path / "new.jsonl", ["n1", "n2", "n3"], 7)
     stats = add_passages(out, [new_docs], retriever, chunk_words=100, progress=False)  # documents: ids n1-0, ...
@@ -241,21 +225,17 @@ def test_add_and_remove(tmp_path, retriever, corpus, spec):
     stats = add_passages(out, [write_docs(tmp_path / "again.jsonl", ["n2-0"], 9)], retriever, progress=False)
     index = PassageIndex.load(out, retriever=retriever)
     assert stats.ids == ["n2-0"] and index.get(["n2-0"])[0]["text"] == index.corpora[-1].get("n2-0")["text"]
-    assert len(index) == 42 and sorted(
-        p.name for p in out.iterdir() if p.suffix in {".npy", ".faiss"}
-    ) == sorted(r["name"] for r in index.manifest["files"].values())  # superseded files are gone
+    assert len(index) == 42 and sorted(p.name for p in out.iterdir() if p.suffix in {".npy", ".faiss"}) == sorted(
+        r["name"] for r in index.manifest["files"].values()
+    )  # superseded files are gone
 
 
 def test_corrupted_files_give_clear_errors(tmp_path, retriever, corpus):
-    out = build_index(
-        corpus, retriever, tmp_path / "ix", spec="SQ8", keep_embeddings=True, progress=False
-    )
+    out = build_index(corpus, retriever, tmp_path / "ix", spec="SQ8", keep_embeddings=True, progress=False)
     faiss_file, vectors_file = out / "index.g1.faiss", out / "vectors.g1.npy"
     original = faiss_file.read_bytes()
     faiss_file.write_bytes(original[: len(original) // 2])
-    with pytest.raises(
-        InvalidIndexError, match=r"index.g1.faiss: truncated or altered \(\d+ bytes, manifest says"
-    ):
+    with pytest.raises(InvalidIndexError, match=r"index.g1.faiss: truncated or altered \(\d+ bytes, manifest says"):
         PassageIndex.load(out)
     corrupted = bytearray(original)
     corrupted[-10] ^= 0xFF  # inside the SQ8 codes: same size, parses fine
@@ -345,14 +325,20 @@ def test_mapped_load_does_not_read_the_index_into_memory(tmp_path, make_syntheti
     import sys
 
     corpus = make_synthetic_corpus(tmp_path, 20000)
-    out = build_index(corpus, clustered_source(192), tmp_path / "ix", spec=spec, progress=False,
-                      chunk_size=20000, train_sample=5000)
+    out = build_index(
+        corpus, clustered_source(192), tmp_path / "ix", spec=spec, progress=False, chunk_size=20000, train_sample=5000
+    )
     size = (out / "index.g1.faiss").stat().st_size
     assert size > 3_000_000
 
     def growth(mode: str) -> float:
-        result = subprocess.run([sys.executable, "-c", RSS_PROBE, str(out), mode], capture_output=True,
-                                text=True, check=True, cwd=Path(__file__).resolve().parents[2])
+        result = subprocess.run(
+            [sys.executable, "-c", RSS_PROBE, str(out), mode],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).resolve().parents[2],
+        )
         return json.loads(result.stdout.strip().splitlines()[-1])["growth"] / size
 
     assert growth("mmap") < 0.2
@@ -363,8 +349,7 @@ def test_mapped_load_does_not_read_the_index_into_memory(tmp_path, make_syntheti
 def test_removed_passages_never_come_back_on_any_faiss_type(tmp_path, clustered_corpus, clustered_source, spec):
     """IndexPQ(FastScan) takes no search parameters (no id selector): over-retrieved and filtered;
     for every type the result is what the unfiltered search gives minus the removed ids."""
-    out = build_index(clustered_corpus, clustered_source(), tmp_path / "ix", spec=spec, progress=False,
-                      nprobe=8)
+    out = build_index(clustered_corpus, clustered_source(), tmp_path / "ix", spec=spec, progress=False, nprobe=8)
     before = PassageIndex.load(out)
     queries = clustered_source().embed_passages([{"id": f"s{i}"} for i in range(7)])
     all_scores, all_rows = before.search_vectors(queries, 200)
@@ -415,8 +400,12 @@ def test_update_replace_and_the_ids_of_added_records(tmp_path, retriever, corpus
     out = build_index(corpus, retriever, tmp_path / "ix", progress=False)
     manifest = (out / "manifest.json").read_bytes()
     edit = tmp_path / "edit.jsonl"
-    edit.write_text(json.dumps({"id": "d3-0", "text": "river island"}) + "\n"
-                    + json.dumps({"id": "gone", "title": "T", "text": "x"}) + "\n")
+    edit.write_text(
+        json.dumps({"id": "d3-0", "text": "river island"})
+        + "\n"
+        + json.dumps({"id": "gone", "title": "T", "text": "x"})
+        + "\n"
+    )
     with pytest.raises(KeyError, match=f"{edit}:2: passage id 'gone' has no live passage in the index"):
         update_passages(out, [edit], retriever, progress=False)
     with pytest.raises(ValueError, match=f"{edit}:1: passage id 'd3-0' is already in the index"):
@@ -433,8 +422,12 @@ def test_update_replace_and_the_ids_of_added_records(tmp_path, retriever, corpus
         {"id": "d3-0", "doc_id": "d3-0", "title": "", "section": "", "text": "river island", "wikipedia_id": ""},
         {"id": "gone", "doc_id": "gone", "title": "T", "section": "", "text": "x", "wikipedia_id": ""},
     ]
-    edit.write_text(json.dumps({"id": "d3-0", "title": old_title, "text": "ocean"}) + "\n"
-                    + json.dumps({"id": "gone", "text": "y"}) + "\n")
+    edit.write_text(
+        json.dumps({"id": "d3-0", "title": old_title, "text": "ocean"})
+        + "\n"
+        + json.dumps({"id": "gone", "text": "y"})
+        + "\n"
+    )
     stats = update_passages(out, [edit], retriever, progress=False)
     assert (stats.added, stats.replaced, stats.count, stats.ids) == (0, 2, 41, ["d3-0", "gone"])
     index = PassageIndex.load(out, retriever=retriever)
@@ -448,8 +441,12 @@ def test_update_replace_and_the_ids_of_added_records(tmp_path, retriever, corpus
 def test_only_a_record_much_longer_than_the_corpus_chunks_is_warned_about(tmp_path, retriever, corpus, caplog):
     out = build_index(corpus, retriever, tmp_path / "ix", progress=False)  # the corpus is chunked at 100 words
     records = tmp_path / "records.jsonl"
-    records.write_text(json.dumps({"id": "edited", "text": " ".join(["river"] * 104)}) + "\n"
-                       + json.dumps({"id": "long", "text": " ".join(["planet"] * 151)}) + "\n")
+    records.write_text(
+        json.dumps({"id": "edited", "text": " ".join(["river"] * 104)})
+        + "\n"
+        + json.dumps({"id": "long", "text": " ".join(["planet"] * 151)})
+        + "\n"
+    )
     with caplog.at_level("WARNING", logger="retriever.index_update"):
         add_passages(out, [records], retriever, progress=False)
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]

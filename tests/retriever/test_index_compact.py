@@ -43,8 +43,12 @@ def corpus(tmp_path_factory, make_synthetic_corpus) -> Path:
 
 def write_passages(path: Path, first: int, count: int) -> Path:
     """Passages s{first}..: the clustered source embeds each by its number."""
-    path.write_text("".join(json.dumps({"id": f"s{i}", "title": f"T{i}", "text": f"passage {i}"}) + "\n"
-                            for i in range(first, first + count)))
+    path.write_text(
+        "".join(
+            json.dumps({"id": f"s{i}", "title": f"T{i}", "text": f"passage {i}"}) + "\n"
+            for i in range(first, first + count)
+        )
+    )
     return path
 
 
@@ -74,8 +78,9 @@ def files_of(folder: Path) -> list[str]:
 @pytest.mark.parametrize("spec", SPECS)
 def test_compaction_changes_no_search_result(tmp_path, corpus, clustered_source, spec):
     source = clustered_source()
-    folder = build_index(corpus, source, tmp_path / "ix", spec=spec, keep_embeddings=spec != "Flat",
-                         nprobe=8, progress=False)
+    folder = build_index(
+        corpus, source, tmp_path / "ix", spec=spec, keep_embeddings=spec != "Flat", nprobe=8, progress=False
+    )
     edit(folder, source, tmp_path)
     queries = source.embed_passages([{"id": f"s{i}"} for i in range(0, N + 30, 61)])
     before = read_manifest(folder)
@@ -87,23 +92,35 @@ def test_compaction_changes_no_search_result(tmp_path, corpus, clustered_source,
     assert stats.compacted and stats.full and (stats.segments_before, stats.segments_after) == (4, 1)
     assert (stats.dead_before, stats.dead_after) == (before["total"] - before["count"], 0)
     assert after["total"] == after["count"] == before["count"] == stats.rows_after
-    assert after["generation"] == before["generation"] + 1 and after["segments"][0]["corpus"] == \
-        f"corpora/segment-g{after['generation']}"
+    assert (
+        after["generation"] == before["generation"] + 1
+        and after["segments"][0]["corpus"] == f"corpora/segment-g{after['generation']}"
+    )
     new_scores, new_ids = searched(folder, queries)
     np.testing.assert_array_equal(new_scores, scores)  # to the bit
     if "x4fs" in spec:
         # fast scan's integer look-up tables tie many scores, and which of the ids tied at the k-th
         # score a search keeps depends on its width (a search with removed rows is a wider one)
         above = scores > scores[:, -1:]
-        assert [list(np.array(a)[m]) for a, m in zip(new_ids, above)] == [list(np.array(a)[m]) for a, m in zip(ids, above)]
+        assert [list(np.array(a)[m]) for a, m in zip(new_ids, above)] == [
+            list(np.array(a)[m]) for a, m in zip(ids, above)
+        ]
     else:
         assert new_ids == ids
     assert live_texts(folder) == texts
     names = {r["name"] for r in after["files"].values()}
-    assert files_of(folder) == sorted({"manifest.json", "corpora", f"corpora/segment-g{after['generation']}",
-                                       *(f"corpora/segment-g{after['generation']}/{f}" for f in
-                                         ("corpus.json", "id_hashes.npy", "id_rows.npy", "passages.arrow")),
-                                       *names})
+    assert files_of(folder) == sorted(
+        {
+            "manifest.json",
+            "corpora",
+            f"corpora/segment-g{after['generation']}",
+            *(
+                f"corpora/segment-g{after['generation']}/{f}"
+                for f in ("corpus.json", "id_hashes.npy", "id_rows.npy", "passages.arrow")
+            ),
+            *names,
+        }
+    )
     assert not compact_index(folder).compacted  # nothing left to do
 
 
@@ -123,8 +140,9 @@ def test_hnsw_is_rebuilt_as_a_fresh_build_of_the_live_passages(tmp_path, corpus,
         compact_index(folder)
         live = live_texts(folder)
         order = PassageIndex.load(folder).passages(range(len(live)))  # the compacted order
-        (tmp_path / "live.jsonl").write_text("".join(json.dumps({"id": p["id"], "text": p["text"]}) + "\n"
-                                                     for p in order))
+        (tmp_path / "live.jsonl").write_text(
+            "".join(json.dumps({"id": p["id"], "text": p["text"]}) + "\n" for p in order)
+        )
         prepare_corpus([tmp_path / "live.jsonl"], tmp_path / "live", chunk_words=0, progress=False)
         fresh = build_index(tmp_path / "live", source, tmp_path / "fresh", spec="HNSW8", progress=False)
         queries = source.embed_passages([{"id": f"s{i}"} for i in range(0, N + 30, 61)])
@@ -134,8 +152,7 @@ def test_hnsw_is_rebuilt_as_a_fresh_build_of_the_live_passages(tmp_path, corpus,
         faiss.omp_set_num_threads(threads)
 
 
-def test_the_automatic_compaction_merges_the_added_segments_and_keeps_the_base(tmp_path, corpus,
-                                                                                clustered_source):
+def test_the_automatic_compaction_merges_the_added_segments_and_keeps_the_base(tmp_path, corpus, clustered_source):
     source = clustered_source()
     folder = build_index(corpus, source, tmp_path / "ix", progress=False)
     base = read_manifest(folder)["segments"][0]
@@ -171,13 +188,17 @@ def test_the_policy_counts_segments_and_dead_rows():
         return {"segments": [{}] * segments, "total": total, "count": count}
 
     assert compaction_due(manifest(MAX_SEGMENTS, 1000, 1000)) is None
-    assert compaction_due(manifest(MAX_SEGMENTS + 1, 1000, 1000)) == \
-        f"{MAX_SEGMENTS + 1} corpus segments (more than {MAX_SEGMENTS})"
+    assert (
+        compaction_due(manifest(MAX_SEGMENTS + 1, 1000, 1000))
+        == f"{MAX_SEGMENTS + 1} corpus segments (more than {MAX_SEGMENTS})"
+    )
     total = int(4 * MIN_DEAD_ROWS / MAX_DEAD_FRACTION)
     dead = int(MAX_DEAD_FRACTION * total)
     assert compaction_due(manifest(1, total, total - dead)) is None
-    assert compaction_due(manifest(1, total, total - dead - 1)) == \
-        f"{dead + 1} of {total} rows dead (more than {MAX_DEAD_FRACTION:.0%})"
+    assert (
+        compaction_due(manifest(1, total, total - dead - 1))
+        == f"{dead + 1} of {total} rows dead (more than {MAX_DEAD_FRACTION:.0%})"
+    )
     # a small index: its few dead rows wait until there are MIN_DEAD_ROWS
     assert compaction_due(manifest(1, 200, 200 - MIN_DEAD_ROWS + 1)) is None
     assert compaction_due(manifest(1, 200, 200 - MIN_DEAD_ROWS)) is not None
@@ -188,8 +209,9 @@ class Crash(BaseException):
 
 
 @pytest.mark.parametrize("when", ["before", "after"])
-def test_a_compaction_that_dies_around_its_commit_leaves_the_old_or_the_new_index(tmp_path, corpus, clustered_source,
-                                                                                 monkeypatch, when):
+def test_a_compaction_that_dies_around_its_commit_leaves_the_old_or_the_new_index(
+    tmp_path, corpus, clustered_source, monkeypatch, when
+):
     """Dies with every new file written and flushed but the manifest not replaced ("before"), or
     with the manifest replaced but the superseded files not yet deleted ("after"); the next writer
     deletes what the dead one left."""
@@ -264,8 +286,9 @@ def test_kill_9_at_any_moment_of_a_compaction(tmp_path, make_synthetic_corpus, c
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     outcomes = []
     for delay in (0.0, 0.25, 0.5):
-        process = subprocess.Popen([sys.executable, "-c", KILLED_COMPACTION, str(folder)], cwd=REPO, env=env,
-                                   stdout=subprocess.PIPE, text=True)
+        process = subprocess.Popen(
+            [sys.executable, "-c", KILLED_COMPACTION, str(folder)], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True
+        )
         assert process.stdout.readline().strip() == "start"  # imports done: the compaction begins
         time.sleep(delay)
         process.send_signal(signal.SIGKILL)
@@ -299,9 +322,11 @@ def test_a_second_writer_is_refused_and_told_who_writes(tmp_path, corpus, cluste
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(folder)], cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
-        message = (re.escape(f"{folder} is being updated by another process (pid {holder.pid}, add since ")
-                   + r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"
-                   + re.escape("); an index has one writer at a time: try again when it has finished"))
+        message = (
+            re.escape(f"{folder} is being updated by another process (pid {holder.pid}, add since ")
+            + r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"
+            + re.escape("); an index has one writer at a time: try again when it has finished")
+        )
         with pytest.raises(IndexLockedError, match=message):
             compact_index(folder)
         with pytest.raises(IndexLockedError, match=f"pid {holder.pid}, add"):

@@ -33,9 +33,7 @@ def test_exact_search_equals_brute_force(metric, dtype):
     rng = np.random.default_rng(0)
     vectors = rng.standard_normal((1500, 24)).astype(dtype)
     queries = rng.standard_normal((7, 24)).astype(np.float32)
-    scores, ids = exact_search(
-        queries, vectors, 25, metric, chunk_rows=128
-    )  # many chunks, k < chunk
+    scores, ids = exact_search(queries, vectors, 25, metric, chunk_rows=128)  # many chunks, k < chunk
     ref_scores, ref_ids = brute_force(queries, vectors, 25, metric)
     np.testing.assert_array_equal(ids, ref_ids)
     np.testing.assert_allclose(scores, ref_scores, rtol=1e-4, atol=1e-4)
@@ -47,9 +45,7 @@ def test_exact_search_k_larger_than_chunk_and_exclusion():
     queries = rng.standard_normal((3, 8)).astype(np.float32)
     exclude = np.zeros(300, dtype=bool)
     exclude[rng.choice(300, 120, replace=False)] = True
-    scores, ids = exact_search(
-        torch.from_numpy(queries), vectors, 50, chunk_rows=16, exclude=exclude
-    )
+    scores, ids = exact_search(torch.from_numpy(queries), vectors, 50, chunk_rows=16, exclude=exclude)
     kept = np.flatnonzero(~exclude)
     ref_scores, ref_local = brute_force(queries, vectors[kept], 50, "ip")
     np.testing.assert_array_equal(ids, kept[ref_local])
@@ -77,10 +73,7 @@ def test_registry_specs_build_the_right_faiss_types():
     data = rng.standard_normal((2000, 16)).astype(np.float32)
     for spec, cls in expected.items():
         index = build_faiss_index(spec, 16, "ip")
-        assert (
-            isinstance(faiss.downcast_index(index), cls)
-            and index.metric_type == faiss.METRIC_INNER_PRODUCT
-        )
+        assert isinstance(faiss.downcast_index(index), cls) and index.metric_type == faiss.METRIC_INNER_PRODUCT
         index.train(data)
         index.add(data)
         set_search_params(index, nprobe=8, ef_search=64)

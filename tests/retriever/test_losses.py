@@ -43,9 +43,7 @@ def test_kl_losses_equal_the_formula(name):
     assert abs(got.item() - expected) < 1e-5
     assert (
         abs(
-            kl_distillation(
-                scores, gold, dim=DIM, temperature_gold=tau_gold, temperature_score=tau_score
-            ).item()
+            kl_distillation(scores, gold, dim=DIM, temperature_gold=tau_gold, temperature_score=tau_score).item()
             - expected
         )
         < 1e-5
@@ -59,17 +57,11 @@ def test_emdr_sequence_equals_the_formula():
     expected = 0.0
     for b in range(3):
         p_retr = softmax([s / math.sqrt(DIM) / tau_score for s in scores[b].tolist()])
-        mixture = sum(
-            pr * math.exp(lp) ** (1 / tau_gold)
-            for pr, lp in zip(p_retr, sequence_logprob[b].tolist())
-        )
+        mixture = sum(pr * math.exp(lp) ** (1 / tau_gold) for pr, lp in zip(p_retr, sequence_logprob[b].tolist()))
         expected -= math.log(mixture)
     expected /= 3
     loss = build_retriever_loss("emdr", temperature_gold=tau_gold, temperature_score=tau_score)
-    assert (
-        abs(loss.loss(scores, sequence_logprob, torch.zeros(3, 1), dim=DIM).item() - expected)
-        < 1e-5
-    )
+    assert abs(loss.loss(scores, sequence_logprob, torch.zeros(3, 1), dim=DIM).item() - expected) < 1e-5
 
 
 def test_emdr_token_equals_the_reference_mixture():
@@ -84,20 +76,16 @@ def test_emdr_token_equals_the_reference_mixture():
         for t in range(5):
             if labels[b, t] == -100:
                 continue
-            expected -= math.log(
-                sum(p_retr[k] * math.exp(token_logprob[b, k, t].item()) for k in range(4))
-            )
+            expected -= math.log(sum(p_retr[k] * math.exp(token_logprob[b, k, t].item()) for k in range(4)))
             count += 1
-    loss = build_retriever_loss(
-        "emdr", temperature_gold=0.5, temperature_score=0.3, emdr_granularity="token"
-    )
+    loss = build_retriever_loss("emdr", temperature_gold=0.5, temperature_score=0.3, granularity="token")
     assert abs(loss.loss(scores, token_logprob, labels, dim=DIM).item() - expected / count) < 1e-5
 
 
 def test_gold_scores_equal_naive_references():
     reader = FiDReader(tiny_t5())
     input_ids, mask, labels = random_batch(n_passages=3)
-    naive = naive_token_logprobs(reader.t5, input_ids, mask, labels).detach()  # (B, K, T)
+    naive = naive_token_logprobs(reader.seq2seq, input_ids, mask, labels).detach()  # (B, K, T)
     n_valid = (labels != -100).sum(-1, keepdim=True)
     pdist = build_retriever_loss("pdist").gold_scores(reader, input_ids, mask, labels)
     torch.testing.assert_close(pdist, naive.sum(-1) / n_valid, atol=1e-5, rtol=0)
@@ -107,17 +95,13 @@ def test_gold_scores_equal_naive_references():
         states = reader.encode(input_ids, mask)
         loop_expected = reader.leave_one_out_nll(states, mask, labels)
         adist_expected = reader.cross_attention_scores(states, mask, labels)
-    torch.testing.assert_close(
-        build_retriever_loss("loop").gold_scores(reader, input_ids, mask, labels), loop_expected
-    )
+    torch.testing.assert_close(build_retriever_loss("loop").gold_scores(reader, input_ids, mask, labels), loop_expected)
     torch.testing.assert_close(
         build_retriever_loss("adist").gold_scores(reader, input_ids, mask, labels), adist_expected
     )
     # Reusing precomputed (eval-mode) encoder states gives the same gold scores.
     torch.testing.assert_close(
-        build_retriever_loss("pdist").gold_scores(
-            reader, None, mask, labels, encoder_states=states
-        ),
+        build_retriever_loss("pdist").gold_scores(reader, None, mask, labels, encoder_states=states),
         pdist,
     )
 
@@ -134,9 +118,7 @@ def test_gold_is_computed_in_eval_mode_and_mode_is_restored(name):
     noisy.train()
     with torch.no_grad():  # the premise: in train mode dropout changes the reader's outputs
         train_mode = noisy.per_passage_token_logprobs(noisy.encode(input_ids, mask), mask, labels)
-        eval_mode = noisy.eval().per_passage_token_logprobs(
-            noisy.encode(input_ids, mask), mask, labels
-        )
+        eval_mode = noisy.eval().per_passage_token_logprobs(noisy.encode(input_ids, mask), mask, labels)
     assert not torch.allclose(train_mode, eval_mode)
     noisy.train()
     for _ in range(2):  # dropout would make these differ from each other and from eval_gold
@@ -174,9 +156,7 @@ def test_reordering_passages_reorders_gold_and_keeps_the_loss():
         permuted = loss.gold_scores(reader, input_ids[:, order], mask[:, order], labels)
         torch.testing.assert_close(permuted, gold[:, order], atol=1e-5, rtol=1e-5)
         value = loss(reader, scores, input_ids, mask, labels, dim=DIM)
-        permuted_value = loss(
-            reader, scores[:, order], input_ids[:, order], mask[:, order], labels, dim=DIM
-        )
+        permuted_value = loss(reader, scores[:, order], input_ids[:, order], mask[:, order], labels, dim=DIM)
         torch.testing.assert_close(value, permuted_value, atol=1e-5, rtol=1e-5)
 
 
@@ -188,7 +168,7 @@ def test_registry_and_none():
     ):
         build_retriever_loss("kl")
     with pytest.raises(ValueError, match="granularity"):
-        build_retriever_loss("emdr", emdr_granularity="word")
+        build_retriever_loss("emdr", granularity="word")
     none = build_retriever_loss("none")
     assert not none.trains_retriever
     input_ids, mask, labels = random_batch()
@@ -221,11 +201,18 @@ def test_an_example_without_passages_is_left_out_of_the_batch_mean(name):
     labels = torch.zeros(3, 1)
     value = loss.loss(scores, gold, labels, dim=DIM, present=present)
     value.backward()
-    expected = sum(
-        loss.loss(scores[b : b + 1, : int(present[b].sum())].detach(),
-                  gold[b : b + 1, : int(present[b].sum())], labels[:1], dim=DIM)
-        for b in (0, 2)
-    ) / 2
+    expected = (
+        sum(
+            loss.loss(
+                scores[b : b + 1, : int(present[b].sum())].detach(),
+                gold[b : b + 1, : int(present[b].sum())],
+                labels[:1],
+                dim=DIM,
+            )
+            for b in (0, 2)
+        )
+        / 2
+    )
     assert value.item() == pytest.approx(expected.item(), abs=1e-6)
     assert torch.isfinite(scores.grad).all()
     assert not scores.grad[1].any() and not scores.grad[0, 3]
@@ -233,8 +220,9 @@ def test_an_example_without_passages_is_left_out_of_the_batch_mean(name):
     assert nothing.item() == 0.0
 
 
-def hand_retriever_loss(name: str, scores: list[float], gold: list[float], dim: int,
-                        tau_gold: float, tau_score: float) -> float:
+def hand_retriever_loss(
+    name: str, scores: list[float], gold: list[float], dim: int, tau_gold: float, tau_score: float
+) -> float:
     """One example's retriever loss in float64 from its own K_b scores and gold scores."""
     p_retr = softmax([s / math.sqrt(dim) / tau_score for s in scores])
     if name == "emdr":
@@ -254,24 +242,45 @@ def test_atlas_retriever_loss_with_uneven_passage_lists(name, tiny_world, tmp_pa
     from tests.conftest import TINY_DOCS
 
     tau_gold, tau_score = 0.5, 0.2
-    config = load_config(None, [
-        f"retriever.model={tiny_world['encoder']}", f"retriever.loss={name}",
-        "retriever.n_context=3", f"retriever.temperature_gold={tau_gold}",
-        f"retriever.temperature_score={tau_score}", f"index.path={tiny_world['index']}",
-        "reader.model=t5-tiny", "reader.n_context=3", "reader.text_maxlength=48",
-        "reader.dropout=0.0", "reader.answer_maxlength=8", f"training.output_dir={tmp_path}",
-        "retriever.gold_precision=full",  # the hand computation's gold pass runs at the reader's precision
-    ])
+    config = load_config(
+        None,
+        [
+            f"retriever.model={tiny_world['encoder']}",
+            f"retriever.loss={name}",
+            "retriever.n_context=3",
+            f"retriever.temperature_gold={tau_gold}",
+            f"retriever.temperature_score={tau_score}",
+            f"index.path={tiny_world['index']}",
+            "reader.model=t5-tiny",
+            "reader.n_context=3",
+            "reader.text_maxlength=48",
+            "reader.dropout=0.0",
+            "reader.answer_maxlength=8",
+            f"training.output_dir={tmp_path}",
+            "retriever.gold_precision=fp32",  # the hand computation's gold pass runs at the reader's precision
+        ],
+    )
     torch.manual_seed(0)
     model = build_atlas(config).train()
     docs = [dict(d) for d in TINY_DOCS]
     examples = [
-        Example(id="a", query="question: capital of zorbland? answer: <extra_id_0>", target=None,
-                answers=[], passages=docs[:3]),
-        Example(id="b", query="question: who climbed olo? answer: <extra_id_0>", target=None,
-                answers=[], passages=docs[3:4]),
-        Example(id="c", query="question: tarsia currency? answer: <extra_id_0>", target=None,
-                answers=[], passages=[docs[4], docs[1]]),
+        Example(
+            id="a",
+            query="question: capital of zorbland? answer: <extra_id_0>",
+            target=None,
+            answers=[],
+            passages=docs[:3],
+        ),
+        Example(
+            id="b", query="question: who climbed olo? answer: <extra_id_0>", target=None, answers=[], passages=docs[3:4]
+        ),
+        Example(
+            id="c",
+            query="question: tarsia currency? answer: <extra_id_0>",
+            target=None,
+            answers=[],
+            passages=[docs[4], docs[1]],
+        ),
     ]
     targets = ["<extra_id_0> Quimper", "<extra_id_0> Anna Brook climbed it", "<extra_id_0> florin"]
 
@@ -285,8 +294,11 @@ def test_atlas_retriever_loss_with_uneven_passage_lists(name, tiny_world, tmp_pa
             scores = model.retriever_scores([example.query], [example.passages])[0]  # (K_b,)
             ids, mask = model.reader_inputs([example.query], [example.passages])
             gold = model.retriever_loss.gold_scores(model.reader, ids, mask, model.target_labels([target]))
-            hand.append(hand_retriever_loss(name, scores.double().tolist(), gold[0].double().tolist(),
-                                            model.retriever.dim, tau_gold, tau_score))
+            hand.append(
+                hand_retriever_loss(
+                    name, scores.double().tolist(), gold[0].double().tolist(), model.retriever.dim, tau_gold, tau_score
+                )
+            )
     assert hand[1] == 0.0 or name == "emdr"  # one passage: both distributions are [1]
     assert batch.item() == pytest.approx(sum(hand) / 3, abs=2e-5)
 
@@ -295,4 +307,36 @@ def test_atlas_retriever_loss_with_uneven_passage_lists(name, tiny_world, tmp_pa
         padded = model.retriever_scores([e.query for e in examples], [e.passages for e in examples])
     assert padded.shape == (3, 3) and padded[1, 1:].eq(0).all() and padded[2, 2] == 0
     assert model.passage_presence([e.passages for e in examples]).tolist() == [
-        [True, True, True], [True, False, False], [True, True, False]]
+        [True, True, True],
+        [True, False, False],
+        [True, True, False],
+    ]
+
+
+def test_each_loss_declares_its_own_options_and_refuses_others():
+    """The registry holds each loss's options with their defaults: `build_retriever_loss` fills the defaults
+    and refuses an option the loss does not have, naming the valid ones."""
+    assert RETRIEVER_LOSSES["emdr"].default_options == {"granularity": "sequence"}
+    assert RETRIEVER_LOSSES["adist"].default_options == {"attention": "auto"}
+    assert all(not RETRIEVER_LOSSES[name].default_options for name in ("pdist", "loop", "none"))
+    for cls in RETRIEVER_LOSSES.values():  # every default is one of its choices
+        assert all(cls.default_options[o] in choices for o, choices in cls.option_choices.items())
+    assert build_retriever_loss("emdr").granularity == "sequence"
+    assert build_retriever_loss("emdr", granularity="token").granularity == "token"
+    assert build_retriever_loss("adist", attention="copy").attention == "copy"
+    with pytest.raises(
+        ValueError,
+        match=r"unknown option 'granularity' of retriever loss 'adist'; "
+        r"valid: \['attention'\]",
+    ):
+        build_retriever_loss("adist", granularity="token")
+    with pytest.raises(ValueError, match=r"unknown option 'attention' of retriever loss 'pdist'; valid: \(none\)"):
+        build_retriever_loss("pdist", attention="copy")
+
+
+def test_gold_precision_full_is_read_as_fp32_with_a_warning():
+    assert build_retriever_loss("pdist").gold_precision == "fp32"
+    with pytest.warns(FutureWarning, match="'full' is deprecated; it is now called 'fp32'"):
+        assert build_retriever_loss("pdist", gold_precision="full").gold_precision == "fp32"
+    with pytest.raises(ValueError, match=r"valid: \['auto', 'fp32', 'bf16'\]"):
+        build_retriever_loss("pdist", gold_precision="fp16")

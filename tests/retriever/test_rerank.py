@@ -37,8 +37,19 @@ def rerank_indexes(tmp_path_factory, make_synthetic_corpus, clustered_source):
     threads = faiss.omp_get_max_threads()
     faiss.omp_set_num_threads(1)
     try:
-        return {spec: build_index(corpus, clustered_source(), root / spec.replace(",", "_"), spec=spec,
-                                  rerank=300, nprobe=8, train_sample=1024, progress=False) for spec in SPECS}
+        return {
+            spec: build_index(
+                corpus,
+                clustered_source(),
+                root / spec.replace(",", "_"),
+                spec=spec,
+                rerank=300,
+                nprobe=8,
+                train_sample=1024,
+                progress=False,
+            )
+            for spec in SPECS
+        }
     finally:
         faiss.omp_set_num_threads(threads)
 
@@ -157,8 +168,9 @@ def test_sharded_ranks_rerank_their_own_rows(rerank_indexes, queries, spec):
         candidates = [s._search_shard(queries, 10) for s in shards]
         for s, (_, own) in zip(shards, candidates):
             assert ((own >= s.start) & (own < s.end)).all()  # re-ranked where the rows live
-        scores, rows = merge_top_k(np.concatenate([c[0] for c in candidates], axis=1),
-                                   np.concatenate([c[1] for c in candidates], axis=1), 10)
+        scores, rows = merge_top_k(
+            np.concatenate([c[0] for c in candidates], axis=1), np.concatenate([c[1] for c in candidates], axis=1), 10
+        )
     np.testing.assert_array_equal(rows, expected_rows)
     np.testing.assert_allclose(scores, expected_scores, rtol=1e-5)
 
@@ -167,7 +179,9 @@ def test_rerank_without_vectors_is_a_clear_error(tmp_path, make_synthetic_corpus
     corpus = make_synthetic_corpus(tmp_path, 600)
     folder = build_index(corpus, clustered_source(), tmp_path / "pq", spec="PQ4", progress=False)
     assert PassageIndex.load(folder).rerank == 0  # an index built before re-ranking: works as it was
-    with pytest.raises(InvalidIndexError, match=r"pq: re-ranking 50 candidates needs the float16 vectors file.*files\.vectors"):
+    with pytest.raises(
+        InvalidIndexError, match=r"pq: re-ranking 50 candidates needs the float16 vectors file.*files\.vectors"
+    ):
         PassageIndex.load(folder, rerank=50)
     manifest = json.loads((folder / "manifest.json").read_text())
     (folder / "manifest.json").write_text(json.dumps({**manifest, "rerank": "many"}))
@@ -196,10 +210,19 @@ def save_tiny_retriever(folder):
     from retriever.encoder import ContrieverEncoder, Retriever, default_encoder_path
 
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=128)
-    encoder = ContrieverEncoder(BertModel(config, add_pooling_layer=False).eval(),
-                                AutoTokenizer.from_pretrained(default_encoder_path("minilm")), normalize=True)
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
+    encoder = ContrieverEncoder(
+        BertModel(config, add_pooling_layer=False).eval(),
+        AutoTokenizer.from_pretrained(default_encoder_path("minilm")),
+        normalize=True,
+    )
     Retriever(query_encoder=encoder, passage_maxlength=64).save_pretrained(folder)
     return folder
 
@@ -209,16 +232,24 @@ def test_cli_build_and_search_with_rerank(tmp_path, capsys):
     words = ["river", "mountain", "city", "music", "king", "war", "bridge", "island", "science", "novel"]
     rng = np.random.default_rng(0)
     docs = tmp_path / "docs.jsonl"
-    docs.write_text("".join(json.dumps({"id": f"d{i}", "title": "", "text": " ".join(rng.choice(words, 8))}) + "\n"
-                            for i in range(300)))
+    docs.write_text(
+        "".join(
+            json.dumps({"id": f"d{i}", "title": "", "text": " ".join(rng.choice(words, 8))}) + "\n" for i in range(300)
+        )
+    )
     assert run_cli(capsys, "corpus", "prepare", docs, "--out", tmp_path / "corpus")[0] == 0
     common = ["--corpus", tmp_path / "corpus", "--encoder", encoder]
     assert run_cli(capsys, "index", "build", *common, "--out", tmp_path / "flat")[0] == 0
-    assert run_cli(capsys, "index", "build", *common, "--out", tmp_path / "pq", "--spec", "PQ4",
-                   "--rerank", "300")[0] == 0
+    assert (
+        run_cli(capsys, "index", "build", *common, "--out", tmp_path / "pq", "--spec", "PQ4", "--rerank", "300")[0] == 0
+    )
     assert run_cli(capsys, "index", "build", *common, "--out", tmp_path / "bare", "--spec", "PQ4")[0] == 0
-    assert run_cli(capsys, "index", "build", *common, "--out", tmp_path / "fast", "--spec", "PQ4x4fs",
-                   "--rerank", "300")[0] == 0  # 4-bit fast scan: 2 B a passage
+    assert (
+        run_cli(capsys, "index", "build", *common, "--out", tmp_path / "fast", "--spec", "PQ4x4fs", "--rerank", "300")[
+            0
+        ]
+        == 0
+    )  # 4-bit fast scan: 2 B a passage
     code, out, _ = run_cli(capsys, "index", "info", tmp_path / "pq")
     assert code == 0 and json.loads(out)["rerank"] == 300 and "vectors" in json.loads(out)["files"]
 

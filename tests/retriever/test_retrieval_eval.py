@@ -41,11 +41,7 @@ def test_metrics_by_hand():
     assert metrics["answer_recall@3"] == pytest.approx(2 / 3)
     assert metrics["answer_mrr"] == pytest.approx((1 / 2 + 1 / 3) / 3)
     # gold metrics cover only the two examples that name gold ids
-    assert (
-        metrics["n_with_gold"] == 2
-        and metrics["gold_recall@2"] == 0.0
-        and metrics["gold_recall@3"] == 1.0
-    )
+    assert metrics["n_with_gold"] == 2 and metrics["gold_recall@2"] == 0.0 and metrics["gold_recall@3"] == 1.0
     assert metrics["gold_mrr"] == pytest.approx(1 / 3)
     assert records[0]["hits"][1]["has_answer"] and records[0]["hits"][2]["gold"]
     assert "gold" not in records[2]["hits"][0]
@@ -64,16 +60,9 @@ def test_reader_accepts_nq_open_and_names_bad_lines(tmp_path):
         RetrievalExample("a?", ["x", "y"], []),
         RetrievalExample("b?", ["z"], ["nq-1"]),
     ]
-    path.write_text(
-        json.dumps({"question": "a?", "answers": ["x"]})
-        + "\n"
-        + json.dumps({"question": "b?"})
-        + "\n"
-    )
+    path.write_text(json.dumps({"question": "a?", "answers": ["x"]}) + "\n" + json.dumps({"question": "b?"}) + "\n")
     with pytest.raises(InputError, match=r"q.jsonl:2: field 'answers': missing required field"):
         read_retrieval_examples(path)
     path.write_text(json.dumps({"question": "a?", "answers": [{"text": "x"}]}) + "\n")
-    with pytest.raises(
-        InputError, match=r"q.jsonl:1: field 'answers': expected a string or a list of strings"
-    ):
+    with pytest.raises(InputError, match=r"q.jsonl:1: field 'answers': expected a string or a list of strings"):
         read_retrieval_examples(path)

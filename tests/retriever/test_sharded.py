@@ -46,7 +46,20 @@ def index_folders(tmp_path_factory, tiny_encoder_path):
     from retriever.index_build import build_index
 
     root = tmp_path_factory.mktemp("sharded")
-    words = ["alpha", "beta", "gamma", "delta", "river", "mountain", "capital", "city", "flag", "colour", "north", "south"]
+    words = [
+        "alpha",
+        "beta",
+        "gamma",
+        "delta",
+        "river",
+        "mountain",
+        "capital",
+        "city",
+        "flag",
+        "colour",
+        "north",
+        "south",
+    ]
     rng = np.random.default_rng(1)
     docs = [{"id": f"d{i}", "title": f"T{i}", "text": " ".join(rng.choice(words, 8))} for i in range(61)]
     (root / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
@@ -55,21 +68,46 @@ def index_folders(tmp_path_factory, tiny_encoder_path):
     folders = {}
     for spec in ("Flat", "IVF4,Flat", "SQ8", "HNSW8"):
         folders[spec] = root / spec.replace(",", "_")
-        build_index(root / "corpus", retriever, folders[spec], spec=spec, progress=False, train_sample=61,
-                    nprobe=4)
+        build_index(root / "corpus", retriever, folders[spec], spec=spec, progress=False, train_sample=61, nprobe=4)
     return folders
 
 
 def search(folder, encoder, *, nproc: int | None, cwd) -> list[dict]:
-    args = ["-m", "atlas", "index", "search", str(folder), "river capital", "north flag colour",
-            "-k", "7", "--json", "--encoder", str(encoder)]
+    args = [
+        "-m",
+        "atlas",
+        "index",
+        "search",
+        str(folder),
+        "river capital",
+        "north flag colour",
+        "-k",
+        "7",
+        "--json",
+        "--encoder",
+        str(encoder),
+    ]
     if nproc is None:
         cmd = [sys.executable, *args]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               *args, "--sharded"]
-    result = subprocess.run(cmd, check=False, capture_output=True, text=True, cwd=cwd, timeout=300,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+            *args,
+            "--sharded",
+        ]
+    result = subprocess.run(
+        cmd,
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
 
@@ -90,16 +128,40 @@ def test_index_built_on_two_ranks_equals_a_single_process_build(index_folders, t
     """Chunks of 7 passages split over 2 ranks: the same vectors file, the same search results."""
     corpus = index_folders["Flat"].parent / "corpus"
     out = tmp_path / "two-rank-index"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "atlas",
-           "index", "build", "--corpus", str(corpus), "--encoder", str(tiny_encoder_path), "--out", str(out),
-           "--chunk-size", "7"]
-    result = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "atlas",
+        "index",
+        "build",
+        "--corpus",
+        str(corpus),
+        "--encoder",
+        str(tiny_encoder_path),
+        "--out",
+        str(out),
+        "--chunk-size",
+        "7",
+    ]
+    result = subprocess.run(
+        cmd,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     single = np.load(index_folders["Flat"] / "vectors.g1.npy")
     assert np.array_equal(np.load(out / "vectors.g1.npy"), single)
     assert search(out, tiny_encoder_path, nproc=None, cwd=tmp_path) == search(
-        index_folders["Flat"], tiny_encoder_path, nproc=None, cwd=tmp_path)
+        index_folders["Flat"], tiny_encoder_path, nproc=None, cwd=tmp_path
+    )
 
 
 SPECS = ["Flat", "IVF8,Flat", "IVF8,PQ8", "PQ8", "SQ8", "HNSW8"]
@@ -112,8 +174,12 @@ def synthetic_indexes(tmp_path_factory, make_synthetic_corpus, clustered_source)
 
     root = tmp_path_factory.mktemp("sharded-synthetic")
     corpus = make_synthetic_corpus(root, 3000)
-    return {spec: build_index(corpus, clustered_source(), root / spec.replace(",", "_"), spec=spec,
-                              progress=False, nprobe=4) for spec in SPECS}
+    return {
+        spec: build_index(
+            corpus, clustered_source(), root / spec.replace(",", "_"), spec=spec, progress=False, nprobe=4
+        )
+        for spec in SPECS
+    }
 
 
 def sharded_results(folder, queries: np.ndarray, k: int, world: int):
@@ -123,8 +189,9 @@ def sharded_results(folder, queries: np.ndarray, k: int, world: int):
     if shards[0].mode == "replicate":
         return shards, shards[0].search_vectors(queries, k)
     candidates = [s._search_shard(queries, k) for s in shards]
-    merged = merge_top_k(np.concatenate([c[0] for c in candidates], axis=1),
-                         np.concatenate([c[1] for c in candidates], axis=1), k)
+    merged = merge_top_k(
+        np.concatenate([c[0] for c in candidates], axis=1), np.concatenate([c[1] for c in candidates], axis=1), k
+    )
     return shards, merged
 
 
@@ -181,8 +248,13 @@ def test_sharded_flat_rank_reads_only_its_rows(tmp_path, make_synthetic_corpus, 
     ranks' rows are never touched (RSS of the mapping measured in /proc/self/smaps)."""
     from retriever.index_build import build_index
 
-    folder = build_index(make_synthetic_corpus(tmp_path, 20000), clustered_source(128), tmp_path / "flat",
-                         progress=False, chunk_size=20000)
+    folder = build_index(
+        make_synthetic_corpus(tmp_path, 20000),
+        clustered_source(128),
+        tmp_path / "flat",
+        progress=False,
+        chunk_size=20000,
+    )
     vectors_file = str((folder / "vectors.g1.npy").resolve())
 
     def mapped_rss() -> int:
@@ -223,7 +295,8 @@ def counting(passages, **kwargs):
 retriever.embed_passages = counting
 index = build_index(config, retriever)
 # one file per rank: two ranks printing to one stdout can interleave their lines
-Path(out_dir, f"report-{context.rank}.json").write_text(json.dumps({"rank": context.rank, "embedded": embedded, "count": len(index)}))
+report = {"rank": context.rank, "embedded": embedded, "count": len(index)}
+Path(out_dir, f"report-{context.rank}.json").write_text(json.dumps(report))
 shutdown(context)
 """
 
@@ -235,18 +308,35 @@ def test_run_index_is_built_once_shared_by_the_ranks(index_folders, tiny_encoder
     corpus = index_folders["Flat"].parent / "corpus"
     script = tmp_path / "build.py"
     script.write_text(BUILD_SCRIPT)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
-           str(corpus), str(tmp_path / "run"), str(tiny_encoder_path)]
-    result = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[2],
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(script),
+        str(corpus),
+        str(tmp_path / "run"),
+        str(tiny_encoder_path),
+    ]
+    result = subprocess.run(
+        cmd,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parents[2],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     reports = [json.loads((tmp_path / "run" / f"report-{rank}.json").read_text()) for rank in (0, 1)]
     assert sorted(r["rank"] for r in reports) == [0, 1] and all(r["count"] == 61 for r in reports)
     embedded = [set(r["embedded"]) for r in reports]
     assert embedded[0] and embedded[1] and not embedded[0] & embedded[1]
     assert len(embedded[0] | embedded[1]) == 61
-    assert np.array_equal(np.load(tmp_path / "run" / "index" / "vectors.g1.npy"),
-                          np.load(index_folders["Flat"] / "vectors.g1.npy"))
+    assert np.array_equal(
+        np.load(tmp_path / "run" / "index" / "vectors.g1.npy"), np.load(index_folders["Flat"] / "vectors.g1.npy")
+    )
 
 
 @pytest.mark.parametrize("spec", ["IVF8,Flat", "IVF8,PQ8"])

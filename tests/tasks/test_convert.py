@@ -12,6 +12,7 @@ import pytest
 from tasks import get_task
 from tasks.convert import kilt_knowledge_documents, nq824_to_kilt, split_file
 from tasks.io import InputError
+from tasks.passage import Passage
 
 DOCS = [
     {"id": "nq-0", "title": "", "text": "The capital of Zorbland is Quimper."},
@@ -43,15 +44,24 @@ def nq824(tmp_path, write_jsonl) -> Path:
 def test_nq824_in_kilt_format_with_its_gold_paragraphs_as_provenance(nq824, tmp_path):
     done = nq824_to_kilt(nq824, tmp_path / "kilt", distractors=[tmp_path / "distractors.jsonl"])
     assert (done.train, done.dev, done.gold_documents, done.distractor_documents) == (1, 2, 3, 1)
-    olo = {"wikipedia_id": "nq-1", "title": "", "start_paragraph_id": 0, "start_character": 0,
-           "end_paragraph_id": 0, "end_character": 50}
+    olo = {
+        "wikipedia_id": "nq-1",
+        "title": "",
+        "start_paragraph_id": 0,
+        "start_character": 0,
+        "end_paragraph_id": 0,
+        "end_character": 50,
+    }
     assert lines(tmp_path / "kilt" / "dev.jsonl")[0] == {
-        "id": "nq824-dev-0", "input": "who first climbed mount olo",
-        "output": [{"answer": "Anna Brook", "provenance": [olo]}, {"answer": "Brook", "provenance": [olo]}]}
+        "id": "nq824-dev-0",
+        "input": "who first climbed mount olo",
+        "output": [{"answer": "Anna Brook", "provenance": [olo]}, {"answer": "Brook", "provenance": [olo]}],
+    }
     assert [r["id"] for r in lines(tmp_path / "kilt" / "train.jsonl")] == ["nq824-train-0"]
     assert lines(tmp_path / "kilt" / "knowledge.jsonl") == [
         *({**d, "wikipedia_id": d["id"]} for d in DOCS),
-        {"id": "wt2-0", "title": "Homarus", "text": "A lobster.", "wikipedia_id": "wt2-0"}]
+        {"id": "wt2-0", "title": "Homarus", "text": "A lobster.", "wikipedia_id": "wt2-0"},
+    ]
     assert sorted(p.name for p in (tmp_path / "kilt").iterdir()) == ["dev.jsonl", "knowledge.jsonl", "train.jsonl"]
 
 
@@ -63,10 +73,13 @@ def test_kilt_scores_of_the_converted_questions_by_hand(nq824, tmp_path):
     examples = kilt.load(tmp_path / "kilt" / "dev.jsonl")
     retrieved = [
         # the gold page's two chunks, then a distractor: R-precision 1, EM 1 → KILT-EM 1
-        [{"id": "nq-1-0", "wikipedia_id": "nq-1"}, {"id": "nq-1-1", "wikipedia_id": "nq-1"},
-         {"id": "wt2-0-0", "wikipedia_id": "wt2-0"}],
+        [
+            Passage("nq-1-0", wikipedia_id="nq-1"),
+            Passage("nq-1-1", wikipedia_id="nq-1"),
+            Passage("wt2-0-0", wikipedia_id="wt2-0"),
+        ],
         # a distractor page first, the gold second: R-precision 0, EM 1 → KILT-EM 0; recall@5 1
-        [{"id": "wt2-0-0", "wikipedia_id": "wt2-0"}, {"id": "nq-2-0", "wikipedia_id": "nq-2"}],
+        [Passage("wt2-0-0", wikipedia_id="wt2-0"), Passage("nq-2-0", wikipedia_id="nq-2")],
     ]
     scores = kilt.official_scores(examples, ["Brook", "The Florin"], retrieved=retrieved)
     assert (scores["em"], scores["Rprec"], scores["KILT-em"], scores["recall@5"]) == (1.0, 0.5, 0.5, 1.0)
@@ -74,8 +87,7 @@ def test_kilt_scores_of_the_converted_questions_by_hand(nq824, tmp_path):
     questions = qa.load(nq824 / "dev.jsonl")
     assert [e.query for e in questions] == [e.query for e in examples]  # the reader reads the same input
     for predictions in (["Brook", "The Florin"], ["Anna", ""], ["anna  brook", "florins"]):
-        assert (kilt.evaluate(examples, predictions)["exact_match"]
-                == qa.evaluate(questions, predictions)["exact_match"])
+        assert kilt.evaluate(examples, predictions)["exact_match"] == qa.evaluate(questions, predictions)["exact_match"]
 
 
 def test_the_prepared_corpus_carries_the_page_ids_the_provenance_names(nq824, tmp_path):
@@ -85,21 +97,42 @@ def test_the_prepared_corpus_carries_the_page_ids_the_provenance_names(nq824, tm
     prepare_corpus([tmp_path / "kilt" / "knowledge.jsonl"], tmp_path / "corpus", chunk_words=5, progress=False)
     corpus = Corpus.load(tmp_path / "corpus")
     pages = {corpus[row]["id"]: corpus[row]["wikipedia_id"] for row in range(len(corpus))}
-    assert pages == {"nq-0-0": "nq-0", "nq-0-1": "nq-0", "nq-1-0": "nq-1", "nq-1-1": "nq-1", "nq-2-0": "nq-2",
-                     "nq-2-1": "nq-2"}
+    assert pages == {
+        "nq-0-0": "nq-0",
+        "nq-0-1": "nq-0",
+        "nq-1-0": "nq-1",
+        "nq-1-1": "nq-1",
+        "nq-2-0": "nq-2",
+        "nq-2-1": "nq-2",
+    }
 
 
-@pytest.mark.parametrize(("file", "record", "message"), [
-    ("dev.jsonl", {"question": "q", "answers": ["a"], "gold_doc": "nq-9"},
-     "dev.jsonl:3: field 'gold_doc': 'nq-9' is not a document of documents.jsonl"),
-    ("dev.jsonl", {"question": "q", "answers": [], "gold_doc": "nq-0"},
-     "dev.jsonl:3: field 'answers': expected a non-empty list of non-empty strings"),
-    ("train-64.jsonl", {"answers": ["a"], "gold_doc": "nq-0"}, "train-64.jsonl:2: field 'question': missing or empty"),
-    ("documents.jsonl", {"id": "nq-0", "text": "again"},
-     "documents.jsonl:4: field 'id': duplicate document id 'nq-0' (first at "),
-])
-def test_a_bad_nq824_record_names_file_line_and_field_and_nothing_is_written(nq824, tmp_path, file, record,
-                                                                               message):
+@pytest.mark.parametrize(
+    ("file", "record", "message"),
+    [
+        (
+            "dev.jsonl",
+            {"question": "q", "answers": ["a"], "gold_doc": "nq-9"},
+            "dev.jsonl:3: field 'gold_doc': 'nq-9' is not a document of documents.jsonl",
+        ),
+        (
+            "dev.jsonl",
+            {"question": "q", "answers": [], "gold_doc": "nq-0"},
+            "dev.jsonl:3: field 'answers': expected a non-empty list of non-empty strings",
+        ),
+        (
+            "train-64.jsonl",
+            {"answers": ["a"], "gold_doc": "nq-0"},
+            "train-64.jsonl:2: field 'question': missing or empty",
+        ),
+        (
+            "documents.jsonl",
+            {"id": "nq-0", "text": "again"},
+            "documents.jsonl:4: field 'id': duplicate document id 'nq-0' (first at ",
+        ),
+    ],
+)
+def test_a_bad_nq824_record_names_file_line_and_field_and_nothing_is_written(nq824, tmp_path, file, record, message):
     with open(nq824 / file, "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
     with pytest.raises(InputError, match=re.escape(message)):
@@ -108,8 +141,9 @@ def test_a_bad_nq824_record_names_file_line_and_field_and_nothing_is_written(nq8
 
 
 def test_real_nq824_converts_and_every_question_finds_its_page(shared_data, tmp_path):
-    done = nq824_to_kilt(shared_data / "nq824", tmp_path / "kilt",
-                         distractors=[shared_data / "wikitext2-articles.jsonl"])
+    done = nq824_to_kilt(
+        shared_data / "nq824", tmp_path / "kilt", distractors=[shared_data / "wikitext2-articles.jsonl"]
+    )
     assert (done.train, done.dev, done.gold_documents, done.distractor_documents) == (64, 578, 820, 122)
     pages = {d["wikipedia_id"] for d in lines(tmp_path / "kilt" / "knowledge.jsonl")}
     for split, size in (("train", 64), ("dev", 578)):
@@ -120,15 +154,31 @@ def test_real_nq824_converts_and_every_question_finds_its_page(shared_data, tmp_
 
 
 def test_kilt_knowledge_source_pages_become_documents(tmp_path, write_jsonl):
-    source = write_jsonl(tmp_path / "kilt_knowledgesource.json", [
-        {"_id": "1", "wikipedia_id": "290", "wikipedia_title": "A",
-         "text": ["A\n", "A is the first letter.\n", "Section::::History.\n", "BULLET::::- It came from aleph.\n"]},
-        {"_id": "2", "wikipedia_id": "303", "wikipedia_title": "Empty", "text": ["Empty\n"]},
-        {"_id": "3", "wikipedia_id": "7", "wikipedia_title": "B", "text": "not a list"},
-    ])
+    source = write_jsonl(
+        tmp_path / "kilt_knowledgesource.json",
+        [
+            {
+                "_id": "1",
+                "wikipedia_id": "290",
+                "wikipedia_title": "A",
+                "text": [
+                    "A\n",
+                    "A is the first letter.\n",
+                    "Section::::History.\n",
+                    "BULLET::::- It came from aleph.\n",
+                ],
+            },
+            {"_id": "2", "wikipedia_id": "303", "wikipedia_title": "Empty", "text": ["Empty\n"]},
+            {"_id": "3", "wikipedia_id": "7", "wikipedia_title": "B", "text": "not a list"},
+        ],
+    )
     documents = kilt_knowledge_documents(source)
-    assert next(documents) == {"id": "290", "title": "A", "wikipedia_id": "290",
-                               "text": "A is the first letter. It came from aleph."}
+    assert next(documents) == {
+        "id": "290",
+        "title": "A",
+        "wikipedia_id": "290",
+        "text": "A is the first letter. It came from aleph.",
+    }
     with pytest.raises(InputError, match=r"kilt_knowledgesource\.json:3: field 'text': expected a list"):
         next(documents)  # the title-only page has no text and is left out
 
@@ -142,7 +192,10 @@ def test_split_is_seeded_disjoint_and_complete(tmp_path, write_jsonl):
     assert dev == [r for r in records if r not in train]  # file order kept
     split_file(source, tmp_path / "b", train=3, seed=1)
     assert lines(tmp_path / "b" / "train.jsonl") == train
-    with pytest.raises(ValueError, match=r"all\.jsonl: --train must be between 1 and 9 \(the file has 10 "
-                                         r"records\), got 10"):
+    with pytest.raises(
+        ValueError,
+        match=r"all\.jsonl: --train must be between 1 and 9 \(the file has 10 "
+        r"records\), got 10",
+    ):
         split_file(source, tmp_path / "c", train=10)
     assert not (tmp_path / "c").exists()

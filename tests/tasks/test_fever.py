@@ -30,7 +30,5 @@ def test_labels_targets_and_accuracy(tmp_path, write_jsonl):
 
 def test_unknown_label(tmp_path, write_jsonl):
     path = write_jsonl(tmp_path / "fever.jsonl", [{"claim": "c", "label": "SUPPORT"}])
-    with pytest.raises(
-        InputError, match=r"fever\.jsonl:1: field 'label': unknown label 'SUPPORT'; valid: SUPPORTS"
-    ):
+    with pytest.raises(InputError, match=r"fever\.jsonl:1: field 'label': unknown label 'SUPPORT'; valid: SUPPORTS"):
         get_task("fever").load(path)

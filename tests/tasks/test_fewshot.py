@@ -23,9 +23,9 @@ def test_shots_are_the_lowest_hashes_in_original_order():
     assert sample_shots(pool, 5, seed=4) != shots
     assert sample_shots(list(reversed(pool)), 5, seed=3) == list(reversed(shots))  # order-free
     # growing the pool never swaps out old winners for other old examples
-    assert {e.id for e in sample_shots(pool + _pool(300)[200:], 5, seed=3)} <= {
-        e.id for e in shots
-    } | {f"ex{i}" for i in range(200, 300)}
+    assert {e.id for e in sample_shots(pool + _pool(300)[200:], 5, seed=3)} <= {e.id for e in shots} | {
+        f"ex{i}" for i in range(200, 300)
+    }
 
 
 def test_shot_errors():

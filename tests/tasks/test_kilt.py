@@ -10,6 +10,7 @@ from tasks import get_task
 from tasks.io import InputError
 from tasks.kilt import infer_kilt_dataset
 from tasks.kilt_scoring import score_kilt
+from tasks.passage import Passage
 
 
 def test_hotpotqa_dev(shared_data):
@@ -17,10 +18,7 @@ def test_hotpotqa_dev(shared_data):
     assert len(examples) == 5600
     first = examples[0]
     assert first.id == "5a8b57f25542995d1e6f1371"
-    assert (
-        first.query
-        == "question: Were Scott Derrickson and Ed Wood of the same nationality? answer: <extra_id_0>"
-    )
+    assert first.query == "question: Were Scott Derrickson and Ed Wood of the same nationality? answer: <extra_id_0>"
     assert first.answers == ["yes"] and first.target == "<extra_id_0> yes"
     assert first.metadata["kilt_task"] == "hotpotqa"
 
@@ -60,15 +58,9 @@ def test_fever_targets_and_predictions_map_to_kilt_labels(tmp_path, write_jsonl)
     assert [e.target for e in examples] == ["<extra_id_0> true", "<extra_id_0> false"]
     assert task.train_target(examples[1], random.Random(0)) == "<extra_id_0> false"
     assert task.postprocess(examples[0], "<extra_id_0> true") == "SUPPORTS"
-    scores = task.evaluate(
-        examples, ["true", "true"], retrieved=[[{"wikipedia_id": "10"}], [{"id": "x"}]]
-    )
+    scores = task.evaluate(examples, ["true", "true"], retrieved=[[Passage("p10", wikipedia_id="10")], [Passage("x")]])
     assert next(iter(scores)) == "accuracy"  # FEVER's leaderboard metric first
-    assert (
-        scores["accuracy"] == 50.0
-        and scores["kilt_accuracy"] == 50.0
-        and scores["r_precision"] == 50.0
-    )
+    assert scores["accuracy"] == 50.0 and scores["kilt_accuracy"] == 50.0 and scores["r_precision"] == 50.0
 
     write_jsonl(path, [{"id": "1", "input": "x", "output": [{"answer": "MAYBE"}]}])
     with pytest.raises(
@@ -101,16 +93,14 @@ def test_evaluate_equals_official_scoring_of_the_same_records(tmp_path, write_js
     examples = task.load(write_jsonl(tmp_path / "nq-dev-kilt.jsonl", records))
     assert examples[0].answers == ["Paris", "City of Paris"]  # file order, distinct
     retrieved = [
-        [{"wikipedia_id": "2", "title": "P"}, {"text": "no page id"}, {"wikipedia_id": "1"}],
-        [{"wikipedia_id": "4"}],
+        [Passage("p2", wikipedia_id="2", title="P"), Passage("p0", text="no page id"), Passage("p1", wikipedia_id="1")],
+        [Passage("p4", wikipedia_id="4")],
     ]
     scores = task.evaluate(examples, ["<extra_id_0> paris", "Rome"], retrieved=retrieved)
     guesses = [
         {
             "id": "a",
-            "output": [
-                {"answer": "paris", "provenance": [{"wikipedia_id": "2"}, {"wikipedia_id": "1"}]}
-            ],
+            "output": [{"answer": "paris", "provenance": [{"wikipedia_id": "2"}, {"wikipedia_id": "1"}]}],
         },
         {"id": "b", "output": [{"answer": "Rome", "provenance": [{"wikipedia_id": "4"}]}]},
     ]
@@ -134,15 +124,8 @@ def test_evaluate_equals_official_scoring_of_the_same_records(tmp_path, write_js
         return renamed.get(base, base) + at + k
 
     expected = {name(k): 100 * v for k, v in official.items()}
-    assert (
-        scores == {"exact_match": expected["exact_match"], **expected}
-        and next(iter(scores)) == "exact_match"
-    )
-    assert (
-        scores["exact_match"] == 100.0
-        and scores["accuracy"] == 50.0
-        and scores["kilt_exact_match"] == 50.0
-    )
+    assert scores == {"exact_match": expected["exact_match"], **expected} and next(iter(scores)) == "exact_match"
+    assert scores["exact_match"] == 100.0 and scores["accuracy"] == 50.0 and scores["kilt_exact_match"] == 50.0
     assert {"provenance_precision@1", "provenance_recall@5", "provenance_success@20"} <= set(scores)
     assert list(task.evaluate(examples, ["x", "y"])) == ["exact_match", "accuracy", "f1", "rouge_l"]
     # the official report: KILT's own keys and scale, grouped as its scorers print them
@@ -163,9 +146,7 @@ def test_dialogue_input_and_bad_records(tmp_path, write_jsonl):
     (example,) = task.load(path)
     assert example.query == "question: Hi | I like cats answer: <extra_id_0>"
     write_jsonl(path, [{"id": "w", "input": "x", "output": [{"answer": 3}]}])
-    with pytest.raises(
-        InputError, match=r"wow-dev-kilt\.jsonl:1: field 'output\[0\]\.answer': expected a string"
-    ):
+    with pytest.raises(InputError, match=r"wow-dev-kilt\.jsonl:1: field 'output\[0\]\.answer': expected a string"):
         task.load(path)
     write_jsonl(path, [{"id": "w", "output": []}])
     with pytest.raises(InputError, match=r":1: field 'input': missing required field"):

@@ -44,19 +44,13 @@ def test_fixture_is_kilt_format_and_loads_as_its_dataset(dataset):
     raw = records(dataset)
     assert 4 <= len(raw) <= 10 and len({r["id"] for r in raw}) == len(raw)
     for record in raw:
-        assert (
-            isinstance(record["id"], str)
-            and isinstance(record["input"], str)
-            and record["input"].strip()
-        )
+        assert isinstance(record["id"], str) and isinstance(record["input"], str) and record["input"].strip()
         assert isinstance(record["output"], list) and record["output"]
         assert any(o.get("answer") for o in record["output"])
         pages = [p for o in record["output"] for p in o.get("provenance", [])]
         assert pages and all(isinstance(p["wikipedia_id"], str) and p["title"] for p in pages)
     examples = get_task("kilt", kilt_task=dataset).load(path)
-    assert len(examples) == len(raw) and all(
-        e.metadata["kilt_task"] == dataset and e.target for e in examples
-    )
+    assert len(examples) == len(raw) and all(e.metadata["kilt_task"] == dataset and e.target for e in examples)
 
 
 def test_task_conventions():
@@ -90,9 +84,7 @@ def test_gold_as_prediction_scores_perfectly(dataset):
     for record in gold:
         answer = next(o["answer"] for o in record["output"] if o.get("answer"))
         provenance = next(o["provenance"] for o in record["output"] if o.get("provenance"))
-        guesses.append(
-            {"id": record["id"], "output": [{"answer": answer, "provenance": provenance}]}
-        )
+        guesses.append({"id": record["id"], "output": [{"answer": answer, "provenance": provenance}]})
     scores = as_metrics(score_kilt(gold, guesses))  # percent, the project's names
     primary = KILT_DATASETS[dataset][1]
     assert scores[primary] == pytest.approx(100.0, abs=1e-5) and scores["r_precision"] == 100.0
@@ -109,6 +101,4 @@ def test_each_small_recipe_runs_its_own_task(recipe):
     for path in data:
         assert infer_kilt_dataset(path) == dataset
         if recipe != "kilt-hotpotqa":  # HotpotQA runs on the real dev file in ../shared/data
-            assert (
-                path == f"tests/fixtures/kilt/{dataset}-dev-kilt.jsonl" and (REPO / path).is_file()
-            )
+            assert path == f"tests/fixtures/kilt/{dataset}-dev-kilt.jsonl" and (REPO / path).is_file()

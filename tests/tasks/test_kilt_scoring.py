@@ -20,9 +20,7 @@ from tasks.metrics import rouge_l
 
 def gold(gid, answers, provenance_sets):
     outputs = [{"answer": a} for a in answers]
-    outputs += [
-        {"provenance": [{"wikipedia_id": p, "title": f"T{p}"} for p in s]} for s in provenance_sets
-    ]
+    outputs += [{"provenance": [{"wikipedia_id": p, "title": f"T{p}"} for p in s]} for s in provenance_sets]
     return {"id": gid, "input": "q", "output": outputs}
 
 
@@ -88,10 +86,7 @@ def test_downstream_and_kilt_variants_by_hand():
     assert scores["accuracy"] == 1 / 4
     assert scores["em"] == 2 / 4
     assert scores["f1"] == pytest.approx((1 + 1 + 0 + 2 / 3) / 4, rel=1e-15)
-    assert (
-        scores["rougel"]
-        == (rouge_l("Paris", "Paris") + rouge_l("beatles", "The Beatles") + rl_d) / 4
-    )
+    assert scores["rougel"] == (rouge_l("Paris", "Paris") + rouge_l("beatles", "The Beatles") + rl_d) / 4
     assert scores["KILT-accuracy"] == 1 / 4
     assert scores["KILT-em"] == 1 / 4  # "b" is right but its page is wrong
     assert scores["KILT-f1"] == pytest.approx((1 + 2 / 3) / 4, rel=1e-15)
@@ -105,16 +100,9 @@ def write(path, records):
 
 
 def test_files_round_trip_and_id_errors(tmp_path):
-    gold_path = write(
-        tmp_path / "g.jsonl", [gold("a", ["Paris"], [["1"]]), gold("b", ["Rome"], [["2"]])]
-    )
+    gold_path = write(tmp_path / "g.jsonl", [gold("a", ["Paris"], [["1"]]), gold("b", ["Rome"], [["2"]])])
     pred_path = tmp_path / "p.jsonl"
-    assert (
-        write_kilt_predictions(
-            pred_path, ["b", "a"], ["Rome", "Lyon"], [[{"wikipedia_id": "2"}], []]
-        )
-        == 2
-    )
+    assert write_kilt_predictions(pred_path, ["b", "a"], ["Rome", "Lyon"], [[{"wikipedia_id": "2"}], []]) == 2
     scores = score_kilt_files(gold_path, pred_path, ks=[1, 5])
     assert scores["accuracy"] == 0.5 and scores["KILT-accuracy"] == 0.5 and scores["Rprec"] == 0.5
 
@@ -125,13 +113,9 @@ def test_files_round_trip_and_id_errors(tmp_path):
     with pytest.raises(ValueError, match="no prediction for 1 gold id"):
         score_kilt_files(gold_path, pred_path)
     write(pred_path, [guess("a", "x", []), guess("b", "x", []), guess("c", "x", [])])
-    with pytest.raises(
-        InputError, match=r"p\.jsonl:3: field 'id': prediction id 'c' is not in the gold"
-    ):
+    with pytest.raises(InputError, match=r"p\.jsonl:3: field 'id': prediction id 'c' is not in the gold"):
         score_kilt_files(gold_path, pred_path)
-    write(
-        pred_path, [guess("a", "x", []), {"id": "b", "output": [{"answer": "x"}, {"answer": "y"}]}]
-    )
+    write(pred_path, [guess("a", "x", []), {"id": "b", "output": [{"answer": "x"}, {"answer": "y"}]}])
     with pytest.raises(InputError, match=r"p\.jsonl:2: field 'output'"):
         score_kilt_files(gold_path, pred_path)
     with pytest.raises(InputError, match="duplicate gold id"):
@@ -142,9 +126,7 @@ def test_files_round_trip_and_id_errors(tmp_path):
 
 def test_retrieval_only_scoring(tmp_path):
     gold_path = write(tmp_path / "g.jsonl", [gold("a", ["Paris"], [["1"]])])
-    pred_path = write(
-        tmp_path / "p.jsonl", [{"id": "a", "output": [{"provenance": [{"wikipedia_id": "1"}]}]}]
-    )
+    pred_path = write(tmp_path / "p.jsonl", [{"id": "a", "output": [{"provenance": [{"wikipedia_id": "1"}]}]}])
     scores = score_kilt_files(gold_path, pred_path, ks=[1], downstream=False)
     assert scores == {"Rprec": 1.0, "precision@1": 1.0}
 

@@ -49,13 +49,9 @@ def test_csv_line_numbers_and_broken_rows(tmp_path):
     folder = tmp_path / "test"
     folder.mkdir()
     path = folder / "anatomy_test.csv"
-    path.write_text(
-        '"two\nlines",a,b,c,d,A\nq2,a,b,c,d,B\nq3,a,b,c,D\nq4,a,b,c,d,E\n', encoding="utf-8"
-    )
+    path.write_text('"two\nlines",a,b,c,d,A\nq2,a,b,c,d,B\nq3,a,b,c,D\nq4,a,b,c,d,E\n', encoding="utf-8")
     task = get_task("mmlu")
-    with pytest.raises(
-        InputError, match=r"anatomy_test\.csv:4: field 'row': expected 6 columns .* got 5"
-    ):
+    with pytest.raises(InputError, match=r"anatomy_test\.csv:4: field 'row': expected 6 columns .* got 5"):
         task.load(folder)
     examples = task.load(folder, skip_invalid=True)
     assert [e.id for e in examples] == [
@@ -64,9 +60,7 @@ def test_csv_line_numbers_and_broken_rows(tmp_path):
     ]  # row 2 starts on line 3
     assert examples[0].metadata["question"] == "two\nlines"
     path.write_text("q,a,b,c,d,E\n", encoding="utf-8")
-    with pytest.raises(
-        InputError, match=r"anatomy_test\.csv:1: field 'answer': 'E' is not a letter"
-    ):
+    with pytest.raises(InputError, match=r"anatomy_test\.csv:1: field 'answer': 'E' is not a letter"):
         task.load(path)
 
 
@@ -83,9 +77,7 @@ def test_jsonl_form(tmp_path, write_jsonl):
             {"question": "x", "options": {"A": "1", "B": "2"}, "answer": "A"},
         ],
     )
-    with pytest.raises(
-        InputError, match=r"mc\.jsonl:2: field 'options': expected an object with keys A, B, C, D"
-    ):
+    with pytest.raises(InputError, match=r"mc\.jsonl:2: field 'options': expected an object with keys A, B, C, D"):
         get_task("mmlu").load(path)
     (example,) = get_task("mmlu").load(path, skip_invalid=True)
     assert example.id == "mc:1" and example.metadata["category"] == "STEM"
@@ -122,9 +114,7 @@ def test_permutations_keep_option_text_and_gold(mode, count):
     if mode == "cyclic":  # each option is shown once under each letter
         for letter in "ABCD":
             assert {p.options[letter] for p in permuted} == set(example.options.values())
-    with pytest.raises(
-        ValueError, match="unknown permutation mode 'some'; valid: single, cyclic, all"
-    ):
+    with pytest.raises(ValueError, match="unknown permutation mode 'some'; valid: single, cyclic, all"):
         orderings(4, "some")
 
 
@@ -233,9 +223,7 @@ def test_task_permutation_options():
     examples[1].id = "q2"
     assert len(task.training_examples(examples)) == 8
     assert [p.id for p in task.eval_presentations(examples[0])] == ["q#p0"]
-    with pytest.raises(
-        ValueError, match="unknown train_permutations 'every'; valid: single, cyclic"
-    ):
+    with pytest.raises(ValueError, match="unknown train_permutations 'every'; valid: single, cyclic"):
         get_task("mmlu", train_permutations="every")
 
 

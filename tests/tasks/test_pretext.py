@@ -8,6 +8,7 @@ import re
 import pytest
 
 from tasks import get_task
+from tasks.passage import Passage
 from tasks.pretext import lm_split, span_corrupt
 
 WORDS = [f"w{i}" for i in range(100)]
@@ -72,9 +73,7 @@ def test_tasks_from_a_corpus_file(tmp_path, write_jsonl):
     lm = get_task("lm").load(path)
     assert lm[0].query.split() == WORDS[:20] and lm[0].target.split() == WORDS[20:40]
     section = get_task("section").load(path)
-    assert (
-        len(section) == 1 and section[0].query == "Paris, History" and section[0].source_id == "p1"
-    )
+    assert len(section) == 1 and section[0].query == "Paris, History" and section[0].source_id == "p1"
     scores = get_task("lm").evaluate(lm, [lm[0].target, ""])
     assert scores["exact_match"] == 50.0 and scores["f1"] == 50.0  # percent
     assert list(scores) == ["exact_match", "f1", "rouge_l"]
@@ -88,9 +87,11 @@ def test_passage_without_text_is_an_error(tmp_path, write_jsonl):
 
 def test_the_source_passage_is_filtered_kept_or_ensured(tmp_path, write_jsonl):
     path = write_jsonl(tmp_path / "c.jsonl", [{"id": "p1", "title": "T", "text": " ".join(WORDS[:30])}])
-    filtered, kept, ensured = (get_task("mlm", source_passage=mode).load(path)[0] for mode in ("filter", "keep", "ensure"))
+    filtered, kept, ensured = (
+        get_task("mlm", source_passage=mode).load(path)[0] for mode in ("filter", "keep", "ensure")
+    )
     assert (filtered.source_id, filtered.evidence) == ("p1", None)
     assert (kept.source_id, kept.evidence) == (None, None)
-    assert ensured.source_id is None and ensured.evidence == {"id": "p1", "title": "T", "text": " ".join(WORDS[:30])}
+    assert ensured.source_id is None and ensured.evidence == Passage(id="p1", title="T", text=" ".join(WORDS[:30]))
     with pytest.raises(ValueError, match="lm: source_passage must be one of filter, keep, ensure"):
         get_task("lm", source_passage="drop")

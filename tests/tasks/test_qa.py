@@ -12,13 +12,9 @@ from tasks.io import InputError
 
 def test_registry_lists_valid_names_and_options():
     assert {"qa", "kilt", "mmlu", "fever", "mlm", "lm", "section"} <= set(TASKS)
-    with pytest.raises(
-        ValueError, match=r"unknown task 'nq'; valid: fever, kilt, lm, mlm, mmlu, qa"
-    ):
+    with pytest.raises(ValueError, match=r"unknown task 'nq'; valid: fever, kilt, lm, mlm, mmlu, qa"):
         get_task("nq")
-    with pytest.raises(
-        ValueError, match=r"unknown option\(s\) prompt for task 'qa'; valid: query_template"
-    ):
+    with pytest.raises(ValueError, match=r"unknown option\(s\) prompt for task 'qa'; valid: query_template"):
         get_task("qa", prompt="x")
     with pytest.raises(ValueError, match="bad query_template"):
         get_task("qa", query_template="{query}")
@@ -29,10 +25,7 @@ def test_nq_open_dev(shared_data):
     assert len(examples) == 3610
     first = examples[0]
     assert first.id == "0"
-    assert (
-        first.query
-        == "question: when was the last time anyone was on the moon answer: <extra_id_0>"
-    )
+    assert first.query == "question: when was the last time anyone was on the moon answer: <extra_id_0>"
     assert first.answers == ["14 December 1972 UTC", "December 1972"]
     assert first.target == "<extra_id_0> 14 December 1972 UTC"
     assert len({e.id for e in examples}) == 3610
@@ -42,17 +35,13 @@ def test_triviaqa_context_form(shared_data):
     examples = get_task("qa").load(shared_data / "triviaqa" / "triviaqa_sm_sub.jsonl")
     assert len(examples) == 3000
     first = examples[0]
-    assert first.metadata["question"] == (
-        "Brunswick, Lancastrian and Pearl Pickler are types of which vegetable?"
-    )
+    assert first.metadata["question"] == ("Brunswick, Lancastrian and Pearl Pickler are types of which vegetable?")
     assert first.answers[0] == "Onion" and "Allium cepa" in first.answers
     assert len(first.answers) == len(set(first.answers))  # "Onion" is also an alias: kept once
 
 
 def test_answers_form_custom_templates_and_random_targets(tmp_path, write_jsonl):
-    path = write_jsonl(
-        tmp_path / "qa.jsonl", [{"id": "q1", "question": "Who?", "answers": ["A", "B", "C"]}]
-    )
+    path = write_jsonl(tmp_path / "qa.jsonl", [{"id": "q1", "question": "Who?", "answers": ["A", "B", "C"]}])
     task = get_task("qa", query_template="Q: {question}", target_template="{answer}")
     (example,) = task.load(path)
     assert example.id == "q1" and example.query == "Q: Who?" and example.target == "A"
@@ -91,9 +80,7 @@ def test_answers_form_custom_templates_and_random_targets(tmp_path, write_jsonl)
     ],
 )
 def test_broken_records_name_file_line_field(tmp_path, write_jsonl, line, message):
-    path = write_jsonl(
-        tmp_path / "bad.jsonl", ['{"id": "a", "question": "ok", "answers": ["y"]}', line]
-    )
+    path = write_jsonl(tmp_path / "bad.jsonl", ['{"id": "a", "question": "ok", "answers": ["y"]}', line])
     task = get_task("qa")
     if message is None:
         assert len(task.load(path)) == 2

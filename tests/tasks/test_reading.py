@@ -9,6 +9,7 @@ import pytest
 
 from tasks.base import get_task
 from tasks.io import InputError
+from tasks.passage import Passage
 from tasks.reading import _window
 
 CONTEXT_A = "The Normans were the people who gave their name to Normandy, a region in France."
@@ -17,17 +18,45 @@ CONTEXT_C = "Norman architecture is known for its round arches."
 
 
 def _squad(tmp_path, qas_a=None, name="squad.json"):
-    document = {"version": "1.1", "data": [
-        {"title": "The_Normans", "paragraphs": [
-            {"context": CONTEXT_A, "qas": qas_a if qas_a is not None else [
-                {"id": "q1", "question": "What region did the Normans name?",
-                 "answers": [{"text": "Normandy", "answer_start": CONTEXT_A.index("Normandy")},
-                             {"text": "Normandy, a region in France",
-                              "answer_start": CONTEXT_A.index("Normandy")}]}]},
-            {"context": CONTEXT_B, "qas": [
-                {"id": "q2", "question": "When was the treaty signed?",
-                 "answers": [{"text": "911", "answer_start": CONTEXT_B.index("911")}]}]},
-            {"context": CONTEXT_C, "qas": []}]}]}
+    document = {
+        "version": "1.1",
+        "data": [
+            {
+                "title": "The_Normans",
+                "paragraphs": [
+                    {
+                        "context": CONTEXT_A,
+                        "qas": qas_a
+                        if qas_a is not None
+                        else [
+                            {
+                                "id": "q1",
+                                "question": "What region did the Normans name?",
+                                "answers": [
+                                    {"text": "Normandy", "answer_start": CONTEXT_A.index("Normandy")},
+                                    {
+                                        "text": "Normandy, a region in France",
+                                        "answer_start": CONTEXT_A.index("Normandy"),
+                                    },
+                                ],
+                            }
+                        ],
+                    },
+                    {
+                        "context": CONTEXT_B,
+                        "qas": [
+                            {
+                                "id": "q2",
+                                "question": "When was the treaty signed?",
+                                "answers": [{"text": "911", "answer_start": CONTEXT_B.index("911")}],
+                            }
+                        ],
+                    },
+                    {"context": CONTEXT_C, "qas": []},
+                ],
+            }
+        ],
+    }
     path = tmp_path / name
     path.write_text(json.dumps(document))
     return path
@@ -40,18 +69,20 @@ def test_squad_json_gives_one_example_per_question_with_its_paragraph(tmp_path):
     assert first.query == "question: What region did the Normans name? answer: <extra_id_0>"
     assert first.target == "<extra_id_0> Normandy"
     assert first.answers == ["Normandy", "Normandy, a region in France"]
-    assert first.passages == [{"id": "q1-gold", "title": "The Normans", "text": CONTEXT_A}]
+    assert first.passages == [Passage(id="q1-gold", title="The Normans", text=CONTEXT_A)]
 
 
 def test_distractors_are_other_paragraphs_of_the_same_article_in_a_seeded_order(tmp_path):
     path = _squad(tmp_path)
     examples = get_task("reading", distractors=2).load(path)
-    texts = [p["text"] for p in examples[1].passages]
+    texts = [p.text for p in examples[1].passages]
     assert sorted(texts) == sorted([CONTEXT_A, CONTEXT_B, CONTEXT_C])
     again = get_task("reading", distractors=2).load(path)
-    assert [p["id"] for p in again[1].passages] == [p["id"] for p in examples[1].passages]
-    orders = {tuple(p["id"].split("-")[-1] for p in get_task("reading", distractors=2, seed=s).load(path)[1].passages)
-              for s in range(12)}
+    assert [p.id for p in again[1].passages] == [p.id for p in examples[1].passages]
+    orders = {
+        tuple(p.id.split("-")[-1] for p in get_task("reading", distractors=2, seed=s).load(path)[1].passages)
+        for s in range(12)
+    }
     assert len(orders) > 1  # the gold is not always in the same slot
 
 
@@ -64,12 +95,18 @@ def test_a_window_keeps_the_answer_and_at_most_max_words():
     assert _window("short text", 0, 5, 50, random.Random(0)) == "short text"
 
 
-@pytest.mark.parametrize(("qa", "field", "message"), [
-    ({"id": "x", "answers": [{"text": "Normans", "answer_start": 4}]}, "qas[0].question", "non-empty string"),
-    ({"id": "x", "question": "Who?", "answers": [{"text": "Normans", "answer_start": 0}]}, "qas[0].answers[0]",
-     "not in the context at answer_start=0"),
-    ({"id": "x", "question": "Who?", "answers": []}, "qas[0].answers", "non-empty list"),
-])
+@pytest.mark.parametrize(
+    ("qa", "field", "message"),
+    [
+        ({"id": "x", "answers": [{"text": "Normans", "answer_start": 4}]}, "qas[0].question", "non-empty string"),
+        (
+            {"id": "x", "question": "Who?", "answers": [{"text": "Normans", "answer_start": 0}]},
+            "qas[0].answers[0]",
+            "not in the context at answer_start=0",
+        ),
+        ({"id": "x", "question": "Who?", "answers": []}, "qas[0].answers", "non-empty list"),
+    ],
+)
 def test_bad_squad_records_name_the_file_the_record_and_the_field(tmp_path, qa, field, message):
     path = _squad(tmp_path, qas_a=[qa])
     with pytest.raises(InputError, match=message) as error:
@@ -81,8 +118,12 @@ def test_bad_squad_records_name_the_file_the_record_and_the_field(tmp_path, qa, 
 
 def test_an_empty_context_and_jsonl_errors_name_the_line(tmp_path):
     path = tmp_path / "reading.jsonl"
-    path.write_text(json.dumps({"question": "q", "context": "Paris is big.", "answers": ["Paris"]}) + "\n"
-                    + json.dumps({"question": "q", "context": "  ", "answers": ["Paris"]}) + "\n")
+    path.write_text(
+        json.dumps({"question": "q", "context": "Paris is big.", "answers": ["Paris"]})
+        + "\n"
+        + json.dumps({"question": "q", "context": "  ", "answers": ["Paris"]})
+        + "\n"
+    )
     with pytest.raises(InputError, match=r"reading.jsonl:2: field 'context'"):
         get_task("reading").load(path)
     assert len(get_task("reading").load(path, skip_invalid=True)) == 1
@@ -109,23 +150,31 @@ def test_options_are_validated():
 def _example(example_id, answers, passages):
     from tasks.base import Example
 
-    return Example(id=example_id, query=f"question: {example_id}? answer: <extra_id_0>",
-                   target=f"<extra_id_0> {answers[0]}", answers=answers,
-                   passages=[{"id": f"{example_id}-{n}", "title": "", "text": t} for n, t in enumerate(passages)],
-                   metadata={"question": example_id})
+    return Example(
+        id=example_id,
+        query=f"question: {example_id}? answer: <extra_id_0>",
+        target=f"<extra_id_0> {answers[0]}",
+        answers=answers,
+        passages=[{"id": f"{example_id}-{n}", "title": "", "text": t} for n, t in enumerate(passages)],
+        metadata={"question": example_id},
+    )
 
 
 def test_a_counterfactual_twin_swaps_the_answer_in_every_passage_and_the_target():
     from tasks.counterfactual import counterfactual_example
 
-    example = _example("when", ["1911"], ["Anna Brook climbed Mount Olo in 1911.", "In 1911 (not 19111) it snowed.",
-                                          "Nothing here."])
+    example = _example(
+        "when", ["1911"], ["Anna Brook climbed Mount Olo in 1911.", "In 1911 (not 19111) it snowed.", "Nothing here."]
+    )
     pool = {"year": ["1911", "1848", "1911"], "name": ["Tarsia"]}
     twin = counterfactual_example(example, pool, random.Random(0), "<extra_id_0> {answer}")
-    assert [p["text"] for p in twin.passages] == ["Anna Brook climbed Mount Olo in 1848.",
-                                                  "In 1848 (not 19111) it snowed.", "Nothing here."]
+    assert [p.text for p in twin.passages] == [
+        "Anna Brook climbed Mount Olo in 1848.",
+        "In 1848 (not 19111) it snowed.",
+        "Nothing here.",
+    ]
     assert (twin.target, twin.answers, twin.metadata["counterfactual_of"]) == ("<extra_id_0> 1848", ["1848"], "1911")
-    assert example.answers == ["1911"] and "1911" in example.passages[0]["text"]  # the original is left as it was
+    assert example.answers == ["1911"] and "1911" in example.passages[0].text  # the original is left as it was
     # nothing of its kind that is new to the text, or a second gold answer left standing: no twin
     assert counterfactual_example(example, {"year": ["1911"]}, random.Random(0), "{answer}") is None
     assert counterfactual_example(example, {"name": ["Tarsia"]}, random.Random(0), "{answer}") is None
@@ -143,7 +192,8 @@ def test_counterfactual_training_swaps_a_seeded_share_and_never_the_evaluation_d
     swapped = [t for t in trained if "counterfactual_of" in t.metadata]
     assert 40 <= len(swapped) <= 80  # about 30% of 200
     for twin in swapped:
-        assert twin.answers[0] in twin.passages[0]["text"] and twin.metadata["counterfactual_of"] not in twin.passages[0]["text"]
+        text = twin.passages[0].text
+        assert twin.answers[0] in text and twin.metadata["counterfactual_of"] not in text
         assert twin.target == f"<extra_id_0> {twin.answers[0]}"
     assert [t.answers for t in task.training_examples(examples)] == [t.answers for t in trained]  # seeded
     assert get_task("reading").training_examples(examples) == examples  # off by default

