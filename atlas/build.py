@@ -7,13 +7,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from transformers import AutoModel, AutoTokenizer
 
 from atlas.config import AtlasConfig, IndexConfig
 from atlas.distributed import agree_on_rank0, current_context
 from atlas.model import Atlas
-from reader.fid import FiDReader, build_reader
+from reader.embedding_init import transfer_token_embeddings
+from reader.fid import READER_PRESETS, WARM_START_PRESETS, FiDReader, build_reader
 from reader.tokenizer import build_reader_tokenizer
-from retriever.encoder import Retriever, build_retriever
+from retriever.encoder import Retriever, build_retriever, default_encoder_path
 from retriever.losses import build_retriever_loss
 
 logger = logging.getLogger(__name__)
@@ -24,8 +26,6 @@ def _reader_tokenizer(config: AtlasConfig, checkpoint: Path | None):
         return build_reader_tokenizer(checkpoint / "reader")
     if config.reader.tokenizer:
         return build_reader_tokenizer(config.reader.tokenizer)
-    from reader.fid import READER_PRESETS, WARM_START_PRESETS
-
     if config.reader.model in READER_PRESETS or config.reader.model in WARM_START_PRESETS:
         return build_reader_tokenizer(None)  # the MiniLM WordPiece vocabulary with T5 sentinels
     return build_reader_tokenizer(config.reader.model)  # the model's own folder or hub name
@@ -33,12 +33,6 @@ def _reader_tokenizer(config: AtlasConfig, checkpoint: Path | None):
 
 def _init_reader_embeddings(reader: FiDReader, tokenizer, config: AtlasConfig) -> None:
     """Token embeddings of a preset reader from the encoder `reader.init_embeddings` names."""
-    from transformers import AutoModel, AutoTokenizer
-
-    from reader.embedding_init import transfer_token_embeddings
-    from reader.fid import READER_PRESETS
-    from retriever.encoder import default_encoder_path
-
     if config.reader.model not in READER_PRESETS:
         raise ValueError(
             f"reader.init_embeddings applies to a reader built from a preset "
@@ -90,7 +84,7 @@ def open_index(
 ):
     """The index at `path` with the search settings and checks of `index_config`; this rank's shard
     of it when `index.sharded` and there are several ranks. Used at build time and after a refresh."""
-    from retriever.index import PassageIndex
+    from retriever.index import PassageIndex  # heavy: faiss, only for a run with an index
 
     index = PassageIndex.load(
         path,
@@ -101,7 +95,7 @@ def open_index(
         rerank=index_config.exact_rerank,
     )
     if index_config.sharded and world_size > 1:
-        from retriever.sharded import ShardedPassageIndex
+        from retriever.sharded import ShardedPassageIndex  # heavy: faiss, as above
 
         index = ShardedPassageIndex.from_index(index, rank, world_size)
     return index
@@ -109,6 +103,7 @@ def open_index(
 
 def _warn_if_other_corpus(index_path: str, corpus_path: str) -> None:
     """Both `index.path` and `index.corpus` set: say so when the index was built on another corpus."""
+    # heavy: pyarrow and faiss (corpus and index files), only for a run with an index
     from retriever.corpus import Corpus
     from retriever.index_files import read_manifest
 
@@ -126,6 +121,7 @@ def _make_run_index(
     config: AtlasConfig, retriever: Retriever, path: Path, *, rank: int, world_size: int, barrier: Callable[[], None]
 ) -> None:
     """Write the run's index of `index.corpus` at `path`: linked from the cache, or built and cached."""
+    # heavy: pyarrow and faiss (corpus and index build), only for a run with an index
     from retriever.corpus import Corpus
     from retriever.index_build import build_index as build
     from retriever.index_build import build_settings, cached_index, link_index, publish_to_cache

@@ -40,7 +40,10 @@ from typing import Any, Literal, Union
 
 import yaml
 
+import tasks  # noqa: F401  (importing the package registers every task)
+from tasks.base import TASKS, find_overlaps, get_task
 from tasks.io import atomic_write_text
+from tasks.kilt import KiltTask, check_provenance
 
 logger = logging.getLogger(__name__)
 
@@ -471,9 +474,7 @@ def validate_components(config: AtlasConfig, origins: dict[str, str] | None = No
     `origins` maps dotted keys set by overrides to the override's text, so that an error
     names where the offending value came from (else `source`, the file).
     """
-    import tasks  # noqa: F401  (importing the package registers every task)
-    from retriever.losses import RETRIEVER_LOSSES
-    from tasks.base import TASKS
+    from retriever.losses import RETRIEVER_LOSSES  # heavy: torch; atlas.config stays light for the command line
 
     origins = origins or {}
     loss = config.retriever.loss
@@ -539,9 +540,6 @@ def validate_data(config: AtlasConfig, origins: dict[str, str] | None = None, so
     Reads the files with the task's loader, so a malformed record is reported here, before any model
     is built.
     """
-    from tasks.base import find_overlaps, get_task
-    from tasks.kilt import KiltTask, check_provenance
-
     task_config = config.task
     train = [p for p in task_config.train_data if Path(p).exists()]
     evaluated = [p for p in task_config.eval_data if Path(p).exists()]

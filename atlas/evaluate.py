@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from atlas.config import AtlasConfig, EvaluationConfig, save_config
 from atlas.distributed import DistributedContext
@@ -36,7 +37,10 @@ from reader.surface import decode_answers
 from retriever.retrieval_eval import RetrievalExample, score_retrieval
 from tasks.base import Example
 from tasks.io import atomic_write_json, write_jsonl
+from tasks.kilt import KiltTask, write_kilt_predictions
+from tasks.multiple_choice import aggregate
 from tasks.passage import Passage
+from tasks.progress import progress_bar as tqdm
 from tasks.score import check_labelled
 
 logger = logging.getLogger(__name__)
@@ -88,8 +92,6 @@ def recall_drops(before: dict[str, float], now: dict[str, float], tolerance: flo
 
 def _batches(items: list, size: int, desc: str = "evaluating", show: bool = True):
     """Consecutive batches of `items`, with a progress bar (on stderr) for long evaluations."""
-    from tasks.progress import progress_bar as tqdm
-
     with tqdm(
         total=len(items), desc=desc, unit="ex", disable=not show or len(items) < 2 * size, mininterval=2.0
     ) as bar:
@@ -155,8 +157,6 @@ def predict_multiple_choice(model, task, examples: list[Example], config: Evalua
     presentations share its passages. → (letters predicted on the original order, passages per
     example or None, de-biased probabilities of the original options per example).
     """
-    from tasks.multiple_choice import aggregate
-
     predictions, retrieved, probabilities = [], [], []
     for batch in _batches(examples, config.batch_size, show=show):
         passages = model.passages_for(batch, model.reader_config.n_context)
@@ -220,8 +220,6 @@ def _restore_texts(passages: list[list[Passage]] | None, index) -> None:
 
 def _gather(predictions: Predictions, context: DistributedContext, has_index: bool) -> Predictions | None:
     """All ranks' predictions on rank 0, in rank order (= example order); None on other ranks."""
-    import torch.distributed as dist
-
     payload = Predictions(predictions.texts, _strip_texts(predictions.passages, has_index), predictions.probabilities)
     gathered: list[Any] | None = [None] * context.world_size if context.is_main else None
     dist.gather_object(payload, gathered, dst=0)
@@ -240,8 +238,6 @@ def _share_result(result: dict | Exception, context: DistributedContext) -> dict
     (exceptions such as `InputError` do not survive pickling, their messages do).
     """
     if context.enabled:
-        import torch.distributed as dist
-
         message = f"{type(result).__name__}: {result}" if isinstance(result, Exception) else None
         box = [(result, None) if context.is_main and message is None else (None, message)]
         dist.broadcast_object_list(box, src=0)
@@ -364,8 +360,6 @@ def _write_and_score(
                 ),
             )
             if task.has_provenance:  # KILT: its own output format, provenance from retrieval
-                from tasks.kilt import write_kilt_predictions
-
                 write_kilt_predictions(
                     out_dir / "kilt_predictions.jsonl",
                     [e.id for e in examples],
@@ -378,8 +372,6 @@ def _write_and_score(
             for name in ("metrics.json", "kilt_scores.json"):
                 (out_dir / name).unlink(missing_ok=True)
         return {}
-
-    from tasks.kilt import KiltTask
 
     report = None
     if multiple_choice:

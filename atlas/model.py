@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from atlas.config import IndexConfig, ReaderConfig, RetrieverConfig
+from atlas.knnlm.dispersion import mean_pairwise_cosine_distance
 from reader.fid import IGNORE_INDEX, FiDReader
 from reader.inputs import encode_reader_inputs, encode_targets
 from reader.span_constraint import PassageSpanConstraint
@@ -244,8 +245,6 @@ class Atlas(nn.Module):
         reader_loss = output.loss
         losses = {"reader": reader_loss}
         if mu > 0:
-            from atlas.knnlm.dispersion import mean_pairwise_cosine_distance
-
             dispersion = mean_pairwise_cosine_distance(output.decoder_hidden_states[-1], labels != IGNORE_INDEX)
             losses["dispersion"] = dispersion
             reader_loss = reader_loss - mu * dispersion

@@ -32,6 +32,7 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from torch import nn
 from transformers import EncoderDecoderCache
 from transformers.models.t5.modeling_t5 import T5Attention
@@ -80,8 +81,6 @@ def _weights_files(folder: Path) -> dict[str, Path]:
     single = folder / "model.safetensors"
     if not single.is_file():
         return {}
-    from safetensors import safe_open
-
     with safe_open(str(single), framework="pt") as f:
         names = list(f.keys())  # a safetensors handle is not iterable
     return dict.fromkeys(names, single)
@@ -93,8 +92,6 @@ def load_cross_attention_bias(t5: nn.Module, folder: str | Path) -> None:
     Hugging Face's `from_pretrained` skips that key (transformers ≥ 4 lists it as ignorable), so it is
     read from the folder's safetensors here. Raises ValueError naming the file when it is missing.
     """
-    from safetensors import safe_open
-
     folder = Path(folder)
     file = _weights_files(folder).get(CROSS_BIAS_KEY)
     if file is None:

@@ -521,7 +521,7 @@ class Corpus:
     def dataset(self):
         """The passages as a `datasets.Dataset` (memory-mapped; its fingerprint is the corpus's)."""
         import datasets  # heavy: imported only when a dataset is read
-        from datasets.table import MemoryMappedTable
+        from datasets.table import MemoryMappedTable  # heavy: datasets, as above
 
         return datasets.Dataset(
             MemoryMappedTable(self.table, str(self.path / "passages.arrow")), fingerprint=self.fingerprint

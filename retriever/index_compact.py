@@ -55,7 +55,7 @@ from numpy.lib.format import open_memmap
 
 from retriever.corpus import merge_corpora
 from retriever.index import PassageIndex
-from retriever.index_files import commit, remove_unreferenced, writer_lock
+from retriever.index_files import commit, read_manifest, remove_unreferenced, writer_lock
 from retriever.index_types import build_faiss_index, search_parameters_target
 
 MAX_SEGMENTS = 8
@@ -94,8 +94,6 @@ def compaction_due(manifest: dict) -> str | None:
 def compact_if_due(index_path: str | os.PathLike) -> CompactionStats | None:
     """Compact the index (the segments after the base one, see `compact_index`) when
     `compaction_due` says so; None when it was not due."""
-    from retriever.index_files import read_manifest
-
     if compaction_due(read_manifest(index_path)) is None:
         return None
     return compact_index(index_path, full=False)

@@ -393,21 +393,23 @@ def exact_search(
     return _exact_search_fp32(q, vectors, k, metric, chunk_rows=chunk_rows, exclude=exclude)
 
 
-def _live_chunks(vectors: np.ndarray, chunk_rows: int, exclude: np.ndarray | None, *, mask_up_to: float = 0.0):
+def _live_chunks(
+    vectors: np.ndarray, chunk_rows: int, exclude: np.ndarray | None, *, mask_up_to: float = 0.0, mask_at_most: int = -1
+):
     """(start, live, rows, dead) for each chunk of `chunk_rows` rows holding a live row.
 
     A chunk with excluded rows is compacted to its live ones (`rows`, with `live` their chunk-relative
-    numbers); but where they are at most `mask_up_to` of it, it comes whole (`live` None) with `dead`
-    their chunk-relative numbers, for the caller to mask their scores: copying a chunk to drop a few
-    rows costs more than scoring them, when the queries are few. `live` and `dead` are None when the
-    whole chunk is live."""
+    numbers); but where they are at most `mask_up_to` of it (and at most `mask_at_most` rows unless
+    that is -1), it comes whole (`live` None) with `dead` their chunk-relative numbers, for the caller
+    to mask their scores: copying a chunk to drop a few rows costs more than scoring them, when the
+    queries are few. `live` and `dead` are None when the whole chunk is live."""
     for start in range(0, len(vectors), chunk_rows):
         block = vectors[start : start + chunk_rows]  # (C, d)
         live = dead = None
         if exclude is not None:
             excluded = np.asarray(exclude[start : start + len(block)], dtype=bool)
             n_dead = int(np.count_nonzero(excluded))
-            if 0 < n_dead <= mask_up_to * len(block):
+            if 0 < n_dead <= mask_up_to * len(block) and (mask_at_most < 0 or n_dead <= mask_at_most):
                 dead = np.flatnonzero(excluded)
             elif n_dead:
                 live = np.flatnonzero(~excluded)  # chunk row of each live row
@@ -425,9 +427,16 @@ def _exact_search_fp32(
     buffer = None if vectors.dtype == np.float32 else torch.empty((min(chunk_rows, n_rows), dim))
     faiss_metric = faiss.METRIC_INNER_PRODUCT if metric == "ip" else faiss.METRIC_L2
     heap = faiss.ResultHeap(len(q), k, keep_max=metric == "ip")
-    for start, live, block, _ in _live_chunks(vectors, chunk_rows, exclude):
+    worst = -np.inf if metric == "ip" else np.inf
+    # a chunk with a few removed rows is searched whole, for that many more results, and the removed
+    # ones dropped: gathering its live rows first would copy the chunk (slower for a few queries)
+    chunks = _live_chunks(vectors, chunk_rows, exclude, mask_up_to=0.25, mask_at_most=max(k, 256))
+    for start, live, block, dead in chunks:
         block = widen_into(buffer, block) if buffer is not None else np.ascontiguousarray(block)
-        distances, ids = faiss.knn(q, block, min(k, len(block)), metric=faiss_metric)
+        extra = 0 if dead is None else len(dead)
+        distances, ids = faiss.knn(q, block, min(k + extra, len(block)), metric=faiss_metric)
+        if dead is not None:  # never enter the heap ahead of a live row: each chunk gives ≥ k live ones
+            distances[np.isin(ids, dead)] = worst
         ids = (live[ids] if live is not None else ids) + start
         heap.add_result(distances, ids)
     heap.finalize()  # sorted, best first
@@ -476,18 +485,9 @@ def _exact_search_bf16(
     mask_up_to = 0.25 if n_q < 256 else 0.0
     for start, live, block, dead in _live_chunks(vectors, chunk_rows, exclude, mask_up_to=mask_up_to):
         n_block = len(block)
-        width = -(-n_block // _BF16_BLOCK) * _BF16_BLOCK
-        rows_b[:n_block].copy_(_tensor(block))
-        # ‖v‖ ≤ ‖v̂‖/(1 − u): read from the bfloat16 copy, summed in float32 (no float32 copy of the chunk)
-        norms = torch.linalg.vector_norm(rows_b[:n_block], dim=1, dtype=torch.float32)
-        max_norm = max(max_norm, float(norms.max()) / (1 - _BF16_U))
-        chunk_scores = scores[:, :width]
-        torch.mm(q_b, rows_b[:width].T, out=chunk_scores)  # (Q, width) bfloat16
-        if n_block < width:  # the padding rows of the last chunk never win
-            rows_b[n_block:width].zero_()
-            chunk_scores[:, n_block:] = -float("inf")
-        if dead is not None:  # nor do removed rows scored in place
-            chunk_scores[:, torch.from_numpy(dead)] = -float("inf")
+        chunk_scores, norm_max = _score_chunk(q_b, block, dead, rows_b, scores)
+        max_norm = max(max_norm, norm_max)
+        width = chunk_scores.shape[1]
         # the stored row of each column: start + column, or through the chunk's live rows
         row_of = (
             torch.arange(start, start + width)
@@ -527,6 +527,29 @@ def _exact_search_bf16(
         scores[redo], rows[redo] = _exact_search_fp32(q[redo], vectors, k, "ip", chunk_rows=None, exclude=exclude)
         scores[redo], rows[redo] = best_first(scores[redo], rows[redo], k)
     return scores.astype(np.float32), rows
+
+
+def _score_chunk(
+    q_b: torch.Tensor, block: np.ndarray, dead: np.ndarray | None, rows_b: torch.Tensor, scores: torch.Tensor
+) -> tuple[torch.Tensor, float]:
+    """Score one chunk of rows in bfloat16: → ((Q, width) scores, a bound ≥ the largest ‖v‖ of its rows).
+
+    q_b: (Q, d) bfloat16 queries; block: (C, d) stored rows; dead: chunk-relative rows to mask (or
+    None); rows_b (≥ width, d) and scores (Q, ≥ width): reused buffers. width is C rounded up to
+    `_BF16_BLOCK`; the padding columns and the dead rows score -inf, so they never win."""
+    n_block = len(block)
+    width = -(-n_block // _BF16_BLOCK) * _BF16_BLOCK
+    rows_b[:n_block].copy_(_tensor(block))
+    # ‖v‖ ≤ ‖v̂‖/(1 − u): read from the bfloat16 copy, summed in float32 (no float32 copy of the chunk)
+    norms = torch.linalg.vector_norm(rows_b[:n_block], dim=1, dtype=torch.float32)
+    chunk_scores = scores[:, :width]
+    torch.mm(q_b, rows_b[:width].T, out=chunk_scores)  # (Q, width) bfloat16
+    if n_block < width:
+        rows_b[n_block:width].zero_()
+        chunk_scores[:, n_block:] = -float("inf")
+    if dead is not None:
+        chunk_scores[:, torch.from_numpy(dead)] = -float("inf")
+    return chunk_scores, float(norms.max()) / (1 - _BF16_U)
 
 
 def _rows_above(

@@ -118,7 +118,7 @@ class _PretextTask(Task):
         if not arrow.is_file():
             yield from super().iter_records(path, on_error)
             return
-        import pyarrow as pa
+        import pyarrow as pa  # heavy: pyarrow, only to read a prepared corpus folder; `import tasks` stays light
 
         with pa.memory_map(str(arrow)) as source:
             row = 0

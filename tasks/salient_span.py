@@ -68,7 +68,7 @@ def load_pipeline(name: str):
         module = importlib.import_module(name)
     except ImportError:
         try:
-            import spacy
+            import spacy  # optional and heavy: spaCy, only to tag passages
         except ImportError:
             raise ImportError(
                 "tagging entities (the ssm task, typed corpus edits) needs spaCy: pip install 'atlas-rag[pretrain]'"
@@ -160,6 +160,7 @@ class SalientSpanQuestions(_PretextTask):
         self, path, on_error: Callable[[InputError], None] | None = None
     ) -> Iterator[tuple[str, int, dict[str, Any]]]:
         """The passages of `path`, each with its `salient_spans` (tagged in batches, with progress)."""
+        # slow to import: tqdm brings asyncio and ssl, kept out of `import tasks`, which every `atlas` command runs
         from tasks.progress import progress_bar as tqdm
 
         batch: list[tuple[str, int, dict[str, Any]]] = []

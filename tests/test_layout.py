@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import ast
 import importlib
+import io
 import sys
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -258,3 +260,57 @@ def test_the_length_check_finds_a_long_function(tmp_path, monkeypatch):
     assert _long_functions_without_a_reason() == ["tasks/long.py:long (92 lines)"]
     (package / "long.py").write_text(f'def long():\n    """Doc."""\n    # long: a reason\n{body}')
     assert _long_functions_without_a_reason() == []
+
+
+def _local_imports_without_a_reason() -> list[str]:
+    """Imports inside library functions with no comment on their line or the line above (a run of imports
+    shares the comment of its first), in a module whose first 30 lines have no `# Lazy imports:` comment."""
+    found = []
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            source = path.read_text()
+            if any(line.startswith("# Lazy imports:") for line in source.splitlines()[:30]):
+                continue
+            commented = {
+                token.start[0]
+                for token in tokenize.generate_tokens(io.StringIO(source).readline)
+                if token.type == tokenize.COMMENT
+            }
+            for node in ast.walk(ast.parse(source)):
+                if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                blocks = [getattr(n, f, None) for n in ast.walk(node) for f in ("body", "orelse", "finalbody")]
+                for body in (b for b in blocks if isinstance(b, list)):
+                    for i, statement in enumerate(body):
+                        if not isinstance(statement, (ast.Import, ast.ImportFrom)):
+                            continue
+                        first = i
+                        while first > 0 and isinstance(body[first - 1], (ast.Import, ast.ImportFrom)):
+                            first -= 1
+                        if not commented & set(range(body[first].lineno - 1, statement.end_lineno + 1)):
+                            found.append(f"{path.relative_to(ROOT)}:{statement.lineno}")
+    return sorted(set(found))
+
+
+def test_every_local_import_says_why():
+    # an import inside a function is for a heavy or optional dependency, or against an import circle:
+    # a comment beside it says which (or, for a command-line module, one `# Lazy imports:` comment at its top)
+    assert _local_imports_without_a_reason() == []
+
+
+def test_the_local_import_check_finds_an_unexplained_import(tmp_path, monkeypatch):
+    """The check above can fail: a local import without a comment is reported; with one, or with the
+    module's `# Lazy imports:` comment, it is not."""
+    package = tmp_path / "tasks"
+    package.mkdir()
+    (package / "lazy.py").write_text('"""Doc."""\n\n\ndef lazy():\n    import json\n\n    return json\n')
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert _local_imports_without_a_reason() == ["tasks/lazy.py:5"]
+    (package / "lazy.py").write_text(
+        '"""Doc."""\n\n\ndef lazy():\n    import json  # heavy: a reason\n\n    return json\n'
+    )
+    assert _local_imports_without_a_reason() == []
+    (package / "lazy.py").write_text(
+        '"""Doc."""\n\n# Lazy imports: a reason\n\n\ndef lazy():\n    import json\n\n    return json\n'
+    )
+    assert _local_imports_without_a_reason() == []

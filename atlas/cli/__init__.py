@@ -6,10 +6,14 @@ A handler takes the parsed arguments and returns the exit code. Heavy libraries 
 inside the handlers so that `atlas --help` stays quick.
 """
 
+# Lazy imports: main() and quiet_libraries() import the config, the task errors and transformers when a
+# command runs, so that building the parser (`atlas --help`, an argument error) loads none of them.
+
 from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 
 # Modules that add subcommands; each has register(subparsers).
@@ -44,8 +48,6 @@ def quiet_libraries(verbose: bool) -> None:
     per-file progress bars, transformers' load reports (the pooler MiniLM carries and the encoders
     leave unused) and faiss's probe of CPU-specific builds ("No module named
     'faiss.swigfaiss_avx512'", then the generic build loads) are hidden."""
-    import logging
-
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()

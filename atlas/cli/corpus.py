@@ -1,5 +1,8 @@
 """`atlas corpus prepare|info`: turn documents into a prepared, memory-mapped passage corpus."""
 
+# Lazy imports: the handlers import retriever.corpus (pyarrow, datasets) when they run, so that `atlas --help`
+# and argument errors answer at once.
+
 from __future__ import annotations
 
 import argparse

@@ -1,6 +1,9 @@
 """`atlas data nq824-to-kilt|kilt-knowledge|split`: put data sets into the forms the recipes read
 (the converters are `tasks.convert`'s)."""
 
+# Lazy imports: the handlers import their converter (tasks.convert) when they run, so that `atlas --help`
+# and argument errors load nothing they do not need.
+
 from __future__ import annotations
 
 import argparse

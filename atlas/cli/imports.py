@@ -1,5 +1,8 @@
 """`atlas import …`: bring checkpoints and indexes of facebookresearch/atlas and FiD over."""
 
+# Lazy imports: the handlers import atlas.importing (torch, transformers, faiss) when they run, so that
+# `atlas --help` and argument errors answer at once.
+
 from __future__ import annotations
 
 import argparse

@@ -1,12 +1,17 @@
 """`atlas index build|add|update|remove|compact|get|search|info` and `atlas evaluate-retrieval`."""
 
+# Lazy imports: the handlers (and _reports_errors' wrapper) import torch, faiss and the retriever's index modules
+# when they run, so that `atlas --help` and argument errors answer at once.
+
 from __future__ import annotations
 
 import argparse
 import functools
 import json
 import sys
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 DEFAULT_ENCODER = "minilm"
 
@@ -33,10 +38,11 @@ def _reports_errors(
     """Turn the index's own errors (mismatch, corrupt file, unknown id, bad spec, bad input,
     another writer holding the index, a full disk) into a one-line message and exit code 2
     instead of a traceback."""
-    from retriever.index_files import IndexLockedError
 
     @functools.wraps(handler)
     def wrapper(args: argparse.Namespace) -> int:
+        from retriever.index_files import IndexLockedError  # in the wrapper: decorating runs at `atlas --help`
+
         try:
             return handler(args)
         except (ValueError, KeyError, OSError, IndexLockedError) as e:
@@ -61,8 +67,6 @@ def read_ids(values: list[str]) -> list[str]:
 
 def _unknown_id_hint(error: KeyError, values: list[str]) -> KeyError:
     """The error, with a hint where an 'unknown id' is the name of an existing file."""
-    from pathlib import Path
-
     files = [v for v in values if not v.startswith("@") and Path(v).is_file()]
     if not files:
         return error
@@ -329,8 +333,6 @@ def _load_index(args: argparse.Namespace, *, device=None):
 
 @_reports_errors
 def _build(args: argparse.Namespace) -> int:
-    import time
-
     from atlas.distributed import init_distributed, shutdown
     from retriever.index_build import build_index
 
@@ -511,8 +513,6 @@ def _search(args: argparse.Namespace) -> int:
 
 @_reports_errors
 def _info(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from retriever.index_compact import compaction_due
     from retriever.index_files import check_file, index_summary, read_manifest
 

@@ -15,6 +15,9 @@ than the datastore's, and a cached query store (or a half-built datastore) is re
 resumed only by the same model, tokenizer and text.
 """
 
+# Lazy imports: the handlers import transformers and atlas.knnlm (torch, faiss) when they run, so that
+# `atlas --help` and argument errors answer at once.
+
 from __future__ import annotations
 
 import argparse

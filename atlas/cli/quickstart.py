@@ -1,8 +1,12 @@
 """`atlas quickstart`: the whole system end to end on the shipped demo or your own documents."""
 
+# Lazy imports: the handler imports atlas.demo.quickstart (torch, transformers, faiss) when it runs, so that
+# `atlas --help` and argument errors answer at once.
+
 from __future__ import annotations
 
 import argparse
+import logging
 import time
 
 
@@ -70,8 +74,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _quickstart(args: argparse.Namespace) -> int:
-    import logging
-
     from atlas.demo.quickstart import run_quickstart
 
     if (args.questions or args.train or args.dev) and not args.docs:

@@ -7,9 +7,13 @@ recipe, `atlas/demo/quickstart.yaml` (the shipped reader's: its decoding and pas
 that `atlas evaluate atlas-reader` scores what the quickstart's "no fine-tuning" row scores.
 """
 
+# Lazy imports: the handlers import the model, training and evaluation modules (torch, transformers, faiss)
+# when they run, so that `atlas --help` and argument errors answer at once.
+
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 from dataclasses import dataclass
@@ -264,8 +268,6 @@ def load_run(checkpoint: str | ModelSource, index: str | None, overrides: list[s
 def _evaluate(args: argparse.Namespace) -> int:
     """`atlas evaluate`: under torchrun every rank predicts its share of the examples (a sharded
     index is searched by all ranks in lockstep) and rank 0 writes the outputs and the metrics."""
-    import dataclasses
-
     from atlas.distributed import init_distributed, shutdown
     from atlas.evaluate import evaluate
     from tasks.base import get_task

@@ -1,5 +1,8 @@
 """`atlas serve`: load a run once and answer over HTTP (JSON API + a web page), with live corpus edits."""
 
+# Lazy imports: the handler imports torch, uvicorn and atlas.serve (fastapi) when it runs, so that
+# `atlas --help` and argument errors answer at once.
+
 from __future__ import annotations
 
 import argparse

@@ -10,6 +10,9 @@ import os
 import shutil
 from pathlib import Path
 
+from atlas.config import save_config
+from retriever.encoder import build_retriever
+
 
 def build_demo_run(out: str | Path, *, progress: bool = False) -> Path:
     """Prepare the demo corpus, build its MiniLM `Flat` index and write a run folder; → OUT/run.
@@ -18,10 +21,9 @@ def build_demo_run(out: str | Path, *, progress: bool = False) -> Path:
     reader/: the shipped reader, linked where the file system allows, else copied). Idempotent:
     an OUT that already holds a run is returned as it is.
     """
-    from atlas.config import save_config
+    # heavy: pyarrow and faiss (corpus and index build), only when the demo run is built
     from atlas.demo.quickstart import SHIPPED_READER, demo_data, quickstart_config
     from retriever.corpus import prepare_corpus
-    from retriever.encoder import build_retriever
     from retriever.index_build import build_index
 
     out = Path(out)

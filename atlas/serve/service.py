@@ -77,7 +77,7 @@ class AtlasService:
     """
 
     def __init__(self, model, config, *, checkpoint: str | Path | None = None, auto_compact: bool = True):
-        from retriever.index import PassageIndex
+        from retriever.index import PassageIndex  # heavy: faiss, loaded with the first service
 
         if model.retriever is None or not isinstance(model.index, PassageIndex):
             raise ValueError(
@@ -204,6 +204,7 @@ class AtlasService:
         written, and `IndexBusy` when another process holds the index's writer lock.
         → {"added", "updated", "removed", "count", "generation"}. Call on `edit_executor`.
         """
+        # heavy: faiss (the index's files and edits); `import atlas.serve` does not load it
         from retriever.index_compact import compaction_due
         from retriever.index_files import IndexLockedError
         from retriever.index_update import add_passages, remove_passages
@@ -262,7 +263,7 @@ class AtlasService:
 
     def _swap_in_index_from_disk(self):
         """Load the index's last commit and serve it from the next batch on (edit thread)."""
-        from retriever.index import PassageIndex
+        from retriever.index import PassageIndex  # heavy: faiss, as above
 
         index = self.model.index
         fresh = PassageIndex.load(
@@ -279,7 +280,7 @@ class AtlasService:
     def _compact(self) -> None:
         """Compact the index when it is (still) due, and serve the result (edit thread; queued by
         `edit`). A failure is logged and leaves the index as it was: the next edit tries again."""
-        from retriever.index_compact import compact_if_due
+        from retriever.index_compact import compact_if_due  # heavy: faiss, as above
         from retriever.index_files import IndexLockedError
 
         try:

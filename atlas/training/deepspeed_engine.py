@@ -57,7 +57,7 @@ _MOMENTS = ("exp_avg", "exp_avg_sq")  # torch AdamW's per-parameter state beside
 def require_deepspeed():
     """The `deepspeed` module, or an ImportError that says how to install it."""
     try:
-        import deepspeed
+        import deepspeed  # optional: deepspeed (an extra), only for training.deepspeed
     except ImportError as error:
         raise ImportError(
             "training.deepspeed is set but DeepSpeed is not installed: pip install 'atlas-rag[deepspeed]' "
@@ -208,6 +208,7 @@ class DeepSpeedReader:
                 the same format a run without DeepSpeed saves. "step" is `step`, the
                 optimizer steps taken (ZeRO steps every parameter at every step).
         """
+        # optional: deepspeed (an extra); this runs only under an engine require_deepspeed() made
         from deepspeed import zero
         from deepspeed.utils import safe_get_full_optimizer_state
 
@@ -250,7 +251,7 @@ class DeepSpeedReader:
         full moment tensor. Parameters without saved state (never stepped in a plain run) start
         from zero moments; the Adam step count is the largest saved one.
         """
-        from deepspeed.utils import safe_set_full_optimizer_state
+        from deepspeed.utils import safe_set_full_optimizer_state  # optional: deepspeed (an extra), as above
 
         if len(saved["param_groups"]) != 1:
             raise ValueError(f"saved reader optimizer has {len(saved['param_groups'])} parameter groups; expected 1")

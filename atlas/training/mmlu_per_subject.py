@@ -28,8 +28,11 @@ import logging
 import shutil
 from pathlib import Path
 
+import torch.distributed as dist
+
 from atlas.config import AtlasConfig, save_config
 from atlas.distributed import DistributedContext, init_distributed
+from atlas.training.checkpoint import resolve_checkpoint
 from tasks.base import Example, get_task
 from tasks.io import InputError, atomic_write_json, read_jsonl, write_jsonl
 
@@ -81,6 +84,7 @@ def _shared_index(config: AtlasConfig, out: Path) -> str | None:
     """
     if config.index.path is not None or not config.index.corpus or config.task.closed_book:
         return config.index.path
+    # heavy: transformers and faiss (the model and index stack), only when an index is built here
     from atlas.build import build_index
     from retriever.encoder import build_retriever
 
@@ -94,8 +98,6 @@ def _on_rank0(value: bool, context: DistributedContext) -> bool:
     """Rank 0's `value` on every rank (a file check whose answer every rank must share)."""
     if not context.enabled:
         return value
-    import torch.distributed as dist
-
     box = [value]
     dist.broadcast_object_list(box, src=0)
     return bool(box[0])
@@ -136,9 +138,9 @@ def run_per_subject(
     `accuracy`, `debiased_accuracy`, `…/<category>`, `…/subject/<subject>` (per-question averages;
     `evaluation.max_examples`, when set, limits each subject's test questions).
     """
+    # heavy: transformers (the model stack), loaded when the subjects are trained, not when this module is imported
     from atlas.build import build_atlas
     from atlas.evaluate import evaluate
-    from atlas.training.checkpoint import resolve_checkpoint
     from atlas.training.loop import train
 
     if config.task.name != "mmlu":
@@ -184,8 +186,6 @@ def run_per_subject(
     if context.is_main:
         metrics = merge_subjects(out, files, task, max_examples=config.evaluation.max_examples)
     if context.enabled:
-        import torch.distributed as dist
-
         box = [metrics]
         dist.broadcast_object_list(box, src=0)
         metrics = box[0]

@@ -26,7 +26,7 @@ class RunLog:
         self.file = open(self.path, "a" if resume_step is not None else "w", encoding="utf-8")  # noqa: SIM115
         self.tensorboard = None
         try:
-            from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard import SummaryWriter  # optional: tensorboard (an extra)
 
             self.tensorboard = SummaryWriter(str(output_dir / "tensorboard"))
         except ImportError:  # tensorboard is an optional extra
