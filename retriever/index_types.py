@@ -428,15 +428,21 @@ def _exact_search_fp32(
     faiss_metric = faiss.METRIC_INNER_PRODUCT if metric == "ip" else faiss.METRIC_L2
     heap = faiss.ResultHeap(len(q), k, keep_max=metric == "ip")
     worst = -np.inf if metric == "ip" else np.inf
-    # a chunk with a few removed rows is searched whole, for that many more results, and the removed
-    # ones dropped: gathering its live rows first would copy the chunk (slower for a few queries)
+    # a chunk with a few removed rows is searched whole and the queries whose top k holds one of them
+    # searched again for that many more: gathering its live rows first would copy the chunk, slower
+    # than the few queries that meet a removed row
     chunks = _live_chunks(vectors, chunk_rows, exclude, mask_up_to=0.25, mask_at_most=max(k, 256))
     for start, live, block, dead in chunks:
         block = widen_into(buffer, block) if buffer is not None else np.ascontiguousarray(block)
-        extra = 0 if dead is None else len(dead)
-        distances, ids = faiss.knn(q, block, min(k + extra, len(block)), metric=faiss_metric)
-        if dead is not None:  # never enter the heap ahead of a live row: each chunk gives ≥ k live ones
-            distances[np.isin(ids, dead)] = worst
+        distances, ids = faiss.knn(q, block, min(k, len(block)), metric=faiss_metric)
+        if dead is not None:
+            again = np.flatnonzero(np.isin(ids, dead).any(axis=1))
+            if len(again):
+                wide_d, wide_i = faiss.knn(q[again], block, min(k + len(dead), len(block)), metric=faiss_metric)
+                wide_d[np.isin(wide_i, dead)] = worst  # never ahead of a live row: k live ones remain
+                best = np.argsort(-wide_d if metric == "ip" else wide_d, axis=1, kind="stable")[:, : ids.shape[1]]
+                distances[again] = np.take_along_axis(wide_d, best, 1)
+                ids[again] = np.take_along_axis(wide_i, best, 1)
         ids = (live[ids] if live is not None else ids) + start
         heap.add_result(distances, ids)
     heap.finalize()  # sorted, best first
