@@ -428,21 +428,27 @@ def _exact_search_fp32(
     faiss_metric = faiss.METRIC_INNER_PRODUCT if metric == "ip" else faiss.METRIC_L2
     heap = faiss.ResultHeap(len(q), k, keep_max=metric == "ip")
     worst = -np.inf if metric == "ip" else np.inf
-    # a chunk with a few removed rows is searched whole and the queries whose top k holds one of them
-    # searched again for that many more: gathering its live rows first would copy the chunk, slower
-    # than the few queries that meet a removed row
+    # a chunk with a few removed rows is searched whole, with one more coordinate that is 0 for every
+    # live row and puts each removed one out of reach (score -1e30, or distance +1e30): gathering the
+    # live rows first would copy the chunk, and a wider search pays a bigger heap for every query
+    masked = q_masked = None
     chunks = _live_chunks(vectors, chunk_rows, exclude, mask_up_to=0.25, mask_at_most=max(k, 256))
     for start, live, block, dead in chunks:
-        block = widen_into(buffer, block) if buffer is not None else np.ascontiguousarray(block)
-        distances, ids = faiss.knn(q, block, min(k, len(block)), metric=faiss_metric)
-        if dead is not None:
-            again = np.flatnonzero(np.isin(ids, dead).any(axis=1))
-            if len(again):
-                wide_d, wide_i = faiss.knn(q[again], block, min(k + len(dead), len(block)), metric=faiss_metric)
-                wide_d[np.isin(wide_i, dead)] = worst  # never ahead of a live row: k live ones remain
-                best = np.argsort(-wide_d if metric == "ip" else wide_d, axis=1, kind="stable")[:, : ids.shape[1]]
-                distances[again] = np.take_along_axis(wide_d, best, 1)
-                ids[again] = np.take_along_axis(wide_i, best, 1)
+        query = q
+        if dead is None:
+            block = widen_into(buffer, block) if buffer is not None else np.ascontiguousarray(block)
+        else:
+            if masked is None:
+                masked = torch.zeros((min(chunk_rows, n_rows), dim + 1))
+                q_masked = np.concatenate([q, np.full((len(q), 1), 1.0 if metric == "ip" else 0.0, np.float32)], 1)
+            rows = masked[: len(block)]
+            rows[:, :dim].copy_(_tensor(block))
+            rows[:, dim] = 0.0
+            rows[torch.from_numpy(dead), dim] = -1e30 if metric == "ip" else 1e15
+            block, query = rows.numpy(), q_masked
+        distances, ids = faiss.knn(query, block, min(k, len(block)), metric=faiss_metric)
+        if dead is not None:  # a chunk with fewer than k live rows returns some removed ones: never ahead
+            distances[np.isin(ids, dead)] = worst
         ids = (live[ids] if live is not None else ids) + start
         heap.add_result(distances, ids)
     heap.finalize()  # sorted, best first
