@@ -418,6 +418,9 @@ def _live_chunks(
             yield start, live, block, dead
 
 
+_FP32_PRODUCT_QUERIES = 64  # queries up to which the fp32 path scores by one product per chunk
+
+
 def _exact_search_fp32(
     q: np.ndarray, vectors: np.ndarray, k: int, metric: str, *, chunk_rows: int | None, exclude: np.ndarray | None
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -427,28 +430,22 @@ def _exact_search_fp32(
     buffer = None if vectors.dtype == np.float32 else torch.empty((min(chunk_rows, n_rows), dim))
     faiss_metric = faiss.METRIC_INNER_PRODUCT if metric == "ip" else faiss.METRIC_L2
     heap = faiss.ResultHeap(len(q), k, keep_max=metric == "ip")
-    worst = -np.inf if metric == "ip" else np.inf
-    # a chunk with a few removed rows is searched whole, with one more coordinate that is 0 for every
-    # live row and puts each removed one out of reach (score -1e30, or distance +1e30): gathering the
-    # live rows first would copy the chunk, and a wider search pays a bigger heap for every query
-    masked = q_masked = None
-    chunks = _live_chunks(vectors, chunk_rows, exclude, mask_up_to=0.25, mask_at_most=max(k, 256))
+    # a few inner-product queries are scored by one BLAS product per chunk and torch's top-k: FAISS
+    # scans fewer than 20 queries one at a time without BLAS. That product also lets a chunk's few
+    # removed rows be masked in place (gathering the live rows first would copy the chunk)
+    by_product = metric == "ip" and len(q) <= _FP32_PRODUCT_QUERIES
+    q_t = torch.from_numpy(q)
+    chunks = _live_chunks(vectors, chunk_rows, exclude, mask_up_to=0.25 if by_product else 0.0)
     for start, live, block, dead in chunks:
-        query = q
-        if dead is None:
-            block = widen_into(buffer, block) if buffer is not None else np.ascontiguousarray(block)
+        block = widen_into(buffer, block) if buffer is not None else np.ascontiguousarray(block)
+        if by_product:
+            scores = q_t @ _tensor(block).T  # (Q, C) float32
+            if dead is not None:
+                scores[:, torch.from_numpy(dead)] = -float("inf")
+            top = scores.topk(min(k, len(block)), dim=1)
+            distances, ids = top.values.numpy(), top.indices.numpy()
         else:
-            if masked is None:
-                masked = torch.zeros((min(chunk_rows, n_rows), dim + 1))
-                q_masked = np.concatenate([q, np.full((len(q), 1), 1.0 if metric == "ip" else 0.0, np.float32)], 1)
-            rows = masked[: len(block)]
-            rows[:, :dim].copy_(_tensor(block))
-            rows[:, dim] = 0.0
-            rows[torch.from_numpy(dead), dim] = -1e30 if metric == "ip" else 1e15
-            block, query = rows.numpy(), q_masked
-        distances, ids = faiss.knn(query, block, min(k, len(block)), metric=faiss_metric)
-        if dead is not None:  # a chunk with fewer than k live rows returns some removed ones: never ahead
-            distances[np.isin(ids, dead)] = worst
+            distances, ids = faiss.knn(q, block, min(k, len(block)), metric=faiss_metric)
         ids = (live[ids] if live is not None else ids) + start
         heap.add_result(distances, ids)
     heap.finalize()  # sorted, best first
