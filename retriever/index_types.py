@@ -400,7 +400,7 @@ def _live_chunks(
 
     A chunk with excluded rows is compacted to its live ones (`rows`, with `live` their chunk-relative
     numbers); but where they are at most `mask_up_to` of it (and at most `mask_at_most` rows unless
-    that is -1), it comes whole (`live` None) with `dead` their chunk-relative numbers, for the caller
+    that is -1), it comes whole (`live` None) with `dead` its (C,) bool mask of them, for the caller
     to mask their scores: copying a chunk to drop a few rows costs more than scoring them, when the
     queries are few. `live` and `dead` are None when the whole chunk is live."""
     for start in range(0, len(vectors), chunk_rows):
@@ -410,7 +410,7 @@ def _live_chunks(
             excluded = np.asarray(exclude[start : start + len(block)], dtype=bool)
             n_dead = int(np.count_nonzero(excluded))
             if 0 < n_dead <= mask_up_to * len(block) and (mask_at_most < 0 or n_dead <= mask_at_most):
-                dead = np.flatnonzero(excluded)
+                dead = excluded
             elif n_dead:
                 live = np.flatnonzero(~excluded)  # chunk row of each live row
                 block = block[live]
@@ -440,8 +440,8 @@ def _exact_search_fp32(
         block = widen_into(buffer, block) if buffer is not None else np.ascontiguousarray(block)
         if by_product:
             scores = q_t @ _tensor(block).T  # (Q, C) float32
-            if dead is not None:
-                scores[:, torch.from_numpy(dead)] = -float("inf")
+            if dead is not None:  # a broadcast fill: indexing the columns cost ~5% of the search
+                scores.masked_fill_(torch.from_numpy(dead), -float("inf"))
             top = scores.topk(min(k, len(block)), dim=1)
             distances, ids = top.values.numpy(), top.indices.numpy()
         else:
@@ -543,7 +543,7 @@ def _score_chunk(
 ) -> tuple[torch.Tensor, float]:
     """Score one chunk of rows in bfloat16: → ((Q, width) scores, a bound ≥ the largest ‖v‖ of its rows).
 
-    q_b: (Q, d) bfloat16 queries; block: (C, d) stored rows; dead: chunk-relative rows to mask (or
+    q_b: (Q, d) bfloat16 queries; block: (C, d) stored rows; dead: (C,) bool, the rows to mask (or
     None); rows_b (≥ width, d) and scores (Q, ≥ width): reused buffers. width is C rounded up to
     `_BF16_BLOCK`; the padding columns and the dead rows score -inf, so they never win."""
     n_block = len(block)
@@ -557,7 +557,7 @@ def _score_chunk(
         rows_b[n_block:width].zero_()
         chunk_scores[:, n_block:] = -float("inf")
     if dead is not None:
-        chunk_scores[:, torch.from_numpy(dead)] = -float("inf")
+        chunk_scores[:, :n_block].masked_fill_(torch.from_numpy(dead), -float("inf"))
     return chunk_scores, float(norms.max()) / (1 - _BF16_U)
 
 
