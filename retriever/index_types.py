@@ -418,9 +418,6 @@ def _live_chunks(
             yield start, live, block, dead
 
 
-_FP32_PRODUCT_QUERIES = 64  # queries up to which the fp32 path scores by one product per chunk
-
-
 def _exact_search_fp32(
     q: np.ndarray, vectors: np.ndarray, k: int, metric: str, *, chunk_rows: int | None, exclude: np.ndarray | None
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -430,22 +427,19 @@ def _exact_search_fp32(
     buffer = None if vectors.dtype == np.float32 else torch.empty((min(chunk_rows, n_rows), dim))
     faiss_metric = faiss.METRIC_INNER_PRODUCT if metric == "ip" else faiss.METRIC_L2
     heap = faiss.ResultHeap(len(q), k, keep_max=metric == "ip")
-    # a few inner-product queries are scored by one BLAS product per chunk and torch's top-k: FAISS
-    # scans fewer than 20 queries one at a time without BLAS. That product also lets a chunk's few
-    # removed rows be masked in place (gathering the live rows first would copy the chunk)
-    by_product = metric == "ip" and len(q) <= _FP32_PRODUCT_QUERIES
-    q_t = torch.from_numpy(q)
-    chunks = _live_chunks(vectors, chunk_rows, exclude, mask_up_to=0.25 if by_product else 0.0)
+    worst = -np.inf if metric == "ip" else np.inf
+    # a chunk with a few removed rows is searched whole, for that many more results, and the removed
+    # ones dropped: gathering its live rows first would copy the chunk. FAISS scores each (query, row)
+    # pair the same way whatever the chunk (fewer than 20 queries: one dot product per pair), so the
+    # scores do not depend on how the rows are split (shards, segments, a compaction)
+    chunks = _live_chunks(vectors, chunk_rows, exclude, mask_up_to=0.25, mask_at_most=max(k, 256))
     for start, live, block, dead in chunks:
         block = widen_into(buffer, block) if buffer is not None else np.ascontiguousarray(block)
-        if by_product:
-            scores = q_t @ _tensor(block).T  # (Q, C) float32
-            if dead is not None:  # a broadcast fill: indexing the columns cost ~5% of the search
-                scores.masked_fill_(torch.from_numpy(dead), -float("inf"))
-            top = scores.topk(min(k, len(block)), dim=1)
-            distances, ids = top.values.numpy(), top.indices.numpy()
-        else:
-            distances, ids = faiss.knn(q, block, min(k, len(block)), metric=faiss_metric)
+        dead_rows = None if dead is None else np.flatnonzero(dead)
+        extra = 0 if dead_rows is None else len(dead_rows)
+        distances, ids = faiss.knn(q, block, min(k + extra, len(block)), metric=faiss_metric)
+        if dead_rows is not None:  # never enter the heap ahead of a live row: each chunk gives ≥ k live ones
+            distances[np.isin(ids, dead_rows)] = worst
         ids = (live[ids] if live is not None else ids) + start
         heap.add_result(distances, ids)
     heap.finalize()  # sorted, best first
