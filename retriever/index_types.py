@@ -354,8 +354,8 @@ def exact_search(
     queries: (Q, d) float; vectors: (N, d) float16/float32 array or memmap, read `chunk_rows`
     rows at a time (default: `EXACT_CHUNK_FLOATS` / d, or `BF16_CHUNK_ROWS` on the bf16 path).
     exclude: optional (N,) bool mask of rows never to return (e.g. removed passages): a chunk
-    holding some is compacted to its live rows first, so the masked path costs the same as
-    the plain one.
+    where they are a quarter or less is searched whole with them masked, one with more is
+    compacted to its live rows first.
     precision: "auto" (default), "fp32" or "bf16" (`resolve_exact_precision`; the module
     docstring describes both paths). On the fp32 path each chunk is widened into one reused
     float32 buffer (peak extra memory ≈ that buffer; no float32 copy of the store is ever made),
@@ -428,19 +428,34 @@ def _exact_search_fp32(
     faiss_metric = faiss.METRIC_INNER_PRODUCT if metric == "ip" else faiss.METRIC_L2
     heap = faiss.ResultHeap(len(q), k, keep_max=metric == "ip")
     worst = -np.inf if metric == "ip" else np.inf
-    # a chunk with a few removed rows is searched whole, for that many more results, and the removed
-    # ones dropped: gathering its live rows first would copy the chunk. FAISS scores each (query, row)
-    # pair the same way whatever the chunk (fewer than 20 queries: one dot product per pair), so the
-    # scores do not depend on how the rows are split (shards, segments, a compaction)
-    chunks = _live_chunks(vectors, chunk_rows, exclude, mask_up_to=0.25, mask_at_most=max(k, 256))
+    # A chunk with a few removed rows is searched whole (gathering its live rows would copy it). In
+    # the widened float16 chunk they are set to NaN: a NaN score never enters FAISS's heaps or
+    # reservoirs (every comparison with it is false; tests/retriever/test_exact_search.py checks this
+    # FAISS behaviour), so they cost one dot product each. A float32 store is searched in place, for
+    # that many more results, the removed ones dropped. FAISS scores each (query, row) pair the same
+    # way whatever the chunk and its NaN rows (fewer than 20 queries: one dot product per pair; more:
+    # a GEMM whose columns are independent), so scores do not depend on how the rows are split
+    # (shards, segments, a compaction).
+    mask_at_most = -1 if buffer is not None else max(k, 256)
+    chunks = _live_chunks(vectors, chunk_rows, exclude, mask_up_to=0.25, mask_at_most=mask_at_most)
     for start, live, block, dead in chunks:
-        block = widen_into(buffer, block) if buffer is not None else np.ascontiguousarray(block)
         dead_rows = None if dead is None else np.flatnonzero(dead)
-        extra = 0 if dead_rows is None else len(dead_rows)
+        extra = 0
+        if buffer is not None:
+            block = widen_into(buffer, block)
+            if dead_rows is not None:
+                block[dead_rows] = np.nan
+                dead_rows = None
+        else:
+            block = np.ascontiguousarray(block)
+            extra = 0 if dead_rows is None else len(dead_rows)
         distances, ids = faiss.knn(q, block, min(k + extra, len(block)), metric=faiss_metric)
         if dead_rows is not None:  # never enter the heap ahead of a live row: each chunk gives ≥ k live ones
             distances[np.isin(ids, dead_rows)] = worst
+        missing = ids < 0  # a chunk with fewer than k live rows (the rest NaN)
         ids = (live[ids] if live is not None else ids) + start
+        if missing.any():
+            ids[missing], distances[missing] = -1, worst
         heap.add_result(distances, ids)
     heap.finalize()  # sorted, best first
     scores = heap.D if metric == "ip" else np.maximum(heap.D, 0.0)  # rounding: slightly negative

@@ -105,6 +105,61 @@ def test_removed_rows_never_come_back(precision):
     assert rows.shape == (9, 12) and not few[rows].any()
 
 
+@pytest.mark.parametrize("n_queries", [7, 40])  # FAISS: one dot product per pair under 20 queries, a GEMM above
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("k", [5, 120])  # FAISS keeps a heap under 100 results, a reservoir from 100
+def test_a_few_removed_rows_are_masked_and_scores_equal_the_compacted_store(n_queries, dtype, k):
+    """Chunks with a quarter or fewer rows removed are searched whole with those rows masked (NaN in
+    the widened float16 chunk; wider searches of a float32 store). The results equal a search of the
+    live rows alone, scores to the bit, so a compaction or a sharding changes no score; a chunk with
+    fewer live rows than k gives what it has."""
+    rng = np.random.default_rng(7)
+    vectors = rng.standard_normal((2000, 32)).astype(dtype)
+    queries = rng.standard_normal((n_queries, 32)).astype(np.float32)
+    exclude = np.zeros(2000, dtype=bool)
+    exclude[rng.choice(1900, 150, replace=False)] = True  # ~8% of each chunk of 250
+    exclude[1900:1960] = True  # 60 of the last chunk's 250: a quarter or fewer still
+    top = reference(queries, vectors, 3)[1].ravel()
+    exclude[top] = True  # the best rows removed
+    stats, scores, rows = check(queries, vectors, k, "fp32", exclude=exclude, chunk_rows=250)
+    assert not exclude[rows].any()
+    live = np.flatnonzero(~exclude)
+    compact_scores, compact_rows = exact_search(queries, vectors[live], k, precision="fp32", chunk_rows=250)
+    np.testing.assert_array_equal(rows, live[compact_rows])
+    np.testing.assert_array_equal(scores, compact_scores)
+    # a chunk of 100 rows with 20 removed, k = 90: it holds fewer live rows than k
+    small = rng.standard_normal((100, 32)).astype(dtype)
+    gone = np.zeros(100, dtype=bool)
+    gone[rng.choice(100, 20, replace=False)] = True
+    _, _, rows = check(queries, small, 90, "fp32", exclude=gone, chunk_rows=100)
+    assert rows.shape == (n_queries, 80) and not gone[rows].any()
+
+
+@pytest.mark.parametrize("n_queries", [3, 19, 20, 64])
+@pytest.mark.parametrize("k", [1, 10, 100, 150])
+def test_faiss_never_returns_a_nan_row(n_queries, k):
+    """What the fp32 path relies on to mask removed rows: `faiss.knn` takes no NaN score into its
+    results (heap, reservoir, top-1; inner product and L2), and the other rows' scores are the same
+    bits as without the NaN rows; where fewer rows are left than k, the rest is id -1."""
+    import faiss
+
+    rng = np.random.default_rng(k * 100 + n_queries)
+    vectors = rng.standard_normal((600, 16)).astype(np.float32)
+    queries = rng.standard_normal((n_queries, 16)).astype(np.float32)
+    nan = rng.random(600) < 0.2
+    masked = vectors.copy()
+    masked[nan] = np.nan
+    live = np.flatnonzero(~nan)
+    for metric in (faiss.METRIC_INNER_PRODUCT, faiss.METRIC_L2):
+        distances, ids = faiss.knn(queries, masked, k, metric=metric)
+        want_distances, want_ids = faiss.knn(queries, vectors[live], k, metric=metric)
+        np.testing.assert_array_equal(ids, live[want_ids])
+        np.testing.assert_array_equal(distances, want_distances)
+    distances, ids = faiss.knn(queries, masked[:20], 20, metric=faiss.METRIC_INNER_PRODUCT)
+    n_live = int((~nan[:20]).sum())
+    assert (ids[:, :n_live] >= 0).all() and (ids[:, n_live:] == -1).all()
+
+
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_non_gaussian_scales_and_small_stores(precision):
     """Rows of very different norms (the bound uses the largest), k near N, one row."""
