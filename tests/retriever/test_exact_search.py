@@ -121,7 +121,7 @@ def test_a_few_removed_rows_are_masked_and_scores_equal_the_compacted_store(n_qu
     exclude[1900:1960] = True  # 60 of the last chunk's 250: a quarter or fewer still
     top = reference(queries, vectors, 3)[1].ravel()
     exclude[top] = True  # the best rows removed
-    stats, scores, rows = check(queries, vectors, k, "fp32", exclude=exclude, chunk_rows=250)
+    _, scores, rows = check(queries, vectors, k, "fp32", exclude=exclude, chunk_rows=250)
     assert not exclude[rows].any()
     live = np.flatnonzero(~exclude)
     compact_scores, compact_rows = exact_search(queries, vectors[live], k, precision="fp32", chunk_rows=250)
