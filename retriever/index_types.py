@@ -439,16 +439,15 @@ def _exact_search_fp32(
     mask_at_most = -1 if buffer is not None else max(k, 256)
     chunks = _live_chunks(vectors, chunk_rows, exclude, mask_up_to=0.25, mask_at_most=mask_at_most)
     for start, live, block, dead in chunks:
-        dead_rows = None if dead is None else np.flatnonzero(dead)
-        extra = 0
+        dead_rows = None  # the rows to drop from FAISS's results (a float32 store only)
         if buffer is not None:
             block = widen_into(buffer, block)
-            if dead_rows is not None:
-                block[dead_rows] = np.nan
-                dead_rows = None
+            if dead is not None:
+                block[dead] = np.nan
         else:
             block = np.ascontiguousarray(block)
-            extra = 0 if dead_rows is None else len(dead_rows)
+            dead_rows = None if dead is None else np.flatnonzero(dead)
+        extra = 0 if dead_rows is None else len(dead_rows)
         distances, ids = faiss.knn(q, block, min(k + extra, len(block)), metric=faiss_metric)
         if dead_rows is not None:  # never enter the heap ahead of a live row: each chunk gives ≥ k live ones
             distances[np.isin(ids, dead_rows)] = worst

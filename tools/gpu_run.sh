@@ -31,7 +31,7 @@ READING_QUESTIONS=${GPU_READING_QUESTIONS:-300}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 mkdir -p "$OUT" "$HOME_DIR" "$REPO/runs"
 export PYTHONPATH="$HOME_DIR/site:$REPO${PYTHONPATH:+:$PYTHONPATH}"
-# the staged data once `setup` has unpacked it (read by each phase: one call may stage, set up and train)
+# the staged data once `setup` has unpacked it, else the shared data beside the repo
 data_dir() { if [ -d "$HOME_DIR/data/squad" ]; then echo "$HOME_DIR/data"; else echo "${ATLAS_SHARED_DATA:-$REPO/../shared/data}"; fi; }
 
 say() { printf '[gpu_run %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
@@ -84,14 +84,12 @@ EOF
 }
 
 tests() {
-    local DATA; DATA=$(data_dir); export ATLAS_SHARED_DATA=$DATA
     say "tests: pytest -m gpu"
     "$PYTHON" -m pytest tests/gpu -m gpu -rs -q -p no:cacheprovider --junitxml="$OUT/gpu-tests.xml" 2>&1 \
         | tee "$OUT/gpu-tests.log" | tail -40
 }
 
 bench() {
-    local DATA; DATA=$(data_dir); export ATLAS_SHARED_DATA=$DATA
     if ! has_cuda; then say "bench: no CUDA device here, GPU benchmarks skipped"; return 0; fi
     say "bench: reader questions/s and reading, K=5 and K=20"
     for k in 5 20; do
@@ -116,7 +114,6 @@ bench() {
 }
 
 train() {
-    local DATA; DATA=$(data_dir); export ATLAS_SHARED_DATA=$DATA
     if ! has_cuda; then say "train: no CUDA device here, skipped"; return 0; fi
     local run=$REPO/runs/reader-squad-gpu
     local args=(configs/reader-stages/reader-squad-gpu.yaml "task.train_data=[$DATA/squad/train-v1.1.json]"
@@ -132,7 +129,6 @@ train() {
 }
 
 evaluate() {
-    local DATA; DATA=$(data_dir); export ATLAS_SHARED_DATA=$DATA
     if ! has_cuda; then say "eval: no CUDA device here, skipped"; return 0; fi
     local run=$REPO/runs/reader-squad-gpu
     local latest; latest=$(cat "$run/checkpoints/latest" 2>/dev/null) || { say "eval: no checkpoint"; return 0; }
@@ -167,6 +163,7 @@ evaluate() {
 phases=("$@")
 [ ${#phases[@]} -eq 0 ] && phases=(stage setup tests bench train eval)
 for phase in "${phases[@]}"; do
+    DATA=$(data_dir) && export ATLAS_SHARED_DATA=$DATA  # again after each phase: `setup` unpacks it
     case "$phase" in
         stage) stage ;;
         setup) setup ;;
