@@ -1,4 +1,4 @@
-"""Builders: an `Atlas` from a config, or from a checkpoint folder."""
+"""Builders: an `AtlasModel` from a config, or from a checkpoint folder."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from transformers import AutoModel, AutoTokenizer
 
 from atlas.config import AtlasConfig, IndexConfig
 from atlas.distributed import agree_on_rank0, current_context
-from atlas.model import Atlas
+from atlas.model import AtlasModel
 from reader.embedding_init import transfer_token_embeddings
 from reader.fid import READER_PRESETS, WARM_START_PRESETS, FiDReader, build_reader
 from reader.tokenizer import build_reader_tokenizer
@@ -92,7 +92,7 @@ def open_index(
         allow_encoder_mismatch=index_config.allow_encoder_mismatch,
         nprobe=index_config.nprobe,
         ef_search=index_config.ef_search,
-        rerank=index_config.exact_rerank,
+        exact_rerank=index_config.exact_rerank,
     )
     if index_config.sharded and world_size > 1:
         from retriever.sharded import ShardedPassageIndex  # heavy: faiss, as above
@@ -137,7 +137,7 @@ def _make_run_index(
             chunk_size=config.index.chunk_size,
             train_sample=config.index.train_sample,
             keep_embeddings=config.index.keep_embeddings,
-            rerank=config.index.exact_rerank or 0,
+            exact_rerank=config.index.exact_rerank or 0,
         )
         cached = cached_index(corpus, settings)
     encoder = f"{config.retriever.model} (passage encoder {settings['encoder_fingerprint'][:12]})" if settings else ""
@@ -162,7 +162,7 @@ def _make_run_index(
             chunk_size=config.index.chunk_size,
             train_sample=config.index.train_sample,
             keep_embeddings=config.index.keep_embeddings,
-            rerank=config.index.exact_rerank or 0,
+            exact_rerank=config.index.exact_rerank or 0,
             nprobe=config.index.nprobe,
             ef_search=config.index.ef_search,
             progress=rank == 0,
@@ -182,11 +182,15 @@ def _make_run_index(
             )
 
 
-def build_atlas(config: AtlasConfig, *, checkpoint: str | Path | None = None, with_index: bool = True) -> Atlas:
+def build_atlas(
+    config: AtlasConfig, *, checkpoint: str | Path | None = None, with_index: bool = True, index=None
+) -> AtlasModel:
     """Build the model a config describes; weights from `checkpoint` when given.
 
     The reader is a preset built from config (random init), a local HF T5 folder, or the
     checkpoint's `reader/`; the retriever likewise from `retriever.model` or `retriever/`.
+    `index`: an opened `PassageIndex` to use as it is (then nothing is opened or built); else, with
+    `with_index`, the run's index (`build_index`: training may build it; the read paths pass `index`).
     """
     checkpoint = Path(checkpoint) if checkpoint is not None else None
     tokenizer = _reader_tokenizer(config, checkpoint)
@@ -207,9 +211,9 @@ def build_atlas(config: AtlasConfig, *, checkpoint: str | Path | None = None, wi
             _init_reader_embeddings(reader, tokenizer, config)
     if not config.reader.encoder_dropout:
         reader.disable_encoder_dropout()
-    if config.reader.retrieval_prior and not reader.copies_from_source:
+    if config.inference.retrieval_prior and not reader.copies_from_source:
         raise ValueError(
-            "reader.retrieval_prior weights a copy head's pointer; this reader has no copy head (set it to 0)"
+            "inference.retrieval_prior weights a copy head's pointer; this reader has no copy head (set it to 0)"
         )
     if config.reader.trainable_encoder_layers is not None:
         if not hasattr(reader.seq2seq, "set_trainable_encoder_layers"):
@@ -233,7 +237,8 @@ def build_atlas(config: AtlasConfig, *, checkpoint: str | Path | None = None, wi
         else:
             retriever = build_retriever(config.retriever)
         retriever.freeze_passage_side(config.retriever.train_passage_encoder)
-    index = build_index(config, retriever) if (with_index and retriever is not None) else None
+    if index is None and with_index and retriever is not None:
+        index = build_index(config, retriever)
     loss = build_retriever_loss(
         config.retriever.loss.name,
         temperature_gold=config.retriever.temperature_gold,
@@ -241,7 +246,7 @@ def build_atlas(config: AtlasConfig, *, checkpoint: str | Path | None = None, wi
         gold_precision=config.retriever.gold_precision,
         **config.retriever.loss.options,
     )
-    return Atlas(
+    return AtlasModel(
         reader=reader,
         reader_tokenizer=tokenizer,
         retriever=retriever,
@@ -250,5 +255,6 @@ def build_atlas(config: AtlasConfig, *, checkpoint: str | Path | None = None, wi
         reader_config=config.reader,
         retriever_config=config.retriever,
         index_config=config.index,
+        inference_config=config.inference,
         closed_book=config.task.closed_book,
     )

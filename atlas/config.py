@@ -15,7 +15,9 @@ likewise; the plain `retriever.loss: emdr` means the loss's default options).
 Old spellings are still read, with a FutureWarning naming the new one (a checkpoint's saved config may
 hold them): the flat loss keys `retriever.emdr_granularity` and `retriever.adist_attention` (now options
 of their loss), the precision value "full" (now "fp32"), and `index.rerank_overretrieve` /
-`index.rerank` (now `index.reencode_candidates` / `index.exact_rerank`). See `_upgrade_section`.
+`index.rerank` (now `index.reencode_candidates` / `index.exact_rerank`), and the decoding keys of
+`reader` (`num_beams`, `length_penalty`, `span_answers`, `generation_max_length`, `retrieval_prior`,
+`inference_precision`: now the `inference` section's). See `_upgrade_section`.
 
 A recipe may start from another: a top-level `base: OTHER.yaml` (a path relative to the file that
 names it) loads OTHER first, itself with its own `base` if it has one, and lays the file's keys over
@@ -117,13 +119,12 @@ class IndexConfig:
     keep_embeddings: bool = False
     refresh: str = "never"  # e.g. "0-1000:500,1000-10000:2000"
     # Training with a stale index: search this many candidates and re-score them with passage vectors
-    # re-encoded by the current passage encoder (0 = off; used when > the k retrieved). Formerly
-    # `rerank_overretrieve`.
+    # re-encoded by the current passage encoder (0 = off; used when > the k retrieved).
     reencode_candidates: int = 0
-    # Two-stage search of a compressed index (issue 16): its top k' candidates re-scored exactly
-    # from the float16 vectors kept memory-mapped on disk. None: the index's own setting (its
-    # manifest); 0: off. Building with k' > 0 keeps the vectors. Not `reencode_candidates`
-    # (that re-encodes candidates with the current, training encoder). Formerly `rerank`.
+    # Two-stage search of a compressed index: its top k' candidates re-scored exactly from the
+    # float16 vectors kept memory-mapped on disk. None: the index's own setting (its manifest,
+    # `exact_rerank`); 0: off. Building with k' > 0 keeps the vectors. Not `reencode_candidates`
+    # (that re-encodes candidates with the current, training encoder).
     exact_rerank: int | None = None
     filtering_overretrieve_ratio: int = 2
     allow_encoder_mismatch: bool = False
@@ -149,23 +150,6 @@ class ReaderConfig:
     answer_maxlength: int = 32
     passage_format: str = "{query} title: {title} context: {text}"
     gradient_checkpointing: bool = False
-    generation_max_length: int = 32
-    num_beams: int = 1
-    # beam search ranks hypotheses by log-probability / length**length_penalty: Hugging Face's 1.0
-    # favours longer answers (a copying reader runs on past the answer's end); 0.0 ranks by
-    # log-probability alone
-    length_penalty: float = 1.0
-    # every answer is a span of a passage read (constrained decoding, reader/span_constraint.py), for
-    # extractive QA; closed-book examples and option scoring are unconstrained
-    span_answers: bool = False
-    # the encoder pass of answering (predict, evaluate, serve) under bfloat16 autocast: "bf16", "auto" (bf16
-    # where the hardware multiplies it natively: reader/encoder_precision.py) or "fp32" (the reader's
-    # precision; the default, so that figures do not depend on the machine). Training is unaffected.
-    inference_precision: Literal["fp32", "bf16", "auto"] = "fp32"
-    # w of the retrieval prior of answering: the copy head copies from a retrieved passage k in proportion
-    # to its own pointer times softmax_k(score_k / retriever.temperature_score)^w (0 = off; readers with a
-    # copy head; bench/nq824.py measures it). Given passages without retrieval scores get none.
-    retrieval_prior: float = 0.0
     dropout: float | None = None
     # false: no dropout in the reader's encoder (the decoder keeps `dropout`). A retriever loss's gold
     # scores need eval-mode encoder states; with a dropout-free encoder the training pass's states are
@@ -177,6 +161,36 @@ class ReaderConfig:
     # μ of the auxiliary loss CE − μ·dispersion (mean pairwise cosine distance of the final
     # decoder states; "On the predictive power of representation dispersion"); 0 = off.
     dispersion_weight: float = 0.0
+
+
+@dataclass
+class InferenceConfig:
+    """How a model answers (`Atlas.answer`, `atlas ask|evaluate|serve`, a run's evaluations): the passages it
+    reads, their input length, the decoding and its precision. Saved with every model, so a fine-tuned run
+    answers as it was evaluated; a reader folder may carry its own (`atlas.yaml`, beside its weights)."""
+
+    # passages read per question (the first n retrieved); None = reader.n_context, what the reader trains on
+    n_context: int | None = None
+    # tokens of each (question, passage) input; None = reader.text_maxlength
+    text_maxlength: int | None = None
+    generation_max_length: int = 32  # generated tokens at most (after the decoder's start token)
+    num_beams: int = 1
+    # beam search ranks hypotheses by log-probability / length**length_penalty: Hugging Face's 1.0
+    # favours longer answers (a copying reader runs on past the answer's end); 0.0 ranks by
+    # log-probability alone
+    length_penalty: float = 1.0
+    # every answer is a span of a passage read (constrained decoding, reader/span_constraint.py), for
+    # extractive QA; closed-book examples and option scoring are unconstrained
+    span_answers: bool = False
+    # the encoder pass under bfloat16 autocast: "bf16", "auto" (bf16 where the hardware multiplies it
+    # natively: reader/encoder_precision.py) or "fp32" (the reader's precision; the default, so that figures
+    # do not depend on the machine). Training is unaffected.
+    precision: Literal["fp32", "bf16", "auto"] = "fp32"
+    # w of the retrieval prior: a copy head copies from retrieved passage k in proportion to its own pointer
+    # times softmax_k(score_k / prior_temperature)^w (0 = off; readers with a copy head). Given passages
+    # without retrieval scores get none.
+    retrieval_prior: float = 0.0
+    prior_temperature: float = 0.01  # the temperature of that softmax over the passages' retrieval scores
 
 
 @dataclass
@@ -248,6 +262,7 @@ class AtlasConfig:
     retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
     index: IndexConfig = field(default_factory=IndexConfig)
     reader: ReaderConfig = field(default_factory=ReaderConfig)
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
@@ -328,10 +343,40 @@ _LOSS_OPTION_KEYS: dict[str, tuple[str, str]] = {
 # imported, so that reading a config does not import torch).
 _PRECISION_FIELDS: dict[type, str] = {
     RetrieverConfig: "gold_precision",
-    ReaderConfig: "inference_precision",
+    InferenceConfig: "precision",
     TrainingConfig: "precision",
 }
 _PRECISION_ALIASES = {"full": "fp32"}
+
+
+# Decoding keys that were the reader's, now `inference`'s (old name → new name).
+_INFERENCE_KEYS = {
+    "generation_max_length": "generation_max_length",
+    "num_beams": "num_beams",
+    "length_penalty": "length_penalty",
+    "span_answers": "span_answers",
+    "inference_precision": "precision",
+    "retrieval_prior": "retrieval_prior",
+}
+
+
+def _move_inference_keys(data: dict, where: typing.Callable[[str], str]) -> None:
+    """A config written before `inference` had its own section: its decoding keys move from `reader` to
+    `inference` (rewritten in place, as `_upgrade_section` does); the retrieval prior keeps the temperature
+    it was read at (then `retriever.temperature_score`)."""
+    reader = data.get("reader")
+    if not isinstance(reader, dict) or not any(k in reader for k in _INFERENCE_KEYS):
+        return
+    inference = data.setdefault("inference", {})
+    if not isinstance(inference, dict):
+        return  # _build refuses the section itself
+    for old, new in _INFERENCE_KEYS.items():
+        if old in reader:
+            _warn_deprecated(where(f"reader.{old}"), f"'reader.{old}'", f"'inference.{new}'")
+            inference[new] = reader.pop(old)  # set after the tree's last rewrite: it replaces the new key
+    if inference.get("retrieval_prior") and "prior_temperature" not in inference:
+        retriever = data.get("retriever") if isinstance(data.get("retriever"), dict) else {}
+        inference["prior_temperature"] = retriever.get("temperature_score", RetrieverConfig.temperature_score)
 
 
 def _warn_deprecated(where: str, old: str, new: str) -> None:
@@ -349,6 +394,9 @@ def _upgrade_section(cls: type, data: dict, prefix: str, where: typing.Callable[
     `{name: emdr, granularity: token}` → `{name: emdr, options: {granularity: token}}`.
     """
     dotted = (lambda key: f"{prefix}.{key}") if prefix else (lambda key: key)
+    if cls is AtlasConfig:
+        _move_inference_keys(data, where)
+        return data
     if cls is LossConfig:
         shaped = {"options": {k: v for k, v in data.items() if k != "name"}}
         return {"name": data["name"], **shaped} if "name" in data else shaped
@@ -496,19 +544,20 @@ def validate_components(config: AtlasConfig, origins: dict[str, str] | None = No
         if choices is not None and checked[option] not in choices:
             raise ConfigError(f"{where}: '{key}' must be one of {', '.join(map(repr, choices))}, got {value!r}")
     loss.options = {**loss_class.default_options, **checked}
-    for key, value in (
-        ("evaluation.max_examples", config.evaluation.max_examples),
-        ("reader.trainable_encoder_layers", config.reader.trainable_encoder_layers),
+    for key, value, minimum, meaning in (
+        ("evaluation.max_examples", config.evaluation.max_examples, 1, "all examples"),
+        ("reader.trainable_encoder_layers", config.reader.trainable_encoder_layers, 0, "the whole encoder"),
+        ("inference.n_context", config.inference.n_context, 1, "reader.n_context"),
+        ("inference.text_maxlength", config.inference.text_maxlength, 1, "reader.text_maxlength"),
     ):
-        minimum = 1 if key == "evaluation.max_examples" else 0
         if value is not None and value < minimum:
             raise ConfigError(
-                f"{_source_of(key, origins, source)}: '{key}' must be at least {minimum} "
-                f"(or null for {'all examples' if minimum else 'the whole encoder'}); got {value}"
+                f"{_source_of(key, origins, source)}: '{key}' must be at least {minimum} (or null for {meaning}); "
+                f"got {value}"
             )
     for key, value in (
         ("evaluation.train_recall_examples", config.evaluation.train_recall_examples),
-        ("reader.retrieval_prior", config.reader.retrieval_prior),
+        ("inference.retrieval_prior", config.inference.retrieval_prior),
     ):
         if value < 0:
             raise ConfigError(f"{_source_of(key, origins, source)}: '{key}' must be at least 0 (0 = off); got {value}")
@@ -649,6 +698,46 @@ def _read_recipe(path: Path, source: str, chain: tuple[tuple[Path, str], ...] = 
     return _merge(base_tree, tree), {**origins, **dict.fromkeys(own, source)}
 
 
+# Keys whose values name files or folders a run reads. A relative one in a recipe is looked up beside the
+# recipe that set it first, then in the working directory (`_resolve_recipe_paths`).
+INPUT_PATH_KEYS = (
+    "reader.model",
+    "reader.tokenizer",
+    "reader.encoder",
+    "reader.init_embeddings",
+    "retriever.model",
+    "index.path",
+    "index.corpus",
+    "task.train_data",
+    "task.eval_data",
+    "training.deepspeed",
+)
+
+
+def _resolve_recipe_paths(tree: dict, origins: dict[str, str]) -> None:
+    """Relative input paths (INPUT_PATH_KEYS) that exist beside the recipe file that set them become absolute
+    there, so a recipe's own files are found from any directory; others (found from the working directory,
+    hub ids, preset names) stay as written. A value found nowhere is named with both places by the step that
+    reads it (`missing_input`)."""
+    for key in INPUT_PATH_KEYS:
+        section, name = key.split(".")
+        node = tree.get(section)
+        source = origins.get(key) or origins.get(section)
+        if not isinstance(node, dict) or name not in node or not source or source.startswith("override"):
+            continue
+        folder = Path(source).parent
+        value = node[name]
+        node[name] = [_beside(folder, v) for v in value] if isinstance(value, list) else _beside(folder, value)
+
+
+def _beside(folder: Path, value: Any) -> Any:
+    """`value` as an absolute path where it is a relative one that exists in `folder`; else as it is."""
+    if not isinstance(value, str) or not value or Path(value).is_absolute():
+        return value
+    beside = folder / value
+    return str(beside.resolve()) if beside.exists() else value
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] = (), *, check_data: bool = True) -> AtlasConfig:
     """Load a YAML recipe (or the defaults when `path` is None) and apply dotted overrides.
 
@@ -666,6 +755,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), *, ch
     if path is not None:
         source = str(path)
         tree, origins = _read_recipe(Path(path), source)  # `base` chain resolved: the tree holds no `base`
+        _resolve_recipe_paths(tree, origins)
     config = _build(AtlasConfig, tree, "", source, origins)
     for text in overrides:
         key, value = parse_override(text)
@@ -677,6 +767,22 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), *, ch
     validate_components(config, origins, source)
     if check_data:
         validate_data(config, origins, source)
+    return config
+
+
+def apply_overrides(config: AtlasConfig, overrides: list[str], *, source: str = "<config>") -> AtlasConfig:
+    """`config` with dotted `overrides` (`a.b=value`, as on the command line) applied and checked; `config`
+    itself is unchanged. An error names the override."""
+    if not overrides:
+        return config
+    tree = config_to_dict(config)
+    origins: dict[str, str] = {}
+    for text in overrides:
+        key, value = parse_override(text)
+        _set_dotted(tree, key, value, f"override '{text}'")
+        config = _build(AtlasConfig, tree, "", f"override '{text}'")
+        origins[key] = f"override '{text}'"
+    validate_components(config, origins, source)
     return config
 
 

@@ -32,8 +32,6 @@ import torch.distributed as dist
 
 from atlas.config import AtlasConfig, EvaluationConfig, save_config
 from atlas.distributed import DistributedContext
-from atlas.model import template_fields
-from reader.surface import decode_answers
 from retriever.retrieval_eval import RetrievalExample, score_retrieval
 from tasks.base import Example
 from tasks.io import atomic_write_json, write_jsonl
@@ -131,19 +129,15 @@ class Predictions:
 def predict_generation(model, task, examples: list[Example], config: EvaluationConfig, *, show: bool = True):
     """Generate answers: → (raw generated texts, passages per example (all retrieved) or None).
 
-    Retrieves max(reader.n_context, max(retrieval_k)) passages per example (one index search
-    per batch of `config.batch_size`); the reader reads the first reader.n_context.
+    Retrieves max(n_read, max(retrieval_k)) passages per example (one index search per batch of
+    `config.batch_size`); the reader reads the first `model.n_read` (`AtlasModel.read`, the one answer path).
     """
-    n_read = model.reader_config.n_context
-    n_retrieve = max([n_read, *config.retrieval_k])
+    n_retrieve = max([model.n_read, *config.retrieval_k])
     predictions, retrieved = [], []
     for batch in _batches(examples, config.batch_size, show=show):
         passages = model.passages_for(batch, n_retrieve)
-        read = None if passages is None else [ps[:n_read] for ps in passages]
-        input_ids, attention_mask = model.reader_inputs([e.query for e in batch], read)  # (B, K, L)
-        generated = model.generate(input_ids, attention_mask, read)
-        texts = decode_answers(model.reader_tokenizer, generated, template_fields(read), skip_special_tokens=False)
-        predictions.extend(texts)
+        read = None if passages is None else [ps[: model.n_read] for ps in passages]
+        predictions.extend(model.read([e.query for e in batch], read).texts)
         retrieved.extend(passages or [None] * len(batch))
     return predictions, (None if model.closed_book else retrieved)
 
@@ -159,7 +153,7 @@ def predict_multiple_choice(model, task, examples: list[Example], config: Evalua
     """
     predictions, retrieved, probabilities = [], [], []
     for batch in _batches(examples, config.batch_size, show=show):
-        passages = model.passages_for(batch, model.reader_config.n_context)
+        passages = model.passages_for(batch, model.n_read)
         for n, example in enumerate(batch):
             shown = task.eval_presentations(example)
             letters = sorted(example.options)
@@ -265,6 +259,7 @@ def evaluate(
     run_config: AtlasConfig | None = None,
     context: DistributedContext | None = None,
     predict_only: bool = False,
+    show: bool = True,
 ) -> dict[str, float]:
     """Predict on `data_path` (or on `examples`), write the outputs under `out_dir`, then score.
 
@@ -277,6 +272,7 @@ def evaluate(
     predicts ceil(N / world_size) examples (the last rank's share padded, so that a sharded
     index is searched in lockstep), rank 0 gathers the predictions, writes and scores, and
     every rank returns rank 0's metrics. Without it, this process evaluates everything alone.
+    `show`: a progress bar (on rank 0).
     """
     context = context or DistributedContext()
     model.eval()
@@ -294,7 +290,7 @@ def evaluate(
     share, n_real = (
         rank_share(examples, context.rank, context.world_size) if context.enabled else (examples, len(examples))
     )
-    mine = _predict(model, task, share, config, multiple_choice, show=context.is_main).take(n_real)
+    mine = _predict(model, task, share, config, multiple_choice, show=show and context.is_main).take(n_real)
     has_index = getattr(model, "index", None) is not None
     outputs = _gather(mine, context, has_index) if context.enabled else mine
 

@@ -1,27 +1,30 @@
-"""Atlas: a retriever, an index and a FiD reader, wired together (and nothing more).
+"""AtlasModel: a retriever, an index and a FiD reader, wired together (and nothing more); the
+module the Python API (`atlas.Atlas`), training, evaluation and serving hold.
 
-`Atlas.losses(examples)` is one training step's forward pass: retrieve `retriever.n_context`
+`AtlasModel.losses(examples)` is one training step's forward pass: retrieve `retriever.n_context`
 passages per query, let the reader read the first `reader.n_context` of them, recompute the
 retriever scores with the current encoders, and add the retriever loss (whose gold scores
-come from the reader under no-grad). `Atlas.predict(examples)` generates answers.
+come from the reader under no-grad). `AtlasModel.read(queries, passages)` is the one answer path:
+every front end (Python, `atlas ask|evaluate|serve`, the quickstart, the benches) generates through it,
+with the `inference` settings.
 
 Shapes: B examples, K passages, L reader tokens per passage, T target tokens, d retriever dim.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 from torch import nn
 
-from atlas.config import IndexConfig, ReaderConfig, RetrieverConfig
+from atlas.config import IndexConfig, InferenceConfig, ReaderConfig, RetrieverConfig
 from atlas.knnlm.dispersion import mean_pairwise_cosine_distance
 from reader.fid import IGNORE_INDEX, FiDReader
 from reader.inputs import encode_reader_inputs, encode_targets
 from reader.span_constraint import PassageSpanConstraint
-from reader.surface import decode_answers
+from reader.surface import decode_answers, decoding_is_lossless
 from retriever.encoder import Retriever
 from retriever.losses import RetrieverLoss
 from tasks.base import Example
@@ -54,7 +57,17 @@ def passage_log_prior(
     return prior.float()
 
 
-class Atlas(nn.Module):
+@dataclass
+class Reading:
+    """What the reader made of a batch: `texts[b]`, the generated text of example b as the reader's tokenizer
+    decodes it (sentinels kept, for the task's `postprocess`); `attention` (B, K), each passage's share of the
+    decoder's cross-attention while it wrote the answer (rows sum to 1 over the passages read), when asked."""
+
+    texts: list[str]
+    attention: torch.Tensor | None = None
+
+
+class AtlasModel(nn.Module):
     """Retriever + index + FiD reader.
 
     Args (keyword-only, built by `atlas.build`):
@@ -63,6 +76,7 @@ class Atlas(nn.Module):
         index: a `retriever.index.PassageIndex` to search, or None.
         retriever_loss: the loss that trains the retriever through the reader.
         reader_config, retriever_config, index_config: the run's settings (read-only).
+        inference_config: how it answers (passages read, input length, decoding, precision).
     """
 
     def __init__(
@@ -76,6 +90,7 @@ class Atlas(nn.Module):
         reader_config: ReaderConfig,
         retriever_config: RetrieverConfig,
         index_config: IndexConfig,
+        inference_config: InferenceConfig | None = None,
         closed_book: bool = False,
     ):
         super().__init__()
@@ -87,7 +102,12 @@ class Atlas(nn.Module):
         self.reader_config = reader_config
         self.retriever_config = retriever_config
         self.index_config = index_config
+        self.inference_config = inference_config or InferenceConfig()
         self.closed_book = closed_book
+        # A tokenizer whose decoding loses the passage's characters (a WordPiece one lower-cases and splits
+        # punctuation) has its answers given their surface form in the passages; a lossless one (T5's
+        # SentencePiece) is decoded as it is, as the reference decodes it.
+        self.restores_surface = not decoding_is_lossless(reader_tokenizer)
 
     # ------------------------------------------------------------------ retrieval
     @property
@@ -107,7 +127,10 @@ class Atlas(nn.Module):
         k-th passage where the search missed it.
         """
         if self.index is None or self.retriever is None:
-            raise ValueError("retrieval needs a retriever and an index (set index.path)")
+            raise ValueError(
+                "this model has no index to retrieve from: give one (Atlas.from_pretrained(..., index=INDEX), "
+                "--index DIR, or index.path in a recipe)"
+            )
         filtering = any(e.source_id for e in examples)
         n = k * self.index_config.filtering_overretrieve_ratio if filtering else k
         n = max(n, self.index_config.reencode_candidates)
@@ -183,19 +206,28 @@ class Atlas(nn.Module):
         return torch.arange(n_passages, device=device).unsqueeze(0) < lengths.unsqueeze(1)
 
     # ------------------------------------------------------------------ reader inputs
+    @property
+    def n_read(self) -> int:
+        """Passages read per question when answering (`inference.n_context`, else `reader.n_context`)."""
+        return self.inference_config.n_context or self.reader_config.n_context
+
     def reader_inputs(
-        self, queries: list[str], passages: list[list[Passage]] | None
+        self, queries: list[str], passages: list[list[Passage]] | None, *, answering: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Tokenise each (query, passage) pair: → input_ids, attention_mask, each (B, K, L).
+        """Tokenise each (query, passage) pair: → input_ids, attention_mask, each (B, K, L), L at most
+        `reader.text_maxlength` (training) or `inference.text_maxlength` (`answering`, where set).
 
         Closed-book (passages None): K = 1 and the reader reads the query alone. Examples with
         fewer passages than the longest list get fully masked rows.
         """
+        max_length = self.reader_config.text_maxlength
+        if answering and self.inference_config.text_maxlength:
+            max_length = self.inference_config.text_maxlength
         input_ids, attention_mask = encode_reader_inputs(
             self.reader_tokenizer,
             queries,
             template_fields(passages) or [[] for _ in queries],
-            self.reader_config.text_maxlength,
+            max_length,
             self.reader_config.passage_format,
         )
         device = self.reader.seq2seq.device
@@ -301,18 +333,40 @@ class Atlas(nn.Module):
 
     # ------------------------------------------------------------------ inference
     @torch.no_grad()
-    def predict(self, examples: list[Example]) -> tuple[list[str], list[list[Passage]] | None]:
-        """Generate an answer for each example: → (answers, the passages read or None)."""
-        passages = self.passages_for(examples, self.reader_config.n_context)
-        input_ids, attention_mask = self.reader_inputs([e.query for e in examples], passages)
-        generated = self.generate(input_ids, attention_mask, passages)
-        answers = decode_answers(self.reader_tokenizer, generated, template_fields(passages))
-        return [a.strip() for a in answers], passages
+    def read(
+        self, queries: list[str], passages: list[list[Passage]] | None, *, with_attention: bool = False
+    ) -> Reading:
+        """The one answer path: generate an answer for each query from its passages (None: closed book).
+
+        The reader reads every passage given (callers pass the first `n_read`, or a request's k); decoding
+        follows `inference`. With
+        `with_attention`, each passage read gets its share of the decoder's cross-attention while it wrote
+        the answer (teacher-forcing the generated ids over the same encoder states).
+        """
+        read = passages
+        input_ids, attention_mask = self.reader_inputs(queries, read, answering=True)  # (B, K, L)
+        states = self.encode_for_answers(input_ids, attention_mask)  # (B, K, L, H)
+        generated = self.generate(input_ids, attention_mask, read, encoder_states=states)  # (B, T')
+        texts = decode_answers(
+            self.reader_tokenizer,
+            generated,
+            template_fields(read) if self.restores_surface else None,
+            skip_special_tokens=False,
+        )
+        attention = None
+        if with_attention:
+            labels = generated[:, 1:].clone()
+            labels[labels == self.reader.seq2seq.config.pad_token_id] = IGNORE_INDEX
+            scores = self.reader.cross_attention_scores(states, attention_mask, labels, input_ids=input_ids)
+            scores = scores.float().cpu()  # (B, K)
+            totals = scores.sum(dim=1, keepdim=True)
+            attention = torch.where(totals > 0, scores / totals.clamp_min(1e-30), scores)
+        return Reading(texts, attention)
 
     @torch.no_grad()
     def encode_for_answers(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """(B, K, L) reader inputs → (B, K, L, H) encoder states at `reader.inference_precision`."""
-        return self.reader.encode(input_ids, attention_mask, precision=self.reader_config.inference_precision)
+        """(B, K, L) reader inputs → (B, K, L, H) encoder states at `inference.precision`."""
+        return self.reader.encode(input_ids, attention_mask, precision=self.inference_config.precision)
 
     @torch.no_grad()
     def generate(
@@ -322,8 +376,8 @@ class Atlas(nn.Module):
         passages: list[list[Passage]] | None,
         encoder_states: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Decode answers as the recipe says (`reader.num_beams`, `length_penalty`, `span_answers`,
-        `generation_max_length`, `inference_precision`, `retrieval_prior`).
+        """Decode answers as `inference` says (`num_beams`, `length_penalty`, `span_answers`,
+        `generation_max_length`, `precision`, `retrieval_prior`).
 
         Args:
             input_ids, attention_mask: (B, K, L) from `reader_inputs(queries, passages)`.
@@ -332,9 +386,9 @@ class Atlas(nn.Module):
         Returns:
             (B, T') generated ids starting with the decoder start token.
         """
-        rc = self.reader_config
+        settings = self.inference_config
         constraint = None
-        if rc.span_answers and passages is not None:
+        if settings.span_answers and passages is not None:
             constraint = PassageSpanConstraint.from_passages(
                 self.reader_tokenizer,
                 template_fields(passages),
@@ -342,19 +396,19 @@ class Atlas(nn.Module):
                 vocab_size=self.reader.seq2seq.config.vocab_size,
             )
         prior = None
-        if rc.retrieval_prior and passages is not None:
+        if settings.retrieval_prior and passages is not None:
             prior = passage_log_prior(
-                passages, input_ids.shape[1], self.retriever_config.temperature_score, rc.retrieval_prior
+                passages, input_ids.shape[1], settings.prior_temperature, settings.retrieval_prior
             )
         return self.reader.generate(
             input_ids,
             attention_mask,
-            max_length=rc.generation_max_length,
-            num_beams=rc.num_beams,
-            length_penalty=rc.length_penalty,
+            max_length=settings.generation_max_length,
+            num_beams=settings.num_beams,
+            length_penalty=settings.length_penalty,
             encoder_states=encoder_states,
             prefix_allowed_tokens_fn=constraint,
-            precision=rc.inference_precision,
+            precision=settings.precision,
             passage_log_prior=prior,
         )
 
@@ -369,7 +423,7 @@ class Atlas(nn.Module):
             if len(ids) != 1:
                 raise ValueError(f"option label {letter!r} is not a single reader token ({ids})")
             option_ids.append(ids[0])
-        input_ids, attention_mask = self.reader_inputs([e.query for e in examples], passages)
+        input_ids, attention_mask = self.reader_inputs([e.query for e in examples], passages, answering=True)
         sentinel = self.reader_tokenizer.convert_tokens_to_ids(ANSWER_SENTINEL)
         prefix = torch.full((len(examples), 1), sentinel, dtype=torch.long, device=self.reader.seq2seq.device)
         return self.reader.score_options(input_ids, attention_mask, torch.tensor(option_ids), prefix_ids=prefix)

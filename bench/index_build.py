@@ -2,7 +2,7 @@
 
 Workload: a seeded random sample of passages of the chunked nq824 + WikiText-2 corpus
 (`atlas corpus prepare` output), embedded with the default encoder (all-MiniLM-L6-v2,
-max 256 tokens, batch 64) by `ContrieverEncoder.encode_texts`:
+max 256 tokens, batch 64) by `ContrieverEncoder.embed_texts`:
 - sorted: batches formed from length-sorted texts (ours);
 - naive: the same texts batched in corpus order, each batch padded to its longest text.
 Roofline: achieved GFLOP/s (useful FLOPs = those on non-padding tokens, counted from the
@@ -96,11 +96,11 @@ def main() -> None:
             total += len(batch) * flops_per_sequence(encoder.model.config, int(batch.max()))
         return total
 
-    encoder.encode_texts(texts[:16], batch_size=16)  # warm-up
+    encoder.embed_texts(texts[:16], batch_size=16)  # warm-up
     results = {}
     for name, sort in (("naive", False), ("sorted", True)):
         start = time.perf_counter()
-        encoder.encode_texts(
+        encoder.embed_texts(
             texts,
             batch_size=args.batch_size,
             max_length=retriever.passage_maxlength,

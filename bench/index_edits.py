@@ -119,8 +119,8 @@ folder, queries_path, encoder = sys.argv[1], sys.argv[2], sys.argv[3]
 queries = np.load(queries_path)
 retriever = None
 if encoder:
-    from atlas.cli.index import _load_retriever
-    retriever = _load_retriever(encoder, folder, device="cpu")
+    from atlas.index import index_retriever
+    retriever = index_retriever(folder, encoder, device="cpu")
     retriever.passage_fingerprint()  # warm: the first call also builds the tokenizer's JSON
 before = rss()
 started = time.perf_counter()
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import torch
 
-    from atlas.cli.index import _load_retriever
+    from atlas.index import index_retriever
     from retriever.corpus import prepare_corpus
     from retriever.index_build import build_index
     from retriever.index_compact import MAX_DEAD_FRACTION, MAX_SEGMENTS, compact_if_due
@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="atlas-bench-edits-"))
     work.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)
-    retriever = _load_retriever(args.encoder, device="cpu")
+    retriever = index_retriever(None, args.encoder, device="cpu")
     # the encoder is frozen here: its fingerprint (checked at every load) is computed once
     retriever.passage_fingerprint = functools.cache(retriever.passage_fingerprint)
     index, state_path = work / "edited", work / "state.pkl"

@@ -32,9 +32,9 @@ and SQuAD dev questions are asked, EM against the closed-book variant's reader o
     .venv/bin/python bench/nq824.py --variants frozen,pdist,emdr --seeds 0,1,2
     .venv/bin/python bench/nq824.py --variants closed_book,frozen,pdist --steps 60 --max-dev 100
     .venv/bin/python bench/nq824.py --variants frozen --seeds 0,1,2 --retrieval-priors 0,1 --no-swap
-The recipe answers with the retrieval prior (`reader.retrieval_prior=1.0`: the copy head weighs the
+The recipe answers with the retrieval prior (`inference.retrieval_prior=1.0`: the copy head weighs the
 retriever's ranking); `--retrieval-priors` re-answers with each frozen checkpoint at other weights in the
-same run, and a reader without a copy head needs `--set reader.retrieval_prior=0`.
+same run, and a reader without a copy head needs `--set inference.retrieval_prior=0`.
 Prints a JSON object, then a table. Never runs in the test suite.
 """
 
@@ -85,7 +85,7 @@ def base_overrides(args, out: Path, variant: str, seed: int = 0) -> list[str]:
         f"reader.n_context={args.passages}",
         "reader.text_maxlength=192",
         "reader.answer_maxlength=16",
-        "reader.generation_max_length=16",
+        "inference.generation_max_length=16",
         "reader.dropout=0.0",
         "task.name=qa",
         f"task.train_data=[{args.data / 'nq824' / 'train-64.jsonl'}]",
@@ -96,10 +96,10 @@ def base_overrides(args, out: Path, variant: str, seed: int = 0) -> list[str]:
         "training.batch_size=4",
         "reader.trainable_encoder_layers=3",
         "training.lr_encoder=3e-5",
-        "reader.num_beams=4",
-        "reader.length_penalty=0.0",
-        "reader.span_answers=true",
-        "reader.retrieval_prior=1.0",
+        "inference.num_beams=4",
+        "inference.length_penalty=0.0",
+        "inference.span_answers=true",
+        "inference.retrieval_prior=1.0",
         f"training.lr={args.lr}",
         f"training.lr_retriever={args.lr_retriever}",
         "training.warmup_steps=5",
@@ -204,10 +204,9 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 def squad_corpus_swap(args, out: Path, checkpoint: str, closed_book: str | None) -> dict:
     """Point the trained model at another corpus: SQuAD dev paragraphs (MiniLM index built here, no
     retraining), asked SQuAD dev questions; EM vs the same recipe's closed-book reader on them."""
-    from atlas.build import build_atlas
+    from atlas.api import Atlas
     from atlas.config import RetrieverConfig
     from atlas.evaluate import retrieval_metrics
-    from atlas.training.checkpoint import checkpoint_config
     from retriever.corpus import prepare_corpus
     from retriever.encoder import build_retriever
     from retriever.index_build import build_index
@@ -247,14 +246,10 @@ def squad_corpus_swap(args, out: Path, checkpoint: str, closed_book: str | None)
     for name, path in (("retrieval_augmented", checkpoint), ("closed_book", closed_book)):
         if path is None:
             continue
-        model = build_atlas(
-            checkpoint_config(path, [f"index.path={folder / 'index'}", *args.set]), checkpoint=path
-        ).eval()
-        answers, passages = [], []
-        for start in range(0, len(examples), 16):
-            batch_answers, batch_passages = model.predict(examples[start : start + 16])
-            answers += batch_answers
-            passages += batch_passages or []
+        model = Atlas.from_pretrained(path, index=folder / "index", overrides=args.set)
+        answered = model.answer_examples(examples, batch_size=16)
+        answers = [a.text for a in answered]
+        passages = [a.passages for a in answered] if model.index is not None else []
         result[name] = {
             "exact_match": 100 * sum(max_exact_match(a, e.answers) for a, e in zip(answers, examples)) / len(examples),
             "f1": 100 * sum(max_f1(a, e.answers) for a, e in zip(answers, examples)) / len(examples),
@@ -279,9 +274,8 @@ def gold_chunk(chunks: list[dict], answers: list[str]) -> tuple[dict, bool]:
 
 def retrieval_prior_reading(args, out: Path, checkpoints: list[str], weights: list[float]) -> dict:
     """Each trained checkpoint (one per seed) answering the dev questions at each retrieval-prior weight
-    (`reader.retrieval_prior`; 0 = none, the baseline of the same run): → {weight: {exact_match, f1}: mean ± std}."""
-    from atlas.build import build_atlas
-    from atlas.training.checkpoint import checkpoint_config
+    (`inference.retrieval_prior`; 0 = none, the baseline of the same run): → {weight: {exact_match, f1}: mean ± std}."""
+    from atlas.api import Atlas
     from tasks.base import get_task
     from tasks.metrics import max_exact_match, max_f1
 
@@ -291,12 +285,9 @@ def retrieval_prior_reading(args, out: Path, checkpoints: list[str], weights: li
     for weight in weights:
         runs = []
         for checkpoint in checkpoints:
-            overrides = [f"index.path={out / 'index'}", *args.set, f"reader.retrieval_prior={weight}"]
-            model = build_atlas(checkpoint_config(checkpoint, overrides), checkpoint=checkpoint)
-            model.eval()
-            answers = [
-                a for start in range(0, len(examples), 16) for a in model.predict(examples[start : start + 16])[0]
-            ]
+            overrides = [*args.set, f"inference.retrieval_prior={weight}"]
+            model = Atlas.from_pretrained(checkpoint, index=out / "index", overrides=overrides)
+            answers = [a.text for a in model.answer_examples(examples, batch_size=16)]
             runs.append(
                 {
                     "exact_match": 100.0
@@ -317,18 +308,14 @@ def gold_passage_reading(args, out: Path, checkpoint: str) -> dict:
     what it retrieves: how much of the gap to the answers is reading, and how much picking the passage."""
     import dataclasses
 
-    from atlas.build import build_atlas
-    from atlas.training.checkpoint import checkpoint_config
+    from atlas.api import Atlas
     from retriever.corpus import Corpus
     from tasks.base import get_task
     from tasks.io import read_jsonl
     from tasks.metrics import max_exact_match, max_f1
 
     started = time.perf_counter()
-    model = build_atlas(
-        checkpoint_config(checkpoint, [f"index.path={out / 'index'}", *args.set]), checkpoint=checkpoint
-    )
-    model.eval()
+    model = Atlas.from_pretrained(checkpoint, index=out / "index", overrides=args.set)
     chunks: dict[str, list[dict]] = {}
     for _, batch in Corpus.load(out / "corpus").iter_batches(1024):
         for passage in batch:
@@ -347,7 +334,7 @@ def gold_passage_reading(args, out: Path, checkpoint: str) -> dict:
                 example, passages=[{"id": chosen["id"], "title": chosen["title"], "text": chosen["text"]}]
             )
         )
-    answers = [a for start in range(0, len(given), 16) for a in model.predict(given[start : start + 16])[0]]
+    answers = [a.text for a in model.answer_examples(given, batch_size=16)]
     exact = [max_exact_match(a, e.answers) for a, e in zip(answers, given)]
     return {
         "questions": len(given),
@@ -384,9 +371,8 @@ def corpus_swap(args, out: Path, checkpoint: str) -> dict:
     result per `args.edit_replacements` way of choosing the new answers (each on a fresh copy of the index)."""
     import numpy as np
 
-    from atlas.build import build_atlas
-    from atlas.training.checkpoint import checkpoint_config
-    from retriever.index import PassageIndex
+    from atlas.api import Atlas
+    from atlas.index import Index
     from retriever.index_update import add_passages, remove_passages
     from tasks.base import get_task
     from tasks.io import read_jsonl, write_jsonl
@@ -394,19 +380,14 @@ def corpus_swap(args, out: Path, checkpoint: str) -> dict:
 
     started = time.perf_counter()
     swapped = out / "index-swapped"
-    config = checkpoint_config(checkpoint, [f"index.path={out / 'index'}", *args.set])
-    model = build_atlas(config, checkpoint=checkpoint)
-    model.eval()
+    model = Atlas.from_pretrained(checkpoint, index=out / "index", overrides=args.set)
     records = [r for _, r in read_jsonl(args.data / "nq824" / "dev.jsonl")][: args.max_dev]
     examples = get_task("qa").load(args.data / "nq824" / "dev.jsonl")[: args.max_dev]
-    answers, passages = [], []
-    for start in range(0, len(examples), 16):
-        batch_answers, batch_passages = model.predict(examples[start : start + 16])
-        answers += batch_answers
-        passages += batch_passages
+    answered = model.answer_examples(examples, batch_size=16)
+    answers, passages = [a.text for a in answered], [a.passages for a in answered]
 
     def unit(texts):
-        vectors = model.retriever.embed_queries(texts)
+        vectors = model.model.retriever.embed_queries(texts)
         return vectors / np.linalg.norm(vectors, axis=1, keepdims=True).clip(min=1e-12)
 
     # replacements: other real answers to the same kind of question (who → a person, when → a date),
@@ -496,13 +477,10 @@ def corpus_swap(args, out: Path, checkpoint: str) -> dict:
         shutil.copytree(out / "index", swapped)
         write_jsonl(out / "swap-edits.jsonl", [p for e in edits for p in e["passages"]])
         remove_passages(swapped, [p["id"] for e in edits for p in e["passages"]])
-        add_passages(swapped, [out / "swap-edits.jsonl"], model.retriever, chunk_words=0, progress=False)
-        model.index = PassageIndex.load(swapped, retriever=model.retriever)
-        new_answers, new_read = [], []
-        for start in range(0, len(edits), 16):
-            batch_answers, batch_passages = model.predict([e["example"] for e in edits[start : start + 16]])
-            new_answers += batch_answers
-            new_read += batch_passages
+        add_passages(swapped, [out / "swap-edits.jsonl"], model.model.retriever, chunk_words=0, progress=False)
+        model.index = Index.load(swapped)
+        answered = model.answer_examples([e["example"] for e in edits], batch_size=16)
+        new_answers, new_read = [a.text for a in answered], [a.passages for a in answered]
         follows = [normalize_answer(a) == normalize_answer(e["new"]) for a, e in zip(new_answers, edits)]
         stays = [normalize_answer(a) == normalize_answer(e["old"]) for a, e in zip(new_answers, edits)]
         # partial copies of the new text count here ("Garbiñe Muguru" for "Garbiñe Muguruza"): token F1 with
@@ -608,7 +586,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--retrieval-priors",
         default="",
-        help="comma-separated reader.retrieval_prior weights (e.g. 0,1): each frozen run's checkpoint "
+        help="comma-separated inference.retrieval_prior weights (e.g. 0,1): each frozen run's checkpoint "
         "answers the dev questions at each, in the same run (0 = none, the baseline)",
     )
     parser.add_argument(

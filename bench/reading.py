@@ -6,8 +6,8 @@ with --reader NAME=DIR (e.g. the retired atlas-mini exported from git history, o
 reader/ folder at equal training steps), each with every decoding of --decodings: `plain` (beam
 search, Hugging Face's length penalty 1.0: the baseline), `lp0` (length penalty 0: hypotheses ranked
 by log-probability alone) and `span` (length penalty 0, answers constrained to spans of the passages
-read: `reader.span_answers`; `span-lp0.5` the same with length penalty 0.5), at every precision of
---precisions (`fp32`; `bf16`: the encoder pass under bfloat16 autocast, `reader.inference_precision`),
+read: `inference.span_answers`; `span-lp0.5` the same with length penalty 0.5), at every precision of
+--precisions (`fp32`; `bf16`: the encoder pass under bfloat16 autocast, `inference.precision`),
 every beam width of --beams (4 = the recipes' beam search, 1 = greedy) and every beam path of
 --beam-paths (`folded`: what `FiDReader.generate` does, keys/values of each example's passages
 projected and read once for all its beams, `reader.beam_attention`, and the decoder reading only the
@@ -16,7 +16,7 @@ padded K·L layout, the copy head pointing into every beam's copy; `repeated`: t
 `reader.beam_attention` too, T5 projecting and reading every beam's copy). Also measured: reader
 inference throughput (questions/s at K=5, batch 16, this machine's threads) and, per row, its ratio to
 the `unpacked` and `repeated` rows of the same reader and settings. With --retrieval-priors, each K=5 reading
-is repeated at each weight of the retrieval prior (`reader.retrieval_prior`: the copy head weighs the
+is repeated at each weight of the retrieval prior (`inference.retrieval_prior`: the copy head weighs the
 passages' MiniLM scores for the question; readers with a copy head).
 
     .venv/bin/python bench/reading.py                                   # 1000 seeded dev questions
@@ -127,7 +127,7 @@ def read(
     retrieval_prior: float = 0.0,
 ) -> tuple[dict, float]:
     """Generate an answer for every example from its passages → (SQuAD metrics in %, questions/s),
-    on the reader's device. `retrieval_prior`: w of `reader.retrieval_prior` over the passages' scores
+    on the reader's device. `retrieval_prior`: w of `inference.retrieval_prior` over the passages' scores
     (τ = PRIOR_TEMPERATURE)."""
     import torch
 
@@ -212,13 +212,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--precisions",
         default="fp32",
-        help="comma-separated inference precisions (fp32, bf16: `reader.inference_precision`); "
+        help="comma-separated inference precisions (fp32, bf16: `inference.precision`); "
         "each reader × decoding runs at each, in the same run",
     )
     parser.add_argument(
         "--retrieval-priors",
         default="0",
-        help="comma-separated reader.retrieval_prior weights (readers with a copy head): at K=5 the "
+        help="comma-separated inference.retrieval_prior weights (readers with a copy head): at K=5 the "
         "copy head weighs the passages' MiniLM scores, softmax(score / 0.1)^w (0 = none)",
     )
     parser.add_argument("--seed", type=int, default=0)
@@ -371,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         "readers": results,
         "targets": TARGETS,
     }
-    # judged with the decoding the shipped recipes use (atlas/demo/quickstart.yaml: reader.span_answers)
+    # judged with the decoding the shipped recipes use (atlas/demo/quickstart.yaml: inference.span_answers)
     judged = next((n for n in ("shipped (atlas-reader)+span", "shipped (atlas-reader)") if n in results), None)
     shipped = results.get(judged)
     if shipped is not None and shipped["k5"] is not None and k == 5:

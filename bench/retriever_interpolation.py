@@ -35,9 +35,9 @@ KS = (1, 5, 20)
 
 def query_encoder_state(run: str) -> tuple[dict[str, torch.Tensor], object]:
     """The query encoder's weights of a run's checkpoint, and the built model."""
-    from atlas.cli.run import load_run
+    from atlas.loading import load_model, model_spec
 
-    _, _, model = load_run(run, None, [])
+    model = load_model(model_spec(run))
     return {k: v.detach().clone() for k, v in model.retriever.query_encoder.state_dict().items()}, model
 
 

@@ -76,7 +76,7 @@ def start_server(
     port: int,
     max_batch: int,
     threads: int = 1,
-    overrides: tuple[str, ...] = ("reader.num_beams=1",),
+    overrides: tuple[str, ...] = ("inference.num_beams=1",),
     log: Path | None = None,
     auto_compact: bool = True,
 ) -> subprocess.Popen:
@@ -289,7 +289,7 @@ def _serve_and_load(
         port=port,
         max_batch=max_batch,
         threads=threads,
-        overrides=(f"reader.num_beams={beams}",),
+        overrides=(f"inference.num_beams={beams}",),
         log=work / f"server-{name}.log",
         auto_compact=auto_compact,
     )
@@ -305,9 +305,8 @@ def _serve_and_load(
         process.terminate()
         process.wait(timeout=60)
     if plan:
-        from atlas.cli import main as atlas
-
-        result["index_verifies"] = atlas(["index", "info", str(index), "--verify"]) == 0
+        verify = subprocess.run([sys.executable, "-m", "atlas", "index", "info", str(index), "--verify"], check=False)
+        result["index_verifies"] = verify.returncode == 0
     return {"max_batch": max_batch, "auto_compact": auto_compact, **result}
 
 

@@ -38,6 +38,11 @@ from reader.cross_attention_bias import cross_attention_bias, decoder_offset
 CACHE_KWARG = "cache" if Version(transformers.__version__) >= Version("5.24.0.dev0") else "past_key_values"
 
 
+def output_cache(output):
+    """The decoder cache a model output carries, read under its own name (the old name warns from 5.24 on)."""
+    return getattr(output, CACHE_KWARG)
+
+
 class BeamSharedCrossAttentionCache(EncoderDecoderCache):
     """Decoder cache for beam search whose cross-attention keys/values are never reordered.
 

@@ -10,7 +10,7 @@ stay close to float32's (both measured: docs/results/retriever.md, "The cost of 
 keep their meaning (the same reader, eval mode, no grad); their change is
 measured by bench/gold_signal.py (`--gold-precision fp32,bf16`). Only the encoder runs in bfloat16: the
 decoder passes that turn states into likelihoods and attention masses stay in the reader's precision.
-Answering (`reader.inference_precision`, off by default so that figures do not depend on the machine)
+Answering (`inference.precision`, off by default so that figures do not depend on the machine)
 runs its encoder pass the same way; its decoder stays in the reader's precision (autocast slowed the
 small per-step products of beam search on CPU).
 
@@ -29,7 +29,7 @@ import warnings
 import torch
 from torch import nn
 
-# One vocabulary for every precision setting (`training.precision`, `reader.inference_precision`,
+# One vocabulary for every precision setting (`training.precision`, `inference.precision`,
 # `retriever.gold_precision`); "full" is the old name of "fp32", still read with a warning
 PRECISIONS = ("auto", "fp32", "bf16")
 PRECISION_ALIASES = {"full": "fp32"}

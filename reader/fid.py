@@ -38,6 +38,7 @@ from reader.warm_start import (
     is_warm_started_folder,
 )
 from tasks.io import atomic_directory
+from tasks.modeling import is_hub_id, missing_folder
 
 # most rows the encoder takes at once: enough for efficient matrix products, few enough that a
 # group's rows have similar lengths
@@ -140,11 +141,6 @@ class FiDReader(nn.Module):
         super().__init__()
         self.seq2seq = seq2seq
         fold_beams_in_cross_attention(seq2seq)  # beam search reads each example's passages once
-
-    @property
-    def t5(self) -> T5ForConditionalGeneration:
-        """`seq2seq` under its former name (it does not always hold a T5 encoder), for users' scripts."""
-        return self.seq2seq
 
     @property
     def config(self) -> T5Config:
@@ -399,7 +395,8 @@ class FiDReader(nn.Module):
             eos_token_id=config.eos_token_id,
             pad_token_id=config.pad_token_id,
             prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
-            length_penalty=length_penalty,
+            # beam search's alone: given to greedy decoding, transformers warns that it is ignored
+            **({"length_penalty": length_penalty} if num_beams > 1 else {}),
             **source,
         )
 
@@ -559,9 +556,14 @@ def build_reader(
         # fp32 master weights whatever the folder stores (a shipped fp16 checkpoint would
         # otherwise load as fp16, which CPU training cannot use); autocast handles bf16 runs
         return FiDReader.from_pretrained(folder, dropout=dropout)
-    if "/" in model and not model.startswith((".", "/")):  # a hub name, e.g. google/t5-base-lm-adapt
+    if is_hub_id(model):  # a hub name, e.g. google/t5-base-lm-adapt
         kwargs = {} if dropout is None else {"dropout_rate": dropout}
-        return FiDReader(T5ForConditionalGeneration.from_pretrained(model, **kwargs))
+        try:
+            return FiDReader(T5ForConditionalGeneration.from_pretrained(model, **kwargs))
+        except OSError as e:
+            raise FileNotFoundError(f"reader.model {model!r}: not a local folder, nor found on the Hub ({e})") from None
+    if "/" in model or model.startswith("."):
+        raise missing_folder(model, "reader.model")
     raise ValueError(
         f"reader model {model!r} is neither a preset ({sorted(READER_PRESETS | WARM_START_PRESETS)}), "
         "a local folder "

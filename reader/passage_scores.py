@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
-from reader.beam_attention import CACHE_KWARG
+from reader.beam_attention import CACHE_KWARG, output_cache
 from reader.inputs import IGNORE_INDEX
 from reader.protocol import FusionReader
 
@@ -105,6 +105,6 @@ def leave_one_out_nll(
             use_cache=True,
             **reader.source_kwargs(input_ids),
         )
-        cross_cache = output.past_key_values.cross_attention_cache
+        cross_cache = output_cache(output).cross_attention_cache
         scores.append(-target_token_logprobs(output.logits, labels).sum(-1) / n_tokens)
     return torch.stack(scores, dim=1)

@@ -13,7 +13,7 @@ from transformers.modeling_outputs import BaseModelOutput
 class FusionReader(Protocol):
     """A Fusion-in-Decoder reader as the scoring functions see it (`fid.FiDReader` is one)."""
 
-    t5: nn.Module  # the seq2seq model: `.decoder.block[i].layer[1].EncDecAttention`, optional `.copy_head`
+    seq2seq: nn.Module  # the seq2seq model: `.decoder.block[i].layer[1].EncDecAttention`, optional `.copy_head`
 
     def fuse(self, encoder_states: torch.Tensor, attention_mask: torch.Tensor) -> tuple[BaseModelOutput, torch.Tensor]:
         """(B, K, L, H) states and (B, K, L) mask → the decoder's (B, K·L, H) memory and (B, K·L) mask."""

@@ -75,6 +75,21 @@ def restore_surface(
     return "".join(restored)
 
 
+# Text a lossless tokenizer decodes back to itself: punctuation inside words and numbers (a WordPiece tokenizer
+# splits it off with spaces, which is what `restore_surface` exists for); plain lower-case ASCII, so that
+# a small SentencePiece vocabulary holds every character of it.
+_ROUND_TRIP = "rear-view 3.2 crown's"
+
+
+def decoding_is_lossless(tokenizer) -> bool:
+    """Whether `tokenizer` decodes its own encoding of ordinary text back to the same characters (T5's
+    SentencePiece does; a lower-casing WordPiece does not). Only a lossy one's answers need their surface
+    form restored from the passages: restoring a lossless one's would put back spaces the reader did not
+    write (a generated "talat crown" found in the passage as "tal at crown")."""
+    ids = tokenizer(_ROUND_TRIP, add_special_tokens=False)["input_ids"]
+    return tokenizer.decode(ids, skip_special_tokens=True).strip() == _ROUND_TRIP
+
+
 def decode_answers(
     tokenizer,
     generated,

@@ -23,7 +23,7 @@ from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, process
 from tokenizers.models import WordPiece
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from tasks.modeling import MINILM, encoder_source
+from tasks.modeling import MINILM, encoder_source, is_hub_id, missing_folder
 
 N_SENTINELS = 100
 PAD, EOS, UNK = "<pad>", "</s>", "<unk>"
@@ -152,11 +152,16 @@ def build_reader_tokenizer(path: str | Path | None = None) -> PreTrainedTokenize
     folder = Path(path)
     if not folder.is_dir():
         name = str(path)
-        if "/" in name and not name.startswith((".", "/")):  # a hub name, for users with a network
+        if not is_hub_id(name):
+            raise missing_folder(name, "reader folder")
+        try:  # a hub name, for users with a network (or a cache)
             tokenizer = AutoTokenizer.from_pretrained(name)
-            check_reader_tokenizer(tokenizer, name)
-            return tokenizer
-        raise ValueError(f"{folder}: reader tokenizer folder does not exist")
+        except OSError as e:
+            raise FileNotFoundError(
+                f"reader tokenizer {name!r}: not a local folder, nor found on the Hub ({e})"
+            ) from None
+        check_reader_tokenizer(tokenizer, name)
+        return tokenizer
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     check_reader_tokenizer(tokenizer, str(folder))
     return tokenizer

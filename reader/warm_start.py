@@ -42,7 +42,7 @@ from transformers import (
 )
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
-from reader.beam_attention import CACHE_KWARG
+from reader.beam_attention import CACHE_KWARG, output_cache
 from reader.copy_head import CopyHead, CopySource
 from reader.inputs import IGNORE_INDEX
 from tasks.modeling import BERT_FAMILY, encoder_source
@@ -279,7 +279,7 @@ class WarmStartedT5(T5ForConditionalGeneration):
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
-            past_key_values=decoder_outputs.past_key_values,
+            **{CACHE_KWARG: output_cache(decoder_outputs)},
             decoder_hidden_states=decoder_outputs.hidden_states,
             cross_attentions=decoder_outputs.cross_attentions,
             encoder_last_hidden_state=encoder_states,

@@ -147,8 +147,8 @@ def _tsv_records(path: Path, on_error: OnError) -> Iterator[tuple[int, dict]]:
     seen_any = False
     with open(path, "rb") as f:
         for line_no, raw in enumerate(f, start=1):
-            try:
-                line = raw.decode("utf-8").rstrip("\r\n")
+            try:  # a UTF-8 byte-order mark at the start is the encoding's mark, not text
+                line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8").rstrip("\r\n")
             except UnicodeDecodeError as e:
                 error = InputError(path, line_no, None, f"invalid UTF-8 ({e.reason} at byte {e.start})")
             else:
@@ -503,9 +503,13 @@ class Corpus:
         self.manifest: dict[str, Any] = json.loads(manifest_path.read_text())
         self.fingerprint: str = self.manifest["fingerprint"]
         # the map stays open as long as the table's buffers point into it
-        self.table: pa.Table = pa.ipc.open_stream(pa.memory_map(str(self.path / "passages.arrow"))).read_all()
-        self._hashes = np.load(self.path / "id_hashes.npy", mmap_mode="r")
-        self._rows = np.load(self.path / "id_rows.npy", mmap_mode="r")
+        arrow = self.path / "passages.arrow"
+        try:
+            self.table: pa.Table = pa.ipc.open_stream(pa.memory_map(str(arrow))).read_all()
+            self._hashes = np.load(self.path / "id_hashes.npy", mmap_mode="r", allow_pickle=False)
+            self._rows = np.load(self.path / "id_rows.npy", mmap_mode="r", allow_pickle=False)
+        except (pa.ArrowException, OSError, ValueError, EOFError) as e:
+            raise ValueError(f"{self.path}: the corpus is damaged ({e}); prepare it again") from None
         if len(self) != self.manifest["count"] or len(self._hashes) != len(self):
             raise ValueError(
                 f"{self.path}: corpus files disagree (manifest count {self.manifest['count']}, "
@@ -516,6 +520,18 @@ class Corpus:
     def load(cls, path: str | Path) -> Corpus:
         """Open the prepared corpus folder at `path` (memory-mapped, nothing read eagerly)."""
         return cls(path)
+
+    @property
+    def arrow_bytes(self) -> int:
+        """The size of `passages.arrow` (what an index records, so that a truncated file is named at load)."""
+        return (self.path / "passages.arrow").stat().st_size
+
+    def verify(self) -> None:
+        """Check the passages file against the corpus's fingerprint (its SHA-256): ValueError naming it when they
+        differ (a file altered or damaged after it was prepared). Reads the whole file."""
+        arrow = self.path / "passages.arrow"
+        if _hash_file(arrow) != self.fingerprint:
+            raise ValueError(f"{arrow}: its contents are not the ones prepared (SHA-256 differs): prepare it again")
 
     @functools.cached_property
     def dataset(self):

@@ -3,8 +3,11 @@
 `ContrieverEncoder` loads any local Hugging Face folder (or a sentence-transformers folder,
 whose pooling and normalisation settings it reads), encodes with gradients through
 `forward`, and embeds large text lists under `torch.inference_mode` through
-`encode_texts`, with batches formed from length-sorted texts so little padding is computed.
+`embed_texts`, with batches formed from length-sorted texts so little padding is computed.
 `Retriever` pairs a query and a passage encoder (tied or untied).
+
+One meaning per verb, on both classes: `encode…` runs with gradients (as the module's train/eval mode
+says) and returns a torch tensor; `embed…` runs under no-grad in eval mode and returns a numpy array.
 
 `layer_norm="reference"` makes an encoder compute what facebookresearch/atlas's retriever computed:
 its `src/modeling_bert.py` normalises by the raw second moment instead of the variance
@@ -252,11 +255,11 @@ class ContrieverEncoder(nn.Module):
             "attention_mask": batch["attention_mask"].to(self.device),
         }
 
-    def embed(self, texts: Sequence[str], max_length: int | None = None) -> torch.Tensor:
-        """Embed texts with gradients (respects train/eval mode): → (B, d)."""
+    def encode(self, texts: Sequence[str], max_length: int | None = None) -> torch.Tensor:
+        """Encode texts with gradients (respects train/eval mode): → (B, d) tensor."""
         return self(**self.tokenize(texts, max_length))
 
-    def encode_texts(
+    def embed_texts(
         self,
         texts: Sequence[str],
         *,
@@ -380,15 +383,15 @@ class Retriever(nn.Module):
 
     def encode_queries(self, queries: Sequence[str]) -> torch.Tensor:
         """Embed queries with gradients (train mode is respected): → (B, d)."""
-        return self.query_encoder.embed(queries, self.query_maxlength)
+        return self.query_encoder.encode(queries, self.query_maxlength)
 
     def encode_passages(self, passages: Sequence) -> torch.Tensor:
         """Embed passage dicts with gradients through E_p: → (B, d)."""
-        return self.passage_encoder.embed([self.format_passage(p) for p in passages], self.passage_maxlength)
+        return self.passage_encoder.encode([self.format_passage(p) for p in passages], self.passage_maxlength)
 
     def embed_queries(self, queries: Sequence[str], *, batch_size: int = 64) -> np.ndarray:
         """Embed queries for search (inference mode): → (Q, d) float32."""
-        return self.query_encoder.encode_texts(queries, batch_size=batch_size, max_length=self.query_maxlength)
+        return self.query_encoder.embed_texts(queries, batch_size=batch_size, max_length=self.query_maxlength)
 
     def embed_passages(
         self,
@@ -399,7 +402,7 @@ class Retriever(nn.Module):
         sort_by_length: bool = True,
     ) -> np.ndarray:
         """Embed passage dicts for indexing (inference mode, length-sorted batches): → (N, d) float32."""
-        return self.passage_encoder.encode_texts(
+        return self.passage_encoder.embed_texts(
             [self.format_passage(p) for p in passages],
             batch_size=batch_size,
             max_length=self.passage_maxlength,

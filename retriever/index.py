@@ -6,8 +6,8 @@ An index folder holds
                        and SHA-256 (so a truncated or corrupted file is named, not crashed on)
     vectors.gN.npy     float16 (N, d) embeddings: the index itself for `Flat` (searched in
                        chunks by `exact_search`), else present only with `keep_embeddings`
-                       (implied by `rerank`: the exact scores of a compressed index's
-                       candidates are read from it, memory-mapped; retriever/rerank.py)
+                       (implied by `exact_rerank`: the exact scores of a compressed index's
+                       candidates are read from it, memory-mapped; retriever/exact_rerank.py)
     index.gN.faiss     the FAISS index for every other spec, saved and loaded compressed only
     removed.gN.npy     (N,) bool: positions of removed passages, never returned by search
 Files carry a generation number N; an update writes new files, then atomically replaces
@@ -24,7 +24,7 @@ supports for their family (`index_types.faiss_read_flags`): IVF inverted lists b
 read-only `OnDiskInvertedLists` over the file, flat codes (PQ, SQ8) and HNSW storage are
 mapped in place. Mapped pages are shared by every process on the machine that opens the file.
 
-Two-stage search (`rerank` = k' > 0 in the manifest, or given at load): a compressed index
+Two-stage search (`exact_rerank` = k' > 0 in the manifest, or given at load): a compressed index
 proposes k' candidates per query and `retriever.rerank.rerank_candidates` returns the top k by
 exact inner product from the memory-mapped float16 vectors. `Flat` is exact already and
 ignores it.
@@ -74,10 +74,6 @@ from tasks.passage import Passage
 _LOAD_ATTEMPTS = 3  # generations a load may see committed under it before it gives up
 
 
-# one search result: the project's passage record (it lives in tasks/, which the reader may import too)
-Hit = Passage
-
-
 class PassageIndex:
     """A loaded index: vectors (or a FAISS index) + the corpora their positions point into.
 
@@ -97,7 +93,7 @@ class PassageIndex:
         retriever=None,
         nprobe: int | None = None,
         ef_search: int | None = None,
-        rerank: int | None = None,
+        exact_rerank: int | None = None,
     ):
         self.folder = folder
         self.manifest = manifest
@@ -111,7 +107,7 @@ class PassageIndex:
         self.ef_search = ef_search if ef_search is not None else manifest.get("ef_search", 128)
         if faiss_index is not None:
             set_search_params(faiss_index, nprobe=self.nprobe, ef_search=self.ef_search)
-        self.rerank = check_rerank(manifest, folder, rerank, has_vectors=vectors is not None)
+        self.exact_rerank = check_rerank(manifest, folder, exact_rerank, has_vectors=vectors is not None)
         if faiss_index is not None and vectors is not None:
             advise_random(vectors)  # read only at candidate rows (re-rank, `embeddings`)
 
@@ -127,7 +123,7 @@ class PassageIndex:
         mmap: bool = True,
         nprobe: int | None = None,
         ef_search: int | None = None,
-        rerank: int | None = None,
+        exact_rerank: int | None = None,
     ) -> PassageIndex:
         """Open an index folder on CPU, checking files, encoder and corpus.
 
@@ -137,8 +133,8 @@ class PassageIndex:
         SHA-256 against the manifest (reads every byte; sizes are always checked). mmap:
         memory-map the FAISS index with the flags of its family (float16 vectors are always
         memory-mapped); an index opened so is read-only (`mmap=False` to `add` to it).
-        rerank: k' candidates to re-score exactly from the float16 vectors (0: off; None: the
-        manifest's `rerank`); needs the vectors file (`InvalidIndexError` naming it otherwise).
+        exact_rerank: k' candidates to re-score exactly from the float16 vectors (0: off; None: the
+        manifest's `exact_rerank`); needs the vectors file (`InvalidIndexError` naming it otherwise).
         """
         folder = Path(path)
         for attempt in range(_LOAD_ATTEMPTS):
@@ -154,7 +150,7 @@ class PassageIndex:
                     mmap=mmap,
                     nprobe=nprobe,
                     ef_search=ef_search,
-                    rerank=rerank,
+                    exact_rerank=exact_rerank,
                 )
             except (InvalidIndexError, FileNotFoundError):
                 # a writer committed a generation between our reading the manifest and opening the
@@ -176,7 +172,7 @@ class PassageIndex:
         mmap: bool,
         nprobe: int | None,
         ef_search: int | None,
-        rerank: int | None,
+        exact_rerank: int | None,
     ) -> PassageIndex:
         """`load` of the generation `manifest` describes."""
         if retriever is not None:
@@ -189,7 +185,10 @@ class PassageIndex:
         files = manifest["files"]
         for record in files.values():
             check_file(folder, record, verify_hash=verify)
-        corpora = [open_corpus(folder, seg, corpus if i == 0 else None) for i, seg in enumerate(manifest["segments"])]
+        corpora = [
+            open_corpus(folder, seg, corpus if i == 0 else None, verify=verify)
+            for i, seg in enumerate(manifest["segments"])
+        ]
         vectors = None
         if "vectors" in files:
             vectors = load_npy(folder / files["vectors"]["name"], mmap_mode="r")
@@ -218,7 +217,7 @@ class PassageIndex:
             retriever=retriever,
             nprobe=nprobe,
             ef_search=ef_search,
-            rerank=rerank,
+            exact_rerank=exact_rerank,
         )
 
     def __len__(self) -> int:
@@ -297,7 +296,7 @@ class PassageIndex:
                 query_vectors, self.vectors, k, "ip", exclude=self.removed if any_removed else None
             )
         else:
-            wide = max(k, self.rerank)  # the compressed index proposes k' candidates
+            wide = max(k, self.exact_rerank)  # the compressed index proposes k' candidates
             scores, rows = search_live(
                 self.faiss_index,
                 query_vectors,
@@ -306,7 +305,7 @@ class PassageIndex:
                 nprobe=self.nprobe,
                 ef_search=self.ef_search,
             )
-            if self.rerank:  # exact scores of the candidates, from the memory-mapped vectors
+            if self.exact_rerank:  # exact scores of the candidates, from the memory-mapped vectors
                 scores, rows = rerank_candidates(query_vectors, self.vectors, rows, k)
         # one order for every path (FAISS and top-k leave ties in heap order); -inf if missing
         scores, rows = best_first(np.where(rows >= 0, scores, -np.inf).astype(np.float32), rows, k)

@@ -36,10 +36,16 @@ from retriever.index_files import (
     write_manifest,
 )
 from retriever.index_types import build_faiss_index, index_type
+from retriever.vectors import EncoderRecord, copy_checked, read_encoder_record, record_path, write_encoder_record
 from tasks.io import atomic_directory, atomic_write_json
 from tasks.progress import progress_bar as tqdm
 
 PROGRESS = "progress.json"
+# Passages embedded between two progress records inside a chunk: about 15 s of MiniLM on 2 CPU cores, so a
+# killed build loses at most that much whatever `chunk_size` is, and the progress bar moves as often. A
+# block's vectors depend only on its passages and the batch size (blocks start at fixed offsets in their
+# chunk), so a build resumed mid-chunk writes the same bytes as an uninterrupted one.
+BLOCK_ROWS = 512
 
 
 def work_dir_for(out: str | os.PathLike) -> Path:
@@ -80,6 +86,7 @@ def embed_corpus(
         "dim": retriever.dim,
         "chunk_size": chunk_size,
         "batch_size": batch_size,
+        "block_rows": BLOCK_ROWS,
     }
     vectors_path = work_dir / "vectors.npy"
     if restart and work_dir.exists() and rank == 0:
@@ -90,23 +97,29 @@ def embed_corpus(
     if rank == 0:
         barrier()
     todo, done = _chunks_to_do(work_dir, state, len(corpus), chunk_size, rank=rank, world_size=world_size)
-    done_rows = len(corpus) - sum(min(chunk_size, len(corpus) - c * chunk_size) for c in todo)
+    resumed_rows = state.get("rows_in_chunk", 0) if world_size == 1 else 0  # of the first chunk to do
+    done_rows = len(corpus) - sum(min(chunk_size, len(corpus) - c * chunk_size) for c in todo) + resumed_rows
     bar = tqdm(
         total=len(corpus), initial=done_rows, unit="passage", desc="embedding", disable=not progress, dynamic_ncols=True
     )
-    for chunk in todo:
+    for n, chunk in enumerate(todo):
         start = chunk * chunk_size
         stop = min(start + chunk_size, len(corpus))
-        passages = corpus.rows(range(start, stop))
-        vectors[start:stop] = retriever.embed_passages(passages, batch_size=batch_size).astype(np.float16)
-        vectors.flush()  # the data must be on disk before progress says so
+        for block in range(start + (resumed_rows if n == 0 else 0), stop, BLOCK_ROWS):
+            end = min(block + BLOCK_ROWS, stop)
+            passages = corpus.rows(range(block, end))
+            vectors[block:end] = retriever.embed_passages(passages, batch_size=batch_size).astype(np.float16)
+            vectors.flush()  # the data must be on disk before progress says so
+            if world_size == 1 and end < stop:
+                state["rows_in_chunk"] = end - start
+                atomic_write_json(work_dir / PROGRESS, state)
+            bar.update(end - block)
         if world_size == 1:
-            state["completed_chunks"] = chunk + 1
+            state["completed_chunks"], state["rows_in_chunk"] = chunk + 1, 0
             atomic_write_json(work_dir / PROGRESS, state)
         else:
             done.add(chunk)
             atomic_write_json(_rank_progress_file(work_dir, rank, world_size), {"done": sorted(done)})
-        bar.update(stop - start)
         if on_chunk is not None:
             on_chunk(chunk)
     bar.close()
@@ -128,10 +141,57 @@ def _open_work_dir(work_dir: Path, settings: dict, shape: tuple[int, int]) -> tu
             )
         return open_memmap(vectors_path, mode="r+"), state
     work_dir.mkdir(parents=True, exist_ok=True)
-    state = {**settings, "completed_chunks": 0, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    state = {
+        **settings,
+        "completed_chunks": 0,
+        "rows_in_chunk": 0,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     vectors = open_memmap(vectors_path, mode="w+", dtype=np.float16, shape=shape)
     atomic_write_json(progress_path, state)
     return vectors, state
+
+
+def embed_vectors(
+    corpus_path: str | os.PathLike,
+    retriever,
+    out: str | os.PathLike,
+    *,
+    batch_size: int = 64,
+    chunk_size: int = 8192,
+    progress: bool = True,
+    restart: bool = False,
+    rank: int = 0,
+    world_size: int = 1,
+    barrier: Callable[[], None] = lambda: None,
+    encoder_source: str | None = None,
+) -> Path:
+    """Embed the prepared corpus at `corpus_path` into `out` (one (N, d) float16 `.npy`) with its encoder record
+    beside it (`retriever.vectors`), for `build_index(vectors=out)` on another machine. Resumable and shared by
+    ranks as `embed_corpus` is (the work folder is OUT.building/); `out` appears only when complete."""
+    out = Path(out)
+    if out.exists():
+        raise FileExistsError(f"{out} already exists")
+    work_dir = work_dir_for(out)
+    vectors_path, _ = embed_corpus(
+        Corpus.load(corpus_path),
+        retriever,
+        work_dir,
+        batch_size=batch_size,
+        chunk_size=chunk_size,
+        progress=progress,
+        restart=restart,
+        rank=rank,
+        world_size=world_size,
+        barrier=barrier,
+    )
+    barrier()  # every chunk is embedded
+    if rank == 0:
+        write_encoder_record(out, EncoderRecord.of(retriever, encoder_source))
+        os.replace(vectors_path, out)  # the commit: the record is there before the vectors appear
+        shutil.rmtree(work_dir)
+    barrier()
+    return out
 
 
 def _rank_progress_file(work_dir: Path, rank: int, world_size: int) -> Path:
@@ -198,7 +258,7 @@ def build_index(
     chunk_size: int = 8192,
     train_sample: int = 262144,
     keep_embeddings: bool = False,
-    rerank: int = 0,
+    exact_rerank: int = 0,
     nprobe: int = 32,
     ef_search: int = 128,
     seed: int = 0,
@@ -210,12 +270,19 @@ def build_index(
     world_size: int = 1,
     barrier: Callable[[], None] = lambda: None,
     encoder_source: str | None = None,
+    vectors: str | os.PathLike | None = None,
+    encoder_record: EncoderRecord | None = None,
 ) -> Path:
     """Embed the prepared corpus at `corpus_path` with `retriever`'s passage encoder and save
     an index of `spec` at `out` (written atomically). Resumable: see `embed_corpus`.
 
+    `vectors`: the corpus's passage vectors computed elsewhere (`retriever.vectors`: a `.npy` or a folder of
+    shards, in corpus order), checked (count, dimension, finite rows) and indexed instead of embedding; the
+    encoder that made them is `encoder_record`, else the record beside them, else `retriever`'s (which may
+    then be None); a record and a retriever that disagree are refused.
+
     A `Flat` index is the float16 embeddings themselves (searched in chunks by `exact_search`); any
-    other spec saves only its FAISS index unless `keep_embeddings`, or `rerank` = k' > 0: then the
+    other spec saves only its FAISS index unless `keep_embeddings`, or `exact_rerank` = k' > 0: then the
     float16 vectors are kept too and search re-scores the index's k' candidates exactly from them
     (memory-mapped; recorded in the manifest, overridable at load). `encoder_source` (the
     path or name the retriever was loaded from) is recorded so search can default to it.
@@ -225,25 +292,31 @@ def build_index(
     out = Path(out)
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} already exists (pass --overwrite to replace it)")
-    index_type(spec, retriever.dim)  # reject a bad spec before minutes of embedding
-    if not isinstance(rerank, int) or rerank < 0:
-        raise ValueError(f"rerank must be an integer k' >= 0 (0 = off), got {rerank!r}")
-    keep_embeddings = keep_embeddings or rerank > 0  # the exact scores are read from them
+    record = _encoder_of(retriever, vectors, encoder_record, encoder_source)
+    index_type(spec, record.dim)  # reject a bad spec before minutes of embedding
+    if not isinstance(exact_rerank, int) or exact_rerank < 0:
+        raise ValueError(f"exact_rerank must be an integer k' >= 0 (0 = off), got {exact_rerank!r}")
+    keep_embeddings = keep_embeddings or exact_rerank > 0  # the exact scores are read from them
     corpus = Corpus.load(corpus_path)
     work_dir = work_dir_for(out)
-    vectors_path, state = embed_corpus(
-        corpus,
-        retriever,
-        work_dir,
-        batch_size=batch_size,
-        chunk_size=chunk_size,
-        progress=progress,
-        restart=restart,
-        on_chunk=on_chunk,
-        rank=rank,
-        world_size=world_size,
-        barrier=barrier,
-    )
+    if vectors is not None:
+        if world_size > 1:
+            raise ValueError("an index of given vectors is built by one process (there is nothing to embed)")
+        vectors_path, state = _import_vectors(vectors, corpus, record, work_dir, progress=progress)
+    else:
+        vectors_path, state = embed_corpus(
+            corpus,
+            retriever,
+            work_dir,
+            batch_size=batch_size,
+            chunk_size=chunk_size,
+            progress=progress,
+            restart=restart,
+            on_chunk=on_chunk,
+            rank=rank,
+            world_size=world_size,
+            barrier=barrier,
+        )
     barrier()  # every chunk is embedded
     if rank != 0:  # rank 0 alone trains the FAISS index and writes the folder
         barrier()
@@ -258,40 +331,81 @@ def build_index(
                 "format_version": FORMAT_VERSION,
                 "spec": spec.strip(),
                 "metric": "ip",
-                "dim": retriever.dim,
+                "dim": record.dim,
                 "dtype": "float16",
                 "count": len(corpus),
                 "total": len(corpus),
                 "generation": 1,
                 "encoder_fingerprint": state["encoder_fingerprint"],
                 "encoder": {
-                    "source": encoder_source,
-                    "passage_format": retriever.passage_format,
-                    "passage_maxlength": retriever.passage_maxlength,
+                    "source": record.source,
+                    "passage_format": record.passage_format,
+                    "passage_maxlength": record.passage_maxlength,
                 },
                 "segments": [
                     {
                         "corpus": str(Path(corpus_path).resolve()),
                         "fingerprint": corpus.fingerprint,
+                        "bytes": corpus.arrow_bytes,
                         "count": len(corpus),
                         "offset": 0,
                     }
                 ],
                 "keep_embeddings": "vectors" in files,
-                "rerank": rerank,
+                "exact_rerank": exact_rerank,
                 "nprobe": nprobe,
                 "ef_search": ef_search,
                 "train_sample": train_sample,
                 "seed": seed,
                 "faiss_version": faiss.__version__,
                 "created": state["created"],
-                "build": {"batch_size": batch_size, "chunk_size": chunk_size},
+                "build": {"batch_size": batch_size, "chunk_size": chunk_size}
+                if vectors is None
+                else {"vectors": str(Path(vectors).resolve())},
                 "files": files,
             },
         )
     shutil.rmtree(work_dir)
     barrier()  # the folder is complete: release the other ranks
     return out
+
+
+def _encoder_of(
+    retriever, vectors: str | os.PathLike | None, given: EncoderRecord | None, source: str | None
+) -> EncoderRecord:
+    """The passage encoder an index is built with: `given`, else the record beside `vectors`, else the
+    retriever's; ValueError where a record and the retriever name different encoders, or there is neither."""
+    record = given or (read_encoder_record(vectors) if vectors is not None else None)
+    if retriever is None:
+        if record is None:
+            where = record_path(vectors) if vectors is not None else "the arguments"
+            raise ValueError(f"no encoder for these vectors: {where} does not exist; give the encoder (--encoder)")
+        return record
+    own = EncoderRecord.of(retriever, source)
+    if record is not None and record.fingerprint != own.fingerprint:
+        raise ValueError(
+            f"{record_path(vectors) if vectors is not None else 'the encoder record'}: the vectors were made by "
+            f"passage encoder {record.fingerprint[:12]}, not by the given encoder ({own.fingerprint[:12]})"
+        )
+    return record if record is not None else own
+
+
+def _import_vectors(
+    vectors: str | os.PathLike, corpus: Corpus, record: EncoderRecord, work_dir: Path, *, progress: bool
+) -> tuple[Path, dict]:
+    """The given vectors checked and copied into `work_dir/vectors.npy` (float16): the embedding step of a
+    build of vectors computed elsewhere. A copy killed half-way is done again (it is quick next to embedding)."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    path = copy_checked(vectors, work_dir / "vectors.npy", count=len(corpus), dim=record.dim, progress=progress)
+    state = {
+        "encoder_fingerprint": record.fingerprint,
+        "corpus_fingerprint": corpus.fingerprint,
+        "count": len(corpus),
+        "dim": record.dim,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    atomic_write_json(work_dir / PROGRESS, state)
+    return path, state
 
 
 def _write_index_files(
@@ -332,7 +446,7 @@ def build_settings(
     chunk_size: int = 8192,
     train_sample: int = 262144,
     keep_embeddings: bool = False,
-    rerank: int = 0,
+    exact_rerank: int = 0,
     seed: int = 0,
 ) -> dict:
     """Everything that fixes what `build_index` writes, as the arguments it takes: the
@@ -348,8 +462,8 @@ def build_settings(
         "encoder_fingerprint": retriever.passage_fingerprint(),
         "dim": retriever.dim,
         "spec": spec.strip(),
-        "keep_embeddings": bool(keep_embeddings or rerank > 0),
-        "rerank": rerank,
+        "keep_embeddings": bool(keep_embeddings or exact_rerank > 0),
+        "exact_rerank": exact_rerank,
         "batch_size": batch_size,
         "chunk_size": chunk_size,
         "train_sample": train_sample if trained else None,

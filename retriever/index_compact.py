@@ -180,6 +180,7 @@ def _compact_locked(folder: Path, *, full: bool) -> CompactionStats:
             {
                 "corpus": str(merged_path.relative_to(folder)),
                 "fingerprint": merged.fingerprint,
+                "bytes": merged.arrow_bytes,
                 "count": len(merged),
                 "offset": start,
             }

@@ -90,10 +90,29 @@ def check_encoder(manifest: dict, fingerprint: str, where: str, *, allow_mismatc
         )
 
 
-def open_corpus(folder: Path, segment: dict, override: str | os.PathLike | None = None) -> Corpus:
-    """Open a segment's corpus (relative paths are inside the index) and check its fingerprint."""
+def open_corpus(
+    folder: Path, segment: dict, override: str | os.PathLike | None = None, *, verify: bool = False
+) -> Corpus:
+    """Open a segment's corpus (relative paths are inside the index) and check it: its passages file's size
+    (where the manifest records it), its fingerprint, its count; with `verify`, its contents too (a hash of
+    the whole file). Errors name the file."""
     path = Path(override) if override is not None else folder / segment["corpus"]
-    corpus = Corpus.load(path)
+    arrow = path / "passages.arrow"
+    expected = segment.get("bytes")
+    if expected is not None and arrow.is_file() and arrow.stat().st_size != expected:
+        raise CorpusMismatchError(
+            f"{arrow}: {arrow.stat().st_size} bytes where the index {folder} recorded {expected}: truncated or "
+            "altered; restore it, or prepare the corpus and build the index again"
+        )
+    try:
+        corpus = Corpus.load(path)
+    except ValueError as e:
+        raise CorpusMismatchError(str(e)) from None
+    if verify:
+        try:
+            corpus.verify()
+        except ValueError as e:
+            raise CorpusMismatchError(str(e)) from None
     if corpus.fingerprint != segment["fingerprint"]:
         raise CorpusMismatchError(
             f"corpus {path} (fingerprint {corpus.fingerprint[:12]}…) is not the corpus the index {folder} was "
@@ -104,15 +123,17 @@ def open_corpus(folder: Path, segment: dict, override: str | os.PathLike | None 
     return corpus
 
 
-def check_rerank(manifest: dict, folder: Path, rerank: int | None, *, has_vectors: bool) -> int:
-    """The re-rank width k' to search with: `rerank` if given, else the manifest's (0: off).
+def check_rerank(manifest: dict, folder: Path, exact_rerank: int | None, *, has_vectors: bool) -> int:
+    """The re-rank width k' to search with: `exact_rerank` if given, else the manifest's (0: off).
 
     Raises `ValueError` for a negative k', and `InvalidIndexError` naming the index and the
     missing `files.vectors` entry when a compressed index is asked to re-rank without its
     float16 vectors (`Flat` is exact already: k' is ignored there)."""
-    value = manifest.get("rerank", 0) if rerank is None else rerank
+    # "rerank": the field's name in manifests written before it took the config's name
+    recorded = manifest.get("exact_rerank", manifest.get("rerank", 0))
+    value = recorded if exact_rerank is None else exact_rerank
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        source = f"{folder / MANIFEST}: field rerank" if rerank is None else "rerank"
+        source = f"{folder / MANIFEST}: field exact_rerank" if exact_rerank is None else "exact_rerank"
         raise ValueError(f"{source} must be an integer k' >= 0 (0 = off), got {value!r}")
     if manifest.get("spec") == "Flat":
         return 0
@@ -120,8 +141,8 @@ def check_rerank(manifest: dict, folder: Path, rerank: int | None, *, has_vector
         raise InvalidIndexError(
             f"{folder}: re-ranking {value} candidates needs the float16 vectors file, but "
             f"{MANIFEST} lists none (files.vectors; spec {manifest.get('spec')}, built without "
-            "--keep-embeddings); rebuild with `atlas index build --rerank K` (which keeps them) "
-            "or search without --rerank"
+            "--keep-embeddings); rebuild with `atlas index build --exact-rerank K` (which keeps them) "
+            "or search without --exact-rerank"
         )
     return value
 

@@ -131,7 +131,7 @@ INDEX_TYPES: dict[str, IndexType] = {
     ),
     # 4-bit PQ codes scanned with SIMD look-up tables held in registers ("fast scan"): m/2 bytes
     # a vector and several times the speed of 8-bit PQ, at a coarser approximation that an
-    # exact re-rank (`rerank`) corrects. FAISS packs the codes in blocks of 32 vectors, so a
+    # exact re-rank (`exact_rerank`) corrects. FAISS packs the codes in blocks of 32 vectors, so a
     # rank cannot take its rows out of the file: sharded ranks each search the whole index.
     # The codes are read into RAM (that is what a compressed index is for).
     "pq_fastscan": IndexType(r"PQ(?P<m>\d+)x4fs", "PQ96x4fs", True, None, _check_pq, mmap="none", shard="replicate"),

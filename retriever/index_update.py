@@ -44,6 +44,7 @@ from retriever.corpus import (
 from retriever.index import PassageIndex
 from retriever.index_files import commit, remove_unreferenced, writer_lock
 from tasks.io import InputError, write_jsonl
+from tasks.limits import MAX_PASSAGE_CHARS, passage_too_long
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +109,14 @@ def _read_incoming(new: Sequence[str | os.PathLike], chunk_words: int) -> list[_
         for line, doc in iter_documents(path):
             if not doc["text"].strip():
                 raise InputError(path, line, "text", "empty text")
+            if chunk_words <= 0 and passage_too_long(doc["text"]):
+                raise InputError(
+                    path,
+                    line,
+                    "text",
+                    f"{len(doc['text']):,} characters; the limit is {MAX_PASSAGE_CHARS:,} for one passage (its start "
+                    "alone would be embedded): split it with --chunk-words",
+                )
             for n, piece in enumerate(chunk_text(doc["text"], chunk_words)):
                 passage = _Incoming(
                     passage_id(doc["id"], n, chunk_words), doc["id"], str(path), line, len(piece.split())
@@ -310,7 +319,13 @@ def _append_locked(
         raise
     old_total, n_new = manifest["total"], len(corpus)
     manifest["segments"].append(
-        {"corpus": segment_path, "fingerprint": corpus.fingerprint, "count": n_new, "offset": old_total}
+        {
+            "corpus": segment_path,
+            "fingerprint": corpus.fingerprint,
+            "bytes": corpus.arrow_bytes,
+            "count": n_new,
+            "offset": old_total,
+        }
     )
     incoming_ids = {p.id for p in incoming}
     n_replaced = sum(len(positions) for i, positions in live.items() if i in incoming_ids)

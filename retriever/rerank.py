@@ -1,7 +1,7 @@
 """Exact re-ranking of a compressed index's candidates from memory-mapped float16 vectors.
 
 A compressed index (PQ, OPQ + PQ, IVF-PQ) keeps only its codes in RAM and ranks by
-approximate scores. With `rerank = k'` the index proposes k' candidates per query and their
+approximate scores. With `exact_rerank = k'` the index proposes k' candidates per query and their
 exact inner products are recomputed from the float16 vectors file (`vectors.gN.npy`), which
 stays memory-mapped on disk: only the candidates' rows, and short gaps between near ones,
 are read (`pread`, a batch of queries at a time, into one buffer; see `gather_rows`), and

@@ -57,7 +57,7 @@ def first_rank(flags: list[bool]) -> int | None:
 
 
 def score_retrieval(examples: list[RetrievalExample], hits: list[list], ks: list[int]) -> tuple[dict, list[dict]]:
-    """Metrics and per-question records for retrieved `hits` (one ranked Hit list per example).
+    """Metrics and per-question records for retrieved `hits` (one ranked `Passage` list per example).
 
     Returns `(metrics, records)`: metrics holds `answer_recall@k`, `answer_mrr`, and where any
     example names gold ids `gold_recall@k`, `gold_mrr` (over those examples only), plus `n`.

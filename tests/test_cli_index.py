@@ -214,31 +214,32 @@ def test_info_verify_catches_what_a_load_does_not_hash(tmp_path, capsys):
 def test_encoder_runs_on_the_available_device(tmp_path, capsys, monkeypatch):
     """build / search / evaluate-retrieval put the retriever on `compute_device` (the rank's
     device under torchrun, else cuda when available, else cpu)."""
+    from atlas import index as api_index
     from atlas.distributed import DistributedContext
 
-    assert cli_index.compute_device() == torch.device("cpu")  # no GPU on the test machine
+    assert api_index.compute_device() == torch.device("cpu")  # no GPU on the test machine
     context = DistributedContext(rank=1, world_size=2, local_rank=1, device=torch.device("cuda", 1))
-    assert cli_index.compute_device(context) == torch.device("cuda", 1)
+    assert api_index.compute_device(context) == torch.device("cuda", 1)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
-    assert cli_index.compute_device() == torch.device("cuda", 3)
+    assert api_index.compute_device() == torch.device("cuda", 3)
     monkeypatch.undo()
 
     encoder = save_tiny_retriever(tmp_path / "enc", 0)
-    moved = cli_index._load_retriever(str(encoder), device=torch.device("meta"))
+    moved = api_index.index_retriever(None, str(encoder), device=torch.device("meta"))
     assert {p.device.type for p in moved.parameters()} == {"meta"} and not moved.training
 
     seen: list[torch.device] = []
-    real_load = cli_index._load_retriever
+    real_load = api_index.index_retriever
 
-    def recording_load(encoder, index_folder=None, *, device=None):
-        retriever = real_load(encoder, index_folder, device=device)
-        seen.append(device if device is not None else cli_index.compute_device())
+    def recording_load(index_folder=None, encoder=None, *, device=None, verbose=False):
+        retriever = real_load(index_folder, encoder, device=device)
+        seen.append(device if device is not None else api_index.compute_device())
         assert next(retriever.parameters()).device.type == "cpu"
         return retriever
 
-    monkeypatch.setattr(cli_index, "_load_retriever", recording_load)
-    monkeypatch.setattr(cli_index, "compute_device", lambda context=None: torch.device("cpu", 0))
+    monkeypatch.setattr(api_index, "index_retriever", recording_load)
+    monkeypatch.setattr(api_index, "compute_device", lambda context=None: torch.device("cpu", 0))
     docs = write_docs(tmp_path / "d.jsonl", {"p": "paris is the capital of france"})
     run(capsys, "corpus", "prepare", docs, "--out", tmp_path / "c")
     assert (
@@ -567,3 +568,151 @@ def test_the_help_states_the_compaction_policy_in_force(capsys):
     assert f"more than {MAX_SEGMENTS} segments or {MAX_DEAD_FRACTION:.0%} dead rows" in " ".join(
         capsys.readouterr().out.split()
     )
+
+
+def test_an_index_of_vectors_embedded_elsewhere_is_the_index_built_here(tmp_path, capsys):
+    """`atlas index embed` (on a GPU machine) then `atlas index build --vectors` (here): the same files as a
+    build that embeds, byte for byte, and the same search results; the vectors may come as float32 shards."""
+    import numpy as np
+
+    encoder = save_tiny_retriever(tmp_path / "enc", 0)
+    docs = write_docs(tmp_path / "d.jsonl", {f"p{i}": f"passage {i} about {w}" for i, w in enumerate("abcdefgh")})
+    run(capsys, "corpus", "prepare", docs, "--out", tmp_path / "c")
+    common = ["--corpus", tmp_path / "c", "--encoder", encoder]
+    assert run(capsys, "index", "build", *common, "--out", tmp_path / "built", "--passage-maxlength", "32")[0] == 0
+    assert run(capsys, "index", "embed", *common, "--out", tmp_path / "v.npy", "--passage-maxlength", "32")[0] == 0
+    record = json.loads((tmp_path / "v.npy.encoder.json").read_text())
+    assert record["passage_maxlength"] == 32 and record["dim"] == 32
+    assert (
+        run(
+            capsys,
+            "index",
+            "build",
+            "--corpus",
+            tmp_path / "c",
+            "--vectors",
+            tmp_path / "v.npy",
+            "--out",
+            tmp_path / "given",
+        )[0]
+        == 0
+    )
+    built, given = (json.loads((tmp_path / n / "manifest.json").read_text()) for n in ("built", "given"))
+    assert given["encoder_fingerprint"] == built["encoder_fingerprint"] and given["encoder"] == built["encoder"]
+    assert given["files"]["vectors"]["sha256"] == built["files"]["vectors"]["sha256"]
+    searches = [
+        run(capsys, "index", "search", tmp_path / n, "passage about c", "--json")[1] for n in ("built", "given")
+    ]
+    assert json.loads(searches[0])["hits"] == json.loads(searches[1])["hits"]
+
+    # float32 shards in a folder, rows in file-name order, their record beside them
+    vectors = np.load(tmp_path / "v.npy").astype(np.float32)
+    (tmp_path / "shards").mkdir()
+    np.save(tmp_path / "shards" / "part-00.npy", vectors[:5])
+    np.save(tmp_path / "shards" / "part-01.npy", vectors[5:])
+    (tmp_path / "shards" / "encoder.json").write_text(json.dumps(record))
+    assert (
+        run(
+            capsys,
+            "index",
+            "build",
+            "--corpus",
+            tmp_path / "c",
+            "--vectors",
+            tmp_path / "shards",
+            "--out",
+            tmp_path / "sharded",
+        )[0]
+        == 0
+    )
+    sharded = json.loads((tmp_path / "sharded" / "manifest.json").read_text())
+    assert sharded["files"]["vectors"]["sha256"] == built["files"]["vectors"]["sha256"]
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda v: v[:-1], r"7 vectors for a corpus of 8 passages"),
+        (lambda v: v[:, :8], r"vectors of dimension 8, the encoder's is 32"),
+        (
+            lambda v: v.__setitem__((5, 3), float("nan")) or v,
+            r"v\.npy: row 5 \(passage 5 of the corpus\) is not finite",
+        ),
+        (lambda v: v.__setitem__((2, 0), float("inf")) or v, r"row 2 \(passage 2 of the corpus\) is not finite"),
+    ],
+    ids=["count", "dim", "nan", "inf"],
+)
+def test_bad_vectors_are_refused_with_what_is_wrong_and_nothing_is_built(tmp_path, capsys, damage, message):
+    import numpy as np
+
+    encoder = save_tiny_retriever(tmp_path / "enc", 0)
+    docs = write_docs(tmp_path / "d.jsonl", {f"p{i}": f"passage {i}" for i in range(8)})
+    run(capsys, "corpus", "prepare", docs, "--out", tmp_path / "c")
+    assert (
+        run(capsys, "index", "embed", "--corpus", tmp_path / "c", "--encoder", encoder, "--out", tmp_path / "v.npy")[0]
+        == 0
+    )
+    vectors = np.load(tmp_path / "v.npy").astype(np.float32)
+    np.save(tmp_path / "v.npy", damage(vectors))
+    code, _, err = run(
+        capsys, "index", "build", "--corpus", tmp_path / "c", "--vectors", tmp_path / "v.npy", "--out", tmp_path / "i"
+    )
+    assert code == 2 and re.search(message, err), err
+    assert not (tmp_path / "i").exists()
+
+
+def test_vectors_of_another_encoder_than_the_one_named_are_refused(tmp_path, capsys):
+    first, other = save_tiny_retriever(tmp_path / "a", 0), save_tiny_retriever(tmp_path / "b", 1)
+    docs = write_docs(tmp_path / "d.jsonl", {"p": "paris is the capital of france"})
+    run(capsys, "corpus", "prepare", docs, "--out", tmp_path / "c")
+    assert (
+        run(capsys, "index", "embed", "--corpus", tmp_path / "c", "--encoder", first, "--out", tmp_path / "v.npy")[0]
+        == 0
+    )
+    code, _, err = run(
+        capsys,
+        "index",
+        "build",
+        "--corpus",
+        tmp_path / "c",
+        "--vectors",
+        tmp_path / "v.npy",
+        "--encoder",
+        other,
+        "--out",
+        tmp_path / "i",
+    )
+    assert code == 2 and "the vectors were made by passage encoder" in err
+    (tmp_path / "v.npy.encoder.json").unlink()  # no record: the encoder named (default MiniLM) must be theirs
+    build = ["index", "build", "--corpus", tmp_path / "c", "--vectors", tmp_path / "v.npy"]
+    code, _, err = run(capsys, *build, "--out", tmp_path / "i")
+    assert code == 2 and "vectors of dimension 32, the encoder's is 384" in err
+    assert run(capsys, *build, "--encoder", first, "--out", tmp_path / "i")[0] == 0
+
+
+def test_a_damaged_corpus_is_named_by_info_search_and_ask_never_a_traceback(tmp_path, capsys):
+    """truncate -s 2000 CORPUS/passages.arrow: `index info` names the file (its recorded size), `--verify`
+    also finds a same-size alteration (the corpus's SHA-256), and search and ask fail with one line."""
+    encoder = save_tiny_retriever(tmp_path / "enc", 0)
+    docs = write_docs(tmp_path / "d.jsonl", {f"p{i}": f"passage number {i} about rivers " * 20 for i in range(20)})
+    run(capsys, "corpus", "prepare", docs, "--out", tmp_path / "c")
+    assert (
+        run(capsys, "index", "build", "--corpus", tmp_path / "c", "--encoder", encoder, "--out", tmp_path / "i")[0] == 0
+    )
+    arrow = tmp_path / "c" / "passages.arrow"
+    original = arrow.read_bytes()
+    # a same-size alteration: only the hash finds it
+    arrow.write_bytes(original[:-40] + bytes(40))
+    assert run(capsys, "index", "info", tmp_path / "i")[0] == 0
+    code, _, err = run(capsys, "index", "info", tmp_path / "i", "--verify")
+    assert code == 2 and "passages.arrow: its contents are not the ones prepared" in err
+    arrow.write_bytes(original[:2000])  # truncate -s 2000
+    for argv in (["index", "info", tmp_path / "i"], ["index", "search", tmp_path / "i", "rivers"]):
+        code, _, err = run(capsys, *argv)
+        assert code == 2 and err.count("\n") == 1, err
+        assert f"{arrow}: 2000 bytes where the index" in err and "truncated or altered" in err
+    from atlas.cli import main
+
+    assert main(["ask", "atlas-reader", "--index", str(tmp_path / "i"), "where are the rivers?"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "passages.arrow: 2000 bytes" in err

@@ -407,7 +407,15 @@ def test_dotted_overrides_reach_the_loss_name_and_options(tmp_path):
             "retriever:\n  loss: adist\n  adist_attention: copy\n",
             "retriever:\n  loss: {name: adist, attention: copy}\n",
         ),
-        ("reader:\n  inference_precision: full\n", "reader:\n  inference_precision: fp32\n"),
+        ("reader:\n  inference_precision: full\n", "inference:\n  precision: fp32\n"),
+        ("reader:\n  num_beams: 4\n  span_answers: true\n", "inference:\n  num_beams: 4\n  span_answers: true\n"),
+        (
+            "retriever:\n  temperature_score: 0.1\nreader:\n  retrieval_prior: 1.0\n  generation_max_length: 9\n",
+            (
+                "retriever:\n  temperature_score: 0.1\n"
+                "inference:\n  retrieval_prior: 1.0\n  prior_temperature: 0.1\n  generation_max_length: 9\n"
+            ),
+        ),
         ("retriever:\n  gold_precision: full\n", "retriever:\n  gold_precision: fp32\n"),
         ("training:\n  precision: full\n", "training:\n  precision: fp32\n"),
         ("index:\n  rerank_overretrieve: 20\n", "index:\n  reencode_candidates: 20\n"),
@@ -459,7 +467,7 @@ def test_an_old_checkpoint_config_loads_and_saves_in_the_new_spelling(tmp_path):
         assert key in named
     assert (config.retriever.loss.name, config.retriever.loss.options) == ("emdr", {"granularity": "token"})
     assert (config.retriever.temperature_gold, config.retriever.temperature_score) == (0.1, 0.05)
-    assert (config.retriever.gold_precision, config.reader.inference_precision) == ("fp32", "fp32")
+    assert (config.retriever.gold_precision, config.inference.precision) == ("fp32", "fp32")
     assert (config.index.reencode_candidates, config.index.exact_rerank) == (20, 100)
     save_config(config, tmp_path / "run" / "config.yaml")
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
@@ -513,9 +521,9 @@ def test_an_old_checkpoint_config_loads_and_saves_in_the_new_spelling(tmp_path):
             r"'retriever\.loss' must be one of adist, emdr, loop, none, pdist; got 'kl'",
         ),
         (
-            "reader:\n  inference_precision: fp16\n",
+            "inference:\n  precision: fp16\n",
             [],
-            r"'reader\.inference_precision' must be one of 'fp32', 'bf16', 'auto'",
+            r"'inference\.precision' must be one of 'fp32', 'bf16', 'auto'",
         ),
     ],
 )
@@ -533,3 +541,26 @@ def test_a_recipe_lays_its_loss_over_its_bases_loss(tmp_path):
     config = load_config(tmp_path / "options.yaml", check_data=False)
     assert config.retriever.loss.name == "emdr" and config.retriever.loss.options["granularity"] == "token"
     assert load_config(tmp_path / "grand.yaml", check_data=False).retriever.loss.name == "pdist"
+
+
+def test_a_recipes_relative_paths_are_read_beside_it_then_from_the_working_directory(tmp_path, monkeypatch, capsys):
+    from atlas.cli import main
+
+    recipes = tmp_path / "recipes"
+    (recipes / "data").mkdir(parents=True)
+    (recipes / "data" / "train.jsonl").write_text('{"question": "q", "answers": ["a"]}\n')
+    (recipes / "r.yaml").write_text(
+        "task:\n  train_data: [data/train.jsonl]\n  eval_data: [elsewhere.jsonl]\nreader:\n  model: t5-tiny\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    config = load_config(recipes / "r.yaml", check_data=False)
+    assert config.task.train_data == [str((recipes / "data" / "train.jsonl").resolve())]  # beside the recipe
+    assert config.task.eval_data == ["elsewhere.jsonl"]  # found nowhere beside it: as written, from here
+    assert load_config(
+        recipes / "r.yaml", ["task.train_data=[data/train.jsonl]"], check_data=False
+    ).task.train_data == ["data/train.jsonl"]  # an override is the user's own, from the working directory
+    # a shipped recipe run from another directory: its relative reader folder is named with where it was looked for
+    shipped = Path(__file__).resolve().parents[1] / "configs" / "small" / "nq-64shot.yaml"
+    assert main(["train", str(shipped), "training.steps=1", f"training.output_dir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'atlas/demo/atlas-reader': no such folder from the working directory" in err[0]

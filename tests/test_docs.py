@@ -146,3 +146,82 @@ def test_every_figure_the_results_pages_show_is_drawn_from_data():
         assert (ROOT / "docs" / "results" / "img" / f"{name}.svg").is_file(), (
             "renew with docs/_gen/reference.py --write"
         )
+
+
+def test_the_mermaid_diagrams_are_drawn_offline_by_the_mermaid_the_site_ships():
+    """Material loads mermaid.js from unpkg.com unless the page already defines a global `mermaid`:
+    offline, every ```mermaid diagram would show as its source. The site ships mermaid itself (mkdocs.yml's
+    extra_javascript); each page's diagrams must reach Material as <pre class="mermaid"> and be of a kind the
+    shipped build draws."""
+    import glob
+    import html
+    import importlib
+
+    import markdown
+    import material
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    def python_name(loader, suffix, node):
+        module, _, attribute = suffix.rpartition(".")
+        return getattr(importlib.import_module(module), attribute)
+
+    Loader.add_multi_constructor("tag:yaml.org,2002:python/name:", python_name)
+    Loader.add_multi_constructor("!", lambda loader, suffix, node: None)  # !ENV, !relative: not needed here
+    config = yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=Loader)
+    docs = ROOT / config.get("docs_dir", "docs")
+
+    # Material's own loader: the global it uses when defined, and the major version of mermaid it expects
+    (bundle,) = glob.glob(str(Path(material.__file__).parent / "templates/assets/javascripts/bundle.*.min.js"))
+    bundle = Path(bundle).read_text(encoding="utf-8")
+    assert 'typeof mermaid=="undefined"' in bundle, (
+        "this Material no longer takes a global `mermaid` when one is defined: check how it loads mermaid now"
+    )
+    major = re.search(r"unpkg\.com/mermaid@(\d+)", bundle).group(1)
+
+    # a script that runs before DOMContentLoaded (when Material draws the diagrams) and defines `mermaid`
+    shipped = []
+    for entry in config.get("extra_javascript", []):
+        path = entry if isinstance(entry, str) else entry.get("path", "")
+        attributes = {} if isinstance(entry, str) else entry
+        script = docs / path
+        if "://" in path or not script.is_file():
+            continue
+        text = script.read_text(encoding="utf-8")
+        if re.search(r"""globalThis\[?["'.]?mermaid["']?\]?\s*=""", text[-2000:]):
+            assert not (attributes.get("async") or attributes.get("defer") or attributes.get("type") == "module"), (
+                f"{path} must be a plain script, run before Material looks for `mermaid`"
+            )
+            shipped.append((path, text))
+    assert len(shipped) == 1, "mkdocs.yml's extra_javascript must list one local copy of mermaid (a file under docs/)"
+    path, text = shipped[0]
+    version = re.search(r'\{version:"((\d+)\.\d+\.\d+[^"]*)"\}', text)  # what mermaid's getVersion() returns
+    assert version and version.group(2) == major, f"{path}: mermaid {major}.x expected by Material, not {version}"
+
+    # each diagram of the pages, converted as the site converts it, and of a kind the shipped mermaid draws
+    extensions, extension_configs = [], {}
+    for item in config["markdown_extensions"]:
+        name, options = next(iter(item.items())) if isinstance(item, dict) else (item, None)
+        extensions.append(name)
+        extension_configs[name] = options or {}
+    diagrams = 0
+    for page in sorted(docs.rglob("*.md")):
+        for source in blocks(page, ("mermaid",)):
+            diagrams += 1
+            converted = markdown.Markdown(extensions=extensions, extension_configs=extension_configs).convert(
+                f"```mermaid\n{source}```\n"
+            )
+            drawn = re.fullmatch(r'<pre class="([^"]*)"><code>(.*)</code></pre>', converted, re.DOTALL)
+            assert drawn and "mermaid" in drawn.group(1).split(), (
+                f'{page.relative_to(ROOT)}: a ```mermaid fence must become <pre class="mermaid"> (what Material '
+                f"draws; pymdownx.superfences' custom_fences with fence_code_format), not {converted[:120]!r}"
+            )
+            assert html.unescape(drawn.group(2)).strip() == source.strip()
+            kind = source.split()[0]
+            detected = re.search(r"/\^\\s\*" + re.escape(kind) + r"\b", text) is not None  # its detector
+            assert detected, (
+                f"{page.relative_to(ROOT)}: the mermaid the site ships ({path}) does not draw `{kind}` diagrams"
+            )
+    assert diagrams > 0

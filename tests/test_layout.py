@@ -14,7 +14,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("tasks", "retriever", "reader", "atlas")
-ATLAS_CORE = ("atlas.config", "atlas.model", "atlas.build", "atlas.evaluate", "atlas.distributed")
+ATLAS_CORE = (
+    "atlas.config",
+    "atlas.model",
+    "atlas.build",
+    "atlas.evaluate",
+    "atlas.distributed",
+    "atlas.index",
+    "atlas.quiet",
+)
+# The Python API (`atlas.Atlas` and the loading it does) sits on training (it fine-tunes with the recipe) and
+# under every front end, which calls it.
+PYTHON_API = ("atlas.api", "atlas.loading")
 FRONT_ENDS = ("atlas.cli", "atlas.serve", "atlas.demo", "atlas.importing")
 
 # (who, what it must not import): `who` and `what` are module names or prefixes of them
@@ -24,7 +35,8 @@ FORBIDDEN = [
     ("reader", ("retriever", "atlas")),
     ("atlas.knnlm", ("atlas.config", "atlas.model", "atlas.build", "atlas.evaluate", "atlas.training", *FRONT_ENDS)),
     *[(core, ("atlas.training", *FRONT_ENDS)) for core in ATLAS_CORE],
-    ("atlas.training", FRONT_ENDS),
+    ("atlas.training", (*PYTHON_API, *FRONT_ENDS)),
+    *[(api, FRONT_ENDS) for api in PYTHON_API],
 ]
 
 
@@ -92,9 +104,11 @@ def test_every_project_import_names_an_existing_module():
 
 
 def test_only_the_entry_point_imports_the_command_line():
+    # the command line is a caller of the library: nothing else (the benches included) reaches into it
+    benches = {f"bench.{p.stem}": _imports_of(p, set(GRAPH)) for p in (ROOT / "bench").glob("*.py")}
     importers = sorted(
         m
-        for m, targets in GRAPH.items()
+        for m, targets in {**GRAPH, **benches}.items()
         if not _within(m, "atlas.cli") and any(_within(t, "atlas.cli") for t in targets)
     )
     assert importers == ["atlas.__main__"]

@@ -49,64 +49,56 @@ def test_replace_fact_replaces_whole_words_in_any_case_only():
         replace_fact("Tin and tinsel.", "copper", "salt")
 
 
-def test_edit_passage_updates_the_index_in_place(tiny_world, tmp_path):
+def tiny_atlas(tiny_world, index):
+    """`atlas.Atlas` over a random t5-tiny reader and the tiny world's encoder, reading the index at `index`."""
+    from atlas.api import Atlas
     from atlas.build import build_atlas
     from atlas.config import load_config
+    from atlas.index import Index
 
+    config = load_config(
+        None,
+        [
+            f"retriever.model={tiny_world['encoder']}",
+            f"index.path={index}",
+            "reader.model=t5-tiny",
+            "retriever.loss=none",
+        ],
+    )
+    model = build_atlas(config)
+    return Atlas(model, config, index=Index(model.index, model.retriever))
+
+
+def test_edit_passage_updates_the_index_in_place(tiny_world, tmp_path):
     index = tmp_path / "index"
     shutil.copytree(tiny_world["index"], index)
-    model = build_atlas(
-        load_config(
-            None,
-            [
-                f"retriever.model={tiny_world['encoder']}",
-                f"index.path={index}",
-                "reader.model=t5-tiny",
-                "retriever.loss=none",
-            ],
-        )
-    )
-    passage = model.index.corpora[0].get("p1")
-    change = edit_passage(model, index, passage, "Quimper", "Lorient", tmp_path / "edit", progress=False)
+    model = tiny_atlas(tiny_world, index)
+    passage = model.index.current.corpora[0].get("p1")
+    change = edit_passage(model, passage, "Quimper", "Lorient", tmp_path / "edit", progress=False)
     assert change["after"] == "The capital of Zorbland is Lorient. Zorbland is an island."
-    hits = model.index.search(["The capital of Zorbland"], 5)[0]
+    hits = model.index.search("The capital of Zorbland", 5)
     texts = {hit.id: hit.text for hit in hits}
     assert len(model.index) == 5 and texts["p1"] == change["after"]
     assert not any("Quimper" in text for text in texts.values())
 
 
 def test_edit_passages_updates_several_passages_in_one_index_update(tiny_world, tmp_path):
-    from atlas.build import build_atlas
-    from atlas.config import load_config
-
     index = tmp_path / "index"
     shutil.copytree(tiny_world["index"], index)
-    model = build_atlas(
-        load_config(
-            None,
-            [
-                f"retriever.model={tiny_world['encoder']}",
-                f"index.path={index}",
-                "reader.model=t5-tiny",
-                "retriever.loss=none",
-            ],
-        )
-    )
-    corpus = model.index.corpora[0]
+    model = tiny_atlas(tiny_world, index)
+    corpus = model.index.current.corpora[0]
     changes = edit_passages(
         model,
-        index,
         [(corpus.get("p1"), "Quimper", "Lorient"), (corpus.get("p3"), "florin", "ducat")],
         tmp_path / "edit",
         progress=False,
     )
     assert [c["id"] for c in changes] == ["p1", "p3"]
-    texts = {hit.id: hit.text for hit in model.index.search(["capital"], 5)[0]}
+    texts = {hit.id: hit.text for hit in model.index.search("capital", 5)}
     assert len(model.index) == 5 and "Lorient" in texts["p1"] and "ducat" in texts["p3"]
     with pytest.raises(ValueError, match="edited once per call"):
         edit_passages(
             model,
-            index,
             [(corpus.get("p2"), "Olo", "X"), (corpus.get("p2"), "Tarsia", "Y")],
             tmp_path / "edit",
             progress=False,

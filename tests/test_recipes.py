@@ -308,8 +308,10 @@ def test_small_recipe_loads_and_says_what_it_is_and_how_to_launch_it(path, monke
     # the reader: the shipped one with nq-64shot's extractive decoding, or the header says why not
     assert "shipped reader" in text, f"{path.name}: says what the shipped reader can do here"
     if config.reader.model == SHIPPED_READER:
-        reference = load_config(REPO / "configs" / "small" / "nq-64shot.yaml").reader
-        assert {k: getattr(config.reader, k) for k in DECODING} == {k: getattr(reference, k) for k in DECODING}
+        reference = load_config(REPO / "configs" / "small" / "nq-64shot.yaml")
+        assert {k: getattr(config.inference, k) for k in DECODING} == {
+            k: getattr(reference.inference, k) for k in DECODING
+        }
     else:
         assert "cannot" in text or "not used" in text, f"{path.name}: says why the shipped reader is not used"
     if set(config.task.train_data) & set(config.task.eval_data):
@@ -383,12 +385,12 @@ def test_small_recipe_runs_a_step(path, tiny_world, shared_data, tmp_path, monke
         "training.save_every=0",
         "evaluation.max_examples=2",
         "evaluation.batch_size=2",
-        "reader.generation_max_length=4",
+        "inference.generation_max_length=4",
         "retriever.tied=false",
         "retriever.train_passage_encoder=false",
         "retriever.passage_maxlength=256",
     ]
-    if config.reader.retrieval_prior:  # the prior weighs a copy head's pointer: a tiny reader that has one
+    if config.inference.retrieval_prior:  # the prior weighs a copy head's pointer: a tiny reader that has one
         overrides += ["reader.model=minilm-fid-tiny", f"reader.encoder={tiny_world['encoder']}"]
     if config.task.shots:
         overrides.append("task.shots=2")

@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import signal
 import sys
+import threading
 
 # Modules that add subcommands; each has register(subparsers).
 COMMAND_MODULES = (
@@ -59,12 +61,27 @@ def quiet_libraries(verbose: bool) -> None:
         logging.getLogger("faiss").setLevel(logging.WARNING)
 
 
+def _first_undecodable(argv: list[str]) -> str | None:
+    """Where an argument is not UTF-8 (Python hands such bytes over as lone surrogates): "argument N is not
+    UTF-8: byte 0xFF at byte position P", for the first one; None when all are text."""
+    for number, arg in enumerate(argv, start=1):
+        for position, char in enumerate(arg):
+            if "\udc80" <= char <= "\udcff":
+                offset = len(arg[:position].encode("utf-8", "surrogateescape"))
+                return f"argument {number} is not UTF-8: byte 0x{ord(char) - 0xDC00:02X} at byte position {offset}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `atlas` console script; returns the process exit code."""
     from atlas.config import ConfigError
     from tasks.io import InputError
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    undecodable = _first_undecodable(argv)
+    if undecodable:
+        print(f"atlas: error: {undecodable}", file=sys.stderr)
+        return 2
     # --verbose is one flag for every command, so it is taken out before the subcommand's parser sees it
     verbose = "--verbose" in argv
     argv = [a for a in argv if a != "--verbose"]
@@ -81,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0 if args.command is None else 2
     quiet_libraries(verbose)
+    previous = _terminate_as_interrupt()
     try:
         return int(args.func(args) or 0)
     # ArithmeticError: a training loss that is not finite (atlas.training.loop.NonFiniteLoss)
@@ -88,5 +106,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"atlas {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"atlas {args.command}: interrupted", file=sys.stderr)
+        print(
+            f"atlas {args.command}: interrupted; what it finished is kept (an index build or embed continues where "
+            "it stopped when run again, a training run with --resume)",
+            file=sys.stderr,
+        )
         return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _terminate_as_interrupt():
+    """SIGTERM (a job scheduler's stop, `kill`) ends a command as Ctrl-C does: its `finally` blocks run and it
+    says so in one line, instead of dying mid-write. → the previous handler (None off the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, interrupt)

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-DEFAULT_ENCODER = "minilm"
+from atlas.index import DEFAULT_ENCODER
 
 
 class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -100,13 +100,41 @@ def _add_encoder_arguments(parser: argparse.ArgumentParser, *, default: str | No
 
 def _add_rerank_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--rerank",
+        "--exact-rerank",
+        "--rerank",  # its name before it took the config's (index.exact_rerank)
+        dest="exact_rerank",
         type=int,
         default=None,
         metavar="K'",
         help="re-score the compressed index's top K' candidates exactly from its float16 vectors "
-        "(needs an index built with --rerank or --keep-embeddings); 0 = off; default: the index's own",
+        "(needs an index built with --exact-rerank or --keep-embeddings); 0 = off; default: the index's own",
     )
+
+
+def _add_passage_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--passage-maxlength",
+        type=int,
+        help="tokens of each passage the encoder reads (a recipe's retriever.passage_maxlength); default: "
+        "the encoder's own",
+    )
+    parser.add_argument(
+        "--passage-format",
+        help="how a passage is written for the encoder (a recipe's retriever.passage_format); default: the "
+        "encoder's own, '{title} {text}'",
+    )
+
+
+def _index_building_retriever(args: argparse.Namespace, device=None):
+    """The encoder `build`/`embed` embed with: --encoder (default MiniLM), cut and formatted as asked."""
+    from atlas.index import index_retriever
+
+    retriever = index_retriever(None, args.encoder or DEFAULT_ENCODER, device=device)
+    if args.passage_maxlength is not None:
+        retriever.passage_maxlength = args.passage_maxlength
+    if args.passage_format is not None:
+        retriever.passage_format = args.passage_format
+    return retriever
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -130,9 +158,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build.add_argument("--out", "--index", dest="out", metavar="DIR", required=True, help="the index folder to write")
     build.add_argument(
         "--encoder",
-        default=DEFAULT_ENCODER,
-        help="retriever/encoder folder, 'minilm' or 'contriever'",
+        default=None,
+        help=f"retriever/encoder folder, 'minilm' or 'contriever'; default: {DEFAULT_ENCODER}, or with --vectors "
+        "the encoder their record names",
     )
+    build.add_argument(
+        "--vectors",
+        metavar="V",
+        help="index these passage vectors instead of embedding: a .npy (N, d) or a folder of .npy shards in "
+        "corpus order, float16/float32, with their encoder record beside them (`atlas index embed` writes both)",
+    )
+    _add_passage_arguments(build)
     build.add_argument(
         "--spec",
         default="Flat",
@@ -140,7 +176,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     build.add_argument("--keep-embeddings", action="store_true", help="also keep the float16 embeddings")
     build.add_argument(
-        "--rerank",
+        "--exact-rerank",
+        "--rerank",  # its name before it took the config's (index.exact_rerank)
+        dest="exact_rerank",
         type=int,
         default=0,
         metavar="K'",
@@ -156,6 +194,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     build.add_argument("--restart", action="store_true", help="discard an unfinished build instead of resuming")
     build.set_defaults(func=_build)
+
+    embed = command(
+        "embed",
+        "embed a prepared corpus into a vectors file, to build its index elsewhere (resumable; torchrun shares it)",
+        "Embed a prepared corpus into OUT (an (N, d) float16 .npy) and its encoder record (OUT.encoder.json), "
+        "for `atlas index build --vectors OUT` on another machine: embed on GPUs, build and serve on a CPU one. "
+        "Resumable (the work folder is OUT.building/); under torchrun the ranks share the chunks.",
+    )
+    embed.add_argument("--corpus", required=True, help="a folder made by `atlas corpus prepare`")
+    embed.add_argument("--out", required=True, metavar="V", help="the .npy file to write")
+    embed.add_argument("--encoder", default=None, help=f"retriever/encoder folder or name; default: {DEFAULT_ENCODER}")
+    _add_passage_arguments(embed)
+    embed.add_argument("--batch-size", type=int, default=64, help="passages per encoder batch")
+    embed.add_argument("--chunk-size", type=int, default=8192, help="passages per resumable chunk")
+    embed.add_argument("--restart", action="store_true", help="discard an unfinished run instead of resuming")
+    embed.set_defaults(func=_embed)
 
     add = command(
         "add",
@@ -269,7 +323,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     info = command("info", "print an index's manifest and size")
     _add_index_argument(info, positional_alias=True)
     info.add_argument("positional_index", nargs="?", metavar="INDEX", help="the index folder (older form of --index)")
-    info.add_argument("--verify", action="store_true", help="also check every file's SHA-256")
+    info.add_argument(
+        "--verify", action="store_true", help="also check every file's SHA-256, its corpora' passages files included"
+    )
     info.set_defaults(func=_info)
 
     evaluate = subparsers.add_parser(
@@ -291,69 +347,51 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     evaluate.set_defaults(func=_evaluate)
 
 
-def compute_device(context=None):
-    """Where the encoder runs: the rank's device under torchrun (`context`, an
-    `atlas.distributed.DistributedContext`), else the first GPU if there is one, else the CPU."""
-    import torch
-
-    if context is not None:
-        return context.device
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-
-
-def _load_retriever(encoder: str | None, index_folder: str | None = None, *, device=None):
-    """The retriever named by `encoder` (default: the one the index records), on `device`
-    (default: `compute_device()`), in eval mode. With an index, passages are formatted and cut as
-    the index's manifest records (`passage_format`, `passage_maxlength`), so that the encoder's
-    fingerprint matches the one the index was built with."""
-    from retriever.encoder import Retriever, default_encoder_path
-    from retriever.index_files import read_manifest
-
-    record = read_manifest(index_folder).get("encoder", {}) if index_folder is not None else {}
-    if encoder is None:
-        encoder = record.get("source") or DEFAULT_ENCODER
-    settings = {key: record[key] for key in ("passage_format", "passage_maxlength") if record.get(key) is not None}
-    retriever = Retriever.from_pretrained(default_encoder_path(encoder), **settings)
-    return retriever.to(device if device is not None else compute_device()).eval()
-
-
 def _load_index(args: argparse.Namespace, *, device=None):
+    from atlas.index import index_retriever
     from retriever.index import PassageIndex
 
     return PassageIndex.load(
         args.index,
-        retriever=_load_retriever(args.encoder, args.index, device=device),
+        retriever=index_retriever(args.index, args.encoder, device=device),
         corpus=args.corpus,
         allow_encoder_mismatch=args.allow_encoder_mismatch,
         nprobe=args.nprobe,
         ef_search=args.ef_search,
-        rerank=args.rerank,
+        exact_rerank=args.exact_rerank,
     )
 
 
 @_reports_errors
 def _build(args: argparse.Namespace) -> int:
     from atlas.distributed import init_distributed, shutdown
+    from atlas.index import compute_device
     from retriever.index_build import build_index
+    from retriever.vectors import read_encoder_record
 
     context = init_distributed()  # under torchrun the ranks share the embedding work
     started = time.perf_counter()
+    retriever = None  # given vectors with their record need no encoder (unless one is named, to check them)
+    needs_encoder = not args.vectors or args.encoder or read_encoder_record(args.vectors) is None
+    if needs_encoder:
+        retriever = _index_building_retriever(args, device=compute_device(context))
     out = build_index(
         args.corpus,
-        _load_retriever(args.encoder, device=compute_device(context)),
+        retriever,
         args.out,
         spec=args.spec,
         batch_size=args.batch_size,
         chunk_size=args.chunk_size,
         train_sample=args.train_sample,
         keep_embeddings=args.keep_embeddings,
-        rerank=args.rerank,
+        exact_rerank=args.exact_rerank,
         nprobe=args.nprobe,
         ef_search=args.ef_search,
         seed=args.seed,
         overwrite=args.overwrite,
         restart=args.restart,
-        encoder_source=args.encoder,
+        encoder_source=args.encoder or DEFAULT_ENCODER,
+        vectors=args.vectors,
         progress=context.is_main,
         rank=context.rank,
         world_size=context.world_size,
@@ -366,6 +404,33 @@ def _build(args: argparse.Namespace) -> int:
     return 0
 
 
+@_reports_errors
+def _embed(args: argparse.Namespace) -> int:
+    from atlas.distributed import init_distributed, shutdown
+    from atlas.index import compute_device
+    from retriever.index_build import embed_vectors
+
+    context = init_distributed()
+    started = time.perf_counter()
+    out = embed_vectors(
+        args.corpus,
+        _index_building_retriever(args, device=compute_device(context)),
+        args.out,
+        batch_size=args.batch_size,
+        chunk_size=args.chunk_size,
+        restart=args.restart,
+        encoder_source=args.encoder or DEFAULT_ENCODER,
+        progress=context.is_main,
+        rank=context.rank,
+        world_size=context.world_size,
+        barrier=context.barrier,
+    )
+    shutdown(context)
+    if context.is_main:
+        print(f"embedded in {time.perf_counter() - started:.1f} s → {out} (with {out.name}.encoder.json)")
+    return 0
+
+
 def _shown(ids: list[str]) -> str:
     """The first few ids, for a summary line."""
     return ", ".join(ids[:5]) + (f", ... ({len(ids)} in all)" if len(ids) > 5 else "")
@@ -373,12 +438,13 @@ def _shown(ids: list[str]) -> str:
 
 @_reports_errors
 def _add(args: argparse.Namespace) -> int:
+    from atlas.index import index_retriever
     from retriever.index_update import add_passages
 
     stats = add_passages(
         args.index,
         args.corpus,
-        _load_retriever(args.encoder, args.index),
+        index_retriever(args.index, args.encoder),
         batch_size=args.batch_size,
         chunk_words=args.chunk_words,
         allow_encoder_mismatch=args.allow_encoder_mismatch,
@@ -394,12 +460,13 @@ def _add(args: argparse.Namespace) -> int:
 
 @_reports_errors
 def _update(args: argparse.Namespace) -> int:
+    from atlas.index import index_retriever
     from retriever.index_update import update_passages
 
     stats = update_passages(
         args.index,
         args.corpus,
-        _load_retriever(args.encoder, args.index),
+        index_retriever(args.index, args.encoder),
         batch_size=args.batch_size,
         allow_encoder_mismatch=args.allow_encoder_mismatch,
     )
@@ -488,6 +555,7 @@ def _search(args: argparse.Namespace) -> int:
     _resolve_search_index(args)
     if args.sharded:
         from atlas.distributed import init_distributed, shutdown
+        from atlas.index import compute_device
         from retriever.sharded import ShardedPassageIndex
 
         context = init_distributed()
@@ -514,7 +582,7 @@ def _search(args: argparse.Namespace) -> int:
 @_reports_errors
 def _info(args: argparse.Namespace) -> int:
     from retriever.index_compact import compaction_due
-    from retriever.index_files import check_file, index_summary, read_manifest
+    from retriever.index_files import check_file, index_summary, open_corpus, read_manifest
 
     given = [i for i in (args.index, args.positional_index) if i is not None]
     if not given or (len(given) == 2 and Path(given[0]) != Path(given[1])):
@@ -523,6 +591,8 @@ def _info(args: argparse.Namespace) -> int:
     manifest = read_manifest(folder)
     for record in manifest["files"].values():  # sizes always; contents with --verify
         check_file(Path(folder), record, verify_hash=args.verify)
+    for segment in manifest["segments"]:  # the corpora its passages are read from, likewise
+        open_corpus(Path(folder), segment, verify=args.verify)
     print(
         json.dumps(
             {**index_summary(manifest), "compaction_due": compaction_due(manifest), "verified": bool(args.verify)},

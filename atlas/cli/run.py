@@ -1,10 +1,9 @@
 """`atlas train|evaluate|ask`: the jobs that run the whole model.
 
-`evaluate`, `ask` (and `serve`) take a run folder, a checkpoint folder, or a reader to run without
-training: a reader folder, the shipped reader's name (`atlas-reader`) or a reader preset, with
-`--index`. A reader runs with the index's own encoder as retriever and the settings of the default
-recipe, `atlas/demo/quickstart.yaml` (the shipped reader's: its decoding and passages read), so
-that `atlas evaluate atlas-reader` scores what the quickstart's "no fine-tuning" row scores.
+`evaluate`, `ask` (and `serve`) load their model as the Python API does (`atlas.loading`): a run folder, a
+checkpoint folder, or a reader to run without training (a reader folder, the shipped reader's name
+`atlas-reader`, a reader preset or a Hub id) with `--index`. A reader runs with the index's own encoder as
+retriever and the settings its folder carries (`atlas.yaml`: passages read, decoding).
 """
 
 # Lazy imports: the handlers import the model, training and evaluation modules (torch, transformers, faiss)
@@ -16,19 +15,20 @@ import argparse
 import dataclasses
 import json
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
 MODEL_HELP = (
     "a run folder, a checkpoint folder, or a reader to run without training: a reader folder, "
-    "'atlas-reader' (the shipped reader) or a reader preset (then --index is required)"
+    "'atlas-reader' (the shipped reader), a reader preset or a Hub id (then --index is required)"
 )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the model-running commands to the `atlas` parser."""
+    # long: the parsers of the model-running commands, declared in one place as argparse reads best: each block is
+    # its command's arguments
     train = subparsers.add_parser(
         "train",
         help="train reader + retriever from a YAML recipe",
@@ -40,6 +40,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("config", nargs="?", help="a YAML recipe from configs/ (omit with --resume)")
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. training.lr=4e-5")
     train.add_argument("--resume", metavar="DIR", help="continue the run in DIR (its latest checkpoint)")
+    train.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run already in training.output_dir (default: the same config continues it, another "
+        "config is refused with its differences)",
+    )
     train.add_argument(
         "--stop-at",
         type=int,
@@ -121,7 +127,7 @@ def _train(args: argparse.Namespace) -> int:
     else:
         if not args.config:
             raise SystemExit("atlas train: give a config (e.g. configs/small/nq-64shot.yaml) or --resume DIR")
-        summary = train(load_config(args.config, args.overrides), stop_at=args.stop_at)
+        summary = train(load_config(args.config, args.overrides), stop_at=args.stop_at, overwrite=args.overwrite)
     print(
         json.dumps(
             {
@@ -143,153 +149,34 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-@dataclass
-class ModelSource:
-    """What `atlas evaluate|ask|serve` run: a checkpoint folder, or a reader (a folder or a preset
-    name, `reader.model`) to run without training."""
-
-    checkpoint: Path | None = None
-    reader: str | None = None
-
-
-def shipped_readers() -> dict[str, Path]:
-    """Readers that ship with atlas, by name."""
-    from atlas.demo.quickstart import SHIPPED_READER
-
-    return {"atlas-reader": SHIPPED_READER}
-
-
-def resolve_model(name: str) -> ModelSource:
-    """A run folder or a checkpoint folder (→ its checkpoint), a reader folder (with config.json),
-    a shipped reader's name or a reader preset (→ the reader); else FileNotFoundError naming what
-    was looked for."""
-    from atlas.training.checkpoint import resolve_checkpoint
-    from reader.fid import READER_PRESETS, WARM_START_PRESETS
-
-    path = Path(name)
-    try:
-        return ModelSource(checkpoint=resolve_checkpoint(path))
-    except FileNotFoundError:
-        pass
-    if (path / "config.json").is_file():
-        return ModelSource(reader=str(path.resolve()))
-    shipped = shipped_readers()
-    if not path.exists() and name in shipped:
-        return ModelSource(reader=str(shipped[name]))
-    if not path.exists() and (name in READER_PRESETS or name in WARM_START_PRESETS):
-        logger.warning("reader preset %s is randomly initialised: expect scores near 0", name)
-        return ModelSource(reader=name)
-    hint = ""
-    if (path / "config.yaml").is_file():
-        hint = (
-            "; it has a config.yaml but no checkpoint (a run of training.steps 0 writes none): run the reader "
-            "its reader.model names, with --index"
-        )
-    raise FileNotFoundError(
-        f"{name}: neither a run, a checkpoint nor a reader: looked for checkpoints/latest (a run folder), "
-        f"latest or config.yaml with reader/ (a checkpoint folder), config.json (a reader folder), a shipped "
-        f"reader ({', '.join(shipped)}) and the reader presets "
-        f"({', '.join(sorted(READER_PRESETS | WARM_START_PRESETS))})" + hint
-    )
-
-
-def _index_encoder(index: str) -> list[str]:
-    """Overrides that embed queries' passages as `index` was built (its manifest's encoder record)."""
-    from retriever.index_files import read_manifest
-
-    record = read_manifest(index).get("encoder") or {}
-    return [
-        f"retriever.{key}={json.dumps(record[key])}"
-        for key in ("passage_format", "passage_maxlength")
-        if record.get(key) is not None
-    ]
-
-
-def reader_config(reader: str, index: str, task: str | None = None, overrides: list[str] = ()):
-    """The config that runs `reader` (a folder or a preset) without training: the default recipe
-    (atlas/demo/quickstart.yaml: decoding, passages read, evaluation batch and retrieval_k) with
-    `index` searched by the encoder its manifest records (all-MiniLM-L6-v2 where it records none),
-    no retriever loss, no training data, `training.steps` 0, every example evaluated, `task`
-    (default: the recipe's, qa); then `overrides`."""
-    from atlas.config import load_config
-    from atlas.demo.quickstart import RECIPE
-    from retriever.index_files import read_manifest
-
-    source = (read_manifest(index).get("encoder") or {}).get("source")
-    if not source:
-        logger.warning(
-            "%s does not record the encoder it was built with; searching it with minilm "
-            "(give retriever.model=ENCODER if it was another)",
-            index,
-        )
-    settings = [
-        f"reader.model={reader}",
-        "reader.trainable_encoder_layers=null",
-        f"retriever.model={source or 'minilm'}",
-        "retriever.loss=none",
-        f"index.path={index}",
-        "index.corpus=null",
-        "task.train_data=[]",
-        "task.eval_data=[]",
-        "task.shots=null",
-        "training.steps=0",
-        "evaluation.max_examples=null",
-        *_index_encoder(index),
-        *([f"task.name={task}", "task.options={}"] if task else []),
-    ]
-    return load_config(RECIPE, [*settings, *overrides])
-
-
-def load_run(checkpoint: str | ModelSource, index: str | None, overrides: list[str], *, task: str | None = None):
-    """Load a model for inference: → (its folder, its config with `overrides`, the built `Atlas`).
-
-    `checkpoint`: a checkpoint folder, a run folder (its latest checkpoint), or a reader (a folder, a
-    shipped reader's name, a preset; `resolve_model`), which needs `index` and runs with the default
-    recipe (`reader_config`; `task` its task). `index`: an index folder to retrieve from instead of
-    the run's; queries are then embedded with the passage format and length that index was built
-    with (its manifest's encoder record)."""
-    from atlas.build import build_atlas
-    from atlas.training.checkpoint import checkpoint_config
-
-    source = checkpoint if isinstance(checkpoint, ModelSource) else resolve_model(checkpoint)
-    if source.reader is not None:
-        if not index:
-            raise ValueError(
-                f"{source.reader} is a reader, not a run: it has no index of its own; give --index IDX "
-                "(an index folder made by `atlas index build`)"
-            )
-        config = reader_config(source.reader, index, task, overrides)
-        return Path(source.reader), config, build_atlas(config)
-    extra = [f"index.path={index}", *_index_encoder(index)] if index else []
-    config = checkpoint_config(source.checkpoint, [*overrides, *extra])
-    return source.checkpoint, config, build_atlas(config, checkpoint=source.checkpoint)
-
-
 def _evaluate(args: argparse.Namespace) -> int:
     """`atlas evaluate`: under torchrun every rank predicts its share of the examples (a sharded
     index is searched by all ranks in lockstep) and rank 0 writes the outputs and the metrics."""
     from atlas.distributed import init_distributed, shutdown
     from atlas.evaluate import evaluate
+    from atlas.loading import load_model, model_spec
     from tasks.base import get_task
 
     context = init_distributed()  # before the model: a sharded index needs the process group
     try:
-        source = resolve_model(args.checkpoint)
-        folder, config, model = load_run(source, args.index, args.overrides, task=args.task)
-        model.to(context.device)
-        task_name, options = (args.task, {}) if args.task else (config.task.name, config.task.options)
-        task = get_task(task_name, **options)
+        spec = model_spec(args.checkpoint, index=args.index, task=args.task, overrides=args.overrides)
+        if spec.index is None and not spec.config.task.closed_book:
+            raise ValueError(
+                f"{args.checkpoint} is a reader, not a run: it has no index of its own; give --index IDX "
+                "(an index folder made by `atlas index build`)"
+            )
+        model = load_model(spec, context=context).to(context.device)
+        config = spec.config
+        task = get_task(config.task.name, **config.task.options)
+        folder = Path(spec.source.path)
         if args.out:
             out = Path(args.out)
-        elif source.reader is not None:  # never inside a reader folder (the shipped one is in the package)
+        elif spec.source.kind != "checkpoint":  # never inside a reader folder (the shipped one is in the package)
             out = Path("runs") / f"eval-{folder.name}-{Path(args.data).stem}"
         else:
             out = folder / f"eval-{Path(args.data).stem}"
-        # the config as evaluated: the checkpoint's, with this command's task, data and overrides
-        recorded = dataclasses.replace(
-            config,
-            task=dataclasses.replace(config.task, name=task_name, options=dict(options), eval_data=[str(args.data)]),
-        )
+        # the config as evaluated: the model's, with this command's task, data and overrides
+        recorded = dataclasses.replace(config, task=dataclasses.replace(config.task, eval_data=[str(args.data)]))
         metrics = evaluate(
             model,
             task,
@@ -356,17 +243,20 @@ def _score(args: argparse.Namespace) -> int:
 
 
 def _ask(args: argparse.Namespace) -> int:
-    from tasks.base import Example, get_task
+    from atlas.api import Atlas
+    from atlas.loading import resolve_source
+    from tasks.limits import check_question
 
-    if not args.question.strip():
-        raise SystemExit("atlas ask: the question is empty")
-    _, config, model = load_run(args.checkpoint, args.index, [])
-    model.eval()
-    task = get_task(config.task.name, **config.task.options)
-    example = Example(id="ask", query=task.query(args.question), target=None, answers=[])
-    answers, passages = model.predict([example])
-    print(f"Q: {args.question}\nA: {task.postprocess(example, answers[0])}")
-    for rank, passage in enumerate((passages or [[]])[0][: args.show], start=1):
+    check_question(args.question)  # before minutes of loading
+    if resolve_source(args.checkpoint).kind != "checkpoint" and not args.index:
+        raise ValueError(
+            f"{args.checkpoint} is a reader, not a run: it has no index of its own; give --index IDX "
+            "(an index folder made by `atlas index build`)"
+        )
+    model = Atlas.from_pretrained(args.checkpoint, index=args.index, verbose=args.verbose)
+    answer = model.answer(args.question)
+    print(f"Q: {args.question}\nA: {answer.text}")
+    for rank, passage in enumerate(answer.passages[: args.show], start=1):
         text = passage.text if len(passage.text) < 300 else passage.text[:297] + "..."
         print(f"  [{rank}] {passage.title or passage.id} (score {passage.score or 0:.3f}): {text}")
     return 0

@@ -22,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="MODEL",
         help="a run folder, a checkpoint folder, or a reader (a reader folder, 'atlas-reader', a preset) with --index",
     )
-    serve.add_argument("overrides", nargs="*", help="dotted overrides, e.g. reader.num_beams=1")
+    serve.add_argument("overrides", nargs="*", help="dotted overrides, e.g. inference.num_beams=1")
     serve.add_argument("--index", help="index folder to serve and edit (default: the run's; required for a reader)")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     serve.add_argument("--port", type=int, default=8000)
@@ -81,7 +81,8 @@ def _serve(args: argparse.Namespace) -> int:
     import torch
     import uvicorn
 
-    from atlas.cli.run import load_run
+    from atlas.api import Atlas
+    from atlas.loading import resolve_source
     from atlas.serve import AtlasService, create_app
 
     token = serving_token(args.host, args.allow_edits, args.token)  # before the slow load
@@ -90,10 +91,14 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
-    folder, config, model = load_run(args.checkpoint, args.index, args.overrides)
-    if torch.cuda.is_available():
-        model.to(torch.device("cuda", torch.cuda.current_device()))
-    service = AtlasService(model, config, checkpoint=folder, auto_compact=args.auto_compact)
+    if resolve_source(args.checkpoint).kind != "checkpoint" and not args.index:
+        raise ValueError(
+            f"{args.checkpoint} is a reader, not a run: it has no index of its own; give --index IDX "
+            "(an index folder made by `atlas index build`)"
+        )
+    model = Atlas.from_pretrained(args.checkpoint, index=args.index, overrides=args.overrides, verbose=args.verbose)
+    service = AtlasService(model, auto_compact=args.auto_compact)
+    folder = model.source.path
     app = create_app(
         service,
         allow_edits=args.allow_edits,

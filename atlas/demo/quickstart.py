@@ -2,9 +2,10 @@
 
 prepare the corpus → build the MiniLM index → few-shot fine-tune the shipped `atlas-reader`
 (and, with a retriever loss, the query encoder) → evaluate on held-out questions (EM, F1, answer recall@k) →
-answer three questions with their evidence → edit facts in up to 25 passages, update the index with the same
-`add_passages` that `atlas index add` runs (old versions removed in the same commit), and ask again: the share of
-answers that follow the new text with no retraining is reported. Everything lands in one output folder:
+answer three questions with their evidence → edit facts in up to 25 passages, update the index in place
+(`atlas.Index.update`: the old versions removed in the same commit), and ask again: the share of
+answers that follow the new text with no retraining is reported. Every answer goes through `atlas.Atlas`.
+Everything lands in one output folder:
 
     OUT/corpus/  OUT/index/  OUT/train/ (checkpoint, log, evaluations)  OUT/edit/
     OUT/report.json  OUT/report.md
@@ -20,16 +21,15 @@ from pathlib import Path
 
 import numpy as np
 
+from atlas.api import Atlas
 from atlas.build import build_atlas
 from atlas.config import AtlasConfig, load_config
-from atlas.evaluate import evaluate, predict_generation
-from atlas.training.checkpoint import checkpoint_config
+from atlas.evaluate import evaluate
+from atlas.loading import SHIPPED_READER
 from atlas.training.loop import train as train_model
 from retriever.corpus import PrepareStats, prepare_corpus
 from retriever.encoder import build_retriever
-from retriever.index import PassageIndex
 from retriever.index_build import build_index
-from retriever.index_update import add_passages
 from tasks.base import Task, get_task
 from tasks.counterfactual import (
     EditPlan,
@@ -45,7 +45,6 @@ from tasks.passage import Passage
 from tasks.salient_span import load_pipeline
 
 DEMO = Path(__file__).resolve().parent
-SHIPPED_READER = DEMO / "atlas-reader"
 RECIPE = DEMO / "quickstart.yaml"
 # Small enough for CI (about a minute on 2 cores): fewer shots, steps, passages and questions.
 TINY_OVERRIDES = [
@@ -161,39 +160,35 @@ def quickstart_config(
     return load_config(RECIPE, [*paths, *(TINY_OVERRIDES if tiny else []), *overrides])
 
 
-def answer_with_evidence(model, examples, n_evidence: int = 3) -> list[dict]:
+def answer_with_evidence(model: Atlas, examples, n_evidence: int = 3) -> list[dict]:
     """Answer each example; → [{"question", "answer", "gold", "evidence": [{id, title, text, score}]}]."""
-    answers, passages = model.predict(examples)
-    shown = []
-    for example, answer, read in zip(examples, answers, passages or [[]] * len(examples)):
-        shown.append(
-            {
-                "question": example.metadata.get("question", example.query),
-                "answer": answer,
-                "gold": example.answers,
-                "evidence": [
-                    {"id": p.id, "title": p.title, "text": p.text, "score": p.score} for p in read[:n_evidence]
-                ],
-            }
-        )
-    return shown
+    return [
+        {
+            "question": answer.question,
+            "answer": answer.text,
+            "gold": example.answers,
+            "evidence": [
+                {"id": p.id, "title": p.title, "text": p.text, "score": p.score} for p in answer.passages[:n_evidence]
+            ],
+        }
+        for example, answer in zip(examples, model.answer_examples(examples))
+    ]
 
 
 def edit_passages(
-    model,
-    index_path: Path,
+    model: Atlas,
     edits: list[tuple[dict, str, str]],
     work: Path,
     progress: bool = True,
     asked: list[str] | None = None,
 ) -> list[dict]:
     """Change `old` to `new` in each `(passage, old, new)` of `edits` (distinct passages) and update
-    the index in place in one commit that removes the old versions and adds the new ones (same
-    ids; a crash leaves all edits or none), then reload it into `model`.
+    the model's index in place in one commit that removes the old versions and adds the new ones (same
+    ids; a crash leaves all edits or none); the model answers from it at once.
 
     `asked`: per edit, the question word (`tasks.counterfactual.question_word`): a person's surname
-    standing alone follows the full name (`edit_answer`). Uses `retriever.index_update.add_passages`,
-    the function behind `atlas index add`. → per edit {"id", "before", "after"}.
+    standing alone follows the full name (`edit_answer`). The edited passages are kept in
+    `work/edited-N.jsonl`. → per edit {"id", "before", "after"}.
     """
     ids = [passage["id"] for passage, _, _ in edits]
     if len(set(ids)) != len(ids):
@@ -204,20 +199,18 @@ def edit_passages(
         for (passage, old, new), how in zip(edits, asked, strict=True)
     ]
     work.mkdir(parents=True, exist_ok=True)
-    edited_file = work / f"edited-{len(list(work.glob('edited-*.jsonl')))}.jsonl"
-    write_jsonl(edited_file, edited)
-    add_passages(index_path, [edited_file], model.retriever, chunk_words=0, progress=progress, remove=ids)
-    model.index = PassageIndex.load(index_path, retriever=model.retriever)
+    write_jsonl(work / f"edited-{len(list(work.glob('edited-*.jsonl')))}.jsonl", edited)
+    model.index.update(edited, progress=progress)
     return [{"id": e["id"], "before": passage["text"], "after": e["text"]} for (passage, _, _), e in zip(edits, edited)]
 
 
-def edit_passage(model, index_path: Path, passage: dict, old: str, new: str, work: Path, progress: bool = True) -> dict:
+def edit_passage(model: Atlas, passage: dict, old: str, new: str, work: Path, progress: bool = True) -> dict:
     """`edit_passages` for one passage: → {"id", "before", "after"}."""
-    return edit_passages(model, index_path, [(passage, old, new)], work, progress=progress)[0]
+    return edit_passages(model, [(passage, old, new)], work, progress=progress)[0]
 
 
 def plan_edits(
-    model,
+    model: Atlas,
     examples,
     predictions: list[str],
     read: list[list[Passage]],
@@ -249,27 +242,33 @@ def plan_edits(
     contexts += [context for _, _, _, context in pool]
     nlp = None if all(r is not None for r in relations) else load_pipeline(SPACY_PIPELINE)
     types = tag_answers(answers, contexts, relations, nlp)
-    vectors = model.retriever.embed_queries(answers)
+    vectors = model.model.retriever.embed_queries(answers)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True).clip(min=1e-12)
     plan = plan_fact_edits(questions, answers, types, eligible, stating, n, similarity=vectors @ vectors.T)
     return plan, len(eligible)
 
 
 def apply_edits(
-    model, plan: EditPlan, examples, predictions: list[str], read: list[list[Passage]], out: Path, progress: bool = True
+    model: Atlas,
+    plan: EditPlan,
+    examples,
+    predictions: list[str],
+    read: list[list[Passage]],
+    out: Path,
+    progress: bool = True,
 ) -> list[dict]:
-    """Make `plan`'s edits in the index at `out/index` in one update, ask the edited questions again:
+    """Make `plan`'s edits in the model's index in one update, ask the edited questions again:
     → per fact {"question", "gold", "old_answer", "replacement", "kept", "new_answer", "follows_edit",
     "edited_passage_read", "id", "before", "after"} (the first edited passage's text before and after)."""
     passages = {p.id: p.fields() for ps in read for p in ps}  # the {id, title, text} dicts `edit_passages` takes
     asked = [question_word(examples[e.example].metadata.get("question", examples[e.example].query)) for e in plan.edits]
     triples = [(passages[pid], e.old, e.new) for e in plan.edits for pid in e.passage_ids]
     hows = [how for e, how in zip(plan.edits, asked) for _ in e.passage_ids]
-    changes = {c["id"]: c for c in edit_passages(model, out / "index", triples, out / "edit", progress, hows)}
-    new_answers, new_read = model.predict([examples[e.example] for e in plan.edits])
+    changes = {c["id"]: c for c in edit_passages(model, triples, out / "edit", progress, hows)}
     facts = []
-    for edit, new_answer, now_read in zip(plan.edits, new_answers, new_read, strict=True):
+    for edit, answer in zip(plan.edits, model.answer_examples([examples[e.example] for e in plan.edits]), strict=True):
         example = examples[edit.example]
+        new_answer, now_read = answer.text, answer.passages
         facts.append(
             {
                 "question": example.metadata.get("question", example.query),
@@ -454,8 +453,7 @@ def run_quickstart(
         config, task, data, examples, shots, out, clock, progress=progress, echo=echo
     )
     echo("[5/6] answers with their evidence")
-    model = build_atlas(checkpoint_config(checkpoint), checkpoint=checkpoint)
-    model.eval()
+    model = Atlas.from_pretrained(checkpoint)
     shown = answer_with_evidence(model, examples[:3])
     for item in shown:
         echo(f"  Q: {item['question']}\n  A: {item['answer']}   (gold: {' | '.join(item['gold'])})")
@@ -573,7 +571,7 @@ def _evaluate_and_fine_tune(
 
 
 def edit_facts(
-    model,
+    model: Atlas,
     task,
     examples,
     data: QuickstartData,
@@ -584,14 +582,14 @@ def edit_facts(
     echo: Callable[[str], None],
 ) -> dict:
     """The quickstart's last step: plan, make and check the corpus edits; → the report's "edit" section."""
-    predictions, passages = predict_generation(model, task, examples, config.evaluation, show=progress)
-    predictions = [task.postprocess(e, p) for e, p in zip(examples, predictions)]
-    read = [ps[: config.reader.n_context] for ps in passages]
+    answered = model.answer_examples(examples)
+    predictions = [a.text for a in answered]
+    read = [a.passages for a in answered]
     relations = [r.get("relation") for _, r in read_jsonl(data.dev)][: len(examples)]
     # the training questions' answers are replacements too, typed where their own top passages state them
     train_examples = task.load(data.train)
     train_relations = [r.get("relation") for _, r in read_jsonl(data.train)]
-    train_read = model.passages_for(train_examples, config.reader.n_context) or [[] for _ in train_examples]
+    train_read = model.retrieve(train_examples, model.model.n_read)
     pool = [
         (
             e.metadata.get("question", e.query),

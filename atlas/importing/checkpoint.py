@@ -78,7 +78,7 @@ REFERENCE_MAX_LENGTH = 128  # the reference's default generation_max_length
 
 
 def reference_new_tokens(max_length: Any) -> int:
-    """Our `reader.generation_max_length` (tokens generated) for the reference's `generation_max_length`,
+    """Our `inference.generation_max_length` (tokens generated) for the reference's `generation_max_length`,
     which is transformers 4's `generate(max_length=…)`: the whole decoder sequence, start token included."""
     return max(int(max_length) - 1, 1)
 
@@ -195,10 +195,13 @@ def config_from_options(opt: Any, *, tied: bool, closed_book: bool, source: str)
         if target_maxlength and int(target_maxlength) > 0
         else base.reader.answer_maxlength,
         passage_format=_option(opt, "encoder_format", base.reader.passage_format),
-        generation_max_length=reference_new_tokens(_option(opt, "generation_max_length", REFERENCE_MAX_LENGTH)),
-        num_beams=int(_option(opt, "generation_num_beams", base.reader.num_beams)),
-        length_penalty=float(_option(opt, "generation_length_penalty", base.reader.length_penalty)),
         dropout=float(_option(opt, "dropout")) if _option(opt, "dropout") is not None else None,
+    )
+    inference = dataclasses.replace(
+        base.inference,
+        generation_max_length=reference_new_tokens(_option(opt, "generation_max_length", REFERENCE_MAX_LENGTH)),
+        num_beams=int(_option(opt, "generation_num_beams", base.inference.num_beams)),
+        length_penalty=float(_option(opt, "generation_length_penalty", base.inference.length_penalty)),
     )
     refresh = str(_option(opt, "refresh_index", "-1"))
     index = dataclasses.replace(
@@ -251,7 +254,13 @@ def config_from_options(opt: Any, *, tied: bool, closed_book: bool, source: str)
     if _option(opt, "precision") == "fp16":
         notes.append("precision fp16 has no counterpart (training runs in fp32 or bf16): training.precision = fp32")
     config = AtlasConfig(
-        retriever=retriever, index=index, reader=reader, task=task, training=training, evaluation=base.evaluation
+        retriever=retriever,
+        index=index,
+        reader=reader,
+        inference=inference,
+        task=task,
+        training=training,
+        evaluation=base.evaluation,
     )
     validate_components(config, source=source)
     return config, notes
@@ -386,9 +395,9 @@ def import_atlas_checkpoint(
     reference_length = _option(opt, "generation_max_length", REFERENCE_MAX_LENGTH)
     conversions.append(
         {
-            "what": "reader.generation_max_length",
+            "what": "inference.generation_max_length",
             "reference": _plain(reference_length),
-            "here": config.reader.generation_max_length,
+            "here": config.inference.generation_max_length,
             "why": "the reference's generate(max_length) counts the decoder start token; ours counts new tokens",
         }
     )

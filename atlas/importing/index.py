@@ -37,7 +37,7 @@ from atlas.importing.safe_pickle import load_plain_pickle, load_torch_file
 from atlas.training.checkpoint import resolve_checkpoint
 from retriever.corpus import prepare_corpus
 from retriever.encoder import Retriever
-from retriever.index_build import PROGRESS, build_index, work_dir_for
+from retriever.index_build import BLOCK_ROWS, PROGRESS, build_index, work_dir_for
 from retriever.index_files import read_manifest, write_manifest
 from retriever.index_types import index_type
 from tasks.io import InputError, atomic_write_json
@@ -224,6 +224,7 @@ def import_atlas_index(
             "dim": dim,
             "chunk_size": chunk_size,
             "batch_size": batch_size,
+            "block_rows": BLOCK_ROWS,
             "completed_chunks": -(-total // chunk_size),
             "created": state["created"],
         },

@@ -1,6 +1,6 @@
 """`atlas serve`: a long-lived HTTP server over a loaded run (API, web page, live corpus edits).
 
-    service = AtlasService(model, config)      # atlas.serve.service: answer / search / edit
+    service = AtlasService(atlas.Atlas.from_pretrained(RUN, index=INDEX))  # answer / search / edit
     app = create_app(service, allow_edits=True)  # atlas.serve.app: FastAPI, run by uvicorn
 
 FastAPI and uvicorn are imported only here, so the rest of atlas does not need them.

@@ -22,7 +22,8 @@ def build_demo_run(out: str | Path, *, progress: bool = False) -> Path:
     an OUT that already holds a run is returned as it is.
     """
     # heavy: pyarrow and faiss (corpus and index build), only when the demo run is built
-    from atlas.demo.quickstart import SHIPPED_READER, demo_data, quickstart_config
+    from atlas.demo.quickstart import demo_data, quickstart_config
+    from atlas.loading import SHIPPED_READER
     from retriever.corpus import prepare_corpus
     from retriever.index_build import build_index
 

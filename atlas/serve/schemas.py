@@ -22,13 +22,16 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-MAX_QUESTION_CHARS = 2_000
-MAX_PASSAGE_CHARS = 20_000
-MAX_TITLE_CHARS = 1_000
-MAX_ID_CHARS = 256
-MAX_BATCH = 64  # questions of one batch ask, passages of one edit
-MAX_ASK_K = 20  # passages the reader reads
-MAX_SEARCH_K = 100
+from tasks.limits import (  # the limits every front end shares
+    MAX_ASK_K,
+    MAX_BATCH,
+    MAX_ID_CHARS,
+    MAX_PASSAGE_CHARS,
+    MAX_QUESTION_CHARS,
+    MAX_SEARCH_K,
+    MAX_TITLE_CHARS,
+)
+
 MAX_BODY_BYTES = 4 * MAX_BATCH * MAX_PASSAGE_CHARS  # room for 64 passages of 20,000 UTF-8 characters
 
 # Python's white space (`str.isspace`) and line breaks (`str.splitlines`), as regex classes

@@ -16,7 +16,6 @@ meanwhile queue behind it. It changes no passage and no search result, only the 
 
 from __future__ import annotations
 
-import copy
 import logging
 import tempfile
 import time
@@ -27,12 +26,8 @@ from pathlib import Path
 
 import torch
 
-from atlas.model import template_fields
-from reader.fid import IGNORE_INDEX
-from reader.surface import decode_answers
-from tasks.base import Example, get_task
+from tasks.base import Example
 from tasks.io import write_jsonl
-from tasks.passage import Passage
 
 logger = logging.getLogger(__name__)
 
@@ -66,30 +61,29 @@ class Question:
 
 
 class AtlasService:
-    """A loaded run (`atlas.model.Atlas` with its index) and the operations the API offers.
+    """A loaded model (`atlas.Atlas` with its `Index`) and the operations the API offers.
 
     Args:
-        model: the built model, with a retriever and a `PassageIndex` (not sharded).
-        config: the run's resolved `AtlasConfig` (task, reader and retriever settings).
-        checkpoint: the checkpoint folder it was loaded from (reported by `describe`).
+        atlas: the model, with a retriever and an `Index` (not sharded): questions are answered by its
+            `answer_examples`, the one answer path of every front end.
         auto_compact: compact the index after an edit that leaves it due for one
             (`retriever.index_compact.compaction_due`); off: only `atlas index compact` does.
     """
 
-    def __init__(self, model, config, *, checkpoint: str | Path | None = None, auto_compact: bool = True):
-        from retriever.index import PassageIndex  # heavy: faiss, loaded with the first service
-
-        if model.retriever is None or not isinstance(model.index, PassageIndex):
+    def __init__(self, atlas, *, auto_compact: bool = True):
+        if atlas.model.retriever is None or atlas.index is None:
             raise ValueError(
                 "atlas serve needs a run with a retriever and a (not sharded) passage index; give one with --index DIR"
             )
-        self.model = model.eval()
-        self.config = config
-        self.checkpoint = Path(checkpoint) if checkpoint is not None else None
-        self.task = get_task(config.task.name, **config.task.options)
+        self.atlas = atlas
+        self.model = atlas.model.eval()
+        self.config = atlas.config
+        self.checkpoint = (
+            Path(atlas.source.path) if atlas.source is not None and atlas.source.kind == "checkpoint" else None
+        )
+        self.task = atlas.task
         self.model_executor = ThreadPoolExecutor(1, thread_name_prefix="atlas-model")
         self.edit_executor = ThreadPoolExecutor(1, thread_name_prefix="atlas-edit")
-        self._edit_retriever = None  # a copy made at the first edit (tokenizers are not thread-safe)
         self.auto_compact = auto_compact
         self.compactions = 0  # compactions swapped in since the start
         self.started = time.monotonic()
@@ -98,12 +92,12 @@ class AtlasService:
     @property
     def index(self):
         """The committed index being served (replaced as a whole by each edit)."""
-        return self.model.index
+        return self.atlas.index.current
 
     @property
     def default_k(self) -> int:
-        """Passages read per question when a request does not say: the run's `reader.n_context`."""
-        return self.model.reader_config.n_context
+        """Passages read per question when a request does not say: the model's `n_read`."""
+        return self.model.n_read
 
     def close(self) -> None:
         """Let running work finish, then stop both threads."""
@@ -114,15 +108,13 @@ class AtlasService:
     def _query(self, question: str) -> str:
         return self.task.query(question)
 
-    @torch.no_grad()
     def answer(self, questions: Sequence[Question]) -> list[dict]:
-        """Answer a micro-batch: one retrieval and one reader pass per distinct k.
+        """Answer a micro-batch: one retrieval and one reader pass per distinct k (`Atlas.answer_examples`).
 
         → per question {"question", "answer", "k", "evidence": [{id, title, text, score,
         attention}], "attended", "generation"}; `attention` is the passage's share of the reader's
         cross-attention mass while it produced the answer (`reader.attention_scores`).
         """
-        index = self.model.index  # one index for the whole batch, whatever an edit does meanwhile
         results: list[dict | None] = [None] * len(questions)
         by_k: dict[int, list[int]] = {}
         for n, q in enumerate(questions):
@@ -131,52 +123,29 @@ class AtlasService:
             examples = [
                 Example(id=str(n), query=self._query(questions[n].question), target=None, answers=[]) for n in positions
             ]
-            passages = self.model.retrieve(examples, k)
-            texts, attention = self._read([e.query for e in examples], passages)
-            for row, (n, example, read) in enumerate(zip(positions, examples, passages)):
-                shares = attention[row, : len(read)]
-                shares = shares / shares.sum() if float(shares.sum()) > 0 else shares
+            answers = self.atlas.answer_examples(
+                examples, k=k, with_attention=True, questions=[questions[n].question for n in positions]
+            )
+            for n, answer in zip(positions, answers):
                 evidence = [
-                    {
-                        "id": p.id,
-                        "title": p.title,
-                        "text": p.text,
-                        "score": float(p.score or 0.0),
-                        "attention": float(s),
-                    }
-                    for p, s in zip(read, shares.tolist())
+                    {"id": p.id, "title": p.title, "text": p.text, "score": float(p.score or 0.0), "attention": a}
+                    for p, a in zip(answer.passages, answer.attention or [])
                 ]
                 attended = max(evidence, key=lambda e: e["attention"])["id"] if evidence else None
                 results[n] = {
-                    "question": questions[n].question,
-                    "answer": self.task.postprocess(example, texts[row]),
+                    "question": answer.question,
+                    "answer": answer.text,
                     "k": k,
                     "evidence": evidence,
                     "attended": attended,
-                    "generation": int(index.manifest["generation"]),
+                    "generation": answer.generation,
                 }
         return results
-
-    def _read(self, queries: list[str], passages: list[list[Passage]]) -> tuple[list[str], torch.Tensor]:
-        """Generate answers and score each passage by cross-attention: → (B texts, (B, K) scores)."""
-        model, reader = self.model, self.model.reader
-        input_ids, attention_mask = model.reader_inputs(queries, passages)  # (B, K, L) each
-        # the attention scores below read the same encoder states as generation: encode once
-        states = model.encode_for_answers(input_ids, attention_mask)  # (B, K, L, H)
-        generated = model.generate(
-            input_ids, attention_mask, passages, encoder_states=states
-        )  # (B, T') from the start token
-        texts = [t.strip() for t in decode_answers(model.reader_tokenizer, generated, template_fields(passages))]
-        # teacher-force the generated answer to see where the decoder looked while writing it
-        labels = generated[:, 1:].clone()
-        labels[labels == reader.seq2seq.config.pad_token_id] = IGNORE_INDEX
-        scores = reader.cross_attention_scores(states, attention_mask, labels, input_ids=input_ids)  # (B, K)
-        return texts, scores.float().cpu()
 
     @torch.no_grad()
     def search(self, query: str, k: int) -> dict:
         """Retrieval only: → {"query", "hits": [{id, title, text, score}], "generation"} (model thread)."""
-        index = self.model.index
+        index = self.index
         vectors = self.model.retriever.embed_queries([self._query(query)])
         hits = index.search(vectors, k)[0]
         return {
@@ -187,7 +156,7 @@ class AtlasService:
 
     def passage(self, passage_id: str) -> dict:
         """The live passage with this id: {id, title, text}; `PassageNotFound` if there is none."""
-        index = self.model.index
+        index = self.index
         position = index.position_of(passage_id)
         if position is None:
             raise PassageNotFound(f"no passage with id {passage_id!r} in the index")
@@ -209,7 +178,7 @@ class AtlasService:
         from retriever.index_files import IndexLockedError
         from retriever.index_update import add_passages, remove_passages
 
-        index = self.model.index  # the last commit: edits run one at a time on this thread
+        index = self.index  # the last commit: edits run one at a time on this thread
         ids = [p["id"] for p in add] + [p["id"] for p in update] + list(remove)
         if not ids:
             raise EditsRefused("the edit is empty: give passages to add or update, or ids to remove")
@@ -231,8 +200,8 @@ class AtlasService:
                 {"id": p["id"], "title": self.passage(p["id"])["title"] if title is None else title, "text": p["text"]}
             )
         replaced = [p["id"] for p in update] + list(remove)
-        retriever = self._editing_retriever()
-        allow_mismatch = self.model.index_config.allow_encoder_mismatch
+        retriever = self.atlas.index.retriever  # the index's own: the model thread embeds with the model's
+        allow_mismatch = self.atlas.index.allow_encoder_mismatch
         try:
             if new:
                 with tempfile.TemporaryDirectory(prefix="atlas-serve-edit-") as tmp:
@@ -262,20 +231,9 @@ class AtlasService:
         }
 
     def _swap_in_index_from_disk(self):
-        """Load the index's last commit and serve it from the next batch on (edit thread)."""
-        from retriever.index import PassageIndex  # heavy: faiss, as above
-
-        index = self.model.index
-        fresh = PassageIndex.load(
-            index.folder,
-            retriever=self._editing_retriever(),
-            allow_encoder_mismatch=self.model.index_config.allow_encoder_mismatch,
-            nprobe=index.nprobe,
-            ef_search=index.ef_search,
-        )
-        fresh.retriever = self.model.retriever  # string searches embed on the model thread's copy
-        self.model_executor.submit(setattr, self.model, "index", fresh).result()
-        return fresh
+        """Reopen the index's last commit; the model reads it from its next batch on (edit thread)."""
+        self.atlas.index.reload()
+        return self.index
 
     def _compact(self) -> None:
         """Compact the index when it is (still) due, and serve the result (edit thread; queued by
@@ -284,9 +242,9 @@ class AtlasService:
         from retriever.index_files import IndexLockedError
 
         try:
-            stats = compact_if_due(self.model.index.folder)
+            stats = compact_if_due(self.index.folder)
         except (IndexLockedError, OSError, ValueError) as e:
-            logger.warning("compaction of %s skipped: %s", self.model.index.folder, e)
+            logger.warning("compaction of %s skipped: %s", self.index.folder, e)
             return
         if stats is None or not stats.compacted:
             return
@@ -294,7 +252,7 @@ class AtlasService:
         self.compactions += 1
         logger.info(
             "compacted %s: %d -> %d segments, %d -> %d rows in %.2f s",
-            self.model.index.folder,
+            self.index.folder,
             stats.segments_before,
             stats.segments_after,
             stats.rows_before,
@@ -302,16 +260,10 @@ class AtlasService:
             stats.seconds,
         )
 
-    def _editing_retriever(self):
-        """The edit thread's own copy of the retriever (same weights, so the same fingerprint)."""
-        if self._edit_retriever is None:
-            self._edit_retriever = copy.deepcopy(self.model.retriever).eval()
-        return self._edit_retriever
-
     # ------------------------------------------------------------------ description
     def health(self) -> dict:
         """Liveness and the state served: live passages, index generation, uptime."""
-        index = self.model.index
+        index = self.index
         manifest = index.manifest
         return {
             "status": "ok",
@@ -325,7 +277,7 @@ class AtlasService:
 
     def describe(self) -> dict:
         """The loaded run: checkpoint, task, reader, retriever (encoder fingerprint) and index."""
-        model, config, index = self.model, self.config, self.model.index
+        model, config, index = self.model, self.config, self.index
         manifest = index.manifest
         return {
             "checkpoint": str(self.checkpoint) if self.checkpoint else None,
@@ -334,10 +286,10 @@ class AtlasService:
                 "model": config.reader.model,
                 "class": type(model.reader.seq2seq).__name__,
                 "parameters": sum(p.numel() for p in model.reader.parameters()),
-                "n_context": config.reader.n_context,
-                "num_beams": config.reader.num_beams,
-                "text_maxlength": config.reader.text_maxlength,
-                "generation_max_length": config.reader.generation_max_length,
+                "n_context": model.n_read,
+                "num_beams": config.inference.num_beams,
+                "text_maxlength": config.inference.text_maxlength or config.reader.text_maxlength,
+                "generation_max_length": config.inference.generation_max_length,
             },
             "retriever": {
                 "model": config.retriever.model,

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from atlas.config import AtlasConfig, load_config, save_config
+from atlas.config import AtlasConfig, config_to_dict, load_config, save_config
 from tasks.io import atomic_directory, atomic_write_text
 
 logger = logging.getLogger(__name__)
@@ -98,7 +98,8 @@ def save_checkpoint(
     atomic_write_text(root / "latest", final.name + "\n")
     if keep_last > 0:
         for old in sorted(root.glob("step-*"))[:-keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+            if old != final:  # the checkpoint just written is the newest of this run, whatever its number
+                shutil.rmtree(old, ignore_errors=True)
     return final
 
 
@@ -157,6 +158,49 @@ def resolve_checkpoint(path: str | Path) -> Path:
         f"{path}: no checkpoint here (expected a checkpoint folder with reader/ and config.yaml, "
         "or a run folder with checkpoints/latest)"
     )
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        return {k: v for key, value in tree.items() for k, v in _flat(value, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: tree}
+
+
+def config_differences(old: AtlasConfig, new: AtlasConfig) -> list[str]:
+    """The dotted keys whose values differ between two configs, as "key: old → new"."""
+    a, b = _flat(config_to_dict(old)), _flat(config_to_dict(new))
+    return [
+        f"{key}: {a.get(key)!r} → {b.get(key)!r}" for key in sorted(a.keys() | b.keys()) if a.get(key) != b.get(key)
+    ]
+
+
+def claim_run_folder(config: AtlasConfig, *, overwrite: bool = False, resume_same: bool = True) -> Path | None:
+    """Make `training.output_dir` this run's, never silently replacing another: → the checkpoint to resume from
+    when the folder holds a run of the same config (`resume_same`), else None (a new run).
+
+    A folder holding a run of another config is refused (`FileExistsError` naming the differing keys) unless
+    `overwrite`, which deletes the folder first. A folder with no run in it is used as it is."""
+    out = Path(config.training.output_dir)
+    saved = out / "config.yaml"
+    has_run = saved.is_file() or (out / "checkpoints").is_dir()
+    if not has_run:
+        return None
+    if overwrite:
+        logger.info("--overwrite: deleting the run in %s", out)
+        shutil.rmtree(out)
+        return None
+    differences = config_differences(load_config(saved, check_data=False), config) if saved.is_file() else ["?"]
+    if differences or not resume_same:
+        shown = "; ".join(differences[:6]) + (f"; … ({len(differences)} keys)" if len(differences) > 6 else "")
+        why = f"its config differs ({shown})" if differences and differences != ["?"] else "it is not this run"
+        raise FileExistsError(
+            f"{out} holds another training run ({why}); choose another training.output_dir, continue that run "
+            f"with `atlas train --resume {out}`, or replace it with --overwrite"
+        )
+    try:
+        return resolve_checkpoint(out)
+    except FileNotFoundError:  # the same run, stopped before its first checkpoint: it starts again
+        return None
 
 
 def load_training_state(checkpoint: str | Path) -> dict[str, Any]:

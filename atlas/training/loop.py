@@ -39,9 +39,10 @@ from atlas.distributed import (
     no_sync_unless,
 )
 from atlas.evaluate import evaluate, recall_drops, retriever_recall
-from atlas.model import Atlas
+from atlas.model import AtlasModel
 from atlas.training.checkpoint import (
     checkpoint_config,
+    claim_run_folder,
     config_for_world_size,
     disk_report,
     global_batch_size,
@@ -93,10 +94,6 @@ class Optimizers:
     def schedules(self) -> list[LambdaLR]:
         """The schedules in the order a checkpoint's `schedulers` list holds them."""
         return [s for s in (self.reader_schedule, self.retriever_schedule) if s is not None]
-
-    def __iter__(self):
-        """Unpacks as `reader, retriever, schedules`, the triple `make_optimizers` used to return."""
-        return iter((self.reader, self.retriever, self.schedules))
 
     def stepped_by_loop(self, *, deepspeed: bool) -> list[tuple[torch.optim.Optimizer, LambdaLR]]:
         """The (optimizer, schedule) pairs the loop steps itself: DeepSpeed steps the reader's."""
@@ -242,7 +239,7 @@ class TrainingRecipe:
     `train()` below runs it; `cleanup` runs whether or not a step raised."""
 
     # built by `setup`
-    model: Atlas
+    model: AtlasModel
     task: Task
     optimizers: Optimizers
     engine: torch.nn.Module  # what the step calls: the model, or DDP around it
@@ -261,8 +258,19 @@ class TrainingRecipe:
         progress: bool = True,
         stop_at: int | None = None,
         context: DistributedContext | None = None,
+        model: AtlasModel | None = None,
+        overwrite: bool = False,
     ):
         self.context = context or init_distributed()
+        if resume is None and config is not None:
+            # a folder holding this same run is continued; another run's is refused (or replaced: overwrite,
+            # by rank 0, before the other ranks look)
+            if self.context.is_main:
+                resume = claim_run_folder(config, overwrite=overwrite, resume_same=model is None)
+            self.context.barrier()
+            if not self.context.is_main:
+                resume = claim_run_folder(config, resume_same=model is None)
+        self.prebuilt = model  # a model to train as it is (the Python API's `fit`), instead of one built from config
         self.config, self.checkpoint, self.resumed_state = _resolve_run(config, resume, self.context)
         self.progress = progress
         self.stop_at = stop_at
@@ -288,7 +296,10 @@ class TrainingRecipe:
         torch.manual_seed(t.seed)
         random.seed(t.seed)
 
-        self.model = model = build_atlas(config, checkpoint=self.checkpoint).to(context.device)
+        if self.prebuilt is not None:
+            self.model = model = self.prebuilt.to(context.device)
+        else:
+            self.model = model = build_atlas(config, checkpoint=self.checkpoint).to(context.device)
         self.task = get_task(config.task.name, **config.task.options)
         if config.task.eval_data:  # an evaluation file without gold answers fails now, not after training
             check_labelled(
@@ -527,8 +538,13 @@ def train(
     progress: bool = True,
     stop_at: int | None = None,
     context: DistributedContext | None = None,
+    model: AtlasModel | None = None,
+    overwrite: bool = False,
 ) -> dict:
     """Run the recipe `config` (or continue the run in `resume`); returns the final summary.
+    `model`: train this model in place instead of building the one `config` describes (its index is the
+    model's own). `training.output_dir` holding a run of the same config continues it; another run there is
+    refused unless `overwrite` (then it is deleted first).
 
     `stop_at` ends this session after that step with a checkpoint (no final evaluation), as
     a job that runs out of its time slot would; `resume` then carries on to `training.steps`.
@@ -540,7 +556,9 @@ def train(
     None (`training.steps: 0`: evaluated, nothing trained, no checkpoint written), "disk": what the
     run folder holds (`atlas.training.checkpoint.disk_report`; absent without a checkpoint)}.
     """
-    recipe = TrainingRecipe(config, resume=resume, progress=progress, stop_at=stop_at, context=context)
+    recipe = TrainingRecipe(
+        config, resume=resume, progress=progress, stop_at=stop_at, context=context, model=model, overwrite=overwrite
+    )
     try:
         recipe.setup()
         return recipe.train()

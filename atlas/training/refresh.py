@@ -79,7 +79,7 @@ def refresh_index(
             chunk_size=index_config.chunk_size,
             train_sample=index_config.train_sample,
             keep_embeddings=index_config.keep_embeddings,
-            rerank=index_config.exact_rerank or 0,
+            exact_rerank=index_config.exact_rerank or 0,
             nprobe=index_config.nprobe,
             ef_search=index_config.ef_search,
             progress=False,

@@ -174,7 +174,7 @@ def test_checkpoints_move_between_one_and_two_ranks(ds, stage, tiny_world, plain
         "task.allow_overlap=true",
         "training.eval_every=2",
         "evaluation.retrieval_k=[1]",
-        "reader.generation_max_length=4",
+        "inference.generation_max_length=4",
     )
     train(config, progress=False, stop_at=1)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

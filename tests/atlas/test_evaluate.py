@@ -74,31 +74,16 @@ def test_passage_texts_cross_ranks_without_the_index_texts():
 # ----------------------------------------------------------------------------- evaluate()
 
 
-class CannedReader:
-    """A stand-in for the FiD reader + tokenizer: "generates" a fixed answer per query."""
-
-    def __init__(self, answers: dict[str, str]):
-        self.answers = answers
-        self.queries: list[str] = []
-
-    def generate(self, input_ids, attention_mask, **kwargs):
-        return list(input_ids)
-
-    def batch_decode(self, generated, skip_special_tokens=False):
-        return [f"<extra_id_0> {self.answers[q]}</s>" for q in generated]
-
-
 class CannedModel:
-    """Closed-book `Atlas` look-alike with canned answers (what `evaluate` calls, nothing more)."""
+    """Closed-book model look-alike with canned answers: what `evaluate` calls of `AtlasModel` (its one answer
+    path, `read`), "generating" a fixed answer per query in the reader's raw form."""
 
     closed_book = True
     index = None
+    n_read = 1
 
     def __init__(self, answers: dict[str, str]):
-        from atlas.config import ReaderConfig
-
-        self.reader = self.reader_tokenizer = CannedReader(answers)
-        self.reader_config = ReaderConfig(n_context=1)
+        self.answers = answers
 
     def eval(self):
         return self
@@ -106,11 +91,10 @@ class CannedModel:
     def passages_for(self, batch, k):
         return None
 
-    def reader_inputs(self, queries, passages):
-        return queries, None
+    def read(self, queries, passages, *, with_attention=False):
+        from atlas.model import Reading
 
-    def generate(self, input_ids, attention_mask, passages, encoder_states=None):
-        return self.reader.generate(input_ids, attention_mask)
+        return Reading([f"<extra_id_0> {self.answers[q]}</s>" for q in queries])
 
 
 def qa_file(tmp_path, records):

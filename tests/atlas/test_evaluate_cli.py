@@ -78,7 +78,7 @@ def real_world(shared_data, tiny_encoder_path, tmp_path_factory):
             "reader.model=t5-tiny",
             "reader.n_context=2",
             "reader.text_maxlength=48",
-            "reader.generation_max_length=5",
+            "inference.generation_max_length=5",
             "task.name=qa",
             f"training.output_dir={root / 'run'}",
             "evaluation.retrieval_k=[1,2,5]",

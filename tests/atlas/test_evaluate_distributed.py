@@ -38,7 +38,7 @@ def test_two_ranks_write_what_one_process_writes(tiny_world, tmp_path):
             "reader.model=t5-tiny",
             "reader.n_context=2",
             "reader.text_maxlength=48",
-            "reader.generation_max_length=5",
+            "inference.generation_max_length=5",
             "task.name=qa",
             f"training.output_dir={tmp_path / 'run'}",
             "evaluation.retrieval_k=[1,3]",

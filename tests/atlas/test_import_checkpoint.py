@@ -236,8 +236,8 @@ def test_round_trip_logits_embeddings_and_config(tmp_path, reader_tokenizer_dir,
     assert retriever.tied == (not untied)
     assert retriever.query_encoder.layer_norm == retriever.passage_encoder.layer_norm == "reference"
     with torch.no_grad():
-        got_q = retriever.query_encoder.embed(TEXTS, 40)
-        got_p = retriever.passage_encoder.embed(TEXTS, 40)
+        got_q = retriever.query_encoder.encode(TEXTS, 40)
+        got_p = retriever.passage_encoder.encode(TEXTS, 40)
     batch = retriever.query_encoder.tokenize(TEXTS, 40)
     for got, bert in ((got_q, query), (got_p, passage if untied else query)):
         want = bert_embeddings(
@@ -499,7 +499,7 @@ def test_contriever_layout_folder_loads_and_pools_the_same(tmp_path, tiny_encode
     encoder = ContrieverEncoder.from_pretrained(folder)
     assert (encoder.pooling, encoder.normalize) == ("mean", False)
     with torch.no_grad():
-        got = encoder.embed(TEXTS, 32)
+        got = encoder.encode(TEXTS, 32)
     torch.testing.assert_close(got, mean_pooled(model, encoder.tokenizer, TEXTS, 32))
 
 

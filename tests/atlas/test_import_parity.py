@@ -157,15 +157,15 @@ def test_every_conversion_is_recorded(imported_atlas):
     assert set(conversions) == {
         "reader lm_head",
         "reader tokenizer segmentation",
-        "reader.generation_max_length",
+        "inference.generation_max_length",
         "retriever layer norm",
     }
     assert (
-        conversions["reader.generation_max_length"]["reference"],
-        conversions["reader.generation_max_length"]["here"],
+        conversions["inference.generation_max_length"]["reference"],
+        conversions["inference.generation_max_length"]["here"],
     ) == (8, 7)
     assert conversions["retriever layer norm"]["eps"] == imported_atlas["eps"]
-    assert checkpoint_config(folder).reader.generation_max_length == 7
+    assert checkpoint_config(folder).inference.generation_max_length == 7
     assert (
         json.loads((folder / "retriever" / "query" / "contriever_config.json").read_text())["layer_norm"] == "reference"
     )
@@ -262,6 +262,19 @@ def test_reader_logits_and_generations_are_the_references(imported_atlas):
     assert max(len(ids) for ids in expected) == 8  # an answer ran to max_length: 7 tokens after the start
     unconverted = model.reader.generate(input_ids, mask, max_length=8)
     assert unconverted.shape[1] == 9  # taking the reference's 8 as new tokens generates one more
+
+    # the answers as text, through the one answer path, are the reference's: its evaluate decodes the ids with
+    # the tokenizer, skipping special tokens (nothing respelled after the passages: the tokenizer is lossless)
+    from tasks.base import get_task
+    from tasks.passage import Passage
+
+    queries = [f"question: {q} answer: <extra_id_0>" for q in QUESTIONS]
+    passages = [[Passage(id=p["title"], **p) for p in ps] for ps in PASSAGES]
+    texts = model.read(queries, passages).texts
+    tokenizer = T5Tokenizer.from_pretrained(str(folder / "reader"))
+    assert not model.restores_surface
+    answers = [get_task("qa").postprocess(None, t) for t in texts]
+    assert answers == [tokenizer.decode(ids, skip_special_tokens=True).strip() for ids in expected]
 
 
 def test_untied_reader_saves_untied_and_loads_without_a_warning(imported_atlas, caplog):

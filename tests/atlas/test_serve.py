@@ -43,15 +43,15 @@ def service(tmp_path_factory):
     compaction turn it on."""
     import torch
 
-    from atlas.cli.run import load_run
+    from atlas.api import Atlas
 
     run = build_demo_run(tmp_path_factory.getbasetemp() / "serve-demo")
     index = tmp_path_factory.mktemp("serve-api") / "index"
     shutil.copytree(run.parent / "index", index)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the suite shares 2 cores; more threads only contend
-    folder, config, model = load_run(str(run), str(index), ["reader.num_beams=1"])
-    service = AtlasService(model, config, checkpoint=folder, auto_compact=False)
+    model = Atlas.from_pretrained(run, index=index, overrides=["inference.num_beams=1"])
+    service = AtlasService(model, auto_compact=False)
     yield service
     service.close()
     torch.set_num_threads(threads)

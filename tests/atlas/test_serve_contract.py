@@ -77,14 +77,14 @@ def _tiny_run(root: Path, tiny_encoder_path: Path) -> tuple[Path, Path]:
 def api_schema(tmp_path_factory, tiny_encoder_path):
     import torch
 
-    from atlas.cli.run import load_run
+    from atlas.api import Atlas
     from atlas.serve import AtlasService, create_app
 
     reader, index = _tiny_run(tmp_path_factory.mktemp("serve-contract"), tiny_encoder_path)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    folder, config, model = load_run(str(reader), str(index), ["reader.num_beams=1"])
-    service = AtlasService(model, config, checkpoint=folder)
+    model = Atlas.from_pretrained(reader, index=index, overrides=["inference.num_beams=1"])
+    service = AtlasService(model)
     app = create_app(service, allow_edits=True)
     yield schemathesis.openapi.from_asgi("/openapi.json", app)
     from schemathesis.python.asgi import shutdown_lifespans

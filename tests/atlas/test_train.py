@@ -11,7 +11,7 @@ import torch
 
 from atlas.build import build_atlas
 from atlas.cli import main
-from atlas.config import load_config
+from atlas.config import load_config, save_config
 from atlas.training.loop import lr_multiplier, train
 from tasks.base import get_task
 
@@ -31,7 +31,7 @@ def tiny_config(world, out, *overrides):
             "reader.text_maxlength=48",
             "reader.dropout=0.0",
             "reader.answer_maxlength=8",
-            "reader.generation_max_length=6",
+            "inference.generation_max_length=6",
             "task.name=qa",
             f"task.train_data=[{world['qa']}]",
             f"task.eval_data=[{world['qa']}]",
@@ -246,8 +246,8 @@ def test_cli_train_evaluate_ask(tiny_world, tmp_path, capsys):
     assert main(["ask", str(out), "who first climbed mount olo", "--show", "2"]) == 0
     printed = capsys.readouterr().out
     assert printed.startswith("Q: who first climbed mount olo\nA: ") and "[2]" in printed
-    with pytest.raises(SystemExit, match="the question is empty"):
-        main(["ask", str(out), "  "])
+    assert main(["ask", str(out), "  "]) == 2  # bad input: one line, exit code 2
+    assert capsys.readouterr().err == "atlas ask: error: the question is empty or not text: '  '\n"
 
 
 def test_cli_train_says_what_the_run_folder_holds_on_disk(tiny_world, tmp_path, capsys):
@@ -465,12 +465,12 @@ def test_no_recall_guard_without_a_retriever_loss(tiny_world, tmp_path):
 
 
 def test_a_retrieval_prior_needs_a_copy_head_and_a_non_negative_weight(tiny_world, tmp_path):
-    with pytest.raises(Exception, match="'reader.retrieval_prior' must be at least 0"):
-        tiny_config(tiny_world, tmp_path / "bad", "reader.retrieval_prior=-1")
+    with pytest.raises(Exception, match="'inference.retrieval_prior' must be at least 0"):
+        tiny_config(tiny_world, tmp_path / "bad", "inference.retrieval_prior=-1")
     with pytest.raises(
-        ValueError, match="reader.retrieval_prior weights a copy head's pointer; this reader has no copy head"
+        ValueError, match="inference.retrieval_prior weights a copy head's pointer; this reader has no copy head"
     ):
-        build_atlas(tiny_config(tiny_world, tmp_path / "run", "reader.retrieval_prior=1.0"))
+        build_atlas(tiny_config(tiny_world, tmp_path / "run", "inference.retrieval_prior=1.0"))
 
 
 def test_a_loss_that_is_not_finite_stops_the_run_before_it_reaches_the_weights(tiny_world, tmp_path):
@@ -497,3 +497,23 @@ def test_a_loss_that_is_not_finite_stops_the_run_before_it_reaches_the_weights(t
     logged = logged_losses(tmp_path / "run")
     assert sorted(logged) == list(range(1, stopped)) and all(math.isfinite(v) for v in logged.values())
     assert (tmp_path / "run" / "checkpoints" / "latest").read_text().strip() == f"step-{stopped - 1:06d}"
+
+
+def test_a_run_folder_is_never_silently_replaced(tiny_world, tmp_path, capsys):
+    """A second run into a folder that holds another run (here: fewer steps) is refused with the differences
+    named, the first run's checkpoints intact; the same config continues the run; --overwrite replaces it."""
+    out = tmp_path / "run"
+    train(tiny_config(tiny_world, out, "training.steps=3", "task.eval_data=[]"), progress=False)
+    latest = out / "checkpoints" / "latest"
+    with pytest.raises(FileExistsError, match=r"holds another training run .*training\.steps: 3 → 1.*--overwrite"):
+        train(tiny_config(tiny_world, out, "training.steps=1", "task.eval_data=[]"), progress=False)
+    assert latest.read_text().strip() == "step-000003" and (out / "checkpoints" / "step-000003" / "reader").is_dir()
+    recipe = f"{tmp_path / 'recipe.yaml'}"
+    save_config(tiny_config(tiny_world, out, "training.steps=1", "task.eval_data=[]"), recipe)
+    assert main(["train", recipe]) == 2
+    assert "holds another training run" in capsys.readouterr().err.splitlines()[-1]
+    again = train(tiny_config(tiny_world, out, "training.steps=3", "task.eval_data=[]"), progress=False)
+    assert again["step"] == 3 and latest.read_text().strip() == "step-000003"  # the same run, continued
+    assert main(["train", recipe, "--overwrite"]) == 0
+    assert latest.read_text().strip() == "step-000001"
+    assert sorted(p.name for p in (out / "checkpoints").glob("step-*")) == ["step-000001"]

@@ -32,7 +32,7 @@ def warm_config(world, out, *overrides):
             "reader.text_maxlength=48",
             "reader.dropout=0.0",
             "reader.answer_maxlength=8",
-            "reader.generation_max_length=6",
+            "inference.generation_max_length=6",
             "task.name=qa",
             f"task.train_data=[{world['qa']}]",
             f"task.eval_data=[{world['qa']}]",
@@ -81,7 +81,7 @@ def test_the_reader_encoder_gets_its_own_learning_rate(tiny_world, tmp_path):
 
     config = warm_config(tiny_world, tmp_path / "run")
     model = build_atlas(config)
-    reader_opt, _, _ = make_optimizers(model, config)
+    reader_opt = make_optimizers(model, config).reader
     encoder = {id(p) for p in model.reader.seq2seq.encoder.parameters()}
     rates = {(g["lr"], all(id(p) in encoder for p in g["params"])) for g in reader_opt.param_groups}
     assert rates == {(3e-3, False), (1e-3, True)}
@@ -145,17 +145,21 @@ def test_answers_weigh_the_retrievers_ranking_with_a_retrieval_prior(tiny_world,
 
     examples = get_task("qa").load(tiny_world["qa"])[:3]
     for weight in (0.0, 2.0):
-        model = build_atlas(warm_config(tiny_world, tmp_path / "run", f"reader.retrieval_prior={weight}")).eval()
+        config = warm_config(
+            tiny_world, tmp_path / "run", f"inference.retrieval_prior={weight}", "inference.prior_temperature=0.1"
+        )
+        model = build_atlas(config).eval()
         seen = []
         hook = model.reader.seq2seq.copy_head.register_forward_hook(
             lambda _m, _args, kwargs, _out, seen=seen: seen.append(kwargs["log_prior"]), with_kwargs=True
         )
-        _, passages = model.predict(examples)
+        passages = model.passages_for(examples, model.n_read)
+        model.read([e.query for e in examples], passages)
         hook.remove()
         if not weight:
             assert seen and all(prior is None for prior in seen)
             continue
-        expected = passage_log_prior(passages, 3, temperature=0.1, weight=weight)  # retriever.temperature_score
+        expected = passage_log_prior(passages, 3, temperature=0.1, weight=weight)  # inference.prior_temperature
         assert expected is not None and expected[0, 0] > expected[0, -1]  # the first retrieved weighs most
         ids, mask = model.reader_inputs([e.query for e in examples], passages)
         _, packed_mask, positions = model.reader.fuse_packed(torch.zeros(*ids.shape, 1), mask)

@@ -272,7 +272,7 @@ def test_deepspeed_zero2_step_on_cuda_matches_the_plain_step(tiny_world, tmp_pat
 
 
 def test_the_server_answers_on_cuda_as_on_the_cpu(tmp_path):
-    from atlas.cli.run import load_run
+    from atlas.api import Atlas
     from atlas.serve.demo import build_demo_run
     from atlas.serve.service import AtlasService, Question
 
@@ -282,9 +282,10 @@ def test_the_server_answers_on_cuda_as_on_the_cpu(tmp_path):
     ][:24]
     answers = {}
     for device in ("cpu", "cuda"):
-        folder, config, model = load_run(str(run), str(run.parent / "index"), ["reader.num_beams=1"])
-        model.to(device)
-        service = AtlasService(model, config, checkpoint=folder, auto_compact=False)
+        model = Atlas.from_pretrained(
+            run, index=run.parent / "index", device=device, overrides=["inference.num_beams=1"]
+        )
+        service = AtlasService(model, auto_compact=False)
         try:
             answers[device] = service.answer(questions)
             assert service.describe()["device"].startswith(device)

@@ -173,14 +173,14 @@ def test_the_recipes_inference_precision_reaches_predict(tiny_world):
                     "reader.model=t5-tiny",
                     "retriever.loss=none",
                     "reader.n_context=2",
-                    "reader.generation_max_length=3",
-                    f"reader.inference_precision={precision}",
+                    "inference.generation_max_length=3",
+                    f"inference.precision={precision}",
                 ],
             )
         ).eval()
         seen, handles = _dtypes_seen(model.reader)
         try:
-            answers, _ = model.predict(examples)
+            answers = model.read([e.query for e in examples], model.passages_for(examples, model.n_read)).texts
         finally:
             for handle in handles:
                 handle.remove()

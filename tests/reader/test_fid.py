@@ -167,7 +167,6 @@ def test_grouped_encoding_equals_each_passage_encoded_alone(reader, monkeypatch,
     torch.testing.assert_close(grouped, weight.grad, atol=1e-4, rtol=1e-4)
 
 
-def test_the_wrapped_model_is_seq2seq_and_t5_still_names_it():
+def test_the_wrapped_model_is_seq2seq():
     reader = build_reader("t5-tiny", vocab_size=100, seed=0)
-    assert reader.t5 is reader.seq2seq  # the former name, for users' scripts
     assert all(name.startswith("seq2seq.") for name in reader.state_dict())

@@ -35,15 +35,15 @@ def test_matches_sentence_transformers_encode(minilm):
     reference = SentenceTransformer(default_encoder_path("minilm"), device="cpu").encode(
         TEXTS, batch_size=2, convert_to_numpy=True
     )
-    ours = minilm.encode_texts(TEXTS, batch_size=2)
+    ours = minilm.embed_texts(TEXTS, batch_size=2)
     assert ours.dtype == np.float32 and ours.shape == (5, 384)
     np.testing.assert_allclose(ours, reference, atol=1e-5)
 
 
 def test_mean_pooling_ignores_padding(minilm):
     # the same text alone (no padding) and beside a long text (heavy padding) → same vector
-    alone = minilm.encode_texts([TEXTS[3]], batch_size=1)
-    padded = minilm.encode_texts([TEXTS[2], TEXTS[3]], batch_size=2)[1]
+    alone = minilm.embed_texts([TEXTS[3]], batch_size=1)
+    padded = minilm.embed_texts([TEXTS[2], TEXTS[3]], batch_size=2)[1]
     np.testing.assert_allclose(alone[0], padded, atol=1e-5)
 
 
@@ -60,9 +60,9 @@ def test_mean_pooling_formula_in_float64(minilm):
 
 
 def test_sorted_and_unsorted_batches_give_input_order(minilm):
-    sorted_ = minilm.encode_texts(TEXTS, batch_size=2, sort_by_length=True)
-    naive = minilm.encode_texts(TEXTS, batch_size=2, sort_by_length=False)
-    one_by_one = np.stack([minilm.encode_texts([t])[0] for t in TEXTS])
+    sorted_ = minilm.embed_texts(TEXTS, batch_size=2, sort_by_length=True)
+    naive = minilm.embed_texts(TEXTS, batch_size=2, sort_by_length=False)
+    one_by_one = np.stack([minilm.embed_texts([t])[0] for t in TEXTS])
     np.testing.assert_allclose(sorted_, one_by_one, atol=1e-5)
     np.testing.assert_allclose(naive, one_by_one, atol=1e-5)
 

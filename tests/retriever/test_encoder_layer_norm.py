@@ -85,8 +85,8 @@ def test_the_setting_is_saved_and_fingerprinted(tiny_encoder_path, tmp_path):
     assert loaded.layer_norm == "reference"
     texts = ["the capital of zorbland", "a river"]
     with torch.no_grad():
-        assert torch.equal(loaded.embed(texts), reference.embed(texts))
-        assert not torch.allclose(loaded.embed(texts), standard.embed(texts))
+        assert torch.equal(loaded.encode(texts), reference.encode(texts))
+        assert not torch.allclose(loaded.encode(texts), standard.encode(texts))
 
     # an untied pair copied from one reference encoder keeps the norm on both sides
     Retriever(query_encoder=reference).save_pretrained(tmp_path / "retriever")

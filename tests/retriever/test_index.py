@@ -452,3 +452,47 @@ def test_only_a_record_much_longer_than_the_corpus_chunks_is_warned_about(tmp_pa
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "1 passage(s) have over 1.5 times the words" in warnings[0]
     assert "'long'" in warnings[0] and "151 words" in warnings[0]
+
+
+def test_a_build_killed_inside_a_chunk_resumes_from_its_last_block_byte_identical(
+    tmp_path, retriever, corpus, monkeypatch
+):
+    """Progress is recorded every BLOCK_ROWS passages, not only per chunk: a build killed in the middle of a
+    long chunk keeps the blocks it finished, and the resumed build writes the uninterrupted one's bytes."""
+    from retriever import index_build
+
+    monkeypatch.setattr(index_build, "BLOCK_ROWS", 4)
+    options = {"spec": "Flat", "chunk_size": 16, "progress": False}
+    reference = build_index(corpus, retriever, tmp_path / "ref", **options)
+    calls = []
+    embed = retriever.embed_passages
+
+    def dying(passages, **kwargs):
+        calls.append([p["id"] for p in passages])
+        if len(calls) == 7:  # the 3rd block of the 2nd chunk of 16
+            raise Killed
+        return embed(passages, **kwargs)
+
+    retriever.embed_passages = dying
+    target = tmp_path / "resumed"
+    try:
+        with pytest.raises(Killed):
+            build_index(corpus, retriever, target, **options)
+    finally:
+        del retriever.embed_passages
+    progress = json.loads((work_dir_for(target) / "progress.json").read_text())
+    assert (progress["completed_chunks"], progress["rows_in_chunk"]) == (1, 8)
+    resumed = []
+
+    def counting(passages, **kwargs):
+        resumed.append(len(passages))
+        return embed(passages, **kwargs)
+
+    retriever.embed_passages = counting
+    try:
+        build_index(corpus, retriever, target, **options)
+    finally:
+        del retriever.embed_passages
+    assert sum(resumed) == 40 - 16 - 8  # only what was not recorded
+    for name in ("vectors.g1.npy",):
+        assert (target / name).read_bytes() == (reference / name).read_bytes()

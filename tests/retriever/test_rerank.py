@@ -30,7 +30,7 @@ def rerank_indexes(tmp_path_factory, make_synthetic_corpus, clustered_source):
     """One re-ranking index (k' = 300) per compressed spec over 2,000 clustered 32-d vectors."""
     import faiss
 
-    root = tmp_path_factory.mktemp("rerank")
+    root = tmp_path_factory.mktemp("exact_rerank")
     corpus = make_synthetic_corpus(root, N)
     # FAISS's OpenMP k-means stalls 10-50x on an oversubscribed machine (bench/index_compressed.py);
     # one thread trains these tiny codebooks in well under a second (OPQ: ~3 s)
@@ -43,7 +43,7 @@ def rerank_indexes(tmp_path_factory, make_synthetic_corpus, clustered_source):
                 clustered_source(),
                 root / spec.replace(",", "_"),
                 spec=spec,
-                rerank=300,
+                exact_rerank=300,
                 nprobe=8,
                 train_sample=1024,
                 progress=False,
@@ -69,7 +69,7 @@ def brute_force(index: PassageIndex, queries: np.ndarray, k: int) -> tuple[np.nd
 @pytest.mark.parametrize("spec", SPECS)
 def test_rerank_equals_brute_force_when_candidates_cover_the_neighbours(rerank_indexes, queries, spec):
     index = PassageIndex.load(rerank_indexes[spec])
-    assert index.manifest["rerank"] == 300 and index.rerank == 300 and index.manifest["keep_embeddings"]
+    assert index.manifest["exact_rerank"] == 300 and index.exact_rerank == 300 and index.manifest["keep_embeddings"]
     expected_scores, expected_rows = brute_force(index, queries, 10)
     candidates = index.faiss_index.search(queries, 300)[1]
     covered = [set(e) <= set(c) for e, c in zip(expected_rows, candidates)]
@@ -77,8 +77,8 @@ def test_rerank_equals_brute_force_when_candidates_cover_the_neighbours(rerank_i
     scores, rows = index.search_vectors(queries, 10)
     np.testing.assert_array_equal(rows[covered], expected_rows[covered])
     np.testing.assert_allclose(scores[covered], expected_scores[covered], rtol=1e-5)
-    plain = PassageIndex.load(rerank_indexes[spec], rerank=0)  # the codes alone rank worse
-    assert plain.rerank == 0
+    plain = PassageIndex.load(rerank_indexes[spec], exact_rerank=0)  # the codes alone rank worse
+    assert plain.exact_rerank == 0
     plain_rows = plain.search_vectors(queries, 10)[1]
     assert np.mean(plain_rows == expected_rows) < np.mean(rows == expected_rows)
 
@@ -132,16 +132,23 @@ def test_vectors_stay_memory_mapped(rerank_indexes, queries):
     assert str(mapped) in Path("/proc/self/maps").read_text()
 
 
-def test_manifest_round_trip_and_override(rerank_indexes, queries):
+def test_manifest_round_trip_and_override(rerank_indexes, queries, tmp_path):
     folder = rerank_indexes["IVF8,PQ4"]
     manifest = json.loads((folder / "manifest.json").read_text())
-    assert manifest["rerank"] == 300 and "vectors" in manifest["files"]
-    assert PassageIndex.load(folder).info()["rerank"] == 300
-    narrow = PassageIndex.load(folder, rerank=20)
-    assert narrow.rerank == 20
+    assert manifest["exact_rerank"] == 300 and "vectors" in manifest["files"]
+    assert PassageIndex.load(folder).info()["exact_rerank"] == 300
+    narrow = PassageIndex.load(folder, exact_rerank=20)
+    assert narrow.exact_rerank == 20
     assert narrow.search_vectors(queries, 10)[1].shape == (len(queries), 10)
-    with pytest.raises(ValueError, match="rerank must be an integer"):
-        PassageIndex.load(folder, rerank=-1)
+    with pytest.raises(ValueError, match="exact_rerank must be an integer"):
+        PassageIndex.load(folder, exact_rerank=-1)
+    # a manifest written when the field was named "rerank" loads with its k'
+    old = tmp_path / "old"
+    shutil.copytree(folder, old)
+    (old / "manifest.json").write_text(
+        json.dumps({**{k: v for k, v in manifest.items() if k != "exact_rerank"}, "rerank": 300})
+    )
+    assert PassageIndex.load(old).exact_rerank == 300
 
 
 @pytest.mark.parametrize("spec", ["PQ4", "PQ8x4fs", "IVF8,PQ8x4fs"])
@@ -149,7 +156,7 @@ def test_removed_rows_are_never_returned(rerank_indexes, queries, tmp_path, spec
     folder = tmp_path / "ix"
     shutil.copytree(rerank_indexes[spec], folder)
     remove_passages(folder, [f"s{i}" for i in range(0, N, 3)])
-    index = PassageIndex.load(folder, rerank=N)  # every live row re-scored: exactly brute force
+    index = PassageIndex.load(folder, exact_rerank=N)  # every live row re-scored: exactly brute force
     scores, rows = index.search_vectors(queries, 20)
     assert not index.removed[rows].any()
     expected_scores, expected_rows = brute_force(index, queries, 20)
@@ -160,8 +167,8 @@ def test_removed_rows_are_never_returned(rerank_indexes, queries, tmp_path, spec
 @pytest.mark.parametrize("spec", ["PQ4", "IVF8,PQ4", "OPQ4,PQ4", "IVF8,PQ8x4fs"])
 def test_sharded_ranks_rerank_their_own_rows(rerank_indexes, queries, spec):
     folder = rerank_indexes[spec]
-    expected_scores, expected_rows = PassageIndex.load(folder, rerank=N).search_vectors(queries, 10)
-    shards = [ShardedPassageIndex.from_index(PassageIndex.load(folder, rerank=N), r, 2) for r in range(2)]
+    expected_scores, expected_rows = PassageIndex.load(folder, exact_rerank=N).search_vectors(queries, 10)
+    shards = [ShardedPassageIndex.from_index(PassageIndex.load(folder, exact_rerank=N), r, 2) for r in range(2)]
     if shards[0].mode == "replicate":  # OPQ + flat codes, fast scan: each rank searches (and re-ranks) all
         scores, rows = shards[0].search_vectors(queries, 10)
     else:
@@ -178,17 +185,17 @@ def test_sharded_ranks_rerank_their_own_rows(rerank_indexes, queries, spec):
 def test_rerank_without_vectors_is_a_clear_error(tmp_path, make_synthetic_corpus, clustered_source):
     corpus = make_synthetic_corpus(tmp_path, 600)
     folder = build_index(corpus, clustered_source(), tmp_path / "pq", spec="PQ4", progress=False)
-    assert PassageIndex.load(folder).rerank == 0  # an index built before re-ranking: works as it was
+    assert PassageIndex.load(folder).exact_rerank == 0  # an index built before re-ranking: works as it was
     with pytest.raises(
         InvalidIndexError, match=r"pq: re-ranking 50 candidates needs the float16 vectors file.*files\.vectors"
     ):
-        PassageIndex.load(folder, rerank=50)
+        PassageIndex.load(folder, exact_rerank=50)
     manifest = json.loads((folder / "manifest.json").read_text())
-    (folder / "manifest.json").write_text(json.dumps({**manifest, "rerank": "many"}))
-    with pytest.raises(ValueError, match=r"manifest.json: field rerank must be an integer"):
+    (folder / "manifest.json").write_text(json.dumps({**manifest, "exact_rerank": "many"}))
+    with pytest.raises(ValueError, match=r"manifest.json: field exact_rerank must be an integer"):
         PassageIndex.load(folder)
-    flat = build_index(corpus, clustered_source(), tmp_path / "flat", rerank=10, progress=False)
-    assert PassageIndex.load(flat).rerank == 0  # Flat is exact already
+    flat = build_index(corpus, clustered_source(), tmp_path / "flat", exact_rerank=10, progress=False)
+    assert PassageIndex.load(flat).exact_rerank == 0  # Flat is exact already
 
 
 def run_cli(capsys, *argv) -> tuple[int, str, str]:
@@ -241,7 +248,10 @@ def test_cli_build_and_search_with_rerank(tmp_path, capsys):
     common = ["--corpus", tmp_path / "corpus", "--encoder", encoder]
     assert run_cli(capsys, "index", "build", *common, "--out", tmp_path / "flat")[0] == 0
     assert (
-        run_cli(capsys, "index", "build", *common, "--out", tmp_path / "pq", "--spec", "PQ4", "--rerank", "300")[0] == 0
+        run_cli(capsys, "index", "build", *common, "--out", tmp_path / "pq", "--spec", "PQ4", "--exact-rerank", "300")[
+            0
+        ]
+        == 0
     )
     assert run_cli(capsys, "index", "build", *common, "--out", tmp_path / "bare", "--spec", "PQ4")[0] == 0
     assert (
@@ -251,7 +261,7 @@ def test_cli_build_and_search_with_rerank(tmp_path, capsys):
         == 0
     )  # 4-bit fast scan: 2 B a passage
     code, out, _ = run_cli(capsys, "index", "info", tmp_path / "pq")
-    assert code == 0 and json.loads(out)["rerank"] == 300 and "vectors" in json.loads(out)["files"]
+    assert code == 0 and json.loads(out)["exact_rerank"] == 300 and "vectors" in json.loads(out)["files"]
 
     def ids(folder, *extra):
         code, out, err = run_cli(capsys, "index", "search", folder, "river king music", "-k", "5", "--json", *extra)
@@ -262,4 +272,4 @@ def test_cli_build_and_search_with_rerank(tmp_path, capsys):
     assert ids(tmp_path / "fast") == ids(tmp_path / "flat")
     assert ids(tmp_path / "bare", "--rerank", "0") == ids(tmp_path / "pq", "--rerank", "0")  # the codes alone
     code, _, err = run_cli(capsys, "index", "search", tmp_path / "bare", "river", "--rerank", "50")
-    assert code == 2 and "needs the float16 vectors file" in err and "--rerank" in err
+    assert code == 2 and "needs the float16 vectors file" in err and "--exact-rerank" in err

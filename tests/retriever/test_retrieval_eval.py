@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from retriever.index import Hit
 from retriever.retrieval_eval import RetrievalExample, read_retrieval_examples, score_retrieval
 from tasks.io import InputError
+from tasks.passage import Passage
 
 
-def hit(passage_id: str, text: str, doc_id: str = "") -> Hit:
-    return Hit(id=passage_id, score=0.0, title="", text=text, row=0, doc_id=doc_id)
+def hit(passage_id: str, text: str, doc_id: str = "") -> Passage:
+    return Passage(id=passage_id, score=0.0, title="", text=text, row=0, doc_id=doc_id)
 
 
 def test_metrics_by_hand():

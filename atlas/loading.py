@@ -1,0 +1,261 @@
+"""One way to load a model to answer with: a name → a typed `ModelSpec` (where the weights come from, the
+index it reads, its config with the `inference` settings) → an `AtlasModel`.
+
+Every front end loads through here: the Python API (`atlas.Atlas.from_pretrained`), `atlas ask|evaluate|serve`,
+the quickstart and the benches. Loading is a read path: it never builds an index, never reads training data
+and never writes; a run folder that was moved still finds its index (paths recorded in its config are tried
+as written, then at the same place relative to the run folder), or one line says what is missing.
+
+A name is, in this order: a run folder or checkpoint folder (a saved model: `config.yaml` with `reader/`), a
+reader folder (`config.json`; its `atlas.yaml`, where it has one, gives the settings it reads and answers
+with), a shipped reader's name (`atlas-reader`), a reader preset (random weights), or a Hugging Face Hub id
+(`org/name`, resolved through `huggingface_hub`: its cache first, nothing downloaded when `HF_HUB_OFFLINE=1`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import yaml
+
+from atlas.config import (
+    AtlasConfig,
+    ConfigError,
+    LossConfig,
+    TaskConfig,
+    _build,
+    apply_overrides,
+    validate_components,
+)
+from atlas.index import DEFAULT_ENCODER
+from tasks.modeling import is_hub_id
+
+logger = logging.getLogger(__name__)
+
+SHIPPED_READER = Path(__file__).resolve().parent / "demo" / "atlas-reader"
+SHIPPED_READERS = {"atlas-reader": SHIPPED_READER}
+READER_SETTINGS_FILE = "atlas.yaml"  # in a reader folder: the `reader` and `inference` settings it runs with
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model's weights come from: a checkpoint folder (reader/, retriever/, config.yaml), or a reader
+    (a folder, or a preset name) run with the retriever of the index it reads."""
+
+    kind: Literal["checkpoint", "reader", "preset"]
+    path: str  # the folder (absolute), or the preset's name
+    name: str  # as the user gave it
+
+    @property
+    def folder(self) -> Path | None:
+        return None if self.kind == "preset" else Path(self.path)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A runnable model: its weights (`source`), the index folder it reads (None: closed book, or none given
+    yet), and the resolved config it is built from (`config.inference`: how it answers)."""
+
+    source: ModelSource
+    config: AtlasConfig
+    index: Path | None
+
+
+def resolve_source(name: str | os.PathLike) -> ModelSource:
+    """`name` → where its weights are (module docstring's order); FileNotFoundError naming what was looked for."""
+    # heavy: torch and transformers, loaded when a model is (this module is imported by the command line)
+    from atlas.training.checkpoint import resolve_checkpoint
+    from reader.fid import READER_PRESETS, WARM_START_PRESETS
+
+    text = str(name)
+    path = Path(text)
+    try:
+        return ModelSource("checkpoint", str(resolve_checkpoint(path).resolve()), text)
+    except FileNotFoundError:
+        pass
+    if (path / "config.json").is_file():
+        return ModelSource("reader", str(path.resolve()), text)
+    if not path.exists() and text in SHIPPED_READERS:
+        return ModelSource("reader", str(SHIPPED_READERS[text]), text)
+    if not path.exists() and (text in READER_PRESETS or text in WARM_START_PRESETS):
+        logger.warning("reader preset %s is randomly initialised: expect scores near 0", text)
+        return ModelSource("preset", text, text)
+    if not path.exists() and is_hub_id(text):
+        return dataclasses.replace(resolve_source(hub_snapshot(text)), name=text)
+    hint = ""
+    if (path / "config.yaml").is_file():
+        hint = (
+            "; it has a config.yaml but no checkpoint (a run of training.steps 0 writes none): run the reader "
+            "its reader.model names, with an index"
+        )
+    raise FileNotFoundError(
+        f"{text}: neither a run, a checkpoint nor a reader: looked for checkpoints/latest (a run folder), "
+        f"latest or config.yaml with reader/ (a checkpoint folder), config.json (a reader folder), a shipped "
+        f"reader ({', '.join(SHIPPED_READERS)}), the reader presets "
+        f"({', '.join(sorted(READER_PRESETS | WARM_START_PRESETS))}) and a Hub id (org/name)" + hint
+    )
+
+
+def hub_snapshot(repo_id: str) -> Path:
+    """The local folder of the Hub model repository `repo_id`: from the cache (`HF_HUB_CACHE`, else the
+    default), downloaded only when the hub is online; with `HF_HUB_OFFLINE=1` a repository not in the cache
+    is one error line."""
+    from huggingface_hub import snapshot_download  # heavy, and only for a Hub id
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    try:
+        folder = snapshot_download(repo_id, cache_dir=os.environ.get("HF_HUB_CACHE") or None, local_files_only=offline)
+    except LocalEntryNotFoundError:
+        raise FileNotFoundError(
+            f"{repo_id}: not a local folder, and not in the Hugging Face cache (HF_HUB_OFFLINE is set, so "
+            "nothing is downloaded)"
+        ) from None
+    return Path(folder)
+
+
+def reader_settings(folder: Path | None) -> dict:
+    """The `reader` and `inference` sections a reader folder carries (`atlas.yaml`), as a config tree; {}
+    where it has none."""
+    if folder is None or not (folder / READER_SETTINGS_FILE).is_file():
+        return {}
+    path = folder / READER_SETTINGS_FILE
+    tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    unknown = sorted(set(tree) - {"reader", "inference"})
+    if not isinstance(tree, dict) or unknown:
+        raise ConfigError(f"{path}: holds only 'reader' and 'inference' sections (found {', '.join(unknown)})")
+    return tree
+
+
+def index_encoder(index: str | os.PathLike) -> dict:
+    """The encoder record of an index's manifest: {"source", "passage_format", "passage_maxlength", …} ({}
+    where it records none)."""
+    from retriever.index_files import read_manifest  # heavy: faiss (the index's files)
+
+    return read_manifest(index).get("encoder") or {}
+
+
+def _reader_config(source: ModelSource, index: Path | None, task: str | None) -> AtlasConfig:
+    """The config that runs a reader without training: the defaults, the reader folder's own settings, the
+    index's encoder as retriever (MiniLM where the index records none), no retriever loss, no data."""
+    tree = reader_settings(source.folder)
+    config = _build(AtlasConfig, tree, "", str((source.folder or Path(source.path)) / READER_SETTINGS_FILE))
+    encoder = index_encoder(index) if index is not None else {}
+    if index is not None and not encoder.get("source"):
+        logger.warning(
+            "%s does not record the encoder it was built with; searching it with %s "
+            "(give retriever.model=ENCODER if it was another)",
+            index,
+            DEFAULT_ENCODER,
+        )
+    retriever = dataclasses.replace(
+        config.retriever,
+        model=encoder.get("source") or DEFAULT_ENCODER,
+        loss=LossConfig(name="none"),
+        **{key: encoder[key] for key in ("passage_format", "passage_maxlength") if encoder.get(key) is not None},
+    )
+    config = dataclasses.replace(
+        config,
+        reader=dataclasses.replace(config.reader, model=source.path),
+        retriever=retriever,
+        index=dataclasses.replace(config.index, path=None if index is None else str(index), corpus=None),
+        task=TaskConfig(name=task or "qa"),
+        training=dataclasses.replace(config.training, steps=0),
+    )
+    validate_components(config)
+    return config
+
+
+def run_folder(checkpoint: Path) -> Path:
+    """The run folder a checkpoint folder belongs to (RUN/checkpoints/step-N → RUN); a saved model's own folder."""
+    return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint
+
+
+def run_index(checkpoint: Path, config: AtlasConfig) -> Path | None:
+    """The index a saved run reads: `index.path` as recorded, else at the same place relative to the run
+    folder (a run folder moved with its index), else the run's own index (`index.corpus` runs:
+    RUN/index); None for a closed-book run or one with no index. FileNotFoundError (one line) where it
+    recorded one and none is found."""
+    if config.task.closed_book:
+        return None
+    here = run_folder(checkpoint)
+    recorded_run = Path(config.training.output_dir)
+    candidates: list[Path] = []
+    if config.index.path:
+        recorded = Path(config.index.path)
+        candidates.append(recorded)
+        relative = os.path.relpath(os.path.abspath(recorded), os.path.abspath(recorded_run))
+        candidates.append(here / relative)
+    elif config.index.corpus:
+        candidates.append(here / "index")
+    else:
+        return None
+    for candidate in candidates:
+        if (candidate / "manifest.json").is_file():
+            return candidate.resolve()
+    looked = ", ".join(dict.fromkeys(str(c) for c in candidates))
+    raise FileNotFoundError(
+        f"{checkpoint}: the index it was run with is missing (looked at {looked}); give one with "
+        "--index IDX (Python: index=)"
+    )
+
+
+def model_spec(
+    name: str | os.PathLike | ModelSource,
+    *,
+    index: str | os.PathLike | None = None,
+    task: str | None = None,
+    overrides: list[str] = (),
+) -> ModelSpec:
+    """What `name` runs: its weights, its index (`index` given: that folder, searched with the passage format
+    and length its manifest records; else the run's own), and its config with `task` and dotted `overrides`
+    applied. A reader needs an `index` unless it is to answer closed-book."""
+    source = name if isinstance(name, ModelSource) else resolve_source(name)
+    index_path = Path(index).resolve() if index is not None else None
+    if index_path is not None and not (index_path / "manifest.json").is_file():
+        raise FileNotFoundError(f"{index}: not an index folder (no manifest.json); build one with `atlas index build`")
+    if source.kind == "checkpoint":
+        from atlas.training.checkpoint import checkpoint_config  # heavy: torch (as resolve_source)
+
+        checkpoint = Path(source.path)
+        config = checkpoint_config(checkpoint)
+        if index_path is None:
+            index_path = run_index(checkpoint, config)
+        else:
+            encoder = index_encoder(index_path)
+            config = dataclasses.replace(
+                config,
+                retriever=dataclasses.replace(
+                    config.retriever,
+                    **{k: encoder[k] for k in ("passage_format", "passage_maxlength") if encoder.get(k) is not None},
+                ),
+            )
+        config = dataclasses.replace(
+            config, index=dataclasses.replace(config.index, path=None if index_path is None else str(index_path))
+        )
+        if task:
+            config = dataclasses.replace(config, task=TaskConfig(name=task))
+    else:
+        config = _reader_config(source, index_path, task)
+    config = apply_overrides(config, list(overrides), source=str(source.name))
+    return ModelSpec(source, config, index_path)
+
+
+def load_model(spec: ModelSpec, *, index=None, context=None):
+    """The `AtlasModel` of `spec`, in eval mode; `index`: an opened `PassageIndex` to read (else the spec's
+    index folder is opened, this rank's shard of it under `context` with `index.sharded`; nothing is ever
+    built)."""
+    from atlas.build import build_atlas, open_index  # heavy: torch, transformers, faiss
+
+    checkpoint = Path(spec.source.path) if spec.source.kind == "checkpoint" else None
+    model = build_atlas(spec.config, checkpoint=checkpoint, with_index=False)
+    if index is None and spec.index is not None and model.retriever is not None:
+        rank, world_size = (context.rank, context.world_size) if context is not None else (0, 1)
+        index = open_index(spec.index, model.retriever, spec.config.index, rank=rank, world_size=world_size)
+    model.index = index
+    return model.eval()

@@ -1,0 +1,684 @@
+"""Indexes at millions of passages on one machine: corpus, builds, load, search, edits, compaction and two ranks,
+at N = 1M, 3M, 10M (30M where the disk allows), every cost measured, for the growth curve to Wikipedia.
+
+Run it in the background; it is resumable (each finished step is saved atomically in WORK/state.json; the same
+command with --resume continues after the last one):
+
+    nohup python bench/scale.py --work /data/atlas-scale --sizes 1M,3M,10M > scale.log 2>&1 &
+    python bench/scale.py --work /data/atlas-scale --resume          # after a stop, a kill or a new session
+    python bench/scale.py --work /data/atlas-scale --report          # the table from what is measured so far
+
+Data, realistic rather than noise (i.i.d. Gaussian vectors flatter exact search and say nothing of recall):
+- the base: every real passage we have (nq824, WikiText-2, the SQuAD train and dev paragraphs, 100-word
+  passages: bench/index_data.py's large set) embedded once with all-MiniLM-L6-v2, and real questions (NQ-open
+  dev, SQuAD dev) embedded the same way;
+- N passages grown from it: row i is a real passage drawn at random (its text, with a fresh id) and its vector
+  that passage's vector plus Gaussian noise whose norm is the base's median nearest-neighbour distance,
+  renormalised (so a grown vector is as far from its source as real neighbours are from each other). Shard s
+  of 1M rows is drawn from seed (seed, s) alone: any machine regenerates any shard.
+The compressed index's recall is also measured on the real vectors alone (the row "real").
+
+Each step of each size runs in its own process (`python -m atlas …`, or this file's --probe), so that its wall
+time and peak resident memory are its own (wait4's ru_maxrss; for probes, VmRSS/VmHWM read inside).
+The JSON (--out, default bench/results/cpu/scale.json) is rewritten after every step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+SIZES = {"real": 0, "100K": 100_000, "1M": 1_000_000, "3M": 3_000_000, "10M": 10_000_000, "30M": 30_000_000}
+SHARD_ROWS = 1_000_000
+COMPRESSED = "IVF4096,PQ48x4fs"  # 24 B of codes + 8 B of id per passage at d = 384 (below)
+EXACT_RERANK = 500
+NPROBE = 64
+K = 100
+N_EDITS = 1000
+# bytes per passage on disk while a size is measured: JSONL (deleted after prepare) + corpus + vector shards +
+# Flat's float16 + the compressed index's kept float16 + its codes
+DISK_PER_PASSAGE = 800 + 700 + 768 + 768 + 768 + 40
+
+
+# ----------------------------------------------------------------------------- measuring
+
+
+def run_measured(cmd: list[str], *, cwd: Path | None = None, env: dict | None = None) -> dict:
+    """Run `cmd`; → {"wall_s", "peak_rss_bytes" (the child's own, from wait4), "stdout"}; RuntimeError naming the
+    command and its last stderr lines when it fails."""
+    import tempfile
+
+    started = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        process = subprocess.Popen(
+            [str(c) for c in cmd], cwd=cwd, env={**os.environ, **(env or {})}, stdout=out, stderr=err, text=True
+        )
+        _, status, usage = os.wait4(process.pid, 0)
+        wall = time.perf_counter() - started
+        process.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if process.returncode:
+        raise RuntimeError(f"{' '.join(map(str, cmd))} failed ({process.returncode}):\n{stderr[-2000:]}")
+    return {"wall_s": round(wall, 2), "peak_rss_bytes": usage.ru_maxrss * 1024, "stdout": stdout}
+
+
+def run_probe(*args: str) -> dict:
+    """This file's --probe in a child process: its JSON result, with the child's wall time."""
+    result = run_measured([sys.executable, __file__, "--probe", *map(str, args)])
+    return {**json.loads(result["stdout"].strip().splitlines()[-1]), "process_wall_s": result["wall_s"]}
+
+
+def atlas_cli(*args) -> list[str]:
+    return [sys.executable, "-m", "atlas", *map(str, args)]
+
+
+def folder_bytes(path: Path) -> int:
+    path = Path(path)
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+def status_bytes(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(field)
+
+
+# ----------------------------------------------------------------------------- state
+
+
+class State:
+    """WORK/state.json: the settings and every finished step's result, rewritten atomically after each."""
+
+    def __init__(self, work: Path, settings: dict, resume: bool):
+        self.path = work / "state.json"
+        if self.path.is_file():
+            self.data = json.loads(self.path.read_text())
+            if not resume:
+                raise SystemExit(f"{work} holds a run already: --resume continues it (or give another --work)")
+            if self.data["settings"] != settings:
+                raise SystemExit(
+                    f"{self.path}: started with other settings ({self.data['settings']}); use another --work"
+                )
+        else:
+            self.data = {"settings": settings, "base": {}, "sizes": {}}
+
+    def done(self, size: str, step: str) -> dict | None:
+        return self.data["sizes"].get(size, {}).get(step)
+
+    def record(self, size: str, step: str, result: dict) -> None:
+        self.data["sizes"].setdefault(size, {})[step] = result
+        self.save()
+
+    def save(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1))
+        os.replace(tmp, self.path)
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def base_data(work: Path, state: State, base_index: Path | None = None) -> dict:
+    """The real base: vectors (N0, d) float16 of the large real set, its passages' texts and titles, the real
+    questions' vectors, and the generator's noise norm."""
+    from index_data import LARGE_QUESTIONS, LARGE_RUN, ensure_large_index
+
+    from retriever.corpus import Corpus
+    from retriever.encoder import Retriever, default_encoder_path
+    from retriever.retrieval_eval import read_retrieval_examples
+
+    base = work / "base"
+    base.mkdir(parents=True, exist_ok=True)
+    folder = base_index or ensure_large_index(LARGE_RUN / "index")
+    if folder is None:
+        raise SystemExit("the shared data (../shared/data) is not here: nothing to grow the corpus from")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    vectors = np.load(folder / manifest["files"]["vectors"]["name"], mmap_mode="r")
+    if not (base / "queries.npy").is_file():
+        questions = [e.question for e in read_retrieval_examples(LARGE_QUESTIONS[0])][:1000]
+        for article in json.loads(LARGE_QUESTIONS[1].read_text())["data"]:
+            questions += [qa["question"] for p in article["paragraphs"] for qa in p["qas"]]
+        questions = questions[:2000]
+        retriever = Retriever.from_pretrained(default_encoder_path("minilm"))
+        np.save(base / "queries.npy", retriever.embed_queries(questions).astype(np.float32))
+        (base / "questions.json").write_text(json.dumps(questions))
+    if not state.data["base"]:
+        import faiss
+
+        sample = np.random.default_rng(0).choice(len(vectors), size=2000, replace=False)
+        full = np.asarray(vectors, dtype=np.float32)
+        index = faiss.IndexFlatIP(full.shape[1])
+        index.add(full)
+        scores, _ = index.search(full[sample], 2)  # the first hit is the vector itself
+        # unit vectors: |a - b|^2 = 2 - 2 a·b
+        distances = np.sqrt(np.maximum(0.0, 2.0 - 2.0 * scores[:, 1]))
+        state.data["base"] = {
+            "passages": len(vectors),
+            "dim": int(vectors.shape[1]),
+            "questions": 2000,
+            "median_nn_distance": round(float(np.median(distances)), 4),
+            "encoder": manifest["encoder"],
+            "encoder_fingerprint": manifest["encoder_fingerprint"],
+            "generator": "a real passage drawn at random (its text, a fresh id) and its vector plus Gaussian noise of "
+            "norm = the base's median nearest-neighbour distance, renormalised",
+        }
+        state.save()
+    corpus = Corpus.load(manifest["segments"][0]["corpus"])
+    return {
+        "vectors": vectors,
+        "corpus": corpus,
+        "queries": np.load(base / "queries.npy"),
+        "questions": json.loads((base / "questions.json").read_text()),
+        "noise": state.data["base"]["median_nn_distance"],
+        "index": folder,
+    }
+
+
+def shard_rows(n: int) -> list[tuple[int, int]]:
+    return [(s, min(s + SHARD_ROWS, n)) for s in range(0, n, SHARD_ROWS)]
+
+
+def grown_shard(base: dict, shard: int, start: int, stop: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the base rows drawn for rows [start, stop), their grown vectors (rows, d) float16)."""
+    rng = np.random.default_rng([seed, shard])
+    drawn = rng.integers(0, len(base["vectors"]), size=stop - start)
+    vectors = np.asarray(base["vectors"][np.sort(drawn)], dtype=np.float32)[np.argsort(np.argsort(drawn))]
+    noise = rng.standard_normal(vectors.shape, dtype=np.float32) * (base["noise"] / np.sqrt(vectors.shape[1]))
+    vectors += noise
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    return drawn, vectors.astype(np.float16)
+
+
+def write_size_data(base: dict, folder: Path, n: int, seed: int) -> None:
+    """docs.jsonl (N passages {id, title, text}) and vectors/part-*.npy + encoder.json, shard by shard."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "vectors").mkdir(exist_ok=True)
+    titles = base["corpus"].table.column("title")
+    texts = base["corpus"].table.column("text")
+    with (folder / "docs.jsonl.tmp").open("w", encoding="utf-8") as out:
+        for shard, (start, stop) in enumerate(shard_rows(n)):
+            drawn, vectors = grown_shard(base, shard, start, stop, seed)
+            np.save(folder / "vectors" / f"part-{shard:04d}.npy", vectors)
+            t, x = titles.take(drawn).to_pylist(), texts.take(drawn).to_pylist()
+            out.writelines(
+                json.dumps({"id": f"x{start + i:09d}", "title": t[i], "text": x[i]}, ensure_ascii=False) + "\n"
+                for i in range(len(drawn))
+            )
+    encoder = {"fingerprint": STATE_BASE["encoder_fingerprint"], "dim": STATE_BASE["dim"], **STATE_BASE["encoder"]}
+    (folder / "vectors" / "encoder.json").write_text(json.dumps(encoder))
+    os.replace(folder / "docs.jsonl.tmp", folder / "docs.jsonl")
+
+
+STATE_BASE: dict = {}
+
+
+# ----------------------------------------------------------------------------- probes (child processes)
+
+
+def probe_load(index: str) -> dict:
+    import faiss  # noqa: F401  (imported before the baseline: the library is not the index)
+
+    from retriever.index import PassageIndex
+
+    baseline = status_bytes("VmRSS")
+    started = time.perf_counter()
+    loaded = PassageIndex.load(index)
+    load_s = time.perf_counter() - started
+    after = status_bytes("VmRSS")
+    codes = loaded.faiss_index.sa_code_size() * len(loaded) if loaded.faiss_index is not None else 0
+    return {
+        "load_s": round(load_s, 3),
+        "rss_after_load_bytes": after,
+        "rss_beyond_interpreter_bytes": after - baseline,
+        "codes_bytes": int(codes),
+        "passages": len(loaded),
+    }
+
+
+def probe_search(index: str, queries: str, ids_out: str, nprobe: str, rerank: str) -> dict:
+    from retriever.index import PassageIndex
+
+    vectors = np.load(queries)
+    loaded = PassageIndex.load(index, nprobe=int(nprobe) or None, exact_rerank=None if rerank == "-" else int(rerank))
+    baseline = status_bytes("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")
+    single = vectors[:20]
+    started = time.perf_counter()
+    for row in single:
+        loaded.search_vectors(row[None, :], K)
+    batch1 = len(single) / (time.perf_counter() - started)
+    started = time.perf_counter()
+    ids = []
+    for start in range(0, len(vectors), 64):
+        ids.append(loaded.search_vectors(vectors[start : start + 64], K)[1])
+    batch64 = len(vectors) / (time.perf_counter() - started)
+    np.save(ids_out, np.concatenate(ids))
+    return {
+        "qps_batch1": round(batch1, 2),
+        "qps_batch64": round(batch64, 2),
+        "queries": len(vectors),
+        "rss_after_load_bytes": baseline,
+        "peak_rss_during_search_bytes": status_bytes("VmHWM"),
+    }
+
+
+def probe_faiss(shards: str, queries: str, ids_out: str) -> dict:
+    """FAISS IndexFlatIP (float32) over the same vectors, shard by shard (1M rows each), results merged: the
+    baseline exact search a user with 24 GiB would run (the whole of it at 10M would be 15 GiB). Only the
+    searches are timed."""
+    import faiss
+
+    vectors = np.load(queries)
+    scores_all, ids_all, searching, offset = [], [], 0.0, 0
+    for path in sorted(Path(shards).glob("*.npy")):
+        shard = np.load(path).astype(np.float32)
+        index = faiss.IndexFlatIP(shard.shape[1])
+        index.add(shard)
+        started = time.perf_counter()
+        for start in range(0, len(vectors), 64):
+            s, i = index.search(vectors[start : start + 64], K)
+            scores_all.append((start, s))
+            ids_all.append((start, i + offset))
+        searching += time.perf_counter() - started
+        offset += len(shard)
+        del index, shard
+    # merge the shards' top-K per query
+    per_query_scores = np.full((len(vectors), 0), 0.0, dtype=np.float32)
+    per_query_ids = np.zeros((len(vectors), 0), dtype=np.int64)
+    by_start: dict[int, list] = {}
+    for (start, s), (_, i) in zip(scores_all, ids_all):
+        by_start.setdefault(start, []).append((s, i))
+    merged_ids = []
+    for start in sorted(by_start):
+        s = np.concatenate([p[0] for p in by_start[start]], axis=1)
+        i = np.concatenate([p[1] for p in by_start[start]], axis=1)
+        order = np.argsort(-s, axis=1, kind="stable")[:, :K]
+        merged_ids.append(np.take_along_axis(i, order, axis=1))
+    del per_query_scores, per_query_ids
+    np.save(ids_out, np.concatenate(merged_ids))
+    return {"qps_batch64": round(len(vectors) / searching, 2), "search_s": round(searching, 2)}
+
+
+def probe_sharded(index: str, queries: str, ids_out: str) -> dict:
+    """Under torchrun (gloo): each rank holds its shard of the index; rank 0 writes the merged results."""
+    from atlas.distributed import init_distributed, shutdown
+    from retriever.index import PassageIndex
+    from retriever.sharded import ShardedPassageIndex
+
+    context = init_distributed()
+    vectors = np.load(queries)[:256]
+    loaded = PassageIndex.load(index)
+    shard = ShardedPassageIndex.from_index(loaded, context.rank, context.world_size)
+    del loaded
+    rows = [shard.search_vectors(vectors[s : s + 64], K)[1] for s in range(0, len(vectors), 64)]
+    mine = {"rank": context.rank, "rss_bytes": status_bytes("VmRSS"), "peak_rss_bytes": status_bytes("VmHWM")}
+    import torch.distributed as dist
+
+    everyone = [None] * context.world_size
+    dist.all_gather_object(everyone, mine)
+    shutdown(context)
+    if context.rank == 0:
+        np.save(ids_out, np.concatenate(rows))
+        print(json.dumps({"ranks": everyone}))
+    return {}
+
+
+def probe(argv: list[str]) -> None:
+    name, *args = argv
+    result = {"load": probe_load, "search": probe_search, "faiss": probe_faiss, "sharded": probe_sharded}[name](*args)
+    if result:
+        print(json.dumps(result))
+
+
+# ----------------------------------------------------------------------------- one size
+
+
+def measure_size(size: str, n: int, base: dict, work: Path, state: State, args) -> None:
+    # long: every measured step of one size in order, each skipped when the state says it is done
+    folder = work / size
+    corpus, flat, pq = folder / "corpus", folder / "index-flat", folder / "index-pq"
+    queries = work / "base" / "queries.npy"
+
+    def step(name: str, fn) -> dict:
+        done = state.done(size, name)
+        if done is not None:
+            return done
+        print(f"[{size}] {name} …", flush=True)
+        result = fn()
+        state.record(size, name, result)
+        write_json(state, args.out)
+        print(f"[{size}] {name}: {json.dumps(result)[:300]}", flush=True)
+        return result
+
+    if size == "real":
+        vectors_dir = folder / "vectors"
+
+        def real_data() -> dict:
+            vectors_dir.mkdir(parents=True, exist_ok=True)
+            np.save(vectors_dir / "part-0000.npy", np.asarray(base["vectors"]))
+            encoder = {
+                "fingerprint": STATE_BASE["encoder_fingerprint"],
+                "dim": STATE_BASE["dim"],
+                **STATE_BASE["encoder"],
+            }
+            (vectors_dir / "encoder.json").write_text(json.dumps(encoder))
+            return {"passages": len(base["vectors"])}
+
+        step("data", real_data)
+        corpus = base["corpus"].path
+    else:
+
+        def data() -> dict:
+            started = time.perf_counter()
+            write_size_data(base, folder, n, args.seed)
+            return {
+                "wall_s": round(time.perf_counter() - started, 1),
+                "jsonl_bytes": folder_bytes(folder / "docs.jsonl"),
+            }
+
+        step("data", data)
+
+        def prepare() -> dict:
+            shutil.rmtree(corpus, ignore_errors=True)
+            result = run_measured(
+                atlas_cli("corpus", "prepare", folder / "docs.jsonl", "--out", corpus, "--chunk-words", "0")
+            )
+            (folder / "docs.jsonl").unlink()
+            return {
+                "wall_s": result["wall_s"],
+                "peak_rss_bytes": result["peak_rss_bytes"],
+                "disk_bytes": folder_bytes(corpus),
+            }
+
+        step("corpus_prepare", prepare)
+
+    def build(index: Path, *extra) -> dict:
+        shutil.rmtree(index, ignore_errors=True)
+        result = run_measured(
+            atlas_cli("index", "build", "--corpus", corpus, "--vectors", folder / "vectors", "--out", index, *extra)
+        )
+        return {
+            "wall_s": result["wall_s"],
+            "peak_rss_bytes": result["peak_rss_bytes"],
+            "disk_bytes": folder_bytes(index),
+        }
+
+    if size != "real":
+        step("build_flat", lambda: build(flat))
+    step(
+        "build_compressed", lambda: build(pq, "--spec", COMPRESSED, "--exact-rerank", EXACT_RERANK, "--nprobe", NPROBE)
+    )
+    for kind, index in (("flat", flat), ("compressed", pq)):
+        if size == "real" and kind == "flat":
+            continue
+        step(f"load_{kind}", lambda index=index: run_probe("load", index))
+        step(
+            f"verify_{kind}",
+            lambda index=index: {"wall_s": run_measured(atlas_cli("index", "info", index, "--verify"))["wall_s"]},
+        )
+    exact_ids = folder / "ids-exact.npy"
+    if size == "real":
+
+        def real_exact() -> dict:
+            import faiss
+
+            full = np.asarray(base["vectors"], dtype=np.float32)
+            index = faiss.IndexFlatIP(full.shape[1])
+            index.add(full)
+            np.save(exact_ids, index.search(np.load(queries), K)[1])
+            return {}
+
+        step("search_exact", real_exact)
+    else:
+        step("search_flat", lambda: run_probe("search", flat, queries, exact_ids, 0, "-"))
+    for rerank in (0, EXACT_RERANK):
+        ids = folder / f"ids-compressed-{rerank}.npy"
+
+        def search_compressed(ids=ids, rerank=rerank) -> dict:
+            result = run_probe("search", pq, queries, ids, NPROBE, rerank)
+            found, exact = np.load(ids), np.load(exact_ids)
+            result["recall_at_100_of_exact"] = round(
+                float(np.mean([len(set(a) & set(e)) / K for a, e in zip(found, exact)])), 4
+            )
+            return result
+
+        step(f"search_compressed_rerank{rerank}", search_compressed)
+    if size == "real":
+        return
+
+    def faiss_baseline() -> dict:
+        result = run_probe("faiss", folder / "vectors", queries, folder / "ids-faiss.npy")
+        ours, theirs = np.load(exact_ids), np.load(folder / "ids-faiss.npy")
+        result["same_top100_as_flat"] = round(
+            float(np.mean([len(set(a) & set(b)) / K for a, b in zip(ours, theirs)])), 4
+        )
+        return result
+
+    step("faiss_flat_ip", faiss_baseline)
+    if size == args.frontends_at:
+        step("frontends", lambda: frontends(flat, base, folder))
+    step("edits", lambda: edits(pq, base, folder, args.seed))
+    step("two_ranks", lambda: two_ranks(flat, queries, folder))
+
+
+def frontends(index: Path, base: dict, folder: Path) -> dict:
+    """The same questions through `atlas index search` and the HTTP server's /api/search: the same hits."""
+    import socket
+    import urllib.request
+
+    questions = base["questions"][:20]
+    cli = run_measured(atlas_cli("index", "search", index, *questions, "-k", "10", "--json"))
+    by_cli = [[h["id"] for h in json.loads(line)["hits"]] for line in cli["stdout"].splitlines()]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(
+        atlas_cli("serve", "atlas-reader", "--index", index, "--port", port),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        for _ in range(600):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=2)
+                break
+            except OSError:
+                time.sleep(1)
+        by_server = []
+        for q in questions:
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}/api/search",
+                data=json.dumps({"query": q, "k": 10}).encode(),
+                headers={"Content-Type": "application/json"},
+            )
+            by_server.append([h["id"] for h in json.loads(urllib.request.urlopen(request, timeout=120).read())["hits"]])
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    return {"questions": len(questions), "cli_equals_server": by_cli == by_server, "cli_s": cli["wall_s"]}
+
+
+def edits(index: Path, base: dict, folder: Path, seed: int) -> dict:
+    """Add, update and remove 1,000 passages in the compressed index, then compact it: each one command."""
+    rng = np.random.default_rng([seed, 99])
+    texts = base["corpus"].table.column("text")
+    drawn = rng.integers(0, len(texts), size=2 * N_EDITS)
+    added = [{"id": f"new{i:06d}", "title": "", "text": texts[int(d)].as_py()} for i, d in enumerate(drawn[:N_EDITS])]
+    count = json.loads((index / "manifest.json").read_text())["count"]
+    targets = rng.choice(count, size=2 * N_EDITS, replace=False)
+    updated = [
+        {"id": f"x{int(t):09d}", "text": texts[int(d)].as_py()} for t, d in zip(targets[:N_EDITS], drawn[N_EDITS:])
+    ]
+    removed = [f"x{int(t):09d}" for t in targets[N_EDITS:]]
+    for name, records in (("add.jsonl", added), ("update.jsonl", updated)):
+        (folder / name).write_text("".join(json.dumps(r) + "\n" for r in records))
+    (folder / "remove.txt").write_text("\n".join(removed) + "\n")
+    result = {}
+    for name, argv in (
+        ("add", ["index", "add", "--index", index, "--corpus", folder / "add.jsonl", "--no-compact"]),
+        ("update", ["index", "update", "--index", index, "--corpus", folder / "update.jsonl", "--no-compact"]),
+        ("remove", ["index", "remove", "--index", index, "--ids", f"@{folder / 'remove.txt'}", "--no-compact"]),
+        ("compact", ["index", "compact", "--index", index]),
+    ):
+        measured = run_measured(atlas_cli(*argv))
+        result[name] = {"wall_s": measured["wall_s"], "peak_rss_bytes": measured["peak_rss_bytes"]}
+    # what of an edit is the encoder's: embedding 1,000 passages with MiniLM alone
+    from retriever.encoder import Retriever, default_encoder_path
+
+    retriever = Retriever.from_pretrained(default_encoder_path("minilm"))
+    started = time.perf_counter()
+    retriever.embed_passages(added)
+    result["embedding_1000_s"] = round(time.perf_counter() - started, 2)
+    return result
+
+
+def two_ranks(index: Path, queries: Path, folder: Path) -> dict:
+    """torchrun, 2 ranks on gloo, each holding half of the Flat index: each rank's memory, and the merged results
+    equal to one process's."""
+    single = folder / "ids-single-256.npy"
+    exact = np.load(folder / "ids-exact.npy")[:256]
+    np.save(single, exact)
+    measured = run_measured(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            __file__,
+            "--probe",
+            "sharded",
+            str(index),
+            str(queries),
+            str(folder / "ids-two-ranks.npy"),
+        ],
+        env={"OMP_NUM_THREADS": "1"},
+    )
+    ranks = json.loads(measured["stdout"].strip().splitlines()[-1])["ranks"]
+    return {
+        "ranks": ranks,
+        "identical_to_one_process": bool(np.array_equal(np.load(folder / "ids-two-ranks.npy"), exact)),
+        "wall_s": measured["wall_s"],
+    }
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def write_json(state: State, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    data = {
+        "command": "python bench/scale.py " + " ".join(sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{os.cpu_count()} CPU cores, {memory / 2**30:.0f} GiB ({platform.machine()})",
+        **state.data,
+    }
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, out)
+
+
+def report(state: State) -> None:
+    gib = 2**30
+    rows = []
+    for size, steps in state.data["sizes"].items():
+
+        def get(step, key, scale=1.0, steps=steps):
+            value = steps.get(step, {}).get(key)
+            return "–" if value is None else f"{value / scale:.3g}"
+
+        rows.append(
+            f"| {size} | {get('corpus_prepare', 'wall_s')} | {get('build_flat', 'wall_s')} | "
+            f"{get('build_compressed', 'wall_s')} | {get('load_compressed', 'load_s')} | "
+            f"{get('load_compressed', 'rss_beyond_interpreter_bytes', gib)} | {get('search_flat', 'qps_batch64')} | "
+            f"{get('search_compressed_rerank' + str(EXACT_RERANK), 'qps_batch64')} | "
+            f"{get('search_compressed_rerank' + str(EXACT_RERANK), 'recall_at_100_of_exact')} | "
+            f"{get('faiss_flat_ip', 'qps_batch64')} |"
+        )
+    print(
+        "| N | prepare s | build Flat s | build compressed s | load s | load RSS GiB | Flat q/s (64) | "
+        "compressed q/s (64) | recall@100 | FAISS Flat q/s |\n|---|---|---|---|---|---|---|---|---|---|"
+    )
+    print("\n".join(rows))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--probe":
+        probe(argv[1:])
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work", required=True, type=Path, help="where the data, indexes and state go")
+    parser.add_argument("--sizes", default="real,1M,3M,10M", help="comma-separated: real, 100K, 1M, 3M, 10M, 30M")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--resume", action="store_true", help="continue the run in --work")
+    parser.add_argument("--report", action="store_true", help="print the table of what is measured, run nothing")
+    parser.add_argument("--frontends-at", default="1M", help="the size whose CLI and server results are compared")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "cpu" / "scale.json")
+    parser.add_argument(
+        "--base-index",
+        type=Path,
+        help="a MiniLM Flat index of real passages to grow from (default: bench/index_data.py's large real set)",
+    )
+    args = parser.parse_args(argv)
+    sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    unknown = [s for s in sizes if s not in SIZES]
+    if unknown:
+        parser.error(f"--sizes: unknown {', '.join(unknown)} (choose from {', '.join(SIZES)})")
+    args.work.mkdir(parents=True, exist_ok=True)
+    settings = {
+        "seed": args.seed,
+        "compressed": COMPRESSED,
+        "exact_rerank": EXACT_RERANK,
+        "nprobe": NPROBE,
+        "k": K,
+        "base": str(args.base_index or "the large real set"),
+    }
+    state = State(args.work, settings, resume=args.resume or args.report)
+    if args.report:
+        report(state)
+        return 0
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    base = base_data(args.work, state, args.base_index)
+    STATE_BASE.update(state.data["base"])
+    for size in sizes:
+        n = SIZES[size] or len(base["vectors"])
+        free = shutil.disk_usage(args.work).free
+        need = (
+            n * DISK_PER_PASSAGE - folder_bytes(args.work / size)
+            if (args.work / size).exists()
+            else n * DISK_PER_PASSAGE
+        )
+        if need > free:
+            message = f"needs about {need / 2**30:.0f} GiB of disk, {free / 2**30:.0f} GiB free: not measured"
+            print(f"[{size}] {message}", flush=True)
+            state.record(size, "skipped", {"reason": message})
+            continue
+        measure_size(size, n, base, args.work, state, args)
+        write_json(state, args.out)
+    report(state)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
