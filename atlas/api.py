@@ -58,7 +58,9 @@ class Atlas:
         source: where its weights came from (for `save_pretrained`'s model card).
     """
 
-    def __init__(self, model, config: AtlasConfig, *, index: Index | None = None, source: ModelSource | None = None):
+    def __init__(
+        self, model: AtlasModel, config: AtlasConfig, *, index: Index | None = None, source: ModelSource | None = None
+    ):
         self.model = model
         self.config = config
         self.index = index

@@ -120,7 +120,7 @@ def test_build_swap_add_remove_search(tmp_path, capsys):
     code, _, err = run(capsys, "index", "remove", "--index", tmp_path / "ib", "--ids", "zzz")
     assert code == 2 and "1 id(s) are not in the index" in err and "'zzz'" in err
 
-    code, out, _ = run(capsys, "index", "info", tmp_path / "ib", "--verify")
+    code, out, _ = run(capsys, "index", "info", tmp_path / "ib", "--verify", "--json")
     info = json.loads(out)
     assert code == 0 and info["count"] == 5 and info["total"] == 7 and info["spec"] == "IVF2,Flat"
     assert info["verified"] and len(info["segments"]) == 2
@@ -202,7 +202,7 @@ def test_info_verify_catches_what_a_load_does_not_hash(tmp_path, capsys):
     data = bytearray(vectors.read_bytes())
     data[-1] ^= 0x01  # one bit of one float16: same size, still a valid array
     vectors.write_bytes(bytes(data))
-    code, out, _ = run(capsys, "index", "info", tmp_path / "i")
+    code, out, _ = run(capsys, "index", "info", tmp_path / "i", "--json")
     assert code == 0 and json.loads(out)["verified"] is False
     code, _, err = run(capsys, "index", "info", tmp_path / "i", "--verify")
     assert code == 2 and "vectors.g1.npy: corrupted (SHA-256 differs from the manifest)" in err
@@ -334,7 +334,7 @@ def test_update_keeps_the_id_and_changes_what_get_and_search_return(index, tmp_p
     hits = {h["id"]: h["text"] for h in json.loads(out)["hits"]}
     assert sorted(hits) == [f"a{i}-0" for i in range(6)]  # one live version of each id
     assert hits["a1-0"] == "volcanoes erupt on the island"
-    code, out, _ = atlas(capsys, "index", "info", "--index", index, "--verify")
+    code, out, _ = atlas(capsys, "index", "info", "--index", index, "--verify", "--json")
     info = json.loads(out)
     assert (info["count"], info["total"], info["generation"], len(info["segments"])) == (6, 7, 2, 2)
 
@@ -476,7 +476,7 @@ def test_info_shows_live_and_dead_rows_and_compact_keeps_every_search_result(ind
     edit.write_text(json.dumps({"id": "a1-0", "text": "volcanoes erupt on the island"}) + "\n")
     assert atlas(capsys, "index", "update", "--index", index, "--corpus", edit)[0] == 0
     assert atlas(capsys, "index", "remove", "--index", index, "--ids", "a2-0")[0] == 0
-    info = json.loads(atlas(capsys, "index", "info", "--index", index)[1])
+    info = json.loads(atlas(capsys, "index", "info", "--index", index, "--json")[1])
     assert (info["live_rows"], info["dead_rows"], info["segment_count"], info["generation"]) == (7, 2, 3, 4)
     assert info["compaction_due"] is None  # 2 dead rows: under 100, they wait
     queries = ["volcanoes", "rivers number 3", "oceans"]
@@ -498,7 +498,7 @@ def test_info_shows_live_and_dead_rows_and_compact_keeps_every_search_result(ind
         r"dropped\), generation 5, \d+\.\d\d s\n",
         out,
     ), out
-    info = json.loads(atlas(capsys, "index", "info", "--index", index, "--verify")[1])
+    info = json.loads(atlas(capsys, "index", "info", "--index", index, "--verify", "--json")[1])
     assert (info["live_rows"], info["dead_rows"], info["segment_count"], info["verified"]) == (7, 0, 1, True)
     assert search() == searched
     assert get_json(capsys, index, "a1-0")[0]["text"] == "volcanoes erupt on the island"
@@ -524,7 +524,7 @@ def test_edits_compact_the_index_by_themselves_when_it_is_due(index, tmp_path, c
     code, out, _ = atlas(capsys, "index", "add", "--index", index, "--corpus", last, "--no-compact")
     assert code == 0 and "compacted" not in out  # told not to
     assert (
-        json.loads(atlas(capsys, "index", "info", "--index", index)[1])["compaction_due"]
+        json.loads(atlas(capsys, "index", "info", "--index", index, "--json")[1])["compaction_due"]
         == f"{MAX_SEGMENTS + 1} corpus segments (more than {MAX_SEGMENTS})"
     )
     code, out, _ = atlas(capsys, "index", "remove", "--index", index, "--ids", "last")
@@ -532,7 +532,7 @@ def test_edits_compact_the_index_by_themselves_when_it_is_due(index, tmp_path, c
         f"compacted the added segments: {MAX_SEGMENTS + 1} → 2 segments, "
     )
     assert out.endswith(f"({MAX_SEGMENTS + 1} corpus segments (more than {MAX_SEGMENTS}))\n")
-    info = json.loads(atlas(capsys, "index", "info", "--index", index, "--verify")[1])
+    info = json.loads(atlas(capsys, "index", "info", "--index", index, "--verify", "--json")[1])
     assert (info["live_rows"], info["dead_rows"], info["segment_count"]) == (6 + MAX_SEGMENTS - 1, 0, 2)
 
 

@@ -320,9 +320,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_encoder_arguments(search, default=None)
     search.set_defaults(func=_search)
 
-    info = command("info", "print an index's manifest and size")
+    info = command("info", "summarise an index (its whole manifest with --json) and check its files")
     _add_index_argument(info, positional_alias=True)
     info.add_argument("positional_index", nargs="?", metavar="INDEX", help="the index folder (older form of --index)")
+    info.add_argument("--json", action="store_true", help="print the whole manifest and sizes as JSON")
     info.add_argument(
         "--verify", action="store_true", help="also check every file's SHA-256, its corpora' passages files included"
     )
@@ -593,13 +594,26 @@ def _info(args: argparse.Namespace) -> int:
         check_file(Path(folder), record, verify_hash=args.verify)
     for segment in manifest["segments"]:  # the corpora its passages are read from, likewise
         open_corpus(Path(folder), segment, verify=args.verify)
-    print(
-        json.dumps(
-            {**index_summary(manifest), "compaction_due": compaction_due(manifest), "verified": bool(args.verify)},
-            indent=2,
-        )
-    )
+    summary = {**index_summary(manifest), "compaction_due": compaction_due(manifest), "verified": bool(args.verify)}
+    print(json.dumps(summary, indent=2) if args.json else _summary_lines(folder, summary))
     return 0
+
+
+def _summary_lines(folder: str, s: dict) -> str:
+    """`atlas index info`'s few lines: what the index is, what it holds, and what was checked."""
+    encoder = s.get("encoder") or {}
+    rerank = s.get("exact_rerank", s.get("rerank", 0))
+    size = f"{s['bytes_on_disk'] / 1e6:,.1f} MB of index files ({s['bytes_per_passage']:,.0f} B a passage)"
+    holds = f"{s['live_rows']:,} passages ({s['dead_rows']:,} removed rows), d = {s['dim']}"
+    written = f"written {encoder.get('passage_format')!r}, cut at {encoder.get('passage_maxlength')} tokens"
+    checked = " and SHA-256, the corpora's passages included" if s["verified"] else " (--verify: their contents too)"
+    lines = [
+        f"{folder}: {s['spec']} index of {holds}, {s['segment_count']} corpus segment(s), {size}",
+        f"encoder: {encoder.get('source') or 'not recorded'} ({s['encoder_fingerprint'][:12]}), passages {written}",
+        f"generation {s['generation']}; exact re-rank: {rerank or 'off'}; compaction: {s['compaction_due'] or 'no'}",
+        "checked: every file's size" + checked,
+    ]
+    return "\n".join(lines)
 
 
 @_reports_errors

@@ -260,7 +260,7 @@ def test_cli_build_and_search_with_rerank(tmp_path, capsys):
         ]
         == 0
     )  # 4-bit fast scan: 2 B a passage
-    code, out, _ = run_cli(capsys, "index", "info", tmp_path / "pq")
+    code, out, _ = run_cli(capsys, "index", "info", tmp_path / "pq", "--json")
     assert code == 0 and json.loads(out)["exact_rerank"] == 300 and "vectors" in json.loads(out)["files"]
 
     def ids(folder, *extra):
