@@ -20,6 +20,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from atlas.config import AtlasConfig, apply_overrides, save_config
 from atlas.index import Index, compute_device
@@ -29,6 +30,9 @@ from tasks.base import Example, get_task
 from tasks.io import atomic_directory, atomic_write_text
 from tasks.limits import MAX_ASK_K, check_k, check_question
 from tasks.passage import Passage
+
+if TYPE_CHECKING:  # the module itself (torch) loads with the first model
+    from atlas.model import AtlasModel
 
 logger = logging.getLogger(__name__)
 
