@@ -181,6 +181,7 @@ class PassageIndex:
                 retriever.passage_fingerprint(),
                 str(folder),
                 allow_mismatch=allow_encoder_mismatch,
+                settings={"passage_format": retriever.passage_format, "passage_maxlength": retriever.passage_maxlength},
             )
         files = manifest["files"]
         for record in files.values():

@@ -80,14 +80,32 @@ def check_file(folder: Path, record: dict, *, verify_hash: bool) -> Path:
     return path
 
 
-def check_encoder(manifest: dict, fingerprint: str, where: str, *, allow_mismatch: bool = False) -> None:
-    """Refuse an encoder whose passage fingerprint differs from the one the index was built with."""
-    if fingerprint != manifest["encoder_fingerprint"] and not allow_mismatch:
-        raise EncoderMismatchError(
-            f"{where}: the index was built with passage encoder {manifest['encoder_fingerprint'][:12]}… but "
-            f"the encoder given has fingerprint {fingerprint[:12]}…; its vectors would not be comparable. "
-            "Rebuild the index with this encoder (or pass --allow-encoder-mismatch if you know better)"
+def check_encoder(
+    manifest: dict, fingerprint: str, where: str, *, allow_mismatch: bool = False, settings: dict | None = None
+) -> None:
+    """Refuse an encoder whose passage fingerprint differs from the one the index was built with. `settings`
+    (the encoder's `passage_format` and `passage_maxlength`) lets the message say when those are what differ."""
+    if fingerprint == manifest["encoder_fingerprint"] or allow_mismatch:
+        return
+    recorded = manifest.get("encoder") or {}
+    differing = [
+        f"{key} {recorded[key]!r} at build, {settings[key]!r} here"
+        for key in ("passage_maxlength", "passage_format")
+        if settings and recorded.get(key) is not None and settings.get(key) != recorded[key]
+    ]
+    if differing:
+        advice = (
+            f"the passages are not embedded as the index's were ({'; '.join(differing)}): set retriever."
+            f"{differing[0].split()[0]} to the index's (a recipe), or build the index as this run embeds "
+            "(`atlas index build --passage-maxlength N --passage-format F`)"
         )
+    else:
+        advice = "its vectors would not be comparable: rebuild the index with this encoder"
+    raise EncoderMismatchError(
+        f"{where}: the index was built with passage encoder {manifest['encoder_fingerprint'][:12]}… but the encoder "
+        f"given has fingerprint {fingerprint[:12]}…; {advice} (index.allow_encoder_mismatch / "
+        "--allow-encoder-mismatch searches anyway, if you know better)"
+    )
 
 
 def open_corpus(

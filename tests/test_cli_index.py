@@ -716,3 +716,26 @@ def test_a_damaged_corpus_is_named_by_info_search_and_ask_never_a_traceback(tmp_
     assert main(["ask", "atlas-reader", "--index", str(tmp_path / "i"), "where are the rivers?"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "passages.arrow: 2000 bytes" in err
+
+
+def test_an_index_built_as_a_recipe_embeds_is_taken_and_another_is_named(tmp_path, capsys):
+    """A recipe embeds passages cut at its retriever.passage_maxlength: `index build --passage-maxlength` builds
+    the index it expects; one cut at another length is refused naming the setting that differs."""
+    from atlas.build import open_index
+    from atlas.config import load_config
+    from retriever.encoder import build_retriever
+    from retriever.index_files import EncoderMismatchError
+
+    encoder = save_tiny_retriever(tmp_path / "enc", 0)  # stores passage_maxlength 64
+    docs = write_docs(tmp_path / "d.jsonl", {"p": "paris is the capital of france"})
+    run(capsys, "corpus", "prepare", docs, "--out", tmp_path / "c")
+    common = ["index", "build", "--corpus", tmp_path / "c", "--encoder", encoder]
+    assert run(capsys, *common, "--out", tmp_path / "i32", "--passage-maxlength", "32")[0] == 0
+    assert run(capsys, *common, "--out", tmp_path / "i64")[0] == 0
+    config = load_config(None, [f"retriever.model={encoder}", "retriever.passage_maxlength=32"])
+    retriever = build_retriever(config.retriever)
+    assert open_index(tmp_path / "i32", retriever, config.index) is not None
+    with pytest.raises(
+        EncoderMismatchError, match=r"passage_maxlength 64 at build, 32 here.*retriever\.passage_maxlength"
+    ):
+        open_index(tmp_path / "i64", retriever, config.index)
