@@ -462,18 +462,23 @@ def measure_size(size: str, n: int, base: dict, work: Path, state: State, args) 
         step("search_exact", real_exact)
     else:
         step("search_flat", lambda: run_probe("search", flat, queries, exact_ids, 0, "-"))
-    for rerank in (0, EXACT_RERANK):
-        ids = folder / f"ids-compressed-{rerank}.npy"
+    # the codes alone, re-ranked, and re-ranked with 4x the lists probed (where recall is lost: the lists)
+    for nprobe, rerank, name in (
+        (NPROBE, 0, "search_compressed_rerank0"),
+        (NPROBE, EXACT_RERANK, f"search_compressed_rerank{EXACT_RERANK}"),
+        (4 * NPROBE, EXACT_RERANK, f"search_compressed_nprobe{4 * NPROBE}_rerank{EXACT_RERANK}"),
+    ):
+        ids = folder / f"ids-{name}.npy"
 
-        def search_compressed(ids=ids, rerank=rerank) -> dict:
-            result = run_probe("search", pq, queries, ids, NPROBE, rerank)
+        def search_compressed(ids=ids, rerank=rerank, nprobe=nprobe) -> dict:
+            result = run_probe("search", pq, queries, ids, nprobe, rerank)
             found, exact = np.load(ids), np.load(exact_ids)
             result["recall_at_100_of_exact"] = round(
                 float(np.mean([len(set(a) & set(e)) / K for a, e in zip(found, exact)])), 4
             )
             return result
 
-        step(f"search_compressed_rerank{rerank}", search_compressed)
+        step(name, search_compressed)
     if size == "real":
         return
 
@@ -599,6 +604,56 @@ def two_ranks(index: Path, queries: Path, folder: Path) -> dict:
 # ----------------------------------------------------------------------------- report
 
 
+# The costs the growth curve follows: (name, step, key, unit)
+COSTS = [
+    ("corpus prepare time", "corpus_prepare", "wall_s", "s"),
+    ("corpus on disk", "corpus_prepare", "disk_bytes", "B"),
+    ("Flat build time", "build_flat", "wall_s", "s"),
+    ("Flat build peak RSS", "build_flat", "peak_rss_bytes", "B"),
+    ("compressed build time", "build_compressed", "wall_s", "s"),
+    ("compressed build peak RSS", "build_compressed", "peak_rss_bytes", "B"),
+    ("compressed index on disk", "build_compressed", "disk_bytes", "B"),
+    ("compressed load time", "load_compressed", "load_s", "s"),
+    ("compressed resident after load", "load_compressed", "rss_beyond_interpreter_bytes", "B"),
+    ("Flat verify time", "verify_flat", "wall_s", "s"),
+    ("Flat search, batch 64", "search_flat", "qps_batch64", "q/s"),
+    ("compressed search + re-rank, batch 64", f"search_compressed_rerank{EXACT_RERANK}", "qps_batch64", "q/s"),
+    ("add 1,000 passages", "edits", "add.wall_s", "s"),
+    ("compaction after the edits", "edits", "compact.wall_s", "s"),
+]
+
+
+def _value(steps: dict, step: str, key: str):
+    value = steps.get(step, {})
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def growth(state: State) -> list[dict]:
+    """Each cost against N on the grown sizes: the points, the power law a·N^b fitted to them (least squares in
+    log-log), and its projections to 30M (Atlas's Wikipedia) and 100M passages."""
+    rows = []
+    for name, step, key, unit in COSTS:
+        points = [
+            (SIZES[size], _value(steps, step, key))
+            for size, steps in state.data["sizes"].items()
+            if SIZES.get(size) and _value(steps, step, key)
+        ]
+        row = {"cost": name, "unit": unit, "points": [[n, v] for n, v in points]}
+        if len(points) >= 2:
+            x, y = np.log([p[0] for p in points]), np.log([p[1] for p in points])
+            b, log_a = np.polyfit(x, y, 1)
+            row.update(
+                exponent=round(float(b), 3),
+                coefficient=float(np.exp(log_a)),
+                at_30M=float(np.exp(log_a) * 30e6**b),
+                at_100M=float(np.exp(log_a) * 100e6**b),
+            )
+        rows.append(row)
+    return rows
+
+
 def write_json(state: State, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -607,6 +662,7 @@ def write_json(state: State, out: Path) -> None:
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{os.cpu_count()} CPU cores, {memory / 2**30:.0f} GiB ({platform.machine()})",
         **state.data,
+        "growth": growth(state),
     }
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n")

@@ -18,7 +18,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-from numpy.lib.format import open_memmap
 
 from tasks.io import atomic_write_json
 from tasks.progress import progress_bar as tqdm
@@ -138,27 +137,34 @@ def copy_checked(
     refusing the first row that is not finite (NaN or infinite) with its file and row. A float16 source is
     copied as it is; a float32 one is rounded to float16 (what the index stores)."""
     shards = check_vectors(vectors, count=count, dim=dim)
-    target = open_memmap(out, mode="w+", dtype=np.float16, shape=(count, dim))
     bar = tqdm(total=count, unit="vector", desc="checking vectors", disable=not progress, dynamic_ncols=True)
-    for path, offset, start, block in _blocks(shards):
-        block = np.asarray(block)
-        finite = np.isfinite(block).all(axis=1)
-        if block.dtype == np.float32:
-            block = block.astype(np.float16)
-            finite &= np.isfinite(block).all(axis=1)  # beyond float16's range: infinite once stored
-        if not finite.all():
-            bad = int(np.flatnonzero(~finite)[0])
-            del target
-            out.unlink(missing_ok=True)
-            raise ValueError(
-                f"{path}: row {start + bad} (passage {offset + start + bad} of the corpus) is not finite "
-                "(NaN or infinite, or beyond float16's range); no index was built"
-            )
-        target[offset + start : offset + start + len(block)] = block
-        bar.update(len(block))
-        if on_block is not None:
-            on_block(offset + start + len(block))
-    target.flush()
+    # written, not memory-mapped: a mapped output's dirty pages would count in the process's resident memory
+    header = {
+        "descr": np.lib.format.dtype_to_descr(np.dtype(np.float16)),
+        "fortran_order": False,
+        "shape": (count, dim),
+    }
+    try:
+        with open(out, "wb") as target:
+            np.lib.format.write_array_header_1_0(target, header)  # as np.save writes it
+            for path, offset, start, block in _blocks(shards):
+                block = np.asarray(block)
+                finite = np.isfinite(block).all(axis=1)
+                if block.dtype == np.float32:
+                    block = block.astype(np.float16)
+                    finite &= np.isfinite(block).all(axis=1)  # beyond float16's range: infinite once stored
+                if not finite.all():
+                    bad = int(np.flatnonzero(~finite)[0])
+                    raise ValueError(
+                        f"{path}: row {start + bad} (passage {offset + start + bad} of the corpus) is not finite "
+                        "(NaN or infinite, or beyond float16's range); no index was built"
+                    )
+                target.write(np.ascontiguousarray(block, dtype=np.float16).tobytes())
+                bar.update(len(block))
+                if on_block is not None:
+                    on_block(offset + start + len(block))
+    except BaseException:
+        out.unlink(missing_ok=True)
+        raise
     bar.close()
-    del target
     return out

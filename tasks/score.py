@@ -112,14 +112,14 @@ def check_labelled(task, data_path: str | os.PathLike | None, examples: list[Exa
         "--predict-only`"
     )
     if data_path is not None:
-        location = _record_location(task, data_path, unlabelled[0].id)
+        location = record_location(task, data_path, unlabelled[0].id)
         if location is not None:
             raise InputError(location[0], location[1], task.answer_field, message)
     shown = ", ".join(e.id for e in unlabelled[:5]) + (" …" if len(unlabelled) > 5 else "")
     raise ValueError(f"{data_path or 'the given examples'}: examples {shown}: {message}")
 
 
-def _record_location(task, data_path: str | os.PathLike, example_id: str) -> tuple[str, int] | None:
+def record_location(task, data_path: str | os.PathLike, example_id: str) -> tuple[str, int] | None:
     """(file, line) of the record that `task.load(data_path)` turns into the example `example_id`
     (records are read again: only on the way to an error)."""
     records = task.iter_records(data_path, lambda error: None)

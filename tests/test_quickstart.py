@@ -140,10 +140,25 @@ def test_the_shipped_reader_is_a_small_fp16_delta_and_matches_its_card():
 
 
 @needs_mini
-def test_quickstart_tiny_runs_end_to_end_and_the_edit_reaches_the_answerer(tmp_path):
-    lines: list[str] = []
-    report = run_quickstart(tmp_path / "qs", tiny=True, progress=False, echo=lines.append)
+def test_quickstart_tiny_runs_end_to_end_and_the_edit_reaches_the_answerer(tmp_path, monkeypatch):
+    from atlas.demo import quickstart
+
     out = tmp_path / "qs"
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt  # Ctrl-C during the fine-tuning
+
+    # a quickstart stopped at step 4 keeps steps 1-3: the same command resumes there
+    monkeypatch.setattr(quickstart, "train_model", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        run_quickstart(out, tiny=True, progress=False, echo=lambda line: None)
+    monkeypatch.undo()
+    built = (out / "index" / "manifest.json").stat().st_mtime_ns
+    lines: list[str] = []
+    report = run_quickstart(out, tiny=True, progress=False, echo=lines.append)
+    assert lines[0] == f"resuming the quickstart in {out}: prepare, index, eval_before done before"
+    assert (out / "index" / "manifest.json").stat().st_mtime_ns == built  # not built again
+    assert not any(line.startswith(("[1/6]", "[2/6]", "[3/6]")) for line in lines)
     for name in ("report.json", "report.md", "corpus/corpus.json", "index/manifest.json", "eval-before/metrics.json"):
         assert (out / name).is_file(), name
     assert json.loads((out / "report.json").read_text()) == report
@@ -162,6 +177,11 @@ def test_quickstart_tiny_runs_end_to_end_and_the_edit_reaches_the_answerer(tmp_p
     assert any("follows the new text" in line or "did not follow" in line for line in lines)
     page = (out / "report.md").read_text()
     assert "## Corpus edits" in page and "```json" not in page and len(page) < 8000
+    with pytest.raises(FileExistsError, match="holds a finished quickstart"):
+        run_quickstart(out, tiny=True, progress=False, echo=lines.append)
+    (out / "report.json").unlink()
+    with pytest.raises(FileExistsError, match="started with other edits"):
+        run_quickstart(out, tiny=True, n_edits=3, progress=False, echo=lines.append)
 
 
 def _qa_lines(records: list[dict]) -> str:
@@ -328,3 +348,17 @@ def test_the_card_names_every_encoder_block_any_stage_trained():
     assert "(the top 4 encoder blocks," in model_card(card)
     card["training"][1]["trainable_encoder_layers"] = None
     assert "(the whole encoder," in model_card(card)
+
+
+def test_a_training_question_without_answers_is_refused_before_any_work(tmp_path, capsys):
+    from atlas.cli import main
+
+    train = tmp_path / "train.jsonl"
+    train.write_text('{"question": "what is x?", "answers": ["y"]}\n{"question": "and z?"}\n')
+    dev = tmp_path / "dev.jsonl"
+    dev.write_text('{"question": "where is w?", "answers": ["v"]}\n')
+    argv = ["quickstart", "--docs", str(DEMO / "encyclopedia.jsonl"), "--train", str(train), "--dev", str(dev)]
+    assert main([*argv, "--out", str(tmp_path / "qs")]) == 2
+    err = capsys.readouterr().err
+    assert f"{train}:2: field 'answers'" in err and err.count("\n") == 1
+    assert not (tmp_path / "qs" / "corpus").exists()  # nothing was done

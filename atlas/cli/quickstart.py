@@ -19,10 +19,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Offline, on CPU: prepare a corpus, build the MiniLM index, evaluate the shipped "
         "atlas-reader on dev questions, fine-tune it on training questions, evaluate again, show "
         "answers with their evidence, then change facts in the corpus, update the index (as "
-        "`atlas index update` does) and report how many answers follow the new text. On 2 idle CPU "
-        "cores the demo takes 1.5 min and --tiny 36 s; 820 Wikipedia paragraphs with 64 training "
-        "and 100 dev questions took 24 min on 2 busy ones (docs/results.md). Everything lands in "
-        "--out: report.md to read, report.json with every number.",
+        "`atlas index update` does) and report how many answers follow the new text. The demo takes "
+        "about 2 min on 2 idle CPU cores. Everything lands in --out: report.md to read, report.json with "
+        "every number. A quickstart that stopped resumes when run again with the same arguments.",
     )
     quickstart.add_argument(
         "--docs",
@@ -50,12 +49,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="training questions to fine-tune on (default: all of them, up to 256; 16 with --tiny)",
     )
     quickstart.add_argument(
-        "--out", metavar="DIR", help="output folder, must not exist (default: runs/quickstart-YYYYmmdd-HHMMSS)"
+        "--out",
+        metavar="DIR",
+        help="output folder (default: runs/quickstart-YYYYmmdd-HHMMSS); one a stopped quickstart left is resumed",
+    )
+    quickstart.add_argument(
+        "--overwrite", action="store_true", help="delete --out first (a finished quickstart, or another one's)"
     )
     quickstart.add_argument(
         "--tiny",
         action="store_true",
-        help="a 25-second run (what CI runs): 16 shots, 6 steps, 8 dev questions, 4 edits",
+        help="a small run (what CI runs): 16 shots, 6 steps, 8 dev questions, 4 edits",
     )
     quickstart.add_argument(
         "--reader", metavar="DIR", help="a reader folder or preset instead of the shipped atlas-reader"
@@ -94,5 +98,6 @@ def _quickstart(args: argparse.Namespace) -> int:
         reader=args.reader,
         overrides=args.overrides,
         n_edits=args.edits,
+        overwrite=args.overwrite,
     )
     return 0

@@ -13,7 +13,9 @@ Everything lands in one output folder:
 
 from __future__ import annotations
 
+import json
 import random
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,10 +28,11 @@ from atlas.build import build_atlas
 from atlas.config import AtlasConfig, load_config
 from atlas.evaluate import evaluate
 from atlas.loading import SHIPPED_READER
+from atlas.training.data import load_training_examples
 from atlas.training.loop import train as train_model
-from retriever.corpus import PrepareStats, prepare_corpus
+from retriever.corpus import prepare_corpus
 from retriever.encoder import build_retriever
-from retriever.index_build import build_index
+from retriever.index_build import build_index, link_index
 from tasks.base import Task, get_task
 from tasks.counterfactual import (
     EditPlan,
@@ -43,6 +46,7 @@ from tasks.io import InputError, atomic_write_json, atomic_write_text, read_json
 from tasks.metrics import normalize_answer
 from tasks.passage import Passage
 from tasks.salient_span import load_pipeline
+from tasks.score import check_labelled
 
 DEMO = Path(__file__).resolve().parent
 RECIPE = DEMO / "quickstart.yaml"
@@ -423,20 +427,46 @@ def run_quickstart(
     n_edits: int = 25,
     progress: bool = True,
     echo: Callable[[str], None] = print,
+    overwrite: bool = False,
 ) -> dict:
-    """Run every quickstart step into the folder `out` (created; must not exist yet); → the report.
+    """Run every quickstart step into the folder `out`; → the report.
 
     `docs` with `train` + `dev` (or `questions`, split in two): the user's data; none: the demo.
     `shots`: training questions used (default: all, up to `MAX_SHOTS`; 16 with `tiny`).
-    `n_edits`: how many facts (on distinct passages) are edited at the last step (4 with `tiny`)."""
+    `n_edits`: how many facts (on distinct passages) are edited at the last step (4 with `tiny`).
+    A quickstart that stopped (an error, Ctrl-C, a kill) resumes when run again with the same arguments: the
+    finished stages (corpus, index, first evaluation, fine-tuning) are kept, the others run. A folder holding a
+    finished quickstart, or one started with other arguments, is refused unless `overwrite` (deleted first)."""
     out = Path(out)
     if docs is None and (questions or train or dev):
         raise ValueError("--train/--dev/--questions need --docs (the documents they are about)")
-    if out.exists():
-        raise FileExistsError(f"{out} already exists (choose another --out)")
+    arguments = {
+        "docs": docs,
+        "questions": questions,
+        "train": train,
+        "dev": dev,
+        "shots": shots,
+        "tiny": tiny,
+        "reader": reader,
+        "overrides": list(overrides),
+        "edits": n_edits,
+    }
+    state = _claim_out(
+        out, {k: None if v is None else str(v) if isinstance(v, Path) else v for k, v in arguments.items()}, overwrite
+    )
+    if state["done"]:
+        echo(f"resuming the quickstart in {out}: {', '.join(state['done'])} done before")
     data = demo_data() if docs is None else user_data(Path(docs), out, train=train, dev=dev, questions=questions)
     out.mkdir(parents=True, exist_ok=True)
-    clock = _Stopwatch()
+
+    def stage(name: str, run: Callable[[], dict]) -> dict:
+        """`run` once: a stage a stopped quickstart finished is taken from its state."""
+        if name not in state["done"]:
+            state["done"][name] = run()
+            atomic_write_json(out / STATE_FILE, state)
+        return state["done"][name]
+
+    clock = _Stopwatch(state.setdefault("timings_s", {}))
     n_edits = min(n_edits, 4) if tiny else n_edits
     n_train = sum(1 for _ in read_jsonl(data.train))
     shots = min(shots or (16 if tiny else MAX_SHOTS), n_train)
@@ -446,14 +476,24 @@ def run_quickstart(
             f"split {data.split['from']} (seed {data.split['seed']}): {data.split['train']} training questions "
             f"→ {data.train}, {data.split['dev']} dev questions → {data.dev}"
         )
-    stats = _prepare_and_index(config, data, out, clock, progress=progress, echo=echo)
     task = get_task(config.task.name, **config.task.options)
-    examples = task.load(data.dev)[: config.evaluation.max_examples]
+    # both question files checked before any work: a question without answers is named by file and line
+    load_training_examples(config, task)
+    examples = task.load(data.dev)
+    check_labelled(task, data.dev, examples)
+    examples = examples[: config.evaluation.max_examples]
+    stats = stage("prepare", lambda: _prepare(data, out, clock, progress=progress, echo=echo))
+    stage("index", lambda: _index(config, out, clock, progress=progress, echo=echo))
     rows, checkpoint = _evaluate_and_fine_tune(
-        config, task, data, examples, shots, out, clock, progress=progress, echo=echo
+        config, task, data, examples, shots, out, clock, stage, progress=progress, echo=echo
     )
     echo("[5/6] answers with their evidence")
-    model = Atlas.from_pretrained(checkpoint)
+    # the edits go to a copy of the index (its files hard-linked): a stopped edit stage starts over from the
+    # index as it was built, and the fine-tuned run's own index stays as it was trained on
+    edited = out / "index-edited"
+    shutil.rmtree(edited, ignore_errors=True)
+    link_index(out / "index", edited, corpus_path=out / "corpus")
+    model = Atlas.from_pretrained(checkpoint, index=edited)
     shown = answer_with_evidence(model, examples[:3])
     for item in shown:
         echo(f"  Q: {item['question']}\n  A: {item['answer']}   (gold: {' | '.join(item['gold'])})")
@@ -471,14 +511,14 @@ def run_quickstart(
         "dev": str(data.dev),
         "split": data.split,
         "dev_questions": len(examples),
-        "passages": stats.passages,
+        "passages": stats["passages"],
         "shots": shots,
         "steps": config.training.steps,
         "table": rows,
         "answers": shown,
         "edit": edit,
         "timings_s": clock.timings,
-        "wall_s": clock.total(),
+        "wall_s": round(sum(clock.timings.values()), 1),
         "checkpoint": str(checkpoint),
     }
     atomic_write_json(out / "report.json", report)
@@ -488,12 +528,39 @@ def run_quickstart(
     return report
 
 
+STATE_FILE = "quickstart-state.json"  # the arguments and the stages finished, for a run that resumes
+
+
+def _claim_out(out: Path, arguments: dict, overwrite: bool) -> dict:
+    """The state of the quickstart in `out`: a new one, or the one a stopped quickstart with the same arguments
+    left; FileExistsError for a finished quickstart, another one's arguments, or a folder that is not one."""
+    if overwrite and out.exists():
+        shutil.rmtree(out)
+    fresh = {"arguments": arguments, "done": {}}
+    if not out.exists():
+        return fresh
+    if (out / "report.json").is_file():
+        raise FileExistsError(f"{out} holds a finished quickstart (report.md): choose another --out, or --overwrite")
+    if not (out / STATE_FILE).is_file():
+        if any(out.iterdir()):
+            raise FileExistsError(f"{out} exists and is not a quickstart's folder: choose another --out")
+        return fresh
+    state = json.loads((out / STATE_FILE).read_text(encoding="utf-8"))
+    differing = sorted(k for k in arguments if state["arguments"].get(k) != arguments[k])
+    if differing:
+        raise FileExistsError(
+            f"{out} holds a quickstart started with other {', '.join(differing)}: run it with the same arguments to "
+            "resume it, choose another --out, or --overwrite"
+        )
+    return state
+
+
 class _Stopwatch:
     """Seconds per quickstart stage (the report's `timings_s`, each since the previous lap) and in all."""
 
-    def __init__(self) -> None:
+    def __init__(self, timings: dict[str, float] | None = None) -> None:
         self.started = self.last = time.perf_counter()
-        self.timings: dict[str, float] = {}
+        self.timings: dict[str, float] = timings if timings is not None else {}  # a resumed run's kept
 
     def start(self) -> None:
         """The next lap starts now (set-up before it is not counted in any stage)."""
@@ -508,22 +575,22 @@ class _Stopwatch:
         return round(time.perf_counter() - self.started, 1)
 
 
-def _prepare_and_index(
-    config: AtlasConfig,
-    data: QuickstartData,
-    out: Path,
-    clock: _Stopwatch,
-    *,
-    progress: bool,
-    echo: Callable[[str], None],
-) -> PrepareStats:
-    """Steps 1 and 2: the corpus at OUT/corpus and its MiniLM index at OUT/index."""
+def _prepare(
+    data: QuickstartData, out: Path, clock: _Stopwatch, *, progress: bool, echo: Callable[[str], None]
+) -> dict:
+    """Step 1: the corpus at OUT/corpus; → its counts."""
     echo(f"[1/6] preparing the corpus from {', '.join(str(d) for d in data.documents)}")
     clock.start()
-    stats = prepare_corpus(data.documents, out / "corpus", chunk_words=100, progress=progress)
+    stats = prepare_corpus(data.documents, out / "corpus", chunk_words=100, progress=progress, overwrite=True)
     echo(f"      {stats.documents} documents → {stats.passages} passages")
     clock.lap("prepare")
+    return {"documents": stats.documents, "passages": stats.passages}
+
+
+def _index(config: AtlasConfig, out: Path, clock: _Stopwatch, *, progress: bool, echo: Callable[[str], None]) -> dict:
+    """Step 2: the corpus's MiniLM index at OUT/index (a build stopped half-way continues)."""
     echo("[2/6] building the MiniLM index")
+    clock.start()
     retriever = build_retriever(config.retriever)
     build_index(
         out / "corpus",
@@ -534,9 +601,8 @@ def _prepare_and_index(
         progress=progress,
         encoder_source=config.retriever.model,
     )
-    del retriever
     clock.lap("index")
-    return stats
+    return {}
 
 
 def _evaluate_and_fine_tune(
@@ -547,21 +613,34 @@ def _evaluate_and_fine_tune(
     shots: int,
     out: Path,
     clock: _Stopwatch,
+    stage: Callable[[str, Callable[[], dict]], dict],
     *,
     progress: bool,
     echo: Callable[[str], None],
 ) -> tuple[list, Path]:
-    """Steps 3 and 4: the shipped reader evaluated on the dev questions, fine-tuned, evaluated again.
-    → (the before/after metrics table's rows, the fine-tuned checkpoint)."""
+    """Steps 3 and 4: the shipped reader evaluated on the dev questions, fine-tuned, evaluated again (each a
+    `stage`: kept when a stopped quickstart finished it; a stopped fine-tuning continues from its last
+    checkpoint). → (the before/after metrics table's rows, the fine-tuned checkpoint)."""
     ks = config.evaluation.retrieval_k
     reader_name = Path(config.reader.model).name
-    echo(f"[3/6] evaluating {reader_name} before fine-tuning on {len(examples)} dev questions of {data.dev}")
-    before = evaluate(build_atlas(config), task, data.dev, config.evaluation, out_dir=out / "eval-before")
-    clock.lap("eval_before")
-    trained = "reader + query encoder" if config.retriever.loss.name != "none" else "reader (retriever frozen)"
-    echo(f"[4/6] fine-tuning the {trained} on {shots} questions of {data.train}, {config.training.steps} steps")
-    summary = train_model(config, progress=progress)
-    clock.lap("train_and_eval")
+
+    def evaluate_before() -> dict:
+        echo(f"[3/6] evaluating {reader_name} before fine-tuning on {len(examples)} dev questions of {data.dev}")
+        clock.start()
+        metrics = evaluate(build_atlas(config), task, data.dev, config.evaluation, out_dir=out / "eval-before")
+        clock.lap("eval_before")
+        return metrics
+
+    def fine_tune() -> dict:
+        trained = "reader + query encoder" if config.retriever.loss.name != "none" else "reader (retriever frozen)"
+        echo(f"[4/6] fine-tuning the {trained} on {shots} questions of {data.train}, {config.training.steps} steps")
+        clock.start()
+        summary = train_model(config, progress=progress)  # the same run in OUT/train continues where it stopped
+        clock.lap("train_and_eval")
+        return {"eval": summary["eval"], "checkpoint": summary["checkpoint"]}
+
+    before = stage("eval_before", evaluate_before)
+    summary = stage("fine_tune", fine_tune)
     rows = [
         _metrics_row(f"{reader_name}, no fine-tuning", before, ks),
         _metrics_row(f"{reader_name}, {shots}-shot fine-tuned", summary["eval"], ks),

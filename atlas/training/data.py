@@ -11,6 +11,7 @@ from atlas.config import AtlasConfig
 from tasks.base import Example
 from tasks.fewshot import sample_shots
 from tasks.io import InputError
+from tasks.score import record_location
 
 # the recipe's messages keep the logger name they have always had (`atlas train` prints it)
 logger = logging.getLogger("atlas.training.loop")
@@ -76,8 +77,9 @@ def _trainable(task, path, skip_invalid: bool) -> list[Example]:
             task.train_target(example, random.Random(0))
         except ValueError as error:
             if not skip_invalid:
+                location = record_location(task, path, example.id) or (path, None)
                 raise InputError(
-                    path, None, "answers", f"{error} (set task.skip_invalid=true to leave it out)"
+                    location[0], location[1], task.answer_field, f"{error} (set task.skip_invalid=true to leave it out)"
                 ) from None
             skipped += 1
             continue

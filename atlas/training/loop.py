@@ -296,10 +296,7 @@ class TrainingRecipe:
         torch.manual_seed(t.seed)
         random.seed(t.seed)
 
-        if self.prebuilt is not None:
-            self.model = model = self.prebuilt.to(context.device)
-        else:
-            self.model = model = build_atlas(config, checkpoint=self.checkpoint).to(context.device)
+        # every input is checked before any work (the model, an index build): file, line and field
         self.task = get_task(config.task.name, **config.task.options)
         if config.task.eval_data:  # an evaluation file without gold answers fails now, not after training
             check_labelled(
@@ -308,6 +305,10 @@ class TrainingRecipe:
                 self.task.load(config.task.eval_data[0], skip_invalid=config.task.skip_invalid),
             )
         examples = load_training_examples(config, self.task)
+        if self.prebuilt is not None:
+            self.model = model = self.prebuilt.to(context.device)
+        else:
+            self.model = model = build_atlas(config, checkpoint=self.checkpoint).to(context.device)
         if context.is_main:
             atomic_write_json(self.output_dir / "train_examples.json", [e.id for e in examples])
         self.optimizers = make_optimizers(model, config)

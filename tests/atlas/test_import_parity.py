@@ -275,6 +275,16 @@ def test_reader_logits_and_generations_are_the_references(imported_atlas):
     assert not model.restores_surface
     answers = [get_task("qa").postprocess(None, t) for t in texts]
     assert answers == [tokenizer.decode(ids, skip_special_tokens=True).strip() for ids in expected]
+    # the same through the Python API, loading the imported run by its folder (its passages given here)
+    import atlas
+    from tasks.base import Example
+
+    loaded = atlas.Atlas.from_pretrained(folder)
+    examples = [
+        Example(id=str(n), query=q, target=None, answers=[], passages=ps)
+        for n, (q, ps) in enumerate(zip(queries, passages))
+    ]
+    assert [a.text for a in loaded.answer_examples(examples)] == answers
 
 
 def test_untied_reader_saves_untied_and_loads_without_a_warning(imported_atlas, caplog):
