@@ -57,10 +57,8 @@ DISK_PER_PASSAGE = 800 + 700 + 768 + 768 + 768 + 40
 # ----------------------------------------------------------------------------- measuring
 
 
-def run_measured(cmd: list[str], *, cwd: Path | None = None, env: dict | None = None) -> dict:
-    """Run `cmd` under GNU time; → {"wall_s", "peak_rss_bytes" (the command's own high-water mark), "stdout"};
-    RuntimeError naming the command and its last stderr lines when it fails. (A child's ru_maxrss starts from
-    its parent's at the fork, and this process holds the base vectors: time(1) forks from a small process.)"""
+def _timed(cmd: list[str], cwd: str | None, env: dict) -> tuple[int, float, int, str, str]:
+    """In the launcher process: run `cmd` under GNU time → (exit code, wall s, peak RSS bytes, stdout, stderr)."""
     import tempfile
 
     started = time.perf_counter()
@@ -70,22 +68,28 @@ def run_measured(cmd: list[str], *, cwd: Path | None = None, env: dict | None = 
         tempfile.TemporaryFile("w+") as err,
     ):
         done = subprocess.run(
-            ["/usr/bin/time", "-f", "%M", "-o", peak.name, *[str(c) for c in cmd]],
-            cwd=cwd,
-            env={**os.environ, **(env or {})},
-            stdout=out,
-            stderr=err,
-            text=True,
-            check=False,
+            ["/usr/bin/time", "-f", "%M", "-o", peak.name, *cmd], cwd=cwd, env=env, stdout=out, stderr=err, check=False
         )
         wall = time.perf_counter() - started
         out.seek(0)
         err.seek(0)
-        stdout, stderr = out.read(), err.read()
-        kilobytes = peak.read().strip().splitlines()
-    if done.returncode:
-        raise RuntimeError(f"{' '.join(map(str, cmd))} failed ({done.returncode}):\n{stderr[-2000:]}")
-    return {"wall_s": round(wall, 2), "peak_rss_bytes": int(kilobytes[-1]) * 1024, "stdout": stdout}
+        lines = peak.read().strip().splitlines()
+        return done.returncode, wall, int(lines[-1]) * 1024 if lines else 0, out.read(), err.read()
+
+
+# Commands are started from a small process forked before this one loads anything: on Linux a child's peak RSS
+# (ru_maxrss, what time(1) reports) starts from the high-water mark of the process it was forked from.
+LAUNCHER: list = []
+
+
+def run_measured(cmd: list[str], *, cwd: Path | None = None, env: dict | None = None) -> dict:
+    """Run `cmd`; → {"wall_s", "peak_rss_bytes" (the command's own high-water mark), "stdout"}; RuntimeError naming
+    the command and its last stderr lines when it fails."""
+    call = ([str(c) for c in cmd], None if cwd is None else str(cwd), {**os.environ, **(env or {})})
+    code, wall, peak, stdout, stderr = LAUNCHER[0].submit(_timed, *call).result() if LAUNCHER else _timed(*call)
+    if code:
+        raise RuntimeError(f"{' '.join(map(str, cmd))} failed ({code}):\n{stderr[-2000:]}")
+    return {"wall_s": round(wall, 2), "peak_rss_bytes": peak, "stdout": stdout}
 
 
 def run_probe(*args: str) -> dict:
@@ -410,6 +414,8 @@ def measure_size(size: str, n: int, base: dict, work: Path, state: State, args) 
         step("data", data)
 
         def prepare() -> dict:
+            if not (folder / "docs.jsonl").is_file():  # a prepare stopped after it deleted its input: make it again
+                write_size_data(base, folder, n, args.seed)
             shutil.rmtree(corpus, ignore_errors=True)
             result = run_measured(
                 atlas_cli("corpus", "prepare", folder / "docs.jsonl", "--out", corpus, "--chunk-words", "0")
@@ -716,6 +722,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [s for s in sizes if s not in SIZES]
     if unknown:
         parser.error(f"--sizes: unknown {', '.join(unknown)} (choose from {', '.join(SIZES)})")
+    import concurrent.futures
+    import multiprocessing
+
+    LAUNCHER.append(concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("forkserver")))
+    LAUNCHER[0].submit(time.time).result()  # started now, while this process is small
     args.work.mkdir(parents=True, exist_ok=True)
     settings = {
         "seed": args.seed,

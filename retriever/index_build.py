@@ -36,6 +36,7 @@ from retriever.index_files import (
     write_manifest,
 )
 from retriever.index_types import build_faiss_index, index_type
+from retriever.rerank import gather_rows
 from retriever.vectors import EncoderRecord, copy_checked, read_encoder_record, record_path, write_encoder_record
 from tasks.io import atomic_directory, atomic_write_json
 from tasks.progress import progress_bar as tqdm
@@ -232,12 +233,18 @@ def train_and_fill(
     if index_type(spec, dim).needs_training:
         rng = np.random.default_rng(seed)
         sample = np.sort(rng.choice(n, size=min(train_sample, n), replace=False))
-        index.train(np.asarray(vectors[sample], dtype=np.float32))
+        index.train(np.asarray(_rows(vectors, sample), dtype=np.float32))
     for start in range(0, n, add_chunk):
-        index.add(np.asarray(vectors[start : start + add_chunk], dtype=np.float32))
+        index.add(np.asarray(_rows(vectors, np.arange(start, min(start + add_chunk, n))), dtype=np.float32))
         if on_added is not None:
             on_added(min(start + add_chunk, n))
     return index
+
+
+def _rows(vectors, rows: np.ndarray) -> np.ndarray:
+    """vectors[rows] (sorted rows); from a memory-mapped file by `pread` (`rerank.gather_rows`), so that reading
+    every row once to build an index does not leave the whole file in this process's resident memory."""
+    return gather_rows(vectors, rows) if isinstance(vectors, np.memmap) else np.asarray(vectors[rows])
 
 
 def link_or_copy(source: Path, target: Path) -> None:
