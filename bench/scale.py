@@ -468,11 +468,14 @@ def measure_size(size: str, n: int, base: dict, work: Path, state: State, args) 
         step("search_exact", real_exact)
     else:
         step("search_flat", lambda: run_probe("search", flat, queries, exact_ids, 0, "-"))
-    # the codes alone, re-ranked, and re-ranked with 4x the lists probed (where recall is lost: the lists)
+    # the codes alone, re-ranked over k' candidates, and with 4x the lists probed: where recall is lost (the codes
+    # or the lists) and what it costs to get it back
     for nprobe, rerank, name in (
         (NPROBE, 0, "search_compressed_rerank0"),
         (NPROBE, EXACT_RERANK, f"search_compressed_rerank{EXACT_RERANK}"),
         (4 * NPROBE, EXACT_RERANK, f"search_compressed_nprobe{4 * NPROBE}_rerank{EXACT_RERANK}"),
+        (NPROBE, 4 * EXACT_RERANK, f"search_compressed_rerank{4 * EXACT_RERANK}"),
+        (4 * NPROBE, 4 * EXACT_RERANK, f"search_compressed_nprobe{4 * NPROBE}_rerank{4 * EXACT_RERANK}"),
     ):
         ids = folder / f"ids-{name}.npy"
 

@@ -51,12 +51,13 @@ from pathlib import Path
 
 import faiss
 import numpy as np
-from numpy.lib.format import open_memmap
 
 from retriever.corpus import merge_corpora
 from retriever.index import PassageIndex
 from retriever.index_files import commit, read_manifest, remove_unreferenced, writer_lock
 from retriever.index_types import build_faiss_index, search_parameters_target
+from retriever.rerank import gather_rows
+from retriever.vectors import write_float16_rows
 
 MAX_SEGMENTS = 8
 MAX_DEAD_FRACTION = 0.05
@@ -205,15 +206,11 @@ def _compact_locked(folder: Path, *, full: bool) -> CompactionStats:
 
 def _write_vectors(path: Path, vectors: np.ndarray, keep: np.ndarray) -> Path:
     """The (N, d) float16 `vectors` without the rows not in `keep`, written to `path` in chunks."""
-    out = open_memmap(path, mode="w+", dtype=np.float16, shape=(int(keep.sum()), vectors.shape[1]))
-    at = 0
-    for begin in range(0, len(vectors), _COPY_ROWS):
-        rows = vectors[begin : begin + _COPY_ROWS][keep[begin : begin + _COPY_ROWS]]
-        out[at : at + len(rows)] = rows
-        at += len(rows)
-    out.flush()
-    del out
-    return path
+    blocks = (
+        gather_rows(vectors, np.arange(begin, min(begin + _COPY_ROWS, len(vectors))))[keep[begin : begin + _COPY_ROWS]]
+        for begin in range(0, len(vectors), _COPY_ROWS)
+    )  # read with pread and written with plain writes: neither fills this process's resident memory
+    return write_float16_rows(path, (int(keep.sum()), vectors.shape[1]), blocks)
 
 
 def drop_rows(index: faiss.Index, drop: np.ndarray, spec: str) -> faiss.Index:

@@ -21,6 +21,7 @@ check runs before anything is written, and its error names the id and the input 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import shutil
@@ -31,7 +32,6 @@ from pathlib import Path
 
 import faiss
 import numpy as np
-from numpy.lib.format import open_memmap
 
 from retriever.corpus import (
     Corpus,
@@ -43,6 +43,8 @@ from retriever.corpus import (
 )
 from retriever.index import PassageIndex
 from retriever.index_files import commit, remove_unreferenced, writer_lock
+from retriever.rerank import gather_rows
+from retriever.vectors import write_float16_rows
 from tasks.io import InputError, write_jsonl
 from tasks.limits import MAX_PASSAGE_CHARS, passage_too_long
 
@@ -434,13 +436,8 @@ def _write_generation(
     written: dict[str, Path] = {}
     if "vectors" in manifest["files"]:
         path = folder / f"vectors.g{generation}.npy"
-        merged = open_memmap(path, mode="w+", dtype=np.float16, shape=(old_total + n_new, manifest["dim"]))
-        for start in range(0, old_total, 65536):
-            stop = min(start + 65536, old_total)
-            merged[start:stop] = index.vectors[start:stop]
-        merged[old_total:] = new_vectors
-        merged.flush()
-        del merged
+        rows = itertools.chain(_old_rows(index.vectors), [new_vectors])  # one block in memory at a time
+        write_float16_rows(path, (old_total + n_new, manifest["dim"]), rows)
         written["vectors"] = path
     if "faiss" in manifest["files"]:
         faiss_index = index.faiss_index  # loaded writable (mmap=False) above
@@ -455,6 +452,13 @@ def _write_generation(
     np.save(path, removed)
     written["removed"] = path
     return written
+
+
+def _old_rows(vectors: np.ndarray, rows: int = 65536):
+    """The rows of a memory-mapped (N, d) vectors file, `rows` at a time, read with `pread` (not through the
+    map, so that copying them does not fill this process's resident memory)."""
+    for start in range(0, len(vectors), rows):
+        yield gather_rows(vectors, np.arange(start, min(start + rows, len(vectors))))
 
 
 def _with_id(passage: _Incoming, new_id: str) -> _Incoming:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -119,6 +119,23 @@ def _blocks(shards: list[tuple[Path, np.ndarray]]) -> Iterator[tuple[Path, int, 
                     raise ValueError(f"{path}: truncated ({start + len(block) // dim} of {rows} rows readable)")
                 yield path, offset, start, block.reshape(count, dim)
         offset += rows
+
+
+def write_float16_rows(path: Path, shape: tuple[int, int], blocks: Iterable[np.ndarray]) -> Path:
+    """A (rows, d) float16 `.npy` at `path` (as `np.save` lays it out) from `blocks` of rows, written with plain
+    file writes: a memory-mapped output's dirty pages would count in the process's resident memory, which at
+    millions of rows reads as gigabytes. ValueError when the blocks do not hold `shape[0]` rows."""
+    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float16)), "fortran_order": False, "shape": shape}
+    written = 0
+    with open(path, "wb") as out:
+        np.lib.format.write_array_header_1_0(out, header)
+        for block in blocks:
+            out.write(np.ascontiguousarray(block, dtype=np.float16).tobytes())
+            written += len(block)
+    if written != shape[0]:
+        path.unlink(missing_ok=True)
+        raise ValueError(f"{path}: {written} rows written where {shape[0]} were due")
+    return path
 
 
 def check_vectors(vectors: str | os.PathLike, *, count: int, dim: int) -> list[tuple[Path, np.ndarray]]:

@@ -453,7 +453,7 @@ def test_every_index_and_corpus_option_shows_its_default(capsys):
     top = dict(subcommands(build_parser()))
     leaves = [(f"{group} {name}", sub) for group in ("index", "corpus") for name, sub in subcommands(top[group])]
     leaves.append(("evaluate-retrieval", top["evaluate-retrieval"]))
-    assert len(leaves) == 11
+    assert len(leaves) == 12  # index embed included
     for name, parser in leaves:
         formatter = parser._get_formatter()
         for action in parser._actions:
