@@ -237,10 +237,10 @@ def train_trial(world: World, delay: float, work: Path) -> Trial:
     return trial
 
 
-def durations(world: World, work: Path) -> dict[str, float]:
+def durations(world: World, work: Path, kinds: tuple[str, ...] = KINDS) -> dict[str, float]:
     """Each command's uninterrupted wall time here: the range kill delays are drawn from."""
     timing = {}
-    for kind in KINDS:
+    for kind in kinds:
         folder = work / f"timing-{kind}"
         folder.mkdir()
         started = time.perf_counter()
@@ -261,7 +261,7 @@ def durations(world: World, work: Path) -> dict[str, float]:
 def run_trials(trials: int, seed: int, encoder: Path, root: Path, kinds: tuple[str, ...] = KINDS) -> dict:
     rng = random.Random(seed)
     world = World(root, encoder)
-    timing = durations(world, root)
+    timing = durations(world, root, kinds)
     results = []
     for n in range(trials):
         kind = kinds[n % len(kinds)]

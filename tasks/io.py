@@ -42,7 +42,8 @@ def read_jsonl(
     """
     path = Path(path)
     if not path.exists():
-        raise InputError(path, None, None, "file not found")
+        where = "" if path.is_absolute() else f" (looked for {path.resolve()}; a recipe's are read beside it first)"
+        raise InputError(path, None, None, "file not found" + where)
     seen_any = False
     with open(path, "rb") as f:
         for line_no, raw in enumerate(f, start=1):

@@ -1,5 +1,5 @@
 """SIGKILL at random moments (bench/crash.py): index edits, compaction, an index build and training each killed
-once at a seeded random time, then checked — every file verifies, every edited passage is all old or all new,
+once at a seeded random time (update, compaction, build and training here; add and remove in the bench), then checked — every file verifies, every edited passage is all old or all new,
 every checkpoint is whole, and the same command finishes the work. A longer run of the same harness gives the
 figures on the results page."""
 
@@ -19,8 +19,9 @@ def test_killing_any_writing_command_loses_nothing_and_leaves_nothing_half_done(
     crash = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, crash)  # its dataclasses look their module up there
     spec.loader.exec_module(crash)
-    result = crash.run_trials(len(crash.KINDS), seed=3, encoder=Path(tiny_encoder_path), root=tmp_path)
-    assert result["trials"] == 6 and set(result["by_kind"]) == set(crash.KINDS)
+    kinds = ("update", "compact", "build", "train")  # add and remove commit as update does (bench/crash.py runs all)
+    result = crash.run_trials(len(kinds), seed=3, encoder=Path(tiny_encoder_path), root=tmp_path, kinds=kinds)
+    assert result["trials"] == 4 and set(result["by_kind"]) == set(kinds)
     problems = [t for t in result["details"] if t["problems"]]
     assert problems == [], problems
-    assert result["killed"] >= 3  # most kills land while the command runs (delays are drawn within its duration)
+    assert result["killed"] >= 2  # most kills land while the command runs (delays are drawn within its duration)

@@ -193,7 +193,10 @@ def test_each_package_says_what_lives_there(package):
 @pytest.mark.parametrize(
     ("module", "name"),
     [
-        ("atlas.model", "Atlas"),
+        ("atlas", "Atlas"),
+        ("atlas", "Index"),
+        ("atlas", "Answer"),
+        ("atlas.model", "AtlasModel"),
         ("reader.fid", "FiDReader"),
         ("retriever.index", "PassageIndex"),
         ("retriever.index", "EncoderMismatchError"),

@@ -437,6 +437,8 @@ def run_quickstart(
     A quickstart that stopped (an error, Ctrl-C, a kill) resumes when run again with the same arguments: the
     finished stages (corpus, index, first evaluation, fine-tuning) are kept, the others run. A folder holding a
     finished quickstart, or one started with other arguments, is refused unless `overwrite` (deleted first)."""
+    # long: the six stages in order, each a call, so that what a resumed run skips reads at a glance; the report's
+    # record is spelled out where it is written
     out = Path(out)
     if docs is None and (questions or train or dev):
         raise ValueError("--train/--dev/--questions need --docs (the documents they are about)")
@@ -487,22 +489,7 @@ def run_quickstart(
     rows, checkpoint = _evaluate_and_fine_tune(
         config, task, data, examples, shots, out, clock, stage, progress=progress, echo=echo
     )
-    echo("[5/6] answers with their evidence")
-    # the edits go to a copy of the index (its files hard-linked): a stopped edit stage starts over from the
-    # index as it was built, and the fine-tuned run's own index stays as it was trained on
-    edited = out / "index-edited"
-    shutil.rmtree(edited, ignore_errors=True)
-    link_index(out / "index", edited, corpus_path=out / "corpus")
-    model = Atlas.from_pretrained(checkpoint, index=edited)
-    shown = answer_with_evidence(model, examples[:3])
-    for item in shown:
-        echo(f"  Q: {item['question']}\n  A: {item['answer']}   (gold: {' | '.join(item['gold'])})")
-        for p in item["evidence"]:
-            echo(f"     [{p['score']:.2f}] {p['title'] + ': ' if p['title'] else ''}{p['text'][:110]}…")
-    clock.lap("answers")
-    echo(f"[6/6] editing up to {n_edits} facts in the corpus and updating the index (no retraining)")
-    edit = edit_facts(model, task, examples, data, config, out, n_edits, progress, echo)
-    clock.lap("edit")
+    shown, edit = _answer_and_edit(checkpoint, task, examples, data, config, out, n_edits, clock, progress, echo)
     report = {
         "out": str(out.resolve()),
         "tiny": tiny,
@@ -526,6 +513,38 @@ def run_quickstart(
     echo(summary_lines(rows, edit))
     echo(f"done in {report['wall_s']:.0f} s; everything is in {out} (report.md to read, report.json for numbers)")
     return report
+
+
+def _answer_and_edit(
+    checkpoint: Path,
+    task: Task,
+    examples: list,
+    data: QuickstartData,
+    config: AtlasConfig,
+    out: Path,
+    n_edits: int,
+    clock: _Stopwatch,
+    progress: bool,
+    echo: Callable[[str], None],
+) -> tuple[list[dict], dict]:
+    """Steps 5 and 6, run whole every time: answers with their evidence, then the corpus edits. The edits go to
+    a copy of the index (its files hard-linked), so a stopped edit stage starts over from the index as it was
+    built, and the fine-tuned run's own index stays as it was trained on. → (the answers shown, the edits)."""
+    echo("[5/6] answers with their evidence")
+    edited = out / "index-edited"
+    shutil.rmtree(edited, ignore_errors=True)
+    link_index(out / "index", edited, corpus_path=out / "corpus")
+    model = Atlas.from_pretrained(checkpoint, index=edited)
+    shown = answer_with_evidence(model, examples[:3])
+    for item in shown:
+        echo(f"  Q: {item['question']}\n  A: {item['answer']}   (gold: {' | '.join(item['gold'])})")
+        for p in item["evidence"]:
+            echo(f"     [{p['score']:.2f}] {p['title'] + ': ' if p['title'] else ''}{p['text'][:110]}…")
+    clock.lap("answers")
+    echo(f"[6/6] editing up to {n_edits} facts in the corpus and updating the index (no retraining)")
+    edit = edit_facts(model, task, examples, data, config, out, n_edits, progress, echo)
+    clock.lap("edit")
+    return shown, edit
 
 
 STATE_FILE = "quickstart-state.json"  # the arguments and the stages finished, for a run that resumes

@@ -398,7 +398,7 @@ def test_a_training_example_without_answers_stops_the_run_at_start_or_is_skipped
     overrides = [f"task.train_data=[{data}]", "training.steps=2"]
     from tasks.io import InputError
 
-    with pytest.raises(InputError, match=r"qa\.jsonl: field 'answers': example '1' has no answers"):
+    with pytest.raises(InputError, match=r"qa\.jsonl:2: field 'answers': example '1' has no answers"):
         train(tiny_config(tiny_world, tmp_path / "strict", *overrides))
     assert not (tmp_path / "strict" / "log.jsonl").exists()  # stopped before the first step
     train(tiny_config(tiny_world, tmp_path / "lenient", *overrides, "task.skip_invalid=true"))
