@@ -1,7 +1,7 @@
-"""SIGKILL at random moments (bench/crash.py): index edits, compaction, an index build and training each killed
-once at a seeded random time (update, compaction, build and training here; add and remove in the bench), then checked — every file verifies, every edited passage is all old or all new,
-every checkpoint is whole, and the same command finishes the work. A longer run of the same harness gives the
-figures on the results page."""
+"""SIGKILL at random moments (bench/crash.py): an index update, a compaction, an index build and training each
+killed once at a seeded random time (add and remove, which commit as update does, in the bench too), then
+checked: every file verifies, every edited passage is all old or all new, every checkpoint is whole, and the
+same command finishes the work. A longer run of the same harness gives the figures on the results page."""
 
 from __future__ import annotations
 
