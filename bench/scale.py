@@ -626,7 +626,16 @@ COSTS = [
     ("compressed resident after load", "load_compressed", "rss_beyond_interpreter_bytes", "B"),
     ("Flat verify time", "verify_flat", "wall_s", "s"),
     ("Flat search, batch 64", "search_flat", "qps_batch64", "q/s"),
-    ("compressed search + re-rank, batch 64", f"search_compressed_rerank{EXACT_RERANK}", "qps_batch64", "q/s"),
+    (
+        "compressed search + re-rank, batch 64",
+        f"search_compressed_nprobe{4 * NPROBE}_rerank{4 * EXACT_RERANK}",
+        "qps_batch64",
+        "q/s",
+    ),
+    ("update 1,000 passages", "edits", "update.wall_s", "s"),
+    ("remove 1,000 passages", "edits", "remove.wall_s", "s"),
+    ("edit peak RSS (add)", "edits", "add.peak_rss_bytes", "B"),
+    ("compaction peak RSS", "edits", "compact.peak_rss_bytes", "B"),
     ("add 1,000 passages", "edits", "add.wall_s", "s"),
     ("compaction after the edits", "edits", "compact.wall_s", "s"),
 ]
@@ -678,28 +687,51 @@ def write_json(state: State, out: Path) -> None:
     os.replace(tmp, out)
 
 
+def _shown(value: float, unit: str) -> str:
+    if unit == "B":
+        return f"{value / 2**30:.2f} GiB" if value >= 2**30 else f"{value / 2**20:.0f} MiB"
+    if unit == "s":
+        return f"{value:.3g} s" if value < 100 else f"{value / 60:.1f} min"
+    return f"{value:,.3g} {unit}" if value < 1000 else f"{value:,.0f} {unit}"
+
+
 def report(state: State) -> None:
+    """The two tables of the results page: what each size measured, and each cost's growth with N."""
     gib = 2**30
+    rerank = f"search_compressed_nprobe{4 * NPROBE}_rerank{4 * EXACT_RERANK}"
     rows = []
     for size, steps in state.data["sizes"].items():
 
         def get(step, key, scale=1.0, steps=steps):
-            value = steps.get(step, {}).get(key)
-            return "–" if value is None else f"{value / scale:.3g}"
+            value = _value(steps, step, key)
+            return "–" if value is None else f"{value / scale:,.3g}"
 
         rows.append(
             f"| {size} | {get('corpus_prepare', 'wall_s')} | {get('build_flat', 'wall_s')} | "
             f"{get('build_compressed', 'wall_s')} | {get('load_compressed', 'load_s')} | "
             f"{get('load_compressed', 'rss_beyond_interpreter_bytes', gib)} | {get('search_flat', 'qps_batch64')} | "
-            f"{get('search_compressed_rerank' + str(EXACT_RERANK), 'qps_batch64')} | "
-            f"{get('search_compressed_rerank' + str(EXACT_RERANK), 'recall_at_100_of_exact')} | "
-            f"{get('faiss_flat_ip', 'qps_batch64')} |"
+            f"{get('faiss_flat_ip', 'qps_batch64')} | {get(rerank, 'qps_batch64')} | "
+            f"{get(rerank, 'recall_at_100_of_exact')} | {get('edits', 'add.wall_s')} | "
+            f"{get('edits', 'compact.wall_s')} |"
         )
     print(
-        "| N | prepare s | build Flat s | build compressed s | load s | load RSS GiB | Flat q/s (64) | "
-        "compressed q/s (64) | recall@100 | FAISS Flat q/s |\n|---|---|---|---|---|---|---|---|---|---|"
+        "| N | prepare s | build Flat s | build compressed s | load s | resident after load GiB | Flat q/s | "
+        f"FAISS Flat q/s | compressed q/s (nprobe {4 * NPROBE}, k' {4 * EXACT_RERANK}) | recall@100 | "
+        "add 1,000 s | compact s |"
     )
+    print("|---" * 12 + "|")
     print("\n".join(rows))
+    print("\n| cost | measured | growth N^b | at 30M | at 100M |\n|---|---|---|---|---|")
+    for row in growth(state):
+        if not row["points"]:
+            continue
+        measured = ", ".join(f"{n / 1e6:g}M: {_shown(v, row['unit'])}" for n, v in row["points"])
+        fitted = (
+            (f"b = {row['exponent']:.2f}", _shown(row["at_30M"], row["unit"]), _shown(row["at_100M"], row["unit"]))
+            if "exponent" in row
+            else ("–", "–", "–")
+        )
+        print(f"| {row['cost']} | {measured} | {' | '.join(fitted)} |")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -119,12 +119,71 @@ def retriever_interpolation() -> str:
     return _svg(fig)
 
 
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "results" / "cpu"
+
+
+def scale() -> str:
+    """bench/scale.py's growth curve: each cost against N (log-log), the measured points and the power law
+    fitted to them, extended to 30M and 100M passages."""
+    data = json.loads((BENCH / "scale.json").read_text(encoding="utf-8"))
+    growth = {row["cost"]: row for row in data["growth"]}
+    panels = [
+        (
+            "seconds",
+            [
+                "corpus prepare time",
+                "Flat build time",
+                "compressed build time",
+                "add 1,000 passages",
+                "compaction after the edits",
+            ],
+            1.0,
+        ),
+        (
+            "GiB",
+            [
+                "compressed resident after load",
+                "compressed build peak RSS",
+                "Flat build peak RSS",
+                "corpus on disk",
+                "compressed index on disk",
+            ],
+            2**30,
+        ),
+        ("queries/s (batch 64)", ["Flat search, batch 64", "compressed search + re-rank, batch 64"], 1.0),
+    ]
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.6))
+    reach = [1e6, 1e8]
+    for ax, (unit, names, scale_by) in zip(axes, panels):
+        for name in names:
+            row = growth.get(name)
+            if not row or not row["points"]:
+                continue
+            xs, ys = zip(*row["points"])
+            line = ax.plot(xs, [y / scale_by for y in ys], marker="o", label=name)[0]
+            if "exponent" in row:
+                fitted = [row["coefficient"] * x ** row["exponent"] / scale_by for x in reach]
+                ax.plot(reach, fitted, linestyle=":", color=line.get_color(), linewidth=1)
+        if unit == "GiB":
+            ax.axhline(0.8 * 24, color="grey", linewidth=0.8)
+            ax.annotate("0.8 × 24 GiB", (1.1e6, 0.8 * 24), fontsize=7, color="grey", va="bottom")
+        ax.axvline(30e6, color="grey", linewidth=0.8, linestyle="--")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("passages N (dotted: fitted a·N^b)")
+        ax.set_ylabel(unit)
+        ax.legend(fontsize=6.5, loc="upper left")
+    fig.tight_layout()
+    return _svg(fig)
+
+
 FIGURES = {
     "reader-stages": reader_stages,
     "index-compressed": index_compressed,
     "reading-speed": reading_speed,
     "serving": serving,
     "retriever-interpolation": retriever_interpolation,
+    "scale": scale,
 }
 
 
