@@ -427,6 +427,21 @@ def _rewrite_without(arrow_path: Path, drop: np.ndarray) -> None:
     tmp.replace(arrow_path)
 
 
+def _taken_batches(table: pa.Table, rows: np.ndarray):
+    """`table`'s `rows` (ascending positions), `_WRITE_BATCH` at a time, taken within each record batch of the
+    table: a `take` across the whole of a large table concatenates its chunks first, and a string column
+    past 2 GiB of text cannot be concatenated (32-bit offsets)."""
+    if len(rows) and np.any(np.diff(rows) < 0):
+        raise ValueError("rows to take must be ascending")
+    offset = 0
+    for batch in table.to_batches():
+        stop = offset + batch.num_rows
+        mine = rows[np.searchsorted(rows, offset) : np.searchsorted(rows, stop)] - offset
+        for start in range(0, len(mine), _WRITE_BATCH):
+            yield pa.Table.from_batches([batch.take(pa.array(mine[start : start + _WRITE_BATCH]))])
+        offset = stop
+
+
 def merge_corpora(parts: list[tuple[Corpus, np.ndarray]], out: str | Path) -> Corpus:
     """Write the rows `rows` of each `(corpus, rows)` in `parts`, in that order, as one prepared
     corpus folder at `out` (written under a temporary name, then renamed); → the new `Corpus`.
@@ -448,9 +463,7 @@ def merge_corpora(parts: list[tuple[Corpus, np.ndarray]], out: str | Path) -> Co
                 row_hashes = np.empty(len(corpus), dtype=np.uint64)  # the id hash of each row
                 row_hashes[np.asarray(corpus._rows)] = corpus._hashes
                 hashes.append(row_hashes[rows])
-                table = corpus.table
-                for start in range(0, len(rows), _WRITE_BATCH):
-                    taken = table.take(pa.array(rows[start : start + _WRITE_BATCH]))
+                for taken in _taken_batches(corpus.table, rows):
                     writer.write_table(pa.Table.from_arrays([taken.column(c) for c in COLUMNS], schema=SCHEMA))
         count = int(sum(len(rows) for _, rows in parts))
         if count == 0:
