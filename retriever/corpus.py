@@ -22,7 +22,7 @@ import json
 import logging
 import time
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -427,14 +427,14 @@ def _rewrite_without(arrow_path: Path, drop: np.ndarray) -> None:
     tmp.replace(arrow_path)
 
 
-def _taken_batches(table: pa.Table, rows: np.ndarray):
-    """`table`'s `rows` (ascending positions), `_WRITE_BATCH` at a time, taken within each record batch of the
-    table: a `take` across the whole of a large table concatenates its chunks first, and a string column
-    past 2 GiB of text cannot be concatenated (32-bit offsets)."""
+def _taken_batches(batches: Iterable[pa.RecordBatch], rows: np.ndarray):
+    """The rows `rows` (ascending positions) of a table given as its record `batches`, `_WRITE_BATCH` at a
+    time, taken within each batch: a `take` across the whole of a large table concatenates its chunks
+    first, and a string column past 2 GiB of text cannot be concatenated (32-bit offsets)."""
     if len(rows) and np.any(np.diff(rows) < 0):
         raise ValueError("rows to take must be ascending")
     offset = 0
-    for batch in table.to_batches():
+    for batch in batches:
         stop = offset + batch.num_rows
         mine = rows[np.searchsorted(rows, offset) : np.searchsorted(rows, stop)] - offset
         for start in range(0, len(mine), _WRITE_BATCH):
@@ -463,8 +463,13 @@ def merge_corpora(parts: list[tuple[Corpus, np.ndarray]], out: str | Path) -> Co
                 row_hashes = np.empty(len(corpus), dtype=np.uint64)  # the id hash of each row
                 row_hashes[np.asarray(corpus._rows)] = corpus._hashes
                 hashes.append(row_hashes[rows])
-                for taken in _taken_batches(corpus.table, rows):
-                    writer.write_table(pa.Table.from_arrays([taken.column(c) for c in COLUMNS], schema=SCHEMA))
+                # read a batch at a time into memory, not through the corpus's map: the mapped pages a read
+                # touches stay in this process's resident memory until the map closes (the whole corpus, by
+                # the end of a compaction: GiBs at 10M passages)
+                with pa.OSFile(str(corpus.path / "passages.arrow")) as source:
+                    for taken in _taken_batches(pa.ipc.open_stream(source), rows):
+                        columns = [taken.column(c) for c in COLUMNS]
+                        writer.write_table(pa.Table.from_arrays(columns, schema=SCHEMA))
         count = int(sum(len(rows) for _, rows in parts))
         if count == 0:
             raise ValueError(f"{out}: nothing to write (every row of the corpora to merge is left out)")

@@ -55,11 +55,14 @@ from retriever.index_files import (  # noqa: F401
     check_encoder,
     check_file,
     check_rerank,
+    file_parts,
+    file_records,
     index_summary,
     load_npy,
     open_corpus,
     read_faiss,
     read_manifest,
+    vector_parts,
 )
 from retriever.index_types import (
     best_first,
@@ -68,7 +71,7 @@ from retriever.index_types import (
     search_parameters_target,
     set_search_params,
 )
-from retriever.rerank import advise_random, rerank_candidates
+from retriever.rerank import StoredVectors, advise_random, rerank_candidates
 from tasks.passage import Passage
 
 _LOAD_ATTEMPTS = 3  # generations a load may see committed under it before it gives up
@@ -87,8 +90,8 @@ class PassageIndex:
         manifest: dict,
         *,
         corpora: list[Corpus],
-        vectors: np.ndarray | None,
-        faiss_index: faiss.Index | None,
+        vectors: StoredVectors | None,
+        faiss_index: faiss.Index | list[tuple[int, faiss.Index]] | None,
         removed: np.ndarray,
         retriever=None,
         nprobe: int | None = None,
@@ -98,17 +101,22 @@ class PassageIndex:
         self.folder = folder
         self.manifest = manifest
         self.corpora = corpora
-        self.vectors = vectors  # (N, d) float16 memmap, or None
-        self.faiss_index = faiss_index
+        self.vectors = vectors  # (N, d) float16, memory-mapped files, or None
+        # the FAISS index in parts: (first position, index of the rows from there, numbered from 0); one part as
+        # built or compacted, then one per segment an edit appended (`index_files.file_parts`)
+        if isinstance(faiss_index, faiss.Index):
+            faiss_index = [(0, faiss_index)]
+        self.faiss_parts: list[tuple[int, faiss.Index]] = faiss_index or []
+        self.faiss_index = self.faiss_parts[0][1] if self.faiss_parts else None  # the part as built or compacted
         self.removed = removed  # (N,) bool
         self.retriever = retriever
         self._offsets = np.array([s["offset"] for s in manifest["segments"]], dtype=np.int64)
         self.nprobe = nprobe if nprobe is not None else manifest.get("nprobe", 32)
         self.ef_search = ef_search if ef_search is not None else manifest.get("ef_search", 128)
-        if faiss_index is not None:
-            set_search_params(faiss_index, nprobe=self.nprobe, ef_search=self.ef_search)
+        for _, part in self.faiss_parts:
+            set_search_params(part, nprobe=self.nprobe, ef_search=self.ef_search)
         self.exact_rerank = check_rerank(manifest, folder, exact_rerank, has_vectors=vectors is not None)
-        if faiss_index is not None and vectors is not None:
+        if self.faiss_parts and vectors is not None:
             advise_random(vectors)  # read only at candidate rows (re-rank, `embeddings`)
 
     @classmethod
@@ -121,6 +129,7 @@ class PassageIndex:
         allow_encoder_mismatch: bool = False,
         verify: bool = False,
         mmap: bool = True,
+        read_faiss_index: bool = True,
         nprobe: int | None = None,
         ef_search: int | None = None,
         exact_rerank: int | None = None,
@@ -132,7 +141,9 @@ class PassageIndex:
         folder when it moved (its fingerprint must match). verify: also check every file's
         SHA-256 against the manifest (reads every byte; sizes are always checked). mmap:
         memory-map the FAISS index with the flags of its family (float16 vectors are always
-        memory-mapped); an index opened so is read-only (`mmap=False` to `add` to it).
+        memory-mapped); an index opened so is read-only (`mmap=False` to `add` to it). read_faiss_index: False
+        leaves the FAISS index unread (an update that appends a part of its own needs only the corpora and the
+        removed mask; at 10M rows the codes take seconds to read); such an index cannot search.
         exact_rerank: k' candidates to re-score exactly from the float16 vectors (0: off; None: the
         manifest's `exact_rerank`); needs the vectors file (`InvalidIndexError` naming it otherwise).
         """
@@ -148,6 +159,7 @@ class PassageIndex:
                     allow_encoder_mismatch=allow_encoder_mismatch,
                     verify=verify,
                     mmap=mmap,
+                    read_faiss_index=read_faiss_index,
                     nprobe=nprobe,
                     ef_search=ef_search,
                     exact_rerank=exact_rerank,
@@ -170,6 +182,7 @@ class PassageIndex:
         allow_encoder_mismatch: bool,
         verify: bool,
         mmap: bool,
+        read_faiss_index: bool,
         nprobe: int | None,
         ef_search: int | None,
         exact_rerank: int | None,
@@ -184,36 +197,21 @@ class PassageIndex:
                 settings={"passage_format": retriever.passage_format, "passage_maxlength": retriever.passage_maxlength},
             )
         files = manifest["files"]
-        for record in files.values():
+        for record in file_records(manifest):
             check_file(folder, record, verify_hash=verify)
         corpora = [
             open_corpus(folder, seg, corpus if i == 0 else None, verify=verify)
             for i, seg in enumerate(manifest["segments"])
         ]
-        vectors = None
-        if "vectors" in files:
-            vectors = load_npy(folder / files["vectors"]["name"], mmap_mode="r")
-            if vectors.shape != (manifest["total"], manifest["dim"]) or vectors.dtype != np.float16:
-                raise InvalidIndexError(
-                    f"{folder / files['vectors']['name']}: shape {vectors.shape} {vectors.dtype}, "
-                    f"manifest says ({manifest['total']}, {manifest['dim']}) float16"
-                )
-        faiss_index = None
-        if "faiss" in files:
-            flags = faiss_read_flags(manifest["spec"], manifest["dim"], mmap=mmap)
-            faiss_index = read_faiss(folder / files["faiss"]["name"], io_flags=flags)
-            if faiss_index.ntotal != manifest["total"] or faiss_index.d != manifest["dim"]:
-                raise InvalidIndexError(
-                    f"{folder / files['faiss']['name']}: {faiss_index.ntotal} vectors of dim "
-                    f"{faiss_index.d}, manifest says {manifest['total']} of dim {manifest['dim']}"
-                )
+        vectors = _stored_vectors(folder, manifest)
+        faiss_parts = _faiss_parts(folder, manifest, mmap=mmap) if read_faiss_index else None
         removed = load_npy(folder / files["removed"]["name"])
         return cls(
             folder,
             manifest,
             corpora=corpora,
             vectors=vectors,
-            faiss_index=faiss_index,
+            faiss_index=faiss_parts,
             removed=removed.astype(bool),
             retriever=retriever,
             nprobe=nprobe,
@@ -291,6 +289,8 @@ class PassageIndex:
         query_vectors = np.ascontiguousarray(query_vectors, dtype=np.float32)
         if query_vectors.ndim != 2 or query_vectors.shape[1] != self.dim:
             raise ValueError(f"query vectors must be (Q, {self.dim}), got {query_vectors.shape}")
+        if self.manifest["spec"] != "Flat" and not self.faiss_parts:
+            raise RuntimeError(f"{self.folder} was opened without its FAISS index (read_faiss_index=False)")
         any_removed = bool(self.removed.any())
         if self.faiss_index is None:
             scores, rows = exact_search(
@@ -298,14 +298,7 @@ class PassageIndex:
             )
         else:
             wide = max(k, self.exact_rerank)  # the compressed index proposes k' candidates
-            scores, rows = search_live(
-                self.faiss_index,
-                query_vectors,
-                wide,
-                removed=self.removed if any_removed else None,
-                nprobe=self.nprobe,
-                ef_search=self.ef_search,
-            )
+            scores, rows = self._search_parts(query_vectors, wide, any_removed)
             if self.exact_rerank:  # exact scores of the candidates, from the memory-mapped vectors
                 scores, rows = rerank_candidates(query_vectors, self.vectors, rows, k)
         # one order for every path (FAISS and top-k leave ties in heap order); -inf if missing
@@ -344,6 +337,27 @@ class PassageIndex:
             )
         return hits
 
+    def _search_parts(self, query_vectors: np.ndarray, k: int, any_removed: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k live positions by the FAISS index's scores, over all its parts: (Q, d) → (scores, rows), (Q, k).
+        Each part is searched for its own top k and the results merged (the parts share the trained quantiser,
+        so their scores are of one scale)."""
+        results = []
+        for offset, part in self.faiss_parts:
+            removed = self.removed[offset : offset + part.ntotal] if any_removed else None
+            scores, rows = search_live(
+                part,
+                query_vectors,
+                k,
+                removed=removed if removed is not None and removed.any() else None,
+                nprobe=self.nprobe,
+                ef_search=self.ef_search,
+            )
+            results.append((scores, np.where(rows >= 0, rows + offset, -1)))
+        if len(results) == 1:
+            return results[0]
+        scores, rows = np.concatenate([r[0] for r in results], axis=1), np.concatenate([r[1] for r in results], axis=1)
+        return best_first(np.where(rows >= 0, scores, -np.inf).astype(np.float32), rows, k)
+
     @staticmethod
     def _hit(record: dict, score: float, row: int) -> Passage:
         """The search result for the corpus row `record` at index position `row`."""
@@ -354,6 +368,41 @@ class PassageIndex:
     def info(self) -> dict:
         """A summary for `atlas index info`: the manifest plus sizes on disk."""
         return index_summary(self.manifest)
+
+
+def _faiss_parts(folder: Path, manifest: dict, *, mmap: bool) -> list[tuple[int, faiss.Index]]:
+    """The index's FAISS files (`index_files.file_parts`), read with the flags of its family and checked against
+    the rows and dimension the manifest gives each: [(first position, index)]; empty for `Flat`."""
+    parts, offset = [], 0
+    flags = faiss_read_flags(manifest["spec"], manifest["dim"], mmap=mmap)
+    for record, rows in file_parts(manifest, "faiss"):
+        path = folder / record["name"]
+        index = read_faiss(path, io_flags=flags)
+        if index.ntotal != rows or index.d != manifest["dim"]:
+            raise InvalidIndexError(
+                f"{path}: {index.ntotal} vectors of dim {index.d}, manifest says {rows} of dim {manifest['dim']}"
+            )
+        parts.append((offset, index))
+        offset += rows
+    return parts
+
+
+def _stored_vectors(folder: Path, manifest: dict) -> StoredVectors | None:
+    """The index's float16 vectors files (`index_files.vector_parts`), memory-mapped and checked against the
+    rows and dimension the manifest gives each; None where it keeps none."""
+    parts = vector_parts(manifest)
+    if not parts:
+        return None
+    files = []
+    for record, rows in parts:
+        path = folder / record["name"]
+        array = load_npy(path, mmap_mode="r")
+        if array.shape != (rows, manifest["dim"]) or array.dtype != np.float16:
+            raise InvalidIndexError(
+                f"{path}: shape {array.shape} {array.dtype}, manifest says ({rows}, {manifest['dim']}) float16"
+            )
+        files.append(array)
+    return StoredVectors.of(files, manifest["dim"])
 
 
 def search_live(

@@ -32,6 +32,7 @@ from retriever.index_files import (
     FORMAT_VERSION,
     MANIFEST,
     file_record,
+    file_records,
     read_manifest,
     write_manifest,
 )
@@ -220,9 +221,11 @@ def train_and_fill(
     seed: int = 0,
     add_chunk: int = 65536,
     on_added: Callable[[int], None] | None = None,
+    on_trained: Callable[[faiss.Index], None] | None = None,
 ) -> faiss.Index:
     """A FAISS index of `spec` (inner product) trained on a seeded sample of `vectors` and
-    filled with all of them, chunk by chunk.
+    filled with all of them, chunk by chunk. `on_trained(index)` is called with the trained, still
+    empty index before any vector is added (the build keeps it: an edit fills a copy of it).
 
     vectors: (N, d) float16/32 — an array, a memmap, or any object with `.shape` that returns
     float rows for `vectors[start:stop]` and for a sorted int64 array of rows (the scale
@@ -234,6 +237,8 @@ def train_and_fill(
         rng = np.random.default_rng(seed)
         sample = np.sort(rng.choice(n, size=min(train_sample, n), replace=False))
         index.train(np.asarray(_rows(vectors, sample), dtype=np.float32))
+    if on_trained is not None:
+        on_trained(index)
     for start in range(0, n, add_chunk):
         index.add(np.asarray(_rows(vectors, np.arange(start, min(start + add_chunk, n))), dtype=np.float32))
         if on_added is not None:
@@ -423,10 +428,18 @@ def _write_index_files(
     vectors = np.load(vectors_path, mmap_mode="r")
     files: dict[str, dict] = {}
     if spec != "Flat":
-        faiss.write_index(
-            train_and_fill(spec, vectors, train_sample=train_sample, seed=seed), str(folder / "index.g1.faiss")
+        keeps_trained = index_type(spec, vectors.shape[1]).appends == "part"
+
+        def keep_trained(index: faiss.Index) -> None:  # what an edit fills with its new rows (`index_update`)
+            faiss.write_index(index, str(folder / "trained.g1.faiss"))
+
+        index = train_and_fill(
+            spec, vectors, train_sample=train_sample, seed=seed, on_trained=keep_trained if keeps_trained else None
         )
+        faiss.write_index(index, str(folder / "index.g1.faiss"))
         files["faiss"] = file_record(folder / "index.g1.faiss")
+        if keeps_trained:
+            files["trained"] = file_record(folder / "trained.g1.faiss")
     if spec == "Flat" or keep_embeddings:
         link_or_copy(vectors_path, folder / "vectors.g1.npy")
         files["vectors"] = file_record(folder / "vectors.g1.npy")
@@ -514,7 +527,7 @@ def publish_to_cache(index_folder: str | os.PathLike, corpus_path: str | os.Path
         return None
     try:
         manifest = read_manifest(source)
-        for record in manifest["files"].values():
+        for record in file_records(manifest):
             os.link(source / record["name"], tmp / record["name"])
         write_manifest(tmp, manifest)  # a copy: the run's own manifest is replaced by updates
         atomic_write_json(tmp / BUILD_SETTINGS, settings)
@@ -542,8 +555,11 @@ def link_index(
     source, target = Path(source), Path(target)
     manifest = read_manifest(source)
     with atomic_directory(target) as tmp:
-        for record in manifest["files"].values():
+        for record in file_records(manifest):  # the segments' own files too: an index that took edits
             link_or_copy(source / record["name"], tmp / record["name"])
+        for segment in manifest["segments"][1:]:  # segments added by edits, inside the index: linked likewise
+            if not Path(segment["corpus"]).is_absolute():
+                shutil.copytree(source / segment["corpus"], tmp / segment["corpus"], copy_function=link_or_copy)
         manifest["segments"][0]["corpus"] = str(Path(corpus_path).resolve())
         manifest.update({k: v for k, v in (("nprobe", nprobe), ("ef_search", ef_search)) if v is not None})
         write_manifest(tmp, manifest)

@@ -32,8 +32,10 @@ remove` run when due): the segments after the base one (the corpus the index was
 merged into one without their dead rows; the base segment stays where it is (it can be most of
 a Wikipedia-sized index, and outside the index folder) unless its own dead rows pass
 `MAX_DEAD_FRACTION` of it. `full=True` (`atlas index compact`) rewrites everything into one
-segment inside the index folder. The vector files are rewritten when rows are dropped (as every
-edit rewrites them); a merge of segments without dead rows writes the merged corpus only.
+segment inside the index folder. The vectors and FAISS files of the merged segments (an edit writes
+its own of each) are merged too: the FAISS parts into one index (`merged_faiss`: their codes appended,
+not computed again), written without the dead rows; the vectors into one file, except that the file of
+the rows as built stays where the base does and the merged segment's rows are written beside it.
 
 Crash safety is the updates' own: new files, flushed, then the manifest replaced atomically, then
 the superseded files deleted (by the next writer, when the process died first); a failure or a
@@ -54,7 +56,7 @@ import numpy as np
 
 from retriever.corpus import merge_corpora
 from retriever.index import PassageIndex
-from retriever.index_files import commit, read_manifest, remove_unreferenced, writer_lock
+from retriever.index_files import commit, file_record, read_manifest, remove_unreferenced, writer_lock
 from retriever.index_types import build_faiss_index, search_parameters_target
 from retriever.rerank import gather_rows
 from retriever.vectors import write_float16_rows
@@ -161,13 +163,16 @@ def _compact_locked(folder: Path, *, full: bool) -> CompactionStats:
             shutil.rmtree(merged_path)
         # no merged segment when none of its rows is live (only the base is left)
         merged = merge_corpora(parts, merged_path) if sum(len(rows) for _, rows in parts) else None
-        if drop.any():  # else only the segments merge: the positions, so the vector files, stay
-            if index.vectors is not None:
-                written["vectors"] = _write_vectors(folder / f"vectors.g{generation}.npy", index.vectors, keep)
-            if index.faiss_index is not None:
-                path = folder / f"index.g{generation}.faiss"
-                faiss.write_index(drop_rows(index.faiss_index, drop, manifest["spec"]), str(path))
-                written["faiss"] = path
+        vectors_path = folder / f"vectors.g{generation}.npy"
+        merged_vectors = _compacted_vectors(index, vectors_path, first, start, keep, has_merged=merged is not None)
+        if merged_vectors is None and vectors_path.is_file():  # every row in one file again
+            written["vectors"] = vectors_path
+        faiss_index = merged_faiss(index.faiss_parts)  # one index again (None for Flat)
+        if faiss_index is not None and (drop.any() or len(index.faiss_parts) > 1):
+            path = folder / f"index.g{generation}.faiss"
+            faiss.write_index(drop_rows(faiss_index, drop, manifest["spec"]) if drop.any() else faiss_index, str(path))
+            written["faiss"] = path
+        if drop.any():  # else only the segments merge: the positions stay
             path = folder / f"removed.g{generation}.npy"
             np.save(path, removed[keep])
             written["removed"] = path
@@ -184,6 +189,7 @@ def _compact_locked(folder: Path, *, full: bool) -> CompactionStats:
                 "bytes": merged.arrow_bytes,
                 "count": len(merged),
                 "offset": start,
+                **({"vectors": file_record(merged_vectors)} if merged_vectors is not None else {}),
             }
         ]
         if merged is not None
@@ -196,12 +202,57 @@ def _compact_locked(folder: Path, *, full: bool) -> CompactionStats:
         "merged_segments": len(segments) - first,
         "full": not keep_base,
     }
-    commit(folder, manifest, written, (merged_path,) if merged is not None else ())
+    commit(folder, manifest, written, tuple(p for p in (merged_path if merged else None, merged_vectors) if p))
     stats.compacted = True
     stats.rows_after, stats.dead_after = new_total, new_total - manifest["count"]
     stats.segments_after, stats.generation = len(manifest["segments"]), generation
     stats.seconds = round(time.perf_counter() - started, 3)
     return stats
+
+
+def merged_faiss(parts: list[tuple[int, faiss.Index]]) -> faiss.Index | None:
+    """The FAISS parts of an index (`PassageIndex.faiss_parts`: (first position, index), the first loaded
+    writable) as one index: each later part's codes appended to the first's (`merge_from`; an IVF index numbers
+    them from the part's first position). The codes are copied, not computed again: the merged index returns
+    what the parts did. None when there are none (`Flat`)."""
+    if not parts:
+        return None
+    first, end = parts[0][1], parts[0][0]
+    for offset, part in parts:
+        if offset != end:
+            raise ValueError(f"a FAISS part starts at position {offset}, but the parts before it end at {end}")
+        end += part.ntotal
+    ivf = faiss.try_extract_index_ivf(first)
+    if ivf is not None and isinstance(faiss.downcast_InvertedLists(ivf.invlists), faiss.BlockInvertedLists):
+        # fast scan: FAISS's `BlockInvertedLists.add_entries` copies past a list's buffer when it appends to a
+        # list whose length is a multiple of its block's bytes (it compares entries with bytes), so each list
+        # is rebuilt whole, as a compaction's dropping does
+        _rebuild_lists(first, [(offset, faiss.extract_index_ivf(part)) for offset, part in parts])
+        return first
+    for offset, part in parts[1:]:
+        first.merge_from(part, offset if ivf is not None else 0)
+    return first
+
+
+def _compacted_vectors(
+    index: PassageIndex, path: Path, first: int, start: int, keep: np.ndarray, *, has_merged: bool
+) -> Path | None:
+    """Write the vectors a compaction keeps to `path` (where the index keeps vectors, and they change).
+
+    The segments from `first` on (positions `start` on) are merged. Where the file of the rows as built
+    (`files.vectors`) holds exactly the segments kept before them, it stays, and the merged segment's rows are
+    written as its own file: → `path`. Otherwise every kept row is written into `path`, the new `files.vectors`
+    (→ None; as when nothing needed writing, and `path` is then not there)."""
+    segments = index.manifest["segments"]
+    own = next((i for i, s in enumerate(segments) if "vectors" in s), len(segments))  # `index_files.vector_parts`
+    if index.vectors is None or (own == len(segments) and keep.all()):
+        return None  # no vectors, or one file whose rows all stay
+    if first >= 1 and own == first:
+        if not has_merged:
+            return None  # the merged segments' rows all dead: the file as built holds every kept row
+        return _write_vectors(path, index.vectors[start:], keep[start:])
+    _write_vectors(path, index.vectors, keep)
+    return None
 
 
 def _write_vectors(path: Path, vectors: np.ndarray, keep: np.ndarray) -> Path:
@@ -239,40 +290,80 @@ def drop_rows(index: faiss.Index, drop: np.ndarray, spec: str) -> faiss.Index:
     return index
 
 
+def _rebuild_lists(index: faiss.Index, parts: list[tuple[int, faiss.IndexIVF]]) -> None:
+    """Replace the inverted lists of `index` (its IVF is `parts[0]`'s) by each list's entries from every part
+    in turn, the part's ids shifted by its first position; codes copied as they are (unpacked and packed
+    again for blocked lists)."""
+    ivf = parts[0][1]
+    first_lists = faiss.downcast_InvertedLists(ivf.invlists)
+    fresh = _empty_lists_like(ivf, first_lists)
+    sources = [(offset, faiss.downcast_InvertedLists(part.invlists)) for offset, part in parts]
+    for number in range(ivf.nlist):
+        ids, codes = [], []
+        for offset, lists in sources:
+            size = lists.list_size(number)
+            if size:
+                ids.append(faiss.rev_swig_ptr(lists.get_ids(number), size).copy() + offset)
+                codes.append(_list_codes(lists, number, size))
+        if ids:
+            _add_list(fresh, first_lists, number, np.concatenate(ids), np.concatenate(codes))
+    total = sum(part.ntotal for _, part in parts)
+    _install_lists(index, ivf, fresh, total)
+
+
+def _empty_lists_like(ivf: faiss.IndexIVF, lists) -> faiss.InvertedLists:
+    """Empty inverted lists of the kind and code size of `lists` (blocked lists get a packer of their own)."""
+    if isinstance(lists, faiss.BlockInvertedLists):  # fast scan: codes packed 32 to a block
+        packer = ivf.get_CodePacker()  # a new packer, owned by the new lists
+        fresh = faiss.BlockInvertedLists(ivf.nlist, packer)
+        packer.this.disown()
+        return fresh
+    return faiss.ArrayInvertedLists(ivf.nlist, lists.code_size)
+
+
+def _list_codes(lists, number: int, size: int) -> np.ndarray:
+    """The (size, code_size) codes of one inverted list, unpacked where it is blocked."""
+    if isinstance(lists, faiss.BlockInvertedLists):
+        return _unpacked(lists, number, size)
+    return faiss.rev_swig_ptr(lists.get_codes(number), size * lists.code_size).reshape(size, -1)
+
+
+def _add_list(fresh, like, number: int, ids: np.ndarray, codes: np.ndarray) -> None:
+    """Fill the empty list `number` of `fresh` with `ids` and their (n, code_size) `codes` (packed as `like`
+    packs them). Into an empty list, which is where FAISS's blocked `add_entries` is right."""
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    data = _packed(like, np.ascontiguousarray(codes)) if isinstance(like, faiss.BlockInvertedLists) else codes
+    fresh.add_entries(number, len(ids), faiss.swig_ptr(ids), faiss.swig_ptr(np.ascontiguousarray(data)))
+
+
+def _install_lists(index: faiss.Index, ivf: faiss.IndexIVF, fresh, total: int) -> None:
+    """Make `fresh` the lists of `ivf` (the IVF of `index`), which then holds `total` vectors."""
+    ivf.replace_invlists(fresh, True)
+    fresh.this.disown()  # the index owns (and frees) the new lists
+    ivf.ntotal = total
+    outer = faiss.downcast_index(index)
+    while isinstance(outer, faiss.IndexPreTransform):  # OPQ: the wrapper counts too
+        outer.ntotal = total
+        outer = faiss.downcast_index(outer.index)
+    if ivf.direct_map.type != faiss.DirectMap.NoMap:
+        ivf.make_direct_map(True)
+
+
 def _drop_from_lists(ivf: faiss.IndexIVF, drop: np.ndarray) -> None:
     """Rebuild each inverted list of `ivf` from its entries not in `drop`, in their order, with
     ids renumbered to the positions they will have; codes copied as they are."""
     new_id = np.cumsum(~drop) - 1
     lists = faiss.downcast_InvertedLists(ivf.invlists)
-    blocked = isinstance(lists, faiss.BlockInvertedLists)  # fast scan: codes packed 32 to a block
-    if blocked:
-        packer = ivf.get_CodePacker()  # a new packer, owned by the new lists
-        fresh = faiss.BlockInvertedLists(ivf.nlist, packer)
-        packer.this.disown()
-    else:
-        fresh = faiss.ArrayInvertedLists(ivf.nlist, lists.code_size)
+    fresh = _empty_lists_like(ivf, lists)
     for number in range(ivf.nlist):
         size = lists.list_size(number)
         if size == 0:
             continue
         ids = faiss.rev_swig_ptr(lists.get_ids(number), size).copy()
         kept = ~drop[ids]
-        if not kept.any():
-            continue
-        codes = (
-            _unpacked(lists, number, size)
-            if blocked
-            else faiss.rev_swig_ptr(lists.get_codes(number), size * lists.code_size).reshape(size, -1)
-        )
-        codes = np.ascontiguousarray(codes[kept])
-        new_ids = np.ascontiguousarray(new_id[ids[kept]], dtype=np.int64)
-        data = _packed(lists, codes) if blocked else codes
-        fresh.add_entries(number, len(new_ids), faiss.swig_ptr(new_ids), faiss.swig_ptr(data))
-    ivf.replace_invlists(fresh, True)
-    fresh.this.disown()  # the index owns (and frees) the new lists
-    ivf.ntotal = int((~drop).sum())
-    if ivf.direct_map.type != faiss.DirectMap.NoMap:
-        ivf.make_direct_map(True)
+        if kept.any():
+            _add_list(fresh, lists, number, new_id[ids[kept]], _list_codes(lists, number, size)[kept])
+    _install_lists(ivf, ivf, fresh, int((~drop).sum()))
 
 
 def _unpacked(lists: faiss.BlockInvertedLists, number: int, size: int) -> np.ndarray:

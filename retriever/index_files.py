@@ -22,11 +22,14 @@ from retriever.fingerprint import hash_file
 from tasks.io import atomic_write_json
 
 MANIFEST = "manifest.json"
-FORMAT_VERSION = 1
+# 2: a segment added by an edit may have files of its own (`file_parts`), and a FAISS index keeps its trained,
+# empty form (`files.trained`); a version-1 index (every file whole) reads as one whose segments have none
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 LOCK = ".writer.lock"  # exists while the one process that updates or compacts the index holds it
 # files and segment folders a generation writes (`.gN.` / `segment-gN`), and the temporary names
 # of atomic writes: what `remove_unreferenced` may delete when the manifest does not name it
-_GENERATION_FILE = re.compile(r"(vectors|index|removed)\.g\d+\.(npy|faiss)|\.manifest\.json\..+")
+_GENERATION_FILE = re.compile(r"(vectors|index|removed|trained)\.g\d+\.(npy|faiss)|\.manifest\.json\..+")
 _SEGMENT_DIR = re.compile(r"segment-g\d+|\.segment-g\d+\.(tmp|old)-.+")
 
 
@@ -55,9 +58,10 @@ def read_manifest(path: str | os.PathLike) -> dict:
         manifest = json.loads(manifest_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise InvalidIndexError(f"{manifest_path}: corrupted manifest ({e})") from None
-    if manifest.get("format_version") != FORMAT_VERSION:
+    if manifest.get("format_version") not in READABLE_VERSIONS:
         raise InvalidIndexError(
-            f"{manifest_path}: format_version {manifest.get('format_version')!r}, expected {FORMAT_VERSION}"
+            f"{manifest_path}: format_version {manifest.get('format_version')!r}, this atlas reads "
+            f"{' and '.join(map(str, READABLE_VERSIONS))} (an index written by a newer atlas?)"
         )
     return manifest
 
@@ -78,6 +82,38 @@ def check_file(folder: Path, record: dict, *, verify_hash: bool) -> Path:
     if verify_hash and hash_file(path) != record["sha256"]:
         raise InvalidIndexError(f"{path}: corrupted (SHA-256 differs from the manifest)")
     return path
+
+
+def file_parts(manifest: dict, role: str) -> list[tuple[dict, int]]:
+    """The files of one role ("vectors": float16 vectors; "faiss": the FAISS index) in position order, with the
+    rows each must hold: (record, rows).
+
+    `files[role]` holds the rows as built or last compacted: those of every segment before the first that has
+    its own file of the role; each segment an edit appended since has one (`segments[i][role]`, its `count`
+    rows). Manifests written before segments had their own files have `files[role]` alone, over every row.
+    Empty where the index has no file of the role (no vectors kept; `Flat`, which has no FAISS index)."""
+    segments = manifest["segments"]
+    own = next((i for i, s in enumerate(segments) if role in s), len(segments))
+    parts = []
+    if role in manifest["files"]:
+        rows = segments[own]["offset"] if own < len(segments) else manifest["total"]
+        parts.append((manifest["files"][role], rows))
+    parts.extend((s[role], s["count"]) for s in segments[own:])
+    return parts
+
+
+def vector_parts(manifest: dict) -> list[tuple[dict, int]]:
+    """`file_parts(manifest, "vectors")`: the float16 vectors files."""
+    return file_parts(manifest, "vectors")
+
+
+SEGMENT_FILE_ROLES = ("vectors", "faiss")  # the files a segment appended by an edit may have of its own
+
+
+def file_records(manifest: dict) -> list[dict]:
+    """Every file record of an index's manifest: its `files` and its segments' own vectors and FAISS files."""
+    own = [s[role] for s in manifest["segments"] for role in SEGMENT_FILE_ROLES if role in s]
+    return [*manifest["files"].values(), *own]
 
 
 def check_encoder(
@@ -169,15 +205,20 @@ def index_summary(manifest: dict) -> dict:
     """The manifest without file hashes, plus the rows (live: searchable; dead: removed or
     replaced, still in the files until a compaction), the corpus segments, total bytes of the
     index files and bytes per live passage."""
-    size = sum(r["bytes"] for r in manifest["files"].values())
+    size = sum(r["bytes"] for r in file_records(manifest))
     return {
-        **{k: v for k, v in manifest.items() if k != "files"},
+        **{k: v for k, v in manifest.items() if k not in ("files", "segments")},
+        "segments": [
+            {k: v if k not in SEGMENT_FILE_ROLES else v["name"] for k, v in s.items()} for s in manifest["segments"]
+        ],
         "live_rows": manifest["count"],
         "dead_rows": manifest["total"] - manifest["count"],
         "segment_count": len(manifest["segments"]),
         "bytes_on_disk": size,
         "bytes_per_passage": round(size / max(manifest["count"], 1), 2),
         "files": {role: r["name"] for role, r in manifest["files"].items()},
+        "vectors_files": [record["name"] for record, _ in vector_parts(manifest)],
+        "faiss_files": [record["name"] for record, _ in file_parts(manifest, "faiss")],
     }
 
 
@@ -276,15 +317,17 @@ def fsync_path(path: Path) -> None:
             os.close(fd)
 
 
-def commit(folder: Path, manifest: dict, new_files: dict[str, Path], new_dirs: tuple[Path, ...] = ()) -> None:
+def commit(folder: Path, manifest: dict, new_files: dict[str, Path], also_written: tuple[Path, ...] = ()) -> None:
     """Record `new_files` (role → written file) in `manifest`, replace `manifest.json` (the
     commit point), then delete what the new manifest no longer names.
 
-    The new files (and `new_dirs`, e.g. a new corpus segment) reach the disk before the manifest
-    that names them: otherwise a power cut could leave a committed manifest over empty files."""
+    The new files (and `also_written`: a new corpus segment's folder, a segment's own vectors file,
+    recorded in `manifest` by the caller) reach the disk before the manifest that names them:
+    otherwise a power cut could leave a committed manifest over empty files."""
     for role, path in new_files.items():
         manifest["files"][role] = file_record(path)
-    for path in [*new_files.values(), *new_dirs]:
+    manifest["format_version"] = FORMAT_VERSION  # a version-1 index that takes an edit is written as this one
+    for path in [*new_files.values(), *also_written]:
         fsync_path(path)
     write_manifest(folder, manifest)
     fsync_path(folder)  # the manifest's rename
@@ -295,7 +338,7 @@ def remove_unreferenced(folder: Path, manifest: dict) -> list[str]:
     """Delete the generation files and corpus segment folders of `folder` that `manifest` does
     not name (superseded by a commit, or left by a writer that died before or after its commit);
     → their names. Only under the writer lock: another writer's files would look the same."""
-    named = {record["name"] for record in manifest["files"].values()}
+    named = {record["name"] for record in file_records(manifest)}
     segments = {(folder / s["corpus"]).resolve() for s in manifest["segments"]}
     deleted = []
     for path in folder.iterdir():

@@ -52,6 +52,10 @@ class IndexType:
     `shard` says how a sharded index (retriever/sharded.py) splits it over ranks: "rows"
     (each rank keeps a contiguous range of positions; exact) or "replicate" (HNSW: a graph
     restricted to some ids is searched differently, so each rank searches the whole of it).
+    `appends` says how an edit adds rows (retriever/index_update.py): "part" (a FAISS file of the
+    new rows alone, filled from the trained, empty index kept at build; searched beside the others
+    and merged into one at compaction with FAISS's `merge_from`) or "rewrite" (HNSW: a graph is
+    one whole, and FAISS cannot merge two: the index is written again with the new rows).
     """
 
     pattern: str
@@ -61,6 +65,7 @@ class IndexType:
     check: Callable[[re.Match, int], None]
     mmap: Literal["inverted_lists", "codes", "none"] = "codes"
     shard: Literal["rows", "replicate"] = "rows"
+    appends: Literal["part", "rewrite"] = "part"
 
 
 def _no_check(match: re.Match, dim: int) -> None:
@@ -144,7 +149,9 @@ INDEX_TYPES: dict[str, IndexType] = {
         mmap="none",
         shard="replicate",
     ),
-    "hnsw": IndexType(r"HNSW(?P<M>\d+)", "HNSW32", False, "efSearch", _check_positive("M"), shard="replicate"),
+    "hnsw": IndexType(
+        r"HNSW(?P<M>\d+)", "HNSW32", False, "efSearch", _check_positive("M"), shard="replicate", appends="rewrite"
+    ),
     "sq8": IndexType(r"SQ8", "SQ8", True, None, _no_check),
 }
 
@@ -405,6 +412,8 @@ def _live_chunks(
     queries are few. `live` and `dead` are None when the whole chunk is live."""
     for start in range(0, len(vectors), chunk_rows):
         block = vectors[start : start + chunk_rows]  # (C, d)
+        if not isinstance(block, np.ndarray):  # `rerank.StoredVectors`: a view of one file, or rows of two read
+            block = np.asarray(block)
         live = dead = None
         if exclude is not None:
             excluded = np.asarray(exclude[start : start + len(block)], dtype=bool)

@@ -4,8 +4,13 @@ None re-embeds the passages already indexed. `add_passages` embeds only the new 
 appends them as a new corpus segment; `update_passages` does the same for new versions of live
 passages and marks the old versions removed in the same commit; `remove_passages` marks
 positions removed (search never returns them; their rows stay in the files until a compaction,
-retriever/index_compact.py, drops them). Every update writes next-generation files, flushes them
-to disk, and then atomically replaces `manifest.json`: a crash (even kill -9 or a power cut)
+retriever/index_compact.py, drops them). An update writes what it changes, not what it keeps: the new
+segment's passages, float16 vectors and FAISS codes (files of its own, `segments[i].vectors` and
+`segments[i].faiss` in the manifest: the index's trained, empty FAISS index, kept at build as
+`trained.g1.faiss`, filled with the new rows) and the removed mask (one byte a row). HNSW, whose graph
+cannot be merged, and indexes built before parts have their FAISS index written again whole. Search
+merges the parts' results; a compaction merges the parts into one. Every update writes next-generation
+files, flushes them to disk, and then atomically replaces `manifest.json`: a crash (even kill -9 or a power cut)
 leaves either the previous index or the new one, never a mix, and the superseded files are
 deleted afterwards (or by the next writer, when the crash came first). One process writes at a
 time: each update holds the index's writer lock (`index_files.writer_lock`), and a second
@@ -21,7 +26,6 @@ check runs before anything is written, and its error names the id and the input 
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import shutil
@@ -42,8 +46,15 @@ from retriever.corpus import (
     prepare_corpus,
 )
 from retriever.index import PassageIndex
-from retriever.index_files import commit, remove_unreferenced, writer_lock
-from retriever.rerank import gather_rows
+from retriever.index_files import (
+    check_file,
+    commit,
+    file_record,
+    read_faiss,
+    read_manifest,
+    remove_unreferenced,
+    writer_lock,
+)
 from retriever.vectors import write_float16_rows
 from tasks.io import InputError, write_jsonl
 from tasks.limits import MAX_PASSAGE_CHARS, passage_too_long
@@ -285,11 +296,21 @@ def _append_locked(
     progress: bool,
     remove: Sequence[str],
 ) -> UpdateStats:
-    # verified in full: the new files are derived from these bytes, and an update reads and
-    # rewrites all of them anyway
+    # the files an update derives new ones from are verified in full (a damaged one would be written again under
+    # a fresh hash): the removed mask, and the trained index a FAISS part is filled from, or the FAISS index that
+    # is written again with the new rows (HNSW, and indexes built before parts); the vectors and corpora it only
+    # appends to are checked by size (`atlas index info --verify` reads them all)
+    rewrites = "faiss" in read_manifest(folder)["files"] and "trained" not in read_manifest(folder)["files"]
     index = PassageIndex.load(
-        folder, retriever=retriever, allow_encoder_mismatch=allow_encoder_mismatch, mmap=False, verify=True
+        folder,
+        retriever=retriever,
+        allow_encoder_mismatch=allow_encoder_mismatch,
+        mmap=not rewrites,
+        read_faiss_index=rewrites,  # a part of its own is filled from the trained index: the codes are not read
     )
+    for role in ("removed", "faiss" if rewrites else "trained"):
+        if role in index.manifest["files"]:
+            check_file(folder, index.manifest["files"][role], verify_hash=True)
     remove_unreferenced(folder, index.manifest)  # what a writer that died left behind
     incoming = _read_incoming(new, chunk_words)
     remove = list(dict.fromkeys(remove))
@@ -312,7 +333,7 @@ def _append_locked(
                 for _, batch in corpus.iter_batches(8192)
             ]
         ).astype(np.float16)
-        written = _write_generation(folder, index, generation, new_vectors, live)
+        written, own = _write_generation(folder, index, generation, new_vectors, live)
     except BaseException:
         if created_segment is not None:
             shutil.rmtree(created_segment, ignore_errors=True)
@@ -327,6 +348,7 @@ def _append_locked(
             "bytes": corpus.arrow_bytes,
             "count": n_new,
             "offset": old_total,
+            **{role: file_record(path) for role, path in own.items()},
         }
     )
     incoming_ids = {p.id for p in incoming}
@@ -335,7 +357,8 @@ def _append_locked(
     manifest.update(
         total=old_total + n_new, count=manifest["count"] + n_new - n_replaced - n_removed, generation=generation
     )
-    commit(folder, manifest, written, (created_segment,) if created_segment is not None else ())
+    also_written = tuple(p for p in (created_segment, *own.values()) if p is not None)
+    commit(folder, manifest, written, also_written)
     return UpdateStats(
         added=n_new - n_replaced,
         replaced=n_replaced,
@@ -427,38 +450,38 @@ def _write_segment(
 
 def _write_generation(
     folder: Path, index: PassageIndex, generation: int, new_vectors: np.ndarray, live: dict[str, list[int]]
-) -> dict[str, Path]:
-    """Generation `generation`'s files: the old rows followed by `new_vectors` (n, d) float16 (vectors
-    and FAISS index, those the index has), and the removed mask with every `live` position replaced
-    or removed. Returns {file kind: path} for `commit`."""
+) -> tuple[dict[str, Path], dict[str, Path]]:
+    """Generation `generation`'s files. The new segment's own: its float16 vectors `new_vectors` (n, d) (where
+    the index keeps vectors: the rows already stored are not copied) and its FAISS part, the trained index kept at
+    build filled with them (where it has one; HNSW, and indexes built before parts, have the whole FAISS index
+    written again with the new rows instead). The removed mask, with every `live` position replaced or removed.
+    Returns ({file kind: path} for `commit`, {file kind: path} of the segment's own files)."""
     manifest = index.manifest
-    old_total, n_new = manifest["total"], len(new_vectors)
+    n_new = len(new_vectors)
     written: dict[str, Path] = {}
-    if "vectors" in manifest["files"]:
+    own: dict[str, Path] = {}
+    if index.vectors is not None:
         path = folder / f"vectors.g{generation}.npy"
-        rows = itertools.chain(_old_rows(index.vectors), [new_vectors])  # one block in memory at a time
-        write_float16_rows(path, (old_total + n_new, manifest["dim"]), rows)
-        written["vectors"] = path
+        own["vectors"] = write_float16_rows(path, (n_new, manifest["dim"]), [new_vectors])
     if "faiss" in manifest["files"]:
-        faiss_index = index.faiss_index  # loaded writable (mmap=False) above
-        faiss_index.add(new_vectors.astype(np.float32))
         path = folder / f"index.g{generation}.faiss"
-        faiss.write_index(faiss_index, str(path))
-        written["faiss"] = path
+        if "trained" in manifest["files"]:
+            part = read_faiss(folder / manifest["files"]["trained"]["name"])
+            part.add(new_vectors.astype(np.float32))
+            faiss.write_index(part, str(path))
+            own["faiss"] = path
+        else:
+            faiss_index = index.faiss_index  # loaded writable (mmap=False) above
+            faiss_index.add(new_vectors.astype(np.float32))
+            faiss.write_index(faiss_index, str(path))
+            written["faiss"] = path
     removed = np.concatenate([index.removed, np.zeros(n_new, dtype=bool)])
     for positions in live.values():  # every live id among the new ones and `remove`
         removed[positions] = True
     path = folder / f"removed.g{generation}.npy"
     np.save(path, removed)
     written["removed"] = path
-    return written
-
-
-def _old_rows(vectors: np.ndarray, rows: int = 65536):
-    """The rows of a memory-mapped (N, d) vectors file, `rows` at a time, read with `pread` (not through the
-    map, so that copying them does not fill this process's resident memory)."""
-    for start in range(0, len(vectors), rows):
-        yield gather_rows(vectors, np.arange(start, min(start + rows, len(vectors))))
+    return written, own
 
 
 def _with_id(passage: _Incoming, new_id: str) -> _Incoming:
@@ -488,7 +511,7 @@ def remove_passages(index_path: str | os.PathLike, ids: list[str]) -> UpdateStat
 
 
 def _remove_locked(folder: Path, ids: list[str]) -> UpdateStats:
-    index = PassageIndex.load(folder, mmap=True, verify=False)
+    index = PassageIndex.load(folder, mmap=True, verify=False, read_faiss_index=False)  # a mask to write
     remove_unreferenced(folder, index.manifest)  # what a writer that died left behind
     unique_ids = list(dict.fromkeys(ids))
     live = _live_positions_of(index, unique_ids)

@@ -2,8 +2,8 @@
 
 A compressed index (PQ, OPQ + PQ, IVF-PQ) keeps only its codes in RAM and ranks by
 approximate scores. With `exact_rerank = k'` the index proposes k' candidates per query and their
-exact inner products are recomputed from the float16 vectors file (`vectors.gN.npy`), which
-stays memory-mapped on disk: only the candidates' rows, and short gaps between near ones,
+exact inner products are recomputed from the float16 vectors files (`vectors.gN.npy`, one per
+part: `StoredVectors`), which stay memory-mapped on disk: only the candidates' rows, and short gaps between near ones,
 are read (`pread`, a batch of queries at a time, into one buffer; see `gather_rows`), and
 pages mapped by other reads are dropped from this process after each batch
 (`madvise(MADV_DONTNEED)`; they stay in the page cache, shared and reclaimable), so resident
@@ -32,21 +32,97 @@ COALESCE_GAP_BYTES = 16 << 10
 MAX_READ_BYTES = 1 << 20
 
 
-def advise_random(vectors: np.ndarray) -> None:
-    """Tell the kernel that a memory-mapped (N, d) array is read at random rows (re-rank), so
-    that a page fault maps one page and reads no more ahead (less I/O and resident memory).
+class StoredVectors:
+    """An index's float16 vectors, (N, d), kept in consecutive files read as one array.
+
+    The rows as built (or as last compacted) are one file, and each segment an edit appended since has
+    its own (`retriever.index_update`): an edit writes its new rows only, never a copy of the others.
+    `windows` are (whole-file memmap, first row, end row) per part, in position order. Offers what the
+    searches read: `len`, `shape`, `dtype`, a slice (another `StoredVectors` over the same files: nothing
+    is read), rows by position (`gather` for sorted unique rows, read with `pread` as `gather_rows` reads;
+    `store[rows]` for any), and `np.asarray(store)` (a view of the mapping where the rows are in one file,
+    else a copy of them)."""
+
+    ndim = 2
+
+    def __init__(self, windows: list[tuple[np.ndarray, int, int]], dim: int):
+        self.windows = [(f, int(lo), int(hi)) for f, lo, hi in windows if hi > lo]
+        self.dtype = self.windows[0][0].dtype if self.windows else np.dtype(np.float16)
+        self.starts = np.cumsum([0] + [hi - lo for _, lo, hi in self.windows]).astype(np.int64)  # (parts + 1,)
+        self.shape = (int(self.starts[-1]), int(dim))
+
+    @classmethod
+    def of(cls, files: list[np.ndarray], dim: int) -> StoredVectors:
+        """The rows of each (n_i, d) memory-mapped file in turn."""
+        return cls([(f, 0, len(f)) for f in files], dim)
+
+    @property
+    def files(self) -> list[np.ndarray]:
+        """The memory-mapped files the rows are in (each once)."""
+        return list({id(f): f for f, _, _ in self.windows}.values())
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            start, stop, step = key.indices(len(self))
+            if step != 1:
+                raise IndexError("stored vectors are sliced with step 1")
+            windows = []
+            for (f, lo, hi), first in zip(self.windows, self.starts.tolist()):
+                a, b = max(start - first, 0), min(stop - first, hi - lo)
+                if a < b:
+                    windows.append((f, lo + a, lo + b))
+            return StoredVectors(windows, self.shape[1])
+        if np.asarray(key).dtype == bool:  # a mask would be read as rows 0 and 1
+            raise IndexError("stored vectors are read by row positions, not a boolean mask")
+        rows = np.asarray(key, dtype=np.int64)
+        if rows.ndim != 1:
+            raise IndexError("stored vectors are read by a slice or a 1-d array of row positions")
+        unique, inverse = np.unique(rows, return_inverse=True)
+        return self.gather(unique)[inverse]
+
+    def gather(self, rows: np.ndarray, **read_options) -> np.ndarray:
+        """The rows at sorted unique positions `rows`, (len(rows), d), each file read with `gather_rows`."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(rows) and (rows[0] < 0 or rows[-1] >= len(self)):
+            raise IndexError(f"row positions must be in [0, {len(self)}), got {rows[0]}..{rows[-1]}")
+        out = np.empty((len(rows), self.shape[1]), dtype=self.dtype)
+        bounds = np.searchsorted(rows, self.starts).tolist()  # where each part's rows begin in `rows`
+        for (f, lo, _), first, a, b in zip(self.windows, self.starts.tolist(), bounds[:-1], bounds[1:]):
+            if a < b:
+                out[a:b] = gather_rows(f, rows[a:b] - first + lo, **read_options)
+        return out
+
+    def __array__(self, dtype=None, copy=None):
+        parts = [f[lo:hi] for f, lo, hi in self.windows]
+        if len(parts) == 1:  # the rows of one file: a view of its mapping, nothing read here
+            out = parts[0].view(np.ndarray)
+        else:
+            out = np.concatenate(parts) if parts else np.empty(self.shape, dtype=self.dtype)
+        return out if dtype is None else out.astype(dtype)
+
+
+def _mappings(vectors) -> list:
+    """The `mmap.mmap` objects behind a memory-mapped array or `StoredVectors` (np.memmap keeps its own in `_mmap`)."""
+    arrays = vectors.files if isinstance(vectors, StoredVectors) else [vectors]
+    return [m for m in (getattr(a, "_mmap", None) for a in arrays) if isinstance(m, mmap.mmap)]
+
+
+def advise_random(vectors) -> None:
+    """Tell the kernel that memory-mapped (N, d) vectors (an array or `StoredVectors`) are read at random rows
+    (re-rank), so that a page fault maps one page and reads no more ahead (less I/O and resident memory).
     Does nothing for an in-memory array."""
-    mapping = getattr(vectors, "_mmap", None)  # np.memmap keeps its `mmap.mmap` here
-    if isinstance(mapping, mmap.mmap):
+    for mapping in _mappings(vectors):
         mapping.madvise(mmap.MADV_RANDOM)
 
 
-def release_pages(vectors: np.ndarray) -> None:
-    """Drop the pages of a memory-mapped array from this process's resident set (they stay in
+def release_pages(vectors) -> None:
+    """Drop the pages of memory-mapped vectors from this process's resident set (they stay in
     the page cache, so a later read is a cheap minor fault). Does nothing for an in-memory
     array. Safe for the read-only file mappings `PassageIndex.load` opens: no page is dirty."""
-    mapping = getattr(vectors, "_mmap", None)
-    if isinstance(mapping, mmap.mmap):
+    for mapping in _mappings(vectors):
         mapping.madvise(mmap.MADV_DONTNEED)
 
 
@@ -83,7 +159,9 @@ def gather_rows(
     together in the file are read in one call (`read_runs`: a system call costs about what
     copying 16 KB does, and fewer, larger reads matter more when the file is read from disk;
     both measured: docs/results/indexes.md). The file stays mapped (and in the page cache) for
-    everything else."""
+    everything else. `StoredVectors` are read file by file so."""
+    if isinstance(vectors, StoredVectors):
+        return vectors.gather(rows, gap_bytes=gap_bytes, max_read_bytes=max_read_bytes)
     path, offset = getattr(vectors, "filename", None), getattr(vectors, "offset", None)
     row_bytes = vectors.shape[1] * vectors.dtype.itemsize
     whole_file = (

@@ -221,8 +221,8 @@ class ShardedPassageIndex(PassageIndex):
         spec, dim = index.manifest["spec"], index.dim
         if index.faiss_index is None:
             sharded.mode = "rows"  # memory-mapped float16 vectors, sliced at search
-        elif world_size == 1 or index_type(spec, dim).shard == "replicate":
-            sharded.mode = "replicate"
+        elif world_size == 1 or index_type(spec, dim).shard == "replicate" or len(index.faiss_parts) > 1:
+            sharded.mode = "replicate"  # (an index that took edits has FAISS parts: `atlas index compact` merges them)
         else:
             sharded.mode = "rows"
             path = index.folder / index.manifest["files"]["faiss"]["name"]
@@ -233,7 +233,7 @@ class ShardedPassageIndex(PassageIndex):
                     path, index.faiss_index, sharded.start, sharded.end, index.removed
                 )
             set_search_params(sharded.shard_index, nprobe=sharded.nprobe, ef_search=sharded.ef_search)
-            sharded.faiss_index = None  # this rank holds only its shard
+            sharded.faiss_index, sharded.faiss_parts = None, []  # this rank holds only its shard
         return sharded
 
     def holdings(self) -> dict:

@@ -133,7 +133,10 @@ def counterfactual_example(
 # keeps the old answer's kind (a year for a year), the question's kind (who → a person), and, where the
 # data says it, the same relation; else spaCy's entity type of the old answer where it stands in its
 # passage (Longpre et al. 2021's type-preserving substitution), or, for an answer that is no entity, its
-# phrase shape. Where no answer of the same type exists, the fact is skipped, never edited with a misfit.
+# phrase shape. Both answers are typed in context: each in its own passage, then the replacement again in
+# the sentence it would stand in (`reads_in_place`), with the kind its nearest answers name as a second
+# opinion on spaCy's (`neighbour_kind`). Where no answer of the same type exists, the fact is skipped,
+# never edited with a misfit.
 
 
 def question_word(question: str) -> str:
@@ -240,11 +243,84 @@ def tag_answers(
     return types
 
 
+def _is_one_phrase(span) -> bool:
+    """Whether a spaCy span is one phrase of its sentence: every token but the span's root has its head
+    inside the span ("the New England Patriots"), not words that attach elsewhere ("therefore sign" in
+    "concerned with therefore sign": "therefore" modifies the verb)."""
+    root = span.root
+    return all(span.start <= token.head.i < span.end for token in span if token.i != root.i)
+
+
+def sentence_of(text: str, answer: str) -> str:
+    """The sentence of `text` where `answer` first stands (whole words), or all of `text` when it cannot
+    tell: from the sentence end before the answer to the one after it."""
+    match = whole_words(answer).search(text)
+    if match is None:
+        return text
+    start = max((m.end() for m in re.finditer(r"[.!?]\s+(?=[A-Z\"'(])", text[: match.start()])), default=0)
+    end = re.search(r"[.!?](?=\s+[A-Z\"'(]|\s*$)", text[match.end() :])
+    return text[start : match.end() + end.end()] if end else text[start:]
+
+
+# spaCy's entity labels by the kind of thing they name. The small English pipeline's label for a name
+# can change with the sentence around it ("Fascist Italy" LOC in one, GPE in another); in place, a
+# replacement must name the same kind of thing, not carry the same fine label.
+ENTITY_KINDS = {
+    **dict.fromkeys(("GPE", "LOC", "FAC"), "place"),
+    **dict.fromkeys(("ORG", "NORP"), "group"),
+    **dict.fromkeys(("WORK_OF_ART", "PRODUCT", "EVENT", "LAW", "LANGUAGE"), "work"),
+    **dict.fromkeys(("DATE", "TIME"), "time"),
+    **dict.fromkeys(("CARDINAL", "QUANTITY", "MONEY", "PERCENT", "ORDINAL"), "number"),
+    "PERSON": "person",
+}
+# word classes that make a phrase more than a noun phrase: a replacement brings none its answer lacks
+# ("therefore sign" for "epistemology": an adverb where a noun stood)
+_CLAUSE_WORDS = frozenset({"ADV", "VERB", "AUX", "PRON", "SCONJ", "INTJ", "X", "SYM"})
+
+
+def _word_classes(doc, phrase: str) -> set[str]:
+    match = whole_words(phrase).search(doc.text)
+    span = None if match is None else doc.char_span(match.start(), match.end(), alignment_mode="expand")
+    return set() if span is None else {token.pos_ for token in span} & _CLAUSE_WORDS
+
+
+def reads_in_place(nlp, sentence: str, old: str, new: str, original=None) -> str | None:
+    """Why `new` does not read as the same kind of thing as `old` in the sentence stating `old`, or None
+    when it does. Checked in context for both, as the reader will see them: `sentence` (`original`: its
+    parse, when the caller has it) and `sentence` with `old` replaced by `new` are parsed (`nlp`: a spaCy
+    pipeline with NER and a parser). `new` must stand in the edited one as one phrase (`_is_one_phrase`)
+    naming the kind of thing `old` names in the original (`ENTITY_KINDS`: "Nazi Germany" for "Fascist
+    Italy", not "the New England Patriots" for "Fifty Shades of Grey") or, where `old` is no entity, as no
+    entity, with `old`'s phrase shape and no word class `old` lacks (`_CLAUSE_WORDS`)."""
+    original = nlp(sentence) if original is None else original
+    old_label, old_shape = answer_entity_label(original, old), answer_shape(original, old)
+    edited = replace_fact(sentence, old, new)
+    doc = nlp(edited)
+    match = whole_words(new).search(edited)
+    span = None if match is None else doc.char_span(match.start(), match.end(), alignment_mode="expand")
+    if span is None or not len(span):
+        return f"{new!r} not found in the edited sentence"
+    if not _is_one_phrase(span):
+        return f"{new!r} does not read as one phrase where {old!r} stood"
+    label = answer_entity_label(doc, new)
+    kind, old_kind = ENTITY_KINDS.get(label, label), ENTITY_KINDS.get(old_label, old_label)
+    if kind != old_kind:
+        return f"{new!r} reads as {label or 'no entity'} where {old!r} read as {old_label or 'no entity'}"
+    if not old_label:
+        shape = answer_shape(doc, new)
+        if shape != old_shape:
+            return f"{new!r} is a {shape or '?'} phrase where {old!r} was a {old_shape or '?'} one"
+        extra = _word_classes(doc, new) - _word_classes(original, old)
+        if extra:
+            return f"{new!r} brings a word class {old!r} lacks ({', '.join(sorted(extra))})"
+    return None
+
+
 @dataclass(frozen=True)
 class FactEdit:
     """One planned corpus edit: question `example`'s answer `old` becomes `new` in every passage of
-    `passage_ids`; `kept` says what `new` shares with `old` ("relation capital", "entity PERSON",
-    "shape DET NOUN Sing")."""
+    `passage_ids`; `kept` says what `new` shares with `old` ("relation capital", "entity person" (the
+    kind of thing both name, `ENTITY_KINDS`), "shape DET NOUN Sing")."""
 
     example: int
     old: str
@@ -261,16 +337,40 @@ class EditPlan:
     skipped: list[tuple[int, str]]
 
 
+# candidates tried in place (`reads_in_place`) per fact, most similar first: each costs a parse
+CANDIDATES_TRIED_IN_PLACE = 8
+NEIGHBOURS_VOTING = 7  # `neighbour_kind`
+
+
+def neighbour_kind(j: int, types: list[AnswerType], similarity, leave_out: int) -> str | None:
+    """What kind of thing (`ENTITY_KINDS`) answer `j` names by the answers nearest to it: the kind of more than
+    half of its `NEIGHBOURS_VOTING` most similar answers that carry an entity label (itself and `leave_out`
+    aside), or None without such a majority (or with fewer than 3 of them). A second opinion on spaCy's label
+    of one answer in one sentence, which the small pipeline gets wrong for names it has not seen ("Om Prakash
+    Rawat" tagged LOC: his nearest answers are persons)."""
+    labelled = [x for x in range(len(types)) if x not in (j, leave_out) and types[x].entity]
+    nearest = sorted(labelled, key=lambda x: (-float(similarity[j][x]), x))[:NEIGHBOURS_VOTING]
+    if len(nearest) < 3:
+        return None
+    votes: dict[str, int] = {}
+    for x in nearest:
+        kind = ENTITY_KINDS.get(types[x].entity, types[x].entity)
+        votes[kind] = votes.get(kind, 0) + 1
+    kind, count = max(votes.items(), key=lambda item: item[1])
+    return kind if 2 * count > len(nearest) else None
+
+
 def plan_fact_edits(
     questions: list[str],
     answers: list[str],
     types: list[AnswerType],
     eligible: list[int],
     stating: dict[int, list[Passage]],
-    n: int,
+    n: int | None,
     similarity=None,
+    nlp=None,
 ) -> EditPlan:
-    """Choose up to `n` corpus edits, one per eligible fact, in the order of `eligible`.
+    """Choose up to `n` corpus edits (None: no cap), one per eligible fact, in the order of `eligible`.
 
     Args:
         questions, answers, types: the pool of real answers a replacement is drawn from (row j: question
@@ -283,9 +383,15 @@ def plan_fact_edits(
     A replacement is another row's answer that differs from the old one in every word, occurs in none of
     the passages edited, has the old answer's `answer_kind`, answers a question of the same kind
     (`question_word`), has at most one word more than the old answer (3 words at least), was not chosen
-    for another edit of the plan, and has the same relation where the data names one, else the same
-    entity type, else (an answer that is no entity) the same phrase shape. A fact with no such
-    replacement, or whose passages another edit of the plan already changed, is skipped with the reason.
+    for another edit of the plan, and has the same relation where the data names one, else an entity
+    label of the same kind (`ENTITY_KINDS`: a place for a place; with `similarity`, not naming another
+    kind by its nearest answers, `neighbour_kind`), else (an answer that is no entity) the same phrase
+    shape; a name with no entity label is skipped. With `nlp` (a spaCy pipeline), an answer typed by entity
+    or shape (not by a relation the data names) also has its replacement checked
+    where it will stand: the first of the `CANDIDATES_TRIED_IN_PLACE` most similar candidates that reads as
+    the same kind of phrase in the sentence of the first passage edited (`reads_in_place`) is taken. A fact
+    with no such replacement, or whose passages another edit of the plan already changed, is skipped with
+    the reason.
     """
     edits: list[FactEdit] = []
     skipped: list[tuple[int, str]] = []
@@ -294,7 +400,7 @@ def plan_fact_edits(
     asked = [question_word(q) for q in questions]
     norm = [normalize_answer(a) for a in answers]
     for i in eligible:
-        if len(edits) == n:
+        if n is not None and len(edits) == n:
             break
         passages = stating.get(i, [])
         if not passages:
@@ -321,8 +427,17 @@ def plan_fact_edits(
             kept = f"relation {types[i].relation}"
             candidates = [j for j in candidates if types[j].relation == types[i].relation]
         elif types[i].entity:
-            kept = f"entity {types[i].entity}"
-            candidates = [j for j in candidates if types[j].entity == types[i].entity]
+            kind = ENTITY_KINDS.get(types[i].entity, types[i].entity)
+            kept = f"entity {kind}"
+            candidates = [
+                j
+                for j in candidates
+                if ENTITY_KINDS.get(types[j].entity, types[j].entity) == kind
+                and (similarity is None or neighbour_kind(j, types, similarity, i) in (None, kind))
+            ]
+        elif types[i].kind == "name":  # a name no entity label covers: what it names is not known
+            skipped.append((i, "its answer is a name spaCy does not tag as an entity where it stands"))
+            continue
         elif types[i].shape:
             kept = f"shape {types[i].shape}"
             candidates = [j for j in candidates if not types[j].entity and types[j].shape == types[i].shape]
@@ -332,7 +447,21 @@ def plan_fact_edits(
         if not candidates:
             skipped.append((i, f"no other answer of its type ({kept}) fits"))
             continue
-        best = candidates[0] if similarity is None else max(candidates, key=lambda j: (float(similarity[i][j]), -j))
+        if similarity is not None:  # most similar first (a city for a city), ties to the earlier row
+            candidates = sorted(candidates, key=lambda j: (-float(similarity[i][j]), j))
+        best = candidates[0]
+        if nlp is not None and types[i].relation is None:
+            sentence = sentence_of(passages[0].text, answers[i])
+            original, misfits = nlp(sentence), []
+            for j in candidates[:CANDIDATES_TRIED_IN_PLACE]:
+                misfit = reads_in_place(nlp, sentence, answers[i], answers[j], original)
+                if misfit is None:
+                    break
+                misfits.append(misfit)
+            else:
+                skipped.append((i, f"no answer of its type ({kept}) reads as one in its sentence: {misfits[0]}"))
+                continue
+            best = j
         edits.append(FactEdit(i, answers[i], answers[best], kept, tuple(p.id for p in passages)))
         used_replacements.add(norm[best])
         used_passages.update(p.id for p in passages)

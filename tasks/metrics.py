@@ -66,6 +66,19 @@ _PUNCTUATION = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 
 
+def wilson_interval(successes: int, trials: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a proportion (Wilson 1927): (low, high) as fractions, 95% for z = 1.96.
+
+    Unlike p ± z·sqrt(p(1-p)/n) it stays inside [0, 1] and is not empty at 0 or n successes: what a rate
+    over a few dozen trials (the quickstart's edits followed) needs. (0.0, 1.0) for no trials."""
+    if trials <= 0:
+        return 0.0, 1.0
+    p, n, z2 = successes / trials, trials, z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * (p * (1 - p) / n + z2 / (4 * n * n)) ** 0.5 / (1 + z2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def normalize_answer(text: str) -> str:
     """SQuAD normalisation: lower-case, strip punctuation, drop a/an/the, collapse white space."""
     text = text.lower()

@@ -34,7 +34,14 @@ class _LineWriter(io.TextIOBase):
 
 def progress_bar(*args, **kwargs) -> tqdm:
     """`tqdm(*args, **kwargs)`, or, when stderr is not a terminal, the same bar printed as plain
-    lines every LOG_INTERVAL_S seconds (a `file` given by the caller is left alone)."""
+    lines every LOG_INTERVAL_S seconds (a `file` given by the caller is left alone). A bar over one
+    item or none is not drawn (`disable`): "1/1" tells nothing, and a bar that only appears and ends at
+    once is noise between the lines that do."""
+    total = kwargs.get("total")
+    if total is None and args and hasattr(args[0], "__len__"):
+        total = len(args[0])
+    if total is not None and total <= 1:
+        kwargs["disable"] = True
     stream = kwargs.get("file") or sys.stderr
     if "file" not in kwargs and not (hasattr(stream, "isatty") and stream.isatty()):
         kwargs.update(
@@ -45,3 +52,10 @@ def progress_bar(*args, **kwargs) -> tqdm:
             ascii=True,
         )
     return tqdm(*args, **kwargs)
+
+
+def close_progress_bars() -> None:
+    """Close every bar still open (the loop of one was left by an error), so that what is printed next, the
+    error, is the last line, not a bar redrawn after it when the bar is collected."""
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.close()

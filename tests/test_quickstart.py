@@ -16,10 +16,11 @@ from atlas.demo.quickstart import (
     edit_passages,
     run_quickstart,
     split_questions,
+    summary_lines,
 )
 from tasks.counterfactual import replace_fact, states
 from tasks.io import read_jsonl
-from tasks.metrics import has_answer
+from tasks.metrics import has_answer, wilson_interval
 
 DEMO_FILES = ("encyclopedia.jsonl", "train.jsonl", "heldout.jsonl")
 
@@ -173,6 +174,9 @@ def test_quickstart_tiny_runs_end_to_end_and_the_edit_reaches_the_answerer(tmp_p
         assert fact["kept"].startswith("relation ")  # the demo names each question's relation
     assert len({f["replacement"] for f in edit["facts"]}) == edit["edited"]  # never the same one twice
     assert edit["followed"] == sum(f["follows_edit"] for f in edit["facts"])
+    interval = [100 * x for x in wilson_interval(edit["followed"], edit["edited"])]
+    assert edit["follow_rate_interval"] == pytest.approx(interval, abs=0.05)
+    assert any("95% interval" in line for line in lines)
     assert edit["edited_passage_read"] == edit["edited"]  # MiniLM finds every edited passage again
     assert any("follows the new text" in line or "did not follow" in line for line in lines)
     page = (out / "report.md").read_text()
@@ -362,3 +366,34 @@ def test_a_training_question_without_answers_is_refused_before_any_work(tmp_path
     err = capsys.readouterr().err
     assert f"{train}:2: field 'answers'" in err and err.count("\n") == 1
     assert not (tmp_path / "qs" / "corpus").exists()  # nothing was done
+
+
+def test_the_report_says_plainly_when_fine_tuning_lowered_a_score_and_gives_the_follow_rates_interval():
+    before = {"model": "atlas-reader, no fine-tuning", "exact_match": 60.0, "f1": 70.0, "answer_recall@1": 80.0}
+    after = {"model": "atlas-reader, 16-shot fine-tuned", "exact_match": 55.0, "f1": 71.0, "answer_recall@1": 80.0}
+    edit = {"done": True, "eligible": 30, "edited": 25, "skipped": 0, "followed": 17, "follow_rate": 68.0}
+    edit |= {"follow_rate_interval": [48.4, 82.8], "capped": True}
+    text = summary_lines([before, after], edit)
+    assert "Fine-tuning lowered exact_match (60.0 → 55.0):" in text and "f1 (" not in text
+    assert "edited in the corpus (capped by --edits at 25)" in text and "(68%, 95% interval 48–83%)" in text
+    assert "lowered" not in summary_lines([before, before], edit)
+
+
+@needs_mini
+def test_the_recipes_own_commands_run_as_written(tmp_path, monkeypatch):
+    """The "to run the recipe by hand" lines of atlas/demo/quickstart.yaml's header, from a folder where the
+    repository's `atlas/` is at hand (the index they built was once refused as another encoder's)."""
+    import shlex
+
+    from atlas.cli import main
+
+    lines = [line[1:].strip() for line in RECIPE.read_text().splitlines() if line.startswith("#   atlas ")]
+    assert [shlex.split(line)[1] for line in lines] == ["corpus", "index", "train"]
+    (tmp_path / "atlas").symlink_to(RECIPE.parents[1])
+    monkeypatch.chdir(tmp_path)
+    for line in lines:
+        argv = shlex.split(line)[1:]
+        if argv[0] == "train":  # as written, but one step: the training itself is the quickstart's own test
+            argv += ["training.steps=1", "evaluation.max_examples=4"]
+        assert main(argv) == 0, line
+    assert (tmp_path / "runs" / "quickstart" / "train" / "checkpoints" / "latest").is_file()

@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `atlas` console script; returns the process exit code."""
     from atlas.config import ConfigError
     from tasks.io import InputError
+    from tasks.progress import close_progress_bars
 
     argv = list(sys.argv[1:] if argv is None else argv)
     undecodable = _first_undecodable(argv)
@@ -103,9 +104,11 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     # ArithmeticError: a training loss that is not finite (atlas.training.loop.NonFiniteLoss)
     except (InputError, ConfigError, ValueError, FileNotFoundError, FileExistsError, ArithmeticError) as e:
+        close_progress_bars()  # the error is the last line, not a bar an interrupted loop left open
         print(f"atlas {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        close_progress_bars()
         print(
             f"atlas {args.command}: interrupted; what it finished is kept (an index build or embed continues where "
             "it stopped when run again, a training run with --resume)",

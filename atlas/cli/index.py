@@ -42,10 +42,12 @@ def _reports_errors(
     @functools.wraps(handler)
     def wrapper(args: argparse.Namespace) -> int:
         from retriever.index_files import IndexLockedError  # in the wrapper: decorating runs at `atlas --help`
+        from tasks.progress import close_progress_bars  # likewise
 
         try:
             return handler(args)
         except (ValueError, KeyError, OSError, IndexLockedError) as e:
+            close_progress_bars()  # the error is the last line, not a bar the failed loop left open
             message = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
             command = " ".join(filter(None, (args.command, getattr(args, "index_command", None))))
             print(f"atlas {command}: error: {message}", file=sys.stderr)
@@ -583,14 +585,14 @@ def _search(args: argparse.Namespace) -> int:
 @_reports_errors
 def _info(args: argparse.Namespace) -> int:
     from retriever.index_compact import compaction_due
-    from retriever.index_files import check_file, index_summary, open_corpus, read_manifest
+    from retriever.index_files import check_file, file_records, index_summary, open_corpus, read_manifest
 
     given = [i for i in (args.index, args.positional_index) if i is not None]
     if not given or (len(given) == 2 and Path(given[0]) != Path(given[1])):
         raise ValueError("name one index: --index DIR (or the older positional INDEX)")
     folder = given[0]
     manifest = read_manifest(folder)
-    for record in manifest["files"].values():  # sizes always; contents with --verify
+    for record in file_records(manifest):  # sizes always; contents with --verify
         check_file(Path(folder), record, verify_hash=args.verify)
     for segment in manifest["segments"]:  # the corpora its passages are read from, likewise
         open_corpus(Path(folder), segment, verify=args.verify)

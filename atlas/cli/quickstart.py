@@ -67,9 +67,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     quickstart.add_argument(
         "--edits",
         type=int,
-        default=25,
+        default=None,
         metavar="N",
-        help="facts to edit (on distinct passages) at the last step (4 with --tiny)",
+        help="edit at most N facts at the last step (default: every eligible fact, so that the rate of answers "
+        "that follow the new text is over all of them; 4 with --tiny)",
     )
     quickstart.add_argument(
         "overrides", nargs="*", help="dotted overrides of atlas/demo/quickstart.yaml, e.g. training.steps=100"

@@ -43,7 +43,7 @@ from tasks.counterfactual import (
     tag_answers,
 )
 from tasks.io import InputError, atomic_write_json, atomic_write_text, read_jsonl, write_jsonl
-from tasks.metrics import normalize_answer
+from tasks.metrics import normalize_answer, wilson_interval
 from tasks.passage import Passage
 from tasks.salient_span import load_pipeline
 from tasks.score import check_labelled
@@ -220,16 +220,18 @@ def plan_edits(
     read: list[list[Passage]],
     relations: list[str | None],
     pool: list[tuple[str, str, str | None, str | None]],
-    n: int,
+    n: int | None,
 ) -> tuple[EditPlan, int]:
-    """The quickstart's corpus edits: → (the plan, how many facts were eligible).
+    """The quickstart's corpus edits, up to `n` (None: every eligible fact): → (the plan, how many facts were
+    eligible).
 
     A fact is eligible when the reader answered its question right and the top passage it read states
     that answer; the edit changes it in every passage read that states it (one left unedited beside
     the edited one would test nothing). Replacements come from the other questions' answers, dev
     (`examples`) and training (`pool`: (question, answer, relation, a passage stating it or None)), of the same type
     (`tasks.counterfactual.plan_fact_edits`: the relation where the data gives one, else spaCy's entity
-    type or phrase shape where the answer stands), the one whose retriever embedding is closest.
+    type or phrase shape where the answer stands), the one whose retriever embedding is closest among those
+    that read as the same kind of thing in the edited sentence (`tasks.counterfactual.reads_in_place`).
     """
     answers = [e.answers[0] for e in examples] + [a for _, a, _, _ in pool]
     questions = [e.metadata.get("question", e.query) for e in examples] + [q for q, _, _, _ in pool]
@@ -248,7 +250,7 @@ def plan_edits(
     types = tag_answers(answers, contexts, relations, nlp)
     vectors = model.model.retriever.embed_queries(answers)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True).clip(min=1e-12)
-    plan = plan_fact_edits(questions, answers, types, eligible, stating, n, similarity=vectors @ vectors.T)
+    plan = plan_fact_edits(questions, answers, types, eligible, stating, n, similarity=vectors @ vectors.T, nlp=nlp)
     return plan, len(eligible)
 
 
@@ -293,8 +295,10 @@ def apply_edits(
 def edit_summary(plan: EditPlan, eligible: int, facts: list[dict], examples) -> dict:
     """The report's "edit" section: counts, follow rate, the facts, and the skipped ones with reasons."""
     followed = sum(f["follows_edit"] for f in facts)
+    low, high = wilson_interval(followed, len(facts))
     reasons: dict[str, int] = {}
     for _, reason in plan.skipped:
+        reason = reason.split(": ")[0]  # the kind of reason; the fact's own detail is in skipped_facts
         reasons[reason] = reasons.get(reason, 0) + 1
     return {
         "done": bool(facts),
@@ -302,6 +306,8 @@ def edit_summary(plan: EditPlan, eligible: int, facts: list[dict], examples) -> 
         "edited": len(facts),
         "followed": followed,
         "follow_rate": 100 * followed / len(facts) if facts else None,
+        "follow_rate_interval": [round(100 * low, 1), round(100 * high, 1)] if facts else None,  # Wilson, 95%
+        "capped": len(facts) + len(plan.skipped) < eligible,  # `n_edits` stopped the plan before every fact
         "edited_passage_read": sum(f["edited_passage_read"] for f in facts),
         "skipped": len(plan.skipped),
         "skipped_reasons": reasons,
@@ -345,11 +351,20 @@ def summary_lines(rows: list[dict], edit: dict) -> str:
             f"{after['exact_match']:.1f}% after ({after['model']})."
         )
     ]
+    lowered = [name for name, value in before.items() if isinstance(value, float) and after[name] < value]
+    if lowered:  # said plainly, not left for the reader to spot in the table
+        lines.append(
+            f"Fine-tuning lowered {', '.join(f'{name} ({before[name]:.1f} → {after[name]:.1f})' for name in lowered)}: "
+            "with few training questions or steps it can; try more of either, or keep the reader as it was."
+        )
     if edit.get("done"):
+        low, high = edit["follow_rate_interval"]
+        cap = f" (capped by --edits at {edit['edited'] + edit['skipped']})" if edit.get("capped") else ""
         lines.append(
             f"Of {edit['eligible']} facts eligible for an edit (answered right, the answer stated in the top "
-            f"passage), {edit['edited']} were edited in the corpus and the index updated (no retraining): "
-            f"{edit['followed']} answers ({edit['follow_rate']:.0f}%) follow the new text."
+            f"passage), {edit['edited']} were edited in the corpus{cap} and the index updated (no retraining): "
+            f"{edit['followed']} answers ({edit['follow_rate']:.0f}%, 95% interval {low:.0f}–{high:.0f}%) follow "
+            "the new text."
         )
     else:
         lines.append(f"No fact was edited: {edit.get('reason', 'none was eligible')}.")
@@ -387,7 +402,9 @@ def report_markdown(report: dict) -> str:
         lines += [
             (
                 f"{edit['eligible']} eligible, {edit['edited']} edited, {edit['followed']} followed "
-                f"({edit['follow_rate']:.0f}%); the edited passage was read again for {edit['edited_passage_read']}; "
+                f"({edit['follow_rate']:.0f}%, 95% interval {edit['follow_rate_interval'][0]:.0f}–"
+                f"{edit['follow_rate_interval'][1]:.0f}%); the edited passage was read again for "
+                f"{edit['edited_passage_read']}; "
                 f"{edit['skipped']} eligible facts skipped."
             ),
             "",
@@ -424,7 +441,7 @@ def run_quickstart(
     tiny: bool = False,
     reader: str | Path | None = None,
     overrides: list[str] = (),
-    n_edits: int = 25,
+    n_edits: int | None = None,
     progress: bool = True,
     echo: Callable[[str], None] = print,
     overwrite: bool = False,
@@ -433,7 +450,8 @@ def run_quickstart(
 
     `docs` with `train` + `dev` (or `questions`, split in two): the user's data; none: the demo.
     `shots`: training questions used (default: all, up to `MAX_SHOTS`; 16 with `tiny`).
-    `n_edits`: how many facts (on distinct passages) are edited at the last step (4 with `tiny`).
+    `n_edits`: at most this many facts (on distinct passages) are edited at the last step (default: every
+    eligible fact, so that the rate of answers that follow the edit is the whole set's; 4 with `tiny`).
     A quickstart that stopped (an error, Ctrl-C, a kill) resumes when run again with the same arguments: the
     finished stages (corpus, index, first evaluation, fine-tuning) are kept, the others run. A folder holding a
     finished quickstart, or one started with other arguments, is refused unless `overwrite` (deleted first)."""
@@ -469,7 +487,7 @@ def run_quickstart(
         return state["done"][name]
 
     clock = _Stopwatch(state.setdefault("timings_s", {}))
-    n_edits = min(n_edits, 4) if tiny else n_edits
+    n_edits = min(n_edits or 4, 4) if tiny else n_edits
     n_train = sum(1 for _ in read_jsonl(data.train))
     shots = min(shots or (16 if tiny else MAX_SHOTS), n_train)
     config = quickstart_config(out, data, tiny=tiny, reader=reader, overrides=[f"task.shots={shots}", *overrides])
@@ -522,7 +540,7 @@ def _answer_and_edit(
     data: QuickstartData,
     config: AtlasConfig,
     out: Path,
-    n_edits: int,
+    n_edits: int | None,
     clock: _Stopwatch,
     progress: bool,
     echo: Callable[[str], None],
@@ -541,7 +559,10 @@ def _answer_and_edit(
         for p in item["evidence"]:
             echo(f"     [{p['score']:.2f}] {p['title'] + ': ' if p['title'] else ''}{p['text'][:110]}…")
     clock.lap("answers")
-    echo(f"[6/6] editing up to {n_edits} facts in the corpus and updating the index (no retraining)")
+    echo(
+        f"[6/6] editing {'every eligible fact' if n_edits is None else f'up to {n_edits} facts'} in the corpus and "
+        "updating the index (no retraining)"
+    )
     edit = edit_facts(model, task, examples, data, config, out, n_edits, progress, echo)
     clock.lap("edit")
     return shown, edit
@@ -675,7 +696,7 @@ def edit_facts(
     data: QuickstartData,
     config: AtlasConfig,
     out: Path,
-    n_edits: int,
+    n_edits: int | None,
     progress: bool,
     echo: Callable[[str], None],
 ) -> dict:
@@ -715,9 +736,11 @@ def edit_facts(
             f"answered {fact['old_answer']!r} before, {fact['new_answer']!r} after "
             f"({'follows the new text' if fact['follows_edit'] else 'did not follow'})"
         )
+    low, high = edit["follow_rate_interval"]
     echo(
         f"  {eligible} facts eligible (answered right, the answer in the top passage); {edit['edited']} edited, "
-        f"{edit['followed']} answered from the new text ({edit['follow_rate']:.0f}%); "
+        f"{edit['followed']} answered from the new text ({edit['follow_rate']:.0f}%, 95% interval "
+        f"{low:.0f}–{high:.0f}%); "
         f"{edit['skipped']} skipped ({'; '.join(f'{n} × {r}' for r, n in edit['skipped_reasons'].items()) or 'none'})"
     )
     return edit

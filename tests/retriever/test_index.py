@@ -18,6 +18,7 @@ from retriever.index import (
     PassageIndex,
 )
 from retriever.index_build import build_index, train_and_fill, work_dir_for
+from retriever.index_files import file_parts, file_records, vector_parts
 from retriever.index_types import exact_search, set_search_params
 from retriever.index_update import add_passages, remove_passages, update_passages
 
@@ -226,8 +227,21 @@ def test_add_and_remove(tmp_path, retriever, corpus, spec):
     index = PassageIndex.load(out, retriever=retriever)
     assert stats.ids == ["n2-0"] and index.get(["n2-0"])[0]["text"] == index.corpora[-1].get("n2-0")["text"]
     assert len(index) == 42 and sorted(p.name for p in out.iterdir() if p.suffix in {".npy", ".faiss"}) == sorted(
-        r["name"] for r in index.manifest["files"].values()
+        r["name"] for r in file_records(index.manifest)
     )  # superseded files are gone
+    # each edit wrote its own rows only: the vectors as built are the file they were, and each added
+    # segment has its own file of its rows
+    parts = [(record["name"], rows) for record, rows in vector_parts(index.manifest)]
+    assert parts == [("vectors.g1.npy", 40), ("vectors.g2.npy", 3), ("vectors.g5.npy", 1)]
+    if spec != "Flat":  # likewise the FAISS codes: the trained index kept at build, filled with each edit's rows
+        parts = [(record["name"], rows) for record, rows in file_parts(index.manifest, "faiss")]
+        assert parts == [("index.g1.faiss", 40), ("index.g2.faiss", 3), ("index.g5.faiss", 1)]
+        assert index.manifest["files"]["trained"]["name"] == "trained.g1.faiss"
+    np.testing.assert_array_equal(np.load(out / "vectors.g1.npy"), old_vectors)
+    np.testing.assert_array_equal(
+        np.asarray(index.vectors[41:44]),
+        np.concatenate([np.load(out / "vectors.g2.npy")[1:], np.load(out / "vectors.g5.npy")]),
+    )
 
 
 def test_corrupted_files_give_clear_errors(tmp_path, retriever, corpus):

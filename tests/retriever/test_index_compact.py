@@ -27,7 +27,7 @@ from retriever.index_compact import (
     compact_index,
     compaction_due,
 )
-from retriever.index_files import LOCK, IndexLockedError, read_manifest
+from retriever.index_files import LOCK, IndexLockedError, file_parts, read_manifest, vector_parts
 from retriever.index_update import add_passages, remove_passages
 
 REPO = Path(__file__).resolve().parents[2]
@@ -96,6 +96,9 @@ def test_compaction_changes_no_search_result(tmp_path, corpus, clustered_source,
         after["generation"] == before["generation"] + 1
         and after["segments"][0]["corpus"] == f"corpora/segment-g{after['generation']}"
     )
+    if spec != "Flat":  # each edit's rows were a FAISS part of their own; merged into one (`merged_faiss`)
+        assert [rows for _, rows in file_parts(before, "faiss")] == [N, 10, 10, 10]
+        assert [rows for _, rows in file_parts(after, "faiss")] == [after["total"]]
     new_scores, new_ids = searched(folder, queries)
     np.testing.assert_array_equal(new_scores, scores)  # to the bit
     if "x4fs" in spec:
@@ -155,7 +158,7 @@ def test_hnsw_is_rebuilt_as_a_fresh_build_of_the_live_passages(tmp_path, corpus,
 def test_the_automatic_compaction_merges_the_added_segments_and_keeps_the_base(tmp_path, corpus, clustered_source):
     source = clustered_source()
     folder = build_index(corpus, source, tmp_path / "ix", progress=False)
-    base = read_manifest(folder)["segments"][0]
+    base, built_vectors = read_manifest(folder)["segments"][0], read_manifest(folder)["files"]["vectors"]
     for r in range(MAX_SEGMENTS):  # 1 + MAX_SEGMENTS segments: one too many
         add_passages(folder, [write_passages(tmp_path / "new.jsonl", N + 10 * r, 10)], source, progress=False)
     remove_passages(folder, ["s5", f"s{N + 3}"])  # a dead row in the base, one in an added segment
@@ -170,6 +173,12 @@ def test_the_automatic_compaction_merges_the_added_segments_and_keeps_the_base(t
     assert len(manifest["segments"]) == 2 and manifest["total"] == N + 10 * MAX_SEGMENTS - 1
     assert manifest["total"] - manifest["count"] == 1  # the base's dead row: under MAX_DEAD_FRACTION of it
     assert compaction_due(manifest) is None and compact_if_due(folder) is None
+    # the base's vectors are the file as built (not copied); the merged segment's rows are a file of their own
+    assert manifest["files"]["vectors"] == built_vectors and (folder / built_vectors["name"]).is_file()
+    assert [(r["name"], rows) for r, rows in vector_parts(manifest)] == [
+        (built_vectors["name"], N),
+        (f"vectors.g{manifest['generation']}.npy", 10 * MAX_SEGMENTS - 1),
+    ]
     new_scores, new_ids = searched(folder, queries)
     assert new_ids == ids
     np.testing.assert_array_equal(new_scores, scores)
@@ -180,6 +189,9 @@ def test_the_automatic_compaction_merges_the_added_segments_and_keeps_the_base(t
     stats = compact_if_due(folder)
     manifest = read_manifest(folder)
     assert stats.full and len(manifest["segments"]) == 1 and manifest["total"] == manifest["count"]
+    assert [(r["name"], rows) for r, rows in vector_parts(manifest)] == [
+        (f"vectors.g{manifest['generation']}.npy", manifest["total"])
+    ]  # every row in one file again
     assert not Path(manifest["segments"][0]["corpus"]).is_absolute()  # inside the index now
 
 
@@ -338,3 +350,36 @@ def test_a_second_writer_is_refused_and_told_who_writes(tmp_path, corpus, cluste
         holder.kill()
         holder.wait()
     assert compact_index(folder).compacted  # the lock went with its holder, killed
+
+
+@pytest.mark.parametrize("spec", ["IVF1,PQ8x4fs", "IVF2,PQ8", "PQ8x4fs", "OPQ8,IVF1,PQ8"])
+def test_faiss_parts_merge_into_the_index_one_build_of_all_rows_gives(spec):
+    """`merged_faiss`: an index as built plus the parts edits filled from its trained copy equals one index
+    filled with every row. The first part's list holds 128 entries: a multiple of a fast-scan block's bytes
+    (32 codes of 4 bytes), where FAISS's own blocked append copies past the list (so lists are rebuilt)."""
+    import faiss
+
+    from retriever.index_compact import merged_faiss
+
+    rng = np.random.default_rng(0)
+    rows = rng.standard_normal((170, 32)).astype(np.float32)
+    trained = faiss.index_factory(32, spec, faiss.METRIC_INNER_PRODUCT)
+    trained.train(np.tile(rows, (20, 1)) + rng.standard_normal((3400, 32)).astype(np.float32) * 0.01)
+    whole = faiss.clone_index(trained)
+    whole.add(rows)
+    parts = []
+    for start, stop in ((0, 128), (128, 138), (138, 170)):
+        part = faiss.clone_index(trained)
+        part.add(rows[start:stop])
+        parts.append((start, part))
+    merged = merged_faiss(parts)
+    assert merged.ntotal == 170
+    for index in (merged, whole):
+        if faiss.try_extract_index_ivf(index) is not None:
+            faiss.extract_index_ivf(index).nprobe = 2
+    queries = rows[::7] + 0.05
+    got, expected = merged.search(queries, 20), whole.search(queries, 20)
+    np.testing.assert_array_equal(got[1], expected[1])
+    np.testing.assert_array_equal(got[0], expected[0])
+    with pytest.raises(ValueError, match="starts at position 5"):
+        merged_faiss([(0, faiss.clone_index(trained)), (5, parts[1][1])])

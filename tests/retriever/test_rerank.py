@@ -124,10 +124,11 @@ def test_gather_rows_from_the_file_equals_indexing(tmp_path, gap_bytes, max_read
 
 def test_vectors_stay_memory_mapped(rerank_indexes, queries):
     index = PassageIndex.load(rerank_indexes["PQ4"])
-    assert isinstance(index.vectors, np.memmap) and index.vectors.dtype == np.float16
-    assert not index.vectors.flags.writeable
+    (stored,) = index.vectors.files
+    assert isinstance(stored, np.memmap) and stored.dtype == np.float16 and index.vectors.dtype == np.float16
+    assert not stored.flags.writeable
     index.search_vectors(queries, 10)
-    assert isinstance(index.vectors, np.memmap)  # never swapped for an in-memory copy
+    assert index.vectors.files == [stored]  # never swapped for an in-memory copy
     mapped = (rerank_indexes["PQ4"] / index.manifest["files"]["vectors"]["name"]).resolve()
     assert str(mapped) in Path("/proc/self/maps").read_text()
 

