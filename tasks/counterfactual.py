@@ -386,10 +386,11 @@ def plan_fact_edits(
     for another edit of the plan, and has the same relation where the data names one, else an entity
     label of the same kind (`ENTITY_KINDS`: a place for a place; with `similarity`, not naming another
     kind by its nearest answers, `neighbour_kind`), else (an answer that is no entity) the same phrase
-    shape; a name with no entity label is skipped. With `nlp` (a spaCy pipeline), an answer typed by entity
-    or shape (not by a relation the data names) also has its replacement checked
-    where it will stand: the first of the `CANDIDATES_TRIED_IN_PLACE` most similar candidates that reads as
-    the same kind of phrase in the sentence of the first passage edited (`reads_in_place`) is taken. A fact
+    shape; a name with no entity label (capitalised, or headed by a proper noun) is skipped. With `nlp` (a
+    spaCy pipeline), an answer typed by entity or shape (not by a relation the data names) also has its
+    replacement checked where it will stand: the first of the `CANDIDATES_TRIED_IN_PLACE` most similar
+    candidates that reads as the same kind of phrase in the sentence of the first passage edited
+    (`reads_in_place`) is taken. A fact
     with no such replacement, or whose passages another edit of the plan already changed, is skipped with
     the reason.
     """
@@ -435,7 +436,9 @@ def plan_fact_edits(
                 if ENTITY_KINDS.get(types[j].entity, types[j].entity) == kind
                 and (similarity is None or neighbour_kind(j, types, similarity, i) in (None, kind))
             ]
-        elif types[i].kind == "name":  # a name no entity label covers: what it names is not known
+        elif types[i].kind == "name" or "PROPN" in types[i].shape.split():
+            # a name no entity label covers ("Vice President of the United States", headed by a proper noun):
+            # what it names is not known, and a phrase shape is no kind for a name
             skipped.append((i, "its answer is a name spaCy does not tag as an entity where it stands"))
             continue
         elif types[i].shape:

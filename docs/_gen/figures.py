@@ -135,6 +135,7 @@ def scale() -> str:
                 "Flat build time",
                 "compressed build time",
                 "add 1,000 passages",
+                "add 1,000 passages, beyond embedding them",
                 "compaction after the edits",
             ],
             1.0,

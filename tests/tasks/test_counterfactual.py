@@ -217,3 +217,18 @@ def test_the_plan_takes_the_replacement_that_fits_not_the_nearest(nlp):
         nlp=nlp,
     )
     assert plan.edits == [] and plan.skipped == [(0, "no other answer of its type (entity place) fits")]
+
+
+def test_a_name_no_entity_label_covers_is_skipped_not_typed_by_its_shape():
+    questions = ["who holds the office", "who sang it", "what burns"]
+    answers = ["Vice President of the United States", "Calvin Lewis and Andrew Wright", "butane"]
+    types = [
+        AnswerType("text", "", "PROPN Sing"),
+        AnswerType("text", "", "PROPN Sing"),
+        AnswerType("text", "", "NOUN Sing"),
+    ]
+    stating = {0: [_passage("p", "He was Vice President of the United States.")]}
+    plan = plan_fact_edits(questions, answers, types, [0], stating, n=None)
+    assert plan.edits == [] and plan.skipped == [
+        (0, "its answer is a name spaCy does not tag as an entity where it stands")
+    ]
