@@ -26,6 +26,7 @@ check runs before anything is written, and its error names the id and the input 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -296,21 +297,7 @@ def _append_locked(
     progress: bool,
     remove: Sequence[str],
 ) -> UpdateStats:
-    # the files an update derives new ones from are verified in full (a damaged one would be written again under
-    # a fresh hash): the removed mask, and the trained index a FAISS part is filled from, or the FAISS index that
-    # is written again with the new rows (HNSW, and indexes built before parts); the vectors and corpora it only
-    # appends to are checked by size (`atlas index info --verify` reads them all)
-    rewrites = "faiss" in read_manifest(folder)["files"] and "trained" not in read_manifest(folder)["files"]
-    index = PassageIndex.load(
-        folder,
-        retriever=retriever,
-        allow_encoder_mismatch=allow_encoder_mismatch,
-        mmap=not rewrites,
-        read_faiss_index=rewrites,  # a part of its own is filled from the trained index: the codes are not read
-    )
-    for role in ("removed", "faiss" if rewrites else "trained"):
-        if role in index.manifest["files"]:
-            check_file(folder, index.manifest["files"][role], verify_hash=True)
+    index = _open_for_update(folder, retriever, allow_encoder_mismatch)
     remove_unreferenced(folder, index.manifest)  # what a writer that died left behind
     incoming = _read_incoming(new, chunk_words)
     remove = list(dict.fromkeys(remove))
@@ -337,6 +324,8 @@ def _append_locked(
     except BaseException:
         if created_segment is not None:
             shutil.rmtree(created_segment, ignore_errors=True)
+            with contextlib.suppress(OSError):  # `corpora/`, when this segment was its first: as it was
+                created_segment.parent.rmdir()
         for path in folder.glob(f"*.g{generation}.*"):  # written, never referenced
             path.unlink(missing_ok=True)
         raise
@@ -366,6 +355,26 @@ def _append_locked(
         count=manifest["count"],
         ids=corpus.table.column("id").to_pylist(),
     )
+
+
+def _open_for_update(folder: Path, retriever, allow_encoder_mismatch: bool) -> PassageIndex:
+    """The index an update reads: its corpora and removed mask, the FAISS index only where it is written again."""
+    # the files an update derives new ones from are verified in full (a damaged one would be written again under
+    # a fresh hash): the removed mask, and the trained index a FAISS part is filled from, or the FAISS index that
+    # is written again with the new rows (HNSW, and indexes built before parts); the vectors and corpora it only
+    # appends to are checked by size (`atlas index info --verify` reads them all)
+    rewrites = "faiss" in read_manifest(folder)["files"] and "trained" not in read_manifest(folder)["files"]
+    index = PassageIndex.load(
+        folder,
+        retriever=retriever,
+        allow_encoder_mismatch=allow_encoder_mismatch,
+        mmap=not rewrites,
+        read_faiss_index=rewrites,  # a part of its own is filled from the trained index: the codes are not read
+    )
+    for role in ("removed", "faiss" if rewrites else "trained"):
+        if role in index.manifest["files"]:
+            check_file(folder, index.manifest["files"][role], verify_hash=True)
+    return index
 
 
 def _refuse_conflicts(

@@ -337,6 +337,56 @@ class EditPlan:
     skipped: list[tuple[int, str]]
 
 
+def _may_replace(i: int, j: int, answers, norm, types, asked, texts: list[str], used: set[str]) -> bool:
+    """`plan_fact_edits`' rules, before the type's, for answer `j` replacing answer `i` (stated in `texts`)."""
+    return (
+        j != i
+        and bool(norm[j])
+        and norm[j] not in used
+        and not set(norm[j].split()) & set(norm[i].split())
+        and types[j].kind == types[i].kind
+        and asked[j] == asked[i]
+        and len(answers[j].split()) <= max(3, len(answers[i].split()) + 1)
+        and not any(answers[j].lower() in t for t in texts)
+    )
+
+
+def _of_its_type(i: int, candidates: list[int], types: list[AnswerType], similarity) -> tuple[str | None, list | str]:
+    """`plan_fact_edits`' type rule for fact `i`: → (what the kept candidates share with it, them), or (None, the
+    reason to skip it)."""
+    if types[i].relation is not None:
+        return f"relation {types[i].relation}", [j for j in candidates if types[j].relation == types[i].relation]
+    if types[i].entity:
+        kind = ENTITY_KINDS.get(types[i].entity, types[i].entity)
+        return f"entity {kind}", [
+            j
+            for j in candidates
+            if ENTITY_KINDS.get(types[j].entity, types[j].entity) == kind
+            and (similarity is None or neighbour_kind(j, types, similarity, i) in (None, kind))
+        ]
+    if types[i].kind == "name" or "PROPN" in types[i].shape.split():
+        # a name no entity label covers ("Vice President of the United States", headed by a proper noun): what
+        # it names is not known, and a phrase shape is no kind for a name
+        return None, "its answer is a name spaCy does not tag as an entity where it stands"
+    if types[i].shape:
+        shape = types[i].shape
+        return f"shape {shape}", [j for j in candidates if not types[j].entity and types[j].shape == shape]
+    return None, "its answer's type is unknown (no relation, entity or phrase shape)"
+
+
+def _first_in_place(nlp, text: str, answers: list[str], i: int, candidates: list[int]) -> tuple[int | None, str]:
+    """The first of the `CANDIDATES_TRIED_IN_PLACE` first `candidates` that reads as answer `i` does in its
+    sentence of `text` (`reads_in_place`): → (its row, ""), or (None, why the first did not)."""
+    sentence = sentence_of(text, answers[i])
+    original, misfits = nlp(sentence), []
+    for j in candidates[:CANDIDATES_TRIED_IN_PLACE]:
+        misfit = reads_in_place(nlp, sentence, answers[i], answers[j], original)
+        if misfit is None:
+            return j, ""
+        misfits.append(misfit)
+    return None, misfits[0]
+
+
 # candidates tried in place (`reads_in_place`) per fact, most similar first: each costs a parse
 CANDIDATES_TRIED_IN_PLACE = 8
 NEIGHBOURS_VOTING = 7  # `neighbour_kind`
@@ -410,61 +460,25 @@ def plan_fact_edits(
         if any(p.id in used_passages for p in passages):
             skipped.append((i, "its passage is already edited for another question"))
             continue
-        old_words = set(norm[i].split())
         texts = [p.text.lower() for p in passages]
         candidates = [
-            j
-            for j in range(len(answers))
-            if j != i
-            and norm[j]
-            and norm[j] not in used_replacements
-            and not set(norm[j].split()) & old_words
-            and types[j].kind == types[i].kind
-            and asked[j] == asked[i]
-            and len(answers[j].split()) <= max(3, len(answers[i].split()) + 1)
-            and not any(answers[j].lower() in t for t in texts)
+            j for j in range(len(answers)) if _may_replace(i, j, answers, norm, types, asked, texts, used_replacements)
         ]
-        if types[i].relation is not None:
-            kept = f"relation {types[i].relation}"
-            candidates = [j for j in candidates if types[j].relation == types[i].relation]
-        elif types[i].entity:
-            kind = ENTITY_KINDS.get(types[i].entity, types[i].entity)
-            kept = f"entity {kind}"
-            candidates = [
-                j
-                for j in candidates
-                if ENTITY_KINDS.get(types[j].entity, types[j].entity) == kind
-                and (similarity is None or neighbour_kind(j, types, similarity, i) in (None, kind))
-            ]
-        elif types[i].kind == "name" or "PROPN" in types[i].shape.split():
-            # a name no entity label covers ("Vice President of the United States", headed by a proper noun):
-            # what it names is not known, and a phrase shape is no kind for a name
-            skipped.append((i, "its answer is a name spaCy does not tag as an entity where it stands"))
-            continue
-        elif types[i].shape:
-            kept = f"shape {types[i].shape}"
-            candidates = [j for j in candidates if not types[j].entity and types[j].shape == types[i].shape]
-        else:
-            skipped.append((i, "its answer's type is unknown (no relation, entity or phrase shape)"))
+        kept, candidates = _of_its_type(i, candidates, types, similarity)
+        if kept is None:
+            skipped.append((i, candidates))
             continue
         if not candidates:
             skipped.append((i, f"no other answer of its type ({kept}) fits"))
             continue
         if similarity is not None:  # most similar first (a city for a city), ties to the earlier row
             candidates = sorted(candidates, key=lambda j: (-float(similarity[i][j]), j))
-        best = candidates[0]
+        best, misfit = candidates[0], None
         if nlp is not None and types[i].relation is None:
-            sentence = sentence_of(passages[0].text, answers[i])
-            original, misfits = nlp(sentence), []
-            for j in candidates[:CANDIDATES_TRIED_IN_PLACE]:
-                misfit = reads_in_place(nlp, sentence, answers[i], answers[j], original)
-                if misfit is None:
-                    break
-                misfits.append(misfit)
-            else:
-                skipped.append((i, f"no answer of its type ({kept}) reads as one in its sentence: {misfits[0]}"))
-                continue
-            best = j
+            best, misfit = _first_in_place(nlp, passages[0].text, answers, i, candidates)
+        if best is None:
+            skipped.append((i, f"no answer of its type ({kept}) reads as one in its sentence: {misfit}"))
+            continue
         edits.append(FactEdit(i, answers[i], answers[best], kept, tuple(p.id for p in passages)))
         used_replacements.add(norm[best])
         used_passages.update(p.id for p in passages)

@@ -739,3 +739,30 @@ def test_an_index_built_as_a_recipe_embeds_is_taken_and_another_is_named(tmp_pat
         EncoderMismatchError, match=r"passage_maxlength 64 at build, 32 here.*retriever\.passage_maxlength"
     ):
         open_index(tmp_path / "i64", retriever, config.index)
+
+
+def test_a_full_disk_during_an_edit_says_so_in_one_line_and_leaves_the_index_as_it_was(
+    index, tmp_path, capsys, monkeypatch
+):
+    import errno
+    import os
+
+    from retriever import index_update
+
+    def full(path, *args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    before = (index / "manifest.json").read_text()
+    files = sorted(p.name for p in index.iterdir())
+    monkeypatch.setattr(index_update, "write_float16_rows", full)  # the new segment's vectors: the disk fills up
+    new = write_docs(tmp_path / "new.jsonl", {"n1": "a new passage about deserts"})
+    code, _, err = atlas(capsys, "index", "add", "--index", index, "--corpus", new)
+    assert code == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1].endswith(
+        "the disk is full; nothing was committed (an index is left as it was before the command): free some space "
+        "and run the same command again"
+    )
+    assert (index / "manifest.json").read_text() == before and sorted(p.name for p in index.iterdir()) == files
+    monkeypatch.undo()
+    assert atlas(capsys, "index", "info", "--index", index, "--verify")[0] == 0
+    assert atlas(capsys, "index", "add", "--index", index, "--corpus", new)[0] == 0  # the same command, with room

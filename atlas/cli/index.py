@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import functools
 import json
 import sys
@@ -49,6 +50,11 @@ def _reports_errors(
         except (ValueError, KeyError, OSError, IndexLockedError) as e:
             close_progress_bars()  # the error is the last line, not a bar the failed loop left open
             message = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+            if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+                message = (
+                    f"{e.filename or 'a file it wrote'}: the disk is full; nothing was committed (an index is left as "
+                    "it was before the command): free some space and run the same command again"
+                )
             command = " ".join(filter(None, (args.command, getattr(args, "index_command", None))))
             print(f"atlas {command}: error: {message}", file=sys.stderr)
             return 2
