@@ -758,9 +758,13 @@ def test_a_full_disk_during_an_edit_says_so_in_one_line_and_leaves_the_index_as_
     new = write_docs(tmp_path / "new.jsonl", {"n1": "a new passage about deserts"})
     code, _, err = atlas(capsys, "index", "add", "--index", index, "--corpus", new)
     assert code == 2 and "Traceback" not in err
-    assert err.strip().splitlines()[-1].endswith(
-        "the disk is full; nothing was committed (an index is left as it was before the command): free some space "
-        "and run the same command again"
+    assert (
+        err.strip()
+        .splitlines()[-1]
+        .endswith(
+            "the disk is full; nothing was committed (an index is left as it was before the command): free some space "
+            "and run the same command again"
+        )
     )
     assert (index / "manifest.json").read_text() == before and sorted(p.name for p in index.iterdir()) == files
     monkeypatch.undo()
