@@ -423,8 +423,9 @@ def _import_vectors(
 def _write_index_files(
     folder: Path, spec: str, vectors_path: Path, *, keep_embeddings: bool, train_sample: int, seed: int
 ) -> dict[str, dict]:
-    """Generation 1's files in `folder`: the FAISS index (any spec but Flat), the float16 vectors (Flat,
-    or kept), no row removed. Returns their records for the manifest's `files`."""
+    """Generation 1's files in `folder`: the FAISS index (any spec but Flat) and its trained, empty form (a spec
+    whose edits append parts: `IndexType.appends`), the float16 vectors (Flat, or kept), no row removed. Returns
+    their records for the manifest's `files`."""
     vectors = np.load(vectors_path, mmap_mode="r")
     files: dict[str, dict] = {}
     if spec != "Flat":
