@@ -62,7 +62,6 @@ from retriever.index_files import (  # noqa: F401
     open_corpus,
     read_faiss,
     read_manifest,
-    vector_parts,
 )
 from retriever.index_types import (
     best_first,
@@ -388,9 +387,9 @@ def _faiss_parts(folder: Path, manifest: dict, *, mmap: bool) -> list[tuple[int,
 
 
 def _stored_vectors(folder: Path, manifest: dict) -> StoredVectors | None:
-    """The index's float16 vectors files (`index_files.vector_parts`), memory-mapped and checked against the
+    """The index's float16 vectors files (`index_files.file_parts`), memory-mapped and checked against the
     rows and dimension the manifest gives each; None where it keeps none."""
-    parts = vector_parts(manifest)
+    parts = file_parts(manifest, "vectors")
     if not parts:
         return None
     files = []

@@ -56,7 +56,7 @@ import numpy as np
 
 from retriever.corpus import merge_corpora
 from retriever.index import PassageIndex
-from retriever.index_files import commit, file_record, read_manifest, remove_unreferenced, writer_lock
+from retriever.index_files import commit, file_parts, file_record, read_manifest, remove_unreferenced, writer_lock
 from retriever.index_types import build_faiss_index, search_parameters_target
 from retriever.rerank import gather_rows
 from retriever.vectors import write_float16_rows
@@ -164,9 +164,11 @@ def _compact_locked(folder: Path, *, full: bool) -> CompactionStats:
         # no merged segment when none of its rows is live (only the base is left)
         merged = merge_corpora(parts, merged_path) if sum(len(rows) for _, rows in parts) else None
         vectors_path = folder / f"vectors.g{generation}.npy"
-        merged_vectors = _compacted_vectors(index, vectors_path, first, start, keep, has_merged=merged is not None)
-        if merged_vectors is None and vectors_path.is_file():  # every row in one file again
-            written["vectors"] = vectors_path
+        all_vectors, merged_vectors = _compacted_vectors(
+            index, vectors_path, first, start, keep, has_merged=merged is not None
+        )
+        if all_vectors is not None:  # every row in one file again
+            written["vectors"] = all_vectors
         faiss_index = merged_faiss(index.faiss_parts)  # one index again (None for Flat)
         if faiss_index is not None and (drop.any() or len(index.faiss_parts) > 1):
             path = folder / f"index.g{generation}.faiss"
@@ -236,23 +238,21 @@ def merged_faiss(parts: list[tuple[int, faiss.Index]]) -> faiss.Index | None:
 
 def _compacted_vectors(
     index: PassageIndex, path: Path, first: int, start: int, keep: np.ndarray, *, has_merged: bool
-) -> Path | None:
-    """Write the vectors a compaction keeps to `path` (where the index keeps vectors, and they change).
+) -> tuple[Path | None, Path | None]:
+    """Write the vectors a compaction keeps to `path` (where the index keeps vectors, and they change):
+    → (the new `files.vectors`, the merged segment's own vectors file), each `path` or None.
 
     The segments from `first` on (positions `start` on) are merged. Where the file of the rows as built
     (`files.vectors`) holds exactly the segments kept before them, it stays, and the merged segment's rows are
-    written as its own file: → `path`. Otherwise every kept row is written into `path`, the new `files.vectors`
-    (→ None; as when nothing needed writing, and `path` is then not there)."""
-    segments = index.manifest["segments"]
-    own = next((i for i, s in enumerate(segments) if "vectors" in s), len(segments))  # `index_files.vector_parts`
-    if index.vectors is None or (own == len(segments) and keep.all()):
-        return None  # no vectors, or one file whose rows all stay
-    if first >= 1 and own == first:
+    written as its own file. Otherwise every kept row is written into `path`, the new `files.vectors`."""
+    parts = file_parts(index.manifest, "vectors")
+    if index.vectors is None or (len(parts) == 1 and keep.all()):
+        return None, None  # no vectors, or one file whose rows all stay
+    if first >= 1 and parts[0][1] == start:
         if not has_merged:
-            return None  # the merged segments' rows all dead: the file as built holds every kept row
-        return _write_vectors(path, index.vectors[start:], keep[start:])
-    _write_vectors(path, index.vectors, keep)
-    return None
+            return None, None  # the merged segments' rows all dead: the file as built holds every kept row
+        return None, _write_vectors(path, index.vectors[start:], keep[start:])
+    return _write_vectors(path, index.vectors, keep), None
 
 
 def _write_vectors(path: Path, vectors: np.ndarray, keep: np.ndarray) -> Path:

@@ -102,11 +102,6 @@ def file_parts(manifest: dict, role: str) -> list[tuple[dict, int]]:
     return parts
 
 
-def vector_parts(manifest: dict) -> list[tuple[dict, int]]:
-    """`file_parts(manifest, "vectors")`: the float16 vectors files."""
-    return file_parts(manifest, "vectors")
-
-
 SEGMENT_FILE_ROLES = ("vectors", "faiss")  # the files a segment appended by an edit may have of its own
 
 
@@ -217,7 +212,7 @@ def index_summary(manifest: dict) -> dict:
         "bytes_on_disk": size,
         "bytes_per_passage": round(size / max(manifest["count"], 1), 2),
         "files": {role: r["name"] for role, r in manifest["files"].items()},
-        "vectors_files": [record["name"] for record, _ in vector_parts(manifest)],
+        "vectors_files": [record["name"] for record, _ in file_parts(manifest, "vectors")],
         "faiss_files": [record["name"] for record, _ in file_parts(manifest, "faiss")],
     }
 

@@ -363,7 +363,8 @@ def _open_for_update(folder: Path, retriever, allow_encoder_mismatch: bool) -> P
     # a fresh hash): the removed mask, and the trained index a FAISS part is filled from, or the FAISS index that
     # is written again with the new rows (HNSW, and indexes built before parts); the vectors and corpora it only
     # appends to are checked by size (`atlas index info --verify` reads them all)
-    rewrites = "faiss" in read_manifest(folder)["files"] and "trained" not in read_manifest(folder)["files"]
+    files = read_manifest(folder)["files"]
+    rewrites = "faiss" in files and "trained" not in files
     index = PassageIndex.load(
         folder,
         retriever=retriever,

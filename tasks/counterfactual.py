@@ -178,14 +178,21 @@ def answer_entity_label(doc, answer: str) -> str:
     return label if 2 * covered >= match.end() - match.start() else ""
 
 
+def span_of(doc, phrase: str):
+    """The tokens of a parsed spaCy Doc where `phrase` first stands (whole words, widened to whole tokens), or
+    None where it does not."""
+    match = whole_words(phrase).search(doc.text)
+    span = None if match is None else doc.char_span(match.start(), match.end(), alignment_mode="expand")
+    return span if span is not None and len(span) else None
+
+
 def answer_shape(doc, answer: str) -> str:
     """The grammatical shape of `answer` where it first stands in `doc` (a parsed spaCy Doc): whether it
     opens with a determiner, its head word's part of speech and grammatical number — "DET NOUN Sing" for
     "a scythe", "NOUN Sing" for "butane", "NOUN Plur" for "stromal cells" — so that a replacement for an
     answer that is no entity reads as the same kind of phrase in its sentence; "" when it is not in the text."""
-    match = whole_words(answer).search(doc.text)
-    span = None if match is None else doc.char_span(match.start(), match.end(), alignment_mode="expand")
-    if span is None or not len(span):
+    span = span_of(doc, answer)
+    if span is None:
         return ""
     number = span.root.morph.get("Number")
     return " ".join(
@@ -278,9 +285,13 @@ ENTITY_KINDS = {
 _CLAUSE_WORDS = frozenset({"ADV", "VERB", "AUX", "PRON", "SCONJ", "INTJ", "X", "SYM"})
 
 
+def entity_kind(label: str) -> str:
+    """The kind of thing a spaCy entity label names (`ENTITY_KINDS`; the label itself where it has none)."""
+    return ENTITY_KINDS.get(label, label)
+
+
 def _word_classes(doc, phrase: str) -> set[str]:
-    match = whole_words(phrase).search(doc.text)
-    span = None if match is None else doc.char_span(match.start(), match.end(), alignment_mode="expand")
+    span = span_of(doc, phrase)
     return set() if span is None else {token.pos_ for token in span} & _CLAUSE_WORDS
 
 
@@ -296,14 +307,13 @@ def reads_in_place(nlp, sentence: str, old: str, new: str, original=None) -> str
     old_label, old_shape = answer_entity_label(original, old), answer_shape(original, old)
     edited = replace_fact(sentence, old, new)
     doc = nlp(edited)
-    match = whole_words(new).search(edited)
-    span = None if match is None else doc.char_span(match.start(), match.end(), alignment_mode="expand")
-    if span is None or not len(span):
+    span = span_of(doc, new)
+    if span is None:
         return f"{new!r} not found in the edited sentence"
     if not _is_one_phrase(span):
         return f"{new!r} does not read as one phrase where {old!r} stood"
     label = answer_entity_label(doc, new)
-    kind, old_kind = ENTITY_KINDS.get(label, label), ENTITY_KINDS.get(old_label, old_label)
+    kind, old_kind = entity_kind(label), entity_kind(old_label)
     if kind != old_kind:
         return f"{new!r} reads as {label or 'no entity'} where {old!r} read as {old_label or 'no entity'}"
     if not old_label:
@@ -357,11 +367,11 @@ def _of_its_type(i: int, candidates: list[int], types: list[AnswerType], similar
     if types[i].relation is not None:
         return f"relation {types[i].relation}", [j for j in candidates if types[j].relation == types[i].relation]
     if types[i].entity:
-        kind = ENTITY_KINDS.get(types[i].entity, types[i].entity)
+        kind = entity_kind(types[i].entity)
         return f"entity {kind}", [
             j
             for j in candidates
-            if ENTITY_KINDS.get(types[j].entity, types[j].entity) == kind
+            if entity_kind(types[j].entity) == kind
             and (similarity is None or neighbour_kind(j, types, similarity, i) in (None, kind))
         ]
     if types[i].kind == "name" or "PROPN" in types[i].shape.split():
@@ -404,7 +414,7 @@ def neighbour_kind(j: int, types: list[AnswerType], similarity, leave_out: int) 
         return None
     votes: dict[str, int] = {}
     for x in nearest:
-        kind = ENTITY_KINDS.get(types[x].entity, types[x].entity)
+        kind = entity_kind(types[x].entity)
         votes[kind] = votes.get(kind, 0) + 1
     kind, count = max(votes.items(), key=lambda item: item[1])
     return kind if 2 * count > len(nearest) else None

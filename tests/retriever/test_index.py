@@ -18,7 +18,7 @@ from retriever.index import (
     PassageIndex,
 )
 from retriever.index_build import build_index, train_and_fill, work_dir_for
-from retriever.index_files import file_parts, file_records, vector_parts
+from retriever.index_files import file_parts, file_records
 from retriever.index_types import exact_search, set_search_params
 from retriever.index_update import add_passages, remove_passages, update_passages
 
@@ -231,7 +231,7 @@ def test_add_and_remove(tmp_path, retriever, corpus, spec):
     )  # superseded files are gone
     # each edit wrote its own rows only: the vectors as built are the file they were, and each added
     # segment has its own file of its rows
-    parts = [(record["name"], rows) for record, rows in vector_parts(index.manifest)]
+    parts = [(record["name"], rows) for record, rows in file_parts(index.manifest, "vectors")]
     assert parts == [("vectors.g1.npy", 40), ("vectors.g2.npy", 3), ("vectors.g5.npy", 1)]
     if spec != "Flat":  # likewise the FAISS codes: the trained index kept at build, filled with each edit's rows
         parts = [(record["name"], rows) for record, rows in file_parts(index.manifest, "faiss")]

@@ -27,7 +27,7 @@ from retriever.index_compact import (
     compact_index,
     compaction_due,
 )
-from retriever.index_files import LOCK, IndexLockedError, file_parts, read_manifest, vector_parts
+from retriever.index_files import LOCK, IndexLockedError, file_parts, read_manifest
 from retriever.index_update import add_passages, remove_passages
 
 REPO = Path(__file__).resolve().parents[2]
@@ -175,7 +175,7 @@ def test_the_automatic_compaction_merges_the_added_segments_and_keeps_the_base(t
     assert compaction_due(manifest) is None and compact_if_due(folder) is None
     # the base's vectors are the file as built (not copied); the merged segment's rows are a file of their own
     assert manifest["files"]["vectors"] == built_vectors and (folder / built_vectors["name"]).is_file()
-    assert [(r["name"], rows) for r, rows in vector_parts(manifest)] == [
+    assert [(r["name"], rows) for r, rows in file_parts(manifest, "vectors")] == [
         (built_vectors["name"], N),
         (f"vectors.g{manifest['generation']}.npy", 10 * MAX_SEGMENTS - 1),
     ]
@@ -189,7 +189,7 @@ def test_the_automatic_compaction_merges_the_added_segments_and_keeps_the_base(t
     stats = compact_if_due(folder)
     manifest = read_manifest(folder)
     assert stats.full and len(manifest["segments"]) == 1 and manifest["total"] == manifest["count"]
-    assert [(r["name"], rows) for r, rows in vector_parts(manifest)] == [
+    assert [(r["name"], rows) for r, rows in file_parts(manifest, "vectors")] == [
         (f"vectors.g{manifest['generation']}.npy", manifest["total"])
     ]  # every row in one file again
     assert not Path(manifest["segments"][0]["corpus"]).is_absolute()  # inside the index now
