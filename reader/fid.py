@@ -20,6 +20,7 @@ from transformers import T5Config, T5ForConditionalGeneration
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
 from reader import attention_scores, passage_scores
+from reader.attention_backend import checkpoint_contexts, with_training_attention
 from reader.beam_attention import (
     CACHE_KWARG,
     BeamSharedCrossAttentionCache,
@@ -269,6 +270,7 @@ class FiDReader(nn.Module):
         return self.seq2seq._shift_right(labels)
 
     # --- training / scoring -----------------------------------------------------------
+    @with_training_attention  # no cuDNN attention in a pass that takes gradients (reader.attention_backend)
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -479,7 +481,9 @@ class FiDReader(nn.Module):
     # --- memory / persistence ---------------------------------------------------------
     def gradient_checkpointing_enable(self) -> None:
         """Recompute T5 block activations in the backward pass (less memory, ~1/3 more time)."""
-        self.seq2seq.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        self.seq2seq.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": False, "context_fn": checkpoint_contexts}
+        )
 
     def gradient_checkpointing_disable(self) -> None:
         """Keep activations (the default)."""

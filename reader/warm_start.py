@@ -42,6 +42,7 @@ from transformers import (
 )
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
+from reader.attention_backend import with_training_attention
 from reader.beam_attention import CACHE_KWARG, output_cache
 from reader.copy_head import CopyHead, CopySource
 from reader.inputs import IGNORE_INDEX
@@ -197,6 +198,7 @@ class WarmStartedT5(T5ForConditionalGeneration):
         for layer in list(layers)[: len(layers) - n]:
             layer.requires_grad_(False)
 
+    @with_training_attention  # no cuDNN attention in a pass that takes gradients (reader.attention_backend)
     def forward(
         self,
         input_ids=None,
