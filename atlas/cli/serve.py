@@ -17,6 +17,7 @@ from atlas.serve.settings import DEFAULTS, ServeSettings, setting_help
 # the options that set a limit of ServeSettings, each named after its field
 SIZE_OPTIONS = {
     "max_request_cost": ("--max-request-cost", int, "UNITS"),
+    "max_batch_cost": ("--max-batch-cost", int, "UNITS"),
     "max_queue": ("--max-queue", int, "N"),
     "request_timeout_s": ("--request-timeout", float, "SECONDS"),
     "max_batch": ("--max-batch", int, "N"),

@@ -139,7 +139,7 @@ def create_app(service: AtlasService, settings: ServeSettings | None = None, **c
         window_ms=settings.batch_window_ms,
         max_queue=settings.max_queue,
         cost=lambda question: question_cost(question.question, question.k),
-        max_cost=settings.max_request_cost,
+        max_cost=settings.max_batch_cost,
     )
 
     @asynccontextmanager

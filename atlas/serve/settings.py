@@ -8,8 +8,9 @@ The cost of a question is counted before any model work: each passage it reads (
 one unit per started block of `QUESTION_BLOCK_CHARS` characters of the question (the reader reads
 the question again beside every passage), so a question of up to 200 characters reading 5
 passages costs 5, one of 2,000 characters reading 20 costs 200. A request whose questions cost
-more than `max_request_cost` together is refused (413) before it is queued; a micro-batch holds
-at most that cost too, so a light question waits at most for one such batch before its own.
+more than `max_request_cost` together is refused (413) before it is queued. A micro-batch holds at
+most `max_batch_cost`, so a light question waits at most for one such batch before its own, however
+heavy the requests queued beside it (they are sliced across batches, one question of each in turn).
 """
 
 from __future__ import annotations
@@ -66,8 +67,13 @@ class ServeSettings:
     # ---------------------------------------------------------------- what one request may cost
     max_request_cost: int = _option(
         640,
-        "the most reading one request (and one micro-batch) may cost: k passages per question, times its "
-        f"length in started blocks of {QUESTION_BLOCK_CHARS} characters, summed over its questions",
+        "the most reading one request may cost: k passages per question, times its length in started blocks "
+        f"of {QUESTION_BLOCK_CHARS} characters, summed over its questions",
+    )
+    max_batch_cost: int = _option(
+        160,
+        "the most reading one micro-batch may cost (as --max-request-cost counts it; 160: 32 short questions at "
+        "k=5): what a light question may wait for",
     )
     max_queue: int = _option(
         256, "questions waiting for the model at most; beyond it a request is answered 503 with Retry-After"
@@ -88,7 +94,14 @@ class ServeSettings:
     max_header_bytes: int = _option(16_384, "bytes of request line and headers at most (h11's limit)")
 
     def __post_init__(self):
-        for name in ("max_request_cost", "max_queue", "max_batch", "max_connections", "max_header_bytes"):
+        for name in (
+            "max_request_cost",
+            "max_batch_cost",
+            "max_queue",
+            "max_batch",
+            "max_connections",
+            "max_header_bytes",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("request_timeout_s", "read_timeout_s", "keep_alive_s"):
