@@ -71,8 +71,8 @@ class ServeSettings:
         f"of {QUESTION_BLOCK_CHARS} characters, summed over its questions",
     )
     max_batch_cost: int = _option(
-        160,
-        "the most reading one micro-batch may cost (as --max-request-cost counts it; 160: 32 short questions at "
+        80,
+        "the most reading one micro-batch may cost (as --max-request-cost counts it; 80: 16 short questions at "
         "k=5): what a light question may wait for",
     )
     max_queue: int = _option(

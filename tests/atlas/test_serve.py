@@ -128,7 +128,7 @@ def test_info_describes_the_run_and_health_the_index(client, service):
     serving = info["serving"]
     assert serving["edits_allowed"] is True and serving["token_required"] is True and "token" not in serving
     assert (serving["max_batch"], serving["batch_window_ms"], serving["default_k"]) == (32, 5.0, 2)
-    assert (serving["max_request_cost"], serving["max_batch_cost"], serving["max_queue"]) == (640, 160, 256)
+    assert (serving["max_request_cost"], serving["max_batch_cost"], serving["max_queue"]) == (640, 80, 256)
     health = client.get("/api/health").json()
     assert health["status"] == "ok" and health["generation"] == manifest["generation"]
     assert client.get("/").text.startswith("<!doctype html>")
