@@ -4,6 +4,7 @@
     python bench/serve.py --asks 200 --baseline-asks 64 --edits 10   # a quick look
     python bench/serve.py --asks 10000 --edits 1000 --baseline-asks 0  # compaction under load only
     python bench/serve.py --asks 10000 --edits 1000 --baseline-asks 0 --no-compaction-asks 2000 -k 1
+    python bench/serve.py --heavy-beside-light    # light asks beside one heavy request (the request budget)
 
 Serves the demo run (the shipped atlas-reader over the demo encyclopedia, `atlas.serve.demo`)
 as `atlas serve` subprocesses on 127.0.0.1, asked the demo's held-out questions at K=5 by
@@ -18,7 +19,9 @@ as `atlas serve` subprocesses on 127.0.0.1, asked the demo's held-out questions 
      comparison, and a stricter one (its index has fewer segments to load at each edit's swap);
   2. and 3. the throughput ratio, like against like (no edits, `--baseline-asks` each):
      micro-batched, then one question per forward pass (--max-batch 1).
-`--asks 0` skips the load tests, `--baseline-asks 0` the throughput ratio. Prints JSON, then a
+`--asks 0` skips the load tests, `--baseline-asks 0` the throughput ratio. `--heavy-beside-light` runs only
+the request-budget test (`heavy_beside_light_runs`): light asks alone, beside a request over the budget,
+and beside the heaviest one within it. Prints JSON, then a
 table with the ratios; `--out FILE` also writes the JSON, rewritten after each server's run.
 Defaults: greedy decoding (`--beams 1`; the demo run's own recipe decodes with beam search of 4:
 `--beams 4` measures that) and one torch thread per server (--threads 1: on a shared 2-core
@@ -43,6 +46,8 @@ import httpx
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+TOKEN = "bench-token"  # the edit token of the servers started here (ATLAS_TOKEN)
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def free_port() -> int:
@@ -80,7 +85,7 @@ def start_server(
     log: Path | None = None,
     auto_compact: bool = True,
 ) -> subprocess.Popen:
-    """`atlas serve RUN --index INDEX --allow-edits` on 127.0.0.1:`port` as a subprocess."""
+    """`atlas serve RUN --index INDEX --allow-edits` on 127.0.0.1:`port` as a subprocess; edits need `TOKEN`."""
     command = [
         sys.executable,
         "-m",
@@ -99,7 +104,13 @@ def start_server(
         str(threads),
         *([] if auto_compact else ["--no-auto-compact"]),
     ]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": str(threads)}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "OMP_NUM_THREADS": str(threads),
+        "ATLAS_TOKEN": TOKEN,
+    }
     output = open(log, "w") if log is not None else subprocess.DEVNULL  # noqa: SIM115 (closed with the process)
     return subprocess.Popen(command, cwd=REPO, env=env, stdout=output, stderr=subprocess.STDOUT)
 
@@ -234,6 +245,115 @@ def load_test(
     return asyncio.run(_load(url, questions, asks, concurrency, k, list(plan), token, timeout))
 
 
+async def _heavy_beside_light(
+    url: str, questions: list[str], heavy: dict | None, *, light_asks: int, concurrency: int, k: int, timeout: float
+) -> dict:
+    light_ms: list[float] = []
+    errors: list[str] = []
+    heavy_result: dict = {}
+    next_ask = 0
+
+    async with httpx.AsyncClient(
+        base_url=url, timeout=timeout, limits=httpx.Limits(max_connections=concurrency + 2)
+    ) as client:
+
+        async def send_heavy() -> None:
+            started = time.perf_counter()
+            response = await client.post("/api/ask/batch", json=heavy)
+            heavy_result.update(
+                heavy_status=response.status_code,
+                heavy_ms=round(1000 * (time.perf_counter() - started), 1),
+                heavy_detail=response.json().get("detail") if response.status_code != 200 else None,
+            )
+
+        async def asker() -> None:
+            nonlocal next_ask
+            while next_ask < light_asks:
+                n, next_ask = next_ask, next_ask + 1
+                started = time.perf_counter()
+                response = await client.post("/api/ask", json={"question": questions[n % len(questions)], "k": k})
+                light_ms.append(1000 * (time.perf_counter() - started))
+                if response.status_code != 200:
+                    errors.append(f"ask {n}: HTTP {response.status_code}: {response.text[:200]}")
+
+        heavy_task = asyncio.create_task(send_heavy()) if heavy is not None else None
+        if heavy_task is not None:
+            await asyncio.sleep(0.2)  # the heavy request is in (and, when admitted, its first batch runs)
+        started = time.perf_counter()
+        await asyncio.gather(*(asker() for _ in range(concurrency)))
+        wall = time.perf_counter() - started
+        if heavy_task is not None:
+            await heavy_task
+    ms = np.array(light_ms)
+    return {
+        "light_asks": light_asks,
+        "light_errors": len(errors),
+        "error_examples": errors[:3],
+        "light_p50_ms": round(float(np.percentile(ms, 50)), 1),
+        "light_p99_ms": round(float(np.percentile(ms, 99)), 1),
+        "light_wall_s": round(wall, 2),
+        "heavy_questions": len(heavy["questions"]) if heavy else 0,
+        "heavy_k": heavy["k"] if heavy else None,
+        **heavy_result,
+    }
+
+
+def heavy_beside_light(
+    url: str,
+    questions: list[str],
+    heavy: dict | None,
+    *,
+    light_asks: int = 32,
+    concurrency: int = 4,
+    k: int = 5,
+    timeout: float = 300.0,
+) -> dict:
+    """One heavy `/api/ask/batch` request (`heavy`: its body; None: none) sent first, then `light_asks`
+    one-question asks from `concurrency` clients. → the light asks' p50/p99 latency (ms) and errors, and the
+    heavy request's status, latency and refusal detail."""
+    return asyncio.run(
+        _heavy_beside_light(url, questions, heavy, light_asks=light_asks, concurrency=concurrency, k=k, timeout=timeout)
+    )
+
+
+def heavy_beside_light_runs(run: Path, pristine_index: Path, work: Path, *, threads: int, beams: int, k: int) -> dict:
+    """The load test of the request budget on one `atlas serve` with its default limits: light asks alone,
+    beside the issue's request (64 questions of 2,000 characters at k=20: over the budget, refused), and
+    beside the heaviest request within the budget (64 short questions at k=10: sliced across batches)."""
+    index = work / "index-heavy"
+    shutil.rmtree(index, ignore_errors=True)
+    shutil.copytree(pristine_index, index)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = start_server(
+        run,
+        index,
+        port=port,
+        max_batch=32,
+        threads=threads,
+        overrides=(f"inference.num_beams={beams}",),
+        log=work / "server-heavy.log",
+    )
+    questions = heldout_questions()
+    long_question = (questions[0] + " ") * (2000 // (len(questions[0]) + 1))
+    long_question += "x" * (2000 - len(long_question))
+    rows = {}
+    try:
+        wait_healthy(url, process)
+        heavy_beside_light(url, questions[:8], None, light_asks=8, concurrency=4, k=k)  # warm-up
+        rows["light asks alone"] = heavy_beside_light(url, questions, None, k=k)
+        rows["beside 64 x 2,000 chars x k=20"] = heavy_beside_light(
+            url, questions, {"questions": [long_question] * 64, "k": 20}, k=k
+        )
+        rows["beside 64 x k=10 (the budget)"] = heavy_beside_light(
+            url, questions, {"questions": questions[:64], "k": 10}, k=k
+        )
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+    return rows
+
+
 def check_edits(url: str, plan: list[tuple[str, str, dict | None]], passages_before: int) -> dict:
     """After a load test: every edited passage has its final text (a removed one answers 404),
     and the live count adds up. → {"lost_edits": [...ids], "passages": n, "expected_passages": n,
@@ -298,7 +418,7 @@ def _serve_and_load(
         questions = heldout_questions()
         load_test(url, questions[:8], asks=2 * concurrency, concurrency=concurrency, k=k)  # warm-up
         plan = edit_plan(n_edits, f"bench{max_batch}")
-        result = load_test(url, questions, asks=asks, concurrency=concurrency, k=k, plan=plan)
+        result = load_test(url, questions, asks=asks, concurrency=concurrency, k=k, plan=plan, token=TOKEN)
         if plan:
             result.update(check_edits(url, plan, before))
     finally:
@@ -333,6 +453,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each server")
     parser.add_argument("--beams", type=int, default=1, help="beam search width of the reader (1 = greedy)")
     parser.add_argument("--work", help="folder for the demo run and the servers' logs (default: a temporary one)")
+    parser.add_argument(
+        "--heavy-beside-light",
+        action="store_true",
+        help="only the request-budget load test: light asks alone, beside an over-budget request, and beside "
+        "the heaviest request within the budget (concurrency 4, 32 light asks each)",
+    )
     args = parser.parse_args(argv)
 
     from atlas.serve.demo import build_demo_run
@@ -340,6 +466,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="atlas-bench-serve-"))
     run = build_demo_run(work / "demo")
     common = {"concurrency": args.concurrency, "k": args.k, "threads": args.threads, "beams": args.beams}
+    if args.heavy_beside_light:
+        return _report_heavy_beside_light(run, work, args)
     rows = {}
 
     def record(name: str, row: dict) -> None:
@@ -439,6 +567,30 @@ def main(argv: list[str] | None = None) -> int:
         for row in rows.values()
     )
     return 1 if failed else 0
+
+
+def _report_heavy_beside_light(run: Path, work: Path, args: argparse.Namespace) -> int:
+    rows = heavy_beside_light_runs(run, work / "demo" / "index", work, threads=args.threads, beams=args.beams, k=args.k)
+    report = {
+        **rows,
+        "k": args.k,
+        "beams": args.beams,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "threads_per_server": args.threads,
+            "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        },
+    }
+    print(json.dumps(report, indent=2))
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\n{'light asks':<32}{'p50 ms':>8}{'p99 ms':>8}{'errors':>7}  heavy request")
+    for name, row in rows.items():
+        heavy = f"{row['heavy_status']} in {row['heavy_ms']:,.0f} ms" if "heavy_status" in row else "none"
+        print(f"{name:<32}{row['light_p50_ms']:>8.0f}{row['light_p99_ms']:>8.0f}{row['light_errors']:>7}  {heavy}")
+    alone = rows["light asks alone"]["light_p99_ms"]
+    print(", ".join(f"{name}: p99 {row['light_p99_ms'] / alone:.2f}x alone" for name, row in list(rows.items())[1:]))
+    return 1 if any(row["light_errors"] for row in rows.values()) else 0
 
 
 if __name__ == "__main__":

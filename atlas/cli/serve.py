@@ -9,7 +9,24 @@ import argparse
 import ipaddress
 import logging
 import os
+import secrets
 import socket
+
+from atlas.serve.settings import DEFAULTS, ServeSettings, setting_help
+
+# the options that set a limit of ServeSettings, each named after its field
+SIZE_OPTIONS = {
+    "max_request_cost": ("--max-request-cost", int, "UNITS"),
+    "max_batch_cost": ("--max-batch-cost", int, "UNITS"),
+    "max_queue": ("--max-queue", int, "N"),
+    "request_timeout_s": ("--request-timeout", float, "SECONDS"),
+    "max_batch": ("--max-batch", int, "N"),
+    "batch_window_ms": ("--batch-window-ms", float, "MS"),
+    "read_timeout_s": ("--read-timeout", float, "SECONDS"),
+    "keep_alive_s": ("--keep-alive", float, "SECONDS"),
+    "max_connections": ("--max-connections", int, "N"),
+    "max_header_bytes": ("--max-header-bytes", int, "BYTES"),
+}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -26,19 +43,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--index", help="index folder to serve and edit (default: the run's; required for a reader)")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--allow-edits", action="store_true", help=setting_help("allow_edits"))
+    serve.add_argument("--token", default=None, help=setting_help("token"))
     serve.add_argument(
-        "--allow-edits", action="store_true", help="enable adding, updating and removing passages (off by default)"
+        "--allow-edits-without-token",
+        dest="edits_without_token",
+        action="store_true",
+        help=setting_help("edits_without_token") + " (implies --allow-edits)",
     )
     serve.add_argument(
-        "--token",
-        default=None,
-        help="bearer token that editing requests must carry (default: $ATLAS_TOKEN); "
-        "required with --allow-edits when --host is not a loopback address",
+        "--allowed-host",
+        dest="allowed_hosts",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help=setting_help("allowed_hosts") + " (repeat for several)",
     )
-    serve.add_argument("--max-batch", type=int, default=32, help="questions per forward pass (1: no micro-batching)")
     serve.add_argument(
-        "--batch-window-ms", type=float, default=5.0, help="how long a batch waits for more questions after its first"
+        "--allowed-origin",
+        dest="allowed_origins",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help=setting_help("allowed_origins") + " (repeat for several)",
     )
+    for name, (option, kind, metavar) in SIZE_OPTIONS.items():
+        serve.add_argument(
+            option, dest=name, type=kind, default=getattr(DEFAULTS, name), metavar=metavar, help=setting_help(name)
+        )
     serve.add_argument(
         "--no-auto-compact",
         dest="auto_compact",
@@ -66,15 +98,50 @@ def is_loopback(host: str) -> bool:
         return bool(infos) and all(ipaddress.ip_address(info[4][0]).is_loopback for info in infos)
 
 
-def serving_token(host: str, allow_edits: bool, token: str | None) -> str | None:
-    """The token editing requests must carry: --token, else $ATLAS_TOKEN, else none; a
-    `ValueError` when edits are allowed beyond loopback without one."""
-    token = token or os.environ.get("ATLAS_TOKEN") or None
-    if allow_edits and token is None and not is_loopback(host):
+def is_wildcard(host: str) -> bool:
+    """Whether `host` binds every address of the machine (0.0.0.0, ::)."""
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return host == ""
+
+
+def serving_settings(args: argparse.Namespace) -> tuple[ServeSettings, bool]:
+    """The settings `atlas serve` runs with, from its options (→ settings, whether the token was made up here).
+
+    The token: --token, else $ATLAS_TOKEN, else, with --allow-edits, one made up now (printed with the page's
+    link). `ValueError` for --allow-edits-without-token on an address beyond loopback, and for a --host that
+    binds every address with no --allowed-host (requests would name hosts the server does not know)."""
+    allow_edits = args.allow_edits or args.edits_without_token
+    token = args.token or os.environ.get("ATLAS_TOKEN") or None
+    made_up = False
+    if args.edits_without_token:
+        if not is_loopback(args.host):
+            raise ValueError(
+                f"--allow-edits-without-token on {args.host} (not a loopback address): anyone who reaches it could "
+                "edit; edits beyond this machine need a token (--token or ATLAS_TOKEN)"
+            )
+        token = None
+    elif allow_edits and token is None:
+        token, made_up = secrets.token_urlsafe(24), True
+    hosts = list(args.allowed_hosts)
+    if is_wildcard(args.host) and not hosts:
         raise ValueError(
-            f"--allow-edits on {host} (not a loopback address) needs a token: give --token TOKEN or set ATLAS_TOKEN"
+            f"--host {args.host} takes connections on every address: name the host names clients will use "
+            "with --allowed-host NAME (repeatable; '*' for any, which DNS rebinding can exploit)"
         )
-    return token
+    if not is_wildcard(args.host):
+        hosts.append(args.host)
+    options = {name: getattr(args, name) for name in SIZE_OPTIONS}
+    settings = ServeSettings(
+        allow_edits=allow_edits,
+        token=token,
+        edits_without_token=args.edits_without_token,
+        allowed_hosts=tuple(dict.fromkeys([*DEFAULTS.allowed_hosts, *hosts])),
+        allowed_origins=tuple(args.allowed_origins),
+        **options,
+    )
+    return settings, made_up
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -83,11 +150,9 @@ def _serve(args: argparse.Namespace) -> int:
 
     from atlas.api import Atlas
     from atlas.loading import resolve_source
-    from atlas.serve import AtlasService, create_app
+    from atlas.serve import AtlasService, create_app, uvicorn_config
 
-    token = serving_token(args.host, args.allow_edits, args.token)  # before the slow load
-    if args.max_batch < 1:
-        raise ValueError(f"--max-batch must be >= 1, got {args.max_batch}")
+    settings, made_up = serving_settings(args)  # before the slow load
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -99,21 +164,24 @@ def _serve(args: argparse.Namespace) -> int:
     model = Atlas.from_pretrained(args.checkpoint, index=args.index, overrides=args.overrides, verbose=args.verbose)
     service = AtlasService(model, auto_compact=args.auto_compact)
     folder = model.source.path
-    app = create_app(
-        service,
-        allow_edits=args.allow_edits,
-        token=token,
-        max_batch=args.max_batch,
-        batch_window_ms=args.batch_window_ms,
-    )
+    app = create_app(service, settings)
     index = service.index
+    url = f"http://{'localhost' if is_wildcard(args.host) else args.host}:{args.port}/"
+    if not settings.allow_edits:
+        edits = "edits off"
+    elif settings.token is None:
+        edits = "edits on, without a token, from this machine only"
+    elif made_up:
+        edits = f"edits on with the token {settings.token}; the page edits when opened as {url}#token={settings.token}"
+    else:
+        edits = "edits on with the token given (--token or ATLAS_TOKEN)"
     print(
         f"atlas serve: {folder} with {len(index)} passages ({index.manifest['spec']}) from {index.folder}; "
-        f"edits {'on' if args.allow_edits else 'off'}; http://{args.host}:{args.port}/ (API docs at /docs)",
+        f"{url} ({edits})",
         flush=True,
     )
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        uvicorn.Server(uvicorn_config(app, settings, host=args.host, port=args.port, log_level="warning")).run()
     finally:
         service.close()
     return 0

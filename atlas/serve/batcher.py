@@ -1,18 +1,31 @@
 """Micro-batching: requests that arrive within a few milliseconds share one forward pass.
 
-Callers `await batcher.submit(item)`; one collector task takes the first waiting item, waits
-for more (at most `max_batch`), and runs `run_batch(items)` on the model's own thread. While a
-batch runs, new requests queue up. How long a batch waits for more: `window_ms`, or 2% of the
-last batch's run time where that is longer. Why the second: when a batch of N answers goes
-out, its N clients ask again within a few milliseconds of each other, and a fixed 5 ms window
-closes on half of them; on a CPU whose forward pass takes seconds, the clients then stay split
-into two half-size batches for good. Waiting 2% of a pass to fill it costs at most 2% latency.
-`max_batch=1` is the one-at-a-time baseline.
+Callers `await batcher.submit_many(items)` (a request's questions); one collector task takes the
+waiting items, waits for more (at most `max_batch`, and at most `max_cost` of work), and runs
+`run_batch(items)` on the model's own thread. While a batch runs, new requests queue up.
+
+Bounded, and fair between requests:
+- the queue holds at most `max_queue` items; a request that does not fit whole is refused at once
+  (`QueueFull`, with how long the queue should take to drain) rather than left waiting;
+- a batch is filled one item per request in turn (round robin), so a request of 64 questions is
+  sliced across batches and a one-question request that arrives meanwhile rides in the next batch
+  instead of waiting behind all 64; with `max_cost` a batch also holds at most that much work
+  (`cost(item)` summed), so what a light request waits for is bounded by one such batch;
+- an item whose caller stopped waiting (its deadline passed: the future is cancelled) is dropped
+  before it runs.
+
+How long a batch waits for more: `window_ms`, or 2% of the last batch's run time where that is
+longer. Why the second: when a batch of N answers goes out, its N clients ask again within a few
+milliseconds of each other, and a fixed 5 ms window closes on half of them; on a CPU whose forward
+pass takes seconds, the clients then stay split into two half-size batches for good. Waiting 2% of
+a pass to fill it costs at most 2% latency. `max_batch=1` is the one-at-a-time baseline.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from typing import Generic, TypeVar
@@ -22,12 +35,21 @@ Item = TypeVar("Item")
 Result = TypeVar("Result")
 
 
+class QueueFull(RuntimeError):
+    """The batcher's queue has no room for a request (HTTP 503); `retry_after_s`: about how long it needs to drain."""
+
+    def __init__(self, message: str, retry_after_s: int):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class MicroBatcher(Generic[Item, Result]):
     """Collects submitted items into batches for `run_batch(items) -> results` (same order).
 
     `run_batch` runs on `executor` (one thread that owns the model); an exception it raises is
     given to every caller of that batch. Start with `start()` inside the event loop that will
-    submit, stop with `await stop()`.
+    submit, stop with `await stop()`. `cost(item)`: the work of one item (default 1); `max_cost`:
+    the most work one batch holds (an item costing more runs alone).
     """
 
     def __init__(
@@ -37,22 +59,39 @@ class MicroBatcher(Generic[Item, Result]):
         executor: Executor,
         max_batch: int = 32,
         window_ms: float = 5.0,
+        max_queue: int = 256,
+        cost: Callable[[Item], int] = lambda _item: 1,
+        max_cost: int | None = None,
     ):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if window_ms < 0:
             raise ValueError(f"window_ms must be >= 0, got {window_ms}")
+        if max_queue < 1:
+            raise ValueError(f"max_queue must be >= 1, got {max_queue}")
         self.run_batch = run_batch
         self.executor = executor
         self.max_batch = max_batch
         self.window_s = window_ms / 1000.0
+        self.max_queue = max_queue
+        self.cost = cost
+        self.max_cost = max_cost if max_cost is not None else math.inf
         self._last_run_s = 0.0  # how long the last batch took (the window stretches to 2% of it)
-        self._queue: asyncio.Queue | None = None
+        self._groups: deque[deque[tuple[Item, asyncio.Future]]] | None = None  # one per request, in turn
+        self._waiting = 0  # items in _groups
+        self._arrived: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
+
+    @property
+    def waiting(self) -> int:
+        """Items queued and not yet taken into a batch."""
+        return self._waiting
 
     def start(self) -> None:
         """Start the collector task on the running event loop."""
-        self._queue = asyncio.Queue()
+        self._groups = deque()
+        self._waiting = 0
+        self._arrived = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._collect(), name="atlas-micro-batcher")
 
     async def stop(self) -> None:
@@ -64,35 +103,92 @@ class MicroBatcher(Generic[Item, Result]):
             except asyncio.CancelledError:
                 pass
             self._task = None
-        while self._queue is not None and not self._queue.empty():
-            _, future = self._queue.get_nowait()
-            if not future.done():
-                future.set_exception(RuntimeError("the server is shutting down"))
+        while self._groups:
+            for _, future in self._groups.popleft():
+                if not future.done():
+                    future.set_exception(RuntimeError("the server is shutting down"))
+        self._waiting = 0
+
+    def retry_after_s(self) -> int:
+        """About how many seconds the queue needs to drain (at least 1): its batches × the last batch's time."""
+        return max(1, math.ceil(math.ceil(self._waiting / self.max_batch) * self._last_run_s))
 
     async def submit(self, item: Item) -> tuple[Result, int]:
         """Queue `item`; → (its result, the size of the batch it ran in)."""
-        if self._queue is None:
+        return (await self.submit_many([item]))[0]
+
+    async def submit_many(self, items: Sequence[Item]) -> list[tuple[Result, int]]:
+        """Queue the items of one request, all or none (`QueueFull` when they do not fit); → for each,
+        (its result, the size of the batch it ran in). If the caller stops waiting (cancelled: its
+        deadline), its items not yet taken into a batch are withdrawn."""
+        if self._groups is None:
             raise RuntimeError("MicroBatcher.submit before start()")
-        future = asyncio.get_running_loop().create_future()
-        await self._queue.put((item, future))
-        return await future
+        if self._waiting + len(items) > self.max_queue:
+            raise QueueFull(
+                f"the server is busy: {self._waiting} questions are waiting for the model and this request "
+                f"brings {len(items)} more; at most {self.max_queue} may wait (--max-queue)",
+                self.retry_after_s(),
+            )
+        loop = asyncio.get_running_loop()
+        group = deque((item, loop.create_future()) for item in items)
+        futures = [future for _, future in group]
+        self._groups.append(group)
+        self._waiting += len(group)
+        self._arrived.set()
+        try:
+            return list(await asyncio.gather(*futures))
+        finally:  # cancelled, or one of its batches failed: what is still queued is withdrawn
+            self._withdraw(group)
+            for future in futures:
+                future.cancel()  # a no-op for the ones done
+
+    def _withdraw(self, group: deque) -> None:
+        for n, queued in enumerate(self._groups):
+            if queued is group:
+                del self._groups[n]
+                self._waiting -= len(group)
+                return
+
+    def _take(self, batch: list[tuple[Item, asyncio.Future]], cost: float) -> float:
+        """Move waiting items into `batch`, one per request in turn, while it has room; → its cost."""
+        while self._groups and len(batch) < self.max_batch:
+            group = self._groups[0]
+            item, future = group[0]
+            if future.cancelled():  # its caller gave up: drop it
+                group.popleft()
+                self._waiting -= 1
+            else:
+                item_cost = self.cost(item)
+                if batch and cost + item_cost > self.max_cost:
+                    break
+                group.popleft()
+                self._waiting -= 1
+                batch.append((item, future))
+                cost += item_cost
+            self._groups.popleft()
+            if group:
+                self._groups.append(group)  # its next item after one of every other request
+        return cost
 
     async def _collect(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            batch = [await self._queue.get()]
+            while not self._waiting:
+                self._arrived.clear()
+                await self._arrived.wait()
+            batch: list[tuple[Item, asyncio.Future]] = []
+            cost = self._take(batch, 0)
             deadline = loop.time() + max(self.window_s, FILL_FRACTION * self._last_run_s)
-            while len(batch) < self.max_batch:
-                if not self._queue.empty():  # already waiting: take without waiting
-                    batch.append(self._queue.get_nowait())
-                    continue
+            while len(batch) < self.max_batch and cost < self.max_cost and not self._waiting:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     break
+                self._arrived.clear()
                 try:
-                    batch.append(await asyncio.wait_for(self._queue.get(), remaining))
+                    await asyncio.wait_for(self._arrived.wait(), remaining)
                 except TimeoutError:  # what asyncio.wait_for raises from Python 3.11 on
                     break
+                cost = self._take(batch, cost)
             live = [(item, future) for item, future in batch if not future.cancelled()]
             if not live:
                 continue

@@ -12,7 +12,8 @@ space is Python's (`str.isspace`, what `str.strip` removes), listed character by
 that a browser (ECMA-262), Python's `re` and pydantic's Rust `regex` agree on what is blank. And a
 passage id named twice in one edit (across add, update and remove) cannot be declared at all
 (uniqueness of one field across lists): the server answers it 409 Conflict, as a schema-valid
-edit that conflicts with itself, and each operation's 409 response says so.
+edit that conflicts with itself, and each operation's 409 response says so. Nor can it state a question
+request's reading budget (questions x k x length, `atlas.serve.settings`): over it, a 413.
 """
 
 from __future__ import annotations
@@ -32,15 +33,25 @@ from tasks.limits import (  # the limits every front end shares
     MAX_TITLE_CHARS,
 )
 
-MAX_BODY_BYTES = 4 * MAX_BATCH * MAX_PASSAGE_CHARS  # room for 64 passages of 20,000 UTF-8 characters
+# The largest body each kind of request may have: the largest request the schema allows with every
+# character spelt `\uXXXX` (6 bytes: what `json.dumps` writes by default for text beyond ASCII), plus
+# 64 KiB for the JSON around the strings. An edit: 64 passages added and 64 replaced (id, title,
+# text each) and 64 ids removed, about 16.5 MB; a question request: 64 questions, about 0.8 MB.
+JSON_CHAR_BYTES = 6
+JSON_SLACK_BYTES = 65_536
+_PASSAGE_CHARS = MAX_ID_CHARS + MAX_TITLE_CHARS + MAX_PASSAGE_CHARS
+MAX_EDIT_BODY_BYTES = JSON_CHAR_BYTES * (2 * MAX_BATCH * _PASSAGE_CHARS + MAX_BATCH * MAX_ID_CHARS) + JSON_SLACK_BYTES
+MAX_QUESTION_BODY_BYTES = JSON_CHAR_BYTES * MAX_BATCH * MAX_QUESTION_CHARS + JSON_SLACK_BYTES
 
 # Python's white space (`str.isspace`) and line breaks (`str.splitlines`), as regex classes
 SPACE = r"\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
 BREAKS = r"\n\x0b\x0c\r\x1c-\x1e\x85\u2028\u2029"
 NOT_BLANK = f"[^{SPACE}]"  # a string that holds a character other than white space
-# what an id must not match: white space first or last, or a line break anywhere (unanchored
-# alternatives, so that Python's `$`, which also matches before a final "\n", changes nothing)
-BAD_ID = f"^[{SPACE}]|[{SPACE}]$|[{BREAKS}]"
+# what an id must not match: white space first or last, a line break anywhere (unanchored
+# alternatives, so that Python's `$`, which also matches before a final "\n", changes nothing), or a
+# `.` or `..` between slashes: an id is a path in `/api/passages/{id}` (a `/` in it is taken), and
+# clients resolve those segments away before a request is sent, so such an id could not be read back
+BAD_ID = f"^[{SPACE}]|[{SPACE}]$|[{BREAKS}]|(^|/)[.][.]?(/|$)"
 
 
 class Strict(BaseModel):
@@ -73,7 +84,9 @@ def _not_blank(what: str):
 def clean_id(value: str) -> str:
     """`value` when it is a valid passage id, else `ValueError` saying why."""
     if re.search(BAD_ID, value):
-        raise ValueError("a passage id has no leading/trailing white space and no line break")
+        raise ValueError(
+            "a passage id has no leading/trailing white space, no line break and no `.` or `..` between slashes"
+        )
     return value
 
 

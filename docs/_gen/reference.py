@@ -376,7 +376,7 @@ def openapi_schema() -> dict:
     from atlas.serve.app import create_app
 
     stand_in = types.SimpleNamespace(answer=lambda *args: None, model_executor=None)
-    return create_app(stand_in, allow_edits=True).openapi()
+    return create_app(stand_in, allow_edits=True, token="stand-in").openapi()
 
 
 def _schema_type(schema: dict) -> str:
@@ -418,8 +418,9 @@ def http_reference() -> str:
         (
             "Generated from the OpenAPI schema of `atlas serve` (`atlas/serve/app.py`, `atlas/serve/schemas.py`) at "
             "every docs build (`docs/_gen/reference.py`); a running server serves the same document at "
-            "`/openapi.json` and a try-it page at `/docs`, and the whole schema is [openapi.json](openapi.json). "
-            "How to start a server, its page, safety and edits: [Serve](../guides/serve.md)."
+            "`/openapi.json`, and the whole schema is [openapi.json](openapi.json). "
+            "How to start a server, its page and edits: [Serve](../guides/serve.md); what it guards against: "
+            "[Serve safely](../guides/security.md)."
         ),
         "",
         f"{schema['info'].get('summary', '')}",

@@ -20,12 +20,13 @@ fastapi = pytest.importorskip("fastapi", reason="atlas serve needs fastapi (pip 
 from fastapi.testclient import TestClient
 
 from atlas.cli import main as atlas_main
-from atlas.cli.serve import is_loopback, serving_token
 from atlas.serve import AtlasService, create_app
 from atlas.serve.demo import build_demo_run
 
 REPO = Path(__file__).resolve().parents[2]
 CAPITAL = "What is the capital of Biole?"
+TOKEN = "test-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def _bench():
@@ -59,7 +60,9 @@ def service(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(service):
-    with TestClient(create_app(service, allow_edits=True)) as client:
+    """In-process, as a loopback client that carries the edit token."""
+    app = create_app(service, allow_edits=True, token=TOKEN)
+    with TestClient(app, base_url="http://127.0.0.1", headers=AUTH) as client:
         yield client
 
 
@@ -68,11 +71,13 @@ def live_url(service):
     """The same service under uvicorn on a loopback port (a real socket), for the load and browser tests."""
     import uvicorn
 
+    from atlas.serve import ServeSettings, uvicorn_config
+
     bench = _bench()
     port = bench.free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(service, allow_edits=True), host="127.0.0.1", port=port, log_level="warning")
-    )
+    settings = ServeSettings(allow_edits=True, token=TOKEN)
+    app = create_app(service, settings)
+    server = uvicorn.Server(uvicorn_config(app, settings, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
@@ -120,13 +125,10 @@ def test_info_describes_the_run_and_health_the_index(client, service):
         == manifest["encoder_fingerprint"]
     )
     assert info["index"]["spec"] == "Flat" and info["index"]["passages"] == len(service.index) >= 136
-    assert info["serving"] == {
-        "edits_allowed": True,
-        "token_required": False,
-        "max_batch": 32,
-        "batch_window_ms": 5.0,
-        "default_k": 2,
-    }
+    serving = info["serving"]
+    assert serving["edits_allowed"] is True and serving["token_required"] is True and "token" not in serving
+    assert (serving["max_batch"], serving["batch_window_ms"], serving["default_k"]) == (32, 5.0, 2)
+    assert (serving["max_request_cost"], serving["max_batch_cost"], serving["max_queue"]) == (640, 80, 256)
     health = client.get("/api/health").json()
     assert health["status"] == "ok" and health["generation"] == manifest["generation"]
     assert client.get("/").text.startswith("<!doctype html>")
@@ -265,15 +267,16 @@ def test_a_method_a_path_does_not_serve_is_answered_with_the_ones_it_does(client
 
 def test_an_oversized_body_is_refused_before_it_is_read(client):
     response = client.post("/api/ask", content=b"x" * 6_000_000, headers={"content-type": "application/json"})
-    assert response.status_code == 413
+    assert response.status_code == 413 and response.headers["content-type"] == "application/json"
+    assert response.json()["detail"] == "the body is 6,000,000 bytes; the limit of this endpoint is 833,536"
 
 
 def test_edits_are_off_unless_allowed_and_need_the_token_when_one_is_set(service):
-    with TestClient(create_app(service)) as plain:
+    with TestClient(create_app(service), base_url="http://127.0.0.1") as plain:
         response = plain.delete("/api/passages/country-biole")
         assert response.status_code == 403 and "--allow-edits" in response.json()["detail"]
         assert plain.post("/api/ask", json={"question": CAPITAL}).status_code == 200  # asking still works
-    with TestClient(create_app(service, allow_edits=True, token="s3cret")) as guarded:
+    with TestClient(create_app(service, allow_edits=True, token="s3cret"), base_url="http://127.0.0.1") as guarded:
         body = {"passages": [{"id": "token-test", "text": "Guarded text."}]}
         assert guarded.post("/api/passages", json=body).status_code == 401
         wrong = guarded.post("/api/passages", json=body, headers={"Authorization": "Bearer nope"})
@@ -281,22 +284,6 @@ def test_edits_are_off_unless_allowed_and_need_the_token_when_one_is_set(service
         right = guarded.post("/api/passages", json=body, headers={"Authorization": "Bearer s3cret"})
         assert right.status_code == 200 and right.json()["added"] == ["token-test"]
         assert guarded.get("/api/info").json()["serving"]["token_required"] is True
-
-
-def test_edits_beyond_loopback_need_a_token(monkeypatch, capsys):
-    monkeypatch.delenv("ATLAS_TOKEN", raising=False)
-    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
-    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.7")
-    assert serving_token("127.0.0.1", True, None) is None
-    assert serving_token("0.0.0.0", False, None) is None  # read-only: no token needed
-    with pytest.raises(ValueError, match="needs a token"):
-        serving_token("0.0.0.0", True, None)
-    monkeypatch.setenv("ATLAS_TOKEN", "from-env")
-    assert serving_token("0.0.0.0", True, None) == "from-env"
-    assert serving_token("0.0.0.0", True, "given") == "given"
-    monkeypatch.delenv("ATLAS_TOKEN")
-    assert atlas_main(["serve", "no-such-run", "--host", "0.0.0.0", "--allow-edits"]) == 2  # before loading
-    assert "needs a token" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- corpus edits
@@ -434,7 +421,9 @@ def test_a_bounded_load_with_interleaved_edits_loses_nothing(live_url, service):
     plan = bench.edit_plan(6, "load")
     service.auto_compact = True  # as `atlas serve` runs
     try:
-        result = bench.load_test(live_url, bench.heldout_questions(32), asks=48, concurrency=16, k=2, plan=plan)
+        result = bench.load_test(
+            live_url, bench.heldout_questions(32), asks=48, concurrency=16, k=2, plan=plan, token=TOKEN
+        )
     finally:
         service.auto_compact = False
     print("\nload test:", json.dumps(result))
@@ -488,7 +477,7 @@ def test_the_page_asks_shows_evidence_edits_and_shows_the_new_answer(live_url, s
     browser = _chromium()
     try:
         wait = WebDriverWait(browser, 60)
-        browser.get(live_url + "/")
+        browser.get(f"{live_url}/#token={TOKEN}")  # the link `atlas serve --allow-edits` prints
         wait.until(lambda b: b.find_element(By.ID, "run").text != "loading…")
         browser.find_element(By.ID, "question").send_keys("What is the capital of Biole?")
         browser.find_element(By.ID, "ask").click()

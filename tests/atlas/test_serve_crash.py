@@ -129,7 +129,7 @@ def test_kill_9_of_the_server_during_an_edit_then_restart(tmp_path_factory, tmp_
 
         def send() -> None:
             try:
-                responses.append(httpx.post(f"{url}/api/edits", json=edit, timeout=120))
+                responses.append(httpx.post(f"{url}/api/edits", json=edit, headers=bench.AUTH, timeout=120))
             except httpx.TransportError as e:  # the server died under it: expected
                 responses.append(e)
 
@@ -159,7 +159,9 @@ def test_kill_9_of_the_server_during_an_edit_then_restart(tmp_path_factory, tmp_
         assert health["passages"] == len(after)  # the last committed state
         served = httpx.get(f"{url}/api/passages/country-biole", timeout=30).json()["text"]
         assert served == after["country-biole"]
-        again = httpx.put(f"{url}/api/passages/country-biole", json={"text": "Its capital is Brest."}, timeout=120)
+        again = httpx.put(
+            f"{url}/api/passages/country-biole", json={"text": "Its capital is Brest."}, headers=bench.AUTH, timeout=120
+        )
         assert again.status_code == 200, again.text
         answer = httpx.post(f"{url}/api/ask", json={"question": "What is the capital of Biole?"}, timeout=120)
         assert answer.json()["answer"].lower() == "brest"

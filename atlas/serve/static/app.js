@@ -167,7 +167,17 @@ async function addPassage() {
   }
 }
 
+// `atlas serve --allow-edits` prints the page's link as http://HOST:PORT/#token=TOKEN: the fragment never
+// leaves the browser (it is not sent to the server, nor in a Referer); keep it for this tab, then drop it.
+function tokenFromLink() {
+  const found = /^#token=(.+)$/.exec(window.location.hash);
+  if (!found) return;
+  sessionStorage.setItem("atlas-token", decodeURIComponent(found[1]));
+  history.replaceState(null, "", window.location.pathname + window.location.search);
+}
+
 async function start() {
+  tokenFromLink();
   $("ask-form").addEventListener("submit", (event) => { event.preventDefault(); ask(); });
   $("edit-save").onclick = saveEdit;
   $("edit-cancel").onclick = () => { $("edit-panel").hidden = true; };
