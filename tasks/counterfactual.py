@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from tasks.base import Example
 from tasks.metrics import normalize_answer
 from tasks.passage import Passage
+from tasks.place_names import place_levels
 
 NUMBER_WORDS = frozenset(
     {
@@ -145,13 +146,252 @@ def question_word(question: str) -> str:
     return " ".join(words) if words and words[0] == "how" else (words[0] if words else "")
 
 
+# The kind of answer a question's form asks for. "who" wants a person (or a group of persons: a band, a team), "when"
+# a time, "where" a place, "how many" a number; "what X" / "which X" the kind its noun X names ("what state" a place,
+# "what dynasty" a people, "what novel" a work); other forms say nothing ("" : any kind). A replacement must answer
+# a question of the same kind as the fact's, and the old answer's own entity kind must be one its question allows.
+QUESTION_NOUN_KINDS = {
+    **dict.fromkeys(
+        [
+            "state",
+            "country",
+            "city",
+            "county",
+            "town",
+            "village",
+            "island",
+            "continent",
+            "region",
+            "province",
+            "capital",
+            "river",
+            "mountain",
+            "lake",
+            "ocean",
+            "sea",
+            "location",
+            "place",
+            "desert",
+            "valley",
+            "peninsula",
+            "district",
+            "neighborhood",
+            "neighbourhood",
+        ],
+        "place",
+    ),
+    **dict.fromkeys(
+        [
+            "team",
+            "club",
+            "band",
+            "group",
+            "company",
+            "corporation",
+            "firm",
+            "party",
+            "organization",
+            "organisation",
+            "university",
+            "college",
+            "school",
+            "network",
+            "channel",
+            "label",
+            "airline",
+            "franchise",
+            "agency",
+            "army",
+            "navy",
+            "church",
+        ],
+        "group",
+    ),
+    **dict.fromkeys(
+        ["dynasty", "tribe", "nationality", "people", "ethnicity", "religion", "empire", "kingdom"], "people"
+    ),
+    **dict.fromkeys(
+        [
+            "song",
+            "book",
+            "novel",
+            "film",
+            "movie",
+            "show",
+            "series",
+            "album",
+            "play",
+            "poem",
+            "episode",
+            "language",
+            "law",
+            "act",
+            "game",
+            "painting",
+            "opera",
+            "musical",
+            "poem",
+            "single",
+        ],
+        "work",
+    ),
+    **dict.fromkeys(["year", "date", "day", "month", "century", "decade", "era", "period", "time", "age"], "time"),
+    **dict.fromkeys(["percentage", "percent", "number", "amount"], "number"),
+    **dict.fromkeys(
+        [
+            "president",
+            "king",
+            "queen",
+            "actor",
+            "actress",
+            "singer",
+            "author",
+            "writer",
+            "player",
+            "coach",
+            "person",
+            "man",
+            "woman",
+        ],
+        "person",
+    ),
+}
+_WH_KINDS = {"who": "person", "whom": "person", "whose": "person", "when": "time", "where": "place"}
+_HOW_KINDS = {"many": "number", "much": "number", "old": "number", "long": "duration"}
+# "what kind of X", "what part of X", "which type of X": the noun after "of" is the one that names the kind
+_KIND_WORDS = frozenset({"kind", "type", "sort", "form", "part", "name"})
+# which entity kinds (`ENTITY_KINDS`, "" for no entity) each question kind allows for its answer
+QUESTION_ALLOWS = {
+    "person": {"person", "group", "people"},
+    "time": {"time"},
+    "duration": {"time", "number"},
+    "place": {"place", "facility"},
+    "number": {"number"},
+    "group": {"group"},
+    "people": {"people", "group"},
+    "work": {"work", ""},
+}
+
+
+_PREPOSITIONS = frozenset(
+    [
+        "in",
+        "of",
+        "on",
+        "at",
+        "from",
+        "to",
+        "for",
+        "by",
+        "with",
+        "during",
+        "since",
+        "until",
+        "after",
+        "before",
+        "into",
+        "about",
+    ]
+)
+
+
+def question_kind(question: str) -> str:
+    """The kind of answer `question` asks for by its form: "person" (who), "time" (when, what year), "place"
+    (where, what state), "number" (how many), "duration" (how long), or the kind its "what X" / "which X" noun
+    names (`QUESTION_NOUN_KINDS`); "" when its form names none ("what is …", a noun it does not know)."""
+    words = re.findall(r"[a-z0-9]+", question.lower())
+    for k, word in enumerate(words):
+        if k and words[k - 1] not in _PREPOSITIONS and not (word == "how" and k + 1 < len(words)):
+            continue  # a relative clause ("the film an englishman who went up a hill"), not the question's form
+        if word in _WH_KINDS:
+            return _WH_KINDS[word]
+        if word == "how" and k + 1 < len(words) and words[k + 1] in _HOW_KINDS:
+            return _HOW_KINDS[words[k + 1]]
+        if word in ("what", "which") and k + 1 < len(words):
+            noun = words[k + 1]
+            if noun in _KIND_WORDS and k + 3 < len(words) and words[k + 2] == "of":
+                noun = words[k + 3]
+            return QUESTION_NOUN_KINDS.get(noun, QUESTION_NOUN_KINDS.get(noun.rstrip("s"), ""))
+    return ""
+
+
+_MONTHS = frozenset(
+    [
+        "january",
+        "february",
+        "march",
+        "april",
+        "may",
+        "june",
+        "july",
+        "august",
+        "september",
+        "october",
+        "november",
+        "december",
+        "jan",
+        "feb",
+        "mar",
+        "apr",
+        "jun",
+        "jul",
+        "aug",
+        "sep",
+        "sept",
+        "oct",
+        "nov",
+        "dec",
+    ]
+)
+
+
+def value_shape(answer: str) -> str:
+    """The written shape of a time or number answer, word by word: a four-digit year "Y", a month "M", a day or
+    other number of one or two digits "D", a longer number "N<digits>", an ordinal "O", a number word "W", other
+    words as they are — "December 20, 1951" → "M D Y", "in 1982" → "in Y", "the 1979–80 season" → "the Y D
+    season", "3.2 million" → "N1 million", "two" → "W". A day-first date reads as a month-first one ("25
+    September 2007" → "M D Y"). A replacement for a time or a number must have its answer's shape, so that a
+    season stays a season, a full date a full date, a count a count of the same size."""
+    parts = []
+    for token in re.findall(r"\d+(?:[.,]\d+)*(?:st|nd|rd|th|s)?|[A-Za-z]+|[$£€¥%]", answer):
+        low = token.lower()
+        if re.fullmatch(r"\d+(st|nd|rd|th)", low):
+            parts.append("O")
+        elif re.fullmatch(r"\d{4}s", low):
+            parts.append("Ys")
+        elif re.fullmatch(r"\d{4}", low):
+            parts.append("Y")
+        elif re.fullmatch(r"\d{1,2}", low):
+            parts.append("D")
+        elif low[:1].isdigit():
+            parts.append(f"N{len(re.split(r'[.]', low)[0].replace(',', ''))}")
+        elif low in _MONTHS:
+            parts.append("M")
+        elif low in NUMBER_WORDS and low not in ("hundred", "thousand", "million", "billion"):
+            parts.append("W")
+        else:
+            parts.append(low)
+    shape = " ".join(parts)
+    return re.sub(r"\bD M Y\b", "M D Y", shape)
+
+
+def conjuncts(answer: str) -> int:
+    """How many things `answer` names by its commas and "and"s ("Jerry Leiber and Mike Stoller": 2): a replacement
+    names as many (two songwriters are not replaced by one country)."""
+    return 1 + len(re.findall(r",(?!\s*\d)|\s(?:and|&)\s", answer))
+
+
 def edit_answer(text: str, old: str, new: str, asked: str) -> str:
     """`text` with `old` replaced by `new` (whole words, any case); for a person asked about by
     'who' with a name of several words, the surname standing alone is replaced by the new surname
     too ("Johannes Gutenberg … Gutenberg was" → "Tom Rigg … Rigg was"; not in "Atletico Madrid"
     for "Real Madrid"). ValueError if `old` is not in it."""
     edited = replace_fact(text, old, new)
-    if asked == "who" and len(old.split()) > 1 and answer_kind(old) == answer_kind(new) == "name":
+    if (
+        asked in ("who", "who's", "whom", "whose")
+        and len(old.split()) > 1
+        and answer_kind(old) == answer_kind(new) == "name"
+    ):
         surname, new_surname = old.split()[-1], new.split()[-1]
 
         def alone(match: re.Match) -> str:  # not part of another name ("Atletico Madrid" for "Real Madrid")
@@ -230,6 +470,29 @@ class AnswerType:
     entity: str = ""
     shape: str = ""
     relation: str | None = None
+    gender: str = ""  # "female" / "male" where its passage says so around it (`passage_gender`), else ""
+
+
+_FEMALE = frozenset(
+    ["she", "her", "hers", "herself", "actress", "woman", "women", "queen", "mother", "daughter", "wife", "girl"]
+)
+_MALE = frozenset(["he", "him", "his", "himself", "man", "men", "king", "father", "son", "husband", "boy"])
+
+
+def passage_gender(text: str, name: str) -> str:
+    """ "female" or "male" where the words around `name` in `text` say so — the sentence it first stands in and the
+    next, by their pronouns and gendered nouns ("she", "actress", "Women's Singles"; "he", "his"), one side
+    outnumbering the other — else "". A replacement for a person must not be named by its own passage as the other
+    ("Ben Fransham … is an English actress … her role")."""
+    match = whole_words(name).search(text)
+    if match is None:
+        return ""
+    start = max((m.end() for m in re.finditer(r"[.!?]\s+", text[: match.start()])), default=0)
+    ends = [m.end() for m in re.finditer(r"[.!?](?:\s+|$)", text[match.end() :])]
+    window = text[start : match.end() + (ends[1] if len(ends) > 1 else len(text))]
+    words = re.findall(r"[a-z]+", window.lower())
+    female, male = sum(w in _FEMALE for w in words), sum(w in _MALE for w in words)
+    return "female" if female > male else "male" if male > female else ""
 
 
 def tag_answers(
@@ -245,7 +508,13 @@ def tag_answers(
     types = []
     for doc, answer, relation in zip(nlp.pipe(texts), answers, relations, strict=True):
         types.append(
-            AnswerType(answer_kind(answer), answer_entity_label(doc, answer), answer_shape(doc, answer), relation)
+            AnswerType(
+                answer_kind(answer),
+                answer_entity_label(doc, answer),
+                answer_shape(doc, answer),
+                relation,
+                passage_gender(doc.text, answer),
+            )
         )
     return types
 
@@ -273,8 +542,10 @@ def sentence_of(text: str, answer: str) -> str:
 # can change with the sentence around it ("Fascist Italy" LOC in one, GPE in another); in place, a
 # replacement must name the same kind of thing, not carry the same fine label.
 ENTITY_KINDS = {
-    **dict.fromkeys(("GPE", "LOC", "FAC"), "place"),
-    **dict.fromkeys(("ORG", "NORP"), "group"),
+    **dict.fromkeys(("GPE", "LOC"), "place"),
+    "FAC": "facility",  # a building, an airport, a road: not a place a state or a city can stand in for
+    "ORG": "group",
+    "NORP": "people",  # a nationality, a religious or political group: not a band, a team or a cartoon character
     **dict.fromkeys(("WORK_OF_ART", "PRODUCT", "EVENT", "LAW", "LANGUAGE"), "work"),
     **dict.fromkeys(("DATE", "TIME"), "time"),
     **dict.fromkeys(("CARDINAL", "QUANTITY", "MONEY", "PERCENT", "ORDINAL"), "number"),
@@ -348,20 +619,126 @@ class EditPlan:
 
 
 def _may_replace(i: int, j: int, answers, norm, types, asked, texts: list[str], used: set[str]) -> bool:
-    """`plan_fact_edits`' rules, before the type's, for answer `j` replacing answer `i` (stated in `texts`)."""
+    """`plan_fact_edits`' rules, before the type's, for answer `j` replacing answer `i` (stated in `texts`);
+    `asked`: each row's `question_kind`."""
     return (
         j != i
         and bool(norm[j])
         and norm[j] not in used
-        and not set(norm[j].split()) & set(norm[i].split())
+        and not _shared_words(norm[i], norm[j], _is_value(types[i]))
         and types[j].kind == types[i].kind
         and asked[j] == asked[i]
+        and conjuncts(answers[j]) == conjuncts(answers[i])
+        and (not _is_value(types[i]) or _same_value(answers[i], answers[j]))
         and len(answers[j].split()) <= max(3, len(answers[i].split()) + 1)
         and not any(answers[j].lower() in t for t in texts)
     )
 
 
-def _of_its_type(i: int, candidates: list[int], types: list[AnswerType], similarity) -> tuple[str | None, list | str]:
+def _inside_a_name(text: str, answer: str) -> bool:
+    """Whether `answer` stands in `text` as part of a longer name: right after a capitalised word that does not
+    open a sentence ("Diana Rigg" for "Rigg") or right before one ("Kansas City" for "Kansas"), where replacing
+    it would leave half a name ("Diana Dottie West"). Only a one-word name is checked: a name of several words is
+    a whole name, whatever stands beside it (a table's cells: "Nominee George W. Bush Al Gore")."""
+    if len(answer.split()) > 1 or not answer[:1].isupper():
+        return False
+    for match in whole_words(answer).finditer(text):
+        before = re.search(r"(?:^|[.!?:;\"(]\s*|\s)([A-Z][\w'’-]*)\s+$", text[: match.start()])
+        if before and not re.search(r"(?:^|[.!?:;\"(])\s*[A-Z][\w'’-]*\s+$", text[: match.start()]):
+            return True
+        if re.match(r"\s+[A-Z][a-z]", text[match.end() :]):
+            return True
+    return False
+
+
+def _qualified(text: str, place: str) -> bool:
+    """Whether `place` stands in `text` followed by a comma and a capitalised name: a larger place that qualifies it
+    ("Atlanta, Georgia")."""
+    return any(re.match(r",\s*[A-Z][a-z]", text[m.end() :]) for m in whole_words(place).finditer(text))
+
+
+def _is_bare_name(answer: str) -> bool:
+    """Whether `answer` is a name alone: its first word capitalised and no article ("The Impalas", a band tagged
+    PERSON) or description ("produced by Quincy Jones", "rock band Urge Overkill") before it."""
+    return answer[:1].isupper() and answer.split()[0].lower() not in ("the", "a", "an")
+
+
+def _alike(i: int, j: int, answers: list[str], types: list[AnswerType], kind: str) -> bool:
+    """The rule within an entity kind for answer `j` replacing answer `i`: a person's name by a name of at least as
+    many words when it had several (not "Robin" for "Sloane Stephens") and, where the old one's passage names its
+    gender (`passage_gender`), by a person whose own passage names the same; a place by one of its level
+    (`place_levels`: a country for a country, not "Bulgaria" for "Rome")."""
+    old, new = answers[i], answers[j]
+    if kind == "person":
+        return (
+            _is_bare_name(new)
+            and (len(old.split()) < 2 or len(new.split()) >= 2)
+            and (not types[i].gender or types[j].gender == types[i].gender)
+        )
+    if kind == "place":
+        return bool(place_levels(old) & place_levels(new))
+    return True
+
+
+_LINKING_WORDS = frozenset(["and", "of", "in", "on", "at", "by", "for", "to", "from"])
+
+
+def _shared_words(old: str, new: str, value: bool) -> set[str]:
+    """The words two normalised answers share that a replacement must not: any but linking words ("and" in "Jerry
+    Leiber and Mike Stoller"); for a time or a number, only those with a digit (a season for a season shares
+    "season", "6 million" for "3.2 million" shares "million": their `value_shape` says they must)."""
+    shared = set(old.split()) & set(new.split())
+    return {w for w in shared if any(c.isdigit() for c in w)} if value else shared - _LINKING_WORDS
+
+
+def _is_value(answer_type: AnswerType) -> bool:
+    """Whether an answer is a time or a number (its written shape, `value_shape`, must be kept)."""
+    return answer_type.kind in ("year", "number") or entity_kind(answer_type.entity) in ("time", "number")
+
+
+# a year replaced by one at most this far from it, so that the passage's other dates still read around it (a song
+# of 2002 is not said to come out in 1917)
+MAX_YEARS_APART = 25
+
+
+def _same_value(old: str, new: str) -> bool:
+    """Whether time or number `new` can stand for `old`: the same `value_shape`, and each year within
+    `MAX_YEARS_APART` of the old one's."""
+    if value_shape(new) != value_shape(old):
+        return False
+    years = [re.findall(r"(?<!\d)\d{4}(?!\d)", text) for text in (old, new)]
+    return all(abs(int(a) - int(b)) <= MAX_YEARS_APART for a, b in zip(*years))
+
+
+# The embedding similarity (cosine) a replacement must have with the old answer where the kind of thing it names is
+# broad: a place, a group, a work, a people, a facility or a phrase that is no entity ("Real Madrid" is a group, and
+# so is a hotel chain; a city is a place, and so is a country; "scythe" and "water ice" are both singular nouns).
+# Persons, times and numbers, whose kind and written shape already make a sentence that reads, need none.
+BROAD_KIND_SIMILARITY = 0.5
+_NARROW_KINDS = frozenset({"person", "time", "number"})
+
+
+def _fits_question(i: int, answers: list[str], asked: list[str], types: list[AnswerType], similarity) -> str | None:
+    """Why fact `i`'s answer cannot be typed by its question (its entity kind not one the question allows, or
+    its nearest answers naming another kind than spaCy's label), or None."""
+    kind = entity_kind(types[i].entity)
+    allowed = QUESTION_ALLOWS.get(asked[i])
+    if allowed is not None and kind not in allowed:
+        return f"its question asks for a {asked[i]}, its answer reads as {types[i].entity or 'no entity'}"
+    if kind == "person" and asked[i] != "person":  # "what was the biggest tank": a tank tagged PERSON
+        return f"its answer reads as PERSON, its question does not ask for a person ({asked[i] or 'no kind named'})"
+    if kind == "person" and not _is_bare_name(answers[i]):
+        return "its answer is more than a person's name"
+    if types[i].entity and similarity is not None:
+        voted = neighbour_kind(i, types, similarity, -1)
+        if voted not in (None, kind):
+            return f"spaCy tags its answer {types[i].entity}, its nearest answers name a {voted}"
+    return None
+
+
+def _of_its_type(
+    i: int, candidates: list[int], answers: list[str], types: list[AnswerType], similarity
+) -> tuple[str | None, list | str]:
     """`plan_fact_edits`' type rule for fact `i`: → (what the kept candidates share with it, them), or (None, the
     reason to skip it)."""
     if types[i].relation is not None:
@@ -372,6 +749,7 @@ def _of_its_type(i: int, candidates: list[int], types: list[AnswerType], similar
             j
             for j in candidates
             if entity_kind(types[j].entity) == kind
+            and _alike(i, j, answers, types, kind)
             and (similarity is None or neighbour_kind(j, types, similarity, i) in (None, kind))
         ]
     if types[i].kind == "name" or "PROPN" in types[i].shape.split():
@@ -382,6 +760,23 @@ def _of_its_type(i: int, candidates: list[int], types: list[AnswerType], similar
         shape = types[i].shape
         return f"shape {shape}", [j for j in candidates if not types[j].entity and types[j].shape == shape]
     return None, "its answer's type is unknown (no relation, entity or phrase shape)"
+
+
+def _unfit_fact(
+    i: int, passages: list[Passage], used_passages: set[str], answers, types, asked, similarity
+) -> str | None:
+    """`plan_fact_edits`' rules for fact `i` itself (stated in `passages`), before any replacement is sought: why it
+    is not edited, or None."""
+    if not passages:
+        return "no passage read states its answer"
+    if any(p.id in used_passages for p in passages):
+        return "its passage is already edited for another question"
+    if any(_inside_a_name(p.text, answers[i]) for p in passages):
+        return "its answer stands inside a longer name in the passage"
+    if entity_kind(types[i].entity) == "place" and any(_qualified(p.text, answers[i]) for p in passages):
+        # "Atlanta, Georgia": another city would stand in Georgia ("London, Georgia")
+        return "its place is qualified by a larger one in the passage"
+    return None if types[i].relation is not None else _fits_question(i, answers, asked, types, similarity)
 
 
 def _first_in_place(nlp, text: str, answers: list[str], i: int, candidates: list[int]) -> tuple[int | None, str]:
@@ -458,23 +853,21 @@ def plan_fact_edits(
     skipped: list[tuple[int, str]] = []
     used_replacements: set[str] = set()
     used_passages: set[str] = set()
-    asked = [question_word(q) for q in questions]
+    asked = [question_kind(q) for q in questions]
     norm = [normalize_answer(a) for a in answers]
     for i in eligible:
         if n is not None and len(edits) == n:
             break
         passages = stating.get(i, [])
-        if not passages:
-            skipped.append((i, "no passage read states its answer"))
-            continue
-        if any(p.id in used_passages for p in passages):
-            skipped.append((i, "its passage is already edited for another question"))
+        unfit = _unfit_fact(i, passages, used_passages, answers, types, asked, similarity)
+        if unfit is not None:
+            skipped.append((i, unfit))
             continue
         texts = [p.text.lower() for p in passages]
         candidates = [
             j for j in range(len(answers)) if _may_replace(i, j, answers, norm, types, asked, texts, used_replacements)
         ]
-        kept, candidates = _of_its_type(i, candidates, types, similarity)
+        kept, candidates = _of_its_type(i, candidates, answers, types, similarity)
         if kept is None:
             skipped.append((i, candidates))
             continue
@@ -483,6 +876,11 @@ def plan_fact_edits(
             continue
         if similarity is not None:  # most similar first (a city for a city), ties to the earlier row
             candidates = sorted(candidates, key=lambda j: (-float(similarity[i][j]), j))
+            if types[i].relation is None and entity_kind(types[i].entity) not in _NARROW_KINDS:
+                candidates = [j for j in candidates if float(similarity[i][j]) >= BROAD_KIND_SIMILARITY]
+                if not candidates:
+                    skipped.append((i, f"no answer of its type ({kept}) is close enough to it"))
+                    continue
         best, misfit = candidates[0], None
         if nlp is not None and types[i].relation is None:
             best, misfit = _first_in_place(nlp, passages[0].text, answers, i, candidates)
@@ -493,3 +891,27 @@ def plan_fact_edits(
         used_replacements.add(norm[best])
         used_passages.update(p.id for p in passages)
     return EditPlan(edits, skipped)
+
+
+@dataclass(frozen=True)
+class Following:
+    """Whether an answer asked again after an edit follows it. `exact`: it equals the replacement under the metrics'
+    normalisation (`normalize_answer`: lower case, no punctuation or articles). `contained`: the replacement
+    stands in it as a whole span of normalised words ("the 1985–86 season" for "1985–86", "regions of Tecala" for
+    "Tecala"), and the old answer does not (an answer naming both follows neither). Exact implies contained."""
+
+    exact: bool
+    contained: bool
+
+
+def _holds_span(words: list[str], span: list[str]) -> bool:
+    return bool(span) and any(words[k : k + len(span)] == span for k in range(len(words) - len(span) + 1))
+
+
+def follows(answer: str, replacement: str, old: str) -> Following:
+    """How `answer` (given after the edit) follows the edit of `old` into `replacement` (`Following`)."""
+    words, new_words, old_words = (normalize_answer(text).split() for text in (answer, replacement, old))
+    return Following(
+        exact=words == new_words and bool(new_words),
+        contained=_holds_span(words, new_words) and not _holds_span(words, old_words),
+    )

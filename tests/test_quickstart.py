@@ -376,6 +376,11 @@ def test_the_report_says_plainly_when_fine_tuning_lowered_a_score_and_gives_the_
     text = summary_lines([before, after], edit)
     assert "Fine-tuning lowered exact_match (60.0 → 55.0):" in text and "f1 (" not in text
     assert "edited in the corpus (capped by --edits at 25)" in text and "(68%, 95% interval 48–83%)" in text
+    # both follow figures, each said for what it is: the contained one first, then the exact one
+    edit |= {"followed_exact": 15, "follow_rate_exact": 60.0, "follow_rate_exact_interval": [40.7, 76.6]}
+    text = summary_lines([before, after], edit)
+    assert "follow the new text (the new answer holds the replacement, not the old answer)" in text
+    assert "15 (60%, 41–77%) exactly (the new answer is the replacement)" in text
     assert "lowered" not in summary_lines([before, before], edit)
 
 

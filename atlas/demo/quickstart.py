@@ -37,6 +37,7 @@ from tasks.base import Task, get_task
 from tasks.counterfactual import (
     EditPlan,
     edit_answer,
+    follows,
     plan_fact_edits,
     question_word,
     states,
@@ -44,6 +45,7 @@ from tasks.counterfactual import (
 )
 from tasks.io import InputError, atomic_write_json, atomic_write_text, read_jsonl, write_jsonl
 from tasks.metrics import normalize_answer, wilson_interval
+from tasks.modeling import IGNORE_INDEX
 from tasks.passage import Passage
 from tasks.salient_span import load_pipeline
 from tasks.score import check_labelled
@@ -264,17 +266,29 @@ def apply_edits(
     progress: bool = True,
 ) -> list[dict]:
     """Make `plan`'s edits in the model's index in one update, ask the edited questions again:
-    → per fact {"question", "gold", "old_answer", "replacement", "kept", "new_answer", "follows_edit",
-    "edited_passage_read", "id", "before", "after"} (the first edited passage's text before and after)."""
+    → per fact {"question", "gold", "old_answer", "replacement", "kept", "new_answer", "follows_exact",
+    "follows_contained", "follows_edit" (= contained), "edited_passage_read", "edited_passage_rank",
+    "old_answer_passages", "attention_edited", "copy_share", "copy_share_edited", "id", "before", "after"} (the
+    first edited passage's text before and after; `tasks.counterfactual.follows` says what exact and contained
+    mean). What the reader read, for a fact that did not follow: the rank (1 = top) of the first edited passage
+    among the passages read again (None: not read), how many passages read still state the old answer, the share of
+    the reader's cross-attention on the edited passages, and its copy head's share of the answer (the probability of
+    copying rather than generating, averaged over the answer's tokens) and the part of it copied from the edited
+    passages (None for a reader without a copy head)."""
     passages = {p.id: p.fields() for ps in read for p in ps}  # the {id, title, text} dicts `edit_passages` takes
     asked = [question_word(examples[e.example].metadata.get("question", examples[e.example].query)) for e in plan.edits]
     triples = [(passages[pid], e.old, e.new) for e in plan.edits for pid in e.passage_ids]
     hows = [how for e, how in zip(plan.edits, asked) for _ in e.passage_ids]
     changes = {c["id"]: c for c in edit_passages(model, triples, out / "edit", progress, hows)}
+    edited_examples = [examples[e.example] for e in plan.edits]
+    answers = model.answer_examples(edited_examples, with_attention=True)
+    copies = copy_shares(model, edited_examples, [a.passages for a in answers])
     facts = []
-    for edit, answer in zip(plan.edits, model.answer_examples([examples[e.example] for e in plan.edits]), strict=True):
+    for edit, answer, copy in zip(plan.edits, answers, copies, strict=True):
         example = examples[edit.example]
         new_answer, now_read = answer.text, answer.passages
+        following = follows(new_answer, edit.new, edit.old)
+        edited = [k for k, p in enumerate(now_read) if p.id in edit.passage_ids]
         facts.append(
             {
                 "question": example.metadata.get("question", example.query),
@@ -283,8 +297,15 @@ def apply_edits(
                 "replacement": edit.new,
                 "kept": edit.kept,
                 "new_answer": new_answer,
-                "follows_edit": normalize_answer(new_answer) == normalize_answer(edit.new),
-                "edited_passage_read": any(p.id in edit.passage_ids for p in now_read),
+                "follows_exact": following.exact,
+                "follows_contained": following.contained,
+                "follows_edit": following.contained,
+                "edited_passage_read": bool(edited),
+                "edited_passage_rank": edited[0] + 1 if edited else None,
+                "old_answer_passages": sum(states(p.text, edit.old) for p in now_read),
+                "attention_edited": round(sum(answer.attention[k] for k in edited), 3) if answer.attention else None,
+                "copy_share": None if copy is None else round(sum(copy), 3),
+                "copy_share_edited": None if copy is None else round(sum(copy[k] for k in edited), 3),
                 "passages_edited": len(edit.passage_ids),
                 **changes[edit.passage_ids[0]],
             }
@@ -292,10 +313,48 @@ def apply_edits(
     return facts
 
 
+def copy_shares(model: Atlas, examples, read: list[list[Passage]]) -> list[list[float] | None]:
+    """Per example, the reader's copy mass on each passage of `read` while it writes its answer from them
+    (`reader.attention_scores.copy_attention_scores`: the probability of copying each answer token from that
+    passage, averaged over the answer's tokens; their sum is the copy head's share of the answer); None each for a
+    reader without a copy head."""
+    import torch  # heavy: only once a model is loaded
+
+    atlas_model = model.model
+    if getattr(atlas_model.reader.seq2seq, "copy_head", None) is None:
+        return [None] * len(examples)
+    shares = []
+    pad = atlas_model.reader.seq2seq.config.pad_token_id
+    for example, passages in zip(examples, read, strict=True):
+        with torch.no_grad():
+            input_ids, mask = atlas_model.reader_inputs([example.query], [passages], answering=True)
+            states = atlas_model.encode_for_answers(input_ids, mask)
+            generated = atlas_model.generate(input_ids, mask, [passages], encoder_states=states)
+            labels = generated[:, 1:].clone()
+            labels[labels == pad] = IGNORE_INDEX
+            scores = atlas_model.reader.copy_attention_scores(states.float(), mask, labels, input_ids=input_ids)
+        shares.append([float(x) for x in scores[0]])
+    return shares
+
+
+def _rate(count: int, total: int) -> tuple[float | None, list[float] | None]:
+    """A count as a percentage of `total` and its 95% Wilson interval in percent; (None, None) for no total."""
+    if not total:
+        return None, None
+    low, high = wilson_interval(count, total)
+    return 100 * count / total, [round(100 * low, 1), round(100 * high, 1)]
+
+
 def edit_summary(plan: EditPlan, eligible: int, facts: list[dict], examples) -> dict:
-    """The report's "edit" section: counts, follow rate, the facts, and the skipped ones with reasons."""
-    followed = sum(f["follows_edit"] for f in facts)
-    low, high = wilson_interval(followed, len(facts))
+    """The report's "edit" section: counts, the two follow rates, the facts, and the skipped ones with reasons.
+
+    `followed` / `follow_rate` are the contained follow (the replacement stands in the new answer as a whole span,
+    the old answer does not); `followed_exact` / `follow_rate_exact` the exact one (the new answer is the
+    replacement, normalised as the metrics normalise); each rate with its 95% Wilson interval."""
+    followed = sum(f["follows_contained"] for f in facts)
+    exact = sum(f["follows_exact"] for f in facts)
+    rate, interval = _rate(followed, len(facts))
+    rate_exact, interval_exact = _rate(exact, len(facts))
     reasons: dict[str, int] = {}
     for _, reason in plan.skipped:
         reason = reason.split(": ")[0]  # the kind of reason; the fact's own detail is in skipped_facts
@@ -305,8 +364,11 @@ def edit_summary(plan: EditPlan, eligible: int, facts: list[dict], examples) -> 
         "eligible": eligible,
         "edited": len(facts),
         "followed": followed,
-        "follow_rate": 100 * followed / len(facts) if facts else None,
-        "follow_rate_interval": [round(100 * low, 1), round(100 * high, 1)] if facts else None,  # Wilson, 95%
+        "follow_rate": rate,
+        "follow_rate_interval": interval,  # Wilson, 95%
+        "followed_exact": exact,
+        "follow_rate_exact": rate_exact,
+        "follow_rate_exact_interval": interval_exact,
         "capped": len(facts) + len(plan.skipped) < eligible,  # `n_edits` stopped the plan before every fact
         "edited_passage_read": sum(f["edited_passage_read"] for f in facts),
         "skipped": len(plan.skipped),
@@ -359,12 +421,19 @@ def summary_lines(rows: list[dict], edit: dict) -> str:
         )
     if edit.get("done"):
         low, high = edit["follow_rate_interval"]
+        exact_low, exact_high = edit.get("follow_rate_exact_interval") or (None, None)
         cap = f" (capped by --edits at {edit['edited'] + edit['skipped']})" if edit.get("capped") else ""
         lines.append(
             f"Of {edit['eligible']} facts eligible for an edit (answered right, the answer stated in the top "
             f"passage), {edit['edited']} were edited in the corpus{cap} and the index updated (no retraining): "
             f"{edit['followed']} answers ({edit['follow_rate']:.0f}%, 95% interval {low:.0f}–{high:.0f}%) follow "
-            "the new text."
+            "the new text (the new answer holds the replacement, not the old answer)"
+            + (
+                f", {edit['followed_exact']} ({edit['follow_rate_exact']:.0f}%, {exact_low:.0f}–{exact_high:.0f}%) "
+                "exactly (the new answer is the replacement)."
+                if edit.get("follow_rate_exact") is not None
+                else "."
+            )
         )
     else:
         lines.append(f"No fact was edited: {edit.get('reason', 'none was eligible')}.")
@@ -401,23 +470,29 @@ def report_markdown(report: dict) -> str:
     if edit["done"]:
         lines += [
             (
-                f"{edit['eligible']} eligible, {edit['edited']} edited, {edit['followed']} followed "
-                f"({edit['follow_rate']:.0f}%, 95% interval {edit['follow_rate_interval'][0]:.0f}–"
-                f"{edit['follow_rate_interval'][1]:.0f}%); the edited passage was read again for "
-                f"{edit['edited_passage_read']}; "
-                f"{edit['skipped']} eligible facts skipped."
+                f"{edit['eligible']} eligible, {edit['edited']} edited, {edit['skipped']} eligible facts skipped. "
+                f"Followed (contained: the replacement stands in the new answer as a whole span, the old answer "
+                f"does not): {edit['followed']} ({edit['follow_rate']:.0f}%, 95% interval "
+                f"{edit['follow_rate_interval'][0]:.0f}–{edit['follow_rate_interval'][1]:.0f}%); followed exactly "
+                f"(the new answer is the replacement, normalised as EM normalises): {edit['followed_exact']} "
+                f"({edit['follow_rate_exact']:.0f}%, {edit['follow_rate_exact_interval'][0]:.0f}–"
+                f"{edit['follow_rate_exact_interval'][1]:.0f}%). The edited passage was read again for "
+                f"{edit['edited_passage_read']}."
             ),
             "",
             "| question | before | edit | after | follows |",
             "|---|---|---|---|---|",
         ]
-        for fact in edit["facts"][:10]:
+        not_followed = [f for f in edit["facts"] if not f["follows_exact"]]
+        shown = not_followed + [f for f in edit["facts"] if f["follows_exact"]][: max(0, 10 - len(not_followed))]
+        for fact in shown:  # every fact not followed exactly, then followed ones up to ten rows
+            follows = "exact" if fact["follows_exact"] else "contained" if fact["follows_contained"] else "no"
             lines.append(
                 f"| {fact['question']} | {fact['old_answer']} | {fact['gold']} → {fact['replacement']} "
-                f"({fact['kept']}) | {fact['new_answer']} | {'yes' if fact['follows_edit'] else 'no'} |"
+                f"({fact['kept']}) | {fact['new_answer']} | {follows} |"
             )
-        if len(edit["facts"]) > 10:
-            lines.append(f"\n({len(edit['facts']) - 10} more in report.json)")
+        if len(edit["facts"]) > len(shown):
+            lines.append(f"\n({len(edit['facts']) - len(shown)} more in report.json)")
     if edit.get("skipped_reasons"):
         lines += ["", "Skipped:"] + [f"- {n} × {reason}" for reason, n in edit["skipped_reasons"].items()]
     lines += [
@@ -740,7 +815,7 @@ def edit_facts(
     echo(
         f"  {eligible} facts eligible (answered right, the answer in the top passage); {edit['edited']} edited, "
         f"{edit['followed']} answered from the new text ({edit['follow_rate']:.0f}%, 95% interval "
-        f"{low:.0f}–{high:.0f}%); "
+        f"{low:.0f}–{high:.0f}%; {edit['followed_exact']} exactly, {edit['follow_rate_exact']:.0f}%); "
         f"{edit['skipped']} skipped ({'; '.join(f'{n} × {r}' for r, n in edit['skipped_reasons'].items()) or 'none'})"
     )
     return edit
