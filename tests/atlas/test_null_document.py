@@ -5,6 +5,7 @@ for a resumed run."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -161,3 +162,20 @@ def test_a_checkpoint_records_the_setting_and_a_resumed_run_keeps_it(tiny_world,
     assert [a[s] for s in range(1, 7)] == [b[s] for s in range(1, 7)]
     train(tiny_config(tiny_world, tmp_path / "without", "training.steps=1"), progress=False)
     assert logged_losses(tmp_path / "without")[1] != a[1]
+
+
+def test_answering_with_always_reads_what_never_reads_with_the_null_document_given(tiny_world, tmp_path):
+    """`always` answers (generation and multiple-choice scoring) exactly as the same model with `never` answers
+    from the passages with the null document put first by hand; `train` answers from the passages alone."""
+    model = build_atlas(tiny_config(tiny_world, tmp_path, "retriever.null_document=always")).eval()
+    examples = given_examples()
+    passages = [list(e.passages) for e in examples]
+    always = model.read(QUERIES, passages)
+    always_options = model.option_logits(examples, ["A", "B"], passages)
+    model.retriever_config = dataclasses.replace(model.retriever_config, null_document="never")
+    assert model.read(QUERIES, with_null_document(passages)).texts == always.texts
+    torch.testing.assert_close(model.option_logits(examples, ["A", "B"], with_null_document(passages)), always_options)
+    plain = model.option_logits(examples, ["A", "B"], passages)
+    assert not torch.allclose(plain, always_options)
+    model.retriever_config = dataclasses.replace(model.retriever_config, null_document="train")
+    torch.testing.assert_close(model.option_logits(examples, ["A", "B"], passages), plain)
