@@ -75,13 +75,21 @@ def tagged_wikitext(args, out: Path) -> tuple[Path, Path]:
 def recipe_overrides(args, out: Path, recipe: str, setting: str) -> tuple[str | None, list[str], Path]:
     """(recipe file, overrides, held-out questions file) of one run."""
     folder = out / f"{recipe}-{setting}"
-    common = [f"retriever.null_document={setting}", f"training.output_dir={folder}", "training.log_every=1"]
+    common = [
+        f"retriever.null_document={setting}",
+        f"training.output_dir={folder}",
+        "training.log_every=1",
+        f"reader.n_context={args.passages}",
+        f"retriever.n_context={args.retrieve}",
+        f"reader.text_maxlength={args.text_maxlength}",
+        f"training.batch_size={args.batch_size}",
+    ]
     if recipe == "nq824":
         import nq824
 
         namespace = SimpleNamespace(
-            passages=5,
-            retrieve=20,
+            passages=args.passages,
+            retrieve=args.retrieve,
             reader=args.reader,
             data=args.data,
             steps=args.steps,
@@ -226,6 +234,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-dev", type=int, default=200, help="held-out questions measured")
     parser.add_argument("--train-passages", type=int, default=1000)
     parser.add_argument("--heldout", type=int, default=200, help="held-out WikiText-2 passages (pretext)")
+    parser.add_argument("--passages", type=int, default=5, help="passages the reader reads (both recipes)")
+    parser.add_argument("--retrieve", type=int, default=20, help="passages the retriever loss covers (both recipes)")
+    parser.add_argument("--text-maxlength", type=int, default=192, help="reader tokens per passage")
+    parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--restart", action="store_true")
     args = parser.parse_args(argv)
     import nq824
