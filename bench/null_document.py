@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, default=REPO_ROOT.parent / "shared" / "data")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "bench-null-document")
-    parser.add_argument("--json", type=Path, default=REPO_ROOT / "bench" / "results" / "null_document.json")
+    parser.add_argument("--json", type=Path, default=REPO_ROOT / "bench" / "results" / "cpu" / "null_document.json")
     parser.add_argument("--reader", default=None, help="default: the shipped atlas-reader")
     parser.add_argument("--recipes", default=",".join(RECIPES))
     parser.add_argument("--steps", type=int, default=100)
