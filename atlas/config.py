@@ -96,6 +96,10 @@ class RetrieverConfig:
     gold_precision: Literal["auto", "fp32", "bf16"] = "auto"
     n_context: int = 40  # passages retrieved per query and covered by the retriever loss
     batch_size: int = 64  # encoding batch size
+    # REALM's null document: an empty passage, scored by the retriever like any other, joins each query's
+    # candidates. "never"; "train": in training, read by the reader and in the retriever loss's softmax;
+    # "always": also read when answering. Never shown as evidence (Concepts, "Retriever losses").
+    null_document: Literal["never", "train", "always"] = "never"
 
 
 @dataclass

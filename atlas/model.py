@@ -27,6 +27,7 @@ from reader.span_constraint import PassageSpanConstraint
 from reader.surface import decode_answers, decoding_is_lossless
 from retriever.encoder import Retriever
 from retriever.losses import RetrieverLoss
+from retriever.null_document import is_null_document, null_document, with_null_document
 from tasks.base import Example
 from tasks.modeling import eval_mode
 from tasks.passage import Passage
@@ -61,7 +62,8 @@ def passage_log_prior(
 class Reading:
     """What the reader made of a batch: `texts[b]`, the generated text of example b as the reader's tokenizer
     decodes it (sentinels kept, for the task's `postprocess`); `attention` (B, K), each passage's share of the
-    decoder's cross-attention while it wrote the answer (rows sum to 1 over the passages read), when asked."""
+    decoder's cross-attention while it wrote the answer (rows sum to 1 over the passages read, less the null
+    document's share where it is read), when asked."""
 
     texts: list[str]
     attention: torch.Tensor | None = None
@@ -173,30 +175,42 @@ class AtlasModel(nn.Module):
         The query side always runs with gradient. The passage side runs with gradient only
         when the passage encoder is trained; a frozen one is read from the index's stored
         embeddings where it kept them (identical to re-encoding), else re-encoded under no-grad.
+        The null document (`retriever.null_document`) is scored as the passage encoder embeds an empty
+        passage: s(q, ∅) = E_q(q) · E_p(∅).
         """
         if len(queries) != len(passages):
             raise ValueError(f"{len(queries)} queries but {len(passages)} passage lists")
         query_vectors = self.retriever.encode_queries(queries)  # (B, d)
-        flat = [p for ps in passages for p in ps]
         n_passages = max(1, max((len(ps) for ps in passages), default=0))
-        if not flat:  # nothing to score; every entry is padding
+        # (slot in the flattened (B·K) grid, passage); the null document is embedded once for all its slots
+        placed = [(b * n_passages + k, p) for b, ps in enumerate(passages) for k, p in enumerate(ps)]
+        real = [(slot, p) for slot, p in placed if not is_null_document(p)]
+        null_slots = [slot for slot, p in placed if is_null_document(p)]
+        if not placed:  # nothing to score; every entry is padding
             return query_vectors.new_zeros(len(queries), n_passages) + 0.0 * query_vectors.sum()
-        passage_trainable = any(p.requires_grad for p in self.retriever.passage_encoder.parameters())
-        if passage_trainable:
-            passage_vectors = self.retriever.encode_passages([p.fields() for p in flat])  # (ΣK_b, d)
-        elif self.index is not None and self.index.vectors is not None and all(p.row is not None for p in flat):
-            passage_vectors = torch.from_numpy(self.index.embeddings([p.row for p in flat])).to(query_vectors.device)
-        else:
-            with torch.no_grad():
-                passage_vectors = self.retriever.encode_passages([p.fields() for p in flat])
-        passage_vectors = passage_vectors.to(query_vectors.dtype)
+        padded = query_vectors.new_zeros(len(queries) * n_passages, query_vectors.shape[-1])
+        if real:
+            flat = [p for _, p in real]
+            passage_vectors = self._passage_vectors(flat, query_vectors.device).to(query_vectors.dtype)  # (ΣK_b, d)
+            slots = torch.tensor([slot for slot, _ in real], device=padded.device)
+            padded = padded.index_copy(0, slots, passage_vectors)
+        if null_slots:  # E_p(∅), as any passage: with gradient where the passage encoder trains
+            null_vector = self._passage_vectors([null_document()], query_vectors.device).to(query_vectors.dtype)
+            slots = torch.tensor(null_slots, device=padded.device)
+            padded = padded.index_copy(0, slots, null_vector.expand(len(null_slots), -1))
         # Ragged lists → (B, K, d), zero rows for absent passages (their scores are 0 and masked).
-        padded = passage_vectors.new_zeros(len(queries) * n_passages, passage_vectors.shape[-1])
-        slots = torch.tensor(
-            [b * n_passages + k for b, ps in enumerate(passages) for k in range(len(ps))], device=padded.device
-        )
-        padded = padded.index_copy(0, slots, passage_vectors).view(len(queries), n_passages, -1)
+        padded = padded.view(len(queries), n_passages, -1)
         return torch.einsum("bd,bkd->bk", query_vectors, padded)
+
+    def _passage_vectors(self, passages: list[Passage], device: torch.device) -> torch.Tensor:
+        """E_p(d) of each passage: → (N, d). With gradient when the passage encoder is trained; a frozen one
+        is read from the index's stored embeddings where it kept them all, else re-encoded under no-grad."""
+        if any(p.requires_grad for p in self.retriever.passage_encoder.parameters()):
+            return self.retriever.encode_passages([p.fields() for p in passages])
+        if self.index is not None and self.index.vectors is not None and all(p.row is not None for p in passages):
+            return torch.from_numpy(self.index.embeddings([p.row for p in passages])).to(device)
+        with torch.no_grad():
+            return self.retriever.encode_passages([p.fields() for p in passages])
 
     @staticmethod
     def passage_presence(passages: list[list[Passage]], device: torch.device | None = None) -> torch.Tensor:
@@ -238,6 +252,17 @@ class AtlasModel(nn.Module):
         labels = encode_targets(self.reader_tokenizer, targets, self.reader_config.answer_maxlength)
         return labels.to(self.reader.seq2seq.device)
 
+    def reads_null_document(self, *, answering: bool) -> bool:
+        """Whether the null document joins the passages read (`retriever.null_document`: "train" in
+        training, "always" in training and when answering)."""
+        setting = self.retriever_config.null_document
+        return setting == "always" or (setting == "train" and not answering)
+
+    def null_document_scores(self, queries: list[str]) -> np.ndarray:
+        """s(q, ∅) = E_q(q) · E_p(∅) of each query (inference mode): → (B,) float32."""
+        query_vectors = self.retriever.embed_queries(queries)  # (B, d)
+        return query_vectors @ self.retriever.embed_passages([null_document().fields()])[0]
+
     def passages_for(self, examples: list[Example], k: int) -> list[list[Passage]] | None:
         """Given passages when examples carry them, none when closed-book, else retrieved ones."""
         if self.closed_book:
@@ -255,15 +280,20 @@ class AtlasModel(nn.Module):
         """One training forward pass: → {"reader": scalar, "retriever": scalar, "total": scalar}.
 
         The reader reads the first `reader.n_context` passages; the retriever loss covers all
-        `retriever.n_context`. When the reader's encoder has no dropout (`reader.dropout: 0`, or
-        `reader.encoder_dropout: false`), the training pass's encoder states double as the eval-mode
-        states of the gold scores, and only scored passages the reader did not read are encoded again.
+        `retriever.n_context`; with `retriever.null_document` on, the null document joins both lists (first)
+        and its score joins the retriever loss's softmax. When the reader's encoder has no dropout
+        (`reader.dropout: 0`, or `reader.encoder_dropout: false`), the training pass's encoder states double
+        as the eval-mode states of the gold scores, and only scored passages the reader did not read are
+        encoded again.
         """
         n_retrieved = max(self.retriever_config.n_context, self.reader_config.n_context)
         passages = self.passages_for(examples, n_retrieved)
         queries = [e.query for e in examples]
         labels = self.target_labels(targets)
+        null = passages is not None and self.reads_null_document(answering=False)
         read = None if passages is None else [ps[: self.reader_config.n_context] for ps in passages]
+        if null:
+            read = with_null_document(read)
         input_ids, attention_mask = self.reader_inputs(queries, read)
         encoder_states = self.reader.encode(input_ids, attention_mask)  # (B, K, L, H)
         mu = self.reader_config.dispersion_weight
@@ -282,6 +312,8 @@ class AtlasModel(nn.Module):
             reader_loss = reader_loss - mu * dispersion
         if self.trains_retriever and passages is not None:
             scored = [ps[: self.retriever_config.n_context] for ps in passages]
+            if null:  # first in both lists, so that the shorter is still a prefix of the longer
+                scored = with_null_document(scored)
             scores = self.retriever_scores(queries, scored)  # (B, K)
             n_read, n_scored = input_ids.shape[1], scores.shape[1]
             if n_scored <= n_read:  # the scored passages are the first ones the reader read
@@ -338,12 +370,14 @@ class AtlasModel(nn.Module):
     ) -> Reading:
         """The one answer path: generate an answer for each query from its passages (None: closed book).
 
-        The reader reads every passage given (callers pass the first `n_read`, or a request's k); decoding
-        follows `inference`. With
-        `with_attention`, each passage read gets its share of the decoder's cross-attention while it wrote
-        the answer (teacher-forcing the generated ids over the same encoder states).
+        The reader reads every passage given (callers pass the first `n_read`, or a request's k), and the null
+        document before them where `retriever.null_document` is "always"; decoding follows `inference`. With
+        `with_attention`, each passage given gets its share of the decoder's cross-attention while it wrote
+        the answer (teacher-forcing the generated ids over the same encoder states); the null document's
+        share is left out, so a row then sums to less than 1.
         """
-        read = passages
+        null = passages is not None and self.reads_null_document(answering=True)
+        read = self._with_scored_null_document(queries, passages) if null else passages
         input_ids, attention_mask = self.reader_inputs(queries, read, answering=True)  # (B, K, L)
         states = self.encode_for_answers(input_ids, attention_mask)  # (B, K, L, H)
         generated = self.generate(input_ids, attention_mask, read, encoder_states=states)  # (B, T')
@@ -361,7 +395,18 @@ class AtlasModel(nn.Module):
             scores = scores.float().cpu()  # (B, K)
             totals = scores.sum(dim=1, keepdim=True)
             attention = torch.where(totals > 0, scores / totals.clamp_min(1e-30), scores)
+            if null:  # not evidence: the passages given keep their shares
+                attention = attention[:, 1:]
         return Reading(texts, attention)
+
+    def _with_scored_null_document(self, queries: list[str], passages: list[list[Passage]]) -> list[list[Passage]]:
+        """`passages` with the null document first, scored (s(q, ∅)) where the retrieval prior weighs the
+        passages' scores and a retriever can give it one (else the prior is off, as for given passages)."""
+        read = with_null_document(passages)
+        if self.inference_config.retrieval_prior and self.retriever is not None:
+            scores = self.null_document_scores(queries)  # (B,)
+            read = [[replace(ps[0], score=float(score)), *ps[1:]] for ps, score in zip(read, scores)]
+        return read
 
     @torch.no_grad()
     def encode_for_answers(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -423,6 +468,8 @@ class AtlasModel(nn.Module):
             if len(ids) != 1:
                 raise ValueError(f"option label {letter!r} is not a single reader token ({ids})")
             option_ids.append(ids[0])
+        if passages is not None and self.reads_null_document(answering=True):
+            passages = with_null_document(passages)
         input_ids, attention_mask = self.reader_inputs([e.query for e in examples], passages, answering=True)
         sentinel = self.reader_tokenizer.convert_tokens_to_ids(ANSWER_SENTINEL)
         prefix = torch.full((len(examples), 1), sentinel, dtype=torch.long, device=self.reader.seq2seq.device)

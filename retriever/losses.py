@@ -11,6 +11,14 @@ For `adist`, `pdist` and `loop`: KL(p_gold ‖ p_retr), p_gold = softmax(gold / 
 p_retr = softmax(s' / τ_score), summed over passages and averaged over the batch.
 `emdr` maximises log Σ_k p_retr(d_k | q) · p_reader(a | q, d_k)^(1/τ_gold).
 
+With REALM's null document (`retriever.null_document`; retriever/null_document.py), one of the K candidates
+is an empty passage ∅: its raw score s(q, ∅) = E_q(q) · E_p(∅) is a column of `scores` like any other and its
+gold score is the reader's on the empty passage, so it sits in the same softmaxes (p_retr, p_gold, EMDR²'s
+mixture) and nothing here treats it apart. EMDR²'s gradient on a score s(q, z) is REALM's
+−r(z) / (sqrt(dim) · τ_score), r(z) = [p(a | q, z) / p(a | q) − 1] · p(z | q) (at τ_gold = 1): with ∅ in the
+mixture p(a | q), a passage is lifted only where it explains the answer better than a mixture that can put
+its weight on reading nothing.
+
 Each loss declares its own options with their defaults (`default_options`, e.g. `emdr`'s
 `granularity`), set in a recipe as `retriever.loss: {name: emdr, granularity: token}`;
 `atlas.config` checks a recipe's options against them, as it checks task options.

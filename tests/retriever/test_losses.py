@@ -340,3 +340,58 @@ def test_gold_precision_full_is_read_as_fp32_with_a_warning():
         assert build_retriever_loss("pdist", gold_precision="full").gold_precision == "fp32"
     with pytest.raises(ValueError, match=r"valid: \['auto', 'fp32', 'bf16'\]"):
         build_retriever_loss("pdist", gold_precision="fp16")
+
+
+@pytest.mark.parametrize("name", ["adist", "pdist", "loop", "emdr"])
+def test_the_null_document_is_one_more_candidate_in_the_same_softmax(name):
+    """REALM's null document: a column of scores s(q, ∅) and gold scores (the reader's on the empty passage)
+    beside the K passages'; each loss equals its float64 formula over the K + 1 candidates, and differs from
+    the one over the K passages alone (which it equals without the column)."""
+    scores, gold = random_scores_and_gold(seed=5, batch=2, n_passages=3)
+    gold = -gold.abs() * 4  # log-likelihoods for EMDR² (any real numbers for the KL losses)
+    null_scores = torch.tensor([[2.5], [-1.0]], dtype=torch.float64)  # s(q, ∅)
+    null_gold = torch.tensor([[-0.2], [-9.0]], dtype=torch.float64)  # the reader's gold on ∅
+    tau_gold, tau_score = 0.5, 0.3
+    loss = build_retriever_loss(name, temperature_gold=tau_gold, temperature_score=tau_score)
+    labels = torch.zeros(2, 1)
+
+    def by_hand(s: torch.Tensor, g: torch.Tensor) -> float:
+        return (
+            sum(hand_retriever_loss(name, s[b].tolist(), g[b].tolist(), DIM, tau_gold, tau_score) for b in (0, 1)) / 2
+        )
+
+    without = loss.loss(scores, gold, labels, dim=DIM).item()
+    with_null = loss.loss(torch.cat([null_scores, scores], 1), torch.cat([null_gold, gold], 1), labels, dim=DIM)
+    # the losses compute in float32 (as the other formula tests here): against float64 to float32's precision
+    assert without == pytest.approx(by_hand(scores, gold), abs=1e-5)
+    assert with_null.item() == pytest.approx(
+        by_hand(torch.cat([null_scores, scores], 1), torch.cat([null_gold, gold], 1)), abs=1e-5
+    )
+    assert abs(with_null.item() - without) > 1e-3
+
+
+def test_emdr_with_the_null_document_moves_each_score_by_realms_r():
+    """The seed's REALM gradient, ∇ log p(a | q) = Σ_z r(z) ∇f(q, z), r(z) = [p(a | q, z) / p(a | q) − 1] · p(z | q),
+    over the passages and ∅ (τ_gold = 1: EMDR²'s mixture is REALM's marginal likelihood); f = s / sqrt(dim) /
+    τ_score here, and the loss is the batch mean of −log p(a | q). Where the reader gets the answer better reading
+    nothing than reading the first-ranked passage, ∅ is lifted and that passage lowered; without ∅ it is lifted."""
+    tau_score = 0.5
+    likelihood = torch.tensor([[0.5, 0.2, 0.01, 0.02]], dtype=torch.float64)  # p(a | q, z), z = ∅, d_1..d_3
+    raw = torch.tensor([[2.0, 3.0, 0.0, -2.0]], dtype=torch.float64)  # d_1 ranks first
+    loss = build_retriever_loss("emdr", temperature_gold=1.0, temperature_score=tau_score)
+
+    def grad_and_r(columns: slice) -> tuple[list[float], list[float]]:
+        scores = raw[:, columns].clone().requires_grad_(True)
+        loss.loss(scores, likelihood[:, columns].log(), torch.zeros(1, 1), dim=DIM).backward()
+        p_z = softmax([s / math.sqrt(DIM) / tau_score for s in raw[0, columns].tolist()])
+        p_a = sum(pz * pl for pz, pl in zip(p_z, likelihood[0, columns].tolist()))
+        r = [(pl / p_a - 1) * pz for pz, pl in zip(p_z, likelihood[0, columns].tolist())]
+        return scores.grad[0].tolist(), r
+
+    for columns in (slice(0, 4), slice(1, 4)):  # with and without ∅
+        grad, r = grad_and_r(columns)
+        assert grad == pytest.approx([-rz / math.sqrt(DIM) / tau_score for rz in r], abs=1e-6)
+    with_null, _ = grad_and_r(slice(0, 4))
+    without, _ = grad_and_r(slice(1, 4))
+    assert with_null[0] < 0 < with_null[1]  # gradient descent lifts ∅ and lowers d_1
+    assert without[0] < 0  # without ∅, d_1 is lifted
