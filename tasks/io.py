@@ -190,6 +190,7 @@ def atomic_directory(final: str | os.PathLike, *, overwrite: bool = False) -> It
     if final.exists() and exchange_paths(tmp, final):
         fsync_directory(final.parent)  # the swap is durable before the old folder goes
         shutil.rmtree(tmp, ignore_errors=True)  # now the old folder
+        fsync_directory(final.parent)  # else a power cut would bring the old copy back beside the new
     elif final.exists():
         trash = final.with_name(f".{final.name}.old-{os.getpid()}")
         os.rename(final, trash)
@@ -201,6 +202,7 @@ def atomic_directory(final: str | os.PathLike, *, overwrite: bool = False) -> It
             raise
         fsync_directory(final.parent)
         shutil.rmtree(trash, ignore_errors=True)
+        fsync_directory(final.parent)
     else:
         os.rename(tmp, final)
         fsync_directory(final.parent)
