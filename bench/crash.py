@@ -13,7 +13,8 @@ With `--power-loss` the kill is a power cut: the command runs under bench/power_
 after the kill its folder is replaced by what the disk would hold (only what was fsync'd). The same checks follow,
 and one more: a command that had finished before the cut must have kept its result (an edit "new", a build
 "complete", a training run its last checkpoint) — a command that returned has promised its work is on disk.
-Delays are drawn up to 1.5 times the command's duration, so some cuts come after it returned.
+Every other round of trials cuts the power at a random moment of the command (drawn as for kills), the others
+once it has returned.
 
     python bench/crash.py --trials 60 --seed 0 --out bench/results/cpu/crash.json
     python bench/crash.py --power-loss --trials 12 --seed 0 --out bench/results/cpu/crash_power_loss.json
@@ -315,8 +316,9 @@ def run_trials(
     results = []
     for n in range(trials):
         kind = kinds[n % len(kinds)]
-        # from the interpreter's start to the command's end (with a power cut, also after it: was it kept?)
-        delay = rng.uniform(0.3, timing[kind] * (1.5 if power_cut else 1.0))
+        delay = rng.uniform(0.3, timing[kind])  # from the interpreter's start to the command's end
+        if power_cut and (n // len(kinds)) % 2:
+            delay = 10 * timing[kind] + 60  # every other round: the cut comes once the command has returned
         work = root / f"trial-{n}"
         work.mkdir()
         cut = PowerCut(work, root / f"journal-{n}", random.Random(f"{seed}-{n}")) if power_cut else None
