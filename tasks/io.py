@@ -120,12 +120,23 @@ def fsync_file(path: str | os.PathLike) -> None:
 def fsync_tree(folder: str | os.PathLike) -> None:
     """fsync every file and folder under `folder` (deepest first), then `folder` itself: before it is renamed
     into place, all it holds is on disk. Symbolic links are neither followed nor flushed."""
-    for here, dirs, files in os.walk(folder, topdown=False):
+    for here, _, files in os.walk(folder, topdown=False):
         for name in files:
             path = os.path.join(here, name)
             if not os.path.islink(path):
                 fsync_file(path)
         fsync_directory(here)
+
+
+def fsync_parents(path: Path) -> None:
+    """fsync the folder that names `path` and every folder above it: the new name is durable, and so is the way to
+    it, however its folders were made (a plain `mkdir` by other code lasts only once its parent is fsync'd; a folder
+    with nothing new to flush costs next to nothing)."""
+    for folder in Path(path).absolute().parents:
+        try:
+            fsync_directory(folder)
+        except PermissionError:  # a folder above that we may not open: one that has long existed
+            return
 
 
 def make_parents(path: Path) -> None:
@@ -168,7 +179,7 @@ def exchange_paths(a: str | os.PathLike, b: str | os.PathLike) -> bool:
 @contextlib.contextmanager
 def atomic_directory(final: str | os.PathLike, *, overwrite: bool = False) -> Iterator[Path]:
     """Yield a temporary directory beside `final`; on success make everything in it durable and put it at
-    `final` in one step, durably (the parent folder fsync'd after the rename).
+    `final` in one step, durably (the folders above fsync'd after the rename).
 
     With `overwrite`, an existing `final` is swapped for the new folder in one step where Linux allows it
     (`renameat2(RENAME_EXCHANGE)`): a reader, or a power cut, finds the old folder or the new one at `final`,
@@ -188,7 +199,7 @@ def atomic_directory(final: str | os.PathLike, *, overwrite: bool = False) -> It
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if final.exists() and exchange_paths(tmp, final):
-        fsync_directory(final.parent)  # the swap is durable before the old folder goes
+        fsync_parents(final)  # the swap is durable before the old folder goes
         shutil.rmtree(tmp, ignore_errors=True)  # now the old folder
         fsync_directory(final.parent)  # else a power cut would bring the old copy back beside the new
     elif final.exists():
@@ -200,18 +211,18 @@ def atomic_directory(final: str | os.PathLike, *, overwrite: bool = False) -> It
             os.rename(trash, final)
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        fsync_directory(final.parent)
+        fsync_parents(final)
         shutil.rmtree(trash, ignore_errors=True)
         fsync_directory(final.parent)
     else:
         os.rename(tmp, final)
-        fsync_directory(final.parent)
+        fsync_parents(final)
 
 
 def _replace_durably(tmp: str, path: Path) -> None:
-    """The commit of a file written at `tmp` and fsync'd: rename over `path`, then fsync the folder."""
+    """The commit of a file written at `tmp` and fsync'd: rename over `path`, then fsync the folders."""
     os.replace(tmp, path)
-    fsync_directory(path.parent)
+    fsync_parents(path)
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
