@@ -360,13 +360,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--power-loss", action="store_true", help="a power cut instead of a kill: keep only what was fsync'd"
     )
+    parser.add_argument("--kinds", default=",".join(KINDS), help=f"commands to run, in turn (default: {KINDS})")
     args = parser.parse_args(argv)
     from tasks.modeling import encoder_source
 
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="atlas-crash-") as tmp:
         result = run_trials(
-            args.trials, args.seed, Path(encoder_source("minilm")), Path(tmp), power_cut=args.power_loss
+            args.trials,
+            args.seed,
+            Path(encoder_source("minilm")),
+            Path(tmp),
+            tuple(args.kinds.split(",")),
+            power_cut=args.power_loss,
         )
     result = {
         "command": "python bench/crash.py " + " ".join(argv if argv is not None else sys.argv[1:]),
