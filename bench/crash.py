@@ -252,7 +252,10 @@ def build_trial(world: World, delay: float, work: Path, cut: PowerCut | None = N
         trial.outcome = "absent"
         if cut is not None and not trial.killed:
             trial.problems.append("the build had returned, and the power cut lost its folder")
-        atlas(*args)  # the same command continues where it stopped
+        rerun = atlas(*args, check=False)  # the same command continues where it stopped
+        if rerun.returncode != 0:
+            trial.problems.append(f"running the build again failed: {rerun.stderr.strip()[-300:]}")
+            return trial
     manifest = json.loads((work / "index" / "manifest.json").read_text())
     reference = json.loads((world.root / "index" / "manifest.json").read_text())
     if manifest["files"]["vectors"]["sha256"] != reference["files"]["vectors"]["sha256"]:

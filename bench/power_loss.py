@@ -8,9 +8,10 @@ whose data never reached the disk reads empty) and XFS (the file's size kept, it
 `data=ordered` ext4 usually keeps more, never less.
 
 How it is recorded, in the child process only, with no kernel help (no FUSE mount, no LD_PRELOAD):
-- `os.fsync` / `os.fdatasync` are wrapped. At each call the wrapper reads what the fd's file holds now through
-  `/proc/self/fd/N` (the page cache: whatever wrote it, Python, C code such as FAISS or safetensors, or a memory
-  map), copies it to the journal, calls the real fsync, and only then appends one line to the journal's log:
+- `os.fsync` / `os.fdatasync` (and `numpy.memmap.flush`, an msync) are wrapped. At each call the wrapper reads
+  what the file holds now through `/proc/self/fd/N` (the page cache: whatever wrote it, Python, C code such as
+  FAISS or safetensors, or a memory map), copies it to the journal, calls the real fsync, and only then appends
+  one line to the journal's log:
   an fsync cut short by the kill was never promised. For a folder it records its names and their inodes.
 - Deletions and renames are wrapped only to keep the inode they free open (an `O_PATH` fd), so the kernel does
   not hand the same inode number to a new file while the durable state may still name the old one.
@@ -109,6 +110,22 @@ def install(journal: Journal) -> None:
         return rename
 
     os.fsync, os.fdatasync = syncer("fsync"), syncer("fdatasync")
+    import numpy  # a memory map's flush is msync(MS_SYNC): it makes the file's data durable as fsync does
+
+    real_flush = numpy.memmap.flush
+
+    def flush(self):
+        real_flush(self)
+        if getattr(self, "filename", None):
+            fd = os.open(self.filename, os.O_RDONLY)
+            try:
+                line = journal.record(fd)
+                if line is not None:
+                    os.write(journal.fd, (line + "\n").encode())
+            finally:
+                os.close(fd)
+
+    numpy.memmap.flush = flush
     os.unlink, os.remove, os.rmdir = deleter("unlink"), deleter("remove"), deleter("rmdir")
     os.rename, os.replace = renamer("rename"), renamer("replace")
 
