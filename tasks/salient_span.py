@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 
 from tasks.base import Example, format_template, register_task
 from tasks.io import InputError
+from tasks.model_packages import is_recorded, verified_package
 from tasks.pretext import _PretextTask
 
 # spaCy entity label → the wh-word a question about such a span starts with
@@ -77,6 +78,8 @@ def load_pipeline(name: str):
             return spacy.load(name, exclude=["lemmatizer"])
         except OSError:
             raise ImportError(f"spaCy pipeline '{name}' is not installed (option spacy_model)") from None
+    if is_recorded(name):  # an embedded pipeline: its files checked against the hashes the project records
+        verified_package(name)
     return module.load(exclude=["lemmatizer"])
 
 
