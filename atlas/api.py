@@ -97,7 +97,7 @@ class Atlas:
             model = load_model(spec, index=index.current if isinstance(index, Index) else None)
         allow_mismatch = spec.config.index.allow_encoder_mismatch
         if isinstance(index, Index):
-            from retriever.index_files import check_encoder  # heavy: faiss
+            from retriever.index.files import check_encoder  # heavy: faiss
 
             if model.retriever is not None:
                 check_encoder(

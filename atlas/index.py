@@ -47,7 +47,7 @@ def index_retriever(
     manifest records (`passage_format`, `passage_maxlength`), so that its fingerprint is the index's; in eval
     mode on `device` (default `compute_device()`). The libraries' load reports show only when `verbose`."""
     from retriever.encoder import Retriever, default_encoder_path  # heavy: torch, transformers
-    from retriever.index_files import read_manifest  # heavy: faiss
+    from retriever.index.files import read_manifest  # heavy: faiss
 
     record = read_manifest(folder).get("encoder", {}) if folder is not None else {}
     encoder = encoder or record.get("source") or DEFAULT_ENCODER
@@ -108,10 +108,10 @@ class Index:
         `{"id", "title", "text"}` or DPR TSV files), split into passages of `chunk_words` words and prepared
         at `corpus_out` (default: OUT-corpus beside the index). Embedded with `encoder` (passages cut at
         `passage_maxlength` tokens; default: the encoder's own), written to `out` as an index of `spec`
-        ("Flat", "IVF1024,PQ64", …; `options`: `retriever.index_build.build_index`'s, e.g. `exact_rerank`).
+        ("Flat", "IVF1024,PQ64", …; `options`: `retriever.index.build.build_index`'s, e.g. `exact_rerank`).
         Resumable: a killed build continues from its last embedded chunk when run again."""
         from retriever.corpus import prepare_corpus  # heavy: pyarrow
-        from retriever.index_build import build_index  # heavy: faiss
+        from retriever.index.build import build_index  # heavy: faiss
 
         out = Path(out)
         if out.exists() and not overwrite:
@@ -220,21 +220,21 @@ class Index:
         """Embed and add passages (dicts {"id", "title", "text"} or `Passage`s) under new ids (an id that is
         live is refused: `update` it); with `chunk_words`, each is split into passages ID-0, ID-1, … → the
         edit's `UpdateStats`."""
-        from retriever.index_update import add_passages  # heavy: faiss
+        from retriever.index.update import add_passages  # heavy: faiss
 
         what = "Index.add(chunked)" if chunk_words > 0 else "Index.add"
         return self._edit(add_passages, _records(passages, what), chunk_words=chunk_words, progress=progress)
 
     def update(self, passages: Iterable[Mapping | Passage], *, progress: bool = False):
         """Replace live passages by id (a record without a title keeps the passage's) → `UpdateStats`."""
-        from retriever.index_update import update_passages  # heavy: faiss
+        from retriever.index.update import update_passages  # heavy: faiss
 
         return self._edit(update_passages, _records(passages, "Index.update"), progress=progress)
 
     def remove(self, ids: Iterable[str]):
         """Remove passages by id → `UpdateStats` (`removed`; an id removed already is counted in
         `already_removed`); KeyError naming an id the index never held (nothing changes then)."""
-        from retriever.index_update import remove_passages  # heavy: faiss
+        from retriever.index.update import remove_passages  # heavy: faiss
 
         ids = [str(i) for i in ids]
         if not ids:
@@ -245,7 +245,7 @@ class Index:
 
     def compact(self):
         """Rewrite the index without its removed rows and merge its segments → `CompactionStats`."""
-        from retriever.index_compact import compact_index  # heavy: faiss
+        from retriever.index.compact import compact_index  # heavy: faiss
 
         stats = compact_index(self.path)
         self.reload()

@@ -10,8 +10,8 @@ figures of the checkpoints passed) is saved after every edit, and `--resume` car
 
 Builds a MiniLM `Flat` index of `--base` short synthetic passages (one sentence each, so that
 embedding does not dominate), then applies edits one commit each through the library
-(`retriever.index_update`): 40% add a new passage, 40% update a live one, 20% remove one, each
-followed by the automatic compaction (`retriever.index_compact.compact_if_due`, as `atlas index
+(`retriever.index.update`): 40% add a new passage, 40% update a live one, 20% remove one, each
+followed by the automatic compaction (`retriever.index.compact.compact_if_due`, as `atlas index
 add/update/remove` and `atlas serve` run it). At each checkpoint N the edited index and a fresh
 build of its live passages (a corpus prepared anew and indexed by the same encoder) are measured
 alike in fresh processes, the two alternating (`--repeats` times, median):
@@ -181,7 +181,7 @@ def write_jsonl(path: Path, records: list[dict]) -> Path:
 def footprint(folder: Path) -> tuple[int, int]:
     """(bytes, files) of everything the index at `folder` needs: its folder and the corpus
     segments it names outside it."""
-    from retriever.index_files import read_manifest
+    from retriever.index.files import read_manifest
 
     paths = [p for p in folder.rglob("*") if p.is_file()]
     for segment in read_manifest(folder)["segments"]:
@@ -272,10 +272,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from atlas.index import index_retriever
     from retriever.corpus import prepare_corpus
-    from retriever.index_build import build_index
-    from retriever.index_compact import MAX_DEAD_FRACTION, MAX_SEGMENTS, compact_if_due
-    from retriever.index_files import read_manifest
-    from retriever.index_update import add_passages, remove_passages, update_passages
+    from retriever.index.build import build_index
+    from retriever.index.compact import MAX_DEAD_FRACTION, MAX_SEGMENTS, compact_if_due
+    from retriever.index.files import read_manifest
+    from retriever.index.update import add_passages, remove_passages, update_passages
 
     torch.set_num_threads(1)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="atlas-bench-edits-"))

@@ -57,7 +57,7 @@ class ClusteredVectors:
 def build(workdir: Path, n: int, dim: int) -> list[Path]:
     sys.path.insert(0, str(ROOT))
     from retriever.corpus import prepare_corpus
-    from retriever.index_build import build_index
+    from retriever.index.build import build_index
 
     corpus = workdir / f"corpus-{n}"
     if not corpus.exists():
@@ -83,7 +83,7 @@ def child(folder: str, verify: str) -> None:
 
     from retriever.corpus import Corpus
     from retriever.index import PassageIndex
-    from retriever.index_files import read_manifest
+    from retriever.index.files import read_manifest
 
     # one-time costs that do not scale with the index (lazy imports and Arrow set-up of the
     # corpus reader, ~3.5 MB) are paid before the measurement

@@ -361,7 +361,7 @@ def probe_sharded(index: str, queries: str, ids_out: str) -> dict:
     """Under torchrun (gloo): each rank holds its shard of the index; rank 0 writes the merged results."""
     from atlas.distributed import init_distributed, shutdown
     from retriever.index import PassageIndex
-    from retriever.sharded import ShardedPassageIndex
+    from retriever.index.sharded import ShardedPassageIndex
 
     context = init_distributed()
     vectors = np.load(queries)[:256]

@@ -255,7 +255,7 @@ def test_encoder_runs_on_the_available_device(tmp_path, capsys, monkeypatch):
 def test_commands_without_encoder_embed_as_the_index_was_built(tmp_path, capsys):
     """An index built with other passage settings than the encoder folder's own (the quickstart
     builds with passage_maxlength 128) is searched, evaluated and extended without --encoder."""
-    from retriever.index_build import build_index
+    from retriever.index.build import build_index
 
     encoder = save_tiny_retriever(tmp_path / "enc", 0)  # stores passage_maxlength 64
     docs = write_docs(tmp_path / "d.jsonl", {"p": "paris is the capital of france", "b": "berlin is in germany"})
@@ -288,7 +288,7 @@ def files_of(folder: Path) -> dict[str, bytes]:
 def built(tmp_path_factory) -> Path:
     """A Flat index of six one-passage documents a0..a5 (passage ids a0-0..a5-0, titles A0..A5)."""
     from retriever.corpus import prepare_corpus
-    from retriever.index_build import build_index
+    from retriever.index.build import build_index
 
     root = tmp_path_factory.mktemp("cli-index")
     encoder = save_tiny_retriever(root / "enc", 0)
@@ -507,7 +507,7 @@ def test_info_shows_live_and_dead_rows_and_compact_keeps_every_search_result(ind
 
 
 def test_edits_compact_the_index_by_themselves_when_it_is_due(index, tmp_path, capsys):
-    from retriever.index_compact import MAX_SEGMENTS
+    from retriever.index.compact import MAX_SEGMENTS
 
     for n in range(MAX_SEGMENTS - 1):  # MAX_SEGMENTS segments: not due yet
         code, out, _ = atlas(
@@ -539,7 +539,7 @@ def test_edits_compact_the_index_by_themselves_when_it_is_due(index, tmp_path, c
 def test_a_compaction_of_an_index_being_written_is_refused(index, capsys):
     import os
 
-    from retriever.index_files import writer_lock
+    from retriever.index.files import writer_lock
 
     before = files_of(index)
     with writer_lock(index, "add"):
@@ -557,7 +557,7 @@ def test_a_compaction_of_an_index_being_written_is_refused(index, capsys):
 
 
 def test_the_help_states_the_compaction_policy_in_force(capsys):
-    from retriever.index_compact import MAX_DEAD_FRACTION, MAX_SEGMENTS
+    from retriever.index.compact import MAX_DEAD_FRACTION, MAX_SEGMENTS
 
     with pytest.raises(SystemExit):
         atlas(capsys, "index", "remove", "--help")
@@ -724,7 +724,7 @@ def test_an_index_built_as_a_recipe_embeds_is_taken_and_another_is_named(tmp_pat
     from atlas.build import open_index
     from atlas.config import load_config
     from retriever.encoder import build_retriever
-    from retriever.index_files import EncoderMismatchError
+    from retriever.index.files import EncoderMismatchError
 
     encoder = save_tiny_retriever(tmp_path / "enc", 0)  # stores passage_maxlength 64
     docs = write_docs(tmp_path / "d.jsonl", {"p": "paris is the capital of france"})
@@ -747,7 +747,7 @@ def test_a_full_disk_during_an_edit_says_so_in_one_line_and_leaves_the_index_as_
     import errno
     import os
 
-    from retriever import index_update
+    from retriever.index import update as index_update
 
     def full(path, *args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))

@@ -42,7 +42,7 @@ def _reports_errors(
 
     @functools.wraps(handler)
     def wrapper(args: argparse.Namespace) -> int:
-        from retriever.index_files import IndexLockedError  # in the wrapper: decorating runs at `atlas --help`
+        from retriever.index.files import IndexLockedError  # in the wrapper: decorating runs at `atlas --help`
         from tasks.progress import close_progress_bars  # likewise
 
         try:
@@ -65,7 +65,7 @@ def _reports_errors(
 def read_ids(values: list[str]) -> list[str]:
     """Expand `--ids` values: a value `@FILE` is the ids in FILE (one per line), any other
     value is an id. `@` is the only marker, so an id is never mistaken for a file name."""
-    from retriever.index_update import read_id_file
+    from retriever.index.update import read_id_file
 
     ids: list[str] = []
     for value in values:
@@ -375,8 +375,8 @@ def _load_index(args: argparse.Namespace, *, device=None):
 def _build(args: argparse.Namespace) -> int:
     from atlas.distributed import init_distributed, shutdown
     from atlas.index import compute_device
-    from retriever.index_build import build_index
-    from retriever.vectors import read_encoder_record
+    from retriever.index.build import build_index
+    from retriever.index.vectors import read_encoder_record
 
     context = init_distributed()  # under torchrun the ranks share the embedding work
     started = time.perf_counter()
@@ -417,7 +417,7 @@ def _build(args: argparse.Namespace) -> int:
 def _embed(args: argparse.Namespace) -> int:
     from atlas.distributed import init_distributed, shutdown
     from atlas.index import compute_device
-    from retriever.index_build import embed_vectors
+    from retriever.index.build import embed_vectors
 
     context = init_distributed()
     started = time.perf_counter()
@@ -448,7 +448,7 @@ def _shown(ids: list[str]) -> str:
 @_reports_errors
 def _add(args: argparse.Namespace) -> int:
     from atlas.index import index_retriever
-    from retriever.index_update import add_passages
+    from retriever.index.update import add_passages
 
     stats = add_passages(
         args.index,
@@ -470,7 +470,7 @@ def _add(args: argparse.Namespace) -> int:
 @_reports_errors
 def _update(args: argparse.Namespace) -> int:
     from atlas.index import index_retriever
-    from retriever.index_update import update_passages
+    from retriever.index.update import update_passages
 
     stats = update_passages(
         args.index,
@@ -486,7 +486,7 @@ def _update(args: argparse.Namespace) -> int:
 
 @_reports_errors
 def _remove(args: argparse.Namespace) -> int:
-    from retriever.index_update import remove_passages
+    from retriever.index.update import remove_passages
 
     try:
         stats = remove_passages(args.index, read_ids(args.ids))
@@ -511,9 +511,9 @@ def _compacted(stats) -> str:
 
 
 def _compact_if_due(args: argparse.Namespace) -> None:
-    """After an edit: compact the index when `retriever.index_compact.compaction_due` says so."""
-    from retriever.index_compact import compact_index, compaction_due
-    from retriever.index_files import read_manifest
+    """After an edit: compact the index when `retriever.index.compact.compaction_due` says so."""
+    from retriever.index.compact import compact_index, compaction_due
+    from retriever.index.files import read_manifest
 
     reason = compaction_due(read_manifest(args.index)) if args.compact else None
     if reason is not None:
@@ -522,7 +522,7 @@ def _compact_if_due(args: argparse.Namespace) -> None:
 
 @_reports_errors
 def _compact(args: argparse.Namespace) -> int:
-    from retriever.index_compact import compact_index
+    from retriever.index.compact import compact_index
 
     stats = compact_index(args.index, full=True)
     print(
@@ -565,12 +565,12 @@ def _search(args: argparse.Namespace) -> int:
     if args.sharded:
         from atlas.distributed import init_distributed, shutdown
         from atlas.index import compute_device
-        from retriever.sharded import ShardedPassageIndex
+        from retriever.index.sharded import ShardedPassageIndex
 
         context = init_distributed()
         loaded = _load_index(args, device=compute_device(context))
         index = ShardedPassageIndex.from_index(loaded, context.rank, context.world_size)
-        del loaded  # this rank keeps only its shard (see retriever/sharded.py)
+        del loaded  # this rank keeps only its shard (see retriever/index/sharded.py)
         results = index.search(args.queries, args.k)
         shutdown(context)
         if not context.is_main:
@@ -590,8 +590,8 @@ def _search(args: argparse.Namespace) -> int:
 
 @_reports_errors
 def _info(args: argparse.Namespace) -> int:
-    from retriever.index_compact import compaction_due
-    from retriever.index_files import check_file, file_records, index_summary, open_corpus, read_manifest
+    from retriever.index.compact import compaction_due
+    from retriever.index.files import check_file, file_records, index_summary, open_corpus, read_manifest
 
     given = [i for i in (args.index, args.positional_index) if i is not None]
     if not given or (len(given) == 2 and Path(given[0]) != Path(given[1])):

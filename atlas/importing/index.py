@@ -10,7 +10,7 @@ work folder `INDEX.building/` that `atlas index build` uses; after each shard th
 is recorded atomically, so a killed import continues after the last completed shard. Only
 one shard is in memory at a time (embedding shards are memory-mapped). The passages then
 become a corpus (`retriever.corpus.prepare_corpus`, one passage per record, ids kept) and
-the vectors an index of any spec (`retriever.index_build.build_index`, which finds every
+the vectors an index of any spec (`retriever.index.build.build_index`, which finds every
 chunk already embedded): its manifest carries the fingerprint of the imported passage
 encoder, so the index is searched only with the encoder the vectors came from. That the
 vectors did come from it is checked on the first passages (`_encoder_agreement`, a warning
@@ -37,9 +37,9 @@ from atlas.importing.safe_pickle import load_plain_pickle, load_torch_file
 from atlas.training.checkpoint import resolve_checkpoint
 from retriever.corpus import prepare_corpus
 from retriever.encoder import Retriever
-from retriever.index_build import BLOCK_ROWS, PROGRESS, build_index, work_dir_for
-from retriever.index_files import read_manifest, write_manifest
-from retriever.index_types import index_type
+from retriever.index.build import BLOCK_ROWS, PROGRESS, build_index, work_dir_for
+from retriever.index.files import read_manifest, write_manifest
+from retriever.index.types import index_type
 from tasks.io import InputError, atomic_write_json
 
 STATE_FILE = "import-progress.json"

@@ -16,9 +16,9 @@ import pytest
 
 from atlas.build import build_index
 from atlas.config import load_config
-from retriever import index_build
 from retriever.encoder import build_retriever
-from retriever.index_build import CACHE_DIR
+from retriever.index import build as index_build
+from retriever.index.build import CACHE_DIR
 
 QUERIES = ["what is the capital of zorbland", "who first climbed mount olo"]
 
@@ -43,7 +43,7 @@ def corpus(tiny_world, tmp_path) -> Path:
 
 @pytest.fixture
 def builds(monkeypatch) -> list[Path]:
-    """The folders `retriever.index_build.build_index` is asked to build, in order."""
+    """The folders `retriever.index.build.build_index` is asked to build, in order."""
     calls: list[Path] = []
     real = index_build.build_index
 
@@ -108,7 +108,7 @@ def test_a_different_spec_or_encoder_builds_anew(tiny_world, corpus, tmp_path, b
 
 def test_updating_a_run_index_leaves_the_cache_as_it_was(tiny_world, corpus, tmp_path, builds):
     from retriever.encoder import Retriever
-    from retriever.index_update import add_passages, remove_passages, update_passages
+    from retriever.index.update import add_passages, remove_passages, update_passages
 
     open_run_index(tiny_world, corpus, tmp_path / "run1")
     (cached,) = entries(corpus)

@@ -1,6 +1,6 @@
 """Crash safety of live corpus edits: kill -9 at the worst moments, then restart.
 
-First at the level of `retriever.index_update` (an update that dies just before or just after
+First at the level of `retriever.index.update` (an update that dies just before or just after
 the manifest is replaced leaves exactly the old index or exactly the new one, and it verifies),
 then a real `atlas serve` subprocess killed with SIGKILL while an edit is in flight, and restarted.
 """
@@ -38,9 +38,9 @@ class Crash(BaseException):
 def test_a_replace_that_dies_around_its_commit_leaves_the_old_or_the_new_index(tiny_world, tmp_path, monkeypatch, when):
     """Dies with every new file written and flushed but the manifest not replaced ("before"), or
     with the manifest replaced but the superseded files not yet deleted ("after")."""
-    import retriever.index_update as update
-    from retriever import index_files
     from retriever.encoder import Retriever
+    from retriever.index import files as index_files
+    from retriever.index import update
 
     folder = tmp_path / "index"
     shutil.copytree(tiny_world["index"], folder)
@@ -79,7 +79,7 @@ def test_a_replace_that_dies_around_its_commit_leaves_the_old_or_the_new_index(t
 
 def test_replacing_an_id_that_is_not_live_changes_nothing(tiny_world, tmp_path):
     from retriever.encoder import Retriever
-    from retriever.index_update import add_passages
+    from retriever.index.update import add_passages
 
     folder = tmp_path / "index"
     shutil.copytree(tiny_world["index"], folder)

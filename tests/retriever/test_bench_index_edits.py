@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from retriever.index import PassageIndex
-from retriever.index_update import remove_passages
+from retriever.index.update import remove_passages
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -28,7 +28,7 @@ from numpy.lib.format import open_memmap
 
 from retriever.corpus import Corpus
 from retriever.fingerprint import hash_json
-from retriever.index_files import (
+from retriever.index.files import (
     FORMAT_VERSION,
     MANIFEST,
     file_record,
@@ -36,9 +36,9 @@ from retriever.index_files import (
     read_manifest,
     write_manifest,
 )
-from retriever.index_types import build_faiss_index, index_type
-from retriever.rerank import gather_rows
-from retriever.vectors import EncoderRecord, copy_checked, read_encoder_record, record_path, write_encoder_record
+from retriever.index.rerank import gather_rows
+from retriever.index.types import build_faiss_index, index_type
+from retriever.index.vectors import EncoderRecord, copy_checked, read_encoder_record, record_path, write_encoder_record
 from tasks.io import atomic_directory, atomic_write_json
 from tasks.progress import progress_bar as tqdm
 
@@ -169,7 +169,7 @@ def embed_vectors(
     encoder_source: str | None = None,
 ) -> Path:
     """Embed the prepared corpus at `corpus_path` into `out` (one (N, d) float16 `.npy`) with its encoder record
-    beside it (`retriever.vectors`), for `build_index(vectors=out)` on another machine. Resumable and shared by
+    beside it (`retriever.index.vectors`), for `build_index(vectors=out)` on another machine. Resumable and shared by
     ranks as `embed_corpus` is (the work folder is OUT.building/); `out` appears only when complete."""
     out = Path(out)
     if out.exists():
@@ -288,7 +288,7 @@ def build_index(
     """Embed the prepared corpus at `corpus_path` with `retriever`'s passage encoder and save
     an index of `spec` at `out` (written atomically). Resumable: see `embed_corpus`.
 
-    `vectors`: the corpus's passage vectors computed elsewhere (`retriever.vectors`: a `.npy` or a folder of
+    `vectors`: the corpus's passage vectors computed elsewhere (`retriever.index.vectors`: a `.npy` or a folder of
     shards, in corpus order), checked (count, dimension, finite rows) and indexed instead of embedding; the
     encoder that made them is `encoder_record`, else the record beside them, else `retriever`'s (which may
     then be None); a record and a retriever that disagree are refused.
@@ -431,7 +431,7 @@ def _write_index_files(
     if spec != "Flat":
         keeps_trained = index_type(spec, vectors.shape[1]).appends == "part"
 
-        def keep_trained(index: faiss.Index) -> None:  # what an edit fills with its new rows (`index_update`)
+        def keep_trained(index: faiss.Index) -> None:  # what an edit fills with its new rows (`update`)
             faiss.write_index(index, str(folder / "trained.g1.faiss"))
 
         index = train_and_fill(

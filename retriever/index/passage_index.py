@@ -7,7 +7,7 @@ An index folder holds
     vectors.gN.npy     float16 (N, d) embeddings: the index itself for `Flat` (searched in
                        chunks by `exact_search`), else present only with `keep_embeddings`
                        (implied by `exact_rerank`: the exact scores of a compressed index's
-                       candidates are read from it, memory-mapped; retriever/exact_rerank.py)
+                       candidates are read from it, memory-mapped; retriever/index/rerank.py)
     index.gN.faiss     the FAISS index for every other spec, saved and loaded compressed only
     removed.gN.npy     (N,) bool: positions of removed passages, never returned by search
 Files carry a generation number N; an update writes new files, then atomically replaces
@@ -20,19 +20,19 @@ job loads the index. A same-size corruption is otherwise caught where FAISS or n
 parse the file, or not at all inside the vector data: run `--verify` after copying an index.
 
 Loading memory-maps what it can: float16 vectors always; FAISS indexes with the flags FAISS
-supports for their family (`index_types.faiss_read_flags`): IVF inverted lists become a
+supports for their family (`types.faiss_read_flags`): IVF inverted lists become a
 read-only `OnDiskInvertedLists` over the file, flat codes (PQ, SQ8) and HNSW storage are
 mapped in place. Mapped pages are shared by every process on the machine that opens the file.
 
 Two-stage search (`exact_rerank` = k' > 0 in the manifest, or given at load): a compressed index
-proposes k' candidates per query and `retriever.rerank.rerank_candidates` returns the top k by
+proposes k' candidates per query and `retriever.index.rerank.rerank_candidates` returns the top k by
 exact inner product from the memory-mapped float16 vectors. `Flat` is exact already and
 ignores it.
 
 Positions (`Passage.row`) number the passages across segments: the build's corpus first, then
-each `add`ed corpus in turn. A compaction (`retriever.index_compact`) merges segments and drops
+each `add`ed corpus in turn. A compaction (`retriever.index.compact`) merges segments and drops
 removed rows, so positions change at each one; passage ids never do. Build an index with
-`retriever.index_build.build_index`. A load that meets a writer's commit (the files it was about
+`retriever.index.build.build_index`. A load that meets a writer's commit (the files it was about
 to open deleted under it) opens the new generation instead.
 """
 
@@ -46,11 +46,7 @@ import faiss
 import numpy as np
 
 from retriever.corpus import Corpus
-
-# the errors are imported from here by users who catch them: keep them importable as retriever.index.*
-from retriever.index_files import (  # noqa: F401
-    CorpusMismatchError,
-    EncoderMismatchError,
+from retriever.index.files import (
     InvalidIndexError,
     check_encoder,
     check_file,
@@ -63,14 +59,14 @@ from retriever.index_files import (  # noqa: F401
     read_faiss,
     read_manifest,
 )
-from retriever.index_types import (
+from retriever.index.rerank import StoredVectors, advise_random, rerank_candidates
+from retriever.index.types import (
     best_first,
     exact_search,
     faiss_read_flags,
     search_parameters_target,
     set_search_params,
 )
-from retriever.rerank import StoredVectors, advise_random, rerank_candidates
 from tasks.passage import Passage
 
 _LOAD_ATTEMPTS = 3  # generations a load may see committed under it before it gives up
@@ -102,7 +98,7 @@ class PassageIndex:
         self.corpora = corpora
         self.vectors = vectors  # (N, d) float16, memory-mapped files, or None
         # the FAISS index in parts: (first position, index of the rows from there, numbered from 0); one part as
-        # built or compacted, then one per segment an edit appended (`index_files.file_parts`)
+        # built or compacted, then one per segment an edit appended (`files.file_parts`)
         if isinstance(faiss_index, faiss.Index):
             faiss_index = [(0, faiss_index)]
         self.faiss_parts: list[tuple[int, faiss.Index]] = faiss_index or []
@@ -370,7 +366,7 @@ class PassageIndex:
 
 
 def _faiss_parts(folder: Path, manifest: dict, *, mmap: bool) -> list[tuple[int, faiss.Index]]:
-    """The index's FAISS files (`index_files.file_parts`), read with the flags of its family and checked against
+    """The index's FAISS files (`files.file_parts`), read with the flags of its family and checked against
     the rows and dimension the manifest gives each: [(first position, index)]; empty for `Flat`."""
     parts, offset = [], 0
     flags = faiss_read_flags(manifest["spec"], manifest["dim"], mmap=mmap)
@@ -387,7 +383,7 @@ def _faiss_parts(folder: Path, manifest: dict, *, mmap: bool) -> list[tuple[int,
 
 
 def _stored_vectors(folder: Path, manifest: dict) -> StoredVectors | None:
-    """The index's float16 vectors files (`index_files.file_parts`), memory-mapped and checked against the
+    """The index's float16 vectors files (`files.file_parts`), memory-mapped and checked against the
     rows and dimension the manifest gives each; None where it keeps none."""
     parts = file_parts(manifest, "vectors")
     if not parts:

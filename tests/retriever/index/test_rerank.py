@@ -15,11 +15,11 @@ import pytest
 from atlas.cli import corpus as cli_corpus
 from atlas.cli import index as cli_index
 from retriever.index import InvalidIndexError, PassageIndex
-from retriever.index_build import build_index
-from retriever.index_types import best_first, exact_search
-from retriever.index_update import remove_passages
-from retriever.rerank import gather_rows, read_runs, rerank_candidates
-from retriever.sharded import ShardedPassageIndex, merge_top_k
+from retriever.index.build import build_index
+from retriever.index.rerank import gather_rows, read_runs, rerank_candidates
+from retriever.index.sharded import ShardedPassageIndex, merge_top_k
+from retriever.index.types import best_first, exact_search
+from retriever.index.update import remove_passages
 
 N = 2000
 SPECS = ["PQ4", "OPQ4,PQ4", "IVF8,PQ4", "PQ8x4fs", "IVF8,PQ8x4fs"]  # 4 B/vector: very lossy on its own

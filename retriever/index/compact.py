@@ -1,7 +1,7 @@
 """Compaction: merge an index's corpus segments and drop its dead rows, in one atomic commit.
 
 Every edit appends a corpus segment (`corpora/segment-gN/`) and leaves the rows it removes or
-replaces in the files, marked dead (retriever/index_update.py). Left alone, an index that takes
+replaces in the files, marked dead (retriever/index/update.py). Left alone, an index that takes
 edits grows without bound: each segment costs a corpus opened at every load (and four files),
 each dead row its share of the disk, of the pages a search reads and of the rows a flat search
 scans. Compaction rewrites the segments as one and the vector files without the dead rows.
@@ -55,11 +55,11 @@ import faiss
 import numpy as np
 
 from retriever.corpus import merge_corpora
-from retriever.index import PassageIndex
-from retriever.index_files import commit, file_parts, file_record, read_manifest, remove_unreferenced, writer_lock
-from retriever.index_types import build_faiss_index, search_parameters_target
-from retriever.rerank import gather_rows
-from retriever.vectors import write_float16_rows
+from retriever.index.files import commit, file_parts, file_record, read_manifest, remove_unreferenced, writer_lock
+from retriever.index.passage_index import PassageIndex
+from retriever.index.rerank import gather_rows
+from retriever.index.types import build_faiss_index, search_parameters_target
+from retriever.index.vectors import write_float16_rows
 
 MAX_SEGMENTS = 8
 MAX_DEAD_FRACTION = 0.05

@@ -226,7 +226,7 @@ def load_npy(path: Path, mmap_mode: str | None = None) -> np.ndarray:
 
 
 def read_faiss(path: Path, *, io_flags: int = 0) -> faiss.Index:
-    """Read a FAISS index file with `io_flags` (`index_types.faiss_read_flags`: memory-mapped
+    """Read a FAISS index file with `io_flags` (`types.faiss_read_flags`: memory-mapped
     and read-only for the index's family, or 0: into memory, writable).
 
     No silent fallback: a file FAISS cannot read with these flags raises `InvalidIndexError`

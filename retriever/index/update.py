@@ -4,7 +4,7 @@ None re-embeds the passages already indexed. `add_passages` embeds only the new 
 appends them as a new corpus segment; `update_passages` does the same for new versions of live
 passages and marks the old versions removed in the same commit; `remove_passages` marks
 positions removed (search never returns them; their rows stay in the files until a compaction,
-retriever/index_compact.py, drops them). An update writes what it changes, not what it keeps: the new
+retriever/index/compact.py, drops them). An update writes what it changes, not what it keeps: the new
 segment's passages, float16 vectors and FAISS codes (files of its own, `segments[i].vectors` and
 `segments[i].faiss` in the manifest: the index's trained, empty FAISS index, kept at build as
 `trained.g1.faiss`, filled with the new rows) and the removed mask (one byte a row). HNSW, whose graph
@@ -13,7 +13,7 @@ merges the parts' results; a compaction merges the parts into one. Every update 
 files, flushes them to disk, and then atomically replaces `manifest.json`: a crash (even kill -9 or a power cut)
 leaves either the previous index or the new one, never a mix, and the superseded files are
 deleted afterwards (or by the next writer, when the crash came first). One process writes at a
-time: each update holds the index's writer lock (`index_files.writer_lock`), and a second
+time: each update holds the index's writer lock (`files.writer_lock`), and a second
 writer is refused with `IndexLockedError` naming the first.
 
 Passage ids are kept as given: by default each input record is one passage under its own id.
@@ -46,8 +46,7 @@ from retriever.corpus import (
     passage_id,
     prepare_corpus,
 )
-from retriever.index import PassageIndex
-from retriever.index_files import (
+from retriever.index.files import (
     check_file,
     commit,
     file_record,
@@ -56,7 +55,8 @@ from retriever.index_files import (
     remove_unreferenced,
     writer_lock,
 )
-from retriever.vectors import write_float16_rows
+from retriever.index.passage_index import PassageIndex
+from retriever.index.vectors import write_float16_rows
 from tasks.io import InputError, write_jsonl
 from tasks.limits import MAX_PASSAGE_CHARS, passage_too_long
 

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from retriever.index import PassageIndex
-from retriever.index_build import build_index
-from retriever.index_compact import (
+from retriever.index.build import build_index
+from retriever.index.compact import (
     MAX_DEAD_FRACTION,
     MAX_SEGMENTS,
     MIN_DEAD_ROWS,
@@ -27,8 +27,8 @@ from retriever.index_compact import (
     compact_index,
     compaction_due,
 )
-from retriever.index_files import LOCK, IndexLockedError, file_parts, read_manifest
-from retriever.index_update import add_passages, remove_passages
+from retriever.index.files import LOCK, IndexLockedError, file_parts, read_manifest
+from retriever.index.update import add_passages, remove_passages
 
 REPO = Path(__file__).resolve().parents[2]
 N = 2000
@@ -227,7 +227,7 @@ def test_a_compaction_that_dies_around_its_commit_leaves_the_old_or_the_new_inde
     """Dies with every new file written and flushed but the manifest not replaced ("before"), or
     with the manifest replaced but the superseded files not yet deleted ("after"); the next writer
     deletes what the dead one left."""
-    from retriever import index_files
+    from retriever.index import files as index_files
 
     source = clustered_source()
     folder = build_index(corpus, source, tmp_path / "ix", spec="IVF8,PQ8", nprobe=8, progress=False)
@@ -259,7 +259,7 @@ def test_a_compaction_that_dies_around_its_commit_leaves_the_old_or_the_new_inde
 
 
 def test_a_full_disk_mid_compaction_leaves_the_previous_generation(tmp_path, corpus, clustered_source, monkeypatch):
-    from retriever import index_compact
+    from retriever.index import compact as index_compact
 
     source = clustered_source()
     folder = build_index(corpus, source, tmp_path / "ix", progress=False)
@@ -279,7 +279,7 @@ def test_a_full_disk_mid_compaction_leaves_the_previous_generation(tmp_path, cor
 
 KILLED_COMPACTION = r"""
 import sys
-from retriever.index_compact import compact_index
+from retriever.index.compact import compact_index
 print("start", flush=True)
 compact_index(sys.argv[1])
 print("done", flush=True)
@@ -319,7 +319,7 @@ def test_kill_9_at_any_moment_of_a_compaction(tmp_path, make_synthetic_corpus, c
 
 HOLDER = r"""
 import sys, time
-from retriever.index_files import writer_lock
+from retriever.index.files import writer_lock
 with writer_lock(sys.argv[1], "add"):
     print("locked", flush=True)
     time.sleep(60)
@@ -359,7 +359,7 @@ def test_faiss_parts_merge_into_the_index_one_build_of_all_rows_gives(spec):
     (32 codes of 4 bytes), where FAISS's own blocked append copies past the list (so lists are rebuilt)."""
     import faiss
 
-    from retriever.index_compact import merged_faiss
+    from retriever.index.compact import merged_faiss
 
     rng = np.random.default_rng(0)
     rows = rng.standard_normal((170, 32)).astype(np.float32)

@@ -42,10 +42,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from retriever.index import PassageIndex
-from retriever.index_files import read_faiss
-from retriever.index_types import best_first, exact_search, index_type, set_search_params
-from retriever.rerank import rerank_candidates
+from retriever.index.files import read_faiss
+from retriever.index.passage_index import PassageIndex
+from retriever.index.rerank import rerank_candidates
+from retriever.index.types import best_first, exact_search, index_type, set_search_params
 
 SHARD_READ_BYTES = 64 << 20  # codes read at a time into a flat-code shard
 
@@ -58,7 +58,7 @@ def shard_bounds(total: int, rank: int, world_size: int) -> tuple[int, int]:
 def merge_top_k(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Best k of the ranks' candidate lists: (Q, C) scores and positions → (Q, k) each, best
     first; ties in score go to the lower position, missing candidates (-1) come last — the
-    order `PassageIndex.search_vectors` gives (`retriever.index_types.best_first`)."""
+    order `PassageIndex.search_vectors` gives (`retriever.index.types.best_first`)."""
     return best_first(scores, rows, k)
 
 

@@ -17,10 +17,10 @@ from retriever.index import (
     InvalidIndexError,
     PassageIndex,
 )
-from retriever.index_build import build_index, train_and_fill, work_dir_for
-from retriever.index_files import file_parts, file_records
-from retriever.index_types import exact_search, set_search_params
-from retriever.index_update import add_passages, remove_passages, update_passages
+from retriever.index.build import build_index, train_and_fill, work_dir_for
+from retriever.index.files import file_parts, file_records
+from retriever.index.types import exact_search, set_search_params
+from retriever.index.update import add_passages, remove_passages, update_passages
 
 WORDS = [
     "river",
@@ -388,7 +388,7 @@ def test_pq_search_widens_until_enough_live_results():
     """IndexPQ takes no id selector: `search_live` searches wider, doubling for the queries
     that still lack k live results, and returns exactly the unfiltered ranking minus the
     removed ids — here with the 400 best hits of each query removed."""
-    from retriever.index import search_live
+    from retriever.index.passage_index import search_live
 
     rng = np.random.default_rng(0)
     data = rng.standard_normal((4000, 16)).astype(np.float32)
@@ -461,7 +461,7 @@ def test_only_a_record_much_longer_than_the_corpus_chunks_is_warned_about(tmp_pa
         + json.dumps({"id": "long", "text": " ".join(["planet"] * 151)})
         + "\n"
     )
-    with caplog.at_level("WARNING", logger="retriever.index_update"):
+    with caplog.at_level("WARNING", logger="retriever.index.update"):
         add_passages(out, [records], retriever, progress=False)
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "1 passage(s) have over 1.5 times the words" in warnings[0]
@@ -473,7 +473,7 @@ def test_a_build_killed_inside_a_chunk_resumes_from_its_last_block_byte_identica
 ):
     """Progress is recorded every BLOCK_ROWS passages, not only per chunk: a build killed in the middle of a
     long chunk keeps the blocks it finished, and the resumed build writes the uninterrupted one's bytes."""
-    from retriever import index_build
+    from retriever.index import build as index_build
 
     monkeypatch.setattr(index_build, "BLOCK_ROWS", 4)
     options = {"spec": "Flat", "chunk_size": 16, "progress": False}
