@@ -105,9 +105,9 @@ def _warn_if_other_corpus(index_path: str, corpus_path: str) -> None:
     """Both `index.path` and `index.corpus` set: say so when the index was built on another corpus."""
     # heavy: pyarrow and faiss (corpus and index files), only for a run with an index
     from retriever.corpus import Corpus
-    from retriever.index.files import read_manifest
+    from retriever.index.manifest import Manifest
 
-    built_on = read_manifest(index_path)["segments"][0]["fingerprint"]
+    built_on = Manifest.load(index_path).segments[0].fingerprint
     if Corpus.load(corpus_path).fingerprint != built_on:
         logger.warning(
             "index.path %s was built on another corpus than index.corpus %s; index.path is used "

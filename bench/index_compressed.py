@@ -70,6 +70,7 @@ def large_set(partial: bool, max_questions: int):
 
     from retriever.corpus import Corpus
     from retriever.encoder import Retriever, default_encoder_path
+    from retriever.index.manifest import Manifest
     from retriever.retrieval_eval import read_retrieval_examples
     from tasks.metrics import has_answer
 
@@ -77,8 +78,8 @@ def large_set(partial: bool, max_questions: int):
     if (folder / "manifest.json").is_file() or not partial:
         if ensure_large_index(folder) is None:
             return None
-        manifest = json.loads((folder / "manifest.json").read_text())
-        path = folder / manifest["files"]["vectors"]["name"]
+        manifest = Manifest.load(folder)
+        path = manifest.path_of(folder, manifest.files["vectors"])
         vectors, corpus = np.load(path, mmap_mode="r"), Corpus.load(LARGE_RUN / "corpus")
     else:  # the rows an unfinished build has embedded so far (a prefix of the corpus)
         work = LARGE_RUN / "index.building"

@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from index_data import print_targets, target  # bench/index_data.py
 
 from retriever.index import PassageIndex
+from retriever.index.manifest import Manifest, Segment
 from retriever.index.types import exact_search, native_bf16_speedup, resolve_exact_precision
 
 K = 100
@@ -59,7 +60,8 @@ def agreement(a: np.ndarray, b: np.ndarray) -> float:
 def flat_index(vectors: np.ndarray) -> PassageIndex:
     """A `Flat` `PassageIndex` over in-memory float16 vectors (no corpus: search by vector)."""
     n, d = vectors.shape
-    manifest = {"segments": [{"offset": 0}], "total": n, "count": n, "dim": d, "spec": "Flat"}
+    segment = Segment(corpus="", fingerprint="", count=n, offset=0)
+    manifest = Manifest(spec="Flat", dim=d, count=n, total=n, encoder_fingerprint="", segments=[segment], files={})
     return PassageIndex(
         Path("."), manifest, corpora=[], vectors=vectors, faiss_index=None, removed=np.zeros(n, dtype=bool)
     )

@@ -188,7 +188,7 @@ def _shard_worker(
 
     from retriever.corpus import Corpus
     from retriever.index import PassageIndex
-    from retriever.index.files import read_manifest
+    from retriever.index.manifest import Manifest
     from retriever.index.sharded import ShardedPassageIndex
 
     torch.set_num_threads(threads)
@@ -196,8 +196,8 @@ def _shard_worker(
     if world > 1:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("gloo", rank=rank, world_size=world)
-    for segment in read_manifest(folder)["segments"]:  # one-time corpus-reader set-up
-        Corpus.load(segment["corpus"])
+    for segment in Manifest.load(folder).segments:  # one-time corpus-reader set-up
+        Corpus.load(segment.corpus)
     queries = np.load(queries_path)
     _warm_up(queries, k, world)
     baseline = reset_peak_rss()

@@ -193,7 +193,8 @@ def test_encoder_mismatch_and_evaluate_retrieval(tmp_path, capsys):
 
 
 def test_info_verify_catches_what_a_load_does_not_hash(tmp_path, capsys):
-    """Loading checks sizes only; `index info --verify` reads every byte against the SHA-256."""
+    """Loading checks sizes and sampled blocks (the whole of a small file); `index info --verify` reads every
+    byte against the SHA-256."""
     encoder = save_tiny_retriever(tmp_path / "enc", 0)
     docs = write_docs(tmp_path / "d.jsonl", {"p": "paris is the capital of france", "b": "berlin"})
     run(capsys, "corpus", "prepare", docs, "--out", tmp_path / "c")
@@ -202,6 +203,13 @@ def test_info_verify_catches_what_a_load_does_not_hash(tmp_path, capsys):
     data = bytearray(vectors.read_bytes())
     data[-1] ^= 0x01  # one bit of one float16: same size, still a valid array
     vectors.write_bytes(bytes(data))
+    code, _, err = run(capsys, "index", "info", tmp_path / "i")
+    assert code == 2 and "vectors.g1.npy: altered (same size, but its sampled blocks differ" in err
+    # a manifest written before the sampled hashes: a load checks the size alone, --verify every byte
+    manifest = json.loads((tmp_path / "i" / "manifest.json").read_text())
+    for record in manifest["files"].values():
+        del record["sampled_sha256"]
+    (tmp_path / "i" / "manifest.json").write_text(json.dumps(manifest))
     code, out, _ = run(capsys, "index", "info", tmp_path / "i", "--json")
     assert code == 0 and json.loads(out)["verified"] is False
     code, _, err = run(capsys, "index", "info", tmp_path / "i", "--verify")
@@ -691,8 +699,9 @@ def test_vectors_of_another_encoder_than_the_one_named_are_refused(tmp_path, cap
 
 
 def test_a_damaged_corpus_is_named_by_info_search_and_ask_never_a_traceback(tmp_path, capsys):
-    """truncate -s 2000 CORPUS/passages.arrow: `index info` names the file (its recorded size), `--verify`
-    also finds a same-size alteration (the corpus's SHA-256), and search and ask fail with one line."""
+    """truncate -s 2000 CORPUS/passages.arrow: `index info` names the file (its recorded size); a same-size
+    alteration is found by the sampled blocks (the whole of a small file) and by `--verify` (the corpus's
+    SHA-256); search and ask fail with one line."""
     encoder = save_tiny_retriever(tmp_path / "enc", 0)
     docs = write_docs(tmp_path / "d.jsonl", {f"p{i}": f"passage number {i} about rivers " * 20 for i in range(20)})
     run(capsys, "corpus", "prepare", docs, "--out", tmp_path / "c")
@@ -701,9 +710,9 @@ def test_a_damaged_corpus_is_named_by_info_search_and_ask_never_a_traceback(tmp_
     )
     arrow = tmp_path / "c" / "passages.arrow"
     original = arrow.read_bytes()
-    # a same-size alteration: only the hash finds it
-    arrow.write_bytes(original[:-40] + bytes(40))
-    assert run(capsys, "index", "info", tmp_path / "i")[0] == 0
+    arrow.write_bytes(original[:-40] + bytes(40))  # a same-size alteration
+    code, _, err = run(capsys, "index", "info", tmp_path / "i")
+    assert code == 2 and "passages.arrow: altered (same size, but its sampled blocks differ" in err
     code, _, err = run(capsys, "index", "info", tmp_path / "i", "--verify")
     assert code == 2 and "passages.arrow: its contents are not the ones prepared" in err
     arrow.write_bytes(original[:2000])  # truncate -s 2000

@@ -150,7 +150,7 @@ class AtlasService:
         hits = index.search(vectors, k)[0]
         return {
             "query": query,
-            "generation": int(index.manifest["generation"]),
+            "generation": index.manifest.generation,
             "hits": [{"id": h.id, "title": h.title, "text": h.text, "score": h.score} for h in hits],
         }
 
@@ -227,7 +227,7 @@ class AtlasService:
             "updated": [p["id"] for p in update],
             "removed": list(remove),
             "count": len(fresh),
-            "generation": int(fresh.manifest["generation"]),
+            "generation": fresh.manifest.generation,
         }
 
     def _swap_in_index_from_disk(self):
@@ -268,9 +268,9 @@ class AtlasService:
         return {
             "status": "ok",
             "passages": len(index),
-            "generation": int(manifest["generation"]),
-            "dead_rows": int(manifest["total"] - manifest["count"]),
-            "segments": len(manifest["segments"]),
+            "generation": manifest.generation,
+            "dead_rows": manifest.dead_rows,
+            "segments": len(manifest.segments),
             "compactions": self.compactions,
             "uptime_s": round(time.monotonic() - self.started, 3),
         }
@@ -298,17 +298,17 @@ class AtlasService:
             },
             "index": {
                 "path": str(index.folder),
-                "spec": manifest["spec"],
+                "spec": manifest.spec,
                 "passages": len(index),
-                "total": manifest["total"],
-                "dead_rows": manifest["total"] - manifest["count"],
-                "dim": manifest["dim"],
-                "generation": manifest["generation"],
-                "segments": len(manifest["segments"]),
+                "total": manifest.total,
+                "dead_rows": manifest.dead_rows,
+                "dim": manifest.dim,
+                "generation": manifest.generation,
+                "segments": len(manifest.segments),
                 "compactions": self.compactions,
                 "auto_compact": self.auto_compact,
-                "encoder_fingerprint": manifest["encoder_fingerprint"],
-                "encoder": manifest.get("encoder", {}).get("source"),
+                "encoder_fingerprint": manifest.encoder_fingerprint,
+                "encoder": manifest.encoder.source,
             },
             "device": str(next(model.reader.parameters()).device),
         }

@@ -442,7 +442,7 @@ def test_a_bounded_load_with_interleaved_edits_loses_nothing(live_url, service):
     assert result["mean_batch"] > 1.5  # concurrent questions did share forward passes
     checked = bench.check_edits(live_url, plan, before)
     assert checked["lost_edits"] == [] and checked["passages"] == checked["expected_passages"]
-    assert len(service.index) == checked["passages"] == service.index.manifest["count"]
+    assert len(service.index) == checked["passages"] == service.index.manifest.count
     assert atlas_main(["index", "info", str(service.index.folder), "--verify"]) == 0
 
 

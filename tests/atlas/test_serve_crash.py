@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 def _live_texts(folder: Path) -> dict[str, str]:
     """id → text of every live passage of the index at `folder` (as a restart would load it)."""
     index = PassageIndex.load(folder)
-    rows = [r for r in range(index.manifest["total"]) if not index.removed[r]]
+    rows = [r for r in range(index.manifest.total) if not index.removed[r]]
     return {p["id"]: p["text"] for p in index.passages(rows)}
 
 
@@ -39,8 +39,8 @@ def test_a_replace_that_dies_around_its_commit_leaves_the_old_or_the_new_index(t
     """Dies with every new file written and flushed but the manifest not replaced ("before"), or
     with the manifest replaced but the superseded files not yet deleted ("after")."""
     from retriever.encoder import Retriever
-    from retriever.index import files as index_files
     from retriever.index import update
+    from retriever.index.manifest import Manifest
 
     folder = tmp_path / "index"
     shutil.copytree(tiny_world["index"], folder)
@@ -52,18 +52,18 @@ def test_a_replace_that_dies_around_its_commit_leaves_the_old_or_the_new_index(t
         + json.dumps({"id": "p9", "title": "New", "text": "A new passage."})
         + "\n"
     )
-    real = index_files.write_manifest  # the commit point of every update (index_files.commit)
+    real = Manifest.save  # the commit point of every update (files.commit)
 
-    def dies(folder_, manifest):
+    def dies(manifest, folder_):
         if when == "after":
-            real(folder_, manifest)
+            real(manifest, folder_)
         raise Crash
 
-    monkeypatch.setattr(index_files, "write_manifest", dies)
+    monkeypatch.setattr(Manifest, "save", dies)
     retriever = Retriever.from_pretrained(tiny_world["encoder"])
     with pytest.raises(Crash):
         update.add_passages(folder, [new_file], retriever, chunk_words=0, progress=False, remove=["p1"])
-    monkeypatch.setattr(index_files, "write_manifest", real)
+    monkeypatch.setattr(Manifest, "save", real)
     after = _live_texts(folder)
     if when == "before":
         assert after == before  # nothing of the edit

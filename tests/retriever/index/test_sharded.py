@@ -225,7 +225,7 @@ def test_shards_merge_to_the_single_process_search(synthetic_indexes, clustered_
         expected_scores, expected_rows = single.search_vectors(queries, 25)
         shards, (scores, rows) = sharded_results(folder, queries, 25, world)
         assert_same_top_k(scores, rows, expected_scores, expected_rows)
-        live, files = len(single), single.manifest["files"]
+        live, files = len(single), single.manifest.files
         del single
         gc.collect()
         if spec == "HNSW8":  # not split: every rank searches the whole graph for its own queries
@@ -240,7 +240,7 @@ def test_shards_merge_to_the_single_process_search(synthetic_indexes, clustered_
                 own = own[own >= 0]
                 assert ((own >= s.start) & (own < s.end)).all() and not s.removed[own].any()
             # ...and no longer maps the whole file (the loading index was dropped)
-            assert str((folder / files["faiss"]["name"]).resolve()) not in Path("/proc/self/maps").read_text()
+            assert str((folder / files["faiss"].name).resolve()) not in Path("/proc/self/maps").read_text()
 
 
 def test_sharded_flat_rank_reads_only_its_rows(tmp_path, make_synthetic_corpus, clustered_source):
@@ -349,7 +349,7 @@ def test_ivf_shard_read_from_the_file_equals_faiss_copy(synthetic_indexes, spec)
     from retriever.index.sharded import ivf_shard
 
     folder = synthetic_indexes[spec]
-    path = folder / PassageIndex.load(folder).manifest["files"]["faiss"]["name"]
+    path = folder / PassageIndex.load(folder).manifest.files["faiss"].name
     removed = np.zeros(3000, dtype=bool)
     removed[::5] = True
     mapped = ivf_shard(path, PassageIndex.load(folder).faiss_index, 1000, 2500, removed)
