@@ -115,9 +115,7 @@ def test_info_describes_the_run_and_health_the_index(client, service):
     manifest = service.index.manifest
     assert info["reader"]["class"] == "WarmStartedT5" and info["reader"]["parameters"] > 10**7
     assert (
-        info["retriever"]["passage_fingerprint"]
-        == info["index"]["encoder_fingerprint"]
-        == manifest.encoder_fingerprint
+        info["retriever"]["passage_fingerprint"] == info["index"]["encoder_fingerprint"] == manifest.encoder_fingerprint
     )
     assert info["index"]["spec"] == "Flat" and info["index"]["passages"] == len(service.index) >= 136
     assert info["serving"] == {
