@@ -304,6 +304,59 @@ def prepare_corpus(
     return stats
 
 
+def write_corpus(
+    documents: Iterable[dict[str, str]],
+    out: str | Path,
+    *,
+    chunk_words: int = 0,
+    sources: list[str],
+    overwrite: bool = False,
+) -> Corpus:
+    """A prepared corpus at `out` (written atomically) of documents held in memory, split into passages as
+    `prepare_corpus` splits them: an index edit's passages. `documents`: {id, text, title, section, wikipedia_id}
+    (strings; checked by the caller, as `prepare_corpus` checks a file's records); a passage id written twice
+    raises ValueError naming it. `sources`: what `corpus.json` records as where they came from; `overwrite`:
+    replace a corpus at `out`."""
+    stats = PrepareStats()
+    columns: dict[str, list[str]] = {name: [] for name in COLUMNS}
+    for doc in documents:
+        stats.documents += 1
+        stats.words += len(doc["text"].split())
+        for i, piece in enumerate(chunk_text(doc["text"], chunk_words)):
+            for name, value in (("id", passage_id(doc["id"], i, chunk_words)), ("doc_id", doc["id"]), ("text", piece)):
+                columns[name].append(value)
+            for name in ("title", "section", "wikipedia_id"):
+                columns[name].append(doc.get(name) or "")
+    stats.passages = len(columns["id"])
+    if stats.passages == 0:
+        raise ValueError("no passages given")
+    seen: set[str] = set()
+    for pid in columns["id"]:
+        if pid in seen:
+            raise ValueError(f"passage id {pid!r} would be written twice")
+        seen.add(pid)
+    hashes = np.array([id_hash(pid) for pid in columns["id"]], dtype=np.uint64)
+    order = np.argsort(hashes, kind="stable")
+    with atomic_directory(out, overwrite=overwrite) as tmp:
+        arrow_path = tmp / "passages.arrow"
+        with pa.OSFile(str(arrow_path), "wb") as sink, pa.ipc.new_stream(sink, SCHEMA) as writer:
+            writer.write_batch(pa.record_batch([columns[c] for c in COLUMNS], schema=SCHEMA))
+        np.save(tmp / "id_hashes.npy", hashes[order])
+        np.save(tmp / "id_rows.npy", order.astype(np.int64))
+        record = {
+            "format_version": FORMAT_VERSION,
+            "fingerprint": _hash_file(arrow_path),
+            "count": stats.passages,
+            "chunk_words": chunk_words,
+            "stride": None,
+            "sources": sources,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "stats": asdict(stats),
+        }
+        (tmp / "corpus.json").write_text(json.dumps(record, indent=2) + "\n")
+    return Corpus.load(out)
+
+
 def _write_passages(
     inputs: list[str | Path],
     arrow_path: Path,
@@ -518,8 +571,10 @@ class Corpus:
                 f"{self.path} is not a prepared corpus (no corpus.json); "
                 "make one with `atlas corpus prepare INPUT... --out DIR`"
             )
-        self.manifest: dict[str, Any] = json.loads(manifest_path.read_text())
-        self.fingerprint: str = self.manifest["fingerprint"]
+        record = json.loads(manifest_path.read_text())
+        self.manifest: dict[str, Any] = record  # corpus.json as written (`atlas corpus info` prints it)
+        self.fingerprint: str = record["fingerprint"]
+        self.chunk_words: int = record.get("chunk_words") or 0  # words a passage was cut at (0: documents whole)
         # the map stays open as long as the table's buffers point into it
         arrow = self.path / "passages.arrow"
         try:
@@ -528,9 +583,9 @@ class Corpus:
             self._rows = np.load(self.path / "id_rows.npy", mmap_mode="r", allow_pickle=False)
         except (pa.ArrowException, OSError, ValueError, EOFError) as e:
             raise ValueError(f"{self.path}: the corpus is damaged ({e}); prepare it again") from None
-        if len(self) != self.manifest["count"] or len(self._hashes) != len(self):
+        if len(self) != record["count"] or len(self._hashes) != len(self):
             raise ValueError(
-                f"{self.path}: corpus files disagree (manifest count {self.manifest['count']}, "
+                f"{self.path}: corpus files disagree (manifest count {record['count']}, "
                 f"{len(self)} passages, {len(self._hashes)} ids): prepare it again"
             )
 

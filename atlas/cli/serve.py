@@ -176,7 +176,7 @@ def _serve(args: argparse.Namespace) -> int:
     else:
         edits = "edits on with the token given (--token or ATLAS_TOKEN)"
     print(
-        f"atlas serve: {folder} with {len(index)} passages ({index.manifest['spec']}) from {index.folder}; "
+        f"atlas serve: {folder} with {len(index)} passages ({index.manifest.spec}) from {index.folder}; "
         f"{url} ({edits})",
         flush=True,
     )

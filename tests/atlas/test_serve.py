@@ -120,9 +120,7 @@ def test_info_describes_the_run_and_health_the_index(client, service):
     manifest = service.index.manifest
     assert info["reader"]["class"] == "WarmStartedT5" and info["reader"]["parameters"] > 10**7
     assert (
-        info["retriever"]["passage_fingerprint"]
-        == info["index"]["encoder_fingerprint"]
-        == manifest["encoder_fingerprint"]
+        info["retriever"]["passage_fingerprint"] == info["index"]["encoder_fingerprint"] == manifest.encoder_fingerprint
     )
     assert info["index"]["spec"] == "Flat" and info["index"]["passages"] == len(service.index) >= 136
     serving = info["serving"]
@@ -130,7 +128,7 @@ def test_info_describes_the_run_and_health_the_index(client, service):
     assert (serving["max_batch"], serving["batch_window_ms"], serving["default_k"]) == (32, 5.0, 2)
     assert (serving["max_request_cost"], serving["max_batch_cost"], serving["max_queue"]) == (640, 80, 256)
     health = client.get("/api/health").json()
-    assert health["status"] == "ok" and health["generation"] == manifest["generation"]
+    assert health["status"] == "ok" and health["generation"] == manifest.generation
     assert client.get("/").text.startswith("<!doctype html>")
     assert "/api/ask" in client.get("/openapi.json").json()["paths"]
 
@@ -347,7 +345,7 @@ def test_the_server_compacts_its_index_between_batches_and_no_result_changes(cli
     """With automatic compaction on, the edit that leaves the index due for one is followed by a
     compaction on the edit thread, swapped in between two batches: fewer segments, one more
     generation, and the same hits (ids and scores) and answers as before it."""
-    from retriever.index_compact import MAX_SEGMENTS
+    from retriever.index.compact import MAX_SEGMENTS
 
     def settled() -> dict:
         service.edit_executor.submit(lambda: None).result()  # what was queued on the edit thread ran
@@ -399,7 +397,7 @@ def test_the_server_compacts_its_index_between_batches_and_no_result_changes(cli
 def test_an_edit_while_another_process_writes_the_index_is_answered_503(client, service):
     """The writer lock refuses a second writer at once (here: one the test holds, as `atlas index
     compact` from a shell would): the edit is not made, the server says why, and goes on."""
-    from retriever.index_files import writer_lock
+    from retriever.index.files import writer_lock
 
     before = client.get("/api/health").json()
     with writer_lock(service.index.folder, "compact"):
@@ -431,7 +429,7 @@ def test_a_bounded_load_with_interleaved_edits_loses_nothing(live_url, service):
     assert result["mean_batch"] > 1.5  # concurrent questions did share forward passes
     checked = bench.check_edits(live_url, plan, before)
     assert checked["lost_edits"] == [] and checked["passages"] == checked["expected_passages"]
-    assert len(service.index) == checked["passages"] == service.index.manifest["count"]
+    assert len(service.index) == checked["passages"] == service.index.manifest.count
     assert atlas_main(["index", "info", str(service.index.folder), "--verify"]) == 0
 
 
