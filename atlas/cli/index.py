@@ -106,6 +106,19 @@ def _add_encoder_arguments(parser: argparse.ArgumentParser, *, default: str | No
     )
 
 
+def _add_precision_argument(parser: argparse.ArgumentParser) -> None:
+    from retriever.embedding_precision import DEFAULT_EMBEDDING_PRECISION, EMBEDDING_PRECISIONS  # light
+
+    parser.add_argument(
+        "--precision",
+        choices=EMBEDDING_PRECISIONS,
+        default=DEFAULT_EMBEDDING_PRECISION,
+        help="the precision passages are embedded at: bf16 (bfloat16 autocast), fp32, or auto: bf16 where the "
+        "hardware multiplies it natively (a CPU with AVX512-BF16 or AMX measured faster in it, a CUDA GPU with "
+        "bf16), else fp32",
+    )
+
+
 def _add_rerank_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--exact-rerank",
@@ -138,6 +151,7 @@ def _index_building_retriever(args: argparse.Namespace, device=None):
     from atlas.index import index_retriever
 
     retriever = index_retriever(None, args.encoder or DEFAULT_ENCODER, device=device)
+    retriever.precision = args.precision
     if args.passage_maxlength is not None:
         retriever.passage_maxlength = args.passage_maxlength
     if args.passage_format is not None:
@@ -194,6 +208,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "vectors (kept, memory-mapped on disk; e.g. 10x k); recorded in the manifest; 0 = off",
     )
     build.add_argument("--batch-size", type=int, default=64, help="passages per encoder batch")
+    _add_precision_argument(build)
     build.add_argument("--chunk-size", type=int, default=8192, help="passages per resumable chunk")
     build.add_argument("--train-sample", type=int, default=262144, help="vectors sampled to train the index")
     build.add_argument("--nprobe", type=int, default=32, help="IVF lists probed at search time")
@@ -215,6 +230,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     embed.add_argument("--encoder", default=None, help=f"retriever/encoder folder or name; default: {DEFAULT_ENCODER}")
     _add_passage_arguments(embed)
     embed.add_argument("--batch-size", type=int, default=64, help="passages per encoder batch")
+    _add_precision_argument(embed)
     embed.add_argument("--chunk-size", type=int, default=8192, help="passages per resumable chunk")
     embed.add_argument("--restart", action="store_true", help="discard an unfinished run instead of resuming")
     embed.set_defaults(func=_embed)
@@ -248,6 +264,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="replace passages whose id is already live instead of refusing them",
     )
     add.add_argument("--batch-size", type=int, default=64, help="passages per encoder batch")
+    _add_precision_argument(add)
     _add_encoder_arguments(add, default=None)
     add.set_defaults(func=_add)
 
@@ -268,6 +285,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="JSONL / TSV files of passages {id, title, text}, or a prepared corpus folder",
     )
     update.add_argument("--batch-size", type=int, default=64, help="passages per encoder batch")
+    _add_precision_argument(update)
     _add_encoder_arguments(update, default=None)
     update.set_defaults(func=_update)
 
@@ -450,10 +468,12 @@ def _add(args: argparse.Namespace) -> int:
     from atlas.index import index_retriever
     from retriever.index_update import add_passages
 
+    retriever = index_retriever(args.index, args.encoder)
+    retriever.precision = args.precision
     stats = add_passages(
         args.index,
         args.corpus,
-        index_retriever(args.index, args.encoder),
+        retriever,
         batch_size=args.batch_size,
         chunk_words=args.chunk_words,
         allow_encoder_mismatch=args.allow_encoder_mismatch,
@@ -472,10 +492,12 @@ def _update(args: argparse.Namespace) -> int:
     from atlas.index import index_retriever
     from retriever.index_update import update_passages
 
+    retriever = index_retriever(args.index, args.encoder)
+    retriever.precision = args.precision
     stats = update_passages(
         args.index,
         args.corpus,
-        index_retriever(args.index, args.encoder),
+        retriever,
         batch_size=args.batch_size,
         allow_encoder_mismatch=args.allow_encoder_mismatch,
     )

@@ -11,6 +11,8 @@ import logging
 import os
 import socket
 
+from retriever.embedding_precision import EMBEDDING_PRECISIONS  # light: the choices only
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `atlas serve` to the `atlas` parser."""
@@ -48,6 +50,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     serve.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads (default: torch's; 1 is fastest on a busy machine)"
+    )
+    serve.add_argument(
+        "--precision",
+        choices=EMBEDDING_PRECISIONS,
+        default=None,
+        help="the precision passages and questions are embedded at (the same as the override "
+        "retriever.precision=…): bf16, fp32, or auto: bf16 where the hardware multiplies it natively; default: the "
+        "recipe's (auto)",
     )
     serve.set_defaults(func=_serve)
 
@@ -96,7 +106,8 @@ def _serve(args: argparse.Namespace) -> int:
             f"{args.checkpoint} is a reader, not a run: it has no index of its own; give --index IDX "
             "(an index folder made by `atlas index build`)"
         )
-    model = Atlas.from_pretrained(args.checkpoint, index=args.index, overrides=args.overrides, verbose=args.verbose)
+    overrides = [*args.overrides, *([f"retriever.precision={args.precision}"] if args.precision else [])]
+    model = Atlas.from_pretrained(args.checkpoint, index=args.index, overrides=overrides, verbose=args.verbose)
     service = AtlasService(model, auto_compact=args.auto_compact)
     folder = model.source.path
     app = create_app(
