@@ -97,7 +97,7 @@ class Atlas:
             model = load_model(spec, index=index.current if isinstance(index, Index) else None)
         allow_mismatch = spec.config.index.allow_encoder_mismatch
         if isinstance(index, Index):
-            from retriever.index_files import check_encoder  # heavy: faiss
+            from retriever.index.files import check_encoder  # heavy: faiss
 
             if model.retriever is not None:
                 check_encoder(
@@ -155,7 +155,7 @@ class Atlas:
             check_k(k, MAX_ASK_K)
         k = k or model.n_read
         size = batch_size or self.config.evaluation.batch_size
-        generation = int(model.index.manifest["generation"]) if model.index is not None else None
+        generation = model.index.manifest.generation if model.index is not None else None
         answers = []
         for start in range(0, len(examples), size):
             batch = examples[start : start + size]

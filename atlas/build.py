@@ -53,12 +53,12 @@ def build_index(config: AtlasConfig, retriever: Retriever):
     differ).
     Otherwise OUT/index (OUT = `training.output_dir`) is opened when it exists (a resumed run);
     else it is linked from the cache beside the corpus (`CORPUS/.atlas-index-cache/KEY/`, see
-    retriever/index_build.py) when an index of the same corpus was built there with the same
+    retriever/index/build.py) when an index of the same corpus was built there with the same
     passage encoder and index settings (fingerprints in KEY), else built and then published to
     that cache. The run's copy shares the cache's files (hard links) and is its own: updating
     it never changes the cache.
 
-    Under torchrun the ranks build it together (retriever/index_build.py: rank r embeds
+    Under torchrun the ranks build it together (retriever/index/build.py: rank r embeds
     chunks r, r + N, …; rank 0 trains the FAISS index and writes the folder; barriers keep
     them in step), so no two ranks write the same files; rank 0 alone reads and writes the
     cache, and every rank follows its decision. `training.output_dir` must be on a file
@@ -95,7 +95,7 @@ def open_index(
         exact_rerank=index_config.exact_rerank,
     )
     if index_config.sharded and world_size > 1:
-        from retriever.sharded import ShardedPassageIndex  # heavy: faiss, as above
+        from retriever.index.sharded import ShardedPassageIndex  # heavy: faiss, as above
 
         index = ShardedPassageIndex.from_index(index, rank, world_size)
     return index
@@ -105,9 +105,9 @@ def _warn_if_other_corpus(index_path: str, corpus_path: str) -> None:
     """Both `index.path` and `index.corpus` set: say so when the index was built on another corpus."""
     # heavy: pyarrow and faiss (corpus and index files), only for a run with an index
     from retriever.corpus import Corpus
-    from retriever.index_files import read_manifest
+    from retriever.index.manifest import Manifest
 
-    built_on = read_manifest(index_path)["segments"][0]["fingerprint"]
+    built_on = Manifest.load(index_path).segments[0].fingerprint
     if Corpus.load(corpus_path).fingerprint != built_on:
         logger.warning(
             "index.path %s was built on another corpus than index.corpus %s; index.path is used "
@@ -123,8 +123,8 @@ def _make_run_index(
     """Write the run's index of `index.corpus` at `path`: linked from the cache, or built and cached."""
     # heavy: pyarrow and faiss (corpus and index build), only for a run with an index
     from retriever.corpus import Corpus
-    from retriever.index_build import build_index as build
-    from retriever.index_build import build_settings, cached_index, link_index, publish_to_cache
+    from retriever.index.build import build_index as build
+    from retriever.index.build import build_settings, cached_index, link_index, publish_to_cache
 
     corpus = config.index.corpus
     settings = cached = None

@@ -47,11 +47,11 @@ def index_retriever(
     manifest records (`passage_format`, `passage_maxlength`), so that its fingerprint is the index's; in eval
     mode on `device` (default `compute_device()`). The libraries' load reports show only when `verbose`."""
     from retriever.encoder import Retriever, default_encoder_path  # heavy: torch, transformers
-    from retriever.index_files import read_manifest  # heavy: faiss
+    from retriever.index.manifest import EncoderSettings, Manifest  # heavy: faiss
 
-    record = read_manifest(folder).get("encoder", {}) if folder is not None else {}
-    encoder = encoder or record.get("source") or DEFAULT_ENCODER
-    settings = {key: record[key] for key in ("passage_format", "passage_maxlength") if record.get(key) is not None}
+    record = Manifest.load(folder).encoder if folder is not None else EncoderSettings()
+    encoder = encoder or record.source or DEFAULT_ENCODER
+    settings = record.passage_settings()
     with quiet_libraries(verbose):
         retriever = Retriever.from_pretrained(default_encoder_path(encoder), **settings)
     return retriever.to(device if device is not None else compute_device()).eval()
@@ -102,16 +102,19 @@ class Index:
         corpus_out: str | os.PathLike | None = None,
         overwrite: bool = False,
         progress: bool = True,
+        precision: str = "auto",
         **options,
     ) -> Index:
         """Index documents: `source` is a prepared corpus folder (`atlas corpus prepare`) or documents (JSONL
         `{"id", "title", "text"}` or DPR TSV files), split into passages of `chunk_words` words and prepared
         at `corpus_out` (default: OUT-corpus beside the index). Embedded with `encoder` (passages cut at
         `passage_maxlength` tokens; default: the encoder's own), written to `out` as an index of `spec`
-        ("Flat", "IVF1024,PQ64", …; `options`: `retriever.index_build.build_index`'s, e.g. `exact_rerank`).
-        Resumable: a killed build continues from its last embedded chunk when run again."""
+        ("Flat", "IVF1024,PQ64", …; `options`: `retriever.index.build.build_index`'s, e.g. `exact_rerank`).
+        `precision`: what passages are embedded at, "auto" (bfloat16 where the CPU multiplies it natively),
+        "fp32" or "bf16"; recorded in the index. Resumable: a killed build continues from its last embedded chunk
+        when run again."""
         from retriever.corpus import prepare_corpus  # heavy: pyarrow
-        from retriever.index_build import build_index  # heavy: faiss
+        from retriever.index.build import build_index  # heavy: faiss
 
         out = Path(out)
         if out.exists() and not overwrite:
@@ -133,7 +136,15 @@ class Index:
         if passage_maxlength is not None:
             retriever.passage_maxlength = passage_maxlength
         build_index(
-            corpus, retriever, out, spec=spec, overwrite=overwrite, progress=progress, encoder_source=encoder, **options
+            corpus,
+            retriever,
+            out,
+            spec=spec,
+            overwrite=overwrite,
+            progress=progress,
+            encoder_source=encoder,
+            precision=precision,
+            **options,
         )
         return cls.load(out)
 
@@ -192,8 +203,9 @@ class Index:
         return Path(self._current.folder)
 
     @property
-    def manifest(self) -> dict:
-        """The last commit's manifest (`manifest.json`: spec, counts, encoder, files, segments)."""
+    def manifest(self):
+        """The last commit's `retriever.index.manifest.Manifest` (spec, counts, encoder, embedding precision,
+        files, segments)."""
         return self._current.manifest
 
     def __len__(self) -> int:
@@ -201,7 +213,7 @@ class Index:
         return len(self._current)
 
     def __repr__(self) -> str:
-        return f"Index({str(self.path)!r}, passages={len(self)}, spec={self.manifest['spec']!r})"
+        return f"Index({str(self.path)!r}, passages={len(self)}, spec={self.manifest.spec!r})"
 
     def search(self, query: str | Sequence[str], k: int = 10) -> list[Passage] | list[list[Passage]]:
         """The top-k passages (`Passage`: id, title, text, score, row), best first, for one query; for a list
@@ -216,25 +228,34 @@ class Index:
         return Passage.from_record(self._current.get([passage_id])[0])
 
     # ------------------------------------------------------------------ editing
-    def add(self, passages: Iterable[Mapping | Passage], *, chunk_words: int = 0, progress: bool = False):
+    def add(
+        self,
+        passages: Iterable[Mapping | Passage],
+        *,
+        chunk_words: int = 0,
+        progress: bool = False,
+        precision: str = "auto",
+    ):
         """Embed and add passages (dicts {"id", "title", "text"} or `Passage`s) under new ids (an id that is
         live is refused: `update` it); with `chunk_words`, each is split into passages ID-0, ID-1, … → the
         edit's `UpdateStats`."""
-        from retriever.index_update import add_passages  # heavy: faiss
+        from retriever.index.update import add_passages  # heavy: faiss
 
         what = "Index.add(chunked)" if chunk_words > 0 else "Index.add"
-        return self._edit(add_passages, _records(passages, what), chunk_words=chunk_words, progress=progress)
+        return self._edit(
+            add_passages, _records(passages, what), chunk_words=chunk_words, progress=progress, precision=precision
+        )
 
-    def update(self, passages: Iterable[Mapping | Passage], *, progress: bool = False):
+    def update(self, passages: Iterable[Mapping | Passage], *, progress: bool = False, precision: str = "auto"):
         """Replace live passages by id (a record without a title keeps the passage's) → `UpdateStats`."""
-        from retriever.index_update import update_passages  # heavy: faiss
+        from retriever.index.update import update_passages  # heavy: faiss
 
-        return self._edit(update_passages, _records(passages, "Index.update"), progress=progress)
+        return self._edit(update_passages, _records(passages, "Index.update"), progress=progress, precision=precision)
 
     def remove(self, ids: Iterable[str]):
         """Remove passages by id → `UpdateStats` (`removed`; an id removed already is counted in
         `already_removed`); KeyError naming an id the index never held (nothing changes then)."""
-        from retriever.index_update import remove_passages  # heavy: faiss
+        from retriever.index.update import remove_passages  # heavy: faiss
 
         ids = [str(i) for i in ids]
         if not ids:
@@ -245,7 +266,7 @@ class Index:
 
     def compact(self):
         """Rewrite the index without its removed rows and merge its segments → `CompactionStats`."""
-        from retriever.index_compact import compact_index  # heavy: faiss
+        from retriever.index.compact import compact_index  # heavy: faiss
 
         stats = compact_index(self.path)
         self.reload()

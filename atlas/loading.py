@@ -135,9 +135,9 @@ def reader_settings(folder: Path | None) -> dict:
 def index_encoder(index: str | os.PathLike) -> dict:
     """The encoder record of an index's manifest: {"source", "passage_format", "passage_maxlength", …} ({}
     where it records none)."""
-    from retriever.index_files import read_manifest  # heavy: faiss (the index's files)
+    from retriever.index.manifest import Manifest  # heavy: faiss (the index's files)
 
-    return read_manifest(index).get("encoder") or {}
+    return dataclasses.asdict(Manifest.load(index).encoder)
 
 
 def _reader_config(source: ModelSource, index: Path | None, task: str | None) -> AtlasConfig:

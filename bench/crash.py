@@ -209,9 +209,10 @@ def build_trial(world: World, delay: float, work: Path) -> Trial:
     else:
         trial.outcome = "absent"
         atlas(*args)  # the same command continues where it stopped
-    manifest = json.loads((work / "index" / "manifest.json").read_text())
-    reference = json.loads((world.root / "index" / "manifest.json").read_text())
-    if manifest["files"]["vectors"]["sha256"] != reference["files"]["vectors"]["sha256"]:
+    from retriever.index.manifest import Manifest  # heavy: faiss, once per trial
+
+    resumed, reference = Manifest.load(work / "index"), Manifest.load(world.root / "index")
+    if resumed.files["vectors"].sha256 != reference.files["vectors"].sha256:
         trial.problems.append("the resumed build's vectors differ from the uninterrupted build's")
     return trial
 

@@ -43,8 +43,8 @@ sys.path.insert(0, str(ROOT))
 
 from index_data import print_targets, target
 
-from retriever.index_build import train_and_fill
-from retriever.index_types import exact_search, faiss_read_flags, set_search_params
+from retriever.index.build import train_and_fill
+from retriever.index.types import exact_search, faiss_read_flags, set_search_params
 
 K = 100
 RERANKS = (200, 300, 500, 1000)  # the k' widths measured
@@ -70,6 +70,7 @@ def large_set(partial: bool, max_questions: int):
 
     from retriever.corpus import Corpus
     from retriever.encoder import Retriever, default_encoder_path
+    from retriever.index.manifest import Manifest
     from retriever.retrieval_eval import read_retrieval_examples
     from tasks.metrics import has_answer
 
@@ -77,8 +78,8 @@ def large_set(partial: bool, max_questions: int):
     if (folder / "manifest.json").is_file() or not partial:
         if ensure_large_index(folder) is None:
             return None
-        manifest = json.loads((folder / "manifest.json").read_text())
-        path = folder / manifest["files"]["vectors"]["name"]
+        manifest = Manifest.load(folder)
+        path = manifest.path_of(folder, manifest.files["vectors"])
         vectors, corpus = np.load(path, mmap_mode="r"), Corpus.load(LARGE_RUN / "corpus")
     else:  # the rows an unfinished build has embedded so far (a prefix of the corpus)
         work = LARGE_RUN / "index.building"
@@ -119,7 +120,7 @@ def two_stage_search(
     its top `width` candidates when `width` > 0 (what `PassageIndex.search_vectors` does), and
     the seconds it took (the fastest of `repeats` runs). rerank_options: for
     `rerank_candidates` (e.g. gap_bytes=0, one read per row, the baseline)."""
-    from retriever.rerank import rerank_candidates
+    from retriever.index.rerank import rerank_candidates
 
     best = float("inf")
     for _ in range(repeats):
@@ -288,9 +289,9 @@ import json, sys, time
 sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[1] + "/bench")
 import faiss, numpy as np
 from index_data import reset_peak_rss, peak_rss_bytes
-from retriever.index_files import read_faiss
-from retriever.index_types import faiss_read_flags
-from retriever.rerank import advise_random, rerank_candidates
+from retriever.index.files import read_faiss
+from retriever.index.types import faiss_read_flags
+from retriever.index.rerank import advise_random, rerank_candidates
 from pathlib import Path
 queries = np.load(sys.argv[4])
 before = reset_peak_rss()  # interpreter, numpy, torch, faiss: not the index

@@ -47,7 +47,7 @@ def ensure_nq824_index(path: Path = NQ824_RUN / "index", corpus: Path | None = N
         sys.path.insert(0, str(ROOT))
         from atlas.config import RetrieverConfig
         from retriever.encoder import build_retriever
-        from retriever.index_build import build_index
+        from retriever.index.build import build_index
 
         corpus = ensure_nq824_corpus(corpus) if corpus is not None else ensure_nq824_corpus()
         print(f"building the MiniLM Flat index at {path} (~4 min on 2 cores)", file=sys.stderr, flush=True)
@@ -98,7 +98,7 @@ def ensure_large_index(path: Path = LARGE_RUN / "index") -> Path | None:
     from atlas.config import RetrieverConfig
     from retriever.corpus import prepare_corpus
     from retriever.encoder import build_retriever
-    from retriever.index_build import build_index
+    from retriever.index.build import build_index
 
     corpus = LARGE_RUN / "corpus"
     if not (corpus / "corpus.json").is_file():

@@ -10,8 +10,8 @@ figures of the checkpoints passed) is saved after every edit, and `--resume` car
 
 Builds a MiniLM `Flat` index of `--base` short synthetic passages (one sentence each, so that
 embedding does not dominate), then applies edits one commit each through the library
-(`retriever.index_update`): 40% add a new passage, 40% update a live one, 20% remove one, each
-followed by the automatic compaction (`retriever.index_compact.compact_if_due`, as `atlas index
+(`retriever.index.update`): 40% add a new passage, 40% update a live one, 20% remove one, each
+followed by the automatic compaction (`retriever.index.compact.compact_if_due`, as `atlas index
 add/update/remove` and `atlas serve` run it). At each checkpoint N the edited index and a fresh
 build of its live passages (a corpus prepared anew and indexed by the same encoder) are measured
 alike in fresh processes, the two alternating (`--repeats` times, median):
@@ -181,11 +181,11 @@ def write_jsonl(path: Path, records: list[dict]) -> Path:
 def footprint(folder: Path) -> tuple[int, int]:
     """(bytes, files) of everything the index at `folder` needs: its folder and the corpus
     segments it names outside it."""
-    from retriever.index_files import read_manifest
+    from retriever.index.manifest import Manifest
 
     paths = [p for p in folder.rglob("*") if p.is_file()]
-    for segment in read_manifest(folder)["segments"]:
-        corpus = (folder / segment["corpus"]).resolve()
+    for segment in Manifest.load(folder).segments:
+        corpus = (folder / segment.corpus).resolve()
         if folder.resolve() not in corpus.parents:
             paths += [p for p in corpus.rglob("*") if p.is_file() and ".atlas-index-cache" not in p.parts]
     return sum(p.stat().st_size for p in paths), len(paths)
@@ -272,10 +272,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from atlas.index import index_retriever
     from retriever.corpus import prepare_corpus
-    from retriever.index_build import build_index
-    from retriever.index_compact import MAX_DEAD_FRACTION, MAX_SEGMENTS, compact_if_due
-    from retriever.index_files import read_manifest
-    from retriever.index_update import add_passages, remove_passages, update_passages
+    from retriever.index.build import build_index
+    from retriever.index.compact import MAX_DEAD_FRACTION, MAX_SEGMENTS, compact_if_due
+    from retriever.index.manifest import Manifest
+    from retriever.index.update import add_passages, remove_passages, update_passages
 
     torch.set_num_threads(1)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="atlas-bench-edits-"))
@@ -292,9 +292,9 @@ def main(argv: list[str] | None = None) -> int:
         state = pickle.loads(state_path.read_bytes())
         if state["settings"] != settings:
             parser.error(f"--resume: {work} was run with {state['settings']}, not {settings}")
-        if read_manifest(index)["generation"] != state["generation"]:
+        if Manifest.load(index).generation != state["generation"]:
             parser.error(
-                f"--resume: {index} is at generation {read_manifest(index)['generation']}, the saved "
+                f"--resume: {index} is at generation {Manifest.load(index).generation}, the saved "
                 f"state at {state['generation']} (an edit was committed but not recorded): start again"
             )
         rng.setstate(state["rng"])
@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
                 "live": live,
                 "report": report,
                 "counters": (done, added, compactions, edit_s, compact_s),
-                "generation": read_manifest(index)["generation"],
+                "generation": Manifest.load(index).generation,
             }
             (work / "state.pkl.tmp").write_bytes(pickle.dumps(state))
             os.replace(work / "state.pkl.tmp", state_path)
@@ -385,14 +385,14 @@ def main(argv: list[str] | None = None) -> int:
         same_passages = sorted((p["id"], p["text"]) for p in edited_index.passages(rows)) == sorted(
             (r["id"], r["text"]) for r in live.values()
         )
-        manifest = read_manifest(index)
+        manifest = Manifest.load(index)
         figures = measure(index, fresh, work / "queries.npy", args.encoder, args.repeats)
         figures.update(
             edits=done,
             compactions=compactions,
             live_passages=len(live),
-            segments=len(manifest["segments"]),
-            dead_rows=manifest["total"] - manifest["count"],
+            segments=len(manifest.segments),
+            dead_rows=manifest.dead_rows,
             same_live_passages=same_passages,
             mean_edit_ms=round(1000 * edit_s / done, 1),
             compaction_s_total=round(compact_s, 1),

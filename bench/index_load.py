@@ -57,7 +57,7 @@ class ClusteredVectors:
 def build(workdir: Path, n: int, dim: int) -> list[Path]:
     sys.path.insert(0, str(ROOT))
     from retriever.corpus import prepare_corpus
-    from retriever.index_build import build_index
+    from retriever.index.build import build_index
 
     corpus = workdir / f"corpus-{n}"
     if not corpus.exists():
@@ -83,12 +83,12 @@ def child(folder: str, verify: str) -> None:
 
     from retriever.corpus import Corpus
     from retriever.index import PassageIndex
-    from retriever.index_files import read_manifest
+    from retriever.index.manifest import Manifest
 
     # one-time costs that do not scale with the index (lazy imports and Arrow set-up of the
     # corpus reader, ~3.5 MB) are paid before the measurement
-    for segment in read_manifest(folder)["segments"]:
-        Corpus.load(segment["corpus"])
+    for segment in Manifest.load(folder).segments:
+        Corpus.load(segment.corpus)
     # ru_maxrss is inherited from the parent across fork+exec, so use the kernel's high-water
     # mark instead, reset to the current RSS just before the load
     before = reset_peak_rss()
@@ -120,10 +120,12 @@ def main() -> None:
     if args.child:
         return child(*args.child)
     args.workdir.mkdir(parents=True, exist_ok=True)
+    from retriever.index.manifest import Manifest  # heavy: faiss (the children measure their own imports)
+
     results = []
     for folder in build(args.workdir, args.n, args.dim):
-        manifest = json.loads((folder / "manifest.json").read_text())
-        size = sum(r["bytes"] for r in manifest["files"].values())
+        manifest = Manifest.load(folder)
+        size = sum(r.bytes for r in manifest.files.values())
         for verify in ("no-verify", "verify"):
             out = (
                 subprocess.run(
@@ -138,7 +140,7 @@ def main() -> None:
             r = json.loads(out)
             results.append(
                 {
-                    "spec": manifest["spec"],
+                    "spec": manifest.spec,
                     "verify_sha256": verify == "verify",
                     "size_mb": size / 1e6,
                     "load_s": round(r["load_s"], 3),

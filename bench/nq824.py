@@ -123,7 +123,7 @@ def prepare(args, out: Path) -> None:
     from atlas.config import RetrieverConfig
     from retriever.corpus import prepare_corpus
     from retriever.encoder import build_retriever
-    from retriever.index_build import build_index
+    from retriever.index.build import build_index
 
     # the order of configs/pretrain-mini.yaml's corpus, so its prepared corpus and index can be reused
     documents = [args.data / "wikitext2-articles.jsonl", args.data / "nq824" / "documents.jsonl"]
@@ -209,7 +209,7 @@ def squad_corpus_swap(args, out: Path, checkpoint: str, closed_book: str | None)
     from atlas.evaluate import retrieval_metrics
     from retriever.corpus import prepare_corpus
     from retriever.encoder import build_retriever
-    from retriever.index_build import build_index
+    from retriever.index.build import build_index
     from tasks.base import get_task
     from tasks.io import write_jsonl
     from tasks.metrics import max_exact_match, max_f1
@@ -373,7 +373,7 @@ def corpus_swap(args, out: Path, checkpoint: str) -> dict:
 
     from atlas.api import Atlas
     from atlas.index import Index
-    from retriever.index_update import add_passages, remove_passages
+    from retriever.index.update import add_passages, remove_passages
     from tasks.base import get_task
     from tasks.io import read_jsonl, write_jsonl
     from tasks.metrics import max_f1, normalize_answer

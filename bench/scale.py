@@ -26,6 +26,7 @@ The JSON (--out, default bench/results/cpu/scale.json) is rewritten after every 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -181,6 +182,7 @@ def base_data(work: Path, state: State, base_index: Path | None = None) -> dict:
 
     from retriever.corpus import Corpus
     from retriever.encoder import Retriever, default_encoder_path
+    from retriever.index.manifest import Manifest
     from retriever.retrieval_eval import read_retrieval_examples
 
     base = work / "base"
@@ -188,8 +190,8 @@ def base_data(work: Path, state: State, base_index: Path | None = None) -> dict:
     folder = base_index or ensure_large_index(LARGE_RUN / "index")
     if folder is None:
         raise SystemExit("the shared data (../shared/data) is not here: nothing to grow the corpus from")
-    manifest = json.loads((folder / "manifest.json").read_text())
-    vectors = np.load(folder / manifest["files"]["vectors"]["name"], mmap_mode="r")
+    manifest = Manifest.load(folder)
+    vectors = np.load(manifest.path_of(folder, manifest.files["vectors"]), mmap_mode="r")
     if not (base / "queries.npy").is_file():
         questions = [e.question for e in read_retrieval_examples(LARGE_QUESTIONS[0])][:1000]
         for article in json.loads(LARGE_QUESTIONS[1].read_text())["data"]:
@@ -215,13 +217,13 @@ def base_data(work: Path, state: State, base_index: Path | None = None) -> dict:
             "dim": int(vectors.shape[1]),
             "questions": 1000,
             "median_nn_distance": round(float(np.median(distances)), 4),
-            "encoder": manifest["encoder"],
-            "encoder_fingerprint": manifest["encoder_fingerprint"],
+            "encoder": dataclasses.asdict(manifest.encoder),
+            "encoder_fingerprint": manifest.encoder_fingerprint,
             "generator": "a real passage drawn at random (its text, a fresh id) and its vector plus Gaussian noise of "
             "norm = the base's median nearest-neighbour distance, renormalised",
         }
         state.save()
-    corpus = Corpus.load(manifest["segments"][0]["corpus"])
+    corpus = Corpus.load(manifest.segments[0].corpus)
     return {
         "vectors": vectors,
         "corpus": corpus,
@@ -361,7 +363,7 @@ def probe_sharded(index: str, queries: str, ids_out: str) -> dict:
     """Under torchrun (gloo): each rank holds its shard of the index; rank 0 writes the merged results."""
     from atlas.distributed import init_distributed, shutdown
     from retriever.index import PassageIndex
-    from retriever.sharded import ShardedPassageIndex
+    from retriever.index.sharded import ShardedPassageIndex
 
     context = init_distributed()
     vectors = np.load(queries)[:256]
@@ -468,8 +470,10 @@ def measure_size(size: str, n: int, base: dict, work: Path, state: State, args) 
     step(
         "build_compressed", lambda: build(pq, "--spec", COMPRESSED, "--exact-rerank", EXACT_RERANK, "--nprobe", NPROBE)
     )
+    from retriever.index.manifest import Manifest  # heavy: faiss
+
     pending = [name for name in (*COMPRESSED_SEARCHES, "edits") if state.done(size, name) is None]
-    if pending and pq.is_dir() and json.loads((pq / "manifest.json").read_text())["generation"] > 1:
+    if pending and pq.is_dir() and Manifest.load(pq).generation > 1:
         # edited by an earlier run (its edits step, or one interrupted): searches and edits are measured on the
         # index as built, so it is built again first (not measured: `build_compressed` was)
         print(f"[{size}] the compressed index was edited before: building it again for {pending[0]}", flush=True)

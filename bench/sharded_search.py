@@ -16,7 +16,7 @@ must equal 1 process (and, for Flat, exact search).
 
 Part 2 (`--part scale`): N (default 30M) synthetic clustered 768-d vectors, generated block
 by block from a seed (never all in memory, nothing on disk), go through the project's index
-code: `retriever.index_build.train_and_fill` (trained on a seeded sample, filled chunk by
+code: `retriever.index.build.train_and_fill` (trained on a seeded sample, filled chunk by
 chunk), saved with FAISS, then in a fresh process loaded with `read_faiss` and the family's
 memory-map flags and searched with `search_live` (queries/s; recall@100 against the project's
 `exact_search` over the first --slice vectors, the IVF search restricted to the same slice).
@@ -123,7 +123,7 @@ class ClusteredVectors:
 def build_folders(workdir: Path, n: int, dim: int, specs: list[str]) -> dict[str, Path]:
     """Index folders (one per spec) over one synthetic corpus of n passages; reused if there."""
     from retriever.corpus import prepare_corpus
-    from retriever.index_build import build_index
+    from retriever.index.build import build_index
 
     corpus = workdir / f"corpus-{n}"
     if not (corpus / "corpus.json").is_file():
@@ -188,16 +188,16 @@ def _shard_worker(
 
     from retriever.corpus import Corpus
     from retriever.index import PassageIndex
-    from retriever.index_files import read_manifest
-    from retriever.sharded import ShardedPassageIndex
+    from retriever.index.manifest import Manifest
+    from retriever.index.sharded import ShardedPassageIndex
 
     torch.set_num_threads(threads)
     faiss.omp_set_num_threads(threads)
     if world > 1:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("gloo", rank=rank, world_size=world)
-    for segment in read_manifest(folder)["segments"]:  # one-time corpus-reader set-up
-        Corpus.load(segment["corpus"])
+    for segment in Manifest.load(folder).segments:  # one-time corpus-reader set-up
+        Corpus.load(segment.corpus)
     queries = np.load(queries_path)
     _warm_up(queries, k, world)
     baseline = reset_peak_rss()
@@ -237,7 +237,7 @@ def _shard_worker(
 def part_shard(args) -> dict:
     import torch.multiprocessing as mp
 
-    from retriever.index_types import exact_search
+    from retriever.index.types import exact_search
 
     workdir = Path(args.workdir) / "bench-sharded"
     workdir.mkdir(parents=True, exist_ok=True)
@@ -349,8 +349,8 @@ def print_shard(report: dict) -> None:
 def part_scale(args) -> dict:
     import faiss
 
-    from retriever.index_build import train_and_fill
-    from retriever.index_types import exact_search, index_type
+    from retriever.index.build import train_and_fill
+    from retriever.index.types import exact_search, index_type
 
     if index_type(args.spec, 768).search_param != "nprobe":
         raise SystemExit(f"--spec {args.spec}: the scale simulation is for IVF specs")
@@ -468,9 +468,9 @@ def scale_search_child(args) -> None:
     """Fresh process: load the saved index memory-mapped (project path), search, save ids."""
     import faiss
 
-    from retriever.index import search_live
-    from retriever.index_files import read_faiss
-    from retriever.index_types import faiss_read_flags, set_search_params
+    from retriever.index.files import read_faiss
+    from retriever.index.passage_index import search_live
+    from retriever.index.types import faiss_read_flags, set_search_params
 
     faiss.omp_set_num_threads(os.cpu_count() or 1)
     queries = np.load(args.queries_file)

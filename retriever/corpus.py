@@ -518,8 +518,10 @@ class Corpus:
                 f"{self.path} is not a prepared corpus (no corpus.json); "
                 "make one with `atlas corpus prepare INPUT... --out DIR`"
             )
-        self.manifest: dict[str, Any] = json.loads(manifest_path.read_text())
-        self.fingerprint: str = self.manifest["fingerprint"]
+        record = json.loads(manifest_path.read_text())
+        self.manifest: dict[str, Any] = record  # corpus.json as written (`atlas corpus info` prints it)
+        self.fingerprint: str = record["fingerprint"]
+        self.chunk_words: int = record.get("chunk_words") or 0  # words a passage was cut at (0: documents whole)
         # the map stays open as long as the table's buffers point into it
         arrow = self.path / "passages.arrow"
         try:
@@ -528,9 +530,9 @@ class Corpus:
             self._rows = np.load(self.path / "id_rows.npy", mmap_mode="r", allow_pickle=False)
         except (pa.ArrowException, OSError, ValueError, EOFError) as e:
             raise ValueError(f"{self.path}: the corpus is damaged ({e}); prepare it again") from None
-        if len(self) != self.manifest["count"] or len(self._hashes) != len(self):
+        if len(self) != record["count"] or len(self._hashes) != len(self):
             raise ValueError(
-                f"{self.path}: corpus files disagree (manifest count {self.manifest['count']}, "
+                f"{self.path}: corpus files disagree (manifest count {record['count']}, "
                 f"{len(self)} passages, {len(self._hashes)} ids): prepare it again"
             )
 

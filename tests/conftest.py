@@ -75,7 +75,7 @@ def tiny_world(tmp_path_factory, tiny_encoder_path) -> dict:
     from atlas.config import RetrieverConfig
     from retriever.corpus import prepare_corpus
     from retriever.encoder import build_retriever
-    from retriever.index_build import build_index
+    from retriever.index.build import build_index
 
     root = tmp_path_factory.mktemp("tiny-world")
     (root / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in TINY_DOCS))

@@ -193,7 +193,8 @@ def test_encoder_mismatch_and_evaluate_retrieval(tmp_path, capsys):
 
 
 def test_info_verify_catches_what_a_load_does_not_hash(tmp_path, capsys):
-    """Loading checks sizes only; `index info --verify` reads every byte against the SHA-256."""
+    """Loading checks sizes and sampled blocks (the whole of a small file); `index info --verify` reads every
+    byte against the SHA-256."""
     encoder = save_tiny_retriever(tmp_path / "enc", 0)
     docs = write_docs(tmp_path / "d.jsonl", {"p": "paris is the capital of france", "b": "berlin"})
     run(capsys, "corpus", "prepare", docs, "--out", tmp_path / "c")
@@ -202,6 +203,13 @@ def test_info_verify_catches_what_a_load_does_not_hash(tmp_path, capsys):
     data = bytearray(vectors.read_bytes())
     data[-1] ^= 0x01  # one bit of one float16: same size, still a valid array
     vectors.write_bytes(bytes(data))
+    code, _, err = run(capsys, "index", "info", tmp_path / "i")
+    assert code == 2 and "vectors.g1.npy: altered (same size, but its sampled blocks differ" in err
+    # a manifest written before the sampled hashes: a load checks the size alone, --verify every byte
+    manifest = json.loads((tmp_path / "i" / "manifest.json").read_text())
+    for record in manifest["files"].values():
+        del record["sampled_sha256"]
+    (tmp_path / "i" / "manifest.json").write_text(json.dumps(manifest))
     code, out, _ = run(capsys, "index", "info", tmp_path / "i", "--json")
     assert code == 0 and json.loads(out)["verified"] is False
     code, _, err = run(capsys, "index", "info", tmp_path / "i", "--verify")
@@ -255,7 +263,7 @@ def test_encoder_runs_on_the_available_device(tmp_path, capsys, monkeypatch):
 def test_commands_without_encoder_embed_as_the_index_was_built(tmp_path, capsys):
     """An index built with other passage settings than the encoder folder's own (the quickstart
     builds with passage_maxlength 128) is searched, evaluated and extended without --encoder."""
-    from retriever.index_build import build_index
+    from retriever.index.build import build_index
 
     encoder = save_tiny_retriever(tmp_path / "enc", 0)  # stores passage_maxlength 64
     docs = write_docs(tmp_path / "d.jsonl", {"p": "paris is the capital of france", "b": "berlin is in germany"})
@@ -288,7 +296,7 @@ def files_of(folder: Path) -> dict[str, bytes]:
 def built(tmp_path_factory) -> Path:
     """A Flat index of six one-passage documents a0..a5 (passage ids a0-0..a5-0, titles A0..A5)."""
     from retriever.corpus import prepare_corpus
-    from retriever.index_build import build_index
+    from retriever.index.build import build_index
 
     root = tmp_path_factory.mktemp("cli-index")
     encoder = save_tiny_retriever(root / "enc", 0)
@@ -507,7 +515,7 @@ def test_info_shows_live_and_dead_rows_and_compact_keeps_every_search_result(ind
 
 
 def test_edits_compact_the_index_by_themselves_when_it_is_due(index, tmp_path, capsys):
-    from retriever.index_compact import MAX_SEGMENTS
+    from retriever.index.compact import MAX_SEGMENTS
 
     for n in range(MAX_SEGMENTS - 1):  # MAX_SEGMENTS segments: not due yet
         code, out, _ = atlas(
@@ -539,7 +547,7 @@ def test_edits_compact_the_index_by_themselves_when_it_is_due(index, tmp_path, c
 def test_a_compaction_of_an_index_being_written_is_refused(index, capsys):
     import os
 
-    from retriever.index_files import writer_lock
+    from retriever.index.files import writer_lock
 
     before = files_of(index)
     with writer_lock(index, "add"):
@@ -557,7 +565,7 @@ def test_a_compaction_of_an_index_being_written_is_refused(index, capsys):
 
 
 def test_the_help_states_the_compaction_policy_in_force(capsys):
-    from retriever.index_compact import MAX_DEAD_FRACTION, MAX_SEGMENTS
+    from retriever.index.compact import MAX_DEAD_FRACTION, MAX_SEGMENTS
 
     with pytest.raises(SystemExit):
         atlas(capsys, "index", "remove", "--help")
@@ -691,8 +699,9 @@ def test_vectors_of_another_encoder_than_the_one_named_are_refused(tmp_path, cap
 
 
 def test_a_damaged_corpus_is_named_by_info_search_and_ask_never_a_traceback(tmp_path, capsys):
-    """truncate -s 2000 CORPUS/passages.arrow: `index info` names the file (its recorded size), `--verify`
-    also finds a same-size alteration (the corpus's SHA-256), and search and ask fail with one line."""
+    """truncate -s 2000 CORPUS/passages.arrow: `index info` names the file (its recorded size); a same-size
+    alteration is found by the sampled blocks (the whole of a small file) and by `--verify` (the corpus's
+    SHA-256); search and ask fail with one line."""
     encoder = save_tiny_retriever(tmp_path / "enc", 0)
     docs = write_docs(tmp_path / "d.jsonl", {f"p{i}": f"passage number {i} about rivers " * 20 for i in range(20)})
     run(capsys, "corpus", "prepare", docs, "--out", tmp_path / "c")
@@ -701,9 +710,9 @@ def test_a_damaged_corpus_is_named_by_info_search_and_ask_never_a_traceback(tmp_
     )
     arrow = tmp_path / "c" / "passages.arrow"
     original = arrow.read_bytes()
-    # a same-size alteration: only the hash finds it
-    arrow.write_bytes(original[:-40] + bytes(40))
-    assert run(capsys, "index", "info", tmp_path / "i")[0] == 0
+    arrow.write_bytes(original[:-40] + bytes(40))  # a same-size alteration
+    code, _, err = run(capsys, "index", "info", tmp_path / "i")
+    assert code == 2 and "passages.arrow: altered (same size, but its sampled blocks differ" in err
     code, _, err = run(capsys, "index", "info", tmp_path / "i", "--verify")
     assert code == 2 and "passages.arrow: its contents are not the ones prepared" in err
     arrow.write_bytes(original[:2000])  # truncate -s 2000
@@ -724,7 +733,7 @@ def test_an_index_built_as_a_recipe_embeds_is_taken_and_another_is_named(tmp_pat
     from atlas.build import open_index
     from atlas.config import load_config
     from retriever.encoder import build_retriever
-    from retriever.index_files import EncoderMismatchError
+    from retriever.index.files import EncoderMismatchError
 
     encoder = save_tiny_retriever(tmp_path / "enc", 0)  # stores passage_maxlength 64
     docs = write_docs(tmp_path / "d.jsonl", {"p": "paris is the capital of france"})
@@ -747,7 +756,7 @@ def test_a_full_disk_during_an_edit_says_so_in_one_line_and_leaves_the_index_as_
     import errno
     import os
 
-    from retriever import index_update
+    from retriever.index import update as index_update
 
     def full(path, *args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))

@@ -113,7 +113,7 @@ def test_recipes_exist():
 def test_every_shipped_recipe_validates(path):
     """Types and keys, and every named component exists: task + options, loss, index spec, schedule."""
     from atlas.training.refresh import parse_refresh_schedule
-    from retriever.index_types import index_type
+    from retriever.index.types import index_type
     from retriever.losses import build_retriever_loss
     from tasks.base import get_task
 

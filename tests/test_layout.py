@@ -33,6 +33,8 @@ FORBIDDEN = [
     ("tasks", ("retriever", "reader", "atlas")),
     ("retriever", ("reader", "atlas")),
     ("reader", ("retriever", "atlas")),
+    # the index engine stores and searches vectors: it takes a retriever object, never the modules that make one
+    ("retriever.index", ("retriever.encoder", "retriever.losses", "retriever.retrieval_eval")),
     ("atlas.knnlm", ("atlas.config", "atlas.model", "atlas.build", "atlas.evaluate", "atlas.training", *FRONT_ENDS)),
     *[(core, ("atlas.training", *FRONT_ENDS)) for core in ATLAS_CORE],
     ("atlas.training", (*PYTHON_API, *FRONT_ENDS)),
@@ -165,7 +167,7 @@ def _parents(name: str) -> list[str]:
 
 def test_a_circle_is_found_when_there_is_one(monkeypatch):
     # the check above must be able to fail: give it a graph with a circle through a lazy import
-    monkeypatch.setitem(GRAPH, "retriever.rerank", GRAPH["retriever.rerank"] | {"retriever.index"})
+    monkeypatch.setitem(GRAPH, "retriever.index.rerank", GRAPH["retriever.index.rerank"] | {"retriever.index"})
     with pytest.raises(AssertionError):
         test_no_import_circles()
 
@@ -331,3 +333,49 @@ def test_the_local_import_check_finds_an_unexplained_import(tmp_path, monkeypatc
         '"""Doc."""\n\n# Lazy imports: a reason\n\n\ndef lazy():\n    import json\n\n    return json\n'
     )
     assert _local_imports_without_a_reason() == []
+
+
+def _manifest_key_reads(paths: list[Path]) -> list[str]:
+    """`FILE:LINE` of each subscript with a string key, and each `.get("key")`, on an object named `manifest` (a
+    name, or an attribute such as `index.manifest`)."""
+
+    def is_manifest(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Name) and node.id == "manifest") or (
+            isinstance(node, ast.Attribute) and node.attr == "manifest"
+        )
+
+    def is_key(node: ast.AST) -> bool:
+        return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+    found = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            subscript = isinstance(node, ast.Subscript) and is_manifest(node.value) and is_key(node.slice)
+            get = (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "get"
+                and is_manifest(node.func.value)
+                and bool(node.args)
+                and is_key(node.args[0])
+            )
+            if subscript or get:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    return sorted(found)
+
+
+def test_only_the_manifest_module_reads_manifest_keys():
+    # a file format has one owner: the index's manifest keys are known to retriever/index/manifest.py alone (and
+    # each other manifest is a typed record of its own); everything else reads a `Manifest`'s attributes
+    owner = ROOT / "retriever" / "index" / "manifest.py"
+    paths = [p for package in (*PACKAGES, "bench") for p in (ROOT / package).rglob("*.py") if p != owner]
+    assert _manifest_key_reads(paths) == []
+
+
+def test_the_manifest_key_check_finds_a_key_read(tmp_path, monkeypatch):
+    """The check above can fail: a subscript or a `.get` of a key on a manifest is reported."""
+    (tmp_path / "reads.py").write_text(
+        'n = index.manifest["count"]\nspec = manifest.get("spec")\nok = manifest.count + other["count"]\n'
+    )
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert _manifest_key_reads([tmp_path / "reads.py"]) == ["reads.py:1", "reads.py:2"]

@@ -42,7 +42,7 @@ def _reports_errors(
 
     @functools.wraps(handler)
     def wrapper(args: argparse.Namespace) -> int:
-        from retriever.index_files import IndexLockedError  # in the wrapper: decorating runs at `atlas --help`
+        from retriever.index.files import IndexLockedError  # in the wrapper: decorating runs at `atlas --help`
         from tasks.progress import close_progress_bars  # likewise
 
         try:
@@ -65,7 +65,7 @@ def _reports_errors(
 def read_ids(values: list[str]) -> list[str]:
     """Expand `--ids` values: a value `@FILE` is the ids in FILE (one per line), any other
     value is an id. `@` is the only marker, so an id is never mistaken for a file name."""
-    from retriever.index_update import read_id_file
+    from retriever.index.update import read_id_file
 
     ids: list[str] = []
     for value in values:
@@ -129,6 +129,16 @@ def _add_rerank_argument(parser: argparse.ArgumentParser) -> None:
         metavar="K'",
         help="re-score the compressed index's top K' candidates exactly from its float16 vectors "
         "(needs an index built with --exact-rerank or --keep-embeddings); 0 = off; default: the index's own",
+    )
+
+
+def _add_precision_argument(parser: argparse.ArgumentParser) -> None:
+    # the valid values are checked where passages are embedded (`retriever.index.embedding`): one list of them
+    parser.add_argument(
+        "--precision",
+        default="auto",
+        help="what passages are embedded at: auto (bf16 where the CPU multiplies it natively, else fp32), fp32 or "
+        "bf16; recorded in the index (default: auto)",
     )
 
 
@@ -393,8 +403,8 @@ def _load_index(args: argparse.Namespace, *, device=None):
 def _build(args: argparse.Namespace) -> int:
     from atlas.distributed import init_distributed, shutdown
     from atlas.index import compute_device
-    from retriever.index_build import build_index
-    from retriever.vectors import read_encoder_record
+    from retriever.index.build import build_index
+    from retriever.index.vectors import read_encoder_record
 
     context = init_distributed()  # under torchrun the ranks share the embedding work
     started = time.perf_counter()
@@ -419,6 +429,7 @@ def _build(args: argparse.Namespace) -> int:
         restart=args.restart,
         encoder_source=args.encoder or DEFAULT_ENCODER,
         vectors=args.vectors,
+        precision=args.precision,
         progress=context.is_main,
         rank=context.rank,
         world_size=context.world_size,
@@ -435,7 +446,7 @@ def _build(args: argparse.Namespace) -> int:
 def _embed(args: argparse.Namespace) -> int:
     from atlas.distributed import init_distributed, shutdown
     from atlas.index import compute_device
-    from retriever.index_build import embed_vectors
+    from retriever.index.build import embed_vectors
 
     context = init_distributed()
     started = time.perf_counter()
@@ -447,6 +458,7 @@ def _embed(args: argparse.Namespace) -> int:
         chunk_size=args.chunk_size,
         restart=args.restart,
         encoder_source=args.encoder or DEFAULT_ENCODER,
+        precision=args.precision,
         progress=context.is_main,
         rank=context.rank,
         world_size=context.world_size,
@@ -466,7 +478,7 @@ def _shown(ids: list[str]) -> str:
 @_reports_errors
 def _add(args: argparse.Namespace) -> int:
     from atlas.index import index_retriever
-    from retriever.index_update import add_passages
+    from retriever.index.update import add_passages
 
     retriever = index_retriever(args.index, args.encoder)
     retriever.precision = args.precision
@@ -478,6 +490,7 @@ def _add(args: argparse.Namespace) -> int:
         chunk_words=args.chunk_words,
         allow_encoder_mismatch=args.allow_encoder_mismatch,
         replace=args.replace,
+        precision=args.precision,
     )
     print(
         f"added {stats.added} and replaced {stats.replaced} passages ({_shown(stats.ids)}); "
@@ -490,7 +503,7 @@ def _add(args: argparse.Namespace) -> int:
 @_reports_errors
 def _update(args: argparse.Namespace) -> int:
     from atlas.index import index_retriever
-    from retriever.index_update import update_passages
+    from retriever.index.update import update_passages
 
     retriever = index_retriever(args.index, args.encoder)
     retriever.precision = args.precision
@@ -500,6 +513,7 @@ def _update(args: argparse.Namespace) -> int:
         retriever,
         batch_size=args.batch_size,
         allow_encoder_mismatch=args.allow_encoder_mismatch,
+        precision=args.precision,
     )
     print(f"updated {stats.replaced} passages ({_shown(stats.ids)}); {stats.count} live passages in {args.index}")
     _compact_if_due(args)
@@ -508,7 +522,7 @@ def _update(args: argparse.Namespace) -> int:
 
 @_reports_errors
 def _remove(args: argparse.Namespace) -> int:
-    from retriever.index_update import remove_passages
+    from retriever.index.update import remove_passages
 
     try:
         stats = remove_passages(args.index, read_ids(args.ids))
@@ -533,18 +547,18 @@ def _compacted(stats) -> str:
 
 
 def _compact_if_due(args: argparse.Namespace) -> None:
-    """After an edit: compact the index when `retriever.index_compact.compaction_due` says so."""
-    from retriever.index_compact import compact_index, compaction_due
-    from retriever.index_files import read_manifest
+    """After an edit: compact the index when `retriever.index.compact.compaction_due` says so."""
+    from retriever.index.compact import compact_index, compaction_due
+    from retriever.index.manifest import Manifest
 
-    reason = compaction_due(read_manifest(args.index)) if args.compact else None
+    reason = compaction_due(Manifest.load(args.index)) if args.compact else None
     if reason is not None:
         print(f"{_compacted(compact_index(args.index, full=False))} ({reason})")
 
 
 @_reports_errors
 def _compact(args: argparse.Namespace) -> int:
-    from retriever.index_compact import compact_index
+    from retriever.index.compact import compact_index
 
     stats = compact_index(args.index, full=True)
     print(
@@ -587,12 +601,12 @@ def _search(args: argparse.Namespace) -> int:
     if args.sharded:
         from atlas.distributed import init_distributed, shutdown
         from atlas.index import compute_device
-        from retriever.sharded import ShardedPassageIndex
+        from retriever.index.sharded import ShardedPassageIndex
 
         context = init_distributed()
         loaded = _load_index(args, device=compute_device(context))
         index = ShardedPassageIndex.from_index(loaded, context.rank, context.world_size)
-        del loaded  # this rank keeps only its shard (see retriever/sharded.py)
+        del loaded  # this rank keeps only its shard (see retriever/index/sharded.py)
         results = index.search(args.queries, args.k)
         shutdown(context)
         if not context.is_main:
@@ -612,36 +626,41 @@ def _search(args: argparse.Namespace) -> int:
 
 @_reports_errors
 def _info(args: argparse.Namespace) -> int:
-    from retriever.index_compact import compaction_due
-    from retriever.index_files import check_file, file_records, index_summary, open_corpus, read_manifest
+    from retriever.index.compact import compaction_due
+    from retriever.index.files import check_file, open_corpus
+    from retriever.index.manifest import Manifest
 
     given = [i for i in (args.index, args.positional_index) if i is not None]
     if not given or (len(given) == 2 and Path(given[0]) != Path(given[1])):
         raise ValueError("name one index: --index DIR (or the older positional INDEX)")
     folder = given[0]
-    manifest = read_manifest(folder)
-    for record in file_records(manifest):  # sizes always; contents with --verify
-        check_file(Path(folder), record, verify_hash=args.verify)
-    for segment in manifest["segments"]:  # the corpora its passages are read from, likewise
-        open_corpus(Path(folder), segment, verify=args.verify)
-    summary = {**index_summary(manifest), "compaction_due": compaction_due(manifest), "verified": bool(args.verify)}
-    print(json.dumps(summary, indent=2) if args.json else _summary_lines(folder, summary))
+    manifest = Manifest.load(folder)
+    for record in manifest.file_records():  # sizes and sampled blocks always; contents with --verify
+        check_file(Path(folder), manifest, record, verify_hash=args.verify)
+    for segment in manifest.segments:  # the corpora its passages are read from, likewise
+        open_corpus(Path(folder), manifest, segment, verify=args.verify)
+    due = compaction_due(manifest)
+    summary = {**manifest.summary(), "compaction_due": due, "verified": bool(args.verify)}
+    print(json.dumps(summary, indent=2) if args.json else _summary_lines(folder, manifest, due, args.verify))
     return 0
 
 
-def _summary_lines(folder: str, s: dict) -> str:
-    """`atlas index info`'s few lines: what the index is, what it holds, and what was checked."""
-    encoder = s.get("encoder") or {}
-    rerank = s.get("exact_rerank", s.get("rerank", 0))
-    size = f"{s['bytes_on_disk'] / 1e6:,.1f} MB of index files ({s['bytes_per_passage']:,.0f} B a passage)"
-    holds = f"{s['live_rows']:,} passages ({s['dead_rows']:,} removed rows), d = {s['dim']}"
-    written = f"written {encoder.get('passage_format')!r}, cut at {encoder.get('passage_maxlength')} tokens"
-    checked = " and SHA-256, the corpora's passages included" if s["verified"] else " (--verify: their contents too)"
+def _summary_lines(folder: str, manifest, compaction_due: str | None, verified: bool) -> str:
+    """`atlas index info`'s few lines (for a `retriever.index.manifest.Manifest`): what the index is, what it
+    holds, and what was checked."""
+    encoder, summary = manifest.encoder, manifest.summary()
+    size = f"{summary['bytes_on_disk'] / 1e6:,.1f} MB of index files ({summary['bytes_per_passage']:,.0f} B a passage)"
+    holds = f"{manifest.count:,} passages ({manifest.dead_rows:,} removed rows), d = {manifest.dim}"
+    written = f"written {encoder.passage_format!r}, cut at {encoder.passage_maxlength} tokens"
+    precisions = sorted({manifest.embedding_precision, *(s.embedding_precision for s in manifest.segments)})
+    checked = " and SHA-256, the corpora's passages included" if verified else " (--verify: their contents too)"
+    rerank = manifest.exact_rerank or "off"
     lines = [
-        f"{folder}: {s['spec']} index of {holds}, {s['segment_count']} corpus segment(s), {size}",
-        f"encoder: {encoder.get('source') or 'not recorded'} ({s['encoder_fingerprint'][:12]}), passages {written}",
-        f"generation {s['generation']}; exact re-rank: {rerank or 'off'}; compaction: {s['compaction_due'] or 'no'}",
-        "checked: every file's size" + checked,
+        f"{folder}: {manifest.spec} index of {holds}, {len(manifest.segments)} corpus segment(s), {size}",
+        f"encoder: {encoder.source or 'not recorded'} ({manifest.encoder_fingerprint[:12]}), passages {written}, "
+        + f"embedded in {' and '.join(precisions)}",
+        f"generation {manifest.generation}; exact re-rank: {rerank}; compaction: {compaction_due or 'no'}",
+        "checked: every file's size and sampled blocks" + checked,
     ]
     return "\n".join(lines)
 

@@ -151,7 +151,7 @@ def _query_store(args, train):
         check_datastore_producer(train.path, expected)
     except ValueError as error:
         raise ValueError(f"{error} (model given: {args.model})") from None
-    meta = train.manifest["meta"]
+    meta = train.manifest.meta
     folder = args.datastore.parent / f"{args.datastore.name}-queries-{args.text.stem}-{args.key.replace(':', '@')}"
     return build_datastore(
         folder,

@@ -119,7 +119,7 @@ def _serve(args: argparse.Namespace) -> int:
     )
     index = service.index
     print(
-        f"atlas serve: {folder} with {len(index)} passages ({index.manifest['spec']}) from {index.folder}; "
+        f"atlas serve: {folder} with {len(index)} passages ({index.manifest.spec}) from {index.folder}; "
         f"edits {'on' if args.allow_edits else 'off'}; http://{args.host}:{args.port}/ (API docs at /docs)",
         flush=True,
     )

@@ -32,7 +32,7 @@ from atlas.training.data import load_training_examples
 from atlas.training.loop import train as train_model
 from retriever.corpus import prepare_corpus
 from retriever.encoder import build_retriever
-from retriever.index_build import build_index, link_index
+from retriever.index.build import build_index, link_index
 from tasks.base import Task, get_task
 from tasks.counterfactual import (
     EditPlan,

@@ -10,7 +10,7 @@ work folder `INDEX.building/` that `atlas index build` uses; after each shard th
 is recorded atomically, so a killed import continues after the last completed shard. Only
 one shard is in memory at a time (embedding shards are memory-mapped). The passages then
 become a corpus (`retriever.corpus.prepare_corpus`, one passage per record, ids kept) and
-the vectors an index of any spec (`retriever.index_build.build_index`, which finds every
+the vectors an index of any spec (`retriever.index.build.build_index`, which finds every
 chunk already embedded): its manifest carries the fingerprint of the imported passage
 encoder, so the index is searched only with the encoder the vectors came from. That the
 vectors did come from it is checked on the first passages (`_encoder_agreement`, a warning
@@ -37,9 +37,9 @@ from atlas.importing.safe_pickle import load_plain_pickle, load_torch_file
 from atlas.training.checkpoint import resolve_checkpoint
 from retriever.corpus import prepare_corpus
 from retriever.encoder import Retriever
-from retriever.index_build import BLOCK_ROWS, PROGRESS, build_index, work_dir_for
-from retriever.index_files import read_manifest, write_manifest
-from retriever.index_types import index_type
+from retriever.index.build import BLOCK_ROWS, PROGRESS, build_index, work_dir_for
+from retriever.index.manifest import Manifest
+from retriever.index.types import index_type
 from tasks.io import InputError, atomic_write_json
 
 STATE_FILE = "import-progress.json"
@@ -225,6 +225,7 @@ def import_atlas_index(
             "chunk_size": chunk_size,
             "batch_size": batch_size,
             "block_rows": BLOCK_ROWS,
+            "embedding_precision": "fp32",  # the reference embedded in float32 (and saved float16)
             "completed_chunks": -(-total // chunk_size),
             "created": state["created"],
         },
@@ -243,15 +244,16 @@ def import_atlas_index(
         progress=progress,
         overwrite=overwrite,
         encoder_source=str(Path(encoder).resolve()),
+        precision="fp32",
     )
-    manifest = read_manifest(index_out)
-    manifest["imported"] = {
+    manifest = Manifest.load(index_out)
+    manifest.imported = {
         "source": settings["source"],
         "shards": len(shards),
         "encoder_agreement": agreement,
         "format": "facebookresearch/atlas embeddings.{i}.pt + passages.{i}.pt",
     }
-    write_manifest(index_out, manifest)
+    manifest.save(index_out)
     return corpus_out, index_out
 
 
@@ -277,10 +279,10 @@ def _write_corpus(
         raise InputError(
             shards[shard][1], (e.line or 1) - 1 - starts[shard], e.field, e.message.split(" (first seen")[0]
         ) from None
-    manifest = json.loads((corpus_out / "corpus.json").read_text())
-    manifest["sources"] = [str(p.resolve()) for _, p in shards]
-    atomic_write_json(corpus_out / "corpus.json", manifest)
-    state["corpus_fingerprint"] = manifest["fingerprint"]
+    corpus_record = json.loads((corpus_out / "corpus.json").read_text())
+    corpus_record["sources"] = [str(p.resolve()) for _, p in shards]
+    atomic_write_json(corpus_out / "corpus.json", corpus_record)
+    state["corpus_fingerprint"] = corpus_record["fingerprint"]
     atomic_write_json(work / STATE_FILE, state)
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,34 @@ MANIFEST = "manifest.json"
 PROGRESS = "progress.json"
 # (keys {name: (B, T, d)}, lm_logprobs (B, T) or None) for token windows (B, T) and targets (B, T).
 Producer = Callable[[np.ndarray, np.ndarray], tuple[dict[str, np.ndarray], np.ndarray | None]]
+
+
+@dataclass
+class DatastoreManifest:
+    """A datastore's `manifest.json`: its rows, the dimension of each key type, whether it holds the producer's
+    log-probs, the producer's metadata (`lm.producer_meta`), and whether the build finished."""
+
+    n_rows: int
+    key_dims: dict[str, int]
+    with_lm_logprobs: bool
+    meta: dict[str, Any]
+    complete: bool = False
+
+    @classmethod
+    def load(cls, path: Path) -> DatastoreManifest:
+        """The manifest file at `path`; ValueError naming the file and the field where one is missing or wrong."""
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: corrupted datastore manifest ({e})") from None
+        kinds = {"n_rows": int, "key_dims": dict, "with_lm_logprobs": bool, "meta": dict, "complete": bool}
+        for name, kind in kinds.items():
+            if not isinstance(data.get(name), kind):  # bad input: a ValueError, as every error of a file
+                raise ValueError(f"{path}: field {name} must be a {kind.__name__}, got {data.get(name)!r:.60}")  # noqa: TRY004
+        return cls(**{name: data[name] for name in kinds})
+
+    def save(self, path: Path) -> None:
+        atomic_write_json(path, asdict(self))
 
 
 def key_file_name(key_name: str) -> str:
@@ -90,7 +119,7 @@ def check_same_producer(query_store: Datastore, datastore: Datastore) -> None:
     Compares `PRODUCER_FIELDS` of the two manifests' metadata; stores whose producer recorded
     none of them (generic producers) are accepted, one-sided records are refused.
     """
-    a, b = query_store.manifest.get("meta", {}), datastore.manifest.get("meta", {})
+    a, b = query_store.manifest.meta, datastore.manifest.meta
     recorded = [f for f in PRODUCER_FIELDS if f in a or f in b]
     differing = [f for f in recorded if a.get(f) != b.get(f)]
     if differing:
@@ -111,17 +140,17 @@ class Datastore:
         manifest_path = self.path / MANIFEST
         if not manifest_path.exists():
             raise FileNotFoundError(f"{manifest_path}: no datastore manifest (was the build finished?)")
-        self.manifest: dict[str, Any] = json.loads(manifest_path.read_text())
-        if not self.manifest.get("complete"):
+        self.manifest = DatastoreManifest.load(manifest_path)
+        if not self.manifest.complete:
             raise ValueError(f"{manifest_path}: datastore build is incomplete; rerun the build to resume it")
 
     def __len__(self) -> int:
-        return int(self.manifest["n_rows"])
+        return self.manifest.n_rows
 
     @property
     def key_names(self) -> list[str]:
         """Key types stored in this datastore."""
-        return list(self.manifest["key_dims"])
+        return list(self.manifest.key_dims)
 
     @property
     def values(self) -> np.ndarray:
@@ -130,14 +159,14 @@ class Datastore:
 
     def keys(self, key_name: str) -> np.ndarray:
         """float16 (N, d) keys of one type; ValueError names the stored types."""
-        if key_name not in self.manifest["key_dims"]:
+        if key_name not in self.manifest.key_dims:
             raise ValueError(f"{self.path}: key '{key_name}' not stored; stored keys: {self.key_names}")
         return np.load(self.path / key_file_name(key_name), mmap_mode="r")
 
     @property
     def lm_logprobs(self) -> np.ndarray:
         """float32 (N,) log p_LM(value) recorded by the producer."""
-        if not self.manifest.get("with_lm_logprobs"):
+        if not self.manifest.with_lm_logprobs:
             raise ValueError(f"{self.path}: built without LM log-probs")
         return np.load(self.path / "lm_logprobs.npy", mmap_mode="r")
 
@@ -158,24 +187,17 @@ class DatastoreWriter:
         self.n_rows = n_rows
         self.key_dims = dict(key_dims)
         self.with_lm_logprobs = with_lm_logprobs
-        self.manifest = {
-            "n_rows": n_rows,
-            "key_dims": self.key_dims,
-            "with_lm_logprobs": with_lm_logprobs,
-            "meta": meta,
-            "complete": False,
-        }
+        self.manifest = DatastoreManifest(n_rows, self.key_dims, with_lm_logprobs, meta)
         self.path.mkdir(parents=True, exist_ok=True)
         manifest_path = self.path / MANIFEST
         if manifest_path.exists():
-            old = json.loads(manifest_path.read_text())
-            mismatched = [
-                f for f in ("n_rows", "key_dims", "with_lm_logprobs", "meta") if old.get(f) != self.manifest[f]
-            ]
+            old = DatastoreManifest.load(manifest_path)
+            wanted, found = asdict(self.manifest), asdict(old)
+            mismatched = [f for f in ("n_rows", "key_dims", "with_lm_logprobs", "meta") if found[f] != wanted[f]]
             if mismatched:
                 raise ValueError(
                     f"{manifest_path}: an existing datastore differs in {mismatched} "
-                    f"({describe_differences(old, self.manifest, mismatched)}); "
+                    f"({describe_differences(found, wanted, mismatched)}); "
                     "use a new folder or delete this one"
                 )
             self.manifest = old
@@ -193,7 +215,7 @@ class DatastoreWriter:
         }
         self.lm_logprobs = self._open("lm_logprobs.npy", mode, np.float32, (n_rows,)) if with_lm_logprobs else None
         if mode == "w+":
-            atomic_write_json(manifest_path, self.manifest)
+            self.manifest.save(manifest_path)
             self.commit(0)
 
     def _open(self, name: str, mode: str, dtype, shape) -> np.ndarray:
@@ -209,7 +231,7 @@ class DatastoreWriter:
     @property
     def complete(self) -> bool:
         """True once finish() has run."""
-        return bool(self.manifest.get("complete"))
+        return self.manifest.complete
 
     def write(
         self,
@@ -236,8 +258,8 @@ class DatastoreWriter:
     def finish(self) -> Datastore:
         """Mark the datastore complete and return a reader for it."""
         self.commit(self.n_done)
-        self.manifest["complete"] = True
-        atomic_write_json(self.path / MANIFEST, self.manifest)
+        self.manifest.complete = True
+        self.manifest.save(self.path / MANIFEST)
         return Datastore(self.path)
 
 

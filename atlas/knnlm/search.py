@@ -4,7 +4,7 @@
     p_kNN(y | x) ∝ Σ_{neighbours i with value y} exp(−d_i / τ)
 
 d is the squared L2 distance (metric "l2") or the negated inner product (metric "ip").
-Search uses the shared index machinery (`retriever.index_types`): exact brute force, or a
+Search uses the shared index machinery (`retriever.index.types`): exact brute force, or a
 FAISS index (e.g. IVF-PQ) whose approximate distances can be recomputed exactly from the
 stored keys.
 """
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from atlas.knnlm.datastore import Datastore, check_same_producer, key_file_name
-from retriever.index_types import build_faiss_index, exact_search, set_search_params
+from retriever.index.types import build_faiss_index, exact_search, set_search_params
 
 
 def knn_target_logprobs(

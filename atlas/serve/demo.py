@@ -25,7 +25,7 @@ def build_demo_run(out: str | Path, *, progress: bool = False) -> Path:
     from atlas.demo.quickstart import demo_data, quickstart_config
     from atlas.loading import SHIPPED_READER
     from retriever.corpus import prepare_corpus
-    from retriever.index_build import build_index
+    from retriever.index.build import build_index
 
     out = Path(out)
     run = out / "run"

@@ -4,11 +4,11 @@ Threads (why): every use of the model (retrieval, reading) runs on one thread, `
 so that batches never compete for the CPU/GPU and the model needs no locks. Corpus edits run
 on a second thread, `edit_executor` (one at a time: edits are serialised), with a copy of the
 retriever, so that embedding new passages and writing the index does not stall questions.
-An edit is committed on disk first (`retriever.index_update`: new files, then an atomic
+An edit is committed on disk first (`retriever.index.update`: new files, then an atomic
 manifest replace), then the reloaded index is swapped in on the model thread between two
 batches: a question is answered wholly from the index before an edit or wholly after it.
 
-Compaction (`retriever.index_compact`): after an edit that leaves the index due for one, a
+Compaction (`retriever.index.compact`): after an edit that leaves the index due for one, a
 compaction is queued on the edit thread behind it (the edit's response does not wait for it),
 committed the same way and swapped in between two batches as an edit is; edits that arrive
 meanwhile queue behind it. It changes no passage and no search result, only the files.
@@ -67,7 +67,7 @@ class AtlasService:
         atlas: the model, with a retriever and an `Index` (not sharded): questions are answered by its
             `answer_examples`, the one answer path of every front end.
         auto_compact: compact the index after an edit that leaves it due for one
-            (`retriever.index_compact.compaction_due`); off: only `atlas index compact` does.
+            (`retriever.index.compact.compaction_due`); off: only `atlas index compact` does.
     """
 
     def __init__(self, atlas, *, auto_compact: bool = True):
@@ -150,7 +150,7 @@ class AtlasService:
         hits = index.search(vectors, k)[0]
         return {
             "query": query,
-            "generation": int(index.manifest["generation"]),
+            "generation": index.manifest.generation,
             "hits": [{"id": h.id, "title": h.title, "text": h.text, "score": h.score} for h in hits],
         }
 
@@ -174,9 +174,9 @@ class AtlasService:
         → {"added", "updated", "removed", "count", "generation"}. Call on `edit_executor`.
         """
         # heavy: faiss (the index's files and edits); `import atlas.serve` does not load it
-        from retriever.index_compact import compaction_due
-        from retriever.index_files import IndexLockedError
-        from retriever.index_update import add_passages, remove_passages
+        from retriever.index.compact import compaction_due
+        from retriever.index.files import IndexLockedError
+        from retriever.index.update import add_passages, remove_passages
 
         index = self.index  # the last commit: edits run one at a time on this thread
         ids = [p["id"] for p in add] + [p["id"] for p in update] + list(remove)
@@ -227,7 +227,7 @@ class AtlasService:
             "updated": [p["id"] for p in update],
             "removed": list(remove),
             "count": len(fresh),
-            "generation": int(fresh.manifest["generation"]),
+            "generation": fresh.manifest.generation,
         }
 
     def _swap_in_index_from_disk(self):
@@ -238,8 +238,8 @@ class AtlasService:
     def _compact(self) -> None:
         """Compact the index when it is (still) due, and serve the result (edit thread; queued by
         `edit`). A failure is logged and leaves the index as it was: the next edit tries again."""
-        from retriever.index_compact import compact_if_due  # heavy: faiss, as above
-        from retriever.index_files import IndexLockedError
+        from retriever.index.compact import compact_if_due  # heavy: faiss, as above
+        from retriever.index.files import IndexLockedError
 
         try:
             stats = compact_if_due(self.index.folder)
@@ -268,9 +268,9 @@ class AtlasService:
         return {
             "status": "ok",
             "passages": len(index),
-            "generation": int(manifest["generation"]),
-            "dead_rows": int(manifest["total"] - manifest["count"]),
-            "segments": len(manifest["segments"]),
+            "generation": manifest.generation,
+            "dead_rows": manifest.dead_rows,
+            "segments": len(manifest.segments),
             "compactions": self.compactions,
             "uptime_s": round(time.monotonic() - self.started, 3),
         }
@@ -298,17 +298,17 @@ class AtlasService:
             },
             "index": {
                 "path": str(index.folder),
-                "spec": manifest["spec"],
+                "spec": manifest.spec,
                 "passages": len(index),
-                "total": manifest["total"],
-                "dead_rows": manifest["total"] - manifest["count"],
-                "dim": manifest["dim"],
-                "generation": manifest["generation"],
-                "segments": len(manifest["segments"]),
+                "total": manifest.total,
+                "dead_rows": manifest.dead_rows,
+                "dim": manifest.dim,
+                "generation": manifest.generation,
+                "segments": len(manifest.segments),
                 "compactions": self.compactions,
                 "auto_compact": self.auto_compact,
-                "encoder_fingerprint": manifest["encoder_fingerprint"],
-                "encoder": manifest.get("encoder", {}).get("source"),
+                "encoder_fingerprint": manifest.encoder_fingerprint,
+                "encoder": manifest.encoder.source,
             },
             "device": str(next(model.reader.parameters()).device),
         }

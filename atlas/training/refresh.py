@@ -14,7 +14,7 @@ from pathlib import Path
 
 from atlas.build import open_index
 from atlas.distributed import DistributedContext
-from retriever.index_build import build_index
+from retriever.index.build import build_index
 from tasks.modeling import eval_mode
 
 _RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*:\s*(\d+)\s*$")

@@ -47,7 +47,7 @@ def test_the_api_answers_with_evidence_one_or_many(world):
     assert one.text in question["answers"]  # the shipped reader reads the demo passages
     assert len(one.passages) == 2  # atlas-reader's atlas.yaml: reads 2 passages
     assert [p.id for p in one.passages] == [p.id for p in index.search(model.task.query(question["question"]), k=2)]
-    assert one.passages[0].score >= one.passages[1].score and one.generation == index.manifest["generation"]
+    assert one.passages[0].score >= one.passages[1].score and one.generation == index.manifest.generation
     many = model.answer([q["question"] for q in world["questions"][:3]], k=3, with_attention=True)
     assert all(len(a.passages) == 3 for a in many)
     assert all(abs(sum(a.attention) - 1) < 1e-5 for a in many)

@@ -36,7 +36,7 @@ def real_world(shared_data, tiny_encoder_path, tmp_path_factory):
     from atlas.training.checkpoint import save_checkpoint
     from retriever.corpus import prepare_corpus
     from retriever.encoder import build_retriever
-    from retriever.index_build import build_index
+    from retriever.index.build import build_index
 
     root = tmp_path_factory.mktemp("real-world")
     kilt_rows = (shared_data / "kilt" / "hotpotqa-dev-kilt.jsonl").read_text(encoding="utf-8").splitlines()[:20]

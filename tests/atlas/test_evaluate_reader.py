@@ -28,7 +28,7 @@ def demo_index(tmp_path_factory) -> dict:
     from atlas.config import load_config
     from retriever.corpus import prepare_corpus
     from retriever.encoder import build_retriever
-    from retriever.index_build import build_index
+    from retriever.index.build import build_index
 
     root = tmp_path_factory.mktemp("demo-index")
     questions = [record for _, record in read_jsonl(DEMO / "heldout.jsonl")][:N_QUESTIONS]
@@ -94,9 +94,9 @@ def test_zero_shot_evaluate_of_the_shipped_reader_writes_predictions_and_metrics
     assert metrics["exact_match"] == 100 * (right / N_QUESTIONS)
     assert right >= N_QUESTIONS // 2  # the shipped reader reads: it answers most demo questions from retrieval
     # every passage retrieved for the deepest recall (retrieval_k [1, 5, 20]), up to the index's size
-    from retriever.index_files import read_manifest
+    from retriever.index.manifest import Manifest
 
-    assert all(len(r["passages"]) == min(20, read_manifest(demo_index["index"])["count"]) for r in rows)
+    assert all(len(r["passages"]) == min(20, Manifest.load(demo_index["index"]).count) for r in rows)
 
     # the settings that ran: the reader folder's own (atlas.yaml) with the index's own encoder, nothing trained
     from atlas.config import load_config

@@ -16,9 +16,10 @@ import pytest
 
 from atlas.build import build_index
 from atlas.config import load_config
-from retriever import index_build
 from retriever.encoder import build_retriever
-from retriever.index_build import CACHE_DIR
+from retriever.index import build as index_build
+from retriever.index.build import CACHE_DIR
+from retriever.index.manifest import Manifest
 
 QUERIES = ["what is the capital of zorbland", "who first climbed mount olo"]
 
@@ -43,7 +44,7 @@ def corpus(tiny_world, tmp_path) -> Path:
 
 @pytest.fixture
 def builds(monkeypatch) -> list[Path]:
-    """The folders `retriever.index_build.build_index` is asked to build, in order."""
+    """The folders `retriever.index.build.build_index` is asked to build, in order."""
     calls: list[Path] = []
     real = index_build.build_index
 
@@ -103,12 +104,12 @@ def test_a_different_spec_or_encoder_builds_anew(tiny_world, corpus, tmp_path, b
     assert builds == [tmp_path / name / "index" for name in ("flat", "sq8", "short")]
     assert len(entries(corpus)) == 3
     reused = open_run_index(tiny_world, corpus, tmp_path / "short-again", "retriever.passage_maxlength=16")
-    assert len(builds) == 3 and reused.manifest["encoder"]["passage_maxlength"] == 16
+    assert len(builds) == 3 and reused.manifest.encoder.passage_maxlength == 16
 
 
 def test_updating_a_run_index_leaves_the_cache_as_it_was(tiny_world, corpus, tmp_path, builds):
     from retriever.encoder import Retriever
-    from retriever.index_update import add_passages, remove_passages, update_passages
+    from retriever.index.update import add_passages, remove_passages, update_passages
 
     open_run_index(tiny_world, corpus, tmp_path / "run1")
     (cached,) = entries(corpus)
@@ -129,15 +130,15 @@ def test_updating_a_run_index_leaves_the_cache_as_it_was(tiny_world, corpus, tmp
 def test_a_publish_killed_halfway_is_never_reused(tiny_world, corpus, tmp_path, builds, monkeypatch):
     """What a kill -9 while publishing leaves (a temporary folder, never renamed into place) is
     not taken for a cached index: the next run builds and publishes again."""
-    real = index_build.write_manifest
+    real = Manifest.save
 
-    def killed_in_the_cache(folder, manifest):
+    def killed_in_the_cache(manifest, folder):
         if CACHE_DIR in str(folder):
             raise KeyboardInterrupt("killed")
-        real(folder, manifest)
+        real(manifest, folder)
 
     with monkeypatch.context() as patch:
-        patch.setattr(index_build, "write_manifest", killed_in_the_cache)
+        patch.setattr(Manifest, "save", killed_in_the_cache)
         with pytest.raises(KeyboardInterrupt):
             open_run_index(tiny_world, corpus, tmp_path / "run1")
     (left,) = entries(corpus)

@@ -360,7 +360,7 @@ def test_the_server_compacts_its_index_between_batches_and_no_result_changes(cli
     """With automatic compaction on, the edit that leaves the index due for one is followed by a
     compaction on the edit thread, swapped in between two batches: fewer segments, one more
     generation, and the same hits (ids and scores) and answers as before it."""
-    from retriever.index_compact import MAX_SEGMENTS
+    from retriever.index.compact import MAX_SEGMENTS
 
     def settled() -> dict:
         service.edit_executor.submit(lambda: None).result()  # what was queued on the edit thread ran
@@ -412,7 +412,7 @@ def test_the_server_compacts_its_index_between_batches_and_no_result_changes(cli
 def test_an_edit_while_another_process_writes_the_index_is_answered_503(client, service):
     """The writer lock refuses a second writer at once (here: one the test holds, as `atlas index
     compact` from a shell would): the edit is not made, the server says why, and goes on."""
-    from retriever.index_files import writer_lock
+    from retriever.index.files import writer_lock
 
     before = client.get("/api/health").json()
     with writer_lock(service.index.folder, "compact"):
@@ -442,7 +442,7 @@ def test_a_bounded_load_with_interleaved_edits_loses_nothing(live_url, service):
     assert result["mean_batch"] > 1.5  # concurrent questions did share forward passes
     checked = bench.check_edits(live_url, plan, before)
     assert checked["lost_edits"] == [] and checked["passages"] == checked["expected_passages"]
-    assert len(service.index) == checked["passages"] == service.index.manifest["count"]
+    assert len(service.index) == checked["passages"] == service.index.manifest.count
     assert atlas_main(["index", "info", str(service.index.folder), "--verify"]) == 0
 
 

@@ -37,7 +37,7 @@ def _tiny_run(root: Path, tiny_encoder_path: Path) -> tuple[Path, Path]:
     from reader.tokenizer import build_reader_tokenizer
     from retriever.corpus import prepare_corpus
     from retriever.encoder import build_retriever
-    from retriever.index_build import build_index
+    from retriever.index.build import build_index
 
     tokenizer = build_reader_tokenizer(None)
     torch.manual_seed(0)

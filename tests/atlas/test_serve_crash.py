@@ -1,6 +1,6 @@
 """Crash safety of live corpus edits: kill -9 at the worst moments, then restart.
 
-First at the level of `retriever.index_update` (an update that dies just before or just after
+First at the level of `retriever.index.update` (an update that dies just before or just after
 the manifest is replaced leaves exactly the old index or exactly the new one, and it verifies),
 then a real `atlas serve` subprocess killed with SIGKILL while an edit is in flight, and restarted.
 """
@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 def _live_texts(folder: Path) -> dict[str, str]:
     """id → text of every live passage of the index at `folder` (as a restart would load it)."""
     index = PassageIndex.load(folder)
-    rows = [r for r in range(index.manifest["total"]) if not index.removed[r]]
+    rows = [r for r in range(index.manifest.total) if not index.removed[r]]
     return {p["id"]: p["text"] for p in index.passages(rows)}
 
 
@@ -38,9 +38,9 @@ class Crash(BaseException):
 def test_a_replace_that_dies_around_its_commit_leaves_the_old_or_the_new_index(tiny_world, tmp_path, monkeypatch, when):
     """Dies with every new file written and flushed but the manifest not replaced ("before"), or
     with the manifest replaced but the superseded files not yet deleted ("after")."""
-    import retriever.index_update as update
-    from retriever import index_files
     from retriever.encoder import Retriever
+    from retriever.index import update
+    from retriever.index.manifest import Manifest
 
     folder = tmp_path / "index"
     shutil.copytree(tiny_world["index"], folder)
@@ -52,18 +52,18 @@ def test_a_replace_that_dies_around_its_commit_leaves_the_old_or_the_new_index(t
         + json.dumps({"id": "p9", "title": "New", "text": "A new passage."})
         + "\n"
     )
-    real = index_files.write_manifest  # the commit point of every update (index_files.commit)
+    real = Manifest.save  # the commit point of every update (files.commit)
 
-    def dies(folder_, manifest):
+    def dies(manifest, folder_):
         if when == "after":
-            real(folder_, manifest)
+            real(manifest, folder_)
         raise Crash
 
-    monkeypatch.setattr(index_files, "write_manifest", dies)
+    monkeypatch.setattr(Manifest, "save", dies)
     retriever = Retriever.from_pretrained(tiny_world["encoder"])
     with pytest.raises(Crash):
         update.add_passages(folder, [new_file], retriever, chunk_words=0, progress=False, remove=["p1"])
-    monkeypatch.setattr(index_files, "write_manifest", real)
+    monkeypatch.setattr(Manifest, "save", real)
     after = _live_texts(folder)
     if when == "before":
         assert after == before  # nothing of the edit
@@ -79,7 +79,7 @@ def test_a_replace_that_dies_around_its_commit_leaves_the_old_or_the_new_index(t
 
 def test_replacing_an_id_that_is_not_live_changes_nothing(tiny_world, tmp_path):
     from retriever.encoder import Retriever
-    from retriever.index_update import add_passages
+    from retriever.index.update import add_passages
 
     folder = tmp_path / "index"
     shutil.copytree(tiny_world["index"], folder)

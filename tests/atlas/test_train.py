@@ -365,7 +365,7 @@ def test_full_retriever_training_refreshes_the_index(tiny_world, tmp_path):
     train(config, progress=False)
     refreshed = PassageIndex.load(out / "index-refreshed")
     original = PassageIndex.load(tiny_world["index"])
-    assert refreshed.manifest["encoder_fingerprint"] != original.manifest["encoder_fingerprint"]
+    assert refreshed.manifest.encoder_fingerprint != original.manifest.encoder_fingerprint
     assert not np.array_equal(np.asarray(refreshed.vectors), np.asarray(original.vectors))
     logged = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in logged if "index_refreshed" in r] == [1, 2]

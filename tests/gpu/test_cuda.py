@@ -162,7 +162,7 @@ def test_an_index_built_on_cuda_searches_like_one_built_on_the_cpu(tiny_world, t
     from retriever.corpus import prepare_corpus
     from retriever.encoder import build_retriever
     from retriever.index import PassageIndex
-    from retriever.index_build import build_index
+    from retriever.index.build import build_index
 
     docs = REPO / "atlas" / "demo" / "encyclopedia.jsonl"
     prepare_corpus([docs], tmp_path / "corpus", chunk_words=0, progress=False)

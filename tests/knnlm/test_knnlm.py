@@ -353,7 +353,7 @@ def test_datastore_of_another_model_is_never_resumed_or_reused(tmp_path):
     args = {"context": 10, "stride": 4, "batch_size": 2, "progress": False}
     first, second = tiny_gpt2(seed=0), tiny_gpt2(seed=1)  # same architecture and sizes
     store = build_datastore(tmp_path / "done", first, ids, ["ffn_input:-1"], **args)
-    meta = store.manifest["meta"]
+    meta = store.manifest.meta
     assert len(meta["model_fingerprint"]) == 64 and meta["architecture"] == "gpt2"
     with pytest.raises(ValueError, match="built with a different model"):
         build_datastore(tmp_path / "done", second, ids, ["ffn_input:-1"], **args)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from retriever.index import PassageIndex
-from retriever.index_update import remove_passages
+from retriever.index.update import remove_passages
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,7 +41,7 @@ def _live(folder: Path) -> list[tuple[str, str]]:
     index = PassageIndex.load(folder)
     return sorted(
         (p["id"], p["text"])
-        for p in index.passages([i for i in range(index.manifest["total"]) if not index.removed[i]])
+        for p in index.passages([i for i in range(index.manifest.total) if not index.removed[i]])
     )
 
 

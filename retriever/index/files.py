@@ -1,6 +1,6 @@
-"""The on-disk format of an index folder (see `retriever.index`): the manifest, the files it lists,
-the checks that name a missing, truncated, corrupted or mismatched file instead of crashing on it,
-and how a writer commits a generation (`commit`) under the folder's writer lock (`writer_lock`)."""
+"""The files of an index folder (their manifest: `retriever.index.manifest`): the checks that name a missing,
+truncated, altered or mismatched file instead of crashing on it, reading them, and how a writer commits a
+generation (`commit`) under the folder's writer lock (`writer_lock`)."""
 
 from __future__ import annotations
 
@@ -19,22 +19,13 @@ import numpy as np
 
 from retriever.corpus import Corpus
 from retriever.fingerprint import hash_file
-from tasks.io import atomic_write_json
+from retriever.index.manifest import MANIFEST, FileRecord, InvalidIndexError, Manifest, Segment, sampled_sha256
 
-MANIFEST = "manifest.json"
-# 2: a segment added by an edit may have files of its own (`file_parts`), and a FAISS index keeps its trained,
-# empty form (`files.trained`); a version-1 index (every file whole) reads as one whose segments have none
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
 LOCK = ".writer.lock"  # exists while the one process that updates or compacts the index holds it
 # files and segment folders a generation writes (`.gN.` / `segment-gN`), and the temporary names
 # of atomic writes: what `remove_unreferenced` may delete when the manifest does not name it
 _GENERATION_FILE = re.compile(r"(vectors|index|removed|trained)\.g\d+\.(npy|faiss)|\.manifest\.json\..+")
 _SEGMENT_DIR = re.compile(r"segment-g\d+|\.segment-g\d+\.(tmp|old)-.+")
-
-
-class InvalidIndexError(ValueError):
-    """An index folder that cannot be used as it is; the message says which file and why."""
 
 
 class EncoderMismatchError(InvalidIndexError):
@@ -49,80 +40,39 @@ class IndexLockedError(RuntimeError):
     """Another process is updating or compacting the index (it holds the writer lock)."""
 
 
-def read_manifest(path: str | os.PathLike) -> dict:
-    """The parsed `manifest.json` of an index folder, with a clear error when absent or corrupt."""
-    manifest_path = Path(path) / MANIFEST
-    if not manifest_path.is_file():
-        raise FileNotFoundError(f"{path} is not an index (no {MANIFEST}); build one with `atlas index build`")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InvalidIndexError(f"{manifest_path}: corrupted manifest ({e})") from None
-    if manifest.get("format_version") not in READABLE_VERSIONS:
-        raise InvalidIndexError(
-            f"{manifest_path}: format_version {manifest.get('format_version')!r}, this atlas reads "
-            f"{' and '.join(map(str, READABLE_VERSIONS))} (an index written by a newer atlas?)"
-        )
-    return manifest
-
-
-def file_record(path: Path) -> dict:
-    """Size and SHA-256 of a file, as stored in the manifest."""
-    return {"name": path.name, "bytes": path.stat().st_size, "sha256": hash_file(path)}
-
-
-def check_file(folder: Path, record: dict, *, verify_hash: bool) -> Path:
-    """Raise `InvalidIndexError` naming the file when it is missing, truncated or (optionally) corrupted."""
-    path = folder / record["name"]
+def check_file(folder: Path, manifest: Manifest, record: FileRecord, *, verify_hash: bool) -> Path:
+    """The path of the index file `record`; `InvalidIndexError` naming it when it is missing, outside the folder,
+    truncated, altered (its sampled blocks differ: `manifest.sampled_sha256`) or, with `verify_hash`, corrupted
+    anywhere (its SHA-256 differs)."""
+    path = manifest.path_of(folder, record)
     if not path.is_file():
         raise InvalidIndexError(f"{path}: missing index file")
     size = path.stat().st_size
-    if size != record["bytes"]:
-        raise InvalidIndexError(f"{path}: truncated or altered ({size} bytes, manifest says {record['bytes']})")
-    if verify_hash and hash_file(path) != record["sha256"]:
-        raise InvalidIndexError(f"{path}: corrupted (SHA-256 differs from the manifest)")
+    if size != record.bytes:
+        raise InvalidIndexError(f"{path}: truncated or altered ({size} bytes, manifest says {record.bytes})")
+    if verify_hash:
+        if hash_file(path) != record.sha256:
+            raise InvalidIndexError(f"{path}: corrupted (SHA-256 differs from the manifest)")
+    elif record.sampled_sha256 is not None and sampled_sha256(path) != record.sampled_sha256:
+        raise InvalidIndexError(
+            f"{path}: altered (same size, but its sampled blocks differ from the manifest's: zero-filled or "
+            "rewritten); restore it or rebuild the index (`atlas index info --verify` checks every byte)"
+        )
     return path
 
 
-def file_parts(manifest: dict, role: str) -> list[tuple[dict, int]]:
-    """The files of one role ("vectors": float16 vectors; "faiss": the FAISS index) in position order, with the
-    rows each must hold: (record, rows).
-
-    `files[role]` holds the rows as built or last compacted: those of every segment before the first that has
-    its own file of the role; each segment an edit appended since has one (`segments[i][role]`, its `count`
-    rows). Manifests written before segments had their own files have `files[role]` alone, over every row.
-    Empty where the index has no file of the role (no vectors kept; `Flat`, which has no FAISS index)."""
-    segments = manifest["segments"]
-    own = next((i for i, s in enumerate(segments) if role in s), len(segments))
-    parts = []
-    if role in manifest["files"]:
-        rows = segments[own]["offset"] if own < len(segments) else manifest["total"]
-        parts.append((manifest["files"][role], rows))
-    parts.extend((s[role], s["count"]) for s in segments[own:])
-    return parts
-
-
-SEGMENT_FILE_ROLES = ("vectors", "faiss")  # the files a segment appended by an edit may have of its own
-
-
-def file_records(manifest: dict) -> list[dict]:
-    """Every file record of an index's manifest: its `files` and its segments' own vectors and FAISS files."""
-    own = [s[role] for s in manifest["segments"] for role in SEGMENT_FILE_ROLES if role in s]
-    return [*manifest["files"].values(), *own]
-
-
 def check_encoder(
-    manifest: dict, fingerprint: str, where: str, *, allow_mismatch: bool = False, settings: dict | None = None
+    manifest: Manifest, fingerprint: str, where: str, *, allow_mismatch: bool = False, settings: dict | None = None
 ) -> None:
     """Refuse an encoder whose passage fingerprint differs from the one the index was built with. `settings`
     (the encoder's `passage_format` and `passage_maxlength`) lets the message say when those are what differ."""
-    if fingerprint == manifest["encoder_fingerprint"] or allow_mismatch:
+    if fingerprint == manifest.encoder_fingerprint or allow_mismatch:
         return
-    recorded = manifest.get("encoder") or {}
+    recorded = manifest.encoder.passage_settings()
     differing = [
         f"{key} {recorded[key]!r} at build, {settings[key]!r} here"
         for key in ("passage_maxlength", "passage_format")
-        if settings and recorded.get(key) is not None and settings.get(key) != recorded[key]
+        if settings and key in recorded and settings.get(key) != recorded[key]
     ]
     if differing:
         advice = (
@@ -133,26 +83,37 @@ def check_encoder(
     else:
         advice = "its vectors would not be comparable: rebuild the index with this encoder"
     raise EncoderMismatchError(
-        f"{where}: the index was built with passage encoder {manifest['encoder_fingerprint'][:12]}… but the encoder "
+        f"{where}: the index was built with passage encoder {manifest.encoder_fingerprint[:12]}… but the encoder "
         f"given has fingerprint {fingerprint[:12]}…; {advice} (index.allow_encoder_mismatch / "
         "--allow-encoder-mismatch searches anyway, if you know better)"
     )
 
 
 def open_corpus(
-    folder: Path, segment: dict, override: str | os.PathLike | None = None, *, verify: bool = False
+    folder: Path,
+    manifest: Manifest,
+    segment: Segment,
+    override: str | os.PathLike | None = None,
+    *,
+    verify: bool = False,
 ) -> Corpus:
-    """Open a segment's corpus (relative paths are inside the index) and check it: its passages file's size
-    (where the manifest records it), its fingerprint, its count; with `verify`, its contents too (a hash of
-    the whole file). Errors name the file."""
-    path = Path(override) if override is not None else folder / segment["corpus"]
+    """Open a segment's corpus (relative paths are inside the index) and check it: its passages file's size and
+    sampled blocks (where the manifest records them), its fingerprint, its count; with `verify`, its contents too
+    (a hash of the whole file). Errors name the file."""
+    path = Path(override) if override is not None else manifest.corpus_path(folder, segment)
     arrow = path / "passages.arrow"
-    expected = segment.get("bytes") if override is None else None  # another corpus given: its fingerprint says
-    if expected is not None and arrow.is_file() and arrow.stat().st_size != expected:
-        raise CorpusMismatchError(
-            f"{arrow}: {arrow.stat().st_size} bytes where the index {folder} recorded {expected}: truncated or "
-            "altered; restore it, or prepare the corpus and build the index again"
-        )
+    if override is None and arrow.is_file():  # another corpus given: its fingerprint says
+        size = arrow.stat().st_size
+        if segment.bytes is not None and size != segment.bytes:
+            raise CorpusMismatchError(
+                f"{arrow}: {size} bytes where the index {folder} recorded {segment.bytes}: truncated or "
+                "altered; restore it, or prepare the corpus and build the index again"
+            )
+        if segment.sampled_sha256 is not None and not verify and sampled_sha256(arrow) != segment.sampled_sha256:
+            raise CorpusMismatchError(
+                f"{arrow}: altered (same size, but its sampled blocks differ from what the index {folder} recorded: "
+                "zero-filled or rewritten); restore it, or prepare the corpus and build the index again"
+            )
     try:
         corpus = Corpus.load(path)
     except ValueError as e:
@@ -162,59 +123,36 @@ def open_corpus(
             corpus.verify()
         except ValueError as e:
             raise CorpusMismatchError(str(e)) from None
-    if corpus.fingerprint != segment["fingerprint"]:
+    if corpus.fingerprint != segment.fingerprint:
         raise CorpusMismatchError(
             f"corpus {path} (fingerprint {corpus.fingerprint[:12]}…) is not the corpus the index {folder} was "
-            f"built on (fingerprint {segment['fingerprint'][:12]}…); build an index for it with `atlas index build`"
+            f"built on (fingerprint {segment.fingerprint[:12]}…); build an index for it with `atlas index build`"
         )
-    if len(corpus) != segment["count"]:
-        raise CorpusMismatchError(f"corpus {path} has {len(corpus)} passages, the index expects {segment['count']}")
+    if len(corpus) != segment.count:
+        raise CorpusMismatchError(f"corpus {path} has {len(corpus)} passages, the index expects {segment.count}")
     return corpus
 
 
-def check_rerank(manifest: dict, folder: Path, exact_rerank: int | None, *, has_vectors: bool) -> int:
+def check_rerank(manifest: Manifest, folder: Path, exact_rerank: int | None, *, has_vectors: bool) -> int:
     """The re-rank width k' to search with: `exact_rerank` if given, else the manifest's (0: off).
 
     Raises `ValueError` for a negative k', and `InvalidIndexError` naming the index and the
     missing `files.vectors` entry when a compressed index is asked to re-rank without its
     float16 vectors (`Flat` is exact already: k' is ignored there)."""
-    # "rerank": the field's name in manifests written before it took the config's name
-    recorded = manifest.get("exact_rerank", manifest.get("rerank", 0))
-    value = recorded if exact_rerank is None else exact_rerank
+    value = manifest.exact_rerank if exact_rerank is None else exact_rerank
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         source = f"{folder / MANIFEST}: field exact_rerank" if exact_rerank is None else "exact_rerank"
         raise ValueError(f"{source} must be an integer k' >= 0 (0 = off), got {value!r}")
-    if manifest.get("spec") == "Flat":
+    if manifest.spec == "Flat":
         return 0
     if value and not has_vectors:
         raise InvalidIndexError(
             f"{folder}: re-ranking {value} candidates needs the float16 vectors file, but "
-            f"{MANIFEST} lists none (files.vectors; spec {manifest.get('spec')}, built without "
+            f"{MANIFEST} lists none (files.vectors; spec {manifest.spec}, built without "
             "--keep-embeddings); rebuild with `atlas index build --exact-rerank K` (which keeps them) "
             "or search without --exact-rerank"
         )
     return value
-
-
-def index_summary(manifest: dict) -> dict:
-    """The manifest without file hashes, plus the rows (live: searchable; dead: removed or
-    replaced, still in the files until a compaction), the corpus segments, total bytes of the
-    index files and bytes per live passage."""
-    size = sum(r["bytes"] for r in file_records(manifest))
-    return {
-        **{k: v for k, v in manifest.items() if k not in ("files", "segments")},
-        "segments": [
-            {k: v if k not in SEGMENT_FILE_ROLES else v["name"] for k, v in s.items()} for s in manifest["segments"]
-        ],
-        "live_rows": manifest["count"],
-        "dead_rows": manifest["total"] - manifest["count"],
-        "segment_count": len(manifest["segments"]),
-        "bytes_on_disk": size,
-        "bytes_per_passage": round(size / max(manifest["count"], 1), 2),
-        "files": {role: r["name"] for role, r in manifest["files"].items()},
-        "vectors_files": [record["name"] for record, _ in file_parts(manifest, "vectors")],
-        "faiss_files": [record["name"] for record, _ in file_parts(manifest, "faiss")],
-    }
 
 
 def load_npy(path: Path, mmap_mode: str | None = None) -> np.ndarray:
@@ -226,7 +164,7 @@ def load_npy(path: Path, mmap_mode: str | None = None) -> np.ndarray:
 
 
 def read_faiss(path: Path, *, io_flags: int = 0) -> faiss.Index:
-    """Read a FAISS index file with `io_flags` (`index_types.faiss_read_flags`: memory-mapped
+    """Read a FAISS index file with `io_flags` (`types.faiss_read_flags`: memory-mapped
     and read-only for the index's family, or 0: into memory, writable).
 
     No silent fallback: a file FAISS cannot read with these flags raises `InvalidIndexError`
@@ -236,11 +174,6 @@ def read_faiss(path: Path, *, io_flags: int = 0) -> faiss.Index:
         return faiss.read_index(str(path), io_flags)
     except RuntimeError as e:
         raise InvalidIndexError(f"{path}: unreadable FAISS index ({str(e).splitlines()[0]})") from None
-
-
-def write_manifest(folder: Path, manifest: dict) -> None:
-    """Atomically replace the manifest (the commit point of every build and update)."""
-    atomic_write_json(folder / MANIFEST, manifest)
 
 
 # ------------------------------------------------------------------------------ writing
@@ -256,7 +189,7 @@ def writer_lock(folder: str | os.PathLike, operation: str) -> Iterator[None]:
     deletes the file when it is done, still holding it: a writer that opened the file before
     that and locks it after finds the name gone or naming another file, and opens it again."""
     folder = Path(folder)
-    read_manifest(folder)  # "not an index" before any lock file is created
+    Manifest.load(folder)  # "not an index" before any lock file is created
     path = folder / LOCK
     for _ in range(3):
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -312,7 +245,7 @@ def fsync_path(path: Path) -> None:
             os.close(fd)
 
 
-def commit(folder: Path, manifest: dict, new_files: dict[str, Path], also_written: tuple[Path, ...] = ()) -> None:
+def commit(folder: Path, manifest: Manifest, new_files: dict[str, Path], also_written: tuple[Path, ...] = ()) -> None:
     """Record `new_files` (role → written file) in `manifest`, replace `manifest.json` (the
     commit point), then delete what the new manifest no longer names.
 
@@ -320,21 +253,20 @@ def commit(folder: Path, manifest: dict, new_files: dict[str, Path], also_writte
     recorded in `manifest` by the caller) reach the disk before the manifest that names them:
     otherwise a power cut could leave a committed manifest over empty files."""
     for role, path in new_files.items():
-        manifest["files"][role] = file_record(path)
-    manifest["format_version"] = FORMAT_VERSION  # a version-1 index that takes an edit is written as this one
+        manifest.files[role] = FileRecord.of(path)
     for path in [*new_files.values(), *also_written]:
         fsync_path(path)
-    write_manifest(folder, manifest)
+    manifest.save(folder)  # a version-1 index that takes an edit is written as the current version
     fsync_path(folder)  # the manifest's rename
     remove_unreferenced(folder, manifest)
 
 
-def remove_unreferenced(folder: Path, manifest: dict) -> list[str]:
+def remove_unreferenced(folder: Path, manifest: Manifest) -> list[str]:
     """Delete the generation files and corpus segment folders of `folder` that `manifest` does
     not name (superseded by a commit, or left by a writer that died before or after its commit);
     → their names. Only under the writer lock: another writer's files would look the same."""
-    named = {record["name"] for record in file_records(manifest)}
-    segments = {(folder / s["corpus"]).resolve() for s in manifest["segments"]}
+    named = {record.name for record in manifest.file_records()}
+    segments = {(folder / s.corpus).resolve() for s in manifest.segments}
     deleted = []
     for path in folder.iterdir():
         if path.is_file() and _GENERATION_FILE.fullmatch(path.name) and path.name not in named:

@@ -49,10 +49,10 @@ class IndexType:
     `IO_FLAG_MMAP` turns the lists into a read-only `OnDiskInvertedLists` over the file) or
     "codes" (flat-code indexes and HNSW: `IO_FLAG_MMAP_IFC` maps the code array / storage) or
     "none" (fast-scan: FAISS reads its blocked codes into memory whatever the flags).
-    `shard` says how a sharded index (retriever/sharded.py) splits it over ranks: "rows"
+    `shard` says how a sharded index (retriever/index/sharded.py) splits it over ranks: "rows"
     (each rank keeps a contiguous range of positions; exact) or "replicate" (HNSW: a graph
     restricted to some ids is searched differently, so each rank searches the whole of it).
-    `appends` says how an edit adds rows (retriever/index_update.py): "part" (a FAISS file of the
+    `appends` says how an edit adds rows (retriever/index/update.py): "part" (a FAISS file of the
     new rows alone, filled from the trained, empty index kept at build; searched beside the others
     and merged into one at compaction with FAISS's `merge_from`) or "rewrite" (HNSW: a graph is
     one whole, and FAISS cannot merge two: the index is written again with the new rows).

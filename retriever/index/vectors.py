@@ -35,16 +35,18 @@ class EncoderRecord:
     source: str | None = None
     passage_format: str | None = None
     passage_maxlength: int | None = None
+    embedding_precision: str = "fp32"  # what the vectors were embedded at (`retriever.index.embedding`)
 
     @classmethod
-    def of(cls, retriever, source: str | None = None) -> EncoderRecord:
-        """The record of a loaded `Retriever`'s passage side."""
+    def of(cls, retriever, source: str | None = None, precision: str = "fp32") -> EncoderRecord:
+        """The record of a loaded `Retriever`'s passage side, embedding at `precision` ("fp32" or "bf16")."""
         return cls(
             fingerprint=retriever.passage_fingerprint(),
             dim=retriever.dim,
             source=source,
             passage_format=retriever.passage_format,
             passage_maxlength=retriever.passage_maxlength,
+            embedding_precision=precision,
         )
 
 
@@ -67,7 +69,9 @@ def read_encoder_record(vectors: str | os.PathLike) -> EncoderRecord | None:
     for field, kind in (("fingerprint", str), ("dim", int)):
         if not isinstance(data.get(field), kind):
             raise ValueError(f"{path}: field '{field}' is missing or not a {kind.__name__}")  # noqa: TRY004 (bad input)
-    known = {"fingerprint", "dim", "source", "passage_format", "passage_maxlength"}
+    if data.get("embedding_precision", "fp32") not in ("fp32", "bf16"):
+        raise ValueError(f"{path}: field 'embedding_precision' must be 'fp32' or 'bf16'")
+    known = {"fingerprint", "dim", "source", "passage_format", "passage_maxlength", "embedding_precision"}
     return EncoderRecord(**{k: v for k, v in data.items() if k in known})
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from retriever.index import PassageIndex
-from retriever.sharded import ShardedPassageIndex, merge_top_k, shard_bounds
+from retriever.index.sharded import ShardedPassageIndex, merge_top_k, shard_bounds
 
 
 def test_shard_bounds_cover_every_position_once():
@@ -43,7 +43,7 @@ def index_folders(tmp_path_factory, tiny_encoder_path):
     from atlas.config import RetrieverConfig
     from retriever.corpus import prepare_corpus
     from retriever.encoder import build_retriever
-    from retriever.index_build import build_index
+    from retriever.index.build import build_index
 
     root = tmp_path_factory.mktemp("sharded")
     words = [
@@ -170,7 +170,7 @@ SPECS = ["Flat", "IVF8,Flat", "IVF8,PQ8", "PQ8", "SQ8", "HNSW8"]
 @pytest.fixture(scope="module")
 def synthetic_indexes(tmp_path_factory, make_synthetic_corpus, clustered_source):
     """One index per spec over 3,000 clustered 32-d vectors (enough to train PQ codebooks)."""
-    from retriever.index_build import build_index
+    from retriever.index.build import build_index
 
     root = tmp_path_factory.mktemp("sharded-synthetic")
     corpus = make_synthetic_corpus(root, 3000)
@@ -213,7 +213,7 @@ def test_shards_merge_to_the_single_process_search(synthetic_indexes, clustered_
     import gc
     import shutil
 
-    from retriever.index_update import remove_passages
+    from retriever.index.update import remove_passages
 
     folder = tmp_path / "ix"
     shutil.copytree(synthetic_indexes[spec], folder)
@@ -225,7 +225,7 @@ def test_shards_merge_to_the_single_process_search(synthetic_indexes, clustered_
         expected_scores, expected_rows = single.search_vectors(queries, 25)
         shards, (scores, rows) = sharded_results(folder, queries, 25, world)
         assert_same_top_k(scores, rows, expected_scores, expected_rows)
-        live, files = len(single), single.manifest["files"]
+        live, files = len(single), single.manifest.files
         del single
         gc.collect()
         if spec == "HNSW8":  # not split: every rank searches the whole graph for its own queries
@@ -240,13 +240,13 @@ def test_shards_merge_to_the_single_process_search(synthetic_indexes, clustered_
                 own = own[own >= 0]
                 assert ((own >= s.start) & (own < s.end)).all() and not s.removed[own].any()
             # ...and no longer maps the whole file (the loading index was dropped)
-            assert str((folder / files["faiss"]["name"]).resolve()) not in Path("/proc/self/maps").read_text()
+            assert str((folder / files["faiss"].name).resolve()) not in Path("/proc/self/maps").read_text()
 
 
 def test_sharded_flat_rank_reads_only_its_rows(tmp_path, make_synthetic_corpus, clustered_source):
     """A Flat rank searches its row range of the memory-mapped vectors: pages of the other
     ranks' rows are never touched (RSS of the mapping measured in /proc/self/smaps)."""
-    from retriever.index_build import build_index
+    from retriever.index.build import build_index
 
     folder = build_index(
         make_synthetic_corpus(tmp_path, 20000),
@@ -346,10 +346,10 @@ def test_ivf_shard_read_from_the_file_equals_faiss_copy(synthetic_indexes, spec)
     import faiss
     from faiss.contrib.inspect_tools import get_invlist
 
-    from retriever.sharded import ivf_shard
+    from retriever.index.sharded import ivf_shard
 
     folder = synthetic_indexes[spec]
-    path = folder / PassageIndex.load(folder).manifest["files"]["faiss"]["name"]
+    path = folder / PassageIndex.load(folder).manifest.files["faiss"].name
     removed = np.zeros(3000, dtype=bool)
     removed[::5] = True
     mapped = ivf_shard(path, PassageIndex.load(folder).faiss_index, 1000, 2500, removed)

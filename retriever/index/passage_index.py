@@ -7,32 +7,33 @@ An index folder holds
     vectors.gN.npy     float16 (N, d) embeddings: the index itself for `Flat` (searched in
                        chunks by `exact_search`), else present only with `keep_embeddings`
                        (implied by `exact_rerank`: the exact scores of a compressed index's
-                       candidates are read from it, memory-mapped; retriever/exact_rerank.py)
+                       candidates are read from it, memory-mapped; retriever/index/rerank.py)
     index.gN.faiss     the FAISS index for every other spec, saved and loaded compressed only
     removed.gN.npy     (N,) bool: positions of removed passages, never returned by search
 Files carry a generation number N; an update writes new files, then atomically replaces
 `manifest.json`, so a crash at any moment leaves the previous index intact.
 
-Loading checks every file's size against the manifest (a truncated file is named at once);
-the SHA-256 of every byte is checked only when asked (`PassageIndex.load(verify=True)`,
-`atlas index info --verify`): hashing a 49 GB flat index takes minutes, and every rank of a
-job loads the index. A same-size corruption is otherwise caught where FAISS or numpy cannot
-parse the file, or not at all inside the vector data: run `--verify` after copying an index.
+Loading checks every file's size and sampled blocks against the manifest (a truncated, zero-filled or
+replaced file is named at once; `retriever.index.manifest`); the SHA-256 of every byte is checked only when
+asked (`PassageIndex.load(verify=True)`, `atlas index info --verify`): hashing a 49 GB flat index takes
+minutes, and every rank of a job loads the index. A damaged byte between the sampled blocks is otherwise
+caught where FAISS or numpy cannot parse the file, or not at all inside the vector data: run `--verify`
+after copying an index.
 
 Loading memory-maps what it can: float16 vectors always; FAISS indexes with the flags FAISS
-supports for their family (`index_types.faiss_read_flags`): IVF inverted lists become a
+supports for their family (`types.faiss_read_flags`): IVF inverted lists become a
 read-only `OnDiskInvertedLists` over the file, flat codes (PQ, SQ8) and HNSW storage are
 mapped in place. Mapped pages are shared by every process on the machine that opens the file.
 
 Two-stage search (`exact_rerank` = k' > 0 in the manifest, or given at load): a compressed index
-proposes k' candidates per query and `retriever.rerank.rerank_candidates` returns the top k by
+proposes k' candidates per query and `retriever.index.rerank.rerank_candidates` returns the top k by
 exact inner product from the memory-mapped float16 vectors. `Flat` is exact already and
 ignores it.
 
 Positions (`Passage.row`) number the passages across segments: the build's corpus first, then
-each `add`ed corpus in turn. A compaction (`retriever.index_compact`) merges segments and drops
+each `add`ed corpus in turn. A compaction (`retriever.index.compact`) merges segments and drops
 removed rows, so positions change at each one; passage ids never do. Build an index with
-`retriever.index_build.build_index`. A load that meets a writer's commit (the files it was about
+`retriever.index.build.build_index`. A load that meets a writer's commit (the files it was about
 to open deleted under it) opens the new generation instead.
 """
 
@@ -46,31 +47,24 @@ import faiss
 import numpy as np
 
 from retriever.corpus import Corpus
-
-# the errors are imported from here by users who catch them: keep them importable as retriever.index.*
-from retriever.index_files import (  # noqa: F401
-    CorpusMismatchError,
-    EncoderMismatchError,
+from retriever.index.files import (
     InvalidIndexError,
     check_encoder,
     check_file,
     check_rerank,
-    file_parts,
-    file_records,
-    index_summary,
     load_npy,
     open_corpus,
     read_faiss,
-    read_manifest,
 )
-from retriever.index_types import (
+from retriever.index.manifest import Manifest
+from retriever.index.rerank import StoredVectors, advise_random, rerank_candidates
+from retriever.index.types import (
     best_first,
     exact_search,
     faiss_read_flags,
     search_parameters_target,
     set_search_params,
 )
-from retriever.rerank import StoredVectors, advise_random, rerank_candidates
 from tasks.passage import Passage
 
 _LOAD_ATTEMPTS = 3  # generations a load may see committed under it before it gives up
@@ -86,7 +80,7 @@ class PassageIndex:
     def __init__(
         self,
         folder: Path,
-        manifest: dict,
+        manifest: Manifest,
         *,
         corpora: list[Corpus],
         vectors: StoredVectors | None,
@@ -102,16 +96,16 @@ class PassageIndex:
         self.corpora = corpora
         self.vectors = vectors  # (N, d) float16, memory-mapped files, or None
         # the FAISS index in parts: (first position, index of the rows from there, numbered from 0); one part as
-        # built or compacted, then one per segment an edit appended (`index_files.file_parts`)
+        # built or compacted, then one per segment an edit appended (`Manifest.file_parts`)
         if isinstance(faiss_index, faiss.Index):
             faiss_index = [(0, faiss_index)]
         self.faiss_parts: list[tuple[int, faiss.Index]] = faiss_index or []
         self.faiss_index = self.faiss_parts[0][1] if self.faiss_parts else None  # the part as built or compacted
         self.removed = removed  # (N,) bool
         self.retriever = retriever
-        self._offsets = np.array([s["offset"] for s in manifest["segments"]], dtype=np.int64)
-        self.nprobe = nprobe if nprobe is not None else manifest.get("nprobe", 32)
-        self.ef_search = ef_search if ef_search is not None else manifest.get("ef_search", 128)
+        self._offsets = np.array(manifest.offsets, dtype=np.int64)
+        self.nprobe = nprobe if nprobe is not None else manifest.nprobe
+        self.ef_search = ef_search if ef_search is not None else manifest.ef_search
         for _, part in self.faiss_parts:
             set_search_params(part, nprobe=self.nprobe, ef_search=self.ef_search)
         self.exact_rerank = check_rerank(manifest, folder, exact_rerank, has_vectors=vectors is not None)
@@ -148,7 +142,7 @@ class PassageIndex:
         """
         folder = Path(path)
         for attempt in range(_LOAD_ATTEMPTS):
-            manifest = read_manifest(folder)
+            manifest = Manifest.load(folder)
             try:
                 return cls._open(
                     folder,
@@ -166,7 +160,7 @@ class PassageIndex:
             except (InvalidIndexError, FileNotFoundError):
                 # a writer committed a generation between our reading the manifest and opening the
                 # files it named, and deleted those: open the new one (an error of this one is raised)
-                if attempt == _LOAD_ATTEMPTS - 1 or read_manifest(folder)["generation"] == manifest["generation"]:
+                if attempt == _LOAD_ATTEMPTS - 1 or Manifest.load(folder).generation == manifest.generation:
                     raise
         raise AssertionError("unreachable")
 
@@ -174,7 +168,7 @@ class PassageIndex:
     def _open(
         cls,
         folder: Path,
-        manifest: dict,
+        manifest: Manifest,
         *,
         retriever,
         corpus,
@@ -195,16 +189,15 @@ class PassageIndex:
                 allow_mismatch=allow_encoder_mismatch,
                 settings={"passage_format": retriever.passage_format, "passage_maxlength": retriever.passage_maxlength},
             )
-        files = manifest["files"]
-        for record in file_records(manifest):
-            check_file(folder, record, verify_hash=verify)
+        for record in manifest.file_records():
+            check_file(folder, manifest, record, verify_hash=verify)
         corpora = [
-            open_corpus(folder, seg, corpus if i == 0 else None, verify=verify)
-            for i, seg in enumerate(manifest["segments"])
+            open_corpus(folder, manifest, segment, corpus if i == 0 else None, verify=verify)
+            for i, segment in enumerate(manifest.segments)
         ]
         vectors = _stored_vectors(folder, manifest)
         faiss_parts = _faiss_parts(folder, manifest, mmap=mmap) if read_faiss_index else None
-        removed = load_npy(folder / files["removed"]["name"])
+        removed = load_npy(manifest.path_of(folder, manifest.files["removed"]))
         return cls(
             folder,
             manifest,
@@ -220,12 +213,12 @@ class PassageIndex:
 
     def __len__(self) -> int:
         """The number of live (not removed) passages."""
-        return int(self.manifest["count"])
+        return self.manifest.count
 
     @property
     def dim(self) -> int:
         """The embedding dimension d."""
-        return int(self.manifest["dim"])
+        return self.manifest.dim
 
     def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Map index positions to (segment number, row in that segment's corpus)."""
@@ -275,8 +268,7 @@ class PassageIndex:
         Available for `Flat` indexes and for others built with `keep_embeddings`."""
         if self.vectors is None:
             raise InvalidIndexError(
-                f"{self.folder}: embeddings were not kept (spec {self.manifest['spec']}); "
-                "rebuild with --keep-embeddings"
+                f"{self.folder}: embeddings were not kept (spec {self.manifest.spec}); rebuild with --keep-embeddings"
             )
         return np.asarray(self.vectors[np.asarray(rows, dtype=np.int64)], dtype=np.float32)
 
@@ -288,7 +280,7 @@ class PassageIndex:
         query_vectors = np.ascontiguousarray(query_vectors, dtype=np.float32)
         if query_vectors.ndim != 2 or query_vectors.shape[1] != self.dim:
             raise ValueError(f"query vectors must be (Q, {self.dim}), got {query_vectors.shape}")
-        if self.manifest["spec"] != "Flat" and not self.faiss_parts:
+        if self.manifest.spec != "Flat" and not self.faiss_parts:
             raise RuntimeError(f"{self.folder} was opened without its FAISS index (read_faiss_index=False)")
         any_removed = bool(self.removed.any())
         if self.faiss_index is None:
@@ -366,42 +358,42 @@ class PassageIndex:
 
     def info(self) -> dict:
         """A summary for `atlas index info`: the manifest plus sizes on disk."""
-        return index_summary(self.manifest)
+        return self.manifest.summary()
 
 
-def _faiss_parts(folder: Path, manifest: dict, *, mmap: bool) -> list[tuple[int, faiss.Index]]:
-    """The index's FAISS files (`index_files.file_parts`), read with the flags of its family and checked against
+def _faiss_parts(folder: Path, manifest: Manifest, *, mmap: bool) -> list[tuple[int, faiss.Index]]:
+    """The index's FAISS files (`Manifest.file_parts`), read with the flags of its family and checked against
     the rows and dimension the manifest gives each: [(first position, index)]; empty for `Flat`."""
     parts, offset = [], 0
-    flags = faiss_read_flags(manifest["spec"], manifest["dim"], mmap=mmap)
-    for record, rows in file_parts(manifest, "faiss"):
-        path = folder / record["name"]
+    flags = faiss_read_flags(manifest.spec, manifest.dim, mmap=mmap)
+    for record, rows in manifest.file_parts("faiss"):
+        path = manifest.path_of(folder, record)
         index = read_faiss(path, io_flags=flags)
-        if index.ntotal != rows or index.d != manifest["dim"]:
+        if index.ntotal != rows or index.d != manifest.dim:
             raise InvalidIndexError(
-                f"{path}: {index.ntotal} vectors of dim {index.d}, manifest says {rows} of dim {manifest['dim']}"
+                f"{path}: {index.ntotal} vectors of dim {index.d}, manifest says {rows} of dim {manifest.dim}"
             )
         parts.append((offset, index))
         offset += rows
     return parts
 
 
-def _stored_vectors(folder: Path, manifest: dict) -> StoredVectors | None:
-    """The index's float16 vectors files (`index_files.file_parts`), memory-mapped and checked against the
+def _stored_vectors(folder: Path, manifest: Manifest) -> StoredVectors | None:
+    """The index's float16 vectors files (`Manifest.file_parts`), memory-mapped and checked against the
     rows and dimension the manifest gives each; None where it keeps none."""
-    parts = file_parts(manifest, "vectors")
+    parts = manifest.file_parts("vectors")
     if not parts:
         return None
     files = []
     for record, rows in parts:
-        path = folder / record["name"]
+        path = manifest.path_of(folder, record)
         array = load_npy(path, mmap_mode="r")
-        if array.shape != (rows, manifest["dim"]) or array.dtype != np.float16:
+        if array.shape != (rows, manifest.dim) or array.dtype != np.float16:
             raise InvalidIndexError(
-                f"{path}: shape {array.shape} {array.dtype}, manifest says ({rows}, {manifest['dim']}) float16"
+                f"{path}: shape {array.shape} {array.dtype}, manifest says ({rows}, {manifest.dim}) float16"
             )
         files.append(array)
-    return StoredVectors.of(files, manifest["dim"])
+    return StoredVectors.of(files, manifest.dim)
 
 
 def search_live(

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from retriever.index_types import (
+from retriever.index.types import (
     INDEX_TYPES,
     build_faiss_index,
     exact_search,

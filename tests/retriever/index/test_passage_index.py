@@ -17,10 +17,9 @@ from retriever.index import (
     InvalidIndexError,
     PassageIndex,
 )
-from retriever.index_build import build_index, train_and_fill, work_dir_for
-from retriever.index_files import file_parts, file_records
-from retriever.index_types import exact_search, set_search_params
-from retriever.index_update import add_passages, remove_passages, update_passages
+from retriever.index.build import build_index, train_and_fill, work_dir_for
+from retriever.index.types import exact_search, set_search_params
+from retriever.index.update import add_passages, remove_passages, update_passages
 
 WORDS = [
     "river",
@@ -227,16 +226,16 @@ def test_add_and_remove(tmp_path, retriever, corpus, spec):
     index = PassageIndex.load(out, retriever=retriever)
     assert stats.ids == ["n2-0"] and index.get(["n2-0"])[0]["text"] == index.corpora[-1].get("n2-0")["text"]
     assert len(index) == 42 and sorted(p.name for p in out.iterdir() if p.suffix in {".npy", ".faiss"}) == sorted(
-        r["name"] for r in file_records(index.manifest)
+        r.name for r in index.manifest.file_records()
     )  # superseded files are gone
     # each edit wrote its own rows only: the vectors as built are the file they were, and each added
     # segment has its own file of its rows
-    parts = [(record["name"], rows) for record, rows in file_parts(index.manifest, "vectors")]
+    parts = [(record.name, rows) for record, rows in index.manifest.file_parts("vectors")]
     assert parts == [("vectors.g1.npy", 40), ("vectors.g2.npy", 3), ("vectors.g5.npy", 1)]
     if spec != "Flat":  # likewise the FAISS codes: the trained index kept at build, filled with each edit's rows
-        parts = [(record["name"], rows) for record, rows in file_parts(index.manifest, "faiss")]
+        parts = [(record.name, rows) for record, rows in index.manifest.file_parts("faiss")]
         assert parts == [("index.g1.faiss", 40), ("index.g2.faiss", 3), ("index.g5.faiss", 1)]
-        assert index.manifest["files"]["trained"]["name"] == "trained.g1.faiss"
+        assert index.manifest.files["trained"].name == "trained.g1.faiss"
     np.testing.assert_array_equal(np.load(out / "vectors.g1.npy"), old_vectors)
     np.testing.assert_array_equal(
         np.asarray(index.vectors[41:44]),
@@ -254,10 +253,19 @@ def test_corrupted_files_give_clear_errors(tmp_path, retriever, corpus):
     corrupted = bytearray(original)
     corrupted[-10] ^= 0xFF  # inside the SQ8 codes: same size, parses fine
     faiss_file.write_bytes(bytes(corrupted))
-    PassageIndex.load(out)  # the default load checks sizes only (hashing is minutes at scale)
+    # a small file is sampled whole: the flipped byte is seen at every load (a large one: at --verify)
+    with pytest.raises(InvalidIndexError, match=r"index.g1.faiss: altered \(same size, but its sampled blocks differ"):
+        PassageIndex.load(out)
     with pytest.raises(InvalidIndexError, match=r"index.g1.faiss: corrupted \(SHA-256 differs"):
         PassageIndex.load(out, verify=True)
     faiss_file.write_bytes(b"\x00" * len(original))  # same size, header destroyed
+    with pytest.raises(InvalidIndexError, match="index.g1.faiss: altered"):
+        PassageIndex.load(out)
+    # a manifest written before the sampled hashes: the size is all a load checks, FAISS names what it cannot read
+    data = json.loads((out / "manifest.json").read_text())
+    for record in data["files"].values():
+        record.pop("sampled_sha256")
+    (out / "manifest.json").write_text(json.dumps(data))
     with pytest.raises(InvalidIndexError, match="index.g1.faiss: unreadable FAISS index"):
         PassageIndex.load(out)
     with pytest.raises(InvalidIndexError, match="unreadable FAISS index"):
@@ -388,7 +396,7 @@ def test_pq_search_widens_until_enough_live_results():
     """IndexPQ takes no id selector: `search_live` searches wider, doubling for the queries
     that still lack k live results, and returns exactly the unfiltered ranking minus the
     removed ids — here with the 400 best hits of each query removed."""
-    from retriever.index import search_live
+    from retriever.index.passage_index import search_live
 
     rng = np.random.default_rng(0)
     data = rng.standard_normal((4000, 16)).astype(np.float32)
@@ -461,7 +469,7 @@ def test_only_a_record_much_longer_than_the_corpus_chunks_is_warned_about(tmp_pa
         + json.dumps({"id": "long", "text": " ".join(["planet"] * 151)})
         + "\n"
     )
-    with caplog.at_level("WARNING", logger="retriever.index_update"):
+    with caplog.at_level("WARNING", logger="retriever.index.update"):
         add_passages(out, [records], retriever, progress=False)
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "1 passage(s) have over 1.5 times the words" in warnings[0]
@@ -473,7 +481,7 @@ def test_a_build_killed_inside_a_chunk_resumes_from_its_last_block_byte_identica
 ):
     """Progress is recorded every BLOCK_ROWS passages, not only per chunk: a build killed in the middle of a
     long chunk keeps the blocks it finished, and the resumed build writes the uninterrupted one's bytes."""
-    from retriever import index_build
+    from retriever.index import build as index_build
 
     monkeypatch.setattr(index_build, "BLOCK_ROWS", 4)
     options = {"spec": "Flat", "chunk_size": 16, "progress": False}

@@ -42,10 +42,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from retriever.index import PassageIndex
-from retriever.index_files import read_faiss
-from retriever.index_types import best_first, exact_search, index_type, set_search_params
-from retriever.rerank import rerank_candidates
+from retriever.index.files import read_faiss
+from retriever.index.passage_index import PassageIndex
+from retriever.index.rerank import rerank_candidates
+from retriever.index.types import best_first, exact_search, index_type, set_search_params
 
 SHARD_READ_BYTES = 64 << 20  # codes read at a time into a flat-code shard
 
@@ -58,7 +58,7 @@ def shard_bounds(total: int, rank: int, world_size: int) -> tuple[int, int]:
 def merge_top_k(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Best k of the ranks' candidate lists: (Q, C) scores and positions → (Q, k) each, best
     first; ties in score go to the lower position, missing candidates (-1) come last — the
-    order `PassageIndex.search_vectors` gives (`retriever.index_types.best_first`)."""
+    order `PassageIndex.search_vectors` gives (`retriever.index.types.best_first`)."""
     return best_first(scores, rows, k)
 
 
@@ -216,16 +216,16 @@ class ShardedPassageIndex(PassageIndex):
         sharded = copy.copy(index)
         sharded.__class__ = cls
         sharded.rank, sharded.world_size = rank, world_size
-        sharded.start, sharded.end = shard_bounds(int(index.manifest["total"]), rank, world_size)
+        sharded.start, sharded.end = shard_bounds(index.manifest.total, rank, world_size)
         sharded.shard_index, sharded.shard_positions = None, None
-        spec, dim = index.manifest["spec"], index.dim
+        spec, dim = index.manifest.spec, index.dim
         if index.faiss_index is None:
             sharded.mode = "rows"  # memory-mapped float16 vectors, sliced at search
         elif world_size == 1 or index_type(spec, dim).shard == "replicate" or len(index.faiss_parts) > 1:
             sharded.mode = "replicate"  # (an index that took edits has FAISS parts: `atlas index compact` merges them)
         else:
             sharded.mode = "rows"
-            path = index.folder / index.manifest["files"]["faiss"]["name"]
+            path = index.manifest.path_of(index.folder, index.manifest.files["faiss"])
             if faiss.try_extract_index_ivf(index.faiss_index) is not None:
                 sharded.shard_index = ivf_shard(path, index.faiss_index, sharded.start, sharded.end, index.removed)
             else:
@@ -243,7 +243,7 @@ class ShardedPassageIndex(PassageIndex):
             "rank": self.rank,
             "world_size": self.world_size,
             "mode": self.mode,
-            "positions": [self.start, self.end] if self.mode == "rows" else [0, int(self.manifest["total"])],
+            "positions": [self.start, self.end] if self.mode == "rows" else [0, self.manifest.total],
         }
         if self.shard_index is not None:
             ivf = faiss.try_extract_index_ivf(self.shard_index)

@@ -14,6 +14,7 @@ does so for training runs given `index.corpus`, so that the same index is not bu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -28,17 +29,20 @@ from numpy.lib.format import open_memmap
 
 from retriever.corpus import Corpus
 from retriever.fingerprint import hash_json
-from retriever.index_files import (
+from retriever.index.embedding import embed_passages, embedding_precision
+from retriever.index.manifest import (
     FORMAT_VERSION,
     MANIFEST,
-    file_record,
-    file_records,
-    read_manifest,
-    write_manifest,
+    BuildSettings,
+    EncoderSettings,
+    FileRecord,
+    Manifest,
+    Segment,
+    sampled_sha256,
 )
-from retriever.index_types import build_faiss_index, index_type
-from retriever.rerank import gather_rows
-from retriever.vectors import EncoderRecord, copy_checked, read_encoder_record, record_path, write_encoder_record
+from retriever.index.rerank import gather_rows
+from retriever.index.types import build_faiss_index, index_type
+from retriever.index.vectors import EncoderRecord, copy_checked, read_encoder_record, record_path, write_encoder_record
 from tasks.io import atomic_directory, atomic_write_json
 from tasks.progress import progress_bar as tqdm
 
@@ -69,8 +73,10 @@ def embed_corpus(
     rank: int = 0,
     world_size: int = 1,
     barrier: Callable[[], None] = lambda: None,
+    precision: str = "fp32",
 ) -> tuple[Path, dict]:
-    """Embed every passage of `corpus` into `work_dir/vectors.npy` ((N, d) float16), resumably.
+    """Embed every passage of `corpus` into `work_dir/vectors.npy` ((N, d) float16) at `precision` ("fp32" or
+    "bf16": `embedding.embedding_precision`), resumably.
 
     With `world_size` > 1 (under torchrun, `work_dir` on a file system all ranks share), rank r
     embeds chunks r, r + N, r + 2N, … into the same file and records its own progress, so the
@@ -89,6 +95,7 @@ def embed_corpus(
         "chunk_size": chunk_size,
         "batch_size": batch_size,
         "block_rows": BLOCK_ROWS,
+        "embedding_precision": precision,
     }
     vectors_path = work_dir / "vectors.npy"
     if restart and work_dir.exists() and rank == 0:
@@ -110,7 +117,8 @@ def embed_corpus(
         for block in range(start + (resumed_rows if n == 0 else 0), stop, BLOCK_ROWS):
             end = min(block + BLOCK_ROWS, stop)
             passages = corpus.rows(range(block, end))
-            vectors[block:end] = retriever.embed_passages(passages, batch_size=batch_size).astype(np.float16)
+            embedded = embed_passages(retriever, passages, batch_size=batch_size, precision=precision)
+            vectors[block:end] = embedded.astype(np.float16)
             vectors.flush()  # the data must be on disk before progress says so
             if world_size == 1 and end < stop:
                 state["rows_in_chunk"] = end - start
@@ -167,13 +175,16 @@ def embed_vectors(
     world_size: int = 1,
     barrier: Callable[[], None] = lambda: None,
     encoder_source: str | None = None,
+    precision: str = "auto",
 ) -> Path:
     """Embed the prepared corpus at `corpus_path` into `out` (one (N, d) float16 `.npy`) with its encoder record
-    beside it (`retriever.vectors`), for `build_index(vectors=out)` on another machine. Resumable and shared by
-    ranks as `embed_corpus` is (the work folder is OUT.building/); `out` appears only when complete."""
+    beside it (`retriever.index.vectors`), for `build_index(vectors=out)` on another machine. Resumable and shared by
+    ranks as `embed_corpus` is (the work folder is OUT.building/); `out` appears only when complete. `precision`:
+    "auto", "fp32" or "bf16" (`retriever.index.embedding`)."""
     out = Path(out)
     if out.exists():
         raise FileExistsError(f"{out} already exists")
+    precision = embedding_precision(retriever, precision)
     work_dir = work_dir_for(out)
     vectors_path, _ = embed_corpus(
         Corpus.load(corpus_path),
@@ -186,10 +197,11 @@ def embed_vectors(
         rank=rank,
         world_size=world_size,
         barrier=barrier,
+        precision=precision,
     )
     barrier()  # every chunk is embedded
     if rank == 0:
-        write_encoder_record(out, EncoderRecord.of(retriever, encoder_source))
+        write_encoder_record(out, EncoderRecord.of(retriever, encoder_source, precision))
         os.replace(vectors_path, out)  # the commit: the record is there before the vectors appear
         shutil.rmtree(work_dir)
     barrier()
@@ -284,11 +296,12 @@ def build_index(
     encoder_source: str | None = None,
     vectors: str | os.PathLike | None = None,
     encoder_record: EncoderRecord | None = None,
+    precision: str = "auto",
 ) -> Path:
     """Embed the prepared corpus at `corpus_path` with `retriever`'s passage encoder and save
     an index of `spec` at `out` (written atomically). Resumable: see `embed_corpus`.
 
-    `vectors`: the corpus's passage vectors computed elsewhere (`retriever.vectors`: a `.npy` or a folder of
+    `vectors`: the corpus's passage vectors computed elsewhere (`retriever.index.vectors`: a `.npy` or a folder of
     shards, in corpus order), checked (count, dimension, finite rows) and indexed instead of embedding; the
     encoder that made them is `encoder_record`, else the record beside them, else `retriever`'s (which may
     then be None); a record and a retriever that disagree are refused.
@@ -297,14 +310,15 @@ def build_index(
     other spec saves only its FAISS index unless `keep_embeddings`, or `exact_rerank` = k' > 0: then the
     float16 vectors are kept too and search re-scores the index's k' candidates exactly from them
     (memory-mapped; recorded in the manifest, overridable at load). `encoder_source` (the
-    path or name the retriever was loaded from) is recorded so search can default to it.
+    path or name the retriever was loaded from) is recorded so search can default to it. `precision`: what the
+    passages are embedded at, "auto", "fp32" or "bf16" (`retriever.index.embedding`; recorded in the manifest).
     """
     # long: one resumable build, its steps in order (check, embed, train, add, write, publish) so that what a restart
     # skips reads at a glance
     out = Path(out)
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} already exists (pass --overwrite to replace it)")
-    record = _encoder_of(retriever, vectors, encoder_record, encoder_source)
+    record = _encoder_of(retriever, vectors, encoder_record, encoder_source, embedding_precision(retriever, precision))
     index_type(spec, record.dim)  # reject a bad spec before minutes of embedding
     if not isinstance(exact_rerank, int) or exact_rerank < 0:
         raise ValueError(f"exact_rerank must be an integer k' >= 0 (0 = off), got {exact_rerank!r}")
@@ -328,6 +342,7 @@ def build_index(
             rank=rank,
             world_size=world_size,
             barrier=barrier,
+            precision=record.embedding_precision,
         )
     barrier()  # every chunk is embedded
     if rank != 0:  # rank 0 alone trains the FAISS index and writes the folder
@@ -337,63 +352,60 @@ def build_index(
         files = _write_index_files(
             tmp, spec.strip(), vectors_path, keep_embeddings=keep_embeddings, train_sample=train_sample, seed=seed
         )
-        write_manifest(
-            tmp,
-            {
-                "format_version": FORMAT_VERSION,
-                "spec": spec.strip(),
-                "metric": "ip",
-                "dim": record.dim,
-                "dtype": "float16",
-                "count": len(corpus),
-                "total": len(corpus),
-                "generation": 1,
-                "encoder_fingerprint": state["encoder_fingerprint"],
-                "encoder": {
-                    "source": record.source,
-                    "passage_format": record.passage_format,
-                    "passage_maxlength": record.passage_maxlength,
-                },
-                "segments": [
-                    {
-                        "corpus": str(Path(corpus_path).resolve()),
-                        "fingerprint": corpus.fingerprint,
-                        "bytes": corpus.arrow_bytes,
-                        "count": len(corpus),
-                        "offset": 0,
-                    }
-                ],
-                "keep_embeddings": "vectors" in files,
-                "exact_rerank": exact_rerank,
-                "nprobe": nprobe,
-                "ef_search": ef_search,
-                "train_sample": train_sample,
-                "seed": seed,
-                "faiss_version": faiss.__version__,
-                "created": state["created"],
-                "build": {"batch_size": batch_size, "chunk_size": chunk_size}
-                if vectors is None
-                else {"vectors": str(Path(vectors).resolve())},
-                "files": files,
-            },
-        )
+        Manifest(
+            spec=spec.strip(),
+            dim=record.dim,
+            count=len(corpus),
+            total=len(corpus),
+            encoder_fingerprint=record.fingerprint,
+            encoder=EncoderSettings(record.source, record.passage_format, record.passage_maxlength),
+            embedding_precision=record.embedding_precision,
+            segments=[_base_segment(corpus_path, corpus, record.embedding_precision)],
+            files=files,
+            keep_embeddings="vectors" in files,
+            exact_rerank=exact_rerank,
+            nprobe=nprobe,
+            ef_search=ef_search,
+            train_sample=train_sample,
+            seed=seed,
+            faiss_version=faiss.__version__,
+            created=state["created"],
+            build=BuildSettings(batch_size=batch_size, chunk_size=chunk_size)
+            if vectors is None
+            else BuildSettings(vectors=str(Path(vectors).resolve())),
+        ).save(tmp)
     shutil.rmtree(work_dir)
     barrier()  # the folder is complete: release the other ranks
     return out
 
 
+def _base_segment(corpus_path: str | os.PathLike, corpus: Corpus, precision: str) -> Segment:
+    """The segment of the corpus an index is built on (where it was prepared: outside the index folder)."""
+    arrow = Path(corpus_path) / "passages.arrow"
+    return Segment(
+        corpus=str(Path(corpus_path).resolve()),
+        fingerprint=corpus.fingerprint,
+        count=len(corpus),
+        offset=0,
+        bytes=corpus.arrow_bytes,
+        sampled_sha256=sampled_sha256(arrow),
+        embedding_precision=precision,
+    )
+
+
 def _encoder_of(
-    retriever, vectors: str | os.PathLike | None, given: EncoderRecord | None, source: str | None
+    retriever, vectors: str | os.PathLike | None, given: EncoderRecord | None, source: str | None, precision: str
 ) -> EncoderRecord:
-    """The passage encoder an index is built with: `given`, else the record beside `vectors`, else the
-    retriever's; ValueError where a record and the retriever name different encoders, or there is neither."""
+    """The passage encoder an index is built with, and the precision its vectors are embedded at: `given`, else
+    the record beside `vectors`, else the retriever's at `precision`; ValueError where a record and the retriever
+    name different encoders, or there is neither."""
     record = given or (read_encoder_record(vectors) if vectors is not None else None)
     if retriever is None:
         if record is None:
             where = record_path(vectors) if vectors is not None else "the arguments"
             raise ValueError(f"no encoder for these vectors: {where} does not exist; give the encoder (--encoder)")
         return record
-    own = EncoderRecord.of(retriever, source)
+    own = EncoderRecord.of(retriever, source, precision)
     if record is not None and record.fingerprint != own.fingerprint:
         raise ValueError(
             f"{record_path(vectors) if vectors is not None else 'the encoder record'}: the vectors were made by "
@@ -422,30 +434,30 @@ def _import_vectors(
 
 def _write_index_files(
     folder: Path, spec: str, vectors_path: Path, *, keep_embeddings: bool, train_sample: int, seed: int
-) -> dict[str, dict]:
+) -> dict[str, FileRecord]:
     """Generation 1's files in `folder`: the FAISS index (any spec but Flat) and its trained, empty form (a spec
     whose edits append parts: `IndexType.appends`), the float16 vectors (Flat, or kept), no row removed. Returns
     their records for the manifest's `files`."""
     vectors = np.load(vectors_path, mmap_mode="r")
-    files: dict[str, dict] = {}
+    files: dict[str, FileRecord] = {}
     if spec != "Flat":
         keeps_trained = index_type(spec, vectors.shape[1]).appends == "part"
 
-        def keep_trained(index: faiss.Index) -> None:  # what an edit fills with its new rows (`index_update`)
+        def keep_trained(index: faiss.Index) -> None:  # what an edit fills with its new rows (`update`)
             faiss.write_index(index, str(folder / "trained.g1.faiss"))
 
         index = train_and_fill(
             spec, vectors, train_sample=train_sample, seed=seed, on_trained=keep_trained if keeps_trained else None
         )
         faiss.write_index(index, str(folder / "index.g1.faiss"))
-        files["faiss"] = file_record(folder / "index.g1.faiss")
+        files["faiss"] = FileRecord.of(folder / "index.g1.faiss")
         if keeps_trained:
-            files["trained"] = file_record(folder / "trained.g1.faiss")
+            files["trained"] = FileRecord.of(folder / "trained.g1.faiss")
     if spec == "Flat" or keep_embeddings:
         link_or_copy(vectors_path, folder / "vectors.g1.npy")
-        files["vectors"] = file_record(folder / "vectors.g1.npy")
+        files["vectors"] = FileRecord.of(folder / "vectors.g1.npy")
     np.save(folder / "removed.g1.npy", np.zeros(len(vectors), dtype=bool))
-    files["removed"] = file_record(folder / "removed.g1.npy")
+    files["removed"] = FileRecord.of(folder / "removed.g1.npy")
     return files
 
 
@@ -469,6 +481,7 @@ def build_settings(
     keep_embeddings: bool = False,
     exact_rerank: int = 0,
     seed: int = 0,
+    precision: str = "auto",
 ) -> dict:
     """Everything that fixes what `build_index` writes, as the arguments it takes: the
     corpus's and the passage encoder's fingerprints, the spec, what is kept, and the batching
@@ -489,6 +502,7 @@ def build_settings(
         "chunk_size": chunk_size,
         "train_sample": train_sample if trained else None,
         "seed": seed if trained else None,
+        "embedding_precision": embedding_precision(retriever, precision),
     }
 
 
@@ -527,10 +541,10 @@ def publish_to_cache(index_folder: str | os.PathLike, corpus_path: str | os.Path
     except OSError:
         return None
     try:
-        manifest = read_manifest(source)
-        for record in file_records(manifest):
-            os.link(source / record["name"], tmp / record["name"])
-        write_manifest(tmp, manifest)  # a copy: the run's own manifest is replaced by updates
+        manifest = Manifest.load(source)
+        for record in manifest.file_records():
+            os.link(manifest.path_of(source, record), tmp / record.name)
+        manifest.save(tmp)  # a copy: the run's own manifest is replaced by updates
         atomic_write_json(tmp / BUILD_SETTINGS, settings)
         os.rename(tmp, folder)
     except OSError:  # cross-device link, or another publisher got there first
@@ -554,14 +568,20 @@ def link_index(
     Updating the copy (`atlas index add/update/remove`, `atlas serve` edits) never changes
     `source`: an update writes new files and replaces the manifest; it never writes into a file."""
     source, target = Path(source), Path(target)
-    manifest = read_manifest(source)
+    manifest = Manifest.load(source)
     with atomic_directory(target) as tmp:
-        for record in file_records(manifest):  # the segments' own files too: an index that took edits
-            link_or_copy(source / record["name"], tmp / record["name"])
-        for segment in manifest["segments"][1:]:  # segments added by edits, inside the index: linked likewise
-            if not Path(segment["corpus"]).is_absolute():
-                shutil.copytree(source / segment["corpus"], tmp / segment["corpus"], copy_function=link_or_copy)
-        manifest["segments"][0]["corpus"] = str(Path(corpus_path).resolve())
-        manifest.update({k: v for k, v in (("nprobe", nprobe), ("ef_search", ef_search)) if v is not None})
-        write_manifest(tmp, manifest)
+        for record in manifest.file_records():  # the segments' own files too: an index that took edits
+            link_or_copy(manifest.path_of(source, record), tmp / record.name)
+        for segment in manifest.segments[1:]:  # segments added by edits, inside the index: linked likewise
+            if not Path(segment.corpus).is_absolute():
+                corpus = manifest.corpus_path(source, segment)
+                shutil.copytree(corpus, tmp / segment.corpus, copy_function=link_or_copy)
+        base = manifest.segments[0]
+        manifest.segments[0] = _base_segment(corpus_path, Corpus.load(corpus_path), base.embedding_precision)
+        if manifest.segments[0].count != base.count or manifest.segments[0].fingerprint != base.fingerprint:
+            raise ValueError(f"{corpus_path} is not the corpus the index {source} was built on")
+        manifest.segments[0] = dataclasses.replace(manifest.segments[0], vectors=base.vectors, faiss=base.faiss)
+        manifest.nprobe = nprobe if nprobe is not None else manifest.nprobe
+        manifest.ef_search = ef_search if ef_search is not None else manifest.ef_search
+        manifest.save(tmp)
     return target

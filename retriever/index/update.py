@@ -4,7 +4,7 @@ None re-embeds the passages already indexed. `add_passages` embeds only the new 
 appends them as a new corpus segment; `update_passages` does the same for new versions of live
 passages and marks the old versions removed in the same commit; `remove_passages` marks
 positions removed (search never returns them; their rows stay in the files until a compaction,
-retriever/index_compact.py, drops them). An update writes what it changes, not what it keeps: the new
+retriever/index/compact.py, drops them). An update writes what it changes, not what it keeps: the new
 segment's passages, float16 vectors and FAISS codes (files of its own, `segments[i].vectors` and
 `segments[i].faiss` in the manifest: the index's trained, empty FAISS index, kept at build as
 `trained.g1.faiss`, filled with the new rows) and the removed mask (one byte a row). HNSW, whose graph
@@ -13,7 +13,7 @@ merges the parts' results; a compaction merges the parts into one. Every update 
 files, flushes them to disk, and then atomically replaces `manifest.json`: a crash (even kill -9 or a power cut)
 leaves either the previous index or the new one, never a mix, and the superseded files are
 deleted afterwards (or by the next writer, when the crash came first). One process writes at a
-time: each update holds the index's writer lock (`index_files.writer_lock`), and a second
+time: each update holds the index's writer lock (`files.writer_lock`), and a second
 writer is refused with `IndexLockedError` naming the first.
 
 Passage ids are kept as given: by default each input record is one passage under its own id.
@@ -46,17 +46,17 @@ from retriever.corpus import (
     passage_id,
     prepare_corpus,
 )
-from retriever.index import PassageIndex
-from retriever.index_files import (
+from retriever.index.embedding import embed_passages, embedding_precision
+from retriever.index.files import (
     check_file,
     commit,
-    file_record,
     read_faiss,
-    read_manifest,
     remove_unreferenced,
     writer_lock,
 )
-from retriever.vectors import write_float16_rows
+from retriever.index.manifest import FileRecord, Manifest, Segment, sampled_sha256
+from retriever.index.passage_index import PassageIndex
+from retriever.index.vectors import write_float16_rows
 from tasks.io import InputError, write_jsonl
 from tasks.limits import MAX_PASSAGE_CHARS, passage_too_long
 
@@ -78,11 +78,11 @@ class UpdateStats:
 def _live_positions_of(index: PassageIndex, ids: list[str]) -> dict[str, list[int]]:
     """For each id, its positions in the index that are not removed (any segment)."""
     found: dict[str, list[int]] = {}
-    for segment, corpus in zip(index.manifest["segments"], index.corpora):
+    for segment, corpus in zip(index.manifest.segments, index.corpora):
         present = [i for i in ids if i in corpus]
         if not present:
             continue
-        positions = corpus.rows_for_ids(present) + segment["offset"]
+        positions = corpus.rows_for_ids(present) + segment.offset
         for pid, position in zip(present, positions):
             if not index.removed[position]:
                 found.setdefault(pid, []).append(int(position))
@@ -159,7 +159,7 @@ def _warn_long_passages(index: PassageIndex, incoming: list[_Incoming], chunk_wo
     embeds only their first `passage_maxlength` tokens, so the rest would not be found. "Much":
     over 1.5 times as many words (an edited passage a few words longer than its chunk is read whole,
     as the encoder's token limit leaves room beyond the chunk's words)."""
-    base = index.corpora[0].manifest.get("chunk_words") or 0
+    base = index.corpora[0].chunk_words
     long = [p for p in incoming if chunk_words <= 0 < base and p.words > 1.5 * base]
     if long:
         logger.warning(
@@ -185,6 +185,7 @@ def add_passages(
     progress: bool = True,
     remove: Sequence[str] = (),
     replace: bool = False,
+    precision: str = "auto",
 ) -> UpdateStats:
     """Embed the passages of `new` and append them to the index at `index_path`.
 
@@ -208,6 +209,7 @@ def add_passages(
         allow_encoder_mismatch=allow_encoder_mismatch,
         progress=progress,
         remove=remove,
+        precision=precision,
     )
 
 
@@ -219,6 +221,7 @@ def update_passages(
     batch_size: int = 64,
     allow_encoder_mismatch: bool = False,
     progress: bool = True,
+    precision: str = "auto",
 ) -> UpdateStats:
     """Replace live passages by id with the records of `new` (JSONL / TSV files, or a prepared
     corpus folder): the ids are kept, the old versions are marked removed in the same commit.
@@ -238,6 +241,7 @@ def update_passages(
         allow_encoder_mismatch=allow_encoder_mismatch,
         progress=progress,
         remove=(),
+        precision=precision,
     )
 
 
@@ -267,6 +271,7 @@ def _append(
     allow_encoder_mismatch: bool,
     progress: bool,
     remove: Sequence[str],
+    precision: str,
 ) -> UpdateStats:
     """Add (`mode` "add"), add or replace ("replace") or replace ("update") the passages of
     `new` in one commit, under the index's writer lock; see `add_passages` and `update_passages`."""
@@ -282,6 +287,7 @@ def _append(
             allow_encoder_mismatch=allow_encoder_mismatch,
             progress=progress,
             remove=remove,
+            precision=precision,
         )
 
 
@@ -296,7 +302,9 @@ def _append_locked(
     allow_encoder_mismatch: bool,
     progress: bool,
     remove: Sequence[str],
+    precision: str,
 ) -> UpdateStats:
+    precision = embedding_precision(retriever, precision)
     index = _open_for_update(folder, retriever, allow_encoder_mismatch)
     remove_unreferenced(folder, index.manifest)  # what a writer that died left behind
     incoming = _read_incoming(new, chunk_words)
@@ -305,7 +313,7 @@ def _append_locked(
     _refuse_conflicts(index, folder, incoming, live, remove, mode=mode, chunk_words=chunk_words)
     _warn_long_passages(index, incoming, chunk_words)
     manifest = index.manifest
-    generation = manifest["generation"] + 1
+    generation = manifest.generation + 1
     created_segment = None if _is_prepared_corpus(new) else folder / "corpora" / f"segment-g{generation}"
     if created_segment is not None and created_segment.exists():  # left by a crashed earlier attempt: never referenced
         shutil.rmtree(created_segment)
@@ -316,7 +324,7 @@ def _append_locked(
         corpus = Corpus.load(folder / segment_path)
         new_vectors = np.concatenate(
             [
-                retriever.embed_passages(batch, batch_size=batch_size, progress=progress)
+                embed_passages(retriever, batch, batch_size=batch_size, precision=precision, progress=progress)
                 for _, batch in corpus.iter_batches(8192)
             ]
         ).astype(np.float16)
@@ -329,30 +337,31 @@ def _append_locked(
         for path in folder.glob(f"*.g{generation}.*"):  # written, never referenced
             path.unlink(missing_ok=True)
         raise
-    old_total, n_new = manifest["total"], len(corpus)
-    manifest["segments"].append(
-        {
-            "corpus": segment_path,
-            "fingerprint": corpus.fingerprint,
-            "bytes": corpus.arrow_bytes,
-            "count": n_new,
-            "offset": old_total,
-            **{role: file_record(path) for role, path in own.items()},
-        }
+    old_total, n_new = manifest.total, len(corpus)
+    manifest.segments.append(
+        Segment(
+            corpus=segment_path,
+            fingerprint=corpus.fingerprint,
+            count=n_new,
+            offset=old_total,
+            bytes=corpus.arrow_bytes,
+            sampled_sha256=sampled_sha256(Path(corpus.path) / "passages.arrow"),
+            embedding_precision=precision,
+            **{role: FileRecord.of(path) for role, path in own.items()},
+        )
     )
     incoming_ids = {p.id for p in incoming}
     n_replaced = sum(len(positions) for i, positions in live.items() if i in incoming_ids)
     n_removed = sum(len(positions) for i, positions in live.items() if i not in incoming_ids)
-    manifest.update(
-        total=old_total + n_new, count=manifest["count"] + n_new - n_replaced - n_removed, generation=generation
-    )
+    manifest.total, manifest.generation = old_total + n_new, generation
+    manifest.count += n_new - n_replaced - n_removed
     also_written = tuple(p for p in (created_segment, *own.values()) if p is not None)
     commit(folder, manifest, written, also_written)
     return UpdateStats(
         added=n_new - n_replaced,
         replaced=n_replaced,
         removed=n_removed,
-        count=manifest["count"],
+        count=manifest.count,
         ids=corpus.table.column("id").to_pylist(),
     )
 
@@ -363,7 +372,7 @@ def _open_for_update(folder: Path, retriever, allow_encoder_mismatch: bool) -> P
     # a fresh hash): the removed mask, and the trained index a FAISS part is filled from, or the FAISS index that
     # is written again with the new rows (HNSW, and indexes built before parts); the vectors and corpora it only
     # appends to are checked by size (`atlas index info --verify` reads them all)
-    files = read_manifest(folder)["files"]
+    files = Manifest.load(folder).files
     rewrites = "faiss" in files and "trained" not in files
     index = PassageIndex.load(
         folder,
@@ -373,8 +382,8 @@ def _open_for_update(folder: Path, retriever, allow_encoder_mismatch: bool) -> P
         read_faiss_index=rewrites,  # a part of its own is filled from the trained index: the codes are not read
     )
     for role in ("removed", "faiss" if rewrites else "trained"):
-        if role in index.manifest["files"]:
-            check_file(folder, index.manifest["files"][role], verify_hash=True)
+        if index.manifest.file(role) is not None:
+            check_file(folder, index.manifest, index.manifest.file(role), verify_hash=True)
     return index
 
 
@@ -472,11 +481,11 @@ def _write_generation(
     own: dict[str, Path] = {}
     if index.vectors is not None:
         path = folder / f"vectors.g{generation}.npy"
-        own["vectors"] = write_float16_rows(path, (n_new, manifest["dim"]), [new_vectors])
-    if "faiss" in manifest["files"]:
+        own["vectors"] = write_float16_rows(path, (n_new, manifest.dim), [new_vectors])
+    if manifest.file("faiss") is not None:
         path = folder / f"index.g{generation}.faiss"
-        if "trained" in manifest["files"]:
-            part = read_faiss(folder / manifest["files"]["trained"]["name"])
+        if manifest.file("trained") is not None:
+            part = read_faiss(manifest.path_of(folder, manifest.file("trained")))
             part.add(new_vectors.astype(np.float32))
             faiss.write_index(part, str(path))
             own["faiss"] = path
@@ -533,10 +542,10 @@ def _remove_locked(folder: Path, ids: list[str]) -> UpdateStats:
     for positions in live.values():
         removed[positions] = True
     manifest = index.manifest
-    generation = manifest["generation"] + 1
+    generation = manifest.generation + 1
     path = folder / f"removed.g{generation}.npy"
     np.save(path, removed)
     n_removed = int(removed.sum() - index.removed.sum())
-    manifest.update(count=manifest["count"] - n_removed, generation=generation)
+    manifest.count, manifest.generation = manifest.count - n_removed, generation
     commit(folder, manifest, {"removed": path})
-    return UpdateStats(removed=n_removed, already_removed=len(unique_ids) - len(live), count=manifest["count"])
+    return UpdateStats(removed=n_removed, already_removed=len(unique_ids) - len(live), count=manifest.count)

@@ -1,7 +1,7 @@
 """Compaction: merge an index's corpus segments and drop its dead rows, in one atomic commit.
 
 Every edit appends a corpus segment (`corpora/segment-gN/`) and leaves the rows it removes or
-replaces in the files, marked dead (retriever/index_update.py). Left alone, an index that takes
+replaces in the files, marked dead (retriever/index/update.py). Left alone, an index that takes
 edits grows without bound: each segment costs a corpus opened at every load (and four files),
 each dead row its share of the disk, of the pages a search reads and of the rows a flat search
 scans. Compaction rewrites the segments as one and the vector files without the dead rows.
@@ -55,11 +55,12 @@ import faiss
 import numpy as np
 
 from retriever.corpus import merge_corpora
-from retriever.index import PassageIndex
-from retriever.index_files import commit, file_parts, file_record, read_manifest, remove_unreferenced, writer_lock
-from retriever.index_types import build_faiss_index, search_parameters_target
-from retriever.rerank import gather_rows
-from retriever.vectors import write_float16_rows
+from retriever.index.files import commit, remove_unreferenced, writer_lock
+from retriever.index.manifest import Compaction, FileRecord, Manifest, Segment, sampled_sha256
+from retriever.index.passage_index import PassageIndex
+from retriever.index.rerank import gather_rows
+from retriever.index.types import build_faiss_index, search_parameters_target
+from retriever.index.vectors import write_float16_rows
 
 MAX_SEGMENTS = 8
 MAX_DEAD_FRACTION = 0.05
@@ -83,21 +84,21 @@ class CompactionStats:
     seconds: float = 0.0
 
 
-def compaction_due(manifest: dict) -> str | None:
+def compaction_due(manifest: Manifest) -> str | None:
     """Why the index described by `manifest` should be compacted now, or None (the policy that
     `atlas serve` and `atlas index add/update/remove` apply after each edit)."""
-    segments, dead = len(manifest["segments"]), manifest["total"] - manifest["count"]
+    segments, dead = len(manifest.segments), manifest.dead_rows
     if segments > MAX_SEGMENTS:
         return f"{segments} corpus segments (more than {MAX_SEGMENTS})"
-    if dead > MAX_DEAD_FRACTION * manifest["total"] and dead >= MIN_DEAD_ROWS:
-        return f"{dead} of {manifest['total']} rows dead (more than {MAX_DEAD_FRACTION:.0%})"
+    if dead > MAX_DEAD_FRACTION * manifest.total and dead >= MIN_DEAD_ROWS:
+        return f"{dead} of {manifest.total} rows dead (more than {MAX_DEAD_FRACTION:.0%})"
     return None
 
 
 def compact_if_due(index_path: str | os.PathLike) -> CompactionStats | None:
     """Compact the index (the segments after the base one, see `compact_index`) when
     `compaction_due` says so; None when it was not due."""
-    if compaction_due(read_manifest(index_path)) is None:
+    if compaction_due(Manifest.load(index_path)) is None:
         return None
     return compact_index(index_path, full=False)
 
@@ -123,8 +124,8 @@ def _compact_locked(folder: Path, *, full: bool) -> CompactionStats:
     index = PassageIndex.load(folder, mmap=False, verify=True)
     manifest = index.manifest
     remove_unreferenced(folder, manifest)  # what a writer that died left behind
-    segments, removed, total = manifest["segments"], index.removed, manifest["total"]
-    base_rows = segments[0]["count"]
+    segments, removed, total = manifest.segments, index.removed, manifest.total
+    base_rows = segments[0].count
     keep_base = not full and int(removed[:base_rows].sum()) <= MAX_DEAD_FRACTION * base_rows
     first = 1 if keep_base else 0  # the segments from here on are merged into one
     stats = CompactionStats(
@@ -132,28 +133,28 @@ def _compact_locked(folder: Path, *, full: bool) -> CompactionStats:
         full=not keep_base,
         rows_before=total,
         rows_after=total,
-        dead_before=total - manifest["count"],
-        dead_after=total - manifest["count"],
+        dead_before=manifest.dead_rows,
+        dead_after=manifest.dead_rows,
         segments_before=len(segments),
         segments_after=len(segments),
-        generation=manifest["generation"],
+        generation=manifest.generation,
     )
-    start = segments[first]["offset"] if first < len(segments) else total
+    start = segments[first].offset if first < len(segments) else total
     drop = np.zeros(total, dtype=bool)
     drop[start:] = removed[start:]  # the dead rows of the merged segments
     if first >= len(segments) or (first == len(segments) - 1 and not drop.any()):
         return stats  # already one segment without dead rows (where it is merged)
     parts = [
-        (corpus, np.flatnonzero(~removed[s["offset"] : s["offset"] + s["count"]]))
+        (corpus, np.flatnonzero(~removed[s.offset : s.offset + s.count]))
         for s, corpus in zip(segments[first:], index.corpora[first:])
     ]
-    if first == 0 and manifest["count"] == 0:
+    if first == 0 and manifest.count == 0:
         raise ValueError(
             f"{folder}: every passage is removed, and an index holds at least one; "
             "add passages before compacting (or build a new index)"
         )
 
-    generation = manifest["generation"] + 1
+    generation = manifest.generation + 1
     merged_path = folder / "corpora" / f"segment-g{generation}"
     keep = ~drop
     new_total = int(keep.sum())
@@ -172,7 +173,7 @@ def _compact_locked(folder: Path, *, full: bool) -> CompactionStats:
         faiss_index = merged_faiss(index.faiss_parts)  # one index again (None for Flat)
         if faiss_index is not None and (drop.any() or len(index.faiss_parts) > 1):
             path = folder / f"index.g{generation}.faiss"
-            faiss.write_index(drop_rows(faiss_index, drop, manifest["spec"]) if drop.any() else faiss_index, str(path))
+            faiss.write_index(drop_rows(faiss_index, drop, manifest.spec) if drop.any() else faiss_index, str(path))
             written["faiss"] = path
         if drop.any():  # else only the segments merge: the positions stay
             path = folder / f"removed.g{generation}.npy"
@@ -183,31 +184,35 @@ def _compact_locked(folder: Path, *, full: bool) -> CompactionStats:
         for path in folder.glob(f"*.g{generation}.*"):  # written, never referenced
             path.unlink(missing_ok=True)
         raise
-    manifest["segments"] = segments[:first] + (
+    merged_precisions = {s.embedding_precision for s in segments[first:]}
+    manifest.segments = segments[:first] + (
         [
-            {
-                "corpus": str(merged_path.relative_to(folder)),
-                "fingerprint": merged.fingerprint,
-                "bytes": merged.arrow_bytes,
-                "count": len(merged),
-                "offset": start,
-                **({"vectors": file_record(merged_vectors)} if merged_vectors is not None else {}),
-            }
+            Segment(
+                corpus=str(merged_path.relative_to(folder)),
+                fingerprint=merged.fingerprint,
+                count=len(merged),
+                offset=start,
+                bytes=merged.arrow_bytes,
+                sampled_sha256=sampled_sha256(merged_path / "passages.arrow"),
+                vectors=FileRecord.of(merged_vectors) if merged_vectors is not None else None,
+                # segments embedded at different precisions merged: "bf16" says some rows are bfloat16's
+                embedding_precision="bf16" if "bf16" in merged_precisions else "fp32",
+            )
         ]
         if merged is not None
         else []
     )
-    manifest.update(total=new_total, generation=generation)
-    manifest["compacted"] = {
-        "generation": generation,
-        "dropped_rows": total - new_total,
-        "merged_segments": len(segments) - first,
-        "full": not keep_base,
-    }
+    manifest.total, manifest.generation = new_total, generation
+    manifest.compacted = Compaction(
+        generation=generation,
+        dropped_rows=total - new_total,
+        merged_segments=len(segments) - first,
+        full=not keep_base,
+    )
     commit(folder, manifest, written, tuple(p for p in (merged_path if merged else None, merged_vectors) if p))
     stats.compacted = True
-    stats.rows_after, stats.dead_after = new_total, new_total - manifest["count"]
-    stats.segments_after, stats.generation = len(manifest["segments"]), generation
+    stats.rows_after, stats.dead_after = new_total, manifest.dead_rows
+    stats.segments_after, stats.generation = len(manifest.segments), generation
     stats.seconds = round(time.perf_counter() - started, 3)
     return stats
 
@@ -245,7 +250,7 @@ def _compacted_vectors(
     The segments from `first` on (positions `start` on) are merged. Where the file of the rows as built
     (`files.vectors`) holds exactly the segments kept before them, it stays, and the merged segment's rows are
     written as its own file. Otherwise every kept row is written into `path`, the new `files.vectors`."""
-    parts = file_parts(index.manifest, "vectors")
+    parts = index.manifest.file_parts("vectors")
     if index.vectors is None or (len(parts) == 1 and keep.all()):
         return None, None  # no vectors, or one file whose rows all stay
     if first >= 1 and parts[0][1] == start:

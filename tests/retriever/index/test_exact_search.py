@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from retriever import index_types
 from retriever.index import PassageIndex
-from retriever.index_types import bf16_score_ceiling, exact_search, resolve_exact_precision
+from retriever.index import types as index_types
+from retriever.index.types import bf16_score_ceiling, exact_search, resolve_exact_precision
 
 PRECISIONS = ["fp32", "bf16"]
 

@@ -15,11 +15,11 @@ import pytest
 from atlas.cli import corpus as cli_corpus
 from atlas.cli import index as cli_index
 from retriever.index import InvalidIndexError, PassageIndex
-from retriever.index_build import build_index
-from retriever.index_types import best_first, exact_search
-from retriever.index_update import remove_passages
-from retriever.rerank import gather_rows, read_runs, rerank_candidates
-from retriever.sharded import ShardedPassageIndex, merge_top_k
+from retriever.index.build import build_index
+from retriever.index.rerank import gather_rows, read_runs, rerank_candidates
+from retriever.index.sharded import ShardedPassageIndex, merge_top_k
+from retriever.index.types import best_first, exact_search
+from retriever.index.update import remove_passages
 
 N = 2000
 SPECS = ["PQ4", "OPQ4,PQ4", "IVF8,PQ4", "PQ8x4fs", "IVF8,PQ8x4fs"]  # 4 B/vector: very lossy on its own
@@ -69,7 +69,7 @@ def brute_force(index: PassageIndex, queries: np.ndarray, k: int) -> tuple[np.nd
 @pytest.mark.parametrize("spec", SPECS)
 def test_rerank_equals_brute_force_when_candidates_cover_the_neighbours(rerank_indexes, queries, spec):
     index = PassageIndex.load(rerank_indexes[spec])
-    assert index.manifest["exact_rerank"] == 300 and index.exact_rerank == 300 and index.manifest["keep_embeddings"]
+    assert index.manifest.exact_rerank == 300 and index.exact_rerank == 300 and index.manifest.keep_embeddings
     expected_scores, expected_rows = brute_force(index, queries, 10)
     candidates = index.faiss_index.search(queries, 300)[1]
     covered = [set(e) <= set(c) for e, c in zip(expected_rows, candidates)]
@@ -129,7 +129,7 @@ def test_vectors_stay_memory_mapped(rerank_indexes, queries):
     assert not stored.flags.writeable
     index.search_vectors(queries, 10)
     assert index.vectors.files == [stored]  # never swapped for an in-memory copy
-    mapped = (rerank_indexes["PQ4"] / index.manifest["files"]["vectors"]["name"]).resolve()
+    mapped = (rerank_indexes["PQ4"] / index.manifest.files["vectors"].name).resolve()
     assert str(mapped) in Path("/proc/self/maps").read_text()
 
 

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from retriever.index import PassageIndex
-from retriever.index_build import build_index
-from retriever.index_compact import (
+from retriever.index.build import build_index
+from retriever.index.compact import (
     MAX_DEAD_FRACTION,
     MAX_SEGMENTS,
     MIN_DEAD_ROWS,
@@ -27,8 +27,9 @@ from retriever.index_compact import (
     compact_index,
     compaction_due,
 )
-from retriever.index_files import LOCK, IndexLockedError, file_parts, read_manifest
-from retriever.index_update import add_passages, remove_passages
+from retriever.index.files import LOCK, IndexLockedError
+from retriever.index.manifest import Manifest, Segment
+from retriever.index.update import add_passages, remove_passages
 
 REPO = Path(__file__).resolve().parents[2]
 N = 2000
@@ -83,22 +84,21 @@ def test_compaction_changes_no_search_result(tmp_path, corpus, clustered_source,
     )
     edit(folder, source, tmp_path)
     queries = source.embed_passages([{"id": f"s{i}"} for i in range(0, N + 30, 61)])
-    before = read_manifest(folder)
+    before = Manifest.load(folder)
     scores, ids = searched(folder, queries)
     texts = live_texts(folder)
 
     stats = compact_index(folder)
-    after = read_manifest(folder)
+    after = Manifest.load(folder)
     assert stats.compacted and stats.full and (stats.segments_before, stats.segments_after) == (4, 1)
-    assert (stats.dead_before, stats.dead_after) == (before["total"] - before["count"], 0)
-    assert after["total"] == after["count"] == before["count"] == stats.rows_after
+    assert (stats.dead_before, stats.dead_after) == (before.total - before.count, 0)
+    assert after.total == after.count == before.count == stats.rows_after
     assert (
-        after["generation"] == before["generation"] + 1
-        and after["segments"][0]["corpus"] == f"corpora/segment-g{after['generation']}"
+        after.generation == before.generation + 1 and after.segments[0].corpus == f"corpora/segment-g{after.generation}"
     )
     if spec != "Flat":  # each edit's rows were a FAISS part of their own; merged into one (`merged_faiss`)
-        assert [rows for _, rows in file_parts(before, "faiss")] == [N, 10, 10, 10]
-        assert [rows for _, rows in file_parts(after, "faiss")] == [after["total"]]
+        assert [rows for _, rows in before.file_parts("faiss")] == [N, 10, 10, 10]
+        assert [rows for _, rows in after.file_parts("faiss")] == [after.total]
     new_scores, new_ids = searched(folder, queries)
     np.testing.assert_array_equal(new_scores, scores)  # to the bit
     if "x4fs" in spec:
@@ -111,14 +111,14 @@ def test_compaction_changes_no_search_result(tmp_path, corpus, clustered_source,
     else:
         assert new_ids == ids
     assert live_texts(folder) == texts
-    names = {r["name"] for r in after["files"].values()}
+    names = {r.name for r in after.files.values()}
     assert files_of(folder) == sorted(
         {
             "manifest.json",
             "corpora",
-            f"corpora/segment-g{after['generation']}",
+            f"corpora/segment-g{after.generation}",
             *(
-                f"corpora/segment-g{after['generation']}/{f}"
+                f"corpora/segment-g{after.generation}/{f}"
                 for f in ("corpus.json", "id_hashes.npy", "id_rows.npy", "passages.arrow")
             ),
             *names,
@@ -158,46 +158,55 @@ def test_hnsw_is_rebuilt_as_a_fresh_build_of_the_live_passages(tmp_path, corpus,
 def test_the_automatic_compaction_merges_the_added_segments_and_keeps_the_base(tmp_path, corpus, clustered_source):
     source = clustered_source()
     folder = build_index(corpus, source, tmp_path / "ix", progress=False)
-    base, built_vectors = read_manifest(folder)["segments"][0], read_manifest(folder)["files"]["vectors"]
+    base, built_vectors = Manifest.load(folder).segments[0], Manifest.load(folder).files["vectors"]
     for r in range(MAX_SEGMENTS):  # 1 + MAX_SEGMENTS segments: one too many
         add_passages(folder, [write_passages(tmp_path / "new.jsonl", N + 10 * r, 10)], source, progress=False)
     remove_passages(folder, ["s5", f"s{N + 3}"])  # a dead row in the base, one in an added segment
-    manifest = read_manifest(folder)
+    manifest = Manifest.load(folder)
     assert compaction_due(manifest) == f"{MAX_SEGMENTS + 1} corpus segments (more than {MAX_SEGMENTS})"
     queries = source.embed_passages([{"id": f"s{i}"} for i in range(0, N + 80, 37)])
     scores, ids = searched(folder, queries)
 
     stats = compact_if_due(folder)
-    manifest = read_manifest(folder)
-    assert stats.compacted and not stats.full and manifest["segments"][0] == base  # the base stays where it is
-    assert len(manifest["segments"]) == 2 and manifest["total"] == N + 10 * MAX_SEGMENTS - 1
-    assert manifest["total"] - manifest["count"] == 1  # the base's dead row: under MAX_DEAD_FRACTION of it
+    manifest = Manifest.load(folder)
+    assert stats.compacted and not stats.full and manifest.segments[0] == base  # the base stays where it is
+    assert len(manifest.segments) == 2 and manifest.total == N + 10 * MAX_SEGMENTS - 1
+    assert manifest.total - manifest.count == 1  # the base's dead row: under MAX_DEAD_FRACTION of it
     assert compaction_due(manifest) is None and compact_if_due(folder) is None
     # the base's vectors are the file as built (not copied); the merged segment's rows are a file of their own
-    assert manifest["files"]["vectors"] == built_vectors and (folder / built_vectors["name"]).is_file()
-    assert [(r["name"], rows) for r, rows in file_parts(manifest, "vectors")] == [
-        (built_vectors["name"], N),
-        (f"vectors.g{manifest['generation']}.npy", 10 * MAX_SEGMENTS - 1),
+    assert manifest.files["vectors"] == built_vectors and (folder / built_vectors.name).is_file()
+    assert [(r.name, rows) for r, rows in manifest.file_parts("vectors")] == [
+        (built_vectors.name, N),
+        (f"vectors.g{manifest.generation}.npy", 10 * MAX_SEGMENTS - 1),
     ]
     new_scores, new_ids = searched(folder, queries)
     assert new_ids == ids
     np.testing.assert_array_equal(new_scores, scores)
 
     # more dead rows than MAX_DEAD_FRACTION, all in the base: the base is rewritten too
-    remove_passages(folder, [f"s{i}" for i in range(10, 10 + int(MAX_DEAD_FRACTION * manifest["total"]) + 1)])
-    assert compaction_due(read_manifest(folder)).endswith(f"dead (more than {MAX_DEAD_FRACTION:.0%})")
+    remove_passages(folder, [f"s{i}" for i in range(10, 10 + int(MAX_DEAD_FRACTION * manifest.total) + 1)])
+    assert compaction_due(Manifest.load(folder)).endswith(f"dead (more than {MAX_DEAD_FRACTION:.0%})")
     stats = compact_if_due(folder)
-    manifest = read_manifest(folder)
-    assert stats.full and len(manifest["segments"]) == 1 and manifest["total"] == manifest["count"]
-    assert [(r["name"], rows) for r, rows in file_parts(manifest, "vectors")] == [
-        (f"vectors.g{manifest['generation']}.npy", manifest["total"])
+    manifest = Manifest.load(folder)
+    assert stats.full and len(manifest.segments) == 1 and manifest.total == manifest.count
+    assert [(r.name, rows) for r, rows in manifest.file_parts("vectors")] == [
+        (f"vectors.g{manifest.generation}.npy", manifest.total)
     ]  # every row in one file again
-    assert not Path(manifest["segments"][0]["corpus"]).is_absolute()  # inside the index now
+    assert not Path(manifest.segments[0].corpus).is_absolute()  # inside the index now
 
 
 def test_the_policy_counts_segments_and_dead_rows():
-    def manifest(segments: int, total: int, count: int) -> dict:
-        return {"segments": [{}] * segments, "total": total, "count": count}
+    def manifest(segments: int, total: int, count: int) -> Manifest:
+        rows = [total // segments] * (segments - 1) + [total - total // segments * (segments - 1)]
+        return Manifest(
+            spec="Flat",
+            dim=4,
+            count=count,
+            total=total,
+            encoder_fingerprint="e",
+            segments=[Segment(f"c{i}", "f", n, sum(rows[:i])) for i, n in enumerate(rows)],
+            files={},
+        )
 
     assert compaction_due(manifest(MAX_SEGMENTS, 1000, 1000)) is None
     assert (
@@ -227,39 +236,38 @@ def test_a_compaction_that_dies_around_its_commit_leaves_the_old_or_the_new_inde
     """Dies with every new file written and flushed but the manifest not replaced ("before"), or
     with the manifest replaced but the superseded files not yet deleted ("after"); the next writer
     deletes what the dead one left."""
-    from retriever import index_files
 
     source = clustered_source()
     folder = build_index(corpus, source, tmp_path / "ix", spec="IVF8,PQ8", nprobe=8, progress=False)
     edit(folder, source, tmp_path)
     queries = source.embed_passages([{"id": f"s{i}"} for i in range(0, N, 97)])
-    old, texts, results = read_manifest(folder), live_texts(folder), searched(folder, queries)
-    real = index_files.write_manifest
+    old, texts, results = Manifest.load(folder), live_texts(folder), searched(folder, queries)
+    real = Manifest.save
 
-    def dies(folder_, manifest):
+    def dies(manifest, folder_):
         if when == "after":
-            real(folder_, manifest)
+            real(manifest, folder_)
         raise Crash
 
-    monkeypatch.setattr(index_files, "write_manifest", dies)
+    monkeypatch.setattr(Manifest, "save", dies)
     with pytest.raises(Crash):
         compact_index(folder)
-    monkeypatch.setattr(index_files, "write_manifest", real)
-    manifest = read_manifest(folder)
-    assert manifest["generation"] == old["generation"] + (when == "after")
+    monkeypatch.setattr(Manifest, "save", real)
+    manifest = Manifest.load(folder)
+    assert manifest.generation == old.generation + (when == "after")
     assert live_texts(folder) == texts and searched(folder, queries)[1] == results[1]  # either way
     PassageIndex.load(folder, verify=True)
     leftovers = len(files_of(folder))
     stats = compact_index(folder)  # the next writer: a compaction (nothing left to do "after")
     assert stats.compacted == (when == "before")
     assert len(files_of(folder)) < leftovers and live_texts(folder) == texts
-    manifest = read_manifest(folder)
-    assert {p.name for p in folder.glob("*.g*.*")} == {r["name"] for r in manifest["files"].values()}
-    assert [p.name for p in (folder / "corpora").iterdir()] == [f"segment-g{manifest['generation']}"]
+    manifest = Manifest.load(folder)
+    assert {p.name for p in folder.glob("*.g*.*")} == {r.name for r in manifest.files.values()}
+    assert [p.name for p in (folder / "corpora").iterdir()] == [f"segment-g{manifest.generation}"]
 
 
 def test_a_full_disk_mid_compaction_leaves_the_previous_generation(tmp_path, corpus, clustered_source, monkeypatch):
-    from retriever import index_compact
+    from retriever.index import compact as index_compact
 
     source = clustered_source()
     folder = build_index(corpus, source, tmp_path / "ix", progress=False)
@@ -279,7 +287,7 @@ def test_a_full_disk_mid_compaction_leaves_the_previous_generation(tmp_path, cor
 
 KILLED_COMPACTION = r"""
 import sys
-from retriever.index_compact import compact_index
+from retriever.index.compact import compact_index
 print("start", flush=True)
 compact_index(sys.argv[1])
 print("done", flush=True)
@@ -305,8 +313,8 @@ def test_kill_9_at_any_moment_of_a_compaction(tmp_path, make_synthetic_corpus, c
         time.sleep(delay)
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=60)
-        manifest = read_manifest(folder)
-        outcomes.append(manifest["total"] == manifest["count"])
+        manifest = Manifest.load(folder)
+        outcomes.append(manifest.total == manifest.count)
         PassageIndex.load(folder, verify=True)
         assert live_texts(folder) == texts, f"killed after {delay} s"
         if outcomes[-1]:  # it finished before the kill: start again from a fragmented index
@@ -319,7 +327,7 @@ def test_kill_9_at_any_moment_of_a_compaction(tmp_path, make_synthetic_corpus, c
 
 HOLDER = r"""
 import sys, time
-from retriever.index_files import writer_lock
+from retriever.index.files import writer_lock
 with writer_lock(sys.argv[1], "add"):
     print("locked", flush=True)
     time.sleep(60)
@@ -359,7 +367,7 @@ def test_faiss_parts_merge_into_the_index_one_build_of_all_rows_gives(spec):
     (32 codes of 4 bytes), where FAISS's own blocked append copies past the list (so lists are rebuilt)."""
     import faiss
 
-    from retriever.index_compact import merged_faiss
+    from retriever.index.compact import merged_faiss
 
     rng = np.random.default_rng(0)
     rows = rng.standard_normal((170, 32)).astype(np.float32)
