@@ -102,7 +102,7 @@ class Index:
         corpus_out: str | os.PathLike | None = None,
         overwrite: bool = False,
         progress: bool = True,
-        precision: str = "auto",
+        precision: str | None = None,
         **options,
     ) -> Index:
         """Index documents: `source` is a prepared corpus folder (`atlas corpus prepare`) or documents (JSONL
@@ -111,8 +111,8 @@ class Index:
         `passage_maxlength` tokens; default: the encoder's own), written to `out` as an index of `spec`
         ("Flat", "IVF1024,PQ64", …; `options`: `retriever.index.build.build_index`'s, e.g. `exact_rerank`).
         `precision`: what passages are embedded at, "auto" (bfloat16 where the CPU multiplies it natively),
-        "fp32" or "bf16"; recorded in the index. Resumable: a killed build continues from its last embedded chunk
-        when run again."""
+        "fp32", "bf16" or None (the encoder's own setting, auto unless set); recorded in the index. Resumable: a
+        killed build continues from its last embedded chunk when run again."""
         from retriever.corpus import prepare_corpus  # heavy: pyarrow
         from retriever.index.build import build_index  # heavy: faiss
 
@@ -234,7 +234,7 @@ class Index:
         *,
         chunk_words: int = 0,
         progress: bool = False,
-        precision: str = "auto",
+        precision: str | None = None,
     ):
         """Embed and add passages (dicts {"id", "title", "text"} or `Passage`s) under new ids (an id that is
         live is refused: `update` it); with `chunk_words`, each is split into passages ID-0, ID-1, … → the
@@ -246,7 +246,7 @@ class Index:
             add_passages, _records(passages, what), chunk_words=chunk_words, progress=progress, precision=precision
         )
 
-    def update(self, passages: Iterable[Mapping | Passage], *, progress: bool = False, precision: str = "auto"):
+    def update(self, passages: Iterable[Mapping | Passage], *, progress: bool = False, precision: str | None = None):
         """Replace live passages by id (a record without a title keeps the passage's) → `UpdateStats`."""
         from retriever.index.update import update_passages  # heavy: faiss
 

@@ -56,7 +56,7 @@ CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_b
 def machine() -> dict:
     """The CPU, its features that decide the fast paths, and what `auto` picks here."""
     from retriever.encoder import resolve_embedding_precision
-    from retriever.index_types import native_bf16_speedup
+    from retriever.index.types import native_bf16_speedup
 
     model, flags = platform.processor(), set()
     with contextlib.suppress(OSError):
@@ -441,7 +441,7 @@ def part_edit(args, retriever, corpus_texts: list[str], work: Path) -> dict:
     drawn at random with its MiniLM vector plus Gaussian noise (norm 0.3), renormalised."""
     import subprocess
 
-    from retriever.vectors import EncoderRecord, write_encoder_record
+    from retriever.index.vectors import EncoderRecord, write_encoder_record
 
     n = args.edit_rows
     folder = work / f"edit-{n}"

@@ -38,7 +38,7 @@ def resolve_embedding_precision(precision: str, device="cpu") -> str:
         return precision
     import torch  # here: the command line imports this module to read its choices
 
-    from retriever.index_types import native_bf16_speedup
+    from retriever.index.types import native_bf16_speedup
 
     device = torch.device(device)
     if device.type == "cuda":

@@ -113,9 +113,9 @@ def _add_precision_argument(parser: argparse.ArgumentParser) -> None:
         "--precision",
         choices=EMBEDDING_PRECISIONS,
         default=DEFAULT_EMBEDDING_PRECISION,
-        help="the precision passages are embedded at: bf16 (bfloat16 autocast), fp32, or auto: bf16 where the "
-        "hardware multiplies it natively (a CPU with AVX512-BF16 or AMX measured faster in it, a CUDA GPU with "
-        "bf16), else fp32",
+        help="the precision passages are embedded at, recorded in the index: bf16 (bfloat16 autocast), fp32, or "
+        "auto: bf16 where the hardware multiplies it natively (a CPU with AVX512-BF16 or AMX measured faster in it, "
+        "a CUDA GPU with bf16), else fp32",
     )
 
 
@@ -129,16 +129,6 @@ def _add_rerank_argument(parser: argparse.ArgumentParser) -> None:
         metavar="K'",
         help="re-score the compressed index's top K' candidates exactly from its float16 vectors "
         "(needs an index built with --exact-rerank or --keep-embeddings); 0 = off; default: the index's own",
-    )
-
-
-def _add_precision_argument(parser: argparse.ArgumentParser) -> None:
-    # the valid values are checked where passages are embedded (`retriever.index.embedding`): one list of them
-    parser.add_argument(
-        "--precision",
-        default="auto",
-        help="what passages are embedded at: auto (bf16 where the CPU multiplies it natively, else fp32), fp32 or "
-        "bf16; recorded in the index (default: auto)",
     )
 
 
@@ -161,7 +151,6 @@ def _index_building_retriever(args: argparse.Namespace, device=None):
     from atlas.index import index_retriever
 
     retriever = index_retriever(None, args.encoder or DEFAULT_ENCODER, device=device)
-    retriever.precision = args.precision
     if args.passage_maxlength is not None:
         retriever.passage_maxlength = args.passage_maxlength
     if args.passage_format is not None:
@@ -480,12 +469,10 @@ def _add(args: argparse.Namespace) -> int:
     from atlas.index import index_retriever
     from retriever.index.update import add_passages
 
-    retriever = index_retriever(args.index, args.encoder)
-    retriever.precision = args.precision
     stats = add_passages(
         args.index,
         args.corpus,
-        retriever,
+        index_retriever(args.index, args.encoder),
         batch_size=args.batch_size,
         chunk_words=args.chunk_words,
         allow_encoder_mismatch=args.allow_encoder_mismatch,
@@ -505,12 +492,10 @@ def _update(args: argparse.Namespace) -> int:
     from atlas.index import index_retriever
     from retriever.index.update import update_passages
 
-    retriever = index_retriever(args.index, args.encoder)
-    retriever.precision = args.precision
     stats = update_passages(
         args.index,
         args.corpus,
-        retriever,
+        index_retriever(args.index, args.encoder),
         batch_size=args.batch_size,
         allow_encoder_mismatch=args.allow_encoder_mismatch,
         precision=args.precision,

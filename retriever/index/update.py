@@ -185,7 +185,7 @@ def add_passages(
     progress: bool = True,
     remove: Sequence[str] = (),
     replace: bool = False,
-    precision: str = "auto",
+    precision: str | None = None,
 ) -> UpdateStats:
     """Embed the passages of `new` and append them to the index at `index_path`.
 
@@ -221,7 +221,7 @@ def update_passages(
     batch_size: int = 64,
     allow_encoder_mismatch: bool = False,
     progress: bool = True,
-    precision: str = "auto",
+    precision: str | None = None,
 ) -> UpdateStats:
     """Replace live passages by id with the records of `new` (JSONL / TSV files, or a prepared
     corpus folder): the ids are kept, the old versions are marked removed in the same commit.

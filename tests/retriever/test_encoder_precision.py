@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from retriever import index_types
 from retriever.embedding_precision import BF16_MIN_SPEEDUP, EMBEDDING_PRECISIONS, resolve_embedding_precision
 from retriever.encoder import ContrieverEncoder, Retriever, default_encoder_path
+from retriever.index import types as index_types
 
 NQ824 = Path(__file__).resolve().parents[3] / "shared" / "data" / "nq824" / "documents.jsonl"
 
@@ -60,7 +60,7 @@ def test_auto_resolves_by_the_bf16_probe(monkeypatch):
 
 
 def test_auto_on_this_machine_is_what_the_probe_says(minilm):
-    from retriever.index_types import native_bf16_speedup
+    from retriever.index.types import native_bf16_speedup
 
     native = (
         torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
@@ -138,3 +138,34 @@ def test_the_recipe_setting_reaches_the_retriever():
     assert load_config(None, ["retriever.precision=bf16"]).retriever.precision == "bf16"
     with pytest.raises(ValueError, match="precision"):
         load_config(None, ["retriever.precision=int8"])
+
+
+def test_an_index_records_the_precision_its_vectors_were_embedded_at(tmp_path, minilm):
+    """MiniLM through the index engine: `precision=` reaches the encoder (bf16 vectors ≠ fp32's, cosine ≥ 0.999),
+    None takes the retriever's own setting, the manifest records each, and fp32 queries search bf16 vectors."""
+    from retriever.corpus import prepare_corpus
+    from retriever.index.build import build_index
+    from retriever.index.manifest import Manifest
+    from retriever.index.passage_index import PassageIndex
+
+    texts = real_passages(12)
+    (tmp_path / "docs.jsonl").write_text(
+        "".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(texts))
+    )
+    prepare_corpus([tmp_path / "docs.jsonl"], tmp_path / "corpus", chunk_words=0, progress=False)
+    retriever = Retriever(query_encoder=minilm, precision="fp32")
+    built = {}
+    for name, precision in (("bf16", "bf16"), ("own", None)):
+        out = build_index(
+            tmp_path / "corpus", retriever, tmp_path / name, spec="Flat", progress=False, precision=precision
+        )
+        built[name] = PassageIndex.load(out, retriever=retriever)
+        assert Manifest.load(out).embedding_precision == ("bf16" if name == "bf16" else "fp32")
+    half, full = (built[n].embeddings(range(12)) for n in ("bf16", "own"))
+    assert min_cosine_rows(half, full) >= 0.999 and np.abs(half - full).max() > 1e-4
+    hits = built["bf16"].search(texts[:4], 1)  # fp32 queries (the retriever's setting) over bf16 vectors
+    assert [h[0].id for h in hits] == ["d0", "d1", "d2", "d3"]
+
+
+def min_cosine_rows(a: np.ndarray, b: np.ndarray) -> float:
+    return float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min())
