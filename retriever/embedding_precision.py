@@ -8,6 +8,9 @@ is emulated (no AVX512-BF16 or AMX) it is several times slower than float32, so 
 forced "bf16" still runs there and gives the same vectors, slowly.
 """
 
+# Lazy imports: torch (and faiss, through exact search's probe) only when a precision is resolved, so that the
+# command line reads its choices from here at once.
+
 from __future__ import annotations
 
 import contextlib
@@ -36,7 +39,7 @@ def resolve_embedding_precision(precision: str, device="cpu") -> str:
     check_embedding_precision(precision)
     if precision != "auto":
         return precision
-    import torch  # here: the command line imports this module to read its choices
+    import torch
 
     from retriever.index.types import native_bf16_speedup
 
