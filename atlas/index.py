@@ -16,14 +16,12 @@ a second writer), then the index is reopened: the files, not this object, are th
 from __future__ import annotations
 
 import os
-import re
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from atlas.quiet import quiet_libraries
-from tasks.io import write_jsonl
-from tasks.limits import MAX_PASSAGE_CHARS, MAX_SEARCH_K, check_k
+from tasks.limits import MAX_SEARCH_K, check_k
+from tasks.modeling import MINILM, encoder_source, is_hub_id
 from tasks.passage import Passage
 
 DEFAULT_ENCODER = "minilm"
@@ -51,32 +49,24 @@ def index_retriever(
 
     record = Manifest.load(folder).encoder if folder is not None else EncoderSettings()
     encoder = encoder or record.source or DEFAULT_ENCODER
+    check_encoder_name(encoder)
     settings = record.passage_settings()
     with quiet_libraries(verbose):
         retriever = Retriever.from_pretrained(default_encoder_path(encoder), **settings)
     return retriever.to(device if device is not None else compute_device()).eval()
 
 
-def _records(passages: Iterable[Mapping | Passage], what: str) -> list[dict]:
-    """Passages as the JSONL records the index's edits read: {"id", "title", "text"}; ValueError naming the
-    first one without an id or a text."""
-    records = []
-    for n, passage in enumerate(passages):
-        record = dict(passage.fields()) | {"id": passage.id} if isinstance(passage, Passage) else dict(passage)
-        if not record.get("id"):
-            raise ValueError(f"{what}: passage {n} has no 'id'")
-        if "text" not in record:
-            raise ValueError(f"{what}: passage {record['id']!r} has no 'text'")
-        if len(str(record["text"])) > MAX_PASSAGE_CHARS and what != "Index.add(chunked)":
-            raise ValueError(
-                f"{what}: passage {record['id']!r} has {len(record['text']):,} characters; the limit is "
-                f"{MAX_PASSAGE_CHARS:,} for one passage (its start alone would be embedded): split it, e.g. "
-                "Index.add(..., chunk_words=100)"
-            )
-        records.append({k: v for k, v in record.items() if v is not None})
-    if not records:
-        raise ValueError(f"{what}: no passages given")
-    return records
+def check_encoder_name(encoder: str) -> None:
+    """Refuse at once, in one line, an encoder that is none of what `index_retriever` loads: a name atlas knows
+    ("minilm", "contriever"), a folder here, or a Hugging Face Hub id (owner/name). Anything else would be tried
+    on the Hub, with its retries (seconds offline) and its library's log lines, before failing."""
+    source = encoder_source(encoder)
+    if Path(source).exists() or is_hub_id(source):
+        return
+    raise FileNotFoundError(
+        f"encoder {encoder!r}: not a name atlas knows ({MINILM}, contriever), no such folder "
+        f"({Path(encoder).resolve()}), and not a Hugging Face Hub id (owner/name)"
+    )
 
 
 class Index:
@@ -92,7 +82,7 @@ class Index:
     @classmethod
     def build(
         cls,
-        source: str | os.PathLike | Sequence[str | os.PathLike],
+        source: str | os.PathLike | Sequence[str | os.PathLike] | Sequence[Mapping | Passage],
         out: str | os.PathLike,
         *,
         encoder: str = DEFAULT_ENCODER,
@@ -103,18 +93,22 @@ class Index:
         overwrite: bool = False,
         progress: bool = True,
         precision: str | None = None,
+        device=None,
         **options,
     ) -> Index:
-        """Index documents: `source` is a prepared corpus folder (`atlas corpus prepare`) or documents (JSONL
-        `{"id", "title", "text"}` or DPR TSV files), split into passages of `chunk_words` words and prepared
-        at `corpus_out` (default: OUT-corpus beside the index). Embedded with `encoder` (passages cut at
+        """Index documents: `source` is a prepared corpus folder (`atlas corpus prepare`), documents in files
+        (JSONL `{"id", "title", "text"}` or DPR TSV), or documents in memory (dicts of those fields, or
+        `Passage`s), split into passages of `chunk_words` words and prepared at `corpus_out` (default: OUT-corpus
+        beside the index). Embedded with `encoder` on `device` (default `compute_device()`; passages cut at
         `passage_maxlength` tokens; default: the encoder's own), written to `out` as an index of `spec`
         ("Flat", "IVF1024,PQ64", …; `options`: `retriever.index.build.build_index`'s, e.g. `exact_rerank`).
         `precision`: what passages are embedded at, "auto" (bfloat16 where the CPU multiplies it natively),
         "fp32", "bf16" or None (the encoder's own setting, auto unless set); recorded in the index. Resumable: a
         killed build continues from its last embedded chunk when run again."""
-        from retriever.corpus import prepare_corpus  # heavy: pyarrow
-        from retriever.index.build import build_index  # heavy: faiss
+        # heavy: pyarrow, faiss
+        from retriever.corpus import prepare_corpus, write_corpus
+        from retriever.index.build import build_index
+        from retriever.index.update import passage_documents
 
         out = Path(out)
         if out.exists() and not overwrite:
@@ -122,7 +116,10 @@ class Index:
                 f"{out} already exists: Index.load({str(out)!r}) opens it, overwrite=True replaces it"
             )
         sources = [source] if isinstance(source, (str, os.PathLike)) else list(source)
-        if len(sources) == 1 and (Path(sources[0]) / "corpus.json").is_file():
+        in_memory = not all(isinstance(s, (str, os.PathLike)) for s in sources)
+        documents = passage_documents(sources) if in_memory else None  # checked before anything is loaded
+        retriever = index_retriever(None, encoder, device=device)  # a wrong encoder fails before a corpus is written
+        if not in_memory and len(sources) == 1 and (Path(sources[0]) / "corpus.json").is_file():
             corpus = Path(sources[0])
         else:
             corpus = Path(corpus_out) if corpus_out is not None else out.parent / f"{out.name}-corpus"
@@ -131,8 +128,11 @@ class Index:
                     f"{corpus} already exists (a corpus prepared before): build from it, Index.build({str(corpus)!r}, "
                     f"{str(out)!r}), or pass overwrite=True to prepare it again"
                 )
-            prepare_corpus(sources, corpus, chunk_words=chunk_words, overwrite=overwrite, progress=progress)
-        retriever = index_retriever(None, encoder)
+            if in_memory:
+                given = ["(passages given in memory)"]
+                write_corpus(documents, corpus, chunk_words=chunk_words, sources=given, overwrite=overwrite)
+            else:
+                prepare_corpus(sources, corpus, chunk_words=chunk_words, overwrite=overwrite, progress=progress)
         if passage_maxlength is not None:
             retriever.passage_maxlength = passage_maxlength
         build_index(
@@ -230,34 +230,39 @@ class Index:
     # ------------------------------------------------------------------ editing
     def add(
         self,
-        passages: Iterable[Mapping | Passage],
+        passages: Iterable[Mapping | Passage] | str | os.PathLike,
         *,
         chunk_words: int = 0,
         progress: bool = False,
         precision: str | None = None,
     ):
-        """Embed and add passages (dicts {"id", "title", "text"} or `Passage`s) under new ids (an id that is
-        live is refused: `update` it); with `chunk_words`, each is split into passages ID-0, ID-1, … → the
-        edit's `UpdateStats`."""
+        """Embed and add passages (dicts {"id", "title", "text"} or `Passage`s; or the path of a JSONL / TSV file
+        of them) under new ids (an id that is live is refused: `update` it); with `chunk_words`, each is split
+        into passages ID-0, ID-1, …; `precision`: what they are embedded at ("auto", "fp32", "bf16") → the
+        edit's `UpdateStats`. Errors name a passage as given: "passage 3 (id 'x')", or "FILE:LINE"."""
         from retriever.index.update import add_passages  # heavy: faiss
 
-        what = "Index.add(chunked)" if chunk_words > 0 else "Index.add"
-        return self._edit(
-            add_passages, _records(passages, what), chunk_words=chunk_words, progress=progress, precision=precision
-        )
+        return self._edit(add_passages, passages, chunk_words=chunk_words, progress=progress, precision=precision)
 
-    def update(self, passages: Iterable[Mapping | Passage], *, progress: bool = False, precision: str | None = None):
-        """Replace live passages by id (a record without a title keeps the passage's) → `UpdateStats`."""
+    def update(
+        self,
+        passages: Iterable[Mapping | Passage] | str | os.PathLike,
+        *,
+        progress: bool = False,
+        precision: str | None = None,
+    ):
+        """Replace live passages by id (a record without a title keeps the passage's; a path: a JSONL / TSV file of
+        them) → `UpdateStats`."""
         from retriever.index.update import update_passages  # heavy: faiss
 
-        return self._edit(update_passages, _records(passages, "Index.update"), progress=progress, precision=precision)
+        return self._edit(update_passages, passages, progress=progress, precision=precision)
 
-    def remove(self, ids: Iterable[str]):
+    def remove(self, ids: str | Iterable[str]):
         """Remove passages by id → `UpdateStats` (`removed`; an id removed already is counted in
         `already_removed`); KeyError naming an id the index never held (nothing changes then)."""
         from retriever.index.update import remove_passages  # heavy: faiss
 
-        ids = [str(i) for i in ids]
+        ids = [ids] if isinstance(ids, str) else [str(i) for i in ids]  # one id, not its characters
         if not ids:
             raise ValueError("Index.remove: no ids given")
         stats = remove_passages(self.path, ids)
@@ -272,17 +277,19 @@ class Index:
         self.reload()
         return stats
 
-    def _edit(self, edit, records: list[dict], **options):
-        with tempfile.TemporaryDirectory(prefix="atlas-index-edit-") as tmp:
-            path = Path(tmp) / "passages.jsonl"
-            write_jsonl(path, records)
-            try:
-                stats = edit(
-                    self.path, [path], self.retriever, allow_encoder_mismatch=self.allow_encoder_mismatch, **options
-                )
-            except (ValueError, KeyError) as e:  # name the passage as the caller gave it, not the file it went by
-                message = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-                message = re.sub(rf"{re.escape(str(path))}:(\d+)", lambda m: f"passage {int(m[1]) - 1}", message)
-                raise type(e)(message.replace(str(path), "the passages given")) from None
+    def _edit(self, edit, passages, **options):
+        """Run `edit` (`add_passages`, `update_passages`) on the passages given, then reopen the index."""
+        # heavy: pyarrow, faiss
+        from retriever.corpus import Corpus
+        from retriever.index.update import read_passage_files
+
+        if isinstance(passages, (str, os.PathLike)) and (Path(passages) / "corpus.json").is_file():
+            records = Corpus.load(passages)  # a prepared corpus, added as it is
+        elif isinstance(passages, (str, os.PathLike)):  # a file: read here, at the edge; errors name its lines
+            records, origins = read_passage_files([passages])
+            options |= {"origins": origins, "sources": [str(Path(passages).resolve())]}
+        else:
+            records = list(passages)
+        stats = edit(self.path, records, self.retriever, allow_encoder_mismatch=self.allow_encoder_mismatch, **options)
         self.reload()
         return stats

@@ -333,7 +333,6 @@ def main(argv: list[str] | None = None) -> int:
             (work / "state.pkl.tmp").write_bytes(pickle.dumps(state))
             os.replace(work / "state.pkl.tmp", state_path)
 
-    edit_file = work / "edit.jsonl"
     for checkpoint in sorted(args.checkpoints):
         if str(checkpoint) in report["checkpoints"]:
             continue  # measured before the interruption
@@ -343,11 +342,11 @@ def main(argv: list[str] | None = None) -> int:
             if kind == "add" or len(live) < 2:
                 record = sentence(rng, f"n{added}")
                 added += 1
-                add_passages(index, [write_jsonl(edit_file, [record])], retriever, progress=False)
+                add_passages(index, [record], retriever, progress=False)
                 live[record["id"]] = record
             elif kind == "update":
                 record = sentence(rng, rng.choice(list(live)))
-                update_passages(index, [write_jsonl(edit_file, [record])], retriever, progress=False)
+                update_passages(index, [record], retriever, progress=False)
                 live[record["id"]] = record
             else:
                 pid = rng.choice(list(live))

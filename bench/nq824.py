@@ -373,7 +373,7 @@ def corpus_swap(args, out: Path, checkpoint: str) -> dict:
 
     from atlas.api import Atlas
     from atlas.index import Index
-    from retriever.index.update import add_passages, remove_passages
+    from retriever.index.update import add_passages, read_passage_files, remove_passages
     from tasks.base import get_task
     from tasks.io import read_jsonl, write_jsonl
     from tasks.metrics import max_f1, normalize_answer
@@ -477,7 +477,13 @@ def corpus_swap(args, out: Path, checkpoint: str) -> dict:
         shutil.copytree(out / "index", swapped)
         write_jsonl(out / "swap-edits.jsonl", [p for e in edits for p in e["passages"]])
         remove_passages(swapped, [p["id"] for e in edits for p in e["passages"]])
-        add_passages(swapped, [out / "swap-edits.jsonl"], model.model.retriever, chunk_words=0, progress=False)
+        add_passages(
+            swapped,
+            read_passage_files([out / "swap-edits.jsonl"])[0],
+            model.model.retriever,
+            chunk_words=0,
+            progress=False,
+        )
         model.index = Index.load(swapped)
         answered = model.answer_examples([e["example"] for e in edits], batch_size=16)
         new_answers, new_read = [a.text for a in answered], [a.passages for a in answered]

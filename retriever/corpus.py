@@ -304,6 +304,59 @@ def prepare_corpus(
     return stats
 
 
+def write_corpus(
+    documents: Iterable[dict[str, str]],
+    out: str | Path,
+    *,
+    chunk_words: int = 0,
+    sources: list[str],
+    overwrite: bool = False,
+) -> Corpus:
+    """A prepared corpus at `out` (written atomically) of documents held in memory, split into passages as
+    `prepare_corpus` splits them: an index edit's passages. `documents`: {id, text, title, section, wikipedia_id}
+    (strings; checked by the caller, as `prepare_corpus` checks a file's records); a passage id written twice
+    raises ValueError naming it. `sources`: what `corpus.json` records as where they came from; `overwrite`:
+    replace a corpus at `out`."""
+    stats = PrepareStats()
+    columns: dict[str, list[str]] = {name: [] for name in COLUMNS}
+    for doc in documents:
+        stats.documents += 1
+        stats.words += len(doc["text"].split())
+        for i, piece in enumerate(chunk_text(doc["text"], chunk_words)):
+            for name, value in (("id", passage_id(doc["id"], i, chunk_words)), ("doc_id", doc["id"]), ("text", piece)):
+                columns[name].append(value)
+            for name in ("title", "section", "wikipedia_id"):
+                columns[name].append(doc.get(name) or "")
+    stats.passages = len(columns["id"])
+    if stats.passages == 0:
+        raise ValueError("no passages given")
+    seen: set[str] = set()
+    for pid in columns["id"]:
+        if pid in seen:
+            raise ValueError(f"passage id {pid!r} would be written twice")
+        seen.add(pid)
+    hashes = np.array([id_hash(pid) for pid in columns["id"]], dtype=np.uint64)
+    order = np.argsort(hashes, kind="stable")
+    with atomic_directory(out, overwrite=overwrite) as tmp:
+        arrow_path = tmp / "passages.arrow"
+        with pa.OSFile(str(arrow_path), "wb") as sink, pa.ipc.new_stream(sink, SCHEMA) as writer:
+            writer.write_batch(pa.record_batch([columns[c] for c in COLUMNS], schema=SCHEMA))
+        np.save(tmp / "id_hashes.npy", hashes[order])
+        np.save(tmp / "id_rows.npy", order.astype(np.int64))
+        record = {
+            "format_version": FORMAT_VERSION,
+            "fingerprint": _hash_file(arrow_path),
+            "count": stats.passages,
+            "chunk_words": chunk_words,
+            "stride": None,
+            "sources": sources,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "stats": asdict(stats),
+        }
+        (tmp / "corpus.json").write_text(json.dumps(record, indent=2) + "\n")
+    return Corpus.load(out)
+
+
 def _write_passages(
     inputs: list[str | Path],
     arrow_path: Path,

@@ -464,20 +464,39 @@ def _shown(ids: list[str]) -> str:
     return ", ".join(ids[:5]) + (f", ... ({len(ids)} in all)" if len(ids) > 5 else "")
 
 
+def _passages_in(paths: list[str], *, as_records: bool = False) -> tuple[object, dict]:
+    """What `atlas index add/update` were given, read here at the edge: a prepared corpus folder (added as it is;
+    its rows as records where `as_records`), or JSONL / TSV files as records, with the file and line of each
+    (named in errors) → (passages, the edit's `origins` and `sources`)."""
+    from retriever.corpus import Corpus
+    from retriever.index.update import PASSAGE_FIELDS, read_passage_files
+
+    if len(paths) == 1 and (Path(paths[0]) / "corpus.json").is_file():
+        corpus = Corpus.load(paths[0])
+        if not as_records:
+            return corpus, {}
+        records = [{k: row[k] for k in PASSAGE_FIELDS} for row in corpus.rows(range(len(corpus)))]
+        return records, {"origins": [f"{paths[0]} row {n}" for n in range(1, len(corpus) + 1)], "sources": paths}
+    records, origins = read_passage_files(paths)
+    return records, {"origins": origins, "sources": [str(Path(p).resolve()) for p in paths]}
+
+
 @_reports_errors
 def _add(args: argparse.Namespace) -> int:
     from atlas.index import index_retriever
     from retriever.index.update import add_passages
 
+    passages, where = _passages_in(args.corpus)
     stats = add_passages(
         args.index,
-        args.corpus,
+        passages,
         index_retriever(args.index, args.encoder),
         batch_size=args.batch_size,
         chunk_words=args.chunk_words,
         allow_encoder_mismatch=args.allow_encoder_mismatch,
         replace=args.replace,
         precision=args.precision,
+        **where,
     )
     print(
         f"added {stats.added} and replaced {stats.replaced} passages ({_shown(stats.ids)}); "
@@ -492,13 +511,15 @@ def _update(args: argparse.Namespace) -> int:
     from atlas.index import index_retriever
     from retriever.index.update import update_passages
 
+    passages, where = _passages_in(args.corpus, as_records=True)
     stats = update_passages(
         args.index,
-        args.corpus,
+        passages,
         index_retriever(args.index, args.encoder),
         batch_size=args.batch_size,
         allow_encoder_mismatch=args.allow_encoder_mismatch,
         precision=args.precision,
+        **where,
     )
     print(f"updated {stats.replaced} passages ({_shown(stats.ids)}); {stats.count} live passages in {args.index}")
     _compact_if_due(args)

@@ -17,7 +17,6 @@ meanwhile queue behind it. It changes no passage and no search result, only the 
 from __future__ import annotations
 
 import logging
-import tempfile
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +26,6 @@ from pathlib import Path
 import torch
 
 from tasks.base import Example
-from tasks.io import write_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -203,18 +201,17 @@ class AtlasService:
         retriever = self.atlas.index.retriever  # the index's own: the model thread embeds with the model's
         allow_mismatch = self.atlas.index.allow_encoder_mismatch
         try:
-            if new:
-                with tempfile.TemporaryDirectory(prefix="atlas-serve-edit-") as tmp:
-                    write_jsonl(Path(tmp) / "passages.jsonl", new)
-                    add_passages(
-                        index.folder,
-                        [Path(tmp) / "passages.jsonl"],
-                        retriever,
-                        chunk_words=0,
-                        progress=False,
-                        remove=replaced,
-                        allow_encoder_mismatch=allow_mismatch,
-                    )
+            if new:  # the passages in memory: no file holds their text on the way
+                add_passages(
+                    index.folder,
+                    new,
+                    retriever,
+                    chunk_words=0,
+                    progress=False,
+                    remove=replaced,
+                    allow_encoder_mismatch=allow_mismatch,
+                    sources=["atlas serve edit"],
+                )
             else:
                 remove_passages(index.folder, replaced)
         except IndexLockedError as e:

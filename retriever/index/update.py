@@ -16,12 +16,15 @@ deleted afterwards (or by the next writer, when the crash came first). One proce
 time: each update holds the index's writer lock (`files.writer_lock`), and a second
 writer is refused with `IndexLockedError` naming the first.
 
-Passage ids are kept as given: by default each input record is one passage under its own id.
+The edits take passages in memory (records, or a prepared corpus); files are read at the edges (the command
+line, `atlas.Index.add(path)`: `read_passage_files`). Passage ids are kept as given: by default each record is
+one passage under its own id.
 `chunk_words` > 0 splits records (documents) into passages named `ID-0`, `ID-1`, … as
 `atlas corpus prepare` names them; a record whose id already names a passage of the index is
 then refused rather than added as `ID-0` (a removed and re-added `nq-486-0` would otherwise
 come back as `nq-486-0-0`, and a later removal of `nq-486-0` would remove nothing). Every
-check runs before anything is written, and its error names the id and the input file and line.
+check runs before anything is written, and its error names the record as the caller gave it (its position,
+"passage 3 (id 'x')", or the file and line the caller read it from).
 """
 
 from __future__ import annotations
@@ -30,22 +33,15 @@ import contextlib
 import logging
 import os
 import shutil
-import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import faiss
 import numpy as np
 
-from retriever.corpus import (
-    Corpus,
-    chunk_text,
-    iter_documents,
-    iter_records,
-    passage_id,
-    prepare_corpus,
-)
+from retriever.corpus import Corpus, chunk_text, iter_records, passage_id, write_corpus
 from retriever.index.embedding import embed_passages, embedding_precision
 from retriever.index.files import (
     check_file,
@@ -57,8 +53,9 @@ from retriever.index.files import (
 from retriever.index.manifest import FileRecord, Manifest, Segment, sampled_sha256
 from retriever.index.passage_index import PassageIndex
 from retriever.index.vectors import write_float16_rows
-from tasks.io import InputError, write_jsonl
+from tasks.io import InputError
 from tasks.limits import MAX_PASSAGE_CHARS, passage_too_long
+from tasks.passage import Passage
 
 logger = logging.getLogger(__name__)
 
@@ -91,61 +88,107 @@ def _live_positions_of(index: PassageIndex, ids: list[str]) -> dict[str, list[in
 
 @dataclass(frozen=True)
 class _Incoming:
-    """One passage an update brings: its id, the record (document) id it came from, and where."""
+    """One passage an edit brings: its id, the record (document) id it came from, where (what the caller gave:
+    "passage 3", "docs.jsonl:4", a prepared corpus's row), and its words."""
 
     id: str
     doc_id: str
-    path: str
-    line: int | None  # 1-based line of a file, or row of a prepared corpus
+    where: str
     words: int
 
-    @property
-    def where(self) -> str:
-        return self.path if self.line is None else f"{self.path}:{self.line}"
+
+PASSAGE_FIELDS = ("id", "text", "title", "section", "wikipedia_id")
+NewPassages = Sequence[Mapping[str, Any] | Passage] | Corpus  # what an edit adds: records, or a prepared corpus
 
 
-def _is_prepared_corpus(new: Sequence[str | os.PathLike]) -> bool:
-    return len(new) == 1 and (Path(new[0]) / "corpus.json").is_file()
+def _place(n: int, origins: Sequence[str] | None) -> str:
+    """How record `n` is named in errors: its origin ("docs.jsonl:4") where the caller gave one, else
+    "passage n"."""
+    return origins[n] if origins is not None else f"passage {n}"
 
 
-def _read_incoming(new: Sequence[str | os.PathLike], chunk_words: int) -> list[_Incoming]:
-    """The passages `new` would add, in order, with their ids as `prepare_corpus` names them.
+def _document(n: int, record: Mapping[str, Any] | Passage, origins: Sequence[str] | None) -> dict[str, str | None]:
+    """Record `n` as the fields an edit writes ({id, text, title, section, wikipedia_id}; None: not given);
+    ValueError naming it ("passage 3 (id 'x'): missing field 'text'") where a field is missing or not a string."""
+    if isinstance(record, Passage):
+        record = {name: getattr(record, name) for name in PASSAGE_FIELDS}
+    if not isinstance(record, Mapping):
+        raise TypeError(f"{_place(n, origins)}: a passage is a dict or a Passage, got {type(record).__name__}")
+    rid = record.get("id")
+    place = _place(n, origins) + (f" (id {rid!r})" if isinstance(rid, str) and rid and origins is None else "")
+    for name in PASSAGE_FIELDS:
+        value = record.get(name)
+        if name in ("id", "text") and value is None:
+            raise ValueError(f"{place}: missing field '{name}'")
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"{place}: field '{name}' must be a string, got {type(value).__name__}")
+    if not rid.strip():
+        raise ValueError(f"{place}: field 'id' is empty")
+    return {name: record.get(name) for name in PASSAGE_FIELDS}
 
-    Reads (and so validates) every input record, so that a bad one is named with its own file
-    and line before anything is written; an id given twice raises `InputError` naming both
-    places."""
-    if _is_prepared_corpus(new):
-        folder = str(new[0])
-        ids = Corpus.load(folder).table.column("id").to_pylist()
-        return [_Incoming(i, i, folder, row, 0) for row, i in enumerate(ids, start=1)]
-    incoming, seen = [], {}
-    for path in map(Path, new):
-        for line, doc in iter_documents(path):
-            if not doc["text"].strip():
-                raise InputError(path, line, "text", "empty text")
-            if chunk_words <= 0 and passage_too_long(doc["text"]):
-                raise InputError(
-                    path,
-                    line,
-                    "text",
-                    f"{len(doc['text']):,} characters; the limit is {MAX_PASSAGE_CHARS:,} for one passage (its start "
-                    "alone would be embedded): split it with --chunk-words",
-                )
-            for n, piece in enumerate(chunk_text(doc["text"], chunk_words)):
-                passage = _Incoming(
-                    passage_id(doc["id"], n, chunk_words), doc["id"], str(path), line, len(piece.split())
-                )
-                if passage.id in seen:
-                    raise InputError(
-                        path, line, "id", f"duplicate id {passage.id!r} (first seen at {seen[passage.id]})"
-                    )
-                seen[passage.id] = passage.where
-                incoming.append(passage)
-    return incoming
+
+def _incoming(
+    new: NewPassages, origins: Sequence[str] | None, chunk_words: int
+) -> tuple[list[_Incoming], list[dict[str, str | None]]]:
+    """The passages `new` would add, in order, with their ids as `prepare_corpus` names them, and the documents
+    (None for a prepared corpus, taken as it is).
+
+    Checks every record first (`passage_documents`), so that a bad one is named before anything is written, and
+    that no unsplit text is over the passage limit."""
+    if isinstance(new, Corpus):
+        ids = new.table.column("id").to_pylist()
+        return [_Incoming(i, i, f"{new.path} row {row}", 0) for row, i in enumerate(ids, start=1)], []
+    if origins is not None and len(origins) != len(new):
+        raise ValueError(f"{len(origins)} origins for {len(new)} passages")
+    documents, incoming = passage_documents(new, origins), []
+    for n, doc in enumerate(documents):
+        if chunk_words <= 0 and passage_too_long(doc["text"]):
+            raise ValueError(
+                f"{_place(n, origins)}: field 'text' has {len(doc['text']):,} characters; the limit is "
+                f"{MAX_PASSAGE_CHARS:,} for one passage (its start alone would be embedded): split it (chunk_words, "
+                "--chunk-words)"
+            )
+        incoming += [
+            _Incoming(passage_id(doc["id"], i, chunk_words), doc["id"], _place(n, origins), len(piece.split()))
+            for i, piece in enumerate(chunk_text(doc["text"], chunk_words))
+        ]  # a document id given once gives passage ids given once (`passage_documents` checks them)
+    return incoming, documents
+
+
+def passage_documents(
+    records: Sequence[Mapping[str, Any] | Passage], origins: Sequence[str] | None = None
+) -> list[dict[str, str | None]]:
+    """Records given in memory (dicts or `Passage`s) as documents {id, text, title, section, wikipedia_id}, each
+    checked (`ValueError` naming it: "passage 3 (id 'x'): missing field 'text'"; an empty text; an id given
+    twice): what `atlas.Index.build` prepares a corpus of."""
+    if len(records) == 0:
+        raise ValueError("no passages given")
+    documents, seen = [], {}
+    for n, record in enumerate(records):
+        doc = _document(n, record, origins)
+        if not doc["text"].strip():
+            raise ValueError(f"{_place(n, origins)}: field 'text' is empty")
+        if doc["id"] in seen:
+            raise ValueError(f"{_place(n, origins)}: duplicate id {doc['id']!r} (first seen at {seen[doc['id']]})")
+        seen[doc["id"]] = _place(n, origins)
+        documents.append(doc)
+    return documents
+
+
+def read_passage_files(paths: Sequence[str | os.PathLike]) -> tuple[list[dict[str, str]], list[str]]:
+    """The records of JSONL / TSV files as an edit takes them (the fields each gives), and where each is
+    ("FILE:LINE"): for the command line and `atlas.Index.add(path)`, which read files at the edge. `InputError`
+    naming the file, line and field of a malformed record."""
+    records, origins = [], []
+    for path in map(Path, paths):
+        for line, record, doc in iter_records(path):
+            records.append({k: doc[k] for k in PASSAGE_FIELDS if k in ("id", "text") or record.get(k) is not None})
+            origins.append(f"{path}:{line}")
+    return records, origins
 
 
 def _naming(passages: list[_Incoming], what: str, advice: str) -> str:
-    """ "FILE:LINE: passage id 'x' WHAT; also 'y' (FILE:LINE), …; ADVICE" for the first few."""
+    """ "WHERE: passage id 'x' WHAT; also 'y' (WHERE), …; ADVICE" for the first few."""
     first = passages[0]
     text = f"{first.where}: passage id {first.id!r} {what}"
     if len(passages) > 1:
@@ -176,7 +219,7 @@ def _warn_long_passages(index: PassageIndex, incoming: list[_Incoming], chunk_wo
 
 def add_passages(
     index_path: str | os.PathLike,
-    new: list[str | os.PathLike],
+    new: NewPassages,
     retriever,
     *,
     batch_size: int = 64,
@@ -186,148 +229,149 @@ def add_passages(
     remove: Sequence[str] = (),
     replace: bool = False,
     precision: str | None = None,
+    origins: Sequence[str] | None = None,
+    sources: Sequence[str] = (),
 ) -> UpdateStats:
-    """Embed the passages of `new` and append them to the index at `index_path`.
+    """Embed the passages `new` and append them to the index at `index_path`.
 
-    `new` is one prepared corpus folder, or JSONL / TSV files that are prepared into
-    `INDEX/corpora/segment-gN/`: each record one passage under its own id (`chunk_words` 0), or
-    split into passages `ID-0`, `ID-1`, … of `chunk_words` words. An id that already has a live
-    passage is refused (`ValueError` naming it and its input line), unless `replace` (or it is
-    listed in `remove`): then the live version is marked removed in the same commit as the new
-    one is added. With chunking, a record whose id names a passage of the index (live or
-    removed) is refused: it would be added under another id. `remove`: further live ids to
-    remove in the same commit; one that is not live raises `KeyError` naming it. Nothing is
-    changed when anything is refused.
+    `new`: records (dicts {"id", "text", "title", "section", "wikipedia_id"}, or `Passage`s), prepared into
+    `INDEX/corpora/segment-gN/`: each one passage under its own id (`chunk_words` 0), or split into passages
+    `ID-0`, `ID-1`, … of `chunk_words` words; or a prepared `Corpus`, appended as it is (by its path). Errors name
+    a record as "passage N (id 'x')", or by `origins[N]` where given ("docs.jsonl:4": the command line reads files
+    at the edge, `read_passage_files`); `sources`: what the new segment's corpus.json records as where they came
+    from. An id that already has a live passage is refused (`ValueError` naming it), unless `replace` (or it is
+    listed in `remove`): then the live version is marked removed in the same commit as the new one is added.
+    With chunking, a record whose id names a passage of the index (live or removed) is refused: it would be
+    added under another id. `remove`: further live ids to remove in the same commit; one that is not live raises
+    `KeyError` naming it. `precision`: what the passages are embedded at ("auto", "fp32", "bf16";
+    `retriever.index.embedding`), recorded in the new segment. Nothing is changed when anything is refused.
     """
     return _append(
         index_path,
         new,
         retriever,
-        mode="replace" if replace else "add",
-        batch_size=batch_size,
-        chunk_words=chunk_words,
-        allow_encoder_mismatch=allow_encoder_mismatch,
-        progress=progress,
-        remove=remove,
-        precision=precision,
+        _EditOptions(
+            mode="replace" if replace else "add",
+            batch_size=batch_size,
+            chunk_words=chunk_words,
+            allow_encoder_mismatch=allow_encoder_mismatch,
+            progress=progress,
+            remove=tuple(remove),
+            precision=precision,
+            origins=origins,
+            sources=tuple(sources),
+        ),
     )
 
 
 def update_passages(
     index_path: str | os.PathLike,
-    new: list[str | os.PathLike],
+    new: Sequence[Mapping[str, Any] | Passage],
     retriever,
     *,
     batch_size: int = 64,
     allow_encoder_mismatch: bool = False,
     progress: bool = True,
     precision: str | None = None,
+    origins: Sequence[str] | None = None,
+    sources: Sequence[str] = (),
 ) -> UpdateStats:
-    """Replace live passages by id with the records of `new` (JSONL / TSV files, or a prepared
-    corpus folder): the ids are kept, the old versions are marked removed in the same commit.
+    """Replace live passages by id with the records `new` (as `add_passages` takes them): the ids are kept, the
+    old versions are marked removed in the same commit.
 
-    Each record is one passage (never split). A file record without a title (or section,
-    wikipedia_id) keeps the passage's current one, as `atlas serve`'s PUT does; a prepared
-    corpus is taken as it is. An id with no
-    live passage raises `KeyError` naming it and its input line; nothing is changed then.
+    Each record is one passage (never split). A record without a title (or section, wikipedia_id) keeps the
+    passage's current one, as `atlas serve`'s PUT does. An id with no live passage raises `KeyError` naming it
+    and the record; nothing is changed then.
     """
     return _append(
         index_path,
         new,
         retriever,
-        mode="update",
-        batch_size=batch_size,
-        chunk_words=0,
-        allow_encoder_mismatch=allow_encoder_mismatch,
-        progress=progress,
-        remove=(),
-        precision=precision,
+        _EditOptions(
+            mode="update",
+            batch_size=batch_size,
+            chunk_words=0,
+            allow_encoder_mismatch=allow_encoder_mismatch,
+            progress=progress,
+            remove=(),
+            precision=precision,
+            origins=origins,
+            sources=tuple(sources),
+        ),
     )
 
 
-def _normalised_updates(index: PassageIndex, new: Sequence[str | os.PathLike]):
-    """The update records of `new`, each field left out taken from the live passage's."""
-    for path in map(Path, new):
-        for _, record, doc in iter_records(path):
-            current = index.get([doc["id"]])[0]
-            yield {
-                "id": doc["id"],
-                "text": doc["text"],
-                **{
-                    key: doc[key] if record.get(key) is not None else current.get(key) or ""
-                    for key in ("title", "section", "wikipedia_id")
-                },
-            }
+@dataclass(frozen=True)
+class _EditOptions:
+    """How an edit runs (`add_passages`, `update_passages`)."""
+
+    mode: str  # "add", "replace" (add, replacing live ids) or "update" (replace live ids only)
+    batch_size: int
+    chunk_words: int
+    allow_encoder_mismatch: bool
+    progress: bool
+    remove: tuple[str, ...]
+    precision: str
+    origins: Sequence[str] | None
+    sources: tuple[str, ...]
 
 
-def _append(
-    index_path: str | os.PathLike,
-    new: list[str | os.PathLike],
-    retriever,
-    *,
-    mode: str,
-    batch_size: int,
-    chunk_words: int,
-    allow_encoder_mismatch: bool,
-    progress: bool,
-    remove: Sequence[str],
-    precision: str,
-) -> UpdateStats:
-    """Add (`mode` "add"), add or replace ("replace") or replace ("update") the passages of
-    `new` in one commit, under the index's writer lock; see `add_passages` and `update_passages`."""
+def _with_current_fields(index: PassageIndex, doc: dict[str, str | None]) -> dict[str, str | None]:
+    """An update's document, each field it leaves out (None) taken from the live passage's."""
+    current = index.get([doc["id"]])[0]
+    return doc | {key: current.get(key) or "" for key in ("title", "section", "wikipedia_id") if doc[key] is None}
+
+
+def _append(index_path: str | os.PathLike, new: NewPassages, retriever, options: _EditOptions) -> UpdateStats:
+    """Add, add or replace, or replace (`options.mode`) the passages `new` in one commit, under the index's
+    writer lock; see `add_passages` and `update_passages`."""
     folder = Path(index_path)
-    with writer_lock(folder, "update" if mode == "update" else "add"):
-        return _append_locked(
-            folder,
-            new,
-            retriever,
-            mode=mode,
-            batch_size=batch_size,
-            chunk_words=chunk_words,
-            allow_encoder_mismatch=allow_encoder_mismatch,
-            progress=progress,
-            remove=remove,
-            precision=precision,
-        )
+    if options.mode == "update" and isinstance(new, Corpus):
+        raise TypeError("an update takes records (dicts or Passages), not a prepared corpus")
+    incoming, documents = _incoming(new, options.origins, options.chunk_words)  # checked before the lock is taken
+    with writer_lock(folder, "update" if options.mode == "update" else "add"):
+        return _append_locked(folder, new, incoming, documents, retriever, options)
 
 
 def _append_locked(
     folder: Path,
-    new: list[str | os.PathLike],
+    new: NewPassages,
+    incoming: list[_Incoming],
+    documents: list[dict[str, str | None]],
     retriever,
-    *,
-    mode: str,
-    batch_size: int,
-    chunk_words: int,
-    allow_encoder_mismatch: bool,
-    progress: bool,
-    remove: Sequence[str],
-    precision: str,
+    options: _EditOptions,
 ) -> UpdateStats:
-    precision = embedding_precision(retriever, precision)
-    index = _open_for_update(folder, retriever, allow_encoder_mismatch)
+    # long: one crash-safe commit: its writes in one place so that their order (files first, manifest last) reads
+    # at a glance
+    mode, chunk_words = options.mode, options.chunk_words
+    precision = embedding_precision(retriever, options.precision)
+    index = _open_for_update(folder, retriever, options.allow_encoder_mismatch)
     remove_unreferenced(folder, index.manifest)  # what a writer that died left behind
-    incoming = _read_incoming(new, chunk_words)
-    remove = list(dict.fromkeys(remove))
+    remove = list(dict.fromkeys(options.remove))
     live = _live_positions_of(index, list(dict.fromkeys([p.id for p in incoming] + remove)))
     _refuse_conflicts(index, folder, incoming, live, remove, mode=mode, chunk_words=chunk_words)
     _warn_long_passages(index, incoming, chunk_words)
     manifest = index.manifest
     generation = manifest.generation + 1
-    created_segment = None if _is_prepared_corpus(new) else folder / "corpora" / f"segment-g{generation}"
+    created_segment = None if isinstance(new, Corpus) else folder / "corpora" / f"segment-g{generation}"
     if created_segment is not None and created_segment.exists():  # left by a crashed earlier attempt: never referenced
         shutil.rmtree(created_segment)
     try:
-        segment_path = _write_segment(
-            folder, new, index, created_segment, mode=mode, chunk_words=chunk_words, progress=progress
-        )
-        corpus = Corpus.load(folder / segment_path)
-        new_vectors = np.concatenate(
-            [
-                embed_passages(retriever, batch, batch_size=batch_size, precision=precision, progress=progress)
-                for _, batch in corpus.iter_batches(8192)
-            ]
-        ).astype(np.float16)
+        if created_segment is None:  # a prepared corpus, appended where it is
+            corpus, segment_path = new, str(Path(new.path).resolve())
+        else:
+            if mode == "update":
+                documents = [_with_current_fields(index, doc) for doc in documents]
+            sources = list(options.sources) or ["(passages given in memory)"]
+            corpus = write_corpus(documents, created_segment, chunk_words=chunk_words, sources=sources)
+            segment_path = str(created_segment.relative_to(folder))
+        embedded = [
+            embed_passages(
+                retriever, batch, batch_size=options.batch_size, precision=precision, progress=options.progress
+            )
+            for _, batch in corpus.iter_batches(8192)
+        ]
+        new_vectors = np.concatenate(embedded).astype(np.float16)
         written, own = _write_generation(folder, index, generation, new_vectors, live)
     except BaseException:
         if created_segment is not None:
@@ -437,36 +481,6 @@ def _refuse_conflicts(
             )
 
 
-def _write_segment(
-    folder: Path,
-    new: list[str | os.PathLike],
-    index: PassageIndex,
-    created_segment: Path | None,
-    *,
-    mode: str,
-    chunk_words: int,
-    progress: bool,
-) -> str:
-    """The new corpus segment as the manifest names it: `new` itself when it is a prepared corpus
-    (absolute path), else `new` prepared into `created_segment` (path relative to the index)."""
-    if created_segment is None:
-        return str(Path(new[0]).resolve())
-    if mode == "update":
-        with tempfile.TemporaryDirectory(prefix="atlas-index-update-") as tmp:
-            records = Path(tmp) / "passages.jsonl"
-            write_jsonl(records, _normalised_updates(index, new))
-            prepare_corpus(
-                [records],
-                created_segment,
-                chunk_words=0,
-                progress=progress,
-                sources=[str(Path(p).resolve()) for p in new],
-            )
-    else:
-        prepare_corpus([str(p) for p in new], created_segment, chunk_words=chunk_words, progress=progress)
-    return str(created_segment.relative_to(folder))
-
-
 def _write_generation(
     folder: Path, index: PassageIndex, generation: int, new_vectors: np.ndarray, live: dict[str, list[int]]
 ) -> tuple[dict[str, Path], dict[str, Path]]:
@@ -505,7 +519,7 @@ def _write_generation(
 
 def _with_id(passage: _Incoming, new_id: str) -> _Incoming:
     """The same incoming passage under another id (to name the record's own id in an error)."""
-    return _Incoming(new_id, passage.doc_id, passage.path, passage.line, passage.words)
+    return _Incoming(new_id, passage.doc_id, passage.where, passage.words)
 
 
 def read_id_file(path: str | os.PathLike) -> list[str]:

@@ -109,7 +109,7 @@ def test_a_different_spec_or_encoder_builds_anew(tiny_world, corpus, tmp_path, b
 
 def test_updating_a_run_index_leaves_the_cache_as_it_was(tiny_world, corpus, tmp_path, builds):
     from retriever.encoder import Retriever
-    from retriever.index.update import add_passages, remove_passages, update_passages
+    from retriever.index.update import add_passages, read_passage_files, remove_passages, update_passages
 
     open_run_index(tiny_world, corpus, tmp_path / "run1")
     (cached,) = entries(corpus)
@@ -117,10 +117,10 @@ def test_updating_a_run_index_leaves_the_cache_as_it_was(tiny_world, corpus, tmp
     retriever = Retriever.from_pretrained(tiny_world["encoder"])
     edits = tmp_path / "edits.jsonl"
     edits.write_text(json.dumps({"id": "p1", "text": "The capital of Zorbland is Brest."}) + "\n")
-    update_passages(tmp_path / "run1" / "index", [edits], retriever, progress=False)
+    update_passages(tmp_path / "run1" / "index", read_passage_files([edits])[0], retriever, progress=False)
     remove_passages(tmp_path / "run1" / "index", ["p2"])
     edits.write_text(json.dumps({"id": "p9", "text": "A new passage."}) + "\n")
-    add_passages(tmp_path / "run1" / "index", [edits], retriever, progress=False)
+    add_passages(tmp_path / "run1" / "index", read_passage_files([edits])[0], retriever, progress=False)
     assert files_of(cached) == contents
     fresh = open_run_index(tiny_world, corpus, tmp_path / "run2")
     assert len(builds) == 1 and len(fresh) == 5

@@ -117,7 +117,7 @@ def test_info_describes_the_run_and_health_the_index(client, service):
     assert (
         info["retriever"]["passage_fingerprint"]
         == info["index"]["encoder_fingerprint"]
-        == manifest["encoder_fingerprint"]
+        == manifest.encoder_fingerprint
     )
     assert info["index"]["spec"] == "Flat" and info["index"]["passages"] == len(service.index) >= 136
     assert info["serving"] == {
@@ -128,7 +128,7 @@ def test_info_describes_the_run_and_health_the_index(client, service):
         "default_k": 2,
     }
     health = client.get("/api/health").json()
-    assert health["status"] == "ok" and health["generation"] == manifest["generation"]
+    assert health["status"] == "ok" and health["generation"] == manifest.generation
     assert client.get("/").text.startswith("<!doctype html>")
     assert "/api/ask" in client.get("/openapi.json").json()["paths"]
 

@@ -62,7 +62,9 @@ def test_a_replace_that_dies_around_its_commit_leaves_the_old_or_the_new_index(t
     monkeypatch.setattr(Manifest, "save", dies)
     retriever = Retriever.from_pretrained(tiny_world["encoder"])
     with pytest.raises(Crash):
-        update.add_passages(folder, [new_file], retriever, chunk_words=0, progress=False, remove=["p1"])
+        update.add_passages(
+            folder, update.read_passage_files([new_file])[0], retriever, chunk_words=0, progress=False, remove=["p1"]
+        )
     monkeypatch.setattr(Manifest, "save", real)
     after = _live_texts(folder)
     if when == "before":
@@ -72,14 +74,16 @@ def test_a_replace_that_dies_around_its_commit_leaves_the_old_or_the_new_index(t
     assert atlas_main(["index", "info", str(folder), "--verify"]) == 0
     # and the next edit goes through (the dead one's left-over files are no obstacle)
     new_file.write_text(json.dumps({"id": "p1", "title": "Zorbland", "text": "Its capital is Brest."}) + "\n")
-    update.add_passages(folder, [new_file], retriever, chunk_words=0, progress=False, remove=["p1"])
+    update.add_passages(
+        folder, update.read_passage_files([new_file])[0], retriever, chunk_words=0, progress=False, remove=["p1"]
+    )
     assert _live_texts(folder)["p1"] == "Its capital is Brest."
     assert atlas_main(["index", "info", str(folder), "--verify"]) == 0
 
 
 def test_replacing_an_id_that_is_not_live_changes_nothing(tiny_world, tmp_path):
     from retriever.encoder import Retriever
-    from retriever.index.update import add_passages
+    from retriever.index.update import add_passages, read_passage_files
 
     folder = tmp_path / "index"
     shutil.copytree(tiny_world["index"], folder)
@@ -88,9 +92,11 @@ def test_replacing_an_id_that_is_not_live_changes_nothing(tiny_world, tmp_path):
     new_file.write_text(json.dumps({"id": "p1", "text": "x"}) + "\n")
     retriever = Retriever.from_pretrained(tiny_world["encoder"])
     with pytest.raises(KeyError, match="'nope'"):
-        add_passages(folder, [new_file], retriever, chunk_words=0, progress=False, remove=["nope"])
+        add_passages(
+            folder, read_passage_files([new_file])[0], retriever, chunk_words=0, progress=False, remove=["nope"]
+        )
     with pytest.raises(ValueError, match="already in the index"):  # p1 is live and not replaced
-        add_passages(folder, [new_file], retriever, chunk_words=0, progress=False)
+        add_passages(folder, read_passage_files([new_file])[0], retriever, chunk_words=0, progress=False)
     assert (folder / "manifest.json").read_text() == manifest
     corpora = folder / "corpora"
     assert not corpora.exists() or not any(corpora.iterdir())  # the prepared segment was cleaned up

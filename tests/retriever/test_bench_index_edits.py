@@ -40,8 +40,7 @@ def bench(monkeypatch):
 def _live(folder: Path) -> list[tuple[str, str]]:
     index = PassageIndex.load(folder)
     return sorted(
-        (p["id"], p["text"])
-        for p in index.passages([i for i in range(index.manifest.total) if not index.removed[i]])
+        (p["id"], p["text"]) for p in index.passages([i for i in range(index.manifest.total) if not index.removed[i]])
     )
 
 

@@ -29,7 +29,7 @@ from retriever.index.compact import (
 )
 from retriever.index.files import LOCK, IndexLockedError
 from retriever.index.manifest import Manifest, Segment
-from retriever.index.update import add_passages, remove_passages
+from retriever.index.update import add_passages, read_passage_files, remove_passages
 
 REPO = Path(__file__).resolve().parents[2]
 N = 2000
@@ -56,7 +56,12 @@ def write_passages(path: Path, first: int, count: int) -> Path:
 def edit(folder: Path, source, tmp_path: Path, rounds: int = 3) -> None:
     """`rounds` edits that each add 10 passages (a segment) and remove 67 (some base, some added)."""
     for r in range(rounds):
-        add_passages(folder, [write_passages(tmp_path / "new.jsonl", N + 10 * r, 10)], source, progress=False)
+        add_passages(
+            folder,
+            read_passage_files([write_passages(tmp_path / "new.jsonl", N + 10 * r, 10)])[0],
+            source,
+            progress=False,
+        )
         remove_passages(folder, [f"s{i}" for i in range(r * 300, r * 300 + 198, 3)] + [f"s{N + 10 * r}"])
 
 
@@ -160,7 +165,12 @@ def test_the_automatic_compaction_merges_the_added_segments_and_keeps_the_base(t
     folder = build_index(corpus, source, tmp_path / "ix", progress=False)
     base, built_vectors = Manifest.load(folder).segments[0], Manifest.load(folder).files["vectors"]
     for r in range(MAX_SEGMENTS):  # 1 + MAX_SEGMENTS segments: one too many
-        add_passages(folder, [write_passages(tmp_path / "new.jsonl", N + 10 * r, 10)], source, progress=False)
+        add_passages(
+            folder,
+            read_passage_files([write_passages(tmp_path / "new.jsonl", N + 10 * r, 10)])[0],
+            source,
+            progress=False,
+        )
     remove_passages(folder, ["s5", f"s{N + 3}"])  # a dead row in the base, one in an added segment
     manifest = Manifest.load(folder)
     assert compaction_due(manifest) == f"{MAX_SEGMENTS + 1} corpus segments (more than {MAX_SEGMENTS})"
@@ -352,7 +362,9 @@ def test_a_second_writer_is_refused_and_told_who_writes(tmp_path, corpus, cluste
         with pytest.raises(IndexLockedError, match=f"pid {holder.pid}, add"):
             remove_passages(folder, ["s1"])
         with pytest.raises(IndexLockedError):
-            add_passages(folder, [write_passages(tmp_path / "new.jsonl", 5000, 1)], source, progress=False)
+            add_passages(
+                folder, read_passage_files([write_passages(tmp_path / "new.jsonl", 5000, 1)])[0], source, progress=False
+            )
         assert (folder / "manifest.json").read_bytes() == manifest
     finally:
         holder.kill()

@@ -17,6 +17,7 @@ import torch
 
 from retriever.index import PassageIndex
 from retriever.index import types as index_types
+from retriever.index.manifest import Manifest, Segment
 from retriever.index.types import bf16_score_ceiling, exact_search, resolve_exact_precision
 
 PRECISIONS = ["fp32", "bf16"]
@@ -250,7 +251,11 @@ def test_passage_index_flat_search_on_both_paths(precision, monkeypatch):
     vectors[1500:1510] = vectors[7]  # copies of row 7
     removed = np.zeros(2000, dtype=bool)
     removed[::7] = True  # row 7 itself among them
-    manifest = {"segments": [{"offset": 0}], "total": 2000, "count": int((~removed).sum()), "dim": 24, "spec": "Flat"}
+    segments = [Segment(corpus="", fingerprint="", count=2000, offset=0)]
+    live = int((~removed).sum())
+    manifest = Manifest(
+        spec="Flat", dim=24, count=live, total=2000, encoder_fingerprint="e", segments=segments, files={}
+    )
     index = PassageIndex(".", manifest, corpora=[], vectors=vectors, faiss_index=None, removed=removed)
     queries = np.concatenate([rng.standard_normal((4, 24)), vectors[7:8] * 2.0]).astype(np.float32)
     scores, rows = index.search_vectors(queries, 20)

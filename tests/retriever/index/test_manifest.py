@@ -71,8 +71,7 @@ def test_a_version_1_manifest_still_reads_and_searches(index, clustered_source):
     assert manifest.files["vectors"].sampled_sha256 is None and manifest.segments[0].bytes is None
     _, rows = PassageIndex.load(index).search_vectors(np.eye(32, dtype=np.float32)[:3], 5)
     np.testing.assert_array_equal(rows, expected[1])
-    (index.parent / "new.jsonl").write_text(json.dumps({"id": f"s{N}", "text": "new"}) + "\n")
-    add_passages(index, [index.parent / "new.jsonl"], clustered_source(), progress=False)
+    add_passages(index, [{"id": f"s{N}", "text": "new"}], clustered_source(), progress=False)
     assert json.loads((index / "manifest.json").read_text())["format_version"] == 2
 
 
@@ -186,8 +185,7 @@ def test_the_precision_is_passed_to_the_encoder_and_recorded_per_segment(built, 
     assert set(encoder.asked) == {"bf16"}
     manifest = Manifest.load(folder)
     assert manifest.embedding_precision == manifest.segments[0].embedding_precision == "bf16"
-    (tmp_path / "new.jsonl").write_text(json.dumps({"id": f"s{N}", "text": "new"}) + "\n")
-    add_passages(folder, [tmp_path / "new.jsonl"], encoder, progress=False, precision="fp32")
+    add_passages(folder, [{"id": f"s{N}", "text": "new"}], encoder, progress=False, precision="fp32")
     assert encoder.asked[-1] == "fp32"
     assert [s.embedding_precision for s in Manifest.load(folder).segments] == ["bf16", "fp32"]
     # queries embedded in float32 search bfloat16 vectors: each passage's own vector finds it first

@@ -19,7 +19,7 @@ from retriever.index import (
 )
 from retriever.index.build import build_index, train_and_fill, work_dir_for
 from retriever.index.types import exact_search, set_search_params
-from retriever.index.update import add_passages, remove_passages, update_passages
+from retriever.index.update import add_passages, read_passage_files, remove_passages, update_passages
 
 WORDS = [
     "river",
@@ -200,7 +200,9 @@ def test_add_and_remove(tmp_path, retriever, corpus, spec):
     out = build_index(corpus, retriever, tmp_path / "ix", spec=spec, keep_embeddings=True, progress=False)
     old_vectors = np.load(out / "vectors.g1.npy")
     new_docs = write_docs(tmp_path / "new.jsonl", ["n1", "n2", "n3"], 7)
-    stats = add_passages(out, [new_docs], retriever, chunk_words=100, progress=False)  # documents: ids n1-0, ...
+    stats = add_passages(
+        out, read_passage_files([new_docs])[0], retriever, chunk_words=100, progress=False
+    )  # documents: ids n1-0, ...
     assert (stats.added, stats.replaced, stats.count) == (3, 0, 43) and stats.ids == ["n1-0", "n2-0", "n3-0"]
     index = PassageIndex.load(out, retriever=retriever)
     np.testing.assert_array_equal(index.vectors[:40], old_vectors)  # nothing re-embedded
@@ -209,7 +211,7 @@ def test_add_and_remove(tmp_path, retriever, corpus, spec):
     assert sorted(hits) == list(range(43))  # the new passages are searchable beside the old ones
     assert hits[41].id == "n2-0" and hits[41].text == new_text
     with pytest.raises(ValueError, match="already in the index"):
-        add_passages(out, [new_docs], retriever, chunk_words=100, progress=False)
+        add_passages(out, read_passage_files([new_docs])[0], retriever, chunk_words=100, progress=False)
     ids_file = tmp_path / "ids.txt"
     ids_file.write_text("n2-0\nd3-0\n\n")
     stats = remove_passages(out, ["n2-0", "d3-0", "d3-0"])
@@ -222,7 +224,9 @@ def test_add_and_remove(tmp_path, retriever, corpus, spec):
     with pytest.raises(KeyError, match="not in the index"):
         remove_passages(out, ["nope"])
     # a removed id can be added back, under the same id (each record one passage)
-    stats = add_passages(out, [write_docs(tmp_path / "again.jsonl", ["n2-0"], 9)], retriever, progress=False)
+    stats = add_passages(
+        out, read_passage_files([write_docs(tmp_path / "again.jsonl", ["n2-0"], 9)])[0], retriever, progress=False
+    )
     index = PassageIndex.load(out, retriever=retriever)
     assert stats.ids == ["n2-0"] and index.get(["n2-0"])[0]["text"] == index.corpora[-1].get("n2-0")["text"]
     assert len(index) == 42 and sorted(p.name for p in out.iterdir() if p.suffix in {".npy", ".faiss"}) == sorted(
@@ -421,22 +425,21 @@ def test_update_replace_and_the_ids_of_added_records(tmp_path, retriever, corpus
     chunking, a record named like a passage of the index is refused, not renamed."""
     out = build_index(corpus, retriever, tmp_path / "ix", progress=False)
     manifest = (out / "manifest.json").read_bytes()
-    edit = tmp_path / "edit.jsonl"
-    edit.write_text(
-        json.dumps({"id": "d3-0", "text": "river island"})
-        + "\n"
-        + json.dumps({"id": "gone", "title": "T", "text": "x"})
-        + "\n"
-    )
-    with pytest.raises(KeyError, match=f"{edit}:2: passage id 'gone' has no live passage in the index"):
-        update_passages(out, [edit], retriever, progress=False)
-    with pytest.raises(ValueError, match=f"{edit}:1: passage id 'd3-0' is already in the index"):
-        add_passages(out, [edit], retriever, progress=False)
+    edit = [{"id": "d3-0", "text": "river island"}, {"id": "gone", "title": "T", "text": "x"}]
+    with pytest.raises(KeyError, match="passage 1: passage id 'gone' has no live passage in the index"):
+        update_passages(out, edit, retriever, progress=False)
+    with pytest.raises(ValueError, match="passage 0: passage id 'd3-0' is already in the index"):
+        add_passages(out, edit, retriever, progress=False)
+    edit_file = tmp_path / "edit.jsonl"  # read at the edge, as the command line reads it: errors name its lines
+    edit_file.write_text("".join(json.dumps(record) + "\n" for record in edit))
+    records, origins = read_passage_files([edit_file])
+    with pytest.raises(KeyError, match=f"{edit_file}:2: passage id 'gone' has no live passage in the index"):
+        update_passages(out, records, retriever, origins=origins, progress=False)
     with pytest.raises(ValueError, match="with chunk_words 100 this record would be added as 'd3-0-0'"):
-        add_passages(out, [edit], retriever, chunk_words=100, progress=False)
+        add_passages(out, edit, retriever, chunk_words=100, progress=False)
     assert (out / "manifest.json").read_bytes() == manifest and not (out / "corpora").exists()
 
-    stats = add_passages(out, [edit], retriever, replace=True, progress=False)
+    stats = add_passages(out, edit, retriever, replace=True, progress=False)
     assert (stats.added, stats.replaced, stats.removed, stats.count) == (1, 1, 0, 41)
     index = PassageIndex.load(out, retriever=retriever)
     old_title = index.corpora[0].get("d3-0")["title"]
@@ -444,13 +447,8 @@ def test_update_replace_and_the_ids_of_added_records(tmp_path, retriever, corpus
         {"id": "d3-0", "doc_id": "d3-0", "title": "", "section": "", "text": "river island", "wikipedia_id": ""},
         {"id": "gone", "doc_id": "gone", "title": "T", "section": "", "text": "x", "wikipedia_id": ""},
     ]
-    edit.write_text(
-        json.dumps({"id": "d3-0", "title": old_title, "text": "ocean"})
-        + "\n"
-        + json.dumps({"id": "gone", "text": "y"})
-        + "\n"
-    )
-    stats = update_passages(out, [edit], retriever, progress=False)
+    edit = [{"id": "d3-0", "title": old_title, "text": "ocean"}, {"id": "gone", "text": "y"}]
+    stats = update_passages(out, edit, retriever, progress=False)
     assert (stats.added, stats.replaced, stats.count, stats.ids) == (0, 2, 41, ["d3-0", "gone"])
     index = PassageIndex.load(out, retriever=retriever)
     assert [(p["title"], p["text"]) for p in index.get(["d3-0", "gone"])] == [(old_title, "ocean"), ("T", "y")]
@@ -458,6 +456,47 @@ def test_update_replace_and_the_ids_of_added_records(tmp_path, retriever, corpus
     assert len(hits) == 41 and len({h.id for h in hits}) == 41  # one live version per id
     with pytest.raises(KeyError, match=r"1 id\(s\) have no live passage in the index .*: 'nope'"):
         index.get(["d3-0", "nope"])
+
+
+@pytest.mark.parametrize(
+    ("passages", "message"),
+    [
+        ([{"id": "a", "text": "x"}, {"id": "b"}], r"passage 1 \(id 'b'\): missing field 'text'"),
+        ([{"text": "x"}], r"passage 0: missing field 'id'"),
+        ([{"id": "a", "text": 5}], r"passage 0 \(id 'a'\): field 'text' must be a string, got int"),
+        ([{"id": "a", "text": "   "}], r"passage 0: field 'text' is empty"),
+        (
+            [{"id": "a", "text": "x"}, {"id": "a", "text": "y"}],
+            r"passage 1: duplicate id 'a' \(first seen at passage 0\)",
+        ),
+        ([{"id": "a", "text": "word " * 40_000}], r"passage 0: field 'text' has 200,000 characters; the limit is"),
+        ([], "no passages given"),
+    ],
+)
+def test_an_edit_names_the_passage_the_caller_gave(tmp_path, retriever, corpus, passages, message):
+    """Records are checked in memory before the lock is taken or anything is written; the error names the record
+    by its place in what was given (and its id)."""
+    out = build_index(corpus, retriever, tmp_path / "ix", progress=False)
+    manifest = (out / "manifest.json").read_bytes()
+    with pytest.raises(ValueError, match=message) as error:
+        add_passages(out, passages, retriever, progress=False)
+    assert "\n" not in str(error.value) and (out / "manifest.json").read_bytes() == manifest
+    assert not (out / "corpora").exists()
+
+
+def test_a_passage_object_is_added_as_a_record(tmp_path, retriever, corpus):
+    from tasks.passage import Passage
+
+    out = build_index(corpus, retriever, tmp_path / "ix", progress=False)
+    add_passages(out, [Passage(id="p", title="Zed", text="Zed is a town.")], retriever, progress=False)
+    assert PassageIndex.load(out).get(["p"])[0] | {"doc_id": None} == {
+        "id": "p",
+        "doc_id": None,
+        "title": "Zed",
+        "section": "",
+        "text": "Zed is a town.",
+        "wikipedia_id": "",
+    }
 
 
 def test_only_a_record_much_longer_than_the_corpus_chunks_is_warned_about(tmp_path, retriever, corpus, caplog):
@@ -470,7 +509,7 @@ def test_only_a_record_much_longer_than_the_corpus_chunks_is_warned_about(tmp_pa
         + "\n"
     )
     with caplog.at_level("WARNING", logger="retriever.index.update"):
-        add_passages(out, [records], retriever, progress=False)
+        add_passages(out, read_passage_files([records])[0], retriever, progress=False)
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "1 passage(s) have over 1.5 times the words" in warnings[0]
     assert "'long'" in warnings[0] and "151 words" in warnings[0]
