@@ -94,6 +94,11 @@ class RetrieverConfig:
     # their meaning; figures: docs/results/retriever.md); "auto" = bf16 where the hardware has it natively
     # and it is measured faster at start (reader/encoder_precision.py), else "fp32" (the reader's precision)
     gold_precision: Literal["auto", "fp32", "bf16"] = "auto"
+    # The precision passages and questions are embedded at (index builds and edits, the training refresh,
+    # search): "bf16" = the encoder under bfloat16 autocast, "fp32", or "auto" = bf16 where the hardware multiplies
+    # it natively (retriever/embedding_precision.py; docs/results/speed.md), else fp32. A property of the machine
+    # as much as of the model: an index built at one precision is searched at another.
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
     n_context: int = 40  # passages retrieved per query and covered by the retriever loss
     batch_size: int = 64  # encoding batch size
     # REALM's null document: an empty passage, scored by the retriever like any other, joins each query's

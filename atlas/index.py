@@ -92,7 +92,7 @@ class Index:
         corpus_out: str | os.PathLike | None = None,
         overwrite: bool = False,
         progress: bool = True,
-        precision: str = "auto",
+        precision: str | None = None,
         device=None,
         **options,
     ) -> Index:
@@ -103,8 +103,8 @@ class Index:
         `passage_maxlength` tokens; default: the encoder's own), written to `out` as an index of `spec`
         ("Flat", "IVF1024,PQ64", …; `options`: `retriever.index.build.build_index`'s, e.g. `exact_rerank`).
         `precision`: what passages are embedded at, "auto" (bfloat16 where the CPU multiplies it natively),
-        "fp32" or "bf16"; recorded in the index. Resumable: a killed build continues from its last embedded chunk
-        when run again."""
+        "fp32", "bf16" or None (the encoder's own setting, auto unless set); recorded in the index. Resumable: a
+        killed build continues from its last embedded chunk when run again."""
         # heavy: pyarrow, faiss
         from retriever.corpus import prepare_corpus, write_corpus
         from retriever.index.build import build_index
@@ -234,7 +234,7 @@ class Index:
         *,
         chunk_words: int = 0,
         progress: bool = False,
-        precision: str = "auto",
+        precision: str | None = None,
     ):
         """Embed and add passages (dicts {"id", "title", "text"} or `Passage`s; or the path of a JSONL / TSV file
         of them) under new ids (an id that is live is refused: `update` it); with `chunk_words`, each is split
@@ -249,7 +249,7 @@ class Index:
         passages: Iterable[Mapping | Passage] | str | os.PathLike,
         *,
         progress: bool = False,
-        precision: str = "auto",
+        precision: str | None = None,
     ):
         """Replace live passages by id (a record without a title keeps the passage's; a path: a JSONL / TSV file of
         them) → `UpdateStats`."""

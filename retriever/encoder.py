@@ -9,6 +9,10 @@ whose pooling and normalisation settings it reads), encodes with gradients throu
 One meaning per verb, on both classes: `encode…` runs with gradients (as the module's train/eval mode
 says) and returns a torch tensor; `embed…` runs under no-grad in eval mode and returns a numpy array.
 
+Embedding runs at one of `retriever.embedding_precision.EMBEDDING_PRECISIONS` (`precision=` on `embed_texts` and
+the `Retriever`'s `embed_…`, `Retriever.precision`, the commands' `--precision`): fp32, bf16 (autocast) or auto
+(bf16 where the hardware multiplies it natively, the default).
+
 `layer_norm="reference"` makes an encoder compute what facebookresearch/atlas's retriever computed:
 its `src/modeling_bert.py` normalises by the raw second moment instead of the variance
 (`ReferenceLayerNorm`); checkpoints imported from it are saved with that setting.
@@ -16,7 +20,6 @@ its `src/modeling_bert.py` normalises by the raw second moment instead of the va
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import logging
@@ -30,6 +33,12 @@ import torch
 from torch import nn
 from transformers import AutoModel, AutoTokenizer
 
+from retriever.embedding_precision import (
+    DEFAULT_EMBEDDING_PRECISION,
+    check_embedding_precision,
+    embedding_autocast,
+    resolve_embedding_precision,
+)
 from retriever.fingerprint import hash_json, hash_state_dict, hash_tokenizer
 from tasks.modeling import BERT_FAMILY, eval_mode
 from tasks.modeling import encoder_source as default_encoder_path  # the retriever's name for it (CLI, benches, tests)
@@ -267,14 +276,16 @@ class ContrieverEncoder(nn.Module):
         max_length: int | None = None,
         progress: bool = False,
         sort_by_length: bool = True,
+        precision: str = DEFAULT_EMBEDDING_PRECISION,
     ) -> np.ndarray:
         """Embed many texts for indexing: → (N, d) float32, in the order of `texts`.
 
         Runs under `torch.inference_mode` in eval mode. Texts are tokenized once, sorted by
         token length and batched in that order, so each batch pads to nearly its own length
-        (`sort_by_length=False` gives the naive order, for benchmarks). On CUDA the forward
-        pass runs under bf16 (or fp16) autocast.
+        (`sort_by_length=False` gives the naive order, for benchmarks). `precision`: one of
+        `EMBEDDING_PRECISIONS` (`resolve_embedding_precision`); the vectors are float32 either way.
         """
+        resolved = resolve_embedding_precision(precision, self.device)
         max_length = max_length or self.max_length or 512
         if len(texts) == 0:
             return np.zeros((0, self.dim), dtype=np.float32)
@@ -283,7 +294,7 @@ class ContrieverEncoder(nn.Module):
         order = np.argsort(-lengths, kind="stable") if sort_by_length else np.arange(len(texts))
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         pad_id = self.tokenizer.pad_token_id or 0
-        with eval_mode(self), torch.inference_mode(), self._autocast():
+        with eval_mode(self), torch.inference_mode(), embedding_autocast(resolved, self.device):
             for start in tqdm(range(0, len(texts), batch_size), disable=not progress, desc="encode", unit="batch"):
                 rows = order[start : start + batch_size]
                 width = int(lengths[rows].max())
@@ -295,12 +306,6 @@ class ContrieverEncoder(nn.Module):
                 pooled = self(ids.to(self.device), mask.to(self.device))
                 out[rows] = pooled.float().cpu().numpy()
         return out
-
-    def _autocast(self):
-        if self.device.type != "cuda":
-            return contextlib.nullcontext()
-        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.autocast("cuda", dtype=dtype)
 
     def fingerprint(self) -> dict[str, str]:
         """Content hashes of what determines the embeddings: weights, tokenizer, pooling, layer norm."""
@@ -329,7 +334,8 @@ class Retriever(nn.Module):
     Tied: one encoder serves both sides (`passage_encoder is query_encoder`). Untied: two
     encoders; query-side fine-tuning trains E_q only, so an index built with E_p stays valid.
     Passages are dicts with `title` and `text` (and optionally `section`), rendered with
-    `passage_format` (default "{title} {text}").
+    `passage_format` (default "{title} {text}"). `precision` (`EMBEDDING_PRECISIONS`, default "auto") is the
+    precision `embed_queries` and `embed_passages` run at unless a call names another.
     """
 
     def __init__(
@@ -340,6 +346,7 @@ class Retriever(nn.Module):
         passage_format: str = "{title} {text}",
         query_maxlength: int = 64,
         passage_maxlength: int = 256,
+        precision: str = DEFAULT_EMBEDDING_PRECISION,
     ):
         super().__init__()
         self.query_encoder = query_encoder
@@ -348,7 +355,18 @@ class Retriever(nn.Module):
         self.passage_format = passage_format
         self.query_maxlength = query_maxlength
         self.passage_maxlength = passage_maxlength
+        self.precision = precision  # checked by the setter; not saved: it is the machine's, not the model's
         self.format_passage({"title": "", "text": "", "section": ""})  # fail early on a bad format
+
+    @property
+    def precision(self) -> str:
+        """The precision `embed_queries` / `embed_passages` run at (`EMBEDDING_PRECISIONS`) unless a call
+        names another; set it to change it (a bad value is a ValueError, at once)."""
+        return self._precision
+
+    @precision.setter
+    def precision(self, precision: str) -> None:
+        self._precision = check_embedding_precision(precision)
 
     @property
     def tied(self) -> bool:
@@ -389,9 +407,23 @@ class Retriever(nn.Module):
         """Embed passage dicts with gradients through E_p: → (B, d)."""
         return self.passage_encoder.encode([self.format_passage(p) for p in passages], self.passage_maxlength)
 
-    def embed_queries(self, queries: Sequence[str], *, batch_size: int = 64) -> np.ndarray:
-        """Embed queries for search (inference mode): → (Q, d) float32."""
-        return self.query_encoder.embed_texts(queries, batch_size=batch_size, max_length=self.query_maxlength)
+    def embedding_precision(self, precision: str | None = None) -> str:
+        """The precision passages are embedded at ("fp32" / "bf16"): `precision`, else `self.precision`,
+        resolved on the passage encoder's device (what an index records of its vectors)."""
+        return resolve_embedding_precision(
+            (precision if precision is not None else self.precision), self.passage_encoder.device
+        )
+
+    def embed_queries(
+        self, queries: Sequence[str], *, batch_size: int = 64, precision: str | None = None
+    ) -> np.ndarray:
+        """Embed queries for search (inference mode): → (Q, d) float32. precision: None = `self.precision`."""
+        return self.query_encoder.embed_texts(
+            queries,
+            batch_size=batch_size,
+            max_length=self.query_maxlength,
+            precision=(precision if precision is not None else self.precision),
+        )
 
     def embed_passages(
         self,
@@ -400,14 +432,17 @@ class Retriever(nn.Module):
         batch_size: int = 64,
         progress: bool = False,
         sort_by_length: bool = True,
+        precision: str | None = None,
     ) -> np.ndarray:
-        """Embed passage dicts for indexing (inference mode, length-sorted batches): → (N, d) float32."""
+        """Embed passage dicts for indexing (inference mode, length-sorted batches): → (N, d) float32.
+        precision: None = `self.precision`."""
         return self.passage_encoder.embed_texts(
             [self.format_passage(p) for p in passages],
             batch_size=batch_size,
             max_length=self.passage_maxlength,
             progress=progress,
             sort_by_length=sort_by_length,
+            precision=(precision if precision is not None else self.precision),
         )
 
     def passage_fingerprint(self) -> str:
@@ -474,9 +509,10 @@ class Retriever(nn.Module):
 def build_retriever(config) -> Retriever:
     """Build a `Retriever` from a `RetrieverConfig` (atlas/config.py).
 
-    `config.pooling`, where set, decides the pooling of both encoders (a folder saved with
-    another pooling is overridden, with a warning); None keeps the folder's own. The passage
-    encoder is frozen unless it is tied or `train_passage_encoder` is set.
+    `config.precision` is the precision it embeds at (`Retriever.precision`). `config.pooling`, where set,
+    decides the pooling of both encoders (a folder saved with another pooling is overridden, with a warning);
+    None keeps the folder's own. The passage encoder is frozen unless it is tied or `train_passage_encoder`
+    is set.
     """
     retriever = Retriever.from_pretrained(
         default_encoder_path(config.model),
@@ -485,6 +521,7 @@ def build_retriever(config) -> Retriever:
         passage_format=config.passage_format,
         query_maxlength=config.query_maxlength,
         passage_maxlength=config.passage_maxlength,
+        precision=config.precision,
     )
     retriever.freeze_passage_side(config.train_passage_encoder)
     return retriever

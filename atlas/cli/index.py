@@ -106,6 +106,19 @@ def _add_encoder_arguments(parser: argparse.ArgumentParser, *, default: str | No
     )
 
 
+def _add_precision_argument(parser: argparse.ArgumentParser) -> None:
+    from retriever.embedding_precision import DEFAULT_EMBEDDING_PRECISION, EMBEDDING_PRECISIONS  # light
+
+    parser.add_argument(
+        "--precision",
+        choices=EMBEDDING_PRECISIONS,
+        default=DEFAULT_EMBEDDING_PRECISION,
+        help="the precision passages are embedded at, recorded in the index: bf16 (bfloat16 autocast), fp32, or "
+        "auto: bf16 where the hardware multiplies it natively (a CPU with AVX512-BF16 or AMX measured faster in it, "
+        "a CUDA GPU with bf16), else fp32",
+    )
+
+
 def _add_rerank_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--exact-rerank",
@@ -116,16 +129,6 @@ def _add_rerank_argument(parser: argparse.ArgumentParser) -> None:
         metavar="K'",
         help="re-score the compressed index's top K' candidates exactly from its float16 vectors "
         "(needs an index built with --exact-rerank or --keep-embeddings); 0 = off; default: the index's own",
-    )
-
-
-def _add_precision_argument(parser: argparse.ArgumentParser) -> None:
-    # the valid values are checked where passages are embedded (`retriever.index.embedding`): one list of them
-    parser.add_argument(
-        "--precision",
-        default="auto",
-        help="what passages are embedded at: auto (bf16 where the CPU multiplies it natively, else fp32), fp32 or "
-        "bf16; recorded in the index (default: auto)",
     )
 
 

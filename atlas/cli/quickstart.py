@@ -9,6 +9,8 @@ import argparse
 import logging
 import time
 
+from retriever.embedding_precision import EMBEDDING_PRECISIONS  # light: the choices only
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `quickstart` command to the `atlas` parser."""
@@ -75,6 +77,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     quickstart.add_argument(
         "overrides", nargs="*", help="dotted overrides of atlas/demo/quickstart.yaml, e.g. training.steps=100"
     )
+    quickstart.add_argument(
+        "--precision",
+        choices=EMBEDDING_PRECISIONS,
+        default=None,
+        help="the precision passages and questions are embedded at (the same as the override "
+        "retriever.precision=…): bf16, fp32, or auto: bf16 where the hardware multiplies it natively; default: the "
+        "recipe's (auto)",
+    )
     quickstart.set_defaults(func=_quickstart)
 
 
@@ -97,7 +107,7 @@ def _quickstart(args: argparse.Namespace) -> int:
         shots=args.shots,
         tiny=args.tiny,
         reader=args.reader,
-        overrides=args.overrides,
+        overrides=[*args.overrides, *([f"retriever.precision={args.precision}"] if args.precision else [])],
         n_edits=args.edits,
         overwrite=args.overwrite,
     )

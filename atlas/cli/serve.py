@@ -13,6 +13,7 @@ import secrets
 import socket
 
 from atlas.serve.settings import DEFAULTS, ServeSettings, setting_help
+from retriever.embedding_precision import EMBEDDING_PRECISIONS  # light: the choices only
 
 # the options that set a limit of ServeSettings, each named after its field
 SIZE_OPTIONS = {
@@ -80,6 +81,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     serve.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads (default: torch's; 1 is fastest on a busy machine)"
+    )
+    serve.add_argument(
+        "--precision",
+        choices=EMBEDDING_PRECISIONS,
+        default=None,
+        help="the precision passages and questions are embedded at (the same as the override "
+        "retriever.precision=…): bf16, fp32, or auto: bf16 where the hardware multiplies it natively; default: the "
+        "recipe's (auto)",
     )
     serve.set_defaults(func=_serve)
 
@@ -161,7 +170,8 @@ def _serve(args: argparse.Namespace) -> int:
             f"{args.checkpoint} is a reader, not a run: it has no index of its own; give --index IDX "
             "(an index folder made by `atlas index build`)"
         )
-    model = Atlas.from_pretrained(args.checkpoint, index=args.index, overrides=args.overrides, verbose=args.verbose)
+    overrides = [*args.overrides, *([f"retriever.precision={args.precision}"] if args.precision else [])]
+    model = Atlas.from_pretrained(args.checkpoint, index=args.index, overrides=overrides, verbose=args.verbose)
     service = AtlasService(model, auto_compact=args.auto_compact)
     folder = model.source.path
     app = create_app(service, settings)

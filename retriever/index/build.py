@@ -175,12 +175,12 @@ def embed_vectors(
     world_size: int = 1,
     barrier: Callable[[], None] = lambda: None,
     encoder_source: str | None = None,
-    precision: str = "auto",
+    precision: str | None = None,
 ) -> Path:
     """Embed the prepared corpus at `corpus_path` into `out` (one (N, d) float16 `.npy`) with its encoder record
     beside it (`retriever.index.vectors`), for `build_index(vectors=out)` on another machine. Resumable and shared by
     ranks as `embed_corpus` is (the work folder is OUT.building/); `out` appears only when complete. `precision`:
-    "auto", "fp32" or "bf16" (`retriever.index.embedding`)."""
+    "auto", "fp32", "bf16" or None: the retriever's own setting (`retriever.index.embedding`)."""
     out = Path(out)
     if out.exists():
         raise FileExistsError(f"{out} already exists")
@@ -296,7 +296,7 @@ def build_index(
     encoder_source: str | None = None,
     vectors: str | os.PathLike | None = None,
     encoder_record: EncoderRecord | None = None,
-    precision: str = "auto",
+    precision: str | None = None,
 ) -> Path:
     """Embed the prepared corpus at `corpus_path` with `retriever`'s passage encoder and save
     an index of `spec` at `out` (written atomically). Resumable: see `embed_corpus`.
@@ -311,7 +311,8 @@ def build_index(
     float16 vectors are kept too and search re-scores the index's k' candidates exactly from them
     (memory-mapped; recorded in the manifest, overridable at load). `encoder_source` (the
     path or name the retriever was loaded from) is recorded so search can default to it. `precision`: what the
-    passages are embedded at, "auto", "fp32" or "bf16" (`retriever.index.embedding`; recorded in the manifest).
+    passages are embedded at, "auto", "fp32", "bf16" or None: the retriever's own setting (`retriever.index.embedding`;
+    recorded in the manifest).
     """
     # long: one resumable build, its steps in order (check, embed, train, add, write, publish) so that what a restart
     # skips reads at a glance
@@ -481,7 +482,7 @@ def build_settings(
     keep_embeddings: bool = False,
     exact_rerank: int = 0,
     seed: int = 0,
-    precision: str = "auto",
+    precision: str | None = None,
 ) -> dict:
     """Everything that fixes what `build_index` writes, as the arguments it takes: the
     corpus's and the passage encoder's fingerprints, the spec, what is kept, and the batching

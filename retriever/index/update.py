@@ -228,7 +228,7 @@ def add_passages(
     progress: bool = True,
     remove: Sequence[str] = (),
     replace: bool = False,
-    precision: str = "auto",
+    precision: str | None = None,
     origins: Sequence[str] | None = None,
     sources: Sequence[str] = (),
 ) -> UpdateStats:
@@ -272,7 +272,7 @@ def update_passages(
     batch_size: int = 64,
     allow_encoder_mismatch: bool = False,
     progress: bool = True,
-    precision: str = "auto",
+    precision: str | None = None,
     origins: Sequence[str] | None = None,
     sources: Sequence[str] = (),
 ) -> UpdateStats:

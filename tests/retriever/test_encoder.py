@@ -35,7 +35,7 @@ def test_matches_sentence_transformers_encode(minilm):
     reference = SentenceTransformer(default_encoder_path("minilm"), device="cpu").encode(
         TEXTS, batch_size=2, convert_to_numpy=True
     )
-    ours = minilm.embed_texts(TEXTS, batch_size=2)
+    ours = minilm.embed_texts(TEXTS, batch_size=2, precision="fp32")  # bf16 is checked by its own tests
     assert ours.dtype == np.float32 and ours.shape == (5, 384)
     np.testing.assert_allclose(ours, reference, atol=1e-5)
 
@@ -116,7 +116,8 @@ def test_build_retriever_honours_config_pooling(tmp_path, tied, caplog):
     assert {cls.query_encoder.pooling, cls.passage_encoder.pooling} == {"cls"}
     assert "saved with mean pooling; using cls pooling as asked" in caplog.text  # MiniLM's own is mean
     passage = {"title": "Hamlet", "text": "Hamlet is a tragedy by William Shakespeare."}
-    cls_vector, mean_vector = cls.embed_passages([passage])[0], mean.embed_passages([passage])[0]
+    cls_vector = cls.embed_passages([passage], precision="fp32")[0]
+    mean_vector = mean.embed_passages([passage], precision="fp32")[0]
     assert np.abs(cls_vector - mean_vector).max() > 1e-2
     encoder = cls.passage_encoder
     batch = encoder.tokenize([cls.format_passage(passage)], cls.passage_maxlength)

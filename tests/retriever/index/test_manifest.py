@@ -192,7 +192,7 @@ def test_the_precision_is_passed_to_the_encoder_and_recorded_per_segment(built, 
     queries = clustered_source().embed_passages([{"id": f"s{i}"} for i in (0, 7, N)])
     _, rows = PassageIndex.load(folder, retriever=encoder).search_vectors(queries, 1)
     assert rows[:, 0].tolist() == [0, 7, N]
-    with pytest.raises(ValueError, match="precision must be one of auto, fp32, bf16, got 'fp16'"):
+    with pytest.raises(ValueError, match="unknown embedding precision 'fp16'; valid: auto, fp32, bf16"):
         build_index(built[0], encoder, tmp_path / "ix2", progress=False, precision="fp16")
 
 
