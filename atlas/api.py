@@ -11,7 +11,6 @@ server, the quickstart and the benches are callers of it.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 import os
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from atlas.config import AtlasConfig, apply_overrides, save_config
-from atlas.index import Index, compute_device
+from atlas.index import Index
 from atlas.loading import ModelSource, load_model, model_spec
 from atlas.quiet import quiet_libraries
 from tasks.base import Example, get_task
@@ -57,19 +56,27 @@ class Atlas:
     Args:
         model: the built `atlas.model.AtlasModel` (retriever, reader, tokenizer).
         config: its resolved config (`inference`: how it answers; `task`: how questions are posed and scored).
-        index: the `Index` it retrieves from; None: none (a closed-book model, `task.closed_book`, needs none;
-            another is given one later: `model.index = atlas.Index.load(…)`).
         source: where its weights came from (for `save_pretrained`'s model card).
+
+    Its `index` is the model's (`model.index`, one object): the `Index` it retrieves from, or None (a
+    closed-book model, `task.closed_book`, needs none; another is given one later: `atlas_model.index =
+    atlas.Index.load(…)`).
     """
 
-    def __init__(
-        self, model: AtlasModel, config: AtlasConfig, *, index: Index | None = None, source: ModelSource | None = None
-    ):
+    def __init__(self, model: AtlasModel, config: AtlasConfig, *, source: ModelSource | None = None):
         self.model = model
         self.config = config
-        self.index = index
         self.source = source
         self.task = get_task(config.task.name, **config.task.options)
+
+    @property
+    def index(self) -> Index | None:
+        """The `Index` this model retrieves from (the model's own: `self.model.index`), or None."""
+        return self.model.index
+
+    @index.setter
+    def index(self, index: Index | None) -> None:
+        self.model.index = index
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -94,30 +101,8 @@ class Atlas:
             spec = model_spec(
                 name, index=index.path if isinstance(index, Index) else index, task=task, overrides=list(overrides)
             )
-            model = load_model(spec, index=index.current if isinstance(index, Index) else None)
-        allow_mismatch = spec.config.index.allow_encoder_mismatch
-        if isinstance(index, Index):
-            from retriever.index_files import check_encoder  # heavy: faiss
-
-            if model.retriever is not None:
-                check_encoder(
-                    index.manifest,
-                    model.retriever.passage_fingerprint(),
-                    str(index.path),
-                    allow_mismatch=allow_mismatch,
-                )
-            handle = index
-        elif model.index is not None:
-            # the index's own copy of the retriever embeds edited passages (and string searches), so that an
-            # edit on another thread never shares a tokenizer with answering
-            handle = Index(model.index, copy.deepcopy(model.retriever).eval(), allow_encoder_mismatch=allow_mismatch)
-        else:
-            handle = None
-        device = device if device is not None else compute_device()
-        model.to(device)
-        if handle is not None and handle is not index:
-            handle.retriever.to(device)
-        return cls(model, spec.config, index=handle, source=spec.source)
+            model = load_model(spec, index=index if isinstance(index, Index) else None, device=device)
+        return cls(model, spec.config, source=spec.source)
 
     # ------------------------------------------------------------------ answering
     def answer(
@@ -150,12 +135,12 @@ class Atlas:
         the answers (default: their metadata's question)."""
         import torch  # heavy: only once a model is loaded
 
-        model = self._synced()
+        model = self.model
         if k is not None and k != model.n_read:  # a k asked for is held to the limit; the model's own is its own
             check_k(k, MAX_ASK_K)
         k = k or model.n_read
         size = batch_size or self.config.evaluation.batch_size
-        generation = int(model.index.manifest["generation"]) if model.index is not None else None
+        generation = int(self.index.manifest["generation"]) if self.index is not None else None
         answers = []
         for start in range(0, len(examples), size):
             batch = examples[start : start + size]
@@ -177,14 +162,8 @@ class Atlas:
     def retrieve(self, examples: list[Example], k: int) -> list[list[Passage]]:
         """The top-k passages of each example (given passages where it carries them), from the index's latest
         commit; [] per example when closed book."""
-        passages = self._synced().passages_for(examples, k)
+        passages = self.model.passages_for(examples, k)
         return passages if passages is not None else [[] for _ in examples]
-
-    def _synced(self):
-        """The model, reading this model's `index`'s latest commit."""
-        if self.index is not None:
-            self.model.index = self.index.current
-        return self.model
 
     # ------------------------------------------------------------------ evaluating and fine-tuning
     def evaluate(
@@ -204,7 +183,7 @@ class Atlas:
         if max_examples is not None:
             settings = dataclasses.replace(settings, max_examples=max_examples)
         with quiet_libraries():
-            return evaluate(self._synced(), self.task, data, settings, out_dir=out_dir, show=progress)
+            return evaluate(self.model, self.task, data, settings, out_dir=out_dir, show=progress)
 
     def fit(
         self,
@@ -241,7 +220,7 @@ class Atlas:
         config = apply_overrides(config, list(overrides))
         try:
             with quiet_libraries():
-                summary = run_recipe(config, model=self._synced(), progress=progress)
+                summary = run_recipe(config, model=self.model, progress=progress)
         finally:
             if temporary is not None:
                 shutil.rmtree(temporary, ignore_errors=True)

@@ -14,13 +14,14 @@ Shapes: B examples, K passages, L reader tokens per passage, T target tokens, d 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import nn
 
 from atlas.config import IndexConfig, InferenceConfig, ReaderConfig, RetrieverConfig
-from atlas.knnlm.dispersion import mean_pairwise_cosine_distance
+from reader.dispersion import mean_pairwise_cosine_distance
 from reader.fid import IGNORE_INDEX, FiDReader
 from reader.inputs import encode_reader_inputs, encode_targets
 from reader.span_constraint import PassageSpanConstraint
@@ -30,6 +31,9 @@ from retriever.losses import RetrieverLoss
 from tasks.base import Example
 from tasks.modeling import eval_mode
 from tasks.passage import Passage
+
+if TYPE_CHECKING:  # atlas.index imports nothing heavy, but the model only holds one
+    from atlas.index import Index
 
 # every task's target is "<extra_id_0> {answer}" (T5's span-corruption format): the answer follows it
 ANSWER_SENTINEL = "<extra_id_0>"
@@ -70,10 +74,10 @@ class Reading:
 class AtlasModel(nn.Module):
     """Retriever + index + FiD reader.
 
-    Args (keyword-only, built by `atlas.build`):
+    Args (keyword-only, built by `atlas.build`; `atlas.loading.load_model` is the way to one):
         reader: the FiD reader; reader_tokenizer: its tokenizer (T5 sentinels, eos appended).
         retriever: query/passage encoders, or None for closed-book / given-passages runs.
-        index: a `retriever.index.PassageIndex` to search, or None.
+        index: the `atlas.Index` it searches (its latest commit: an edit is seen by the next search), or None.
         retriever_loss: the loss that trains the retriever through the reader.
         reader_config, retriever_config, index_config: the run's settings (read-only).
         inference_config: how it answers (passages read, input length, decoding, precision).
@@ -85,7 +89,7 @@ class AtlasModel(nn.Module):
         reader: FiDReader,
         reader_tokenizer,
         retriever: Retriever | None,
-        index,
+        index: Index | None,
         retriever_loss: RetrieverLoss,
         reader_config: ReaderConfig,
         retriever_config: RetrieverConfig,
@@ -111,6 +115,11 @@ class AtlasModel(nn.Module):
 
     # ------------------------------------------------------------------ retrieval
     @property
+    def passage_index(self):
+        """The `retriever.index.PassageIndex` searched: the last commit of `index` (None without one)."""
+        return None if self.index is None else self.index.current
+
+    @property
     def trains_retriever(self) -> bool:
         """Whether this run sends a retriever loss (the loss is not `none` and there is an index)."""
         return self.retriever is not None and self.retriever_loss.trains_retriever and not self.closed_book
@@ -135,7 +144,7 @@ class AtlasModel(nn.Module):
         n = k * self.index_config.filtering_overretrieve_ratio if filtering else k
         n = max(n, self.index_config.reencode_candidates)
         vectors = self.retriever.embed_queries([e.query for e in examples])  # (B, d)
-        hits = self.index.search(vectors, n)
+        hits = self.passage_index.search(vectors, n)
         results = []
         for example, example_hits, query_vector in zip(examples, hits, vectors):
             passages = [h for h in example_hits if not example.source_id or h.id != example.source_id]
@@ -156,9 +165,10 @@ class AtlasModel(nn.Module):
         """`evidence` with its retrieval score for `query_vector` (d,): read from the index's stored
         embedding where the index holds that passage (and no reranking asks for fresh ones),
         else encoded now; with its index position (`row`) where it has one."""
-        position = self.index.position_of(evidence.id)
-        if position is not None and self.index.vectors is not None and not self.index_config.reencode_candidates:
-            vector = self.index.embeddings([position])[0]
+        index = self.passage_index
+        position = index.position_of(evidence.id)
+        if position is not None and index.vectors is not None and not self.index_config.reencode_candidates:
+            vector = index.embeddings([position])[0]
         else:
             vector = self.retriever.embed_passages([evidence.fields()])[0]
         return replace(evidence, score=float(vector @ query_vector), row=evidence.row if position is None else position)
@@ -184,8 +194,9 @@ class AtlasModel(nn.Module):
         passage_trainable = any(p.requires_grad for p in self.retriever.passage_encoder.parameters())
         if passage_trainable:
             passage_vectors = self.retriever.encode_passages([p.fields() for p in flat])  # (ΣK_b, d)
-        elif self.index is not None and self.index.vectors is not None and all(p.row is not None for p in flat):
-            passage_vectors = torch.from_numpy(self.index.embeddings([p.row for p in flat])).to(query_vectors.device)
+        elif self.index is not None and self.passage_index.vectors is not None and all(p.row is not None for p in flat):
+            vectors = self.passage_index.embeddings([p.row for p in flat])
+            passage_vectors = torch.from_numpy(vectors).to(query_vectors.device)
         else:
             with torch.no_grad():
                 passage_vectors = self.retriever.encode_passages([p.fields() for p in flat])

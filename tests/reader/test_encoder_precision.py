@@ -96,28 +96,30 @@ def test_bf16_gold_scores_rank_passages_as_full_precision_does(loss_name):
 def test_the_training_step_uses_the_recipes_gold_precision(tiny_world):
     """`retriever.gold_precision` reaches the loss that `Atlas.losses` calls: with dropout in the
     encoder, bf16 and fp32 give different but close retriever losses."""
-    from atlas.build import build_atlas
     from atlas.config import load_config
+    from atlas.loading import load_model, recipe_spec
     from tasks.base import get_task
 
     assert load_config(None, []).retriever.gold_precision == "auto"
     losses = {}
     for precision in ("fp32", "bf16"):
-        model = build_atlas(
-            load_config(
-                None,
-                [
-                    f"retriever.model={tiny_world['encoder']}",
-                    f"index.path={tiny_world['index']}",
-                    "reader.model=t5-tiny",
-                    "retriever.loss=pdist",
-                    "retriever.n_context=3",
-                    "reader.n_context=2",
-                    "reader.dropout=0.1",
-                    "reader.text_maxlength=48",
-                    "training.seed=3",
-                    f"retriever.gold_precision={precision}",
-                ],
+        model = load_model(
+            recipe_spec(
+                load_config(
+                    None,
+                    [
+                        f"retriever.model={tiny_world['encoder']}",
+                        f"index.path={tiny_world['index']}",
+                        "reader.model=t5-tiny",
+                        "retriever.loss=pdist",
+                        "retriever.n_context=3",
+                        "reader.n_context=2",
+                        "reader.dropout=0.1",
+                        "reader.text_maxlength=48",
+                        "training.seed=3",
+                        f"retriever.gold_precision={precision}",
+                    ],
+                )
             )
         )
         assert model.retriever_loss.gold_precision == precision
@@ -158,24 +160,26 @@ def test_bf16_generation_encodes_in_bfloat16_and_decodes_at_full_precision():
 
 
 def test_the_recipes_inference_precision_reaches_predict(tiny_world):
-    from atlas.build import build_atlas
     from atlas.config import load_config
+    from atlas.loading import load_model, recipe_spec
     from tasks.base import get_task
 
     examples = get_task("qa").load(tiny_world["qa"])[:2]
     for precision, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        model = build_atlas(
-            load_config(
-                None,
-                [
-                    f"retriever.model={tiny_world['encoder']}",
-                    f"index.path={tiny_world['index']}",
-                    "reader.model=t5-tiny",
-                    "retriever.loss=none",
-                    "reader.n_context=2",
-                    "inference.generation_max_length=3",
-                    f"inference.precision={precision}",
-                ],
+        model = load_model(
+            recipe_spec(
+                load_config(
+                    None,
+                    [
+                        f"retriever.model={tiny_world['encoder']}",
+                        f"index.path={tiny_world['index']}",
+                        "reader.model=t5-tiny",
+                        "retriever.loss=none",
+                        "reader.n_context=2",
+                        "inference.generation_max_length=3",
+                        f"inference.precision={precision}",
+                    ],
+                )
             )
         ).eval()
         seen, handles = _dtypes_seen(model.reader)

@@ -236,8 +236,8 @@ def test_atlas_retriever_loss_with_uneven_passage_lists(name, tiny_world, tmp_pa
     """Examples with 3, 1 and 2 given passages in one batch: the batch's retriever loss is the
     mean of the per-example losses (each example run alone, and a float64 hand computation
     from each example's own gold and retriever scores)."""
-    from atlas.build import build_atlas
     from atlas.config import load_config
+    from atlas.loading import load_model, recipe_spec
     from tasks.base import Example
     from tests.conftest import TINY_DOCS
 
@@ -261,7 +261,7 @@ def test_atlas_retriever_loss_with_uneven_passage_lists(name, tiny_world, tmp_pa
         ],
     )
     torch.manual_seed(0)
-    model = build_atlas(config).train()
+    model = load_model(recipe_spec(config)).train()
     docs = [dict(d) for d in TINY_DOCS]
     examples = [
         Example(
