@@ -191,6 +191,10 @@ class InferenceConfig:
     # without retrieval scores get none.
     retrieval_prior: float = 0.0
     prior_temperature: float = 0.01  # the temperature of that softmax over the passages' retrieval scores
+    # give a generated answer its spelling in the passages read (reader/surface.py: "3. 2 million" → "3.2
+    # million"); None = where the reader's tokenizer loses text in a round trip (a lower-casing WordPiece), false
+    # = decode as the tokenizer does (an imported reference model: its reference never respelled)
+    restore_surface: bool | None = None
 
 
 @dataclass

@@ -108,10 +108,15 @@ class AtlasModel(nn.Module):
         self.index_config = index_config
         self.inference_config = inference_config or InferenceConfig()
         self.closed_book = closed_book
-        # A tokenizer whose decoding loses the passage's characters (a WordPiece one lower-cases and splits
-        # punctuation) has its answers given their surface form in the passages; a lossless one (T5's
-        # SentencePiece) is decoded as it is, as the reference decodes it.
-        self.restores_surface = not decoding_is_lossless(reader_tokenizer)
+        self._lossless_tokenizer = decoding_is_lossless(reader_tokenizer)
+
+    @property
+    def restores_surface(self) -> bool:
+        """Whether answers are given their spelling in the passages read (`inference.restore_surface`; by
+        default where the tokenizer's decoding loses the passage's characters: a WordPiece one lower-cases and
+        splits punctuation; a lossless one, T5's SentencePiece, is decoded as it is, as the reference does)."""
+        setting = self.inference_config.restore_surface
+        return not self._lossless_tokenizer if setting is None else setting
 
     # ------------------------------------------------------------------ retrieval
     @property
@@ -358,12 +363,7 @@ class AtlasModel(nn.Module):
         input_ids, attention_mask = self.reader_inputs(queries, read, answering=True)  # (B, K, L)
         states = self.encode_for_answers(input_ids, attention_mask)  # (B, K, L, H)
         generated = self.generate(input_ids, attention_mask, read, encoder_states=states)  # (B, T')
-        texts = decode_answers(
-            self.reader_tokenizer,
-            generated,
-            template_fields(read) if self.restores_surface else None,
-            skip_special_tokens=False,
-        )
+        texts = self.decode(generated, read)
         attention = None
         if with_attention:
             labels = generated[:, 1:].clone()
@@ -373,6 +373,12 @@ class AtlasModel(nn.Module):
             totals = scores.sum(dim=1, keepdim=True)
             attention = torch.where(totals > 0, scores / totals.clamp_min(1e-30), scores)
         return Reading(texts, attention)
+
+    def decode(self, generated: torch.Tensor, passages: list[list[Passage]] | None) -> list[str]:
+        """(B, T') generated ids → their texts, sentinels kept (for the task's `postprocess`), respelled as the
+        passages read write them where `restores_surface`."""
+        fields = template_fields(passages) if self.restores_surface else None
+        return decode_answers(self.reader_tokenizer, generated, fields, skip_special_tokens=False)
 
     @torch.no_grad()
     def encode_for_answers(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
