@@ -12,11 +12,12 @@ server, the quickstart and the benches are callers of it.
 from __future__ import annotations
 
 import dataclasses
+import html
 import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,15 +29,18 @@ from atlas.quiet import quiet_libraries
 from tasks.base import Example, get_task
 from tasks.io import atomic_directory, atomic_write_text
 from tasks.limits import MAX_ASK_K, check_k, check_question
-from tasks.passage import Passage
+from tasks.passage import Passage, shorten
+from tasks.progress import progress_bar
 
 if TYPE_CHECKING:  # the module itself (torch) loads with the first model
     from atlas.model import AtlasModel
 
 logger = logging.getLogger(__name__)
 
+MAX_SHOWN = 3  # passages an Answer's repr names
 
-@dataclass
+
+@dataclass(repr=False)
 class Answer:
     """One answer. `text`: the answer as the task scores it; `passages`: the passages the reader read (id,
     title, text, retrieval `score`), best first; `attention`: each passage's share of the reader's
@@ -48,6 +52,28 @@ class Answer:
     passages: list[Passage]
     attention: list[float] | None = None
     generation: int | None = None
+
+    def __repr__(self) -> str:
+        """Short, for a console: the question, the answer, the passages read (id, title, score)."""
+        read = ", ".join(
+            f"{p.id!r}" + ("" if p.score is None else f" ({p.score:.3f})") for p in self.passages[:MAX_SHOWN]
+        )
+        more = f", … {len(self.passages) - MAX_SHOWN} more" if len(self.passages) > MAX_SHOWN else ""
+        return f"Answer(question={shorten(self.question)!r}, text={self.text!r}, passages=[{read}{more}])"
+
+    def _repr_html_(self) -> str:
+        """For a notebook: the question, the answer in bold, then each passage read (title, text start, score,
+        attention share where asked)."""
+        rows = []
+        for n, p in enumerate(self.passages):
+            notes = [] if p.score is None else [f"score {p.score:.3f}"]
+            notes += [] if self.attention is None else [f"attention {self.attention[n]:.0%}"]
+            small = f" <small>({' · '.join(notes)})</small>" if notes else ""
+            rows.append(f"<li><b>{html.escape(p.title or p.id)}</b>{small}: {html.escape(shorten(p.text, 160))}</li>")
+        return (
+            f"<div><div>Q: {html.escape(self.question)}</div><div>A: <b>{html.escape(self.text)}</b></div>"
+            f"<ol>{''.join(rows)}</ol></div>"
+        )
 
 
 class Atlas:
@@ -106,19 +132,41 @@ class Atlas:
 
     # ------------------------------------------------------------------ answering
     def answer(
-        self, question: str | Sequence[str], *, k: int | None = None, with_attention: bool = False
+        self,
+        question: str | Sequence[str],
+        *,
+        k: int | None = None,
+        with_attention: bool = False,
+        batch_size: int | None = None,
+        progress: bool | None = None,
     ) -> Answer | list[Answer]:
         """Answer a question (→ `Answer`) or a list of them (→ a list), reading the top `k` retrieved passages
         (default: `inference.n_context`); `with_attention` adds each passage's share of the reader's
-        attention. Questions are posed as the task poses them (qa: "question: … answer: <extra_id_0>")."""
+        attention. Questions are posed as the task poses them (qa: "question: … answer: <extra_id_0>").
+        A list is answered `batch_size` questions at a time (default `evaluation.batch_size`), with a
+        progress bar when it takes more than one batch (`progress`: True or False to choose)."""
         single = isinstance(question, str)
+        if not single and not (isinstance(question, Sequence) and not isinstance(question, (bytes, Mapping))):
+            raise TypeError(
+                f"Atlas.answer takes a question (str) or a list of questions (list[str]), not "
+                f"{type(question).__name__}: {question!r:.80}"
+            )
         questions = [question] if single else list(question)
+        if not questions:
+            raise ValueError("Atlas.answer: no questions given (an empty list)")
         for n, q in enumerate(questions):
             check_question(q, "the question" if single else f"question {n}")
         examples = [
             Example(id=str(n), query=self.task.query(q), target=None, answers=[]) for n, q in enumerate(questions)
         ]
-        answers = self.answer_examples(examples, k=k, with_attention=with_attention, questions=questions)
+        answers = self.answer_examples(
+            examples,
+            k=k,
+            with_attention=with_attention,
+            questions=questions,
+            batch_size=batch_size,
+            progress=progress,
+        )
         return answers[0] if single else answers
 
     def answer_examples(
@@ -129,10 +177,12 @@ class Atlas:
         with_attention: bool = False,
         questions: Sequence[str] | None = None,
         batch_size: int | None = None,
+        progress: bool | None = None,
     ) -> list[Answer]:
         """`answer` for examples already in the task's form (their `query`; given `passages` are read instead
-        of retrieved ones), `batch_size` at a time (default `evaluation.batch_size`); `questions` names them in
-        the answers (default: their metadata's question)."""
+        of retrieved ones), `batch_size` at a time (default `evaluation.batch_size`), with a progress bar over
+        more than one batch unless `progress` is False; `questions` names them in the answers (default: their
+        metadata's question)."""
         import torch  # heavy: only once a model is loaded
 
         model = self.model
@@ -140,9 +190,13 @@ class Atlas:
             check_k(k, MAX_ASK_K)
         k = k or model.n_read
         size = batch_size or self.config.evaluation.batch_size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {size!r}")
         generation = int(self.index.manifest["generation"]) if self.index is not None else None
         answers = []
-        for start in range(0, len(examples), size):
+        starts = range(0, len(examples), size)
+        show = progress if progress is not None else len(starts) > 1  # a single batch: nothing to follow
+        for start in progress_bar(starts, desc="answering", unit="batch", disable=not show):
             batch = examples[start : start + size]
             with torch.no_grad():
                 passages = model.passages_for(batch, k)

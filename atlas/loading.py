@@ -128,15 +128,19 @@ def hub_snapshot(repo_id: str) -> Path:
     """The local folder of the Hub model repository `repo_id`: from the cache (`HF_HUB_CACHE`, else the
     default), downloaded only when the hub is online; with `HF_HUB_OFFLINE=1` a repository not in the cache
     is one error line."""
-    from huggingface_hub import snapshot_download  # heavy, and only for a Hub id
+    from huggingface_hub import constants, snapshot_download  # heavy, and only for a Hub id
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    # the library reads HF_HUB_OFFLINE when it is imported; the environment says what the user set since
+    offline = constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
     try:
         folder = snapshot_download(repo_id, cache_dir=os.environ.get("HF_HUB_CACHE") or None, local_files_only=offline)
-    except LocalEntryNotFoundError as e:
-        # the hub library raises this offline (nothing downloaded) and online when the hub cannot be reached
-        why = "HF_HUB_OFFLINE is set, so nothing is downloaded" if offline else f"the Hub could not be reached: {e}"
+    except LocalEntryNotFoundError:
+        why = (
+            "HF_HUB_OFFLINE is set, so nothing is downloaded"
+            if offline
+            else "the Hub could not be reached or holds no such model; nothing was downloaded"
+        )
         raise FileNotFoundError(f"{repo_id}: not a local folder, and not in the Hugging Face cache ({why})") from None
     return Path(folder)
 
