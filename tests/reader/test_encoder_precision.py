@@ -72,8 +72,8 @@ def test_auto_is_full_precision_under_grad_and_for_a_float64_encoder(monkeypatch
 def test_unknown_precisions_are_refused_with_the_valid_names():
     encoder = _reader().seq2seq.encoder
     assert resolve_precision("bf16", encoder) == "bf16" and resolve_precision("fp32", encoder) == "fp32"
-    with pytest.warns(FutureWarning, match="precision 'full' is deprecated; write 'fp32'"):
-        assert resolve_precision("full", encoder) == "fp32"  # the old name
+    with pytest.raises(ValueError, match=r"unknown precision 'full'"):  # a name written before a release
+        resolve_precision("full", encoder)
     with pytest.raises(ValueError, match=r"unknown precision 'int8'; valid: \['auto', 'fp32', 'bf16'\]"):
         resolve_precision("int8", encoder)
     with pytest.raises(ValueError, match="unknown gold precision 'fp16'"):

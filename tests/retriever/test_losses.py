@@ -334,9 +334,9 @@ def test_each_loss_declares_its_own_options_and_refuses_others():
         build_retriever_loss("pdist", attention="copy")
 
 
-def test_gold_precision_full_is_read_as_fp32_with_a_warning():
+def test_gold_precision_names_are_refused_outside_the_vocabulary():
     assert build_retriever_loss("pdist").gold_precision == "fp32"
-    with pytest.warns(FutureWarning, match="'full' is deprecated; it is now called 'fp32'"):
-        assert build_retriever_loss("pdist", gold_precision="full").gold_precision == "fp32"
+    with pytest.raises(ValueError, match=r"unknown gold precision 'full'"):
+        build_retriever_loss("pdist", gold_precision="full")
     with pytest.raises(ValueError, match=r"valid: \['auto', 'fp32', 'bf16'\]"):
         build_retriever_loss("pdist", gold_precision="fp16")
