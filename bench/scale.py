@@ -480,7 +480,9 @@ def measure_size(size: str, n: int, base: dict, work: Path, state: State, args) 
         step(f"load_{kind}", lambda index=index: run_probe("load", index))
         step(
             f"verify_{kind}",
-            lambda index=index: {"wall_s": run_measured(atlas_cli("index", "info", index, "--verify"))["wall_s"]},
+            lambda index=index: {
+                "wall_s": run_measured(atlas_cli("index", "info", "--index", index, "--verify"))["wall_s"]
+            },
         )
     exact_ids = folder / "ids-exact.npy"
     if size == "real":
@@ -536,7 +538,7 @@ def frontends(index: Path, base: dict, folder: Path) -> dict:
 
     # the server embeds a question as the model retrieves with it, in the task's form: so does the CLI here
     questions = [get_task("qa").query(q) for q in base["questions"][:20]]
-    cli = run_measured(atlas_cli("index", "search", index, *questions, "-k", "10", "--json"))
+    cli = run_measured(atlas_cli("index", "search", "--index", index, *questions, "-k", "10", "--json"))
     by_cli = [[h["id"] for h in json.loads(line)["hits"]] for line in cli["stdout"].splitlines()]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
