@@ -17,8 +17,9 @@ from atlas.model import AtlasModel
 from reader.embedding_init import transfer_token_embeddings
 from reader.fid import READER_PRESETS, WARM_START_PRESETS, FiDReader, build_reader
 from reader.tokenizer import build_reader_tokenizer
-from retriever.encoder import Retriever, build_retriever, default_encoder_path
+from retriever.encoder import Retriever, build_retriever
 from retriever.losses import build_retriever_loss
+from tasks.modeling import encoder_source
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ def _init_reader_embeddings(reader: FiDReader, tokenizer, config: AtlasConfig) -
             f"reader.init_embeddings applies to a reader built from a preset "
             f"({sorted(READER_PRESETS)}); reader.model {config.reader.model!r} has its own weights"
         )
-    source = default_encoder_path(config.reader.init_embeddings)
+    source = encoder_source(config.reader.init_embeddings)
     encoder = AutoModel.from_pretrained(source)
     vocab = AutoTokenizer.from_pretrained(source).get_vocab()
     n = transfer_token_embeddings(reader.seq2seq, tokenizer, encoder.get_input_embeddings().weight, vocab)

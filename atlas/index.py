@@ -46,14 +46,15 @@ def index_retriever(
     hub id; default: the one the index records, else MiniLM), formatting and cutting passages as the index's
     manifest records (`passage_format`, `passage_maxlength`), so that its fingerprint is the index's; in eval
     mode on `device` (default `compute_device()`). The libraries' load reports show only when `verbose`."""
-    from retriever.encoder import Retriever, default_encoder_path  # heavy: torch, transformers
+    from retriever.encoder import Retriever  # heavy: torch, transformers
     from retriever.index_files import read_manifest  # heavy: faiss
+    from tasks.modeling import encoder_source
 
     record = read_manifest(folder).get("encoder", {}) if folder is not None else {}
     encoder = encoder or record.get("source") or DEFAULT_ENCODER
     settings = {key: record[key] for key in ("passage_format", "passage_maxlength") if record.get(key) is not None}
     with quiet_libraries(verbose):
-        retriever = Retriever.from_pretrained(default_encoder_path(encoder), **settings)
+        retriever = Retriever.from_pretrained(encoder_source(encoder), **settings)
     return retriever.to(device if device is not None else compute_device()).eval()
 
 

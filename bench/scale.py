@@ -180,8 +180,9 @@ def base_data(work: Path, state: State, base_index: Path | None = None) -> dict:
     from index_data import LARGE_QUESTIONS, LARGE_RUN, ensure_large_index
 
     from retriever.corpus import Corpus
-    from retriever.encoder import Retriever, default_encoder_path
+    from retriever.encoder import Retriever
     from retriever.retrieval_eval import read_retrieval_examples
+    from tasks.modeling import encoder_source
 
     base = work / "base"
     base.mkdir(parents=True, exist_ok=True)
@@ -195,7 +196,7 @@ def base_data(work: Path, state: State, base_index: Path | None = None) -> dict:
         for article in json.loads(LARGE_QUESTIONS[1].read_text())["data"]:
             questions += [qa["question"] for p in article["paragraphs"] for qa in p["qas"]]
         questions = questions[:2000]
-        retriever = Retriever.from_pretrained(default_encoder_path("minilm"))
+        retriever = Retriever.from_pretrained(encoder_source("minilm"))
         # the first 500 of each set, alternating: 1,000 real questions
         questions = [q for pair in zip(questions[:500], questions[1000:1500]) for q in pair]
         np.save(base / "queries.npy", retriever.embed_queries(questions).astype(np.float32))
@@ -595,10 +596,11 @@ def edits(index: Path, base: dict, folder: Path, seed: int) -> dict:
         result[name] = {"wall_s": measured["wall_s"], "peak_rss_bytes": measured["peak_rss_bytes"]}
     # what of an edit is the encoder's: embedding 1,000 passages with MiniLM alone
     from atlas.quiet import quiet_libraries
-    from retriever.encoder import Retriever, default_encoder_path
+    from retriever.encoder import Retriever
+    from tasks.modeling import encoder_source
 
     with quiet_libraries():  # transformers' load report of MiniLM, as the CLI hides it
-        retriever = Retriever.from_pretrained(default_encoder_path("minilm"))
+        retriever = Retriever.from_pretrained(encoder_source("minilm"))
     started = time.perf_counter()
     retriever.embed_passages(added)
     result["embedding_1000_s"] = round(time.perf_counter() - started, 2)

@@ -14,7 +14,8 @@ from transformers import AutoTokenizer, BertConfig, BertModel
 
 from atlas.cli import corpus as cli_corpus
 from atlas.cli import index as cli_index
-from retriever.encoder import ContrieverEncoder, Retriever, default_encoder_path
+from retriever.encoder import ContrieverEncoder, Retriever
+from tasks.modeling import encoder_source
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -40,7 +41,7 @@ def save_tiny_retriever(folder: Path, seed: int) -> Path:
     )
     encoder = ContrieverEncoder(
         BertModel(config, add_pooling_layer=False).eval(),
-        AutoTokenizer.from_pretrained(default_encoder_path("minilm")),
+        AutoTokenizer.from_pretrained(encoder_source("minilm")),
         normalize=True,
     )
     Retriever(query_encoder=encoder, passage_maxlength=64).save_pretrained(folder)

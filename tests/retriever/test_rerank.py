@@ -215,7 +215,8 @@ def save_tiny_retriever(folder):
     import torch
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from retriever.encoder import ContrieverEncoder, Retriever, default_encoder_path
+    from retriever.encoder import ContrieverEncoder, Retriever
+    from tasks.modeling import encoder_source
 
     torch.manual_seed(0)
     config = BertConfig(
@@ -228,7 +229,7 @@ def save_tiny_retriever(folder):
     )
     encoder = ContrieverEncoder(
         BertModel(config, add_pooling_layer=False).eval(),
-        AutoTokenizer.from_pretrained(default_encoder_path("minilm")),
+        AutoTokenizer.from_pretrained(encoder_source("minilm")),
         normalize=True,
     )
     Retriever(query_encoder=encoder, passage_maxlength=64).save_pretrained(folder)
