@@ -189,7 +189,7 @@ class Atlas:
         if k is not None and k != model.n_read:  # a k asked for is held to the limit; the model's own is its own
             check_k(k, MAX_ASK_K)
         k = k or model.n_read
-        size = batch_size or self.config.evaluation.batch_size
+        size = batch_size if batch_size is not None else self.config.evaluation.batch_size
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {size!r}")
         generation = int(self.index.manifest["generation"]) if self.index is not None else None
