@@ -11,33 +11,36 @@ server, the quickstart and the benches are callers of it.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
+import html
 import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from atlas.config import AtlasConfig, apply_overrides, save_config
-from atlas.index import Index, compute_device
+from atlas.index import Index
 from atlas.loading import ModelSource, load_model, model_spec
 from atlas.quiet import quiet_libraries
 from tasks.base import Example, get_task
 from tasks.io import atomic_directory, atomic_write_text
 from tasks.limits import MAX_ASK_K, check_k, check_question
-from tasks.passage import Passage
+from tasks.passage import Passage, shorten
+from tasks.progress import progress_bar
 
 if TYPE_CHECKING:  # the module itself (torch) loads with the first model
     from atlas.model import AtlasModel
 
 logger = logging.getLogger(__name__)
 
+MAX_SHOWN = 3  # passages an Answer's repr names
 
-@dataclass
+
+@dataclass(repr=False)
 class Answer:
     """One answer. `text`: the answer as the task scores it; `passages`: the passages the reader read (id,
     title, text, retrieval `score`), best first; `attention`: each passage's share of the reader's
@@ -50,6 +53,28 @@ class Answer:
     attention: list[float] | None = None
     generation: int | None = None
 
+    def __repr__(self) -> str:
+        """Short, for a console: the question, the answer, the passages read (id, title, score)."""
+        read = ", ".join(
+            f"{p.id!r}" + ("" if p.score is None else f" ({p.score:.3f})") for p in self.passages[:MAX_SHOWN]
+        )
+        more = f", … {len(self.passages) - MAX_SHOWN} more" if len(self.passages) > MAX_SHOWN else ""
+        return f"Answer(question={shorten(self.question)!r}, text={self.text!r}, passages=[{read}{more}])"
+
+    def _repr_html_(self) -> str:
+        """For a notebook: the question, the answer in bold, then each passage read (title, text start, score,
+        attention share where asked)."""
+        rows = []
+        for n, p in enumerate(self.passages):
+            notes = [] if p.score is None else [f"score {p.score:.3f}"]
+            notes += [] if self.attention is None else [f"attention {self.attention[n]:.0%}"]
+            small = f" <small>({' · '.join(notes)})</small>" if notes else ""
+            rows.append(f"<li><b>{html.escape(p.title or p.id)}</b>{small}: {html.escape(shorten(p.text, 160))}</li>")
+        return (
+            f"<div><div>Q: {html.escape(self.question)}</div><div>A: <b>{html.escape(self.text)}</b></div>"
+            f"<ol>{''.join(rows)}</ol></div>"
+        )
+
 
 class Atlas:
     """A retrieval-augmented reader and the index it reads.
@@ -57,19 +82,27 @@ class Atlas:
     Args:
         model: the built `atlas.model.AtlasModel` (retriever, reader, tokenizer).
         config: its resolved config (`inference`: how it answers; `task`: how questions are posed and scored).
-        index: the `Index` it retrieves from; None: none (a closed-book model, `task.closed_book`, needs none;
-            another is given one later: `model.index = atlas.Index.load(…)`).
         source: where its weights came from (for `save_pretrained`'s model card).
+
+    Its `index` is the model's (`model.index`, one object): the `Index` it retrieves from, or None (a
+    closed-book model, `task.closed_book`, needs none; another is given one later: `atlas_model.index =
+    atlas.Index.load(…)`).
     """
 
-    def __init__(
-        self, model: AtlasModel, config: AtlasConfig, *, index: Index | None = None, source: ModelSource | None = None
-    ):
+    def __init__(self, model: AtlasModel, config: AtlasConfig, *, source: ModelSource | None = None):
         self.model = model
         self.config = config
-        self.index = index
         self.source = source
         self.task = get_task(config.task.name, **config.task.options)
+
+    @property
+    def index(self) -> Index | None:
+        """The `Index` this model retrieves from (the model's own: `self.model.index`), or None."""
+        return self.model.index
+
+    @index.setter
+    def index(self, index: Index | None) -> None:
+        self.model.index = index
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -94,46 +127,46 @@ class Atlas:
             spec = model_spec(
                 name, index=index.path if isinstance(index, Index) else index, task=task, overrides=list(overrides)
             )
-            model = load_model(spec, index=index.current if isinstance(index, Index) else None)
-        allow_mismatch = spec.config.index.allow_encoder_mismatch
-        if isinstance(index, Index):
-            from retriever.index.files import check_encoder  # heavy: faiss
-
-            if model.retriever is not None:
-                check_encoder(
-                    index.manifest,
-                    model.retriever.passage_fingerprint(),
-                    str(index.path),
-                    allow_mismatch=allow_mismatch,
-                )
-            handle = index
-        elif model.index is not None:
-            # the index's own copy of the retriever embeds edited passages (and string searches), so that an
-            # edit on another thread never shares a tokenizer with answering
-            handle = Index(model.index, copy.deepcopy(model.retriever).eval(), allow_encoder_mismatch=allow_mismatch)
-        else:
-            handle = None
-        device = device if device is not None else compute_device()
-        model.to(device)
-        if handle is not None and handle is not index:
-            handle.retriever.to(device)
-        return cls(model, spec.config, index=handle, source=spec.source)
+            model = load_model(spec, index=index if isinstance(index, Index) else None, device=device)
+        return cls(model, spec.config, source=spec.source)
 
     # ------------------------------------------------------------------ answering
     def answer(
-        self, question: str | Sequence[str], *, k: int | None = None, with_attention: bool = False
+        self,
+        question: str | Sequence[str],
+        *,
+        k: int | None = None,
+        with_attention: bool = False,
+        batch_size: int | None = None,
+        progress: bool | None = None,
     ) -> Answer | list[Answer]:
         """Answer a question (→ `Answer`) or a list of them (→ a list), reading the top `k` retrieved passages
         (default: `inference.n_context`); `with_attention` adds each passage's share of the reader's
-        attention. Questions are posed as the task poses them (qa: "question: … answer: <extra_id_0>")."""
+        attention. Questions are posed as the task poses them (qa: "question: … answer: <extra_id_0>").
+        A list is answered `batch_size` questions at a time (default `evaluation.batch_size`), with a
+        progress bar when it takes more than one batch (`progress`: True or False to choose)."""
         single = isinstance(question, str)
+        if not single and not (isinstance(question, Sequence) and not isinstance(question, (bytes, Mapping))):
+            raise TypeError(
+                f"Atlas.answer takes a question (str) or a list of questions (list[str]), not "
+                f"{type(question).__name__}: {question!r:.80}"
+            )
         questions = [question] if single else list(question)
+        if not questions:
+            raise ValueError("Atlas.answer: no questions given (an empty list)")
         for n, q in enumerate(questions):
             check_question(q, "the question" if single else f"question {n}")
         examples = [
             Example(id=str(n), query=self.task.query(q), target=None, answers=[]) for n, q in enumerate(questions)
         ]
-        answers = self.answer_examples(examples, k=k, with_attention=with_attention, questions=questions)
+        answers = self.answer_examples(
+            examples,
+            k=k,
+            with_attention=with_attention,
+            questions=questions,
+            batch_size=batch_size,
+            progress=progress,
+        )
         return answers[0] if single else answers
 
     def answer_examples(
@@ -144,20 +177,26 @@ class Atlas:
         with_attention: bool = False,
         questions: Sequence[str] | None = None,
         batch_size: int | None = None,
+        progress: bool | None = None,
     ) -> list[Answer]:
         """`answer` for examples already in the task's form (their `query`; given `passages` are read instead
-        of retrieved ones), `batch_size` at a time (default `evaluation.batch_size`); `questions` names them in
-        the answers (default: their metadata's question)."""
+        of retrieved ones), `batch_size` at a time (default `evaluation.batch_size`), with a progress bar over
+        more than one batch unless `progress` is False; `questions` names them in the answers (default: their
+        metadata's question)."""
         import torch  # heavy: only once a model is loaded
 
-        model = self._synced()
+        model = self.model
         if k is not None and k != model.n_read:  # a k asked for is held to the limit; the model's own is its own
             check_k(k, MAX_ASK_K)
         k = k or model.n_read
-        size = batch_size or self.config.evaluation.batch_size
-        generation = model.index.manifest.generation if model.index is not None else None
+        size = batch_size if batch_size is not None else self.config.evaluation.batch_size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {size!r}")
+        generation = self.index.manifest.generation if self.index is not None else None
         answers = []
-        for start in range(0, len(examples), size):
+        starts = range(0, len(examples), size)
+        show = progress if progress is not None else len(starts) > 1  # a single batch: nothing to follow
+        for start in progress_bar(starts, desc="answering", unit="batch", disable=not show):
             batch = examples[start : start + size]
             with torch.no_grad():
                 passages = model.passages_for(batch, k)
@@ -177,14 +216,8 @@ class Atlas:
     def retrieve(self, examples: list[Example], k: int) -> list[list[Passage]]:
         """The top-k passages of each example (given passages where it carries them), from the index's latest
         commit; [] per example when closed book."""
-        passages = self._synced().passages_for(examples, k)
+        passages = self.model.passages_for(examples, k)
         return passages if passages is not None else [[] for _ in examples]
-
-    def _synced(self):
-        """The model, reading this model's `index`'s latest commit."""
-        if self.index is not None:
-            self.model.index = self.index.current
-        return self.model
 
     # ------------------------------------------------------------------ evaluating and fine-tuning
     def evaluate(
@@ -204,7 +237,7 @@ class Atlas:
         if max_examples is not None:
             settings = dataclasses.replace(settings, max_examples=max_examples)
         with quiet_libraries():
-            return evaluate(self._synced(), self.task, data, settings, out_dir=out_dir, show=progress)
+            return evaluate(self.model, self.task, data, settings, out_dir=out_dir, show=progress)
 
     def fit(
         self,
@@ -241,7 +274,7 @@ class Atlas:
         config = apply_overrides(config, list(overrides))
         try:
             with quiet_libraries():
-                summary = run_recipe(config, model=self._synced(), progress=progress)
+                summary = run_recipe(config, model=self.model, progress=progress)
         finally:
             if temporary is not None:
                 shutil.rmtree(temporary, ignore_errors=True)

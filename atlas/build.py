@@ -1,4 +1,6 @@
-"""Builders: an `AtlasModel` from a config, or from a checkpoint folder."""
+"""Builders: the weights of an `AtlasModel` from a config or a checkpoint folder (`build_model`, called by
+`atlas.loading.load_model`, the one way to a model), a run's index (`prepare_index`, the verb that builds or
+links one: never called by a load) and an opened index folder (`open_index`)."""
 
 from __future__ import annotations
 
@@ -15,8 +17,9 @@ from atlas.model import AtlasModel
 from reader.embedding_init import transfer_token_embeddings
 from reader.fid import READER_PRESETS, WARM_START_PRESETS, FiDReader, build_reader
 from reader.tokenizer import build_reader_tokenizer
-from retriever.encoder import Retriever, build_retriever, default_encoder_path
+from retriever.encoder import Retriever, build_retriever
 from retriever.losses import build_retriever_loss
+from tasks.modeling import encoder_source
 
 logger = logging.getLogger(__name__)
 
@@ -38,33 +41,38 @@ def _init_reader_embeddings(reader: FiDReader, tokenizer, config: AtlasConfig) -
             f"reader.init_embeddings applies to a reader built from a preset "
             f"({sorted(READER_PRESETS)}); reader.model {config.reader.model!r} has its own weights"
         )
-    source = default_encoder_path(config.reader.init_embeddings)
+    source = encoder_source(config.reader.init_embeddings)
     encoder = AutoModel.from_pretrained(source)
     vocab = AutoTokenizer.from_pretrained(source).get_vocab()
     n = transfer_token_embeddings(reader.seq2seq, tokenizer, encoder.get_input_embeddings().weight, vocab)
     logger.info("reader token embeddings: %d of %d from %s", n, len(tokenizer), source)
 
 
-def build_index(config: AtlasConfig, retriever: Retriever):
-    """The run's passage index: `index.path`, else an index of `index.corpus` at OUT/index.
+def prepare_index(
+    config: AtlasConfig, *, retriever: Retriever | None = None, checkpoint: str | Path | None = None
+) -> Path | None:
+    """The folder of the run's passage index, made when it has to be: `index.path`, else an index of
+    `index.corpus` at OUT/index; None when the run has neither (closed book, given passages).
 
-    `index.path` wins: when it is set, the index there is opened as it is and nothing is built
+    `index.path` wins: when it is set, the index there is used as it is and nothing is built
     from `index.corpus` (the index's manifest names its own corpus; a warning says when the two
     differ).
-    Otherwise OUT/index (OUT = `training.output_dir`) is opened when it exists (a resumed run);
+    Otherwise OUT/index (OUT = `training.output_dir`) is used when it exists (a resumed run);
     else it is linked from the cache beside the corpus (`CORPUS/.atlas-index-cache/KEY/`, see
     retriever/index/build.py) when an index of the same corpus was built there with the same
-    passage encoder and index settings (fingerprints in KEY), else built and then published to
-    that cache. The run's copy shares the cache's files (hard links) and is its own: updating
+    passage encoder and index settings (fingerprints in KEY), else built, with the passage encoder of
+    `retriever`, else of `checkpoint` (its `retriever/`), else the one `retriever.model` names, and then
+    published to that cache. The run's copy shares the cache's files (hard links) and is its own: updating
     it never changes the cache.
 
     Under torchrun the ranks build it together (retriever/index/build.py: rank r embeds
     chunks r, r + N, …; rank 0 trains the FAISS index and writes the folder; barriers keep
     them in step), so no two ranks write the same files; rank 0 alone reads and writes the
     cache, and every rank follows its decision. `training.output_dir` must be on a file
-    system every rank sees. The passage encoder runs on this rank's GPU when there is one and
-    is put back where it was afterwards.
+    system every rank sees. The passage encoder runs on this rank's GPU when there is one.
     """
+    if config.task.closed_book:
+        return None
     path = config.index.path
     context = current_context()
     rank, world_size, barrier = context.rank, context.world_size, context.barrier
@@ -73,17 +81,28 @@ def build_index(config: AtlasConfig, retriever: Retriever):
     if path is None and config.index.corpus:
         path = Path(config.training.output_dir) / "index"
         if agree_on_rank0(not path.exists()):
+            retriever = retriever or _passage_retriever(config, checkpoint)
             _make_run_index(config, retriever, path, rank=rank, world_size=world_size, barrier=barrier)
-    if path is None:
-        return None
-    return open_index(path, retriever, config.index, rank=rank, world_size=world_size)
+    return None if path is None else Path(path)
+
+
+def _passage_retriever(config: AtlasConfig, checkpoint: str | Path | None) -> Retriever:
+    """The retriever whose passage encoder a run's index is built with: the checkpoint's, else the config's."""
+    if checkpoint is not None and (Path(checkpoint) / "retriever").is_dir():
+        return Retriever.from_pretrained(
+            Path(checkpoint) / "retriever",
+            passage_format=config.retriever.passage_format,
+            passage_maxlength=config.retriever.passage_maxlength,
+        )
+    return build_retriever(config.retriever)
 
 
 def open_index(
     path: str | Path, retriever: Retriever, index_config: IndexConfig, *, rank: int = 0, world_size: int = 1
 ):
     """The index at `path` with the search settings and checks of `index_config`; this rank's shard
-    of it when `index.sharded` and there are several ranks. Used at build time and after a refresh."""
+    of it when `index.sharded` and there are several ranks (a `retriever.index.PassageIndex`). Used by a load
+    and after a refresh."""
     from retriever.index import PassageIndex  # heavy: faiss, only for a run with an index
 
     index = PassageIndex.load(
@@ -149,29 +168,25 @@ def _make_run_index(
         return
     if rank == 0:
         logger.info("building the index of %s with %s at %s on %d rank(s)", corpus, encoder, path, world_size)
-    home = next(retriever.parameters()).device
     if torch.cuda.is_available():
         retriever.to(torch.device("cuda", torch.cuda.current_device()))
-    try:
-        build(
-            corpus,
-            retriever,
-            path,
-            spec=config.index.spec,
-            batch_size=config.retriever.batch_size,
-            chunk_size=config.index.chunk_size,
-            train_sample=config.index.train_sample,
-            keep_embeddings=config.index.keep_embeddings,
-            exact_rerank=config.index.exact_rerank or 0,
-            nprobe=config.index.nprobe,
-            ef_search=config.index.ef_search,
-            progress=rank == 0,
-            rank=rank,
-            world_size=world_size,
-            barrier=barrier,
-        )
-    finally:
-        retriever.to(home)
+    build(
+        corpus,
+        retriever,
+        path,
+        spec=config.index.spec,
+        batch_size=config.retriever.batch_size,
+        chunk_size=config.index.chunk_size,
+        train_sample=config.index.train_sample,
+        keep_embeddings=config.index.keep_embeddings,
+        exact_rerank=config.index.exact_rerank or 0,
+        nprobe=config.index.nprobe,
+        ef_search=config.index.ef_search,
+        progress=rank == 0,
+        rank=rank,
+        world_size=world_size,
+        barrier=barrier,
+    )
     if rank == 0:  # before anything can update the run's copy
         published = publish_to_cache(path, corpus, settings)
         if published is not None:
@@ -182,15 +197,12 @@ def _make_run_index(
             )
 
 
-def build_atlas(
-    config: AtlasConfig, *, checkpoint: str | Path | None = None, with_index: bool = True, index=None
-) -> AtlasModel:
-    """Build the model a config describes; weights from `checkpoint` when given.
+def build_model(config: AtlasConfig, *, checkpoint: str | Path | None = None) -> AtlasModel:
+    """The model a config describes, with no index (`atlas.loading.load_model` gives it one); weights from
+    `checkpoint` when given.
 
     The reader is a preset built from config (random init), a local HF T5 folder, or the
     checkpoint's `reader/`; the retriever likewise from `retriever.model` or `retriever/`.
-    `index`: an opened `PassageIndex` to use as it is (then nothing is opened or built); else, with
-    `with_index`, the run's index (`build_index`: training may build it; the read paths pass `index`).
     """
     checkpoint = Path(checkpoint) if checkpoint is not None else None
     tokenizer = _reader_tokenizer(config, checkpoint)
@@ -237,8 +249,6 @@ def build_atlas(
         else:
             retriever = build_retriever(config.retriever)
         retriever.freeze_passage_side(config.retriever.train_passage_encoder)
-    if index is None and with_index and retriever is not None:
-        index = build_index(config, retriever)
     loss = build_retriever_loss(
         config.retriever.loss.name,
         temperature_gold=config.retriever.temperature_gold,
@@ -250,7 +260,7 @@ def build_atlas(
         reader=reader,
         reader_tokenizer=tokenizer,
         retriever=retriever,
-        index=index,
+        index=None,
         retriever_loss=loss,
         reader_config=config.reader,
         retriever_config=config.retriever,

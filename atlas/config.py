@@ -12,13 +12,6 @@ type), and `retriever.loss` against `retriever.losses.RETRIEVER_LOSSES` (its opt
 name as in `retriever.loss: {name: emdr, granularity: token}`, against that loss's `default_options`
 likewise; the plain `retriever.loss: emdr` means the loss's default options).
 
-Old spellings are still read, with a FutureWarning naming the new one (a checkpoint's saved config may
-hold them): the flat loss keys `retriever.emdr_granularity` and `retriever.adist_attention` (now options
-of their loss), the precision value "full" (now "fp32"), and `index.rerank_overretrieve` /
-`index.rerank` (now `index.reencode_candidates` / `index.exact_rerank`), and the decoding keys of
-`reader` (`num_beams`, `length_penalty`, `span_answers`, `generation_max_length`, `retrieval_prior`,
-`inference_precision`: now the `inference` section's). See `_upgrade_section`.
-
 A recipe may start from another: a top-level `base: OTHER.yaml` (a path relative to the file that
 names it) loads OTHER first, itself with its own `base` if it has one, and lays the file's keys over
 it: mappings merge key by key, any other value (a list included) replaces the base's. So a variant
@@ -35,7 +28,6 @@ import logging
 import os
 import types
 import typing
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union
@@ -200,6 +192,10 @@ class InferenceConfig:
     # without retrieval scores get none.
     retrieval_prior: float = 0.0
     prior_temperature: float = 0.01  # the temperature of that softmax over the passages' retrieval scores
+    # give a generated answer its spelling in the passages read (reader/surface.py: "3. 2 million" → "3.2
+    # million"); None = where the reader's tokenizer loses text in a round trip (a lower-casing WordPiece), false
+    # = decode as the tokenizer does (an imported reference model: its reference never respelled)
+    restore_surface: bool | None = None
 
 
 @dataclass
@@ -337,112 +333,15 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
     raise ConfigError(f"{source}: '{key}' must be {_type_name(tp)}, got {value!r}")
 
 
-# Old spellings still read, each with a FutureWarning naming the new one: a checkpoint stores its resolved
-# config, and configs written before a rename must still load (and resume) as they did.
-# A renamed key of a section → its new name.
-_RENAMED_KEYS: dict[type, dict[str, str]] = {
-    IndexConfig: {"rerank_overretrieve": "reencode_candidates", "rerank": "exact_rerank"},
-}
-# A flat retriever key that was an option of one loss → (that loss, its option).
-_LOSS_OPTION_KEYS: dict[str, tuple[str, str]] = {
-    "emdr_granularity": ("emdr", "granularity"),
-    "adist_attention": ("adist", "attention"),
-}
-# The precision fields, and their old values → the new ones (reader.encoder_precision.PRECISION_ALIASES; not
-# imported, so that reading a config does not import torch).
-_PRECISION_FIELDS: dict[type, str] = {
-    RetrieverConfig: "gold_precision",
-    InferenceConfig: "precision",
-    TrainingConfig: "precision",
-}
-_PRECISION_ALIASES = {"full": "fp32"}
-
-
-# Decoding keys that were the reader's, now `inference`'s (old name → new name).
-_INFERENCE_KEYS = {
-    "generation_max_length": "generation_max_length",
-    "num_beams": "num_beams",
-    "length_penalty": "length_penalty",
-    "span_answers": "span_answers",
-    "inference_precision": "precision",
-    "retrieval_prior": "retrieval_prior",
-}
-
-
-def _move_inference_keys(data: dict, where: typing.Callable[[str], str]) -> None:
-    """A config written before `inference` had its own section: its decoding keys move from `reader` to
-    `inference` (rewritten in place, as `_upgrade_section` does); the retrieval prior keeps the temperature
-    it was read at (then `retriever.temperature_score`)."""
-    reader = data.get("reader")
-    if not isinstance(reader, dict) or not any(k in reader for k in _INFERENCE_KEYS):
-        return
-    inference = data.setdefault("inference", {})
-    if not isinstance(inference, dict):
-        return  # _build refuses the section itself
-    for old, new in _INFERENCE_KEYS.items():
-        if old in reader:
-            _warn_deprecated(where(f"reader.{old}"), f"'reader.{old}'", f"'inference.{new}'")
-            inference[new] = reader.pop(old)  # set after the tree's last rewrite: it replaces the new key
-    if inference.get("retrieval_prior") and "prior_temperature" not in inference:
-        retriever = data.get("retriever") if isinstance(data.get("retriever"), dict) else {}
-        inference["prior_temperature"] = retriever.get("temperature_score", RetrieverConfig.temperature_score)
-
-
-def _warn_deprecated(where: str, old: str, new: str) -> None:
-    warnings.warn(f"{where}: {old} is deprecated; write {new}", FutureWarning, stacklevel=4)
-
-
-def _upgrade_section(cls: type, data: dict, prefix: str, where: typing.Callable[[str], str]) -> dict:
-    """The section `data` of `cls` in the current spelling; `where(key)` names the file or override of a key.
-
-    Old keys are rewritten in place, so that a later dotted override of the same tree meets the new
-    spelling and each old key is warned about once (an old key met here was set after the tree's last
-    rewrite, so its value replaces the new key's). A flat loss key whose loss is not (yet) the selected
-    one is left in the tree, since an override may still select that loss (as the flat key then did), and
-    out of the returned section. A `LossConfig` mapping is returned in its dataclass shape:
-    `{name: emdr, granularity: token}` → `{name: emdr, options: {granularity: token}}`.
-    """
-    dotted = (lambda key: f"{prefix}.{key}") if prefix else (lambda key: key)
-    if cls is AtlasConfig:
-        _move_inference_keys(data, where)
-        return data
+def _shape_section(cls: type, data: dict) -> dict:
+    """A loss as recipes write it, in its dataclass shape: the plain `loss: emdr` means the loss's default
+    options, and `{name: emdr, granularity: token}` → `{name: emdr, options: {granularity: token}}`."""
+    if cls is RetrieverConfig and isinstance(data.get("loss"), str):
+        data["loss"] = {"name": data["loss"]}
     if cls is LossConfig:
         shaped = {"options": {k: v for k, v in data.items() if k != "name"}}
         return {"name": data["name"], **shaped} if "name" in data else shaped
-    for old, new in _RENAMED_KEYS.get(cls, {}).items():
-        if old in data:
-            _warn_deprecated(where(old), f"'{dotted(old)}'", f"'{dotted(new)}'")
-            data[new] = data.pop(old)
-    name = _PRECISION_FIELDS.get(cls)
-    value = data.get(name) if name else None
-    if isinstance(value, str) and value in _PRECISION_ALIASES:
-        _warn_deprecated(where(name), f"{dotted(name)}: {value}", f"{dotted(name)}: {_PRECISION_ALIASES[value]}")
-        data[name] = _PRECISION_ALIASES[value]
-    if cls is not RetrieverConfig:
-        return data
-    if isinstance(data.get("loss"), str):  # the plain form: the loss's default options
-        data["loss"] = {"name": data["loss"]}
-    pending = set()
-    for old, (loss_name, option) in _LOSS_OPTION_KEYS.items():
-        if old not in data:
-            continue
-        loss = data.get("loss") or {}
-        if not isinstance(loss, dict):
-            continue  # _build refuses the loss itself
-        new = f"{dotted('loss')}: {{name: {loss_name}, {option}: {data[old]}}}"
-        if loss.get("name", LossConfig.name) == loss_name:
-            _warn_deprecated(where(old), f"'{dotted(old)}'", new)
-            data["loss"] = {"name": loss_name, **loss, option: data.pop(old)}
-        else:
-            # no source in the message: it is the same at every rebuild of the tree, so it is shown once
-            warnings.warn(
-                f"'{dotted(old)}' is deprecated (an option of the {loss_name} loss, unused with "
-                f"another loss); write {new}",
-                FutureWarning,
-                stacklevel=3,
-            )
-            pending.add(old)
-    return {k: v for k, v in data.items() if k not in pending}
+    return data
 
 
 def _build(cls: type, data: Any, prefix: str, source: str, origins: dict[str, str] | None = None) -> Any:
@@ -452,9 +351,7 @@ def _build(cls: type, data: Any, prefix: str, source: str, origins: dict[str, st
         raise ConfigError(
             f"{_source_of(prefix, origins, source)}: '{prefix or 'config'}' must be a mapping, got {data!r}"
         )
-    data = _upgrade_section(
-        cls, data, prefix, lambda key: _source_of(f"{prefix}.{key}" if prefix else key, origins, source)
-    )
+    data = _shape_section(cls, data)
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))

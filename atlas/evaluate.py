@@ -374,7 +374,7 @@ def _write_and_score(
         metrics = dict(task.evaluate(examples, outputs.texts, letter_probs=probabilities))
     else:
         if restore_texts:
-            _restore_texts(retrieved, model.index)
+            _restore_texts(retrieved, model.passage_index)
         metrics = dict(task.evaluate(examples, outputs.texts, retrieved=retrieved))
         if isinstance(task, KiltTask):
             report = task.official_report(examples, outputs.texts, retrieved=retrieved)

@@ -44,15 +44,16 @@ def index_retriever(
     hub id; default: the one the index records, else MiniLM), formatting and cutting passages as the index's
     manifest records (`passage_format`, `passage_maxlength`), so that its fingerprint is the index's; in eval
     mode on `device` (default `compute_device()`). The libraries' load reports show only when `verbose`."""
-    from retriever.encoder import Retriever, default_encoder_path  # heavy: torch, transformers
+    from retriever.encoder import Retriever  # heavy: torch, transformers
     from retriever.index.manifest import EncoderSettings, Manifest  # heavy: faiss
+    from tasks.modeling import encoder_source
 
     record = Manifest.load(folder).encoder if folder is not None else EncoderSettings()
     encoder = encoder or record.source or DEFAULT_ENCODER
     check_encoder_name(encoder)
     settings = record.passage_settings()
     with quiet_libraries(verbose):
-        retriever = Retriever.from_pretrained(default_encoder_path(encoder), **settings)
+        retriever = Retriever.from_pretrained(encoder_source(encoder), **settings)
     return retriever.to(device if device is not None else compute_device()).eval()
 
 

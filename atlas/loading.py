@@ -1,8 +1,10 @@
-"""One way to load a model to answer with: a name → a typed `ModelSpec` (where the weights come from, the
-index it reads, its config with the `inference` settings) → an `AtlasModel`.
+"""One way to load a model: a typed `ModelSpec` (where the weights come from, the index it reads, its config
+with the `inference` settings) → `load_model` → an `AtlasModel`. A spec comes from a name (`model_spec`) or
+from a training recipe (`recipe_spec`).
 
-Every front end loads through here: the Python API (`atlas.Atlas.from_pretrained`), `atlas ask|evaluate|serve`,
-the quickstart and the benches. Loading is a read path: it never builds an index, never reads training data
+Every caller loads through `load_model`: the Python API (`atlas.Atlas.from_pretrained`), `atlas ask|evaluate|
+serve`, training, `atlas mmlu-per-subject`, the quickstart and the benches. Loading is a read path: it never
+builds an index (that is `atlas.build.prepare_index`'s verb, called before), never reads training data
 and never writes; a run folder that was moved still finds its index (paths recorded in its config are tried
 as written, then at the same place relative to the run folder), or one line says what is missing.
 
@@ -14,6 +16,7 @@ with), a shipped reader's name (`atlas-reader`), a reader preset (random weights
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import os
@@ -30,6 +33,7 @@ from atlas.config import (
     TaskConfig,
     _build,
     apply_overrides,
+    load_config,
     validate_components,
 )
 from atlas.index import DEFAULT_ENCODER
@@ -47,13 +51,13 @@ class ModelSource:
     """Where a model's weights come from: a checkpoint folder (reader/, retriever/, config.yaml), or a reader
     (a folder, or a preset name) run with the retriever of the index it reads."""
 
-    kind: Literal["checkpoint", "reader", "preset"]
+    kind: Literal["checkpoint", "reader", "preset", "recipe"]  # recipe: built as a training config says
     path: str  # the folder (absolute), or the preset's name
     name: str  # as the user gave it
 
     @property
     def folder(self) -> Path | None:
-        return None if self.kind == "preset" else Path(self.path)
+        return None if self.kind in ("preset", "recipe") else Path(self.path)
 
 
 @dataclass(frozen=True)
@@ -66,10 +70,29 @@ class ModelSpec:
     index: Path | None
 
 
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint folder from itself, a run's output folder, or its `checkpoints/` folder."""
+    path = Path(path)
+    for root in (path, path / "checkpoints"):
+        if (root / "latest").is_file():
+            return root / (root / "latest").read_text().strip()
+    if (path / "config.yaml").is_file() and (path / "reader").is_dir():
+        return path
+    raise FileNotFoundError(
+        f"{path}: no checkpoint here (expected a checkpoint folder with reader/ and config.yaml, "
+        "or a run folder with checkpoints/latest)"
+    )
+
+
+def checkpoint_config(checkpoint: str | Path, overrides: list[str] = ()) -> AtlasConfig:
+    """The config a checkpoint was trained with, plus optional overrides."""
+    # the run's data were checked when it started; reloading its config to run it must not re-read them
+    return load_config(Path(checkpoint) / "config.yaml", list(overrides), check_data=False)
+
+
 def resolve_source(name: str | os.PathLike) -> ModelSource:
     """`name` → where its weights are (module docstring's order); FileNotFoundError naming what was looked for."""
     # heavy: torch and transformers, loaded when a model is (this module is imported by the command line)
-    from atlas.training.checkpoint import resolve_checkpoint
     from reader.fid import READER_PRESETS, WARM_START_PRESETS
 
     text = str(name)
@@ -105,17 +128,20 @@ def hub_snapshot(repo_id: str) -> Path:
     """The local folder of the Hub model repository `repo_id`: from the cache (`HF_HUB_CACHE`, else the
     default), downloaded only when the hub is online; with `HF_HUB_OFFLINE=1` a repository not in the cache
     is one error line."""
-    from huggingface_hub import snapshot_download  # heavy, and only for a Hub id
+    from huggingface_hub import constants, snapshot_download  # heavy, and only for a Hub id
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    # the library reads HF_HUB_OFFLINE when it is imported; the environment says what the user set since
+    offline = constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
     try:
         folder = snapshot_download(repo_id, cache_dir=os.environ.get("HF_HUB_CACHE") or None, local_files_only=offline)
     except LocalEntryNotFoundError:
-        raise FileNotFoundError(
-            f"{repo_id}: not a local folder, and not in the Hugging Face cache (HF_HUB_OFFLINE is set, so "
-            "nothing is downloaded)"
-        ) from None
+        why = (
+            "HF_HUB_OFFLINE is set, so nothing is downloaded"
+            if offline
+            else "the Hub could not be reached or holds no such model; nothing was downloaded"
+        )
+        raise FileNotFoundError(f"{repo_id}: not a local folder, and not in the Hugging Face cache ({why})") from None
     return Path(folder)
 
 
@@ -220,8 +246,6 @@ def model_spec(
     if index_path is not None and not (index_path / "manifest.json").is_file():
         raise FileNotFoundError(f"{index}: not an index folder (no manifest.json); build one with `atlas index build`")
     if source.kind == "checkpoint":
-        from atlas.training.checkpoint import checkpoint_config  # heavy: torch (as resolve_source)
-
         checkpoint = Path(source.path)
         config = checkpoint_config(checkpoint)
         if index_path is None:
@@ -246,16 +270,46 @@ def model_spec(
     return ModelSpec(source, config, index_path)
 
 
-def load_model(spec: ModelSpec, *, index=None, context=None):
-    """The `AtlasModel` of `spec`, in eval mode; `index`: an opened `PassageIndex` to read (else the spec's
-    index folder is opened, this rank's shard of it under `context` with `index.sharded`; nothing is ever
-    built)."""
-    from atlas.build import build_atlas, open_index  # heavy: torch, transformers, faiss
+def recipe_spec(
+    config: AtlasConfig, *, checkpoint: str | os.PathLike | None = None, index: str | os.PathLike | None = None
+) -> ModelSpec:
+    """A training recipe's model: built as `config` says, or with the weights of `checkpoint` (a run's),
+    reading the index folder `index` (default: `index.path`; a recipe's own index of `index.corpus` is
+    made first by `atlas.build.prepare_index`, which returns its folder)."""
+    if checkpoint is not None:
+        source = ModelSource("checkpoint", str(Path(checkpoint).resolve()), str(checkpoint))
+    else:
+        source = ModelSource("recipe", config.reader.model, config.reader.model)
+    index = index if index is not None else config.index.path
+    return ModelSpec(source, config, None if config.task.closed_book or not index else Path(index))
+
+
+def load_model(spec: ModelSpec, *, index=None, context=None, device=None):
+    """The one way to a model: the `AtlasModel` of `spec`, in eval mode, on `device` (default: the rank's
+    under `context`, else the first GPU, else the CPU), reading `index` (an opened `atlas.Index`, shared: its
+    edits are seen at once; the encoder that built it is checked) or else the spec's index folder (this
+    rank's shard of it under `context` with `index.sharded`). Nothing is ever built or written."""
+    from atlas.build import build_model, open_index  # heavy: torch, transformers, faiss
+    from atlas.index import Index, compute_device
 
     checkpoint = Path(spec.source.path) if spec.source.kind == "checkpoint" else None
-    model = build_atlas(spec.config, checkpoint=checkpoint, with_index=False)
-    if index is None and spec.index is not None and model.retriever is not None:
+    model = build_model(spec.config, checkpoint=checkpoint).to(device or compute_device(context))
+    settings = spec.config.index
+    if index is not None and model.retriever is not None:
+        from retriever.index.files import check_encoder  # heavy: faiss
+
+        check_encoder(
+            index.manifest,
+            model.retriever.passage_fingerprint(),
+            str(index.path),
+            allow_mismatch=settings.allow_encoder_mismatch,
+        )
+    elif index is None and spec.index is not None and model.retriever is not None:
+        # the index's own copy of the retriever embeds edited passages (and string searches), so that an edit
+        # on another thread never shares a tokenizer with answering
+        retriever = copy.deepcopy(model.retriever).eval()
         rank, world_size = (context.rank, context.world_size) if context is not None else (0, 1)
-        index = open_index(spec.index, model.retriever, spec.config.index, rank=rank, world_size=world_size)
+        opened = open_index(spec.index, retriever, settings, rank=rank, world_size=world_size)
+        index = Index(opened, retriever, allow_encoder_mismatch=settings.allow_encoder_mismatch)
     model.index = index
     return model.eval()

@@ -14,13 +14,14 @@ Shapes: B examples, K passages, L reader tokens per passage, T target tokens, d 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import nn
 
 from atlas.config import IndexConfig, InferenceConfig, ReaderConfig, RetrieverConfig
-from atlas.knnlm.dispersion import mean_pairwise_cosine_distance
+from reader.dispersion import mean_pairwise_cosine_distance
 from reader.fid import IGNORE_INDEX, FiDReader
 from reader.inputs import encode_reader_inputs, encode_targets
 from reader.span_constraint import PassageSpanConstraint
@@ -31,6 +32,9 @@ from retriever.null_document import is_null_document, null_document, with_null_d
 from tasks.base import Example
 from tasks.modeling import eval_mode
 from tasks.passage import Passage
+
+if TYPE_CHECKING:  # atlas.index imports nothing heavy, but the model only holds one
+    from atlas.index import Index
 
 # every task's target is "<extra_id_0> {answer}" (T5's span-corruption format): the answer follows it
 ANSWER_SENTINEL = "<extra_id_0>"
@@ -72,10 +76,10 @@ class Reading:
 class AtlasModel(nn.Module):
     """Retriever + index + FiD reader.
 
-    Args (keyword-only, built by `atlas.build`):
+    Args (keyword-only, built by `atlas.build`; `atlas.loading.load_model` is the way to one):
         reader: the FiD reader; reader_tokenizer: its tokenizer (T5 sentinels, eos appended).
         retriever: query/passage encoders, or None for closed-book / given-passages runs.
-        index: a `retriever.index.PassageIndex` to search, or None.
+        index: the `atlas.Index` it searches (its latest commit: an edit is seen by the next search), or None.
         retriever_loss: the loss that trains the retriever through the reader.
         reader_config, retriever_config, index_config: the run's settings (read-only).
         inference_config: how it answers (passages read, input length, decoding, precision).
@@ -87,7 +91,7 @@ class AtlasModel(nn.Module):
         reader: FiDReader,
         reader_tokenizer,
         retriever: Retriever | None,
-        index,
+        index: Index | None,
         retriever_loss: RetrieverLoss,
         reader_config: ReaderConfig,
         retriever_config: RetrieverConfig,
@@ -106,12 +110,22 @@ class AtlasModel(nn.Module):
         self.index_config = index_config
         self.inference_config = inference_config or InferenceConfig()
         self.closed_book = closed_book
-        # A tokenizer whose decoding loses the passage's characters (a WordPiece one lower-cases and splits
-        # punctuation) has its answers given their surface form in the passages; a lossless one (T5's
-        # SentencePiece) is decoded as it is, as the reference decodes it.
-        self.restores_surface = not decoding_is_lossless(reader_tokenizer)
+        self._lossless_tokenizer = decoding_is_lossless(reader_tokenizer)
+
+    @property
+    def restores_surface(self) -> bool:
+        """Whether answers are given their spelling in the passages read (`inference.restore_surface`; by
+        default where the tokenizer's decoding loses the passage's characters: a WordPiece one lower-cases and
+        splits punctuation; a lossless one, T5's SentencePiece, is decoded as it is, as the reference does)."""
+        setting = self.inference_config.restore_surface
+        return not self._lossless_tokenizer if setting is None else setting
 
     # ------------------------------------------------------------------ retrieval
+    @property
+    def passage_index(self):
+        """The `retriever.index.PassageIndex` searched: the last commit of `index` (None without one)."""
+        return None if self.index is None else self.index.current
+
     @property
     def trains_retriever(self) -> bool:
         """Whether this run sends a retriever loss (the loss is not `none` and there is an index)."""
@@ -137,7 +151,7 @@ class AtlasModel(nn.Module):
         n = k * self.index_config.filtering_overretrieve_ratio if filtering else k
         n = max(n, self.index_config.reencode_candidates)
         vectors = self.retriever.embed_queries([e.query for e in examples])  # (B, d)
-        hits = self.index.search(vectors, n)
+        hits = self.passage_index.search(vectors, n)
         results = []
         for example, example_hits, query_vector in zip(examples, hits, vectors):
             passages = [h for h in example_hits if not example.source_id or h.id != example.source_id]
@@ -158,9 +172,10 @@ class AtlasModel(nn.Module):
         """`evidence` with its retrieval score for `query_vector` (d,): read from the index's stored
         embedding where the index holds that passage (and no reranking asks for fresh ones),
         else encoded now; with its index position (`row`) where it has one."""
-        position = self.index.position_of(evidence.id)
-        if position is not None and self.index.vectors is not None and not self.index_config.reencode_candidates:
-            vector = self.index.embeddings([position])[0]
+        index = self.passage_index
+        position = index.position_of(evidence.id)
+        if position is not None and index.vectors is not None and not self.index_config.reencode_candidates:
+            vector = index.embeddings([position])[0]
         else:
             vector = self.retriever.embed_passages([evidence.fields()])[0]
         return replace(evidence, score=float(vector @ query_vector), row=evidence.row if position is None else position)
@@ -207,8 +222,9 @@ class AtlasModel(nn.Module):
         is read from the index's stored embeddings where it kept them all, else re-encoded under no-grad."""
         if any(p.requires_grad for p in self.retriever.passage_encoder.parameters()):
             return self.retriever.encode_passages([p.fields() for p in passages])
-        if self.index is not None and self.index.vectors is not None and all(p.row is not None for p in passages):
-            return torch.from_numpy(self.index.embeddings([p.row for p in passages])).to(device)
+        index = self.passage_index
+        if index is not None and index.vectors is not None and all(p.row is not None for p in passages):
+            return torch.from_numpy(index.embeddings([p.row for p in passages])).to(device)
         with torch.no_grad():
             return self.retriever.encode_passages([p.fields() for p in passages])
 
@@ -381,12 +397,7 @@ class AtlasModel(nn.Module):
         input_ids, attention_mask = self.reader_inputs(queries, read, answering=True)  # (B, K, L)
         states = self.encode_for_answers(input_ids, attention_mask)  # (B, K, L, H)
         generated = self.generate(input_ids, attention_mask, read, encoder_states=states)  # (B, T')
-        texts = decode_answers(
-            self.reader_tokenizer,
-            generated,
-            template_fields(read) if self.restores_surface else None,
-            skip_special_tokens=False,
-        )
+        texts = self.decode(generated, read)
         attention = None
         if with_attention:
             labels = generated[:, 1:].clone()
@@ -407,6 +418,12 @@ class AtlasModel(nn.Module):
             scores = self.null_document_scores(queries)  # (B,)
             read = [[replace(ps[0], score=float(score)), *ps[1:]] for ps, score in zip(read, scores)]
         return read
+
+    def decode(self, generated: torch.Tensor, passages: list[list[Passage]] | None) -> list[str]:
+        """(B, T') generated ids → their texts, sentinels kept (for the task's `postprocess`), respelled as the
+        passages read write them where `restores_surface`."""
+        fields = template_fields(passages) if self.restores_surface else None
+        return decode_answers(self.reader_tokenizer, generated, fields, skip_special_tokens=False)
 
     @torch.no_grad()
     def encode_for_answers(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

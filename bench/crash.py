@@ -210,7 +210,7 @@ def edit_trial(world: World, kind: str, delay: float, work: Path, cut: PowerCut 
     before = passages(index, world.encoder, [*world.old, *(f"n{i}" for i in range(N_EDITED))])
     trial = Trial(kind, round(delay, 3), killed_after(world.edit_args(kind, index), delay, cut))
     record_cut(trial, cut)
-    verify = atlas("index", "info", index, "--verify", check=False)
+    verify = atlas("index", "info", "--index", index, "--verify", check=False)
     if verify.returncode != 0:
         trial.problems.append(f"does not verify: {verify.stderr.strip()[-300:]}")
         return trial
@@ -243,7 +243,7 @@ def build_trial(world: World, delay: float, work: Path, cut: PowerCut | None = N
     trial = Trial("build", round(delay, 3), killed_after(args, delay, cut))
     record_cut(trial, cut)
     if (work / "index").exists():
-        verify = atlas("index", "info", work / "index", "--verify", check=False)
+        verify = atlas("index", "info", "--index", work / "index", "--verify", check=False)
         trial.outcome = "complete"
         if verify.returncode != 0:
             trial.problems.append(f"a folder that does not verify: {verify.stderr.strip()[-300:]}")

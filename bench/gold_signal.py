@@ -78,9 +78,8 @@ def softmax(x: np.ndarray) -> np.ndarray:
 
 def build_model(args):
     """The Atlas model of bench/nq824.py's recipe over its index (reader: shipped or a checkpoint)."""
-    from atlas.build import build_atlas
     from atlas.config import load_config
-    from atlas.training.checkpoint import checkpoint_config
+    from atlas.loading import checkpoint_config, load_model, recipe_spec
 
     overrides = [
         f"index.path={args.index}",
@@ -91,9 +90,9 @@ def build_model(args):
     ]
     if args.checkpoint:
         config = checkpoint_config(args.checkpoint, overrides)
-        return build_atlas(config, checkpoint=args.checkpoint)
+        return load_model(recipe_spec(config, checkpoint=args.checkpoint))
     config = load_config(None, ["retriever.model=minilm", f"reader.model={args.reader}", *overrides])
-    return build_atlas(config)
+    return load_model(recipe_spec(config))
 
 
 def measure(model, examples, args) -> dict:

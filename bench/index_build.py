@@ -32,7 +32,8 @@ sys.path.insert(0, str(ROOT))
 from index_data import NQ824_RUN, ensure_nq824_corpus, print_targets, target  # bench/index_data.py
 
 from retriever.corpus import Corpus
-from retriever.encoder import Retriever, default_encoder_path
+from retriever.encoder import Retriever
+from tasks.modeling import encoder_source
 
 
 def flops_per_sequence(config, length: int) -> float:
@@ -78,7 +79,7 @@ def main() -> None:
         ensure_nq824_corpus(args.corpus)
     corpus = Corpus.load(args.corpus)
     rows = np.sort(np.random.default_rng(0).choice(len(corpus), size=min(args.sample, len(corpus)), replace=False))
-    retriever = Retriever.from_pretrained(default_encoder_path("minilm")).to(device)
+    retriever = Retriever.from_pretrained(encoder_source("minilm")).to(device)
     encoder = retriever.passage_encoder
     texts = [retriever.format_passage(p) for p in corpus.rows(rows)]
     lengths = np.array(

@@ -69,10 +69,11 @@ def large_set(partial: bool, max_questions: int):
     from index_data import LARGE_QUESTIONS, LARGE_RUN, ensure_large_index
 
     from retriever.corpus import Corpus
-    from retriever.encoder import Retriever, default_encoder_path
+    from retriever.encoder import Retriever
     from retriever.index.manifest import Manifest
     from retriever.retrieval_eval import read_retrieval_examples
     from tasks.metrics import has_answer
+    from tasks.modeling import encoder_source
 
     folder = LARGE_RUN / "index"
     if (folder / "manifest.json").is_file() or not partial:
@@ -95,7 +96,7 @@ def large_set(partial: bool, max_questions: int):
                 examples.append(type(examples[0])(qa["question"], [a["text"] for a in qa["answers"]], []))
     examples = examples[: 2 * max_questions]
     texts = corpus.dataset["text"][: len(vectors)]
-    retriever = Retriever.from_pretrained(default_encoder_path("minilm"))
+    retriever = Retriever.from_pretrained(encoder_source("minilm"))
     queries = retriever.embed_queries([e.question for e in examples])
 
     def answer_recall_at_20(ids: np.ndarray) -> float:

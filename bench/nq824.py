@@ -136,13 +136,13 @@ def prepare(args, out: Path) -> None:
 
 def frozen_recall(args, out: Path) -> dict:
     """Answer recall@5/@20 of the untrained MiniLM retriever on the dev questions used."""
-    from atlas.build import build_atlas
     from atlas.config import load_config
     from atlas.evaluate import retrieval_metrics
+    from atlas.loading import load_model, recipe_spec
     from tasks.base import get_task
 
     config = load_config(None, base_overrides(args, out, "frozen"))
-    model = build_atlas(config)
+    model = load_model(recipe_spec(config))
     examples = get_task("qa").load(args.data / "nq824" / "dev.jsonl")[: args.max_dev]
     passages = [ps for start in range(0, len(examples), 64) for ps in model.retrieve(examples[start : start + 64], 20)]
     return retrieval_metrics(examples, passages, [5, 20])  # percent

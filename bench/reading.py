@@ -179,8 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     from atlas.demo.quickstart import format_table
     from reader.fid import FiDReader
     from reader.tokenizer import build_reader_tokenizer
-    from retriever.encoder import Retriever, default_encoder_path
+    from retriever.encoder import Retriever
     from tasks.base import get_task
+    from tasks.modeling import encoder_source
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -284,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     examples = everything
     if args.max_dev:
         examples = random.Random(args.seed).sample(everything, min(args.max_dev, len(everything)))
-    retriever = Retriever.from_pretrained(default_encoder_path("minilm")).to(device)
+    retriever = Retriever.from_pretrained(encoder_source("minilm")).to(device)
     retriever.eval()
     gold_only = [e.passages for e in examples]
     with_distractors = None if args.k1_only else distractor_passages(examples, everything, retriever, k, args.seed)

@@ -181,9 +181,10 @@ def base_data(work: Path, state: State, base_index: Path | None = None) -> dict:
     from index_data import LARGE_QUESTIONS, LARGE_RUN, ensure_large_index
 
     from retriever.corpus import Corpus
-    from retriever.encoder import Retriever, default_encoder_path
+    from retriever.encoder import Retriever
     from retriever.index.manifest import Manifest
     from retriever.retrieval_eval import read_retrieval_examples
+    from tasks.modeling import encoder_source
 
     base = work / "base"
     base.mkdir(parents=True, exist_ok=True)
@@ -197,7 +198,7 @@ def base_data(work: Path, state: State, base_index: Path | None = None) -> dict:
         for article in json.loads(LARGE_QUESTIONS[1].read_text())["data"]:
             questions += [qa["question"] for p in article["paragraphs"] for qa in p["qas"]]
         questions = questions[:2000]
-        retriever = Retriever.from_pretrained(default_encoder_path("minilm"))
+        retriever = Retriever.from_pretrained(encoder_source("minilm"))
         # the first 500 of each set, alternating: 1,000 real questions
         questions = [q for pair in zip(questions[:500], questions[1000:1500]) for q in pair]
         np.save(base / "queries.npy", retriever.embed_queries(questions).astype(np.float32))
@@ -484,7 +485,9 @@ def measure_size(size: str, n: int, base: dict, work: Path, state: State, args) 
         step(f"load_{kind}", lambda index=index: run_probe("load", index))
         step(
             f"verify_{kind}",
-            lambda index=index: {"wall_s": run_measured(atlas_cli("index", "info", index, "--verify"))["wall_s"]},
+            lambda index=index: {
+                "wall_s": run_measured(atlas_cli("index", "info", "--index", index, "--verify"))["wall_s"]
+            },
         )
     exact_ids = folder / "ids-exact.npy"
     if size == "real":
@@ -540,7 +543,7 @@ def frontends(index: Path, base: dict, folder: Path) -> dict:
 
     # the server embeds a question as the model retrieves with it, in the task's form: so does the CLI here
     questions = [get_task("qa").query(q) for q in base["questions"][:20]]
-    cli = run_measured(atlas_cli("index", "search", index, *questions, "-k", "10", "--json"))
+    cli = run_measured(atlas_cli("index", "search", "--index", index, *questions, "-k", "10", "--json"))
     by_cli = [[h["id"] for h in json.loads(line)["hits"]] for line in cli["stdout"].splitlines()]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -597,10 +600,11 @@ def edits(index: Path, base: dict, folder: Path, seed: int) -> dict:
         result[name] = {"wall_s": measured["wall_s"], "peak_rss_bytes": measured["peak_rss_bytes"]}
     # what of an edit is the encoder's: embedding 1,000 passages with MiniLM alone
     from atlas.quiet import quiet_libraries
-    from retriever.encoder import Retriever, default_encoder_path
+    from retriever.encoder import Retriever
+    from tasks.modeling import encoder_source
 
     with quiet_libraries():  # transformers' load report of MiniLM, as the CLI hides it
-        retriever = Retriever.from_pretrained(default_encoder_path("minilm"))
+        retriever = Retriever.from_pretrained(encoder_source("minilm"))
     started = time.perf_counter()
     retriever.embed_passages(added)
     result["embedding_1000_s"] = round(time.perf_counter() - started, 2)

@@ -425,7 +425,9 @@ def _serve_and_load(
         process.terminate()
         process.wait(timeout=60)
     if plan:
-        verify = subprocess.run([sys.executable, "-m", "atlas", "index", "info", str(index), "--verify"], check=False)
+        verify = subprocess.run(
+            [sys.executable, "-m", "atlas", "index", "info", "--index", str(index), "--verify"], check=False
+        )
         result["index_verifies"] = verify.returncode == 0
     return {"max_batch": max_batch, "auto_compact": auto_compact, **result}
 

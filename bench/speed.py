@@ -183,9 +183,9 @@ def embedding_paths(retriever, work: Path, batch_size: int) -> dict:
             paths[name] = lambda texts, onnx=onnx: onnx.embed_texts(texts, batch_size=batch_size, max_length=max_length)
     from sentence_transformers import SentenceTransformer
 
-    from retriever.encoder import default_encoder_path
+    from tasks.modeling import encoder_source
 
-    sentence_transformer = SentenceTransformer(default_encoder_path("minilm"), device="cpu")
+    sentence_transformer = SentenceTransformer(encoder_source("minilm"), device="cpu")
     paths["SentenceTransformer.encode"] = lambda texts: sentence_transformer.encode(texts, convert_to_numpy=True)
     return paths
 
@@ -538,11 +538,12 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     from atlas.quiet import quiet_libraries
     from retriever.corpus import Corpus
-    from retriever.encoder import Retriever, default_encoder_path
+    from retriever.encoder import Retriever
+    from tasks.modeling import encoder_source
 
     args.work.mkdir(parents=True, exist_ok=True)
     with quiet_libraries():
-        retriever = Retriever.from_pretrained(default_encoder_path("minilm")).eval()
+        retriever = Retriever.from_pretrained(encoder_source("minilm")).eval()
     corpus = Corpus.load(ensure_nq824_corpus(NQ824_RUN / "corpus"))
     corpus_texts = [retriever.format_passage(p) for p in corpus.rows(np.arange(len(corpus)))]
     sample = np.sort(np.random.default_rng(args.seed).choice(len(corpus_texts), size=args.sample, replace=False))

@@ -116,9 +116,10 @@ class ScoreSource:
     def __init__(self, kind: str, batch: int, n_passages: int, device: torch.device) -> None:
         self.kind = kind
         if kind == "minilm":
-            from retriever.encoder import ContrieverEncoder, default_encoder_path
+            from retriever.encoder import ContrieverEncoder
+            from tasks.modeling import encoder_source
 
-            self.encoder = ContrieverEncoder.from_pretrained(default_encoder_path("minilm")).to(device).train()
+            self.encoder = ContrieverEncoder.from_pretrained(encoder_source("minilm")).to(device).train()
             self.dim = self.encoder.dim
             self.query = self.encoder.tokenize(
                 [("who wrote the opera carmen and when was it first performed in paris")] * batch,

@@ -24,25 +24,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-import warnings
 
 import torch
 from torch import nn
 
 # One vocabulary for every precision setting (`training.precision`, `inference.precision`,
-# `retriever.gold_precision`); "full" is the old name of "fp32", still read with a warning
+# `retriever.gold_precision`)
 PRECISIONS = ("auto", "fp32", "bf16")
-PRECISION_ALIASES = {"full": "fp32"}
-
-
-def canonical_precision(precision: str) -> str:
-    """`precision` in the current vocabulary: an old name (`PRECISION_ALIASES`) → its new one, with a
-    FutureWarning naming the new spelling; any other value as given."""
-    if precision in PRECISION_ALIASES:
-        new = PRECISION_ALIASES[precision]
-        warnings.warn(f"precision {precision!r} is deprecated; write {new!r}", FutureWarning, stacklevel=3)
-        return new
-    return precision
 
 
 def native_bf16(device: torch.device) -> bool:
@@ -83,8 +71,7 @@ def _cpu_bf16_speedup() -> float:
 
 def resolve_precision(precision: str, encoder: nn.Module) -> str:
     """ "auto" → "bf16" where the encoder is float32 on a device with native bfloat16, else "fp32";
-    "fp32" and "bf16" as given ("full": "fp32", with a warning). ValueError for an unknown name."""
-    precision = canonical_precision(precision)
+    "fp32" and "bf16" as given. ValueError for an unknown name."""
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; valid: {list(PRECISIONS)}")
     if precision != "auto":

@@ -149,11 +149,6 @@ class FiDReader(nn.Module):
         return self.seq2seq.config
 
     @property
-    def n_decoder_layers(self) -> int:
-        """Number of decoder blocks."""
-        return len(self.seq2seq.decoder.block)
-
-    @property
     def copies_from_source(self) -> bool:
         """Whether the decoder points into the input tokens (a copy head), so that every decoder
         pass needs the encoder input ids (`source_kwargs`)."""
@@ -171,12 +166,6 @@ class FiDReader(nn.Module):
         if input_ids is None:
             raise ValueError("this reader copies from its input (copy head): pass input_ids with encoder_states")
         return {"source_ids": input_ids.reshape(input_ids.shape[0], -1), "passage_length": input_ids.shape[-1]}
-
-    def is_dropout_free(self) -> bool:
-        """True when no dropout is active in train mode, so train- and eval-mode outputs agree."""
-        return all(m.p == 0 for m in self.modules() if isinstance(m, nn.Dropout)) and (
-            self.seq2seq.config.dropout_rate == 0
-        )
 
     def encoder_is_dropout_free(self) -> bool:
         """True when the encoder applies no dropout in train mode, so that its training-pass states
@@ -484,10 +473,6 @@ class FiDReader(nn.Module):
         self.seq2seq.activation_checkpointing_enable(
             activation_checkpointing_kwargs={"use_reentrant": False, "context_fn": checkpoint_contexts}
         )
-
-    def gradient_checkpointing_disable(self) -> None:
-        """Keep activations (the default)."""
-        self.seq2seq.activation_checkpointing_disable()
 
     def save_pretrained(self, path: str | Path, overwrite: bool = False) -> None:
         """Write the reader folder atomically: a plain Hugging Face T5 folder (config.json +

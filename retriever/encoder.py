@@ -40,8 +40,7 @@ from retriever.embedding_precision import (
     resolve_embedding_precision,
 )
 from retriever.fingerprint import hash_json, hash_state_dict, hash_tokenizer
-from tasks.modeling import BERT_FAMILY, eval_mode
-from tasks.modeling import encoder_source as default_encoder_path  # the retriever's name for it (CLI, benches, tests)
+from tasks.modeling import BERT_FAMILY, encoder_source, eval_mode
 from tasks.progress import progress_bar as tqdm
 
 Pooling = Literal["mean", "cls"]
@@ -515,7 +514,7 @@ def build_retriever(config) -> Retriever:
     is set.
     """
     retriever = Retriever.from_pretrained(
-        default_encoder_path(config.model),
+        encoder_source(config.model),
         tied=config.tied,
         pooling=config.pooling,
         passage_format=config.passage_format,

@@ -32,7 +32,6 @@ Shapes: B examples, K passages, L tokens per passage, H reader width, T target t
 from __future__ import annotations
 
 import math
-import warnings
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Protocol
 
@@ -42,7 +41,7 @@ import torch.nn.functional as F
 from tasks.modeling import IGNORE_INDEX, eval_mode
 
 # How the gold pass encodes passages (`reader.encoder_precision.PRECISIONS`, not imported: retriever/ stays
-# independent of reader/); "full" is the old name of "fp32", still accepted
+# independent of reader/)
 GOLD_PRECISIONS = ("auto", "fp32", "bf16")
 
 
@@ -165,10 +164,7 @@ class RetrieverLoss(ABC):
     ) -> None:
         """gold_precision: how the gold pass encodes passages when it is not given eval-mode encoder
         states: "fp32" (the reader's own precision), "bf16" (bfloat16 autocast) or "auto" (bf16 where
-        the hardware multiplies it natively); see `reader.encoder_precision`. "full" is read as "fp32"."""
-        if gold_precision == "full":
-            warnings.warn("gold precision 'full' is deprecated; it is now called 'fp32'", FutureWarning, stacklevel=2)
-            gold_precision = "fp32"
+        the hardware multiplies it natively); see `reader.encoder_precision`."""
         if gold_precision not in GOLD_PRECISIONS:
             raise ValueError(f"unknown gold precision {gold_precision!r}; valid: {list(GOLD_PRECISIONS)}")
         self.gold_precision = gold_precision

@@ -185,13 +185,6 @@ def rouge_l(prediction: str, gold: str) -> float:
     return 2.0 * ((p_lcs * r_lcs) / (p_lcs + r_lcs + 1e-8))
 
 
-def max_rouge_l(prediction: str, golds: Iterable[str]) -> float:
-    """ROUGE-L F, maximised over several gold answers."""
-    golds = list(golds)
-    _require_golds(golds)
-    return max(rouge_l(prediction, g) for g in golds)
-
-
 # --------------------------------------------------------------------------- answer recall
 
 # DPR's SimpleTokenizer: runs of letters/digits/marks, or any single non-space, non-control char.

@@ -11,12 +11,19 @@ are written (`summary`, `search_record`, `fields`).
 from __future__ import annotations
 
 import dataclasses
+import html
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 
-@dataclass
+def shorten(text: str, limit: int = 60) -> str:
+    """`text` on one line, cut to `limit` characters with "…" where it was longer."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1].rstrip() + "…"
+
+
+@dataclass(repr=False)
 class Passage:
     """One passage as the reader reads it.
 
@@ -41,6 +48,17 @@ class Passage:
     doc_id: str | None = None
     wikipedia_id: str | None = None
     section: str | None = None
+
+    def __repr__(self) -> str:
+        """Short, for a console: id, title, the start of the text, the score (the whole text is `text`)."""
+        score = "" if self.score is None else f", score={self.score:.3f}"
+        return f"Passage(id={self.id!r}, title={self.title!r}, text={shorten(self.text)!r}{score})"
+
+    def _repr_html_(self) -> str:
+        """For a notebook: the title in bold, the start of the text, the score."""
+        score = "" if self.score is None else f" <small>(score {self.score:.3f})</small>"
+        title = f"<b>{html.escape(self.title or self.id)}</b>"
+        return f"<div>{title}{score}: {html.escape(shorten(self.text, 200))}</div>"
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> Passage:

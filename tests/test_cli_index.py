@@ -14,7 +14,8 @@ from transformers import AutoTokenizer, BertConfig, BertModel
 
 from atlas.cli import corpus as cli_corpus
 from atlas.cli import index as cli_index
-from retriever.encoder import ContrieverEncoder, Retriever, default_encoder_path
+from retriever.encoder import ContrieverEncoder, Retriever
+from tasks.modeling import encoder_source
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -40,7 +41,7 @@ def save_tiny_retriever(folder: Path, seed: int) -> Path:
     )
     encoder = ContrieverEncoder(
         BertModel(config, add_pooling_layer=False).eval(),
-        AutoTokenizer.from_pretrained(default_encoder_path("minilm")),
+        AutoTokenizer.from_pretrained(encoder_source("minilm")),
         normalize=True,
     )
     Retriever(query_encoder=encoder, passage_maxlength=64).save_pretrained(folder)
@@ -53,7 +54,7 @@ def write_docs(path: Path, docs: dict[str, str]) -> Path:
 
 
 def search_ids(capsys, index: Path, query: str, k: int) -> list[str]:
-    code, out, _ = run(capsys, "index", "search", index, query, "-k", k, "--json")
+    code, out, _ = run(capsys, "index", "search", "--index", index, query, "-k", k, "--json")
     assert code == 0
     return [h["id"] for h in json.loads(out)["hits"]]
 
@@ -120,12 +121,12 @@ def test_build_swap_add_remove_search(tmp_path, capsys):
     code, _, err = run(capsys, "index", "remove", "--index", tmp_path / "ib", "--ids", "zzz")
     assert code == 2 and "1 id(s) are not in the index" in err and "'zzz'" in err
 
-    code, out, _ = run(capsys, "index", "info", tmp_path / "ib", "--verify", "--json")
+    code, out, _ = run(capsys, "index", "info", "--index", tmp_path / "ib", "--verify", "--json")
     info = json.loads(out)
     assert code == 0 and info["count"] == 5 and info["total"] == 7 and info["spec"] == "IVF2,Flat"
     assert info["verified"] and len(info["segments"]) == 2
 
-    code, out, _ = run(capsys, "index", "search", tmp_path / "ia", "text about rivers", "-k", "2")
+    code, out, _ = run(capsys, "index", "search", "--index", tmp_path / "ia", "text about rivers", "-k", "2")
     assert code == 0 and out.startswith("query: text about rivers\n  1. [") and out.count("\n  2. [") == 1
 
 
@@ -145,7 +146,7 @@ def test_encoder_mismatch_and_evaluate_retrieval(tmp_path, capsys):
         "--out",
         tmp_path / "i",
     )
-    code, _, err = run(capsys, "index", "search", tmp_path / "i", "capital", "--encoder", other)
+    code, _, err = run(capsys, "index", "search", "--index", tmp_path / "i", "capital", "--encoder", other)
     assert code == 2 and "would not be comparable" in err and "--allow-encoder-mismatch" in err
     assert (
         run(
@@ -203,19 +204,19 @@ def test_info_verify_catches_what_a_load_does_not_hash(tmp_path, capsys):
     data = bytearray(vectors.read_bytes())
     data[-1] ^= 0x01  # one bit of one float16: same size, still a valid array
     vectors.write_bytes(bytes(data))
-    code, _, err = run(capsys, "index", "info", tmp_path / "i")
+    code, _, err = run(capsys, "index", "info", "--index", tmp_path / "i")
     assert code == 2 and "vectors.g1.npy: altered (same size, but its sampled blocks differ" in err
     # a manifest written before the sampled hashes: a load checks the size alone, --verify every byte
     manifest = json.loads((tmp_path / "i" / "manifest.json").read_text())
     for record in manifest["files"].values():
         del record["sampled_sha256"]
     (tmp_path / "i" / "manifest.json").write_text(json.dumps(manifest))
-    code, out, _ = run(capsys, "index", "info", tmp_path / "i", "--json")
+    code, out, _ = run(capsys, "index", "info", "--index", tmp_path / "i", "--json")
     assert code == 0 and json.loads(out)["verified"] is False
-    code, _, err = run(capsys, "index", "info", tmp_path / "i", "--verify")
+    code, _, err = run(capsys, "index", "info", "--index", tmp_path / "i", "--verify")
     assert code == 2 and "vectors.g1.npy: corrupted (SHA-256 differs from the manifest)" in err
     vectors.write_bytes(bytes(data[:-2]))
-    code, _, err = run(capsys, "index", "search", tmp_path / "i", "capital")
+    code, _, err = run(capsys, "index", "search", "--index", tmp_path / "i", "capital")
     assert code == 2 and "vectors.g1.npy: truncated or altered" in err
 
 
@@ -253,7 +254,7 @@ def test_encoder_runs_on_the_available_device(tmp_path, capsys, monkeypatch):
     assert (
         run(capsys, "index", "build", "--corpus", tmp_path / "c", "--encoder", encoder, "--out", tmp_path / "i")[0] == 0
     )
-    assert run(capsys, "index", "search", tmp_path / "i", "capital")[0] == 0
+    assert run(capsys, "index", "search", "--index", tmp_path / "i", "capital")[0] == 0
     data = tmp_path / "q.jsonl"
     data.write_text(json.dumps({"question": "capital of france", "answers": ["Paris"]}) + "\n")
     assert run(capsys, "evaluate-retrieval", "--index", tmp_path / "i", "--data", data)[0] == 0
@@ -427,15 +428,13 @@ def test_get_prints_passages_and_names_ids_without_one(index, tmp_path, capsys):
     )
 
 
-def test_index_is_named_by_option_or_by_the_older_positional_form(built, index, tmp_path, capsys):
+def test_index_is_named_by_option_only(built, index, tmp_path, capsys):
     by_option = atlas(capsys, "index", "search", "--index", index, "rivers", "number 3", "-k", "3", "--json")
-    by_position = atlas(capsys, "index", "search", index, "rivers", "number 3", "-k", "3", "--json")
-    assert by_option == by_position and by_option[0] == 0 and len(by_option[1].splitlines()) == 2
-    assert atlas(capsys, "index", "info", index) == atlas(capsys, "index", "info", "--index", index)
-    code, _, err = atlas(capsys, "index", "info")
-    assert code == 2 and "name one index: --index DIR" in err
-    code, _, err = atlas(capsys, "index", "search", "rivers")
-    assert code == 2 and "name the index with --index DIR" in err
+    assert by_option[0] == 0 and len(by_option[1].splitlines()) == 2
+    for argv in (["info", index], ["search", index, "rivers"]):  # the positional form of before a release
+        with pytest.raises(SystemExit) as refused:
+            atlas(capsys, "index", *argv)
+        assert refused.value.code == 2 and "the following arguments are required: --index" in capsys.readouterr().err
     code, _, _ = atlas(
         capsys,
         "index",
@@ -609,7 +608,8 @@ def test_an_index_of_vectors_embedded_elsewhere_is_the_index_built_here(tmp_path
     assert given["encoder_fingerprint"] == built["encoder_fingerprint"] and given["encoder"] == built["encoder"]
     assert given["files"]["vectors"]["sha256"] == built["files"]["vectors"]["sha256"]
     searches = [
-        run(capsys, "index", "search", tmp_path / n, "passage about c", "--json")[1] for n in ("built", "given")
+        run(capsys, "index", "search", "--index", tmp_path / n, "passage about c", "--json")[1]
+        for n in ("built", "given")
     ]
     assert json.loads(searches[0])["hits"] == json.loads(searches[1])["hits"]
 
@@ -711,12 +711,15 @@ def test_a_damaged_corpus_is_named_by_info_search_and_ask_never_a_traceback(tmp_
     arrow = tmp_path / "c" / "passages.arrow"
     original = arrow.read_bytes()
     arrow.write_bytes(original[:-40] + bytes(40))  # a same-size alteration
-    code, _, err = run(capsys, "index", "info", tmp_path / "i")
+    code, _, err = run(capsys, "index", "info", "--index", tmp_path / "i")
     assert code == 2 and "passages.arrow: altered (same size, but its sampled blocks differ" in err
-    code, _, err = run(capsys, "index", "info", tmp_path / "i", "--verify")
+    code, _, err = run(capsys, "index", "info", "--index", tmp_path / "i", "--verify")
     assert code == 2 and "passages.arrow: its contents are not the ones prepared" in err
     arrow.write_bytes(original[:2000])  # truncate -s 2000
-    for argv in (["index", "info", tmp_path / "i"], ["index", "search", tmp_path / "i", "rivers"]):
+    for argv in (
+        ["index", "info", "--index", tmp_path / "i"],
+        ["index", "search", "--index", tmp_path / "i", "rivers"],
+    ):
         code, _, err = run(capsys, *argv)
         assert code == 2 and err.count("\n") == 1, err
         assert f"{arrow}: 2000 bytes where the index" in err and "truncated or altered" in err

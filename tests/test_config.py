@@ -333,45 +333,6 @@ def test_the_saved_config_is_flat(tmp_path):
 
 # --- a loss's own options, one precision vocabulary, index names that say what they do (old spellings kept)
 
-OLD_CHECKPOINT_CONFIG = """\
-# config.yaml as save_config wrote it before the loss options, precision names and index names changed
-retriever:
-  model: minilm
-  pooling: null
-  passage_format: '{title} {text}'
-  query_maxlength: 64
-  passage_maxlength: 256
-  tied: false
-  train_passage_encoder: false
-  loss: emdr
-  temperature_gold: 0.1
-  temperature_score: 0.05
-  emdr_granularity: token
-  adist_attention: auto
-  gold_precision: full
-  n_context: 40
-  batch_size: 64
-index:
-  corpus: null
-  path: null
-  spec: Flat
-  nprobe: 32
-  ef_search: 128
-  train_sample: 262144
-  keep_embeddings: false
-  refresh: never
-  rerank_overretrieve: 20
-  rerank: 100
-  filtering_overretrieve_ratio: 2
-  allow_encoder_mismatch: false
-  chunk_size: 8192
-  sharded: false
-reader:
-  inference_precision: full
-training:
-  precision: fp32
-"""
-
 
 def test_a_loss_takes_its_options_beside_its_name(tmp_path):
     config = load_config(write(tmp_path, "retriever:\n  loss: {name: emdr, granularity: token}\n"))
@@ -397,87 +358,21 @@ def test_dotted_overrides_reach_the_loss_name_and_options(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "flat, nested",
+    "text, message",
     [
-        (
-            "retriever:\n  loss: emdr\n  emdr_granularity: token\n",
-            "retriever:\n  loss: {name: emdr, granularity: token}\n",
-        ),
-        (
-            "retriever:\n  loss: adist\n  adist_attention: copy\n",
-            "retriever:\n  loss: {name: adist, attention: copy}\n",
-        ),
-        ("reader:\n  inference_precision: full\n", "inference:\n  precision: fp32\n"),
-        ("reader:\n  num_beams: 4\n  span_answers: true\n", "inference:\n  num_beams: 4\n  span_answers: true\n"),
-        (
-            "retriever:\n  temperature_score: 0.1\nreader:\n  retrieval_prior: 1.0\n  generation_max_length: 9\n",
-            (
-                "retriever:\n  temperature_score: 0.1\n"
-                "inference:\n  retrieval_prior: 1.0\n  prior_temperature: 0.1\n  generation_max_length: 9\n"
-            ),
-        ),
-        ("retriever:\n  gold_precision: full\n", "retriever:\n  gold_precision: fp32\n"),
-        ("training:\n  precision: full\n", "training:\n  precision: fp32\n"),
-        ("index:\n  rerank_overretrieve: 20\n", "index:\n  reencode_candidates: 20\n"),
-        ("index:\n  rerank: 100\n", "index:\n  exact_rerank: 100\n"),
+        ("retriever:\n  loss: emdr\n  emdr_granularity: token\n", "unknown key 'retriever.emdr_granularity'"),
+        ("reader:\n  num_beams: 4\n", "unknown key 'reader.num_beams'"),
+        ("index:\n  rerank: 100\n", "unknown key 'index.rerank' .*exact_rerank"),
+        ("training:\n  precision: full\n", "'training.precision' must be one of"),
+        ("retriever:\n  gold_precision: full\n", "'retriever.gold_precision' must be one of"),
     ],
 )
-def test_old_spellings_resolve_to_the_new_config_with_a_warning(tmp_path, flat, nested):
-    old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
-    old.write_text(flat)
-    new.write_text(nested)
-    with pytest.warns(FutureWarning, match=r"old\.yaml: .* is deprecated; write "):
-        resolved = load_config(old)
-    assert resolved == load_config(new)
-
-
-def test_old_flat_loss_keys_work_as_overrides_in_any_order():
-    expected = load_config(None, ["retriever.loss={name: emdr, granularity: token}"])
-    for overrides in (
-        ["retriever.loss=emdr", "retriever.emdr_granularity=token"],
-        ["retriever.emdr_granularity=token", "retriever.loss=emdr"],
-    ):  # as the flat key did
-        with pytest.warns(FutureWarning) as caught:
-            assert load_config(None, overrides) == expected
-        assert any(
-            "retriever.emdr_granularity' is deprecated; write retriever.loss: {name: emdr, granularity: token}"
-            in str(w.message)
-            for w in caught
-        )
-    # a flat key of another loss is unused, as it was
-    with pytest.warns(FutureWarning, match="an option of the emdr loss, unused with another loss"):
-        config = load_config(None, ["retriever.loss=adist", "retriever.emdr_granularity=token"])
-    assert (config.retriever.loss.name, config.retriever.loss.options) == ("adist", {"attention": "auto"})
-
-
-def test_an_old_checkpoint_config_loads_and_saves_in_the_new_spelling(tmp_path):
-    old = tmp_path / "checkpoint" / "config.yaml"
-    old.parent.mkdir()
-    old.write_text(OLD_CHECKPOINT_CONFIG)
-    with pytest.warns(FutureWarning) as caught:
-        config = load_config(old, check_data=False)
-    named = " ".join(str(w.message) for w in caught)
-    for key in (
-        "retriever.emdr_granularity",
-        "retriever.gold_precision",
-        "index.rerank_overretrieve",
-        "index.rerank'",
-        "reader.inference_precision",
-    ):
-        assert key in named
-    assert (config.retriever.loss.name, config.retriever.loss.options) == ("emdr", {"granularity": "token"})
-    assert (config.retriever.temperature_gold, config.retriever.temperature_score) == (0.1, 0.05)
-    assert (config.retriever.gold_precision, config.inference.precision) == ("fp32", "fp32")
-    assert (config.index.reencode_candidates, config.index.exact_rerank) == (20, 100)
-    save_config(config, tmp_path / "run" / "config.yaml")
-    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
-    assert saved["retriever"]["loss"] == {"name": "emdr", "granularity": "token"}
-    assert not {"emdr_granularity", "adist_attention"} & set(saved["retriever"])
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the new spelling reloads without a deprecation warning
-        assert load_config(tmp_path / "run" / "config.yaml", check_data=False) == config
+def test_spellings_from_before_a_release_are_refused_naming_the_key(tmp_path, text, message):
+    """Keys and values this project renamed before it shipped are not rewritten: one error names the file and key."""
+    path = tmp_path / "old.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=r"old\.yaml.*" + message):
+        load_config(path)
 
 
 @pytest.mark.parametrize(

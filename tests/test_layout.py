@@ -22,10 +22,11 @@ ATLAS_CORE = (
     "atlas.distributed",
     "atlas.index",
     "atlas.quiet",
+    "atlas.loading",
 )
-# The Python API (`atlas.Atlas` and the loading it does) sits on training (it fine-tunes with the recipe) and
-# under every front end, which calls it.
-PYTHON_API = ("atlas.api", "atlas.loading")
+# The Python API (`atlas.Atlas`) sits on training (it fine-tunes with the recipe) and under every front end,
+# which calls it; loading is core, below training, which loads through it too.
+PYTHON_API = ("atlas.api",)
 FRONT_ENDS = ("atlas.cli", "atlas.serve", "atlas.demo", "atlas.importing")
 
 # (who, what it must not import): `who` and `what` are module names or prefixes of them

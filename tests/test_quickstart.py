@@ -53,9 +53,8 @@ def test_replace_fact_replaces_whole_words_in_any_case_only():
 def tiny_atlas(tiny_world, index):
     """`atlas.Atlas` over a random t5-tiny reader and the tiny world's encoder, reading the index at `index`."""
     from atlas.api import Atlas
-    from atlas.build import build_atlas
     from atlas.config import load_config
-    from atlas.index import Index
+    from atlas.loading import load_model, recipe_spec
 
     config = load_config(
         None,
@@ -66,8 +65,7 @@ def tiny_atlas(tiny_world, index):
             "retriever.loss=none",
         ],
     )
-    model = build_atlas(config)
-    return Atlas(model, config, index=Index(model.index, model.retriever))
+    return Atlas(load_model(recipe_spec(config)), config)
 
 
 def test_edit_passage_updates_the_index_in_place(tiny_world, tmp_path):

@@ -6,14 +6,13 @@ A handler takes the parsed arguments and returns the exit code. Heavy libraries 
 inside the handlers so that `atlas --help` stays quick.
 """
 
-# Lazy imports: main() and quiet_libraries() import the config, the task errors and transformers when a
+# Lazy imports: main() imports the config, the task errors and (quietening them) transformers when a
 # command runs, so that building the parser (`atlas --help`, an argument error) loads none of them.
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import signal
 import sys
 import threading
@@ -45,22 +44,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def quiet_libraries(verbose: bool) -> None:
-    """Our own progress bars and log lines say what is happening; unless `verbose`, the libraries'
-    per-file progress bars, transformers' load reports (the pooler MiniLM carries and the encoders
-    leave unused) and faiss's probe of CPU-specific builds ("No module named
-    'faiss.swigfaiss_avx512'", then the generic build loads) are hidden."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    if verbose:
-        hf_logging.set_verbosity_info()
-        logging.getLogger("faiss").setLevel(logging.INFO)
-    else:
-        hf_logging.set_verbosity_error()
-        logging.getLogger("faiss").setLevel(logging.WARNING)
-
-
 def _first_undecodable(argv: list[str]) -> str | None:
     """Where an argument is not UTF-8 (Python hands such bytes over as lone surrogates): "argument N is not
     UTF-8: byte 0xFF at byte position P", for the first one; None when all are text."""
@@ -75,6 +58,7 @@ def _first_undecodable(argv: list[str]) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `atlas` console script; returns the process exit code."""
     from atlas.config import ConfigError
+    from atlas.quiet import quiet_libraries
     from tasks.io import InputError
     from tasks.progress import close_progress_bars
 
@@ -98,10 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0 if args.command is None else 2
-    quiet_libraries(verbose)
     previous = _terminate_as_interrupt()
     try:
-        return int(args.func(args) or 0)
+        with quiet_libraries(verbose):  # the libraries' own noise; our bars and log lines say what happens
+            return int(args.func(args) or 0)
     # ArithmeticError: a training loss that is not finite (atlas.training.loop.NonFiniteLoss)
     except (InputError, ConfigError, ValueError, FileNotFoundError, FileExistsError, ArithmeticError) as e:
         close_progress_bars()  # the error is the last line, not a bar an interrupted loop left open

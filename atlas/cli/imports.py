@@ -126,5 +126,5 @@ def _atlas_index(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         restart=args.restart,
     )
-    print(f"corpus written to {corpus}, index to {index}; check it with `atlas index info {index} --verify`")
+    print(f"corpus written to {corpus}, index to {index}; check it with `atlas index info --index {index} --verify`")
     return 0

@@ -81,15 +81,9 @@ def _unknown_id_hint(error: KeyError, values: list[str]) -> KeyError:
     return KeyError(f"{error.args[0]} ({files[0]} is a file: write @{files[0]} to read ids from it)")
 
 
-def _add_index_argument(parser: argparse.ArgumentParser, *, positional_alias: bool = False) -> None:
-    """`--index DIR` (required), or for search/info also the older positional form."""
-    parser.add_argument(
-        "--index",
-        metavar="DIR",
-        required=not positional_alias,
-        help="the index folder (made by `atlas index build`)"
-        + ("; the older positional form is still accepted" if positional_alias else ""),
-    )
+def _add_index_argument(parser: argparse.ArgumentParser) -> None:
+    """`--index DIR` (required)."""
+    parser.add_argument("--index", metavar="DIR", required=True, help="the index folder (made by `atlas index build`)")
 
 
 def _add_encoder_arguments(parser: argparse.ArgumentParser, *, default: str | None) -> None:
@@ -122,7 +116,6 @@ def _add_precision_argument(parser: argparse.ArgumentParser) -> None:
 def _add_rerank_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--exact-rerank",
-        "--rerank",  # its name before it took the config's (index.exact_rerank)
         dest="exact_rerank",
         type=int,
         default=None,
@@ -162,8 +155,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `index` command group and `evaluate-retrieval` to the `atlas` parser.
 
     Every subcommand names its index with `--index DIR` (`build` writes a new one: `--out DIR`,
-    or `--index DIR`); `search` and `info` also take it as their first positional argument, the
-    older form."""
+    or `--index DIR`)."""
     # long: the parsers of the index subcommands, declared in one place as argparse reads best: each block is its
     # subcommand's arguments
     index = subparsers.add_parser(
@@ -198,7 +190,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build.add_argument("--keep-embeddings", action="store_true", help="also keep the float16 embeddings")
     build.add_argument(
         "--exact-rerank",
-        "--rerank",  # its name before it took the config's (index.exact_rerank)
         dest="exact_rerank",
         type=int,
         default=0,
@@ -326,13 +317,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     get.set_defaults(func=_get)
 
     search = command("search", "print the top-k passages for queries")
-    _add_index_argument(search, positional_alias=True)
-    search.add_argument(
-        "queries",
-        nargs="+",
-        metavar="QUERY",
-        help="queries (older form: INDEX QUERY...: the first is the index folder)",
-    )
+    _add_index_argument(search)
+    search.add_argument("queries", nargs="+", metavar="QUERY", help="queries")
     search.add_argument("-k", type=int, default=5, help="passages per query")
     search.add_argument("--corpus", help="the base corpus's folder if it moved since the build")
     search.add_argument("--nprobe", type=int, default=None, help="IVF lists probed; default: the index's own")
@@ -346,8 +332,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     search.set_defaults(func=_search)
 
     info = command("info", "summarise an index (its whole manifest with --json) and check its files")
-    _add_index_argument(info, positional_alias=True)
-    info.add_argument("positional_index", nargs="?", metavar="INDEX", help="the index folder (older form of --index)")
+    _add_index_argument(info)
     info.add_argument("--json", action="store_true", help="print the whole manifest and sizes as JSON")
     info.add_argument(
         "--verify", action="store_true", help="also check every file's SHA-256, its corpora' passages files included"
@@ -593,17 +578,8 @@ def _get(args: argparse.Namespace) -> int:
     return 0
 
 
-def _resolve_search_index(args: argparse.Namespace) -> None:
-    """`search --index DIR QUERY...`, or the older `search INDEX QUERY...`."""
-    if args.index is None:
-        if len(args.queries) < 2:
-            raise ValueError("name the index with --index DIR (and give at least one query)")
-        args.index, args.queries = args.queries[0], args.queries[1:]
-
-
 @_reports_errors
 def _search(args: argparse.Namespace) -> int:
-    _resolve_search_index(args)
     if args.sharded:
         from atlas.distributed import init_distributed, shutdown
         from atlas.index import compute_device
@@ -636,10 +612,7 @@ def _info(args: argparse.Namespace) -> int:
     from retriever.index.files import check_file, open_corpus
     from retriever.index.manifest import Manifest
 
-    given = [i for i in (args.index, args.positional_index) if i is not None]
-    if not given or (len(given) == 2 and Path(given[0]) != Path(given[1])):
-        raise ValueError("name one index: --index DIR (or the older positional INDEX)")
-    folder = given[0]
+    folder = args.index
     manifest = Manifest.load(folder)
     for record in manifest.file_records():  # sizes and sampled blocks always; contents with --verify
         check_file(Path(folder), manifest, record, verify_hash=args.verify)

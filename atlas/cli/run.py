@@ -165,7 +165,7 @@ def _evaluate(args: argparse.Namespace) -> int:
                 f"{args.checkpoint} is a reader, not a run: it has no index of its own; give --index IDX "
                 "(an index folder made by `atlas index build`)"
             )
-        model = load_model(spec, context=context).to(context.device)
+        model = load_model(spec, context=context)
         config = spec.config
         task = get_task(config.task.name, **config.task.options)
         folder = Path(spec.source.path)

@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import load_file
 
 from atlas.config import load_config
-from atlas.training.checkpoint import resolve_checkpoint
+from atlas.loading import resolve_checkpoint
 from reader.fid import FiDReader
 from reader.inputs import encode_reader_inputs
 from reader.surface import decode_answers

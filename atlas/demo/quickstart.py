@@ -24,10 +24,9 @@ from pathlib import Path
 import numpy as np
 
 from atlas.api import Atlas
-from atlas.build import build_atlas
 from atlas.config import AtlasConfig, load_config
 from atlas.evaluate import evaluate
-from atlas.loading import SHIPPED_READER
+from atlas.loading import SHIPPED_READER, load_model, recipe_spec
 from atlas.training.data import load_training_examples
 from atlas.training.loop import train as train_model
 from retriever.corpus import prepare_corpus
@@ -742,7 +741,9 @@ def _evaluate_and_fine_tune(
     def evaluate_before() -> dict:
         echo(f"[3/6] evaluating {reader_name} before fine-tuning on {len(examples)} dev questions of {data.dev}")
         clock.start()
-        metrics = evaluate(build_atlas(config), task, data.dev, config.evaluation, out_dir=out / "eval-before")
+        metrics = evaluate(
+            load_model(recipe_spec(config)), task, data.dev, config.evaluation, out_dir=out / "eval-before"
+        )
         clock.lap("eval_before")
         return metrics
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, BertConfig, T5Config
@@ -44,6 +45,7 @@ from transformers import AutoTokenizer, BertConfig, T5Config
 from atlas.config import AtlasConfig, LossConfig, save_config, validate_components
 from atlas.importing.safe_pickle import load_torch_file
 from atlas.importing.weights import bert_from_state_dict, read_config_file, t5_from_state_dict
+from atlas.loading import READER_SETTINGS_FILE
 from reader.cross_attention_bias import CROSS_BIAS_KEY, has_cross_attention_bias
 from reader.fid import FiDReader
 from reader.t5_untied import UntiedT5ForConditionalGeneration
@@ -202,6 +204,7 @@ def config_from_options(opt: Any, *, tied: bool, closed_book: bool, source: str)
         generation_max_length=reference_new_tokens(_option(opt, "generation_max_length", REFERENCE_MAX_LENGTH)),
         num_beams=int(_option(opt, "generation_num_beams", base.inference.num_beams)),
         length_penalty=float(_option(opt, "generation_length_penalty", base.inference.length_penalty)),
+        restore_surface=False,  # the reference decodes with the tokenizer alone, whatever the tokenizer
     )
     refresh = str(_option(opt, "refresh_index", "-1"))
     index = dataclasses.replace(
@@ -545,7 +548,8 @@ def import_fid_reader(
     src: str | Path, out: str | Path, *, tokenizer: str | None = None, overwrite: bool = False
 ) -> Path:
     """Import a facebookresearch/FiD reader folder (config.json + FiDT5 weights) as a plain
-    HF T5 reader folder at `out` (with the reader tokenizer), usable as `reader.model=OUT`.
+    HF T5 reader folder at `out` (with the reader tokenizer), usable as `reader.model=OUT`; its `atlas.yaml`
+    keeps answers decoded as the reference decoded them (`inference.restore_surface: false`).
 
     tokenizer: a local tokenizer folder (default: `src` when it holds one). Written atomically.
     """
@@ -567,6 +571,8 @@ def import_fid_reader(
             os.replace(item, tmp / item.name)
         (tmp / "reader").rmdir()
         reader_tokenizer.save_pretrained(str(tmp))
+        settings = {"inference": {"restore_surface": False}}  # FiD decodes with the tokenizer alone
+        atomic_write_text(tmp / READER_SETTINGS_FILE, yaml.safe_dump(settings, sort_keys=False))
         atomic_write_json(
             tmp / "import.json",
             {

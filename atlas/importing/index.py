@@ -34,7 +34,7 @@ import torch
 from numpy.lib.format import open_memmap
 
 from atlas.importing.safe_pickle import load_plain_pickle, load_torch_file
-from atlas.training.checkpoint import resolve_checkpoint
+from atlas.loading import resolve_checkpoint
 from retriever.corpus import prepare_corpus
 from retriever.encoder import Retriever
 from retriever.index.build import BLOCK_ROWS, PROGRESS, build_index, work_dir_for

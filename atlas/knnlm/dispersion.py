@@ -10,7 +10,8 @@ Tokens can be subsampled (`sample_fraction`) to bound time rather than memory.
 Higher dispersion goes with lower perplexity, and the most dispersed layer is a good kNN-LM
 key ("On the predictive power of representation dispersion in language models"). The same
 quantity on a training batch gives the auxiliary loss L = CE − μ · dispersion (`reader.dispersion_weight`
-= μ; atlas/model.py computes it with `mean_pairwise_cosine_distance`).
+= μ; atlas/model.py computes it with `reader.dispersion.mean_pairwise_cosine_distance`, which lives beside the
+reader whose decoder states it reads, so that the model never reaches into this room).
 """
 
 from __future__ import annotations
@@ -21,23 +22,6 @@ from torch import nn
 from torch.nn import functional as F
 
 from atlas.knnlm.lm import ARCHITECTURES, KeyedLM, architecture_of
-
-
-def mean_pairwise_cosine_distance(hidden: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Mean of 1 − cos over all ordered pairs i ≠ j of the rows of hidden (..., d), differentiable.
-
-    mask (...) bool/0-1 selects rows (e.g. non-padding tokens). Needs at least 2 rows.
-    """
-    flat = hidden.reshape(-1, hidden.shape[-1])
-    if mask is not None:
-        flat = flat[mask.reshape(-1).bool()]
-    count = flat.shape[0]
-    if count < 2:
-        raise ValueError(f"dispersion needs at least 2 vectors, got {count}")
-    unit = F.normalize(flat, dim=-1)
-    total = unit.sum(dim=0)
-    mean_cosine = (total.pow(2).sum() - unit.pow(2).sum()) / (count * (count - 1))
-    return 1.0 - mean_cosine
 
 
 class DispersionAccumulator:

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from atlas.config import AtlasConfig, config_to_dict, load_config, save_config
+from atlas.loading import resolve_checkpoint
 from tasks.io import atomic_directory, atomic_write_text
 
 logger = logging.getLogger(__name__)
@@ -146,20 +147,6 @@ def disk_report(output_dir: str | Path, checkpoint: str | Path, *, keep_last: in
     }
 
 
-def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint folder from itself, a run's output folder, or its `checkpoints/` folder."""
-    path = Path(path)
-    for root in (path, path / "checkpoints"):
-        if (root / "latest").is_file():
-            return root / (root / "latest").read_text().strip()
-    if (path / "config.yaml").is_file() and (path / "reader").is_dir():
-        return path
-    raise FileNotFoundError(
-        f"{path}: no checkpoint here (expected a checkpoint folder with reader/ and config.yaml, "
-        "or a run folder with checkpoints/latest)"
-    )
-
-
 def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
     if isinstance(tree, dict):
         return {k: v for key, value in tree.items() for k, v in _flat(value, f"{prefix}{key}.").items()}
@@ -212,12 +199,6 @@ def load_training_state(checkpoint: str | Path) -> dict[str, Any]:
             f"weights instead: atlas train {Path(checkpoint) / 'config.yaml'} training.output_dir=DIR …"
         )
     return torch.load(path, map_location="cpu", weights_only=True)
-
-
-def checkpoint_config(checkpoint: str | Path, overrides: list[str] = ()) -> AtlasConfig:
-    """The config a checkpoint was trained with, plus optional overrides."""
-    # the run's data were checked when it started; reloading its config to run it must not re-read them
-    return load_config(Path(checkpoint) / "config.yaml", list(overrides), check_data=False)
 
 
 def global_batch_size(batch_size: int, accumulation_steps: int, world_size: int) -> int:

@@ -30,7 +30,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 
-from atlas.build import build_atlas
+from atlas.build import prepare_index
 from atlas.config import AtlasConfig, save_config
 from atlas.distributed import (
     DistributedContext,
@@ -39,15 +39,14 @@ from atlas.distributed import (
     no_sync_unless,
 )
 from atlas.evaluate import evaluate, recall_drops, retriever_recall
+from atlas.loading import checkpoint_config, load_model, recipe_spec, resolve_checkpoint
 from atlas.model import AtlasModel
 from atlas.training.checkpoint import (
-    checkpoint_config,
     claim_run_folder,
     config_for_world_size,
     disk_report,
     global_batch_size,
     load_training_state,
-    resolve_checkpoint,
     save_checkpoint,
     set_rng_state,
 )
@@ -308,7 +307,9 @@ class TrainingRecipe:
         if self.prebuilt is not None:
             self.model = model = self.prebuilt.to(context.device)
         else:
-            self.model = model = build_atlas(config, checkpoint=self.checkpoint).to(context.device)
+            index = prepare_index(config, checkpoint=self.checkpoint)  # built (or linked from the cache) once
+            spec = recipe_spec(config, checkpoint=self.checkpoint, index=index)
+            self.model = model = load_model(spec, context=context)
         if context.is_main:
             atomic_write_json(self.output_dir / "train_examples.json", [e.id for e in examples])
         self.optimizers = make_optimizers(model, config)
@@ -470,7 +471,7 @@ class TrainingRecipe:
         config = self.config
         refresh_index(
             self.model,
-            self.model.index.corpora[0].path,
+            self.model.passage_index.corpora[0].path,
             self.output_dir / "index-refreshed",
             config.index,
             batch_size=config.retriever.batch_size,

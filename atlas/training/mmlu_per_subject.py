@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from atlas.config import AtlasConfig, save_config
 from atlas.distributed import DistributedContext, init_distributed
-from atlas.training.checkpoint import resolve_checkpoint
+from atlas.loading import resolve_checkpoint
 from tasks.base import Example, get_task
 from tasks.io import InputError, atomic_write_json, read_jsonl, write_jsonl
 
@@ -79,19 +79,16 @@ def _subject_config(config: AtlasConfig, out: Path, subject: str, dev: Path, ind
 def _shared_index(config: AtlasConfig, out: Path) -> str | None:
     """The index every subject searches: `index.path`, or `index.corpus` built once as OUT/index.
 
-    All ranks call this: under torchrun `atlas.build.build_index` builds the index with every
+    All ranks call this: under torchrun `atlas.build.prepare_index` builds the index with every
     rank embedding its share of the corpus (and agrees on whether it already exists).
     """
     if config.index.path is not None or not config.index.corpus or config.task.closed_book:
         return config.index.path
-    # heavy: transformers and faiss (the model and index stack), only when an index is built here
-    from atlas.build import build_index
-    from retriever.encoder import build_retriever
+    from atlas.build import prepare_index  # heavy: transformers and faiss, only when an index is built here
 
     built = copy.deepcopy(config)
     built.training.output_dir = str(out)
-    build_index(built, build_retriever(config.retriever))  # builds OUT/index unless it exists, opens it
-    return str(out / "index")
+    return str(prepare_index(built))  # builds OUT/index unless it exists
 
 
 def _on_rank0(value: bool, context: DistributedContext) -> bool:
@@ -139,8 +136,8 @@ def run_per_subject(
     `evaluation.max_examples`, when set, limits each subject's test questions).
     """
     # heavy: transformers (the model stack), loaded when the subjects are trained, not when this module is imported
-    from atlas.build import build_atlas
     from atlas.evaluate import evaluate
+    from atlas.loading import load_model, recipe_spec
     from atlas.training.loop import train
 
     if config.task.name != "mmlu":
@@ -165,7 +162,7 @@ def run_per_subject(
             logger.info("[%d/%d] %s: training on %s", n, len(files), subject, dev)
         train(subject_config, progress=progress, context=context)
         checkpoint = resolve_checkpoint(subject_config.training.output_dir)
-        model = build_atlas(subject_config, checkpoint=checkpoint).to(context.device)
+        model = load_model(recipe_spec(subject_config, checkpoint=checkpoint), context=context)
         recorded = copy.deepcopy(subject_config)
         recorded.task.eval_data = [str(test)]
         evaluate(

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from atlas.build import open_index
 from atlas.distributed import DistributedContext
+from atlas.index import Index
 from retriever.index.build import build_index
 from tasks.modeling import eval_mode
 
@@ -62,7 +63,8 @@ def refresh_index(
     batch_size: int = 64,
     context: DistributedContext | None = None,
 ):
-    """Re-embed `corpus_path` with the model's current passage encoder into `out`; swap it in.
+    """Re-embed `corpus_path` with the model's current passage encoder into `out`; swap it in (→ the new
+    `atlas.Index`, which searches with the model's own retriever).
 
     Under torchrun (`context`, an `atlas.distributed.DistributedContext`) the ranks share the
     embedding work and rank 0 writes the folder; every rank then loads it (sharded again
@@ -89,6 +91,6 @@ def refresh_index(
             world_size=context.world_size,
             barrier=context.barrier,
         )
-    index = open_index(out, model.retriever, index_config, rank=context.rank, world_size=context.world_size)
-    model.index = index
-    return index
+    opened = open_index(out, model.retriever, index_config, rank=context.rank, world_size=context.world_size)
+    model.index = Index(opened, model.retriever, allow_encoder_mismatch=index_config.allow_encoder_mismatch)
+    return model.index

@@ -55,6 +55,58 @@ def test_the_api_answers_with_evidence_one_or_many(world):
         model.answer(["ok?", "  "])
 
 
+def test_answer_names_what_it_takes_and_batches_a_long_list_with_a_progress_bar(world, capsys):
+    model = world["model"]
+    with pytest.raises(TypeError, match=r"a question \(str\) or a list of questions \(list\[str\]\), not int: 42"):
+        model.answer(42)
+    with pytest.raises(ValueError, match="no questions given"):
+        model.answer([])
+    with pytest.raises(ValueError, match="batch_size must be a positive integer, got 0"):
+        model.answer(["a question?"], batch_size=0)
+    questions = [q["question"] for q in world["questions"][:5]]
+    capsys.readouterr()
+    whole = [a.text for a in model.answer(questions, batch_size=8)]
+    assert "answering" not in capsys.readouterr().err  # one batch: no bar
+    batched = model.answer(questions, batch_size=2)
+    assert [a.text for a in batched] == whole and [a.question for a in batched] == questions
+    assert "answering" in capsys.readouterr().err  # three batches: a bar
+    model.answer(questions, batch_size=2, progress=False)
+    assert "answering" not in capsys.readouterr().err
+
+
+def test_an_answer_prints_short_and_as_html():
+    from tasks.passage import Passage
+
+    passages = [Passage(id=f"p{n}", title=f"T{n}", text="word " * 200, score=1.0 - n / 10) for n in range(5)]
+    answer = atlas.Answer("What is the capital of Biole?", "Varn", passages, attention=[0.6, 0.1, 0.1, 0.1, 0.1])
+    shown = repr(answer)
+    assert shown == (
+        "Answer(question='What is the capital of Biole?', text='Varn', "
+        "passages=['p0' (1.000), 'p1' (0.900), 'p2' (0.800), … 2 more])"
+    )
+    page = answer._repr_html_()
+    assert page.count("<li>") == 5 and "<b>Varn</b>" in page and "attention 60%" in page and "word " * 200 not in page
+
+
+def test_a_missing_hub_model_says_why_it_is_missing(tmp_path):
+    """Online, a Hub id that is not cached and cannot be fetched is one line that does not blame HF_HUB_OFFLINE
+    (before: "HF_HUB_OFFLINE is set" whether or not it was); offline, it says so."""
+    import os
+    import subprocess
+    import sys
+
+    script = "import atlas; atlas.Atlas.from_pretrained('someone/missing')"
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env |= {"HF_HUB_CACHE": str(tmp_path), "HF_ENDPOINT": "http://127.0.0.1:9"}  # a closed port: no network
+    run = {"env": env, "capture_output": True, "text": True, "timeout": 300}
+    online = subprocess.run([sys.executable, "-c", script], check=False, **run)
+    assert "someone/missing: not a local folder, and not in the Hugging Face cache" in online.stderr
+    assert "HF_HUB_OFFLINE" not in online.stderr and "could not be reached" in online.stderr
+    env["HF_HUB_OFFLINE"] = "1"
+    offline = subprocess.run([sys.executable, "-c", script], check=False, **run)
+    assert "(HF_HUB_OFFLINE is set, so nothing is downloaded)" in offline.stderr
+
+
 def test_python_ask_evaluate_and_the_server_give_the_same_answers(world, tmp_path, capsys):
     """One answer path: the same questions, the same answers from every front end."""
     from atlas.serve.service import AtlasService, Question

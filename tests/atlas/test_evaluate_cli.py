@@ -32,7 +32,7 @@ def read_jsonl(path: Path) -> list[dict]:
 def real_world(shared_data, tiny_encoder_path, tmp_path_factory):
     """Slices of the real files, a corpus whose pages are the HotpotQA slice's gold pages (so
     provenance and R-precision are exercised), its index, and a tiny-reader checkpoint."""
-    from atlas.build import build_atlas
+    from atlas.loading import load_model, recipe_spec
     from atlas.training.checkpoint import save_checkpoint
     from retriever.corpus import prepare_corpus
     from retriever.encoder import build_retriever
@@ -85,7 +85,7 @@ def real_world(shared_data, tiny_encoder_path, tmp_path_factory):
             "evaluation.batch_size=8",
         ],
     )
-    model = build_atlas(config)
+    model = load_model(recipe_spec(config))
     checkpoint = save_checkpoint(root / "run", 0, model=model, config=config, training_state={})
     return {
         "root": root,

@@ -25,7 +25,7 @@ QUESTIONS = [  # 5 examples over 2 ranks: shares of 2 and 3, the first padded to
 
 @pytest.mark.slow
 def test_two_ranks_write_what_one_process_writes(tiny_world, tmp_path):
-    from atlas.build import build_atlas
+    from atlas.loading import load_model, recipe_spec
     from atlas.training.checkpoint import save_checkpoint
 
     data = tmp_path / "qa.jsonl"
@@ -45,7 +45,9 @@ def test_two_ranks_write_what_one_process_writes(tiny_world, tmp_path):
             "evaluation.batch_size=2",
         ],
     )
-    checkpoint = save_checkpoint(tmp_path / "run", 0, model=build_atlas(config), config=config, training_state={})
+    checkpoint = save_checkpoint(
+        tmp_path / "run", 0, model=load_model(recipe_spec(config)), config=config, training_state={}
+    )
 
     assert main(["evaluate", str(checkpoint), "--data", str(data), "--out", str(tmp_path / "one")]) == 0
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

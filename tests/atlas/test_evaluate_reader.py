@@ -115,13 +115,12 @@ def test_zero_shot_evaluate_of_the_shipped_reader_writes_predictions_and_metrics
 
 @needs_reader
 def test_zero_shot_scores_are_the_quickstarts_no_fine_tuning_scores(demo_index, tmp_path):
-    """The quickstart's "no fine-tuning" row is `evaluate(build_atlas(quickstart_config(…)), …)`: the
+    """The quickstart's "no fine-tuning" row is `evaluate(load_model(recipe_spec(quickstart_config(…))), …)`: the
     same answers as `atlas evaluate atlas-reader` on the same questions and index (the reader's own settings,
     its folder's atlas.yaml, are the recipe's)."""
-    from atlas.build import build_atlas
     from atlas.demo.quickstart import demo_data, quickstart_config
     from atlas.evaluate import evaluate
-    from atlas.loading import model_spec
+    from atlas.loading import load_model, model_spec, recipe_spec
     from tasks.base import get_task
 
     quickstart = quickstart_config(demo_index["root"], demo_data())  # its index: demo_index["root"] / "index"
@@ -133,7 +132,7 @@ def test_zero_shot_scores_are_the_quickstarts_no_fine_tuning_scores(demo_index, 
         assert getattr(mine.retriever, key) == getattr(quickstart.retriever, key), key
     assert mine.evaluation.max_examples is None
 
-    before = evaluate(build_atlas(quickstart), get_task("qa"), demo_index["dev"], quickstart.evaluation)
+    before = evaluate(load_model(recipe_spec(quickstart)), get_task("qa"), demo_index["dev"], quickstart.evaluation)
     out = tmp_path / "zero-shot"
     assert (
         main(

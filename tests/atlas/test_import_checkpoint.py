@@ -248,7 +248,7 @@ def test_round_trip_logits_embeddings_and_config(tmp_path, reader_tokenizer_dir,
         assert not torch.allclose(got_q, got_p)
 
     # the options that matter, mapped
-    from atlas.training.checkpoint import checkpoint_config
+    from atlas.loading import checkpoint_config
 
     config = checkpoint_config(folder)
     assert (config.retriever.tied, config.retriever.loss.name, config.retriever.pooling) == (
@@ -284,7 +284,7 @@ def test_gold_score_modes_map_to_losses(mode, loss):
 def test_closed_book_checkpoint_imports_without_a_retriever(tmp_path, reader_tokenizer_dir):
     """A --closed_book run saved reader tensors only: a run folder without retriever/, closed-book;
     the same tensors under options that say it retrieved are refused, naming the file."""
-    from atlas.training.checkpoint import checkpoint_config
+    from atlas.loading import checkpoint_config
     from reader.tokenizer import build_reader_tokenizer
 
     t5 = tiny_t5(len(build_reader_tokenizer(reader_tokenizer_dir)))
@@ -479,6 +479,10 @@ def test_fid_reader_folder_imports_with_the_same_logits(tmp_path, reader_tokeniz
         ).logits
     torch.testing.assert_close(logits, plain_t5_logits(t5, ids, decoder_ids), rtol=0, atol=0)
     assert build_reader_tokenizer(tmp_path / "out").get_vocab() == tokenizer.get_vocab()
+    # run as a reader folder, it answers as FiD decoded: with the tokenizer alone, nothing respelled
+    from atlas.loading import model_spec
+
+    assert model_spec(tmp_path / "out").config.inference.restore_surface is False
 
 
 def test_contriever_layout_folder_loads_and_pools_the_same(tmp_path, tiny_encoder_path):

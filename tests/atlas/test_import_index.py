@@ -131,7 +131,7 @@ def test_cli_import_then_index_info_verify(tmp_path, reference_index, tiny_encod
         str(tiny_encoder_path),
     ]
     assert main(args) == 0
-    assert main(["index", "info", str(out["index_out"]), "--verify"]) == 0
+    assert main(["index", "info", "--index", str(out["index_out"]), "--verify"]) == 0
     assert main(args) == 2  # outputs exist: refused, untouched
     assert "already exists" in capsys.readouterr().err
 

@@ -149,7 +149,7 @@ def imported_atlas(tmp_path_factory, t5_tokenizer_dir, tiny_encoder_path) -> dic
 
 
 def test_every_conversion_is_recorded(imported_atlas):
-    from atlas.training.checkpoint import checkpoint_config
+    from atlas.loading import checkpoint_config
 
     folder = imported_atlas["folder"]
     record = json.loads((folder / "import.json").read_text())
@@ -234,11 +234,10 @@ def atlas_inputs(model) -> tuple[torch.Tensor, torch.Tensor]:
 def test_reader_logits_and_generations_are_the_references(imported_atlas):
     """The imported run, built as `atlas evaluate` builds it, reads the reference's prompts to the
     reference's logits and generates the reference's answers: 7 new tokens for its max_length 8."""
-    from atlas.build import build_atlas
-    from atlas.training.checkpoint import checkpoint_config
+    from atlas.loading import load_model, model_spec
 
     folder = imported_atlas["folder"]
-    model = build_atlas(checkpoint_config(folder), checkpoint=folder, with_index=False).eval()
+    model = load_model(model_spec(folder))
     input_ids, mask = atlas_inputs(model)
     decoder_ids = torch.tensor([[0, 52, 40, 7, 22], [0, 52, 9, 31, 5]])
     with torch.no_grad():
@@ -561,3 +560,43 @@ def test_fid_adist_gold_scores_include_the_bias(imported_fid):
             total += (probs * values.norm(dim=-1).unsqueeze(1)).mean(0).sum(0)
         want = total.view(ids.shape[1], -1).sum(-1) / (len(capture) * labels.shape[1])
         assert relative_error(got[b], want) < RTOL
+
+
+def test_an_imported_reader_whose_tokenizer_loses_text_answers_as_the_reference_decoded(tmp_path, tiny_encoder_path):
+    """A small SentencePiece vocabulary without "-" and "'" loses text in a round trip (they become <unk>), as
+    a lower-casing WordPiece does; the reference still decoded its answers with the tokenizer alone. The imported
+    run's saved settings turn respelling off: generated "talat crown" (▁tal at ▁crown) stays "talat crown", not
+    the passage's "tal at crown", and "sthi" stays "sthi" (before: `atlas evaluate` printed "tal at crown" and
+    "s t hi")."""
+    import yaml
+
+    from atlas.loading import load_model, model_spec
+    from reader.surface import decoding_is_lossless
+    from tasks.base import get_task
+    from tasks.passage import Passage
+
+    chars = list("abcdefghijklmnopqrstuvwxyz0123456789.")
+    vocab = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁", -5.0), ("▁tal", -2.0), ("▁crown", -2.0)]
+    vocab += [("▁" + c, -6.0) for c in chars] + [(c, -8.0) for c in chars] + [("at", -3.0), ("hi", -3.0)]
+    vocab += [(f"<extra_id_{i}>", 0.0) for i in range(N_SENTINELS - 1, -1, -1)]
+    T5Tokenizer(vocab=vocab, extra_ids=N_SENTINELS).save_pretrained(str(tmp_path / "spm"))
+    query, _ = bert_pair(tiny_encoder_path, untied=False)
+    src = write_atlas_checkpoint(tmp_path / "ref", tiny_t5(len(vocab), seed=3), query, None, module=True)
+    folder = import_atlas_checkpoint(
+        src, tmp_path / "run", reader_tokenizer=str(tmp_path / "spm"), retriever_tokenizer=str(tiny_encoder_path)
+    )
+    model = load_model(model_spec(folder))
+    tokenizer = model.reader_tokenizer
+    assert not decoding_is_lossless(tokenizer)  # the case: a tokenizer that loses text
+    assert not model.restores_surface
+    assert yaml.safe_load((folder / "config.yaml").read_text())["inference"]["restore_surface"] is False
+    pieces = [
+        ["<pad>", "<extra_id_0>", "▁tal", "at", "▁crown", "</s>"],
+        ["<pad>", "<extra_id_0>", "▁s", "t", "hi", "</s>"],
+    ]
+    generated = torch.tensor([tokenizer.convert_tokens_to_ids(p) for p in pieces])
+    passages = [[Passage(id="a", title="", text="the tal at crown")], [Passage(id="b", title="", text="an s t hi")]]
+    texts = model.decode(generated, passages)
+    answers = [get_task("qa").postprocess(None, t) for t in texts]
+    assert answers == [tokenizer.decode(ids, skip_special_tokens=True).strip() for ids in generated.tolist()]
+    assert answers == ["talat crown", "sthi"]

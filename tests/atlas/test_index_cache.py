@@ -1,5 +1,5 @@
 """A run given `index.corpus` reuses an index already built from the same corpus with the same
-passage encoder and index settings (atlas.build.build_index, the cache beside the corpus), and
+passage encoder and index settings (atlas.build.prepare_index, the cache beside the corpus), and
 builds anew when any of them differs; `index.path` wins over `index.corpus`."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from atlas.build import build_index
+from atlas.build import open_index, prepare_index
 from atlas.config import load_config
 from retriever.encoder import build_retriever
 from retriever.index import build as index_build
@@ -33,7 +33,8 @@ def run_config(world, corpus: Path, out: Path, *overrides: str):
 
 def open_run_index(world, corpus: Path, out: Path, *overrides: str):
     config = run_config(world, corpus, out, *overrides)
-    return build_index(config, build_retriever(config.retriever))
+    retriever = build_retriever(config.retriever)
+    return open_index(prepare_index(config, retriever=retriever), retriever, config.index)
 
 
 @pytest.fixture
@@ -173,7 +174,7 @@ def test_index_path_wins_over_index_corpus(tiny_world, corpus, tmp_path, builds,
 BUILD_SCRIPT = r"""
 import json, sys
 from pathlib import Path
-from atlas.build import build_index
+from atlas.build import open_index, prepare_index
 from atlas.config import AtlasConfig, IndexConfig, RetrieverConfig, TrainingConfig
 from atlas.distributed import init_distributed, shutdown
 from retriever.encoder import build_retriever
@@ -189,7 +190,7 @@ def counting(passages, **kwargs):
     embedded.extend(p["id"] for p in passages)
     return original(passages, **kwargs)
 retriever.embed_passages = counting
-index = build_index(config, retriever)
+index = open_index(prepare_index(config, retriever=retriever), retriever, config.index)
 hits = [[h.id for h in q] for q in index.search(["capital of zorbland"], 3)]
 Path(out_dir, f"report-{context.rank}.json").write_text(json.dumps({"embedded": embedded, "count": len(index),
                                                                     "hits": hits}))

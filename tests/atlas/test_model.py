@@ -10,18 +10,20 @@ from tasks.passage import Passage
 
 
 def _model(tiny_world):
-    from atlas.build import build_atlas
     from atlas.config import load_config
+    from atlas.loading import load_model, recipe_spec
 
-    return build_atlas(
-        load_config(
-            None,
-            [
-                f"retriever.model={tiny_world['encoder']}",
-                f"index.path={tiny_world['index']}",
-                "reader.model=t5-tiny",
-                "retriever.loss=none",
-            ],
+    return load_model(
+        recipe_spec(
+            load_config(
+                None,
+                [
+                    f"retriever.model={tiny_world['encoder']}",
+                    f"index.path={tiny_world['index']}",
+                    "reader.model=t5-tiny",
+                    "retriever.loss=none",
+                ],
+            )
         )
     )
 
@@ -54,14 +56,14 @@ def test_evidence_outside_the_index_is_encoded_and_inside_it_read_from_the_index
     model = _model(tiny_world)
     query = "The capital of Zorbland"
     query_vector = model.retriever.embed_queries([query])[0]
-    inside = model.index.passages([3])[0]
+    inside = model.passage_index.passages([3])[0]
     scored = model._scored_evidence(Passage(id=inside["id"], title=inside["title"], text=inside["text"]), query_vector)
-    assert scored.row == 3 and model.index.position_of(inside["id"]) == 3
-    stored = model.index.embeddings([3])[0]
+    assert scored.row == 3 and model.passage_index.position_of(inside["id"]) == 3
+    stored = model.passage_index.embeddings([3])[0]
     assert scored.score == float(stored @ query_vector)  # the stored vector, bit for bit
     outside = Passage(id="new", title="Nowhere", text="Nothing is indexed about this.")
     scored = model._scored_evidence(outside, query_vector)
-    assert scored.row is None and model.index.position_of("new") is None
+    assert scored.row is None and model.passage_index.position_of("new") is None
     assert np.isclose(scored.score, float(model.retriever.embed_passages([outside.fields()])[0] @ query_vector))
 
 
@@ -95,8 +97,8 @@ def test_gold_scores_reuse_the_training_pass_only_where_it_is_exact(tiny_world, 
     passages nobody encoded yet. With encoder dropout on, every scored passage is encoded again."""
     import torch
 
-    from atlas.build import build_atlas
     from atlas.config import load_config
+    from atlas.loading import load_model, recipe_spec
     from tasks.base import get_task
 
     examples = get_task("qa").load(tiny_world["qa"])[:2]
@@ -104,22 +106,24 @@ def test_gold_scores_reuse_the_training_pass_only_where_it_is_exact(tiny_world, 
     losses, calls = {}, {}
     for encoder_dropout in (False, True):
         overrides = [o.format(encoder=tiny_world["encoder"]) for o in READERS[reader]]
-        model = build_atlas(
-            load_config(
-                None,
-                [
-                    f"retriever.model={tiny_world['encoder']}",
-                    f"index.path={tiny_world['index']}",
-                    *overrides,
-                    "retriever.loss=pdist",
-                    f"retriever.n_context={n_scored}",
-                    f"reader.n_context={n_read}",
-                    "reader.dropout=0.1",
-                    f"reader.encoder_dropout={str(encoder_dropout).lower()}",
-                    "reader.text_maxlength=48",
-                    "training.seed=3",
-                    "retriever.gold_precision=fp32",
-                ],
+        model = load_model(
+            recipe_spec(
+                load_config(
+                    None,
+                    [
+                        f"retriever.model={tiny_world['encoder']}",
+                        f"index.path={tiny_world['index']}",
+                        *overrides,
+                        "retriever.loss=pdist",
+                        f"retriever.n_context={n_scored}",
+                        f"reader.n_context={n_read}",
+                        "reader.dropout=0.1",
+                        f"reader.encoder_dropout={str(encoder_dropout).lower()}",
+                        "reader.text_maxlength=48",
+                        "training.seed=3",
+                        "retriever.gold_precision=fp32",
+                    ],
+                )
             )
         )
         model.train()
@@ -161,30 +165,32 @@ def test_gold_scores_reuse_the_training_pass_only_where_it_is_exact(tiny_world, 
 def test_span_answers_are_spans_of_the_passages_each_question_read(tiny_world, reader):
     """`inference.span_answers: true`: whatever an untrained reader writes, `read` answers with a stretch
     of a passage its question read (and without the switch it does not)."""
-    from atlas.build import build_atlas
     from atlas.config import load_config
+    from atlas.loading import load_model, recipe_spec
     from tasks.base import get_task
 
     examples = get_task("qa").load(tiny_world["qa"])[:4]
     overrides = [o.format(encoder=tiny_world["encoder"]) for o in READERS[reader]]
     answers = {}
     for span_answers in (True, False):
-        model = build_atlas(
-            load_config(
-                None,
-                [
-                    f"retriever.model={tiny_world['encoder']}",
-                    f"index.path={tiny_world['index']}",
-                    *overrides,
-                    "retriever.loss=none",
-                    "reader.n_context=2",
-                    "reader.text_maxlength=48",
-                    "inference.num_beams=2",
-                    "inference.length_penalty=0.0",
-                    "inference.generation_max_length=5",
-                    f"inference.span_answers={str(span_answers).lower()}",
-                    "training.seed=1",
-                ],
+        model = load_model(
+            recipe_spec(
+                load_config(
+                    None,
+                    [
+                        f"retriever.model={tiny_world['encoder']}",
+                        f"index.path={tiny_world['index']}",
+                        *overrides,
+                        "retriever.loss=none",
+                        "reader.n_context=2",
+                        "reader.text_maxlength=48",
+                        "inference.num_beams=2",
+                        "inference.length_penalty=0.0",
+                        "inference.generation_max_length=5",
+                        f"inference.span_answers={str(span_answers).lower()}",
+                        "training.seed=1",
+                    ],
+                )
             )
         ).eval()
         passages = model.passages_for(examples, model.n_read)

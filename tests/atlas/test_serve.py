@@ -302,7 +302,7 @@ def test_an_edit_changes_the_answer_at_once_and_is_committed_on_disk(client, ser
     on_disk = PassageIndex.load(service.index.folder)  # what a restart would serve
     assert on_disk.passages([on_disk.position_of("country-dreagriodros")])[0]["text"] == text
     assert len(on_disk) == before["passages"]
-    assert atlas_main(["index", "info", str(service.index.folder), "--verify"]) == 0
+    assert atlas_main(["index", "info", "--index", str(service.index.folder), "--verify"]) == 0
 
 
 def test_add_update_remove_in_one_atomic_edit(client):
@@ -391,7 +391,7 @@ def test_the_server_compacts_its_index_between_batches_and_no_result_changes(cli
         answer["evidence"],
         after["generation"],
     )
-    assert atlas_main(["index", "info", str(service.index.folder), "--verify"]) == 0
+    assert atlas_main(["index", "info", "--index", str(service.index.folder), "--verify"]) == 0
 
 
 def test_an_edit_while_another_process_writes_the_index_is_answered_503(client, service):
@@ -430,7 +430,7 @@ def test_a_bounded_load_with_interleaved_edits_loses_nothing(live_url, service):
     checked = bench.check_edits(live_url, plan, before)
     assert checked["lost_edits"] == [] and checked["passages"] == checked["expected_passages"]
     assert len(service.index) == checked["passages"] == service.index.manifest.count
-    assert atlas_main(["index", "info", str(service.index.folder), "--verify"]) == 0
+    assert atlas_main(["index", "info", "--index", str(service.index.folder), "--verify"]) == 0
 
 
 def httpx_get(url: str) -> dict:

@@ -71,14 +71,14 @@ def test_a_replace_that_dies_around_its_commit_leaves_the_old_or_the_new_index(t
         assert after == before  # nothing of the edit
     else:
         assert after == {**before, "p1": "The capital of Zorbland is Lorient.", "p9": "A new passage."}
-    assert atlas_main(["index", "info", str(folder), "--verify"]) == 0
+    assert atlas_main(["index", "info", "--index", str(folder), "--verify"]) == 0
     # and the next edit goes through (the dead one's left-over files are no obstacle)
     new_file.write_text(json.dumps({"id": "p1", "title": "Zorbland", "text": "Its capital is Brest."}) + "\n")
     update.add_passages(
         folder, update.read_passage_files([new_file])[0], retriever, chunk_words=0, progress=False, remove=["p1"]
     )
     assert _live_texts(folder)["p1"] == "Its capital is Brest."
-    assert atlas_main(["index", "info", str(folder), "--verify"]) == 0
+    assert atlas_main(["index", "info", "--index", str(folder), "--verify"]) == 0
 
 
 def test_replacing_an_id_that_is_not_live_changes_nothing(tiny_world, tmp_path):
@@ -157,7 +157,7 @@ def test_kill_9_of_the_server_during_an_edit_then_restart(tmp_path_factory, tmp_
     assert after == before or (
         len(after) == len(before) + 31 and after["country-biole"] == edit["update"][0]["text"]
     ), "a half-applied edit"
-    assert atlas_main(["index", "info", str(index), "--verify"]) == 0
+    assert atlas_main(["index", "info", "--index", str(index), "--verify"]) == 0
 
     server = bench.start_server(run, index, port=port, max_batch=8, log=tmp_path / "server-2.log")
     try:
@@ -174,4 +174,4 @@ def test_kill_9_of_the_server_during_an_edit_then_restart(tmp_path_factory, tmp_
     finally:
         server.terminate()
         server.wait(timeout=60)
-    assert atlas_main(["index", "info", str(index), "--verify"]) == 0
+    assert atlas_main(["index", "info", "--index", str(index), "--verify"]) == 0

@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
-from atlas.build import build_atlas
 from atlas.cli import main
 from atlas.config import load_config, save_config
+from atlas.loading import load_model, recipe_spec
 from atlas.training.loop import lr_multiplier, train
 from tasks.base import get_task
 
@@ -149,7 +149,7 @@ def test_gradient_accumulation_divides_the_loss(tiny_world, tmp_path):
             *overrides,
         )
         torch.manual_seed(0)
-        model = build_atlas(config)
+        model = load_model(recipe_spec(config))
         task = get_task("qa")
         examples = task.load(tiny_world["qa"])[:2]
         targets = ["<extra_id_0> alpha beta", "<extra_id_0> gamma delta"]
@@ -167,7 +167,7 @@ def test_gradient_accumulation_divides_the_loss(tiny_world, tmp_path):
 
 def test_retriever_loss_sends_no_gradient_into_the_reader(tiny_world, tmp_path):
     config = tiny_config(tiny_world, tmp_path / "g", "retriever.loss=adist")
-    model = build_atlas(config)
+    model = load_model(recipe_spec(config))
     model.train()
     examples = get_task("qa").load(tiny_world["qa"])[:2]
     losses = model.losses(examples, ["<extra_id_0> Quimper", "<extra_id_0> Belmont"])
@@ -182,11 +182,11 @@ def test_closed_book_and_given_passages(tiny_world, tmp_path):
     from tasks.base import Example
     from tasks.passage import Passage
 
-    model = build_atlas(tiny_config(tiny_world, tmp_path / "cb", "task.closed_book=true"))
+    model = load_model(recipe_spec(tiny_config(tiny_world, tmp_path / "cb", "task.closed_book=true")))
     assert model.retriever is None and model.passages_for([], 3) is None
     ids, _ = model.reader_inputs(["question: x answer: <extra_id_0>"], None)
     assert ids.shape[:2] == (1, 1)
-    model = build_atlas(tiny_config(tiny_world, tmp_path / "gp"))
+    model = load_model(recipe_spec(tiny_config(tiny_world, tmp_path / "gp")))
     given = [{"id": "g1", "title": "T", "text": "given text"}, {"id": "g2", "title": "U", "text": "more"}]
     example = Example(id="e", query="q", target=None, answers=[], passages=given)
     assert model.passages_for([example], 1) == [[Passage(id="g1", title="T", text="given text")]]
@@ -195,7 +195,7 @@ def test_closed_book_and_given_passages(tiny_world, tmp_path):
 def test_trivial_retrievals_are_filtered(tiny_world, tmp_path):
     from tasks.base import Example
 
-    model = build_atlas(tiny_config(tiny_world, tmp_path / "f"))
+    model = load_model(recipe_spec(tiny_config(tiny_world, tmp_path / "f")))
     plain = Example(id="e", query="Zorbland capital Quimper", target=None, answers=[])
     own = model.retrieve([plain], 5)[0]
     top = own[0].id
@@ -205,7 +205,7 @@ def test_trivial_retrievals_are_filtered(tiny_world, tmp_path):
 
 
 def test_retriever_scores_match_index_inner_products(tiny_world, tmp_path):
-    model = build_atlas(tiny_config(tiny_world, tmp_path / "s"))
+    model = load_model(recipe_spec(tiny_config(tiny_world, tmp_path / "s")))
     model.eval()
     from tasks.base import Example
 
@@ -374,7 +374,9 @@ def test_full_retriever_training_refreshes_the_index(tiny_world, tmp_path):
 def test_dispersion_auxiliary_loss(tiny_world, tmp_path):
     """total = CE − μ·dispersion, dispersion = mean pairwise cosine distance of final decoder
     states over target tokens, checked against a brute-force pairwise loop."""
-    model = build_atlas(tiny_config(tiny_world, tmp_path / "d", "reader.dispersion_weight=0.5", "retriever.loss=none"))
+    model = load_model(
+        recipe_spec(tiny_config(tiny_world, tmp_path / "d", "reader.dispersion_weight=0.5", "retriever.loss=none"))
+    )
     model.eval()
     examples = get_task("qa").load(tiny_world["qa"])[:2]
     targets = ["<extra_id_0> Quimper", "<extra_id_0> Anna Brook"]
@@ -419,7 +421,7 @@ def test_the_training_log_guards_the_retrievers_answer_recall(tiny_world, tmp_pa
     overrides = ("reader.n_context=1", "training.steps=4", "training.save_every=2", "training.eval_every=2")
     config = tiny_config(tiny_world, tmp_path / "run", *overrides)
     examples = get_task("qa").load(tiny_world["qa"])
-    untrained = build_atlas(config).eval()
+    untrained = load_model(recipe_spec(config)).eval()
     retrieved = untrained.retrieve(examples, 3)
     by_hand = {
         k: 100
@@ -470,7 +472,7 @@ def test_a_retrieval_prior_needs_a_copy_head_and_a_non_negative_weight(tiny_worl
     with pytest.raises(
         ValueError, match="inference.retrieval_prior weights a copy head's pointer; this reader has no copy head"
     ):
-        build_atlas(tiny_config(tiny_world, tmp_path / "run", "inference.retrieval_prior=1.0"))
+        load_model(recipe_spec(tiny_config(tiny_world, tmp_path / "run", "inference.retrieval_prior=1.0")))
 
 
 def test_a_loss_that_is_not_finite_stops_the_run_before_it_reaches_the_weights(tiny_world, tmp_path):

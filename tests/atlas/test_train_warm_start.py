@@ -9,9 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from atlas.build import build_atlas
 from atlas.config import load_config
-from atlas.training.checkpoint import checkpoint_config
+from atlas.loading import checkpoint_config, load_model, recipe_spec
 from atlas.training.loop import train
 
 
@@ -54,11 +53,11 @@ def warm_config(world, out, *overrides):
 @pytest.mark.parametrize("loss", ["adist", "pdist", "emdr", "loop"])
 def test_every_retriever_loss_trains_the_query_encoder_through_the_warm_started_reader(tiny_world, tmp_path, loss):
     config = warm_config(tiny_world, tmp_path / "run", f"retriever.loss={loss}", "training.steps=2")
-    model = build_atlas(config)
+    model = load_model(recipe_spec(config))
     before = [p.detach().clone() for p in model.retriever.query_encoder.parameters()]
     summary = train(config, progress=False)
     assert all(torch.isfinite(torch.tensor(summary["losses"])))
-    trained = build_atlas(checkpoint_config(summary["checkpoint"]), checkpoint=summary["checkpoint"])
+    trained = load_model(recipe_spec(checkpoint_config(summary["checkpoint"]), checkpoint=summary["checkpoint"]))
     moved = [not torch.equal(a, b) for a, b in zip(before, trained.retriever.query_encoder.parameters())]
     assert any(moved)
 
@@ -68,8 +67,8 @@ def test_frozen_blocks_stay_the_base_and_the_checkpoint_holds_only_the_rest(tiny
     stored = load_file(str(tmp_path / "run" / "checkpoints" / "step-000004" / "reader" / "model.safetensors"))
     assert any("encoder.layer.1." in name for name in stored)
     assert not any("encoder.layer.0." in name or "embeddings" in name for name in stored)
-    trained = build_atlas(checkpoint_config(summary["checkpoint"]), checkpoint=summary["checkpoint"])
-    base = build_atlas(warm_config(tiny_world, tmp_path / "fresh", "retriever.loss=none"))
+    trained = load_model(recipe_spec(checkpoint_config(summary["checkpoint"]), checkpoint=summary["checkpoint"]))
+    base = load_model(recipe_spec(warm_config(tiny_world, tmp_path / "fresh", "retriever.loss=none")))
     frozen = "encoder.model.encoder.layer.0.attention.self.query.weight"
     top = "encoder.model.encoder.layer.1.attention.self.query.weight"
     t_state, b_state = trained.reader.seq2seq.state_dict(), base.reader.seq2seq.state_dict()
@@ -80,7 +79,7 @@ def test_the_reader_encoder_gets_its_own_learning_rate(tiny_world, tmp_path):
     from atlas.training.loop import make_optimizers
 
     config = warm_config(tiny_world, tmp_path / "run")
-    model = build_atlas(config)
+    model = load_model(recipe_spec(config))
     reader_opt = make_optimizers(model, config).reader
     encoder = {id(p) for p in model.reader.seq2seq.encoder.parameters()}
     rates = {(g["lr"], all(id(p) in encoder for p in g["params"])) for g in reader_opt.param_groups}
@@ -148,7 +147,7 @@ def test_answers_weigh_the_retrievers_ranking_with_a_retrieval_prior(tiny_world,
         config = warm_config(
             tiny_world, tmp_path / "run", f"inference.retrieval_prior={weight}", "inference.prior_temperature=0.1"
         )
-        model = build_atlas(config).eval()
+        model = load_model(recipe_spec(config)).eval()
         seen = []
         hook = model.reader.seq2seq.copy_head.register_forward_hook(
             lambda _m, _args, kwargs, _out, seen=seen: seen.append(kwargs["log_prior"]), with_kwargs=True

@@ -13,9 +13,9 @@ from atlas.knnlm.dispersion import (
     DispersionAccumulator,
     default_dispersion_keys,
     layer_dispersion,
-    mean_pairwise_cosine_distance,
     recommend_key,
 )
+from reader.dispersion import mean_pairwise_cosine_distance
 
 
 def brute_force_dispersion(vectors: np.ndarray) -> float:

@@ -44,12 +44,14 @@ def test_shared_tokens_get_the_projected_rows_and_the_others_keep_theirs():
 
 
 def test_build_atlas_starts_a_preset_from_minilm_and_refuses_a_folder(tmp_path):
-    from atlas.build import build_atlas
     from atlas.config import load_config
+    from atlas.loading import load_model, recipe_spec
 
-    plain = build_atlas(load_config(None, ["reader.model=t5-tiny", "task.closed_book=true"]))
-    started = build_atlas(
-        load_config(None, ["reader.model=t5-tiny", "task.closed_book=true", "reader.init_embeddings=minilm"])
+    plain = load_model(recipe_spec(load_config(None, ["reader.model=t5-tiny", "task.closed_book=true"])))
+    started = load_model(
+        recipe_spec(
+            load_config(None, ["reader.model=t5-tiny", "task.closed_book=true", "reader.init_embeddings=minilm"])
+        )
     )
     vocab = started.reader_tokenizer.get_vocab()
     the, paris, sentinel = vocab["the"], vocab["paris"], vocab["<extra_id_0>"]
@@ -60,14 +62,16 @@ def test_build_atlas_starts_a_preset_from_minilm_and_refuses_a_folder(tmp_path):
     assert e[paris] @ e[vocab["london"]] > e[paris] @ e[the] + 0.2
     started.reader.save_pretrained(tmp_path / "reader")
     with pytest.raises(ValueError, match="applies to a reader built from a preset"):
-        build_atlas(
-            load_config(
-                None,
-                [
-                    f"reader.model={tmp_path / 'reader'}",
-                    "task.closed_book=true",
-                    "reader.init_embeddings=minilm",
-                    f"reader.tokenizer={tmp_path / 'reader'}",
-                ],
+        load_model(
+            recipe_spec(
+                load_config(
+                    None,
+                    [
+                        f"reader.model={tmp_path / 'reader'}",
+                        "task.closed_book=true",
+                        "reader.init_embeddings=minilm",
+                        f"reader.tokenizer={tmp_path / 'reader'}",
+                    ],
+                )
             )
         )

@@ -72,8 +72,8 @@ def test_auto_is_full_precision_under_grad_and_for_a_float64_encoder(monkeypatch
 def test_unknown_precisions_are_refused_with_the_valid_names():
     encoder = _reader().seq2seq.encoder
     assert resolve_precision("bf16", encoder) == "bf16" and resolve_precision("fp32", encoder) == "fp32"
-    with pytest.warns(FutureWarning, match="precision 'full' is deprecated; write 'fp32'"):
-        assert resolve_precision("full", encoder) == "fp32"  # the old name
+    with pytest.raises(ValueError, match=r"unknown precision 'full'"):  # a name written before a release
+        resolve_precision("full", encoder)
     with pytest.raises(ValueError, match=r"unknown precision 'int8'; valid: \['auto', 'fp32', 'bf16'\]"):
         resolve_precision("int8", encoder)
     with pytest.raises(ValueError, match="unknown gold precision 'fp16'"):
@@ -96,28 +96,30 @@ def test_bf16_gold_scores_rank_passages_as_full_precision_does(loss_name):
 def test_the_training_step_uses_the_recipes_gold_precision(tiny_world):
     """`retriever.gold_precision` reaches the loss that `Atlas.losses` calls: with dropout in the
     encoder, bf16 and fp32 give different but close retriever losses."""
-    from atlas.build import build_atlas
     from atlas.config import load_config
+    from atlas.loading import load_model, recipe_spec
     from tasks.base import get_task
 
     assert load_config(None, []).retriever.gold_precision == "auto"
     losses = {}
     for precision in ("fp32", "bf16"):
-        model = build_atlas(
-            load_config(
-                None,
-                [
-                    f"retriever.model={tiny_world['encoder']}",
-                    f"index.path={tiny_world['index']}",
-                    "reader.model=t5-tiny",
-                    "retriever.loss=pdist",
-                    "retriever.n_context=3",
-                    "reader.n_context=2",
-                    "reader.dropout=0.1",
-                    "reader.text_maxlength=48",
-                    "training.seed=3",
-                    f"retriever.gold_precision={precision}",
-                ],
+        model = load_model(
+            recipe_spec(
+                load_config(
+                    None,
+                    [
+                        f"retriever.model={tiny_world['encoder']}",
+                        f"index.path={tiny_world['index']}",
+                        "reader.model=t5-tiny",
+                        "retriever.loss=pdist",
+                        "retriever.n_context=3",
+                        "reader.n_context=2",
+                        "reader.dropout=0.1",
+                        "reader.text_maxlength=48",
+                        "training.seed=3",
+                        f"retriever.gold_precision={precision}",
+                    ],
+                )
             )
         )
         assert model.retriever_loss.gold_precision == precision
@@ -158,24 +160,26 @@ def test_bf16_generation_encodes_in_bfloat16_and_decodes_at_full_precision():
 
 
 def test_the_recipes_inference_precision_reaches_predict(tiny_world):
-    from atlas.build import build_atlas
     from atlas.config import load_config
+    from atlas.loading import load_model, recipe_spec
     from tasks.base import get_task
 
     examples = get_task("qa").load(tiny_world["qa"])[:2]
     for precision, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        model = build_atlas(
-            load_config(
-                None,
-                [
-                    f"retriever.model={tiny_world['encoder']}",
-                    f"index.path={tiny_world['index']}",
-                    "reader.model=t5-tiny",
-                    "retriever.loss=none",
-                    "reader.n_context=2",
-                    "inference.generation_max_length=3",
-                    f"inference.precision={precision}",
-                ],
+        model = load_model(
+            recipe_spec(
+                load_config(
+                    None,
+                    [
+                        f"retriever.model={tiny_world['encoder']}",
+                        f"index.path={tiny_world['index']}",
+                        "reader.model=t5-tiny",
+                        "retriever.loss=none",
+                        "reader.n_context=2",
+                        "inference.generation_max_length=3",
+                        f"inference.precision={precision}",
+                    ],
+                )
             )
         ).eval()
         seen, handles = _dtypes_seen(model.reader)

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from retriever.encoder import ContrieverEncoder, Retriever, default_encoder_path
+from retriever.encoder import ContrieverEncoder, Retriever
+from tasks.modeling import encoder_source
 
 TEXTS = [
     "The Eiffel Tower is in Paris.",
@@ -22,7 +23,7 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def minilm() -> ContrieverEncoder:
-    return ContrieverEncoder.from_pretrained(default_encoder_path("minilm"))
+    return ContrieverEncoder.from_pretrained(encoder_source("minilm"))
 
 
 def test_reads_sentence_transformers_settings(minilm):
@@ -32,7 +33,7 @@ def test_reads_sentence_transformers_settings(minilm):
 def test_matches_sentence_transformers_encode(minilm):
     from sentence_transformers import SentenceTransformer
 
-    reference = SentenceTransformer(default_encoder_path("minilm"), device="cpu").encode(
+    reference = SentenceTransformer(encoder_source("minilm"), device="cpu").encode(
         TEXTS, batch_size=2, convert_to_numpy=True
     )
     ours = minilm.embed_texts(TEXTS, batch_size=2, precision="fp32")  # bf16 is checked by its own tests
@@ -78,7 +79,7 @@ def test_cls_pooling_takes_first_token(minilm):
 
 
 def test_retriever_gradients_and_round_trip(tmp_path, minilm):
-    retriever = Retriever.from_pretrained(default_encoder_path("minilm"), tied=False)
+    retriever = Retriever.from_pretrained(encoder_source("minilm"), tied=False)
     assert not retriever.tied
     q = retriever.encode_queries(["who wrote hamlet"])
     assert q.shape == (1, 384) and q.requires_grad

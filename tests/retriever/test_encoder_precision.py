@@ -10,15 +10,16 @@ import pytest
 import torch
 
 from retriever.embedding_precision import BF16_MIN_SPEEDUP, EMBEDDING_PRECISIONS, resolve_embedding_precision
-from retriever.encoder import ContrieverEncoder, Retriever, default_encoder_path
+from retriever.encoder import ContrieverEncoder, Retriever
 from retriever.index import types as index_types
+from tasks.modeling import encoder_source
 
 NQ824 = Path(__file__).resolve().parents[3] / "shared" / "data" / "nq824" / "documents.jsonl"
 
 
 @pytest.fixture(scope="module")
 def minilm() -> ContrieverEncoder:
-    return ContrieverEncoder.from_pretrained(default_encoder_path("minilm"))
+    return ContrieverEncoder.from_pretrained(encoder_source("minilm"))
 
 
 def real_passages(n: int) -> list[str]:

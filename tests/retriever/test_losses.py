@@ -236,8 +236,8 @@ def test_atlas_retriever_loss_with_uneven_passage_lists(name, tiny_world, tmp_pa
     """Examples with 3, 1 and 2 given passages in one batch: the batch's retriever loss is the
     mean of the per-example losses (each example run alone, and a float64 hand computation
     from each example's own gold and retriever scores)."""
-    from atlas.build import build_atlas
     from atlas.config import load_config
+    from atlas.loading import load_model, recipe_spec
     from tasks.base import Example
     from tests.conftest import TINY_DOCS
 
@@ -261,7 +261,7 @@ def test_atlas_retriever_loss_with_uneven_passage_lists(name, tiny_world, tmp_pa
         ],
     )
     torch.manual_seed(0)
-    model = build_atlas(config).train()
+    model = load_model(recipe_spec(config)).train()
     docs = [dict(d) for d in TINY_DOCS]
     examples = [
         Example(
@@ -334,10 +334,10 @@ def test_each_loss_declares_its_own_options_and_refuses_others():
         build_retriever_loss("pdist", attention="copy")
 
 
-def test_gold_precision_full_is_read_as_fp32_with_a_warning():
+def test_gold_precision_names_are_refused_outside_the_vocabulary():
     assert build_retriever_loss("pdist").gold_precision == "fp32"
-    with pytest.warns(FutureWarning, match="'full' is deprecated; it is now called 'fp32'"):
-        assert build_retriever_loss("pdist", gold_precision="full").gold_precision == "fp32"
+    with pytest.raises(ValueError, match=r"unknown gold precision 'full'"):
+        build_retriever_loss("pdist", gold_precision="full")
     with pytest.raises(ValueError, match=r"valid: \['auto', 'fp32', 'bf16'\]"):
         build_retriever_loss("pdist", gold_precision="fp16")
 

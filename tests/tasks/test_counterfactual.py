@@ -451,7 +451,8 @@ def nq824_edit_plan(data: Path, nlp) -> list[tuple[str, str, str]]:
     answers; each answer is typed where its gold paragraph's first 100-word passage stating it stands (the passages
     edited: those of the gold paragraph stating it); similarity: cosine of MiniLM embeddings of the answers."""
     from retriever.corpus import chunk_text
-    from retriever.encoder import ContrieverEncoder, default_encoder_path
+    from retriever.encoder import ContrieverEncoder
+    from tasks.modeling import encoder_source
 
     documents = {r["id"]: r["text"] for r in map(json.loads, (data / "documents.jsonl").open(encoding="utf-8"))}
     dev = [json.loads(line) for line in (data / "dev.jsonl").open(encoding="utf-8")]
@@ -467,7 +468,7 @@ def nq824_edit_plan(data: Path, nlp) -> list[tuple[str, str, str]]:
             stating[i] = passages
     contexts = [stating[i][0].text if i in stating else None for i in range(len(rows))]
     types = tag_answers(answers, contexts, None, nlp)
-    vectors = ContrieverEncoder.from_pretrained(default_encoder_path("minilm")).embed_texts(answers)
+    vectors = ContrieverEncoder.from_pretrained(encoder_source("minilm")).embed_texts(answers)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True).clip(min=1e-12)
     eligible = [i for i in range(len(dev)) if i in stating]
     plan = plan_fact_edits(questions, answers, types, eligible, stating, None, similarity=vectors @ vectors.T, nlp=nlp)

@@ -65,3 +65,15 @@ def test_the_optional_hooks_have_defaults_for_a_task_without_them():
     assert get_task("kilt", provenance_key="doc_id").provenance([Passage("p", doc_id="d")]) == [{"wikipedia_id": "d"}]
     with pytest.raises(ValueError, match="unknown provenance_key 'page'.*valid: id, title"):
         get_task("kilt", provenance_key="page")
+
+
+def test_a_passage_prints_short_and_as_html_for_a_notebook():
+    """A console shows id, title, the start of the text and the score, on one line, never the whole passage."""
+    text = "Biole's capital is Varn. " * 40
+    passage = Passage(id="p1", title="Biole", text=text, score=0.81234)
+    shown = repr(passage)
+    assert shown.startswith("Passage(id='p1', title='Biole', text=\"Biole's capital is Varn.")
+    assert shown.endswith('…", score=0.812)') and len(shown) < 120 and "\n" not in shown
+    assert repr(Passage(id="p2", text="short")) == "Passage(id='p2', title='', text='short')"
+    page = Passage(id="p3", title="<b>", text="a < b", score=1.0)._repr_html_()
+    assert "<b>&lt;b&gt;</b>" in page and "a &lt; b" in page and "score 1.000" in page

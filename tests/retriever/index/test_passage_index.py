@@ -10,7 +10,7 @@ import pytest
 from transformers import AutoTokenizer, BertConfig, BertModel
 
 from retriever.corpus import prepare_corpus
-from retriever.encoder import ContrieverEncoder, Retriever, default_encoder_path
+from retriever.encoder import ContrieverEncoder, Retriever
 from retriever.index import (
     CorpusMismatchError,
     EncoderMismatchError,
@@ -20,6 +20,7 @@ from retriever.index import (
 from retriever.index.build import build_index, train_and_fill, work_dir_for
 from retriever.index.types import exact_search, set_search_params
 from retriever.index.update import add_passages, read_passage_files, remove_passages, update_passages
+from tasks.modeling import encoder_source
 
 WORDS = [
     "river",
@@ -68,7 +69,7 @@ def tiny_retriever(seed: int = 0) -> Retriever:
         max_position_embeddings=128,
     )
     model = BertModel(config, add_pooling_layer=False).eval()
-    tokenizer = AutoTokenizer.from_pretrained(default_encoder_path("minilm"))
+    tokenizer = AutoTokenizer.from_pretrained(encoder_source("minilm"))
     return Retriever(query_encoder=ContrieverEncoder(model, tokenizer, pooling="mean"), passage_maxlength=64)
 
 

@@ -215,7 +215,8 @@ def save_tiny_retriever(folder):
     import torch
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from retriever.encoder import ContrieverEncoder, Retriever, default_encoder_path
+    from retriever.encoder import ContrieverEncoder, Retriever
+    from tasks.modeling import encoder_source
 
     torch.manual_seed(0)
     config = BertConfig(
@@ -228,7 +229,7 @@ def save_tiny_retriever(folder):
     )
     encoder = ContrieverEncoder(
         BertModel(config, add_pooling_layer=False).eval(),
-        AutoTokenizer.from_pretrained(default_encoder_path("minilm")),
+        AutoTokenizer.from_pretrained(encoder_source("minilm")),
         normalize=True,
     )
     Retriever(query_encoder=encoder, passage_maxlength=64).save_pretrained(folder)
@@ -256,21 +257,25 @@ def test_cli_build_and_search_with_rerank(tmp_path, capsys):
     )
     assert run_cli(capsys, "index", "build", *common, "--out", tmp_path / "bare", "--spec", "PQ4")[0] == 0
     assert (
-        run_cli(capsys, "index", "build", *common, "--out", tmp_path / "fast", "--spec", "PQ4x4fs", "--rerank", "300")[
-            0
-        ]
+        run_cli(
+            capsys, "index", "build", *common, "--out", tmp_path / "fast", "--spec", "PQ4x4fs", "--exact-rerank", "300"
+        )[0]
         == 0
     )  # 4-bit fast scan: 2 B a passage
-    code, out, _ = run_cli(capsys, "index", "info", tmp_path / "pq", "--json")
+    code, out, _ = run_cli(capsys, "index", "info", "--index", tmp_path / "pq", "--json")
     assert code == 0 and json.loads(out)["exact_rerank"] == 300 and "vectors" in json.loads(out)["files"]
 
     def ids(folder, *extra):
-        code, out, err = run_cli(capsys, "index", "search", folder, "river king music", "-k", "5", "--json", *extra)
+        code, out, err = run_cli(
+            capsys, "index", "search", "--index", folder, "river king music", "-k", "5", "--json", *extra
+        )
         assert code == 0, err
         return [(h["id"], round(h["score"], 4)) for h in json.loads(out)["hits"]]
 
     assert ids(tmp_path / "pq") == ids(tmp_path / "flat")  # k' = every passage: exact
     assert ids(tmp_path / "fast") == ids(tmp_path / "flat")
-    assert ids(tmp_path / "bare", "--rerank", "0") == ids(tmp_path / "pq", "--rerank", "0")  # the codes alone
-    code, _, err = run_cli(capsys, "index", "search", tmp_path / "bare", "river", "--rerank", "50")
+    assert ids(tmp_path / "bare", "--exact-rerank", "0") == ids(
+        tmp_path / "pq", "--exact-rerank", "0"
+    )  # the codes alone
+    code, _, err = run_cli(capsys, "index", "search", "--index", tmp_path / "bare", "river", "--exact-rerank", "50")
     assert code == 2 and "needs the float16 vectors file" in err and "--exact-rerank" in err

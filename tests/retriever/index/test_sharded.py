@@ -276,7 +276,7 @@ def test_sharded_flat_rank_reads_only_its_rows(tmp_path, make_synthetic_corpus, 
 BUILD_SCRIPT = r"""
 import json, sys
 from pathlib import Path
-from atlas.build import build_index
+from atlas.build import open_index, prepare_index
 from atlas.config import AtlasConfig, IndexConfig, RetrieverConfig, TrainingConfig
 from atlas.distributed import init_distributed, shutdown
 from retriever.encoder import build_retriever
@@ -293,7 +293,7 @@ def counting(passages, **kwargs):
     embedded.extend(p["id"] for p in passages)
     return original(passages, **kwargs)
 retriever.embed_passages = counting
-index = build_index(config, retriever)
+index = open_index(prepare_index(config, retriever=retriever), retriever, config.index)
 # one file per rank: two ranks printing to one stdout can interleave their lines
 report = {"rank": context.rank, "embedded": embedded, "count": len(index)}
 Path(out_dir, f"report-{context.rank}.json").write_text(json.dumps(report))
