@@ -165,16 +165,17 @@ def run(args, out: Path, recipe: str, setting: str) -> dict:
     done = folder / "bench-result.json"
     if done.is_file() and not args.restart:
         return json.loads(done.read_text())
-    from atlas.build import build_atlas
+    from atlas.build import prepare_index
     from atlas.config import load_config
     from atlas.evaluate import retriever_recall
+    from atlas.loading import load_model, recipe_spec
     from atlas.training.loop import train
     from tasks.base import get_task
 
     path, overrides, heldout_file = recipe_overrides(args, out, recipe, setting)
     config = load_config(path, overrides)
     started = time.perf_counter()
-    model = build_atlas(config)
+    model = load_model(recipe_spec(config, index=prepare_index(config)))
     task = get_task(config.task.name, **config.task.options)
     heldout = [e for e in task.load(heldout_file) if e.answers][: args.max_dev]
     ks = sorted({config.reader.n_context, config.retriever.n_context})

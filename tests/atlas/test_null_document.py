@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import atlas
-from atlas.build import build_atlas
 from atlas.config import ConfigError, load_config
+from atlas.loading import load_model, recipe_spec
 from atlas.training.loop import train
 from retriever.null_document import NULL_DOCUMENT_ID, is_null_document, with_null_document
 from tasks.base import Example
@@ -52,7 +52,7 @@ def test_the_setting_is_checked():
 
 
 def test_the_reader_reads_the_null_document_first_as_an_empty_passage(tiny_world, tmp_path):
-    model = build_atlas(tiny_config(tiny_world, tmp_path, "retriever.null_document=train")).train()
+    model = load_model(recipe_spec(tiny_config(tiny_world, tmp_path, "retriever.null_document=train"))).train()
     seen, handle = capture_reader_inputs(model)
     model.losses(given_examples(), TARGETS)
     handle.remove()
@@ -96,7 +96,7 @@ def test_each_retriever_loss_covers_the_null_document_in_the_same_softmax(name, 
             tiny_world, tmp_path / setting, f"retriever.loss={name}", f"retriever.null_document={setting}", *tau
         )
         torch.manual_seed(0)
-        model = build_atlas(config).train()
+        model = load_model(recipe_spec(config)).train()
         examples = given_examples()
         got = model.losses(examples, TARGETS)["retriever"].item()
         hand = []
@@ -167,7 +167,7 @@ def test_a_checkpoint_records_the_setting_and_a_resumed_run_keeps_it(tiny_world,
 def test_answering_with_always_reads_what_never_reads_with_the_null_document_given(tiny_world, tmp_path):
     """`always` answers (generation and multiple-choice scoring) exactly as the same model with `never` answers
     from the passages with the null document put first by hand; `train` answers from the passages alone."""
-    model = build_atlas(tiny_config(tiny_world, tmp_path, "retriever.null_document=always")).eval()
+    model = load_model(recipe_spec(tiny_config(tiny_world, tmp_path, "retriever.null_document=always"))).eval()
     examples = given_examples()
     passages = [list(e.passages) for e in examples]
     always = model.read(QUERIES, passages)
