@@ -153,6 +153,7 @@ def test_encoder_mismatch_and_evaluate_retrieval(tmp_path, capsys):
             capsys,
             "index",
             "search",
+            "--index",
             tmp_path / "i",
             "capital",
             "--encoder",

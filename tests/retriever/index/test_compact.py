@@ -31,7 +31,7 @@ from retriever.index.files import LOCK, IndexLockedError
 from retriever.index.manifest import Manifest, Segment
 from retriever.index.update import add_passages, read_passage_files, remove_passages
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 N = 2000
 # every FAISS family that keeps codes (HNSW rebuilds its graph: tested on its own below)
 SPECS = ["Flat", "IVF8,Flat", "IVF8,PQ8", "PQ8", "SQ8", "OPQ8,IVF8,PQ8", "PQ8x4fs", "IVF8,PQ8x4fs"]

@@ -364,7 +364,7 @@ def test_mapped_load_does_not_read_the_index_into_memory(tmp_path, make_syntheti
             capture_output=True,
             text=True,
             check=True,
-            cwd=Path(__file__).resolve().parents[2],
+            cwd=Path(__file__).resolve().parents[3],
         )
         return json.loads(result.stdout.strip().splitlines()[-1])["growth"] / size
 

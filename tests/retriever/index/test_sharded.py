@@ -78,6 +78,7 @@ def search(folder, encoder, *, nproc: int | None, cwd) -> list[dict]:
         "atlas",
         "index",
         "search",
+        "--index",
         str(folder),
         "river capital",
         "north flag colour",
@@ -325,7 +326,7 @@ def test_run_index_is_built_once_shared_by_the_ranks(index_folders, tiny_encoder
         capture_output=True,
         text=True,
         timeout=300,
-        cwd=Path(__file__).resolve().parents[2],
+        cwd=Path(__file__).resolve().parents[3],
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
