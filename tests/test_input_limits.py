@@ -65,7 +65,7 @@ def test_a_passage_over_the_limit_is_refused_unsplit_and_taken_split(tiny_world,
     encoder = str(tiny_world["encoder"])
     code = main(["index", "add", "--index", str(index), "--corpus", str(tmp_path / "huge.jsonl"), "--encoder", encoder])
     err = capsys.readouterr().err
-    assert code == 2 and "huge.jsonl:1: field 'text': " in err and "split it with --chunk-words" in err
+    assert code == 2 and "huge.jsonl:1: field 'text' has " in err and "split it (chunk_words, --chunk-words)" in err
     opened = atlas.Index.load(index, encoder=encoder)
     with pytest.raises(ValueError, match=f"the limit is {MAX_PASSAGE_CHARS:,} for one passage"):
         opened.add([{"id": "huge", "text": huge}])
