@@ -76,11 +76,6 @@ def test_a_power_cut_keeps_what_was_fsynced_and_loses_the_rest(tmp_path, monkeyp
     assert sorted(p.name for p in root.iterdir()) == ["durable.jsonl", "folder", "plain.txt"]
 
 
-@pytest.mark.xfail(
-    reason="known gap (issue 52, open): a training run cut by the power after it returned can come back without its "
-    "last step; the bench's after-table was not yet run to find which write lacks its fsync",
-    strict=False,
-)
 def test_a_power_cut_during_or_after_a_build_and_a_run_keeps_them_whole(tmp_path, tiny_encoder_path, monkeypatch):
     """The commands whose folders tasks/io.py's atomic_directory commits: cut once at a random moment, once after
     they returned (then the build must be there and the run at its last step: what fsync makes durable)."""

@@ -26,6 +26,7 @@ from safetensors.torch import load_file
 
 from atlas.config import load_config
 from atlas.loading import resolve_checkpoint
+from atlas.training.run_log import read_log
 from reader.fid import FiDReader
 from reader.inputs import encode_reader_inputs
 from reader.surface import decode_answers
@@ -76,8 +77,7 @@ def _stage(run: Path, hardware: str) -> dict:
     checkpoint = resolve_checkpoint(run)
     config = load_config(checkpoint / "config.yaml")
     steps = int(checkpoint.name.split("-")[-1])
-    logged = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines() if line.strip()]
-    logged = [r for r in logged if r.get("step", 0) <= steps]
+    logged = [r for r in read_log(run / "log.jsonl") if r.get("step", 0) <= steps]
     losses = [r["loss/reader"] for r in logged if "loss/reader" in r]
     rates = [r["steps_per_s"] for r in logged if "steps_per_s" in r]
     return {

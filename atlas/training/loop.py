@@ -448,6 +448,8 @@ class TrainingRecipe:
         )
         path = None
         if context.is_main:
+            if self.log is not None:
+                self.log.sync()
             training_state = {
                 **self.optimizers.state_dicts(reader_state),
                 "data_position": vars(self.stream.position).copy(),

@@ -324,6 +324,8 @@ def test_a_resumed_run_logs_exactly_what_an_uninterrupted_one_does(tiny_world, t
     )
     train(killed, progress=False, stop_at=6)  # as if killed after step 6: the last checkpoint is step 4
     (tmp_path / "killed" / "checkpoints" / "latest").write_text("step-000004\n")
+    with open(tmp_path / "killed" / "log.jsonl", "ab") as log:  # and a power cut: the unsynced tail reads as zeros
+        log.write(b'{"step": 7, "loss/rea' + bytes(300))
     train(None, resume=tmp_path / "killed", progress=False)
 
     def steps(run):
@@ -331,6 +333,17 @@ def test_a_resumed_run_logs_exactly_what_an_uninterrupted_one_does(tiny_world, t
 
     assert steps(tmp_path / "killed") == steps(tmp_path / "straight")
     assert logged_losses(tmp_path / "killed") == logged_losses(tmp_path / "straight")
+
+
+def test_a_log_cut_short_by_a_crash_reads_back_its_whole_lines_and_names_the_others(tmp_path, caplog):
+    from atlas.training.run_log import read_log
+
+    log = tmp_path / "log.jsonl"
+    log.write_bytes(b'{"step": 1, "loss": 0.5}\n\n{"step": 2, "loss": 0.25}\n{"step": 3, "lo' + bytes(40))
+    assert read_log(log) == [{"step": 1, "loss": 0.5}, {"step": 2, "loss": 0.25}]
+    assert f"{log} line 4: not a JSON record" in caplog.text
+    log.write_bytes(bytes(4096))  # never fsync'd at all: zeros to its size
+    assert read_log(log) == []
 
 
 def test_refresh_schedule_parsing():
