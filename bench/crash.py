@@ -312,16 +312,27 @@ def durations(world: World, work: Path, kinds: tuple[str, ...] = KINDS) -> dict[
 
 
 def run_trials(
-    trials: int, seed: int, encoder: Path, root: Path, kinds: tuple[str, ...] = KINDS, *, power_cut: bool = False
+    trials: int,
+    seed: int,
+    encoder: Path,
+    root: Path,
+    kinds: tuple[str, ...] = KINDS,
+    *,
+    power_cut: bool = False,
+    first_round: int = 0,
+    world: World | None = None,
+    timing: dict[str, float] | None = None,
 ) -> dict:
+    """`trials` trials, the kinds in turn. With `power_cut`, round r (of len(kinds) trials) cuts after the command
+    returned when r + `first_round` is odd. `world` and `timing` (`durations`) may come from an earlier call."""
     rng = random.Random(seed)
-    world = World(root, encoder)
-    timing = durations(world, root, kinds)
+    world = world or World(root, encoder)
+    timing = timing or durations(world, root, kinds)
     results = []
     for n in range(trials):
         kind = kinds[n % len(kinds)]
         delay = rng.uniform(0.3, timing[kind])  # from the interpreter's start to the command's end
-        if power_cut and (n // len(kinds)) % 2:
+        if power_cut and (n // len(kinds) + first_round) % 2:
             delay = 10 * timing[kind] + 60  # every other round: the cut comes once the command has returned
         work = root / f"trial-{n}"
         work.mkdir()

@@ -40,15 +40,12 @@ logger = logging.getLogger(__name__)
 
 def _window(context: str, start: int, end: int, max_words: int, rng: random.Random) -> str:
     """A window of at most `max_words` whitespace words of `context` that holds chars [start, end)."""
-    words, offsets, position = context.split(), [], 0
-    for word in words:
-        position = context.index(word, position)
-        offsets.append(position)
-        position += len(word)
+    words = context.split()
     if len(words) <= max_words:
         return context
-    first = max(i for i, o in enumerate(offsets) if o <= start)
-    last = max(i for i, o in enumerate(offsets) if o < end)
+    # a word starts at or before char p exactly when some of it lies in context[: p + 1]
+    first = len(context[: start + 1].split()) - 1  # the last word starting at or before the answer
+    last = len(context[:end].split()) - 1  # the last word starting before the answer's end
     if last - first + 1 > max_words:
         return context
     low, high = max(0, last - max_words + 1), min(first, len(words) - max_words)
@@ -109,6 +106,7 @@ class ReadingTask(QATask):
                 on_error(error)
                 continue
             contexts = [p.get("context") if isinstance(p, dict) else None for p in paragraphs]
+            readable = [n for n, c in enumerate(contexts) if isinstance(c, str) and c.strip()]  # distractors
             title = str(article.get("title", "")).replace("_", " ")
             for j, paragraph in enumerate(paragraphs):
                 qas = paragraph.get("qas") if isinstance(paragraph, dict) else None
@@ -128,7 +126,7 @@ class ReadingTask(QATask):
                             "context": paragraph.get("context"),
                             "title": title,
                             "_where": f"data[{i}].paragraphs[{j}].qas[{k}]",
-                            "_siblings": (contexts, j),
+                            "_siblings": (contexts, j, readable),
                         },
                     )
 
@@ -218,8 +216,8 @@ class ReadingTask(QATask):
         wanted = self.options["distractors"]
         if not wanted or "_siblings" not in record:
             return []
-        contexts, own = record["_siblings"]
-        others = [n for n, c in enumerate(contexts) if n != own and isinstance(c, str) and c.strip()]
+        contexts, own, readable = record["_siblings"]
+        others = [n for n in readable if n != own]
         picked = rng.sample(others, min(wanted, len(others)))
         max_words = self.options["max_words"]
         return [

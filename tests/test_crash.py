@@ -17,27 +17,40 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_killing_any_writing_command_loses_nothing_and_leaves_nothing_half_done(
-    tmp_path, tiny_encoder_path, monkeypatch
-):
+@pytest.fixture(scope="module")
+def crash(tmp_path_factory, tiny_encoder_path):
+    """bench/crash.py as a module, with one world (corpus, index, recipe) and the commands' uninterrupted
+    durations, shared by the kill and the power-cut trials."""
     spec = importlib.util.spec_from_file_location("bench_crash", REPO / "bench" / "crash.py")
-    crash = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, crash)  # its dataclasses look their module up there
-    spec.loader.exec_module(crash)
-    kinds = ("update", "compact", "build", "train")  # add and remove commit as update does (bench/crash.py runs all)
-    result = crash.run_trials(len(kinds), seed=3, encoder=Path(tiny_encoder_path), root=tmp_path, kinds=kinds)
-    assert result["trials"] == 4 and set(result["by_kind"]) == set(kinds)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    try:
+        spec.loader.exec_module(module)
+        root = tmp_path_factory.mktemp("crash-world")
+        module.world = module.World(root, Path(tiny_encoder_path))
+        module.timing = module.durations(module.world, root, KINDS)
+        yield module
+    finally:
+        sys.modules.pop(spec.name, None)
+
+
+KINDS = ("update", "compact", "build", "train")  # add and remove commit as update does (bench/crash.py runs all)
+
+
+def test_killing_any_writing_command_loses_nothing_and_leaves_nothing_half_done(tmp_path, crash):
+    result = crash.run_trials(
+        len(KINDS),
+        seed=3,
+        encoder=crash.world.encoder,
+        root=tmp_path,
+        kinds=KINDS,
+        world=crash.world,
+        timing=crash.timing,
+    )
+    assert result["trials"] == 4 and set(result["by_kind"]) == set(KINDS)
     problems = [t for t in result["details"] if t["problems"]]
     assert problems == [], problems
     assert result["killed"] >= 2  # most kills land while the command runs (delays are drawn within its duration)
-
-
-def load_crash(monkeypatch):
-    spec = importlib.util.spec_from_file_location("bench_crash", REPO / "bench" / "crash.py")
-    crash = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, crash)
-    spec.loader.exec_module(crash)
-    return crash
 
 
 CHILD = """
@@ -76,16 +89,24 @@ def test_a_power_cut_keeps_what_was_fsynced_and_loses_the_rest(tmp_path, monkeyp
     assert sorted(p.name for p in root.iterdir()) == ["durable.jsonl", "folder", "plain.txt"]
 
 
-def test_a_power_cut_during_or_after_a_build_and_a_run_keeps_them_whole(tmp_path, tiny_encoder_path, monkeypatch):
-    """The commands whose folders tasks/io.py's atomic_directory commits: cut once at a random moment, once after
-    they returned (then the build must be there and the run at its last step: what fsync makes durable)."""
-    crash = load_crash(monkeypatch)
+def test_a_power_cut_after_a_build_or_a_run_returned_keeps_them_whole(tmp_path, crash):
+    """The commands whose folders tasks/io.py's atomic_directory commits, cut once they returned: the build must be
+    there and the run at its last step (what fsync makes durable; cuts at random moments: bench/crash.py)."""
     kinds = ("build", "train")
-    result = crash.run_trials(4, seed=5, encoder=Path(tiny_encoder_path), root=tmp_path, kinds=kinds, power_cut=True)
-    assert result["mode"] == "power cut" and result["trials"] == 4
+    result = crash.run_trials(
+        2,
+        seed=5,
+        encoder=crash.world.encoder,
+        root=tmp_path,
+        kinds=kinds,
+        power_cut=True,
+        first_round=1,
+        world=crash.world,
+        timing=crash.timing,
+    )
+    assert result["mode"] == "power cut" and result["trials"] == 2
     problems = [t for t in result["details"] if t["problems"]]
     assert problems == [], problems
-    returned = result["details"][2:]  # the second round: cut after the command returned
-    assert [t["killed"] for t in returned] == [False, False]
-    assert [t["outcome"] for t in returned] == ["complete", "resumed"]
-    assert all(t["power_cut"]["fsyncs"] > 0 for t in returned)
+    assert [t["killed"] for t in result["details"]] == [False, False]
+    assert [t["outcome"] for t in result["details"]] == ["complete", "resumed"]
+    assert all(t["power_cut"]["fsyncs"] > 0 for t in result["details"])
