@@ -75,11 +75,7 @@ def distributions_of(modules: dict[str, str], optional: set[str] = frozenset()) 
     providers = importlib.metadata.packages_distributions()
     unknown = {m: f for m, f in modules.items() if m not in providers and canonicalize_name(m) not in optional}
     assert not unknown, f"imported but provided by no installed distribution: {unknown}"
-    return {
-        canonicalize_name(d): f
-        for m, f in modules.items()
-        for d in providers.get(m, [canonicalize_name(m)])
-    }
+    return {canonicalize_name(d): f for m, f in modules.items() for d in providers.get(m, [canonicalize_name(m)])}
 
 
 def test_every_module_the_library_imports_is_declared():
