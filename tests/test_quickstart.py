@@ -400,3 +400,16 @@ def test_the_recipes_own_commands_run_as_written(tmp_path, monkeypatch):
             argv += ["training.steps=1", "evaluation.max_examples=4"]
         assert main(argv) == 0, line
     assert (tmp_path / "runs" / "quickstart" / "train" / "checkpoints" / "latest").is_file()
+
+
+def test_an_edit_changes_the_right_answer_the_reader_gave():
+    """Of several right answers the fact edited is the reader's own (editing another one would leave its answer
+    right and unchanged: the nq824 misses of 2026-11-27), compared as the metrics compare; else the first."""
+    from atlas.demo.quickstart import answer_given
+    from tasks.base import Example
+
+    band = Example("1", "who are the traveling wilburys", None, ["Roy Orbison", "Bob Dylan", "G. Harrison"])
+    assert answer_given(band, "bob dylan") == "Bob Dylan"
+    assert answer_given(band, "Jeff Lynne") == "Roy Orbison"
+    year = Example("2", "when did cybermen first appear in doctor who", None, ["in 1966", "1966"])
+    assert answer_given(year, "1966.") == "1966"

@@ -214,6 +214,15 @@ def edit_passage(model: Atlas, passage: dict, old: str, new: str, work: Path, pr
     return edit_passages(model, [(passage, old, new)], work, progress=progress)[0]
 
 
+def answer_given(example, prediction: str) -> str:
+    """The gold answer the reader gave (the first equal to `prediction` once normalised as the metrics normalise),
+    else the first gold answer: the fact an edit changes. A question with several right answers ("who are the
+    Traveling Wilburys") is edited where the reader's own answer stands, so that the edit contradicts it (editing
+    another right answer leaves the reader right, and its answer unchanged); "1966" is edited, not "in 1966"."""
+    given = normalize_answer(prediction)
+    return next((a for a in example.answers if normalize_answer(a) == given), example.answers[0])
+
+
 def plan_edits(
     model: Atlas,
     examples,
@@ -226,15 +235,15 @@ def plan_edits(
     """The quickstart's corpus edits, up to `n` (None: every eligible fact): → (the plan, how many facts were
     eligible).
 
-    A fact is eligible when the reader answered its question right and the top passage it read states
-    that answer; the edit changes it in every passage read that states it (one left unedited beside
-    the edited one would test nothing). Replacements come from the other questions' answers, dev
-    (`examples`) and training (`pool`: (question, answer, relation, a passage stating it or None)), of the same type
-    (`tasks.counterfactual.plan_fact_edits`: the relation where the data gives one, else spaCy's entity
-    type or phrase shape where the answer stands), the one whose retriever embedding is closest among those
-    that read as the same kind of thing in the edited sentence (`tasks.counterfactual.reads_in_place`).
+    A fact is eligible when the reader answered its question right and the top passage it read states that answer
+    (`answer_given`: of several right answers, the one the reader gave); the edit changes it in every passage read
+    that states it (one left unedited beside the edited one would test nothing). Replacements come from the other
+    questions' answers, dev (`examples`) and training (`pool`: (question, answer, relation, a passage stating it or
+    None)), of the same type (`tasks.counterfactual.plan_fact_edits`: the relation where the data gives one, else
+    spaCy's entity type or phrase shape where the answer stands), the one whose retriever embedding is closest among
+    those that read as the same kind of thing in the edited sentence (`tasks.counterfactual.reads_in_place`).
     """
-    answers = [e.answers[0] for e in examples] + [a for _, a, _, _ in pool]
+    answers = [answer_given(e, p) for e, p in zip(examples, predictions, strict=True)] + [a for _, a, _, _ in pool]
     questions = [e.metadata.get("question", e.query) for e in examples] + [q for q, _, _, _ in pool]
     relations = list(relations) + [r for _, _, r, _ in pool]
     stating = {i: [p for p in passages if states(p.text, answers[i])] for i, passages in enumerate(read)}
@@ -344,7 +353,7 @@ def _rate(count: int, total: int) -> tuple[float | None, list[float] | None]:
     return 100 * count / total, [round(100 * low, 1), round(100 * high, 1)]
 
 
-def edit_summary(plan: EditPlan, eligible: int, facts: list[dict], examples) -> dict:
+def edit_summary(plan: EditPlan, eligible: int, facts: list[dict], examples, predictions: list[str]) -> dict:
     """The report's "edit" section: counts, the two follow rates, the facts, and the skipped ones with reasons.
 
     `followed` / `follow_rate` are the contained follow (the replacement stands in the new answer as a whole span,
@@ -375,7 +384,7 @@ def edit_summary(plan: EditPlan, eligible: int, facts: list[dict], examples) -> 
         "skipped_facts": [
             {
                 "question": examples[i].metadata.get("question", examples[i].query),
-                "answer": examples[i].answers[0],
+                "answer": answer_given(examples[i], predictions[i]),
                 "reason": reason,
             }
             for i, reason in plan.skipped
@@ -803,9 +812,9 @@ def edit_facts(
             else f"no sensible replacement for any of the {eligible} eligible facts"
         )
         echo(f"  skipped: {reason}")
-        return {**edit_summary(plan, eligible, [], examples), "reason": reason}
+        return {**edit_summary(plan, eligible, [], examples, predictions), "reason": reason}
     facts = apply_edits(model, plan, examples, predictions, read, out, progress)
-    edit = edit_summary(plan, eligible, facts, examples)
+    edit = edit_summary(plan, eligible, facts, examples, predictions)
     for fact in facts[:3]:
         echo(
             f"  Q: {fact['question']}\n     {fact['gold']} → {fact['replacement']} ({fact['kept']}): "
