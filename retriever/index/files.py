@@ -20,6 +20,7 @@ import numpy as np
 from retriever.corpus import Corpus
 from retriever.fingerprint import hash_file
 from retriever.index.manifest import MANIFEST, FileRecord, InvalidIndexError, Manifest, Segment, sampled_sha256
+from tasks.io import fsync_directory, fsync_file, fsync_tree
 
 LOCK = ".writer.lock"  # exists while the one process that updates or compacts the index holds it
 # files and segment folders a generation writes (`.gN.` / `segment-gN`), and the temporary names
@@ -234,17 +235,6 @@ def _lock_holder(path: Path) -> str:
     return f"pid {record['pid']}, {record.get('operation', 'an update')} since {record.get('since', '?')}"
 
 
-def fsync_path(path: Path) -> None:
-    """Flush a written file, or every file of a written folder and the folder itself, to disk."""
-    paths = [*sorted(p for p in path.rglob("*") if p.is_file()), path] if path.is_dir() else [path]
-    for item in paths:
-        fd = os.open(item, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def commit(folder: Path, manifest: Manifest, new_files: dict[str, Path], also_written: tuple[Path, ...] = ()) -> None:
     """Record `new_files` (role → written file) in `manifest`, replace `manifest.json` (the
     commit point), then delete what the new manifest no longer names.
@@ -255,9 +245,9 @@ def commit(folder: Path, manifest: Manifest, new_files: dict[str, Path], also_wr
     for role, path in new_files.items():
         manifest.files[role] = FileRecord.of(path)
     for path in [*new_files.values(), *also_written]:
-        fsync_path(path)
+        fsync_tree(path) if path.is_dir() else fsync_file(path)
     manifest.save(folder)  # a version-1 index that takes an edit is written as the current version
-    fsync_path(folder)  # the manifest's rename
+    fsync_directory(folder)  # the manifest's rename
     remove_unreferenced(folder, manifest)
 
 
