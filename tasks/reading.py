@@ -44,7 +44,8 @@ def _window(context: str, start: int, end: int, max_words: int, rng: random.Rand
     if len(words) <= max_words:
         return context
     # a word starts at or before char p exactly when some of it lies in context[: p + 1]
-    first = len(context[: start + 1].split()) - 1  # the last word starting at or before the answer
+    # (an answer whose span starts in the context's leading white space starts with its first word)
+    first = max(len(context[: start + 1].split()) - 1, 0)  # the last word starting at or before the answer
     last = len(context[:end].split()) - 1  # the last word starting before the answer's end
     if last - first + 1 > max_words:
         return context

@@ -110,3 +110,5 @@ def test_a_power_cut_after_a_build_or_a_run_returned_keeps_them_whole(tmp_path, 
     assert [t["killed"] for t in result["details"]] == [False, False]
     assert [t["outcome"] for t in result["details"]] == ["complete", "resumed"]
     assert all(t["power_cut"]["fsyncs"] > 0 for t in result["details"])
+    # everything the commands wrote was fsync'd (the run's log.jsonl too: read back whole, not only tolerated)
+    assert [t["power_cut"]["files_without_data"] for t in result["details"]] == [0, 0]

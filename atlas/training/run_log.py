@@ -17,7 +17,7 @@ def read_log(path: Path) -> list[dict]:
     lines only as of its last fsync: they read back cut short, or as zeros) is dropped with a warning naming it."""
     records = []
     for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
-        if not line.strip("\0 \t"):
+        if not line.strip():
             continue
         try:
             records.append(json.loads(line))
@@ -60,8 +60,10 @@ class RunLog:
         os.fsync(self.file.fileno())
 
     def close(self) -> None:
-        self.sync()  # a run that returned has its whole log on disk
-        self.file.close()
+        try:
+            self.sync()  # a run that returned has its whole log on disk
+        finally:
+            self.file.close()
         if self.tensorboard is not None:
             self.tensorboard.close()
 

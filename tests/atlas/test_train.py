@@ -342,8 +342,10 @@ def test_a_log_cut_short_by_a_crash_reads_back_its_whole_lines_and_names_the_oth
     log.write_bytes(b'{"step": 1, "loss": 0.5}\n\n{"step": 2, "loss": 0.25}\n{"step": 3, "lo' + bytes(40))
     assert read_log(log) == [{"step": 1, "loss": 0.5}, {"step": 2, "loss": 0.25}]
     assert f"{log} line 4: not a JSON record" in caplog.text
+    caplog.clear()
     log.write_bytes(bytes(4096))  # never fsync'd at all: zeros to its size
     assert read_log(log) == []
+    assert f"{log} line 1: not a JSON record" in caplog.text
 
 
 def test_refresh_schedule_parsing():

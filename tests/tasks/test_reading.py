@@ -6,6 +6,8 @@ import json
 import random
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from tasks.base import get_task
 from tasks.io import InputError
@@ -93,6 +95,47 @@ def test_a_window_keeps_the_answer_and_at_most_max_words():
         window = _window(context, start, start + len("ANSWER here"), 50, random.Random(seed))
         assert "ANSWER here" in window and len(window.split()) <= 50
     assert _window("short text", 0, 5, 50, random.Random(0)) == "short text"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    pieces=st.lists(
+        st.tuples(
+            st.sampled_from(["ab", "c", "Zorb", "é", "1\u200b2"]),
+            st.sampled_from([" ", "  ", "\n", "\t", "\u3000", "\x1c", "\u2028", "\xa0"]),
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    lead=st.sampled_from(["", " ", "\n "]),
+    span=st.tuples(st.integers(0, 200), st.integers(1, 30)),
+    max_words=st.integers(1, 12),
+    seed=st.integers(0, 3),
+)
+def test_the_window_cut_equals_its_definition_on_any_white_space(pieces, lead, span, max_words, seed):
+    context = lead + "".join(word + space for word, space in pieces)
+    start = min(span[0], len(context) - 1)
+    end = min(start + span[1], len(context))
+    assume(context[start:end].strip())  # an answer is never white space alone (the loader refuses it)
+    expected_rng, rng = random.Random(seed), random.Random(seed)
+    # the window by its definition, as first written: each word's offset found one by one
+    words, offsets, position = context.split(), [], 0
+    for word in words:
+        position = context.index(word, position)
+        offsets.append(position)
+        position += len(word)
+    if len(words) > max_words:
+        first = max([i for i, o in enumerate(offsets) if o <= start] or [0])
+        last = max(i for i, o in enumerate(offsets) if o < end)
+        if last - first + 1 <= max_words:
+            low, high = max(0, last - max_words + 1), min(first, len(words) - max_words)
+            begin = expected_rng.randint(low, high)
+            expected = " ".join(words[begin : begin + max_words])
+        else:
+            expected = context
+    else:
+        expected = context
+    assert _window(context, start, end, max_words, rng) == expected
 
 
 @pytest.mark.parametrize(
