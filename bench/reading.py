@@ -15,7 +15,7 @@ passages' real tokens, packed, `FiDReader.fuse_packed`; `unpacked`: the baseline
 padded K·L layout, the copy head pointing into every beam's copy; `repeated`: the baseline before
 `reader.beam_attention` too, T5 projecting and reading every beam's copy). Also measured: reader
 inference throughput (questions/s at K=5, batch 16, this machine's threads) and, per row, its ratio to
-the `unpacked` and `repeated` rows of the same reader and settings. With --retrieval-priors, each K=5 reading
+the `unpacked`, `repeated` and `rowwise` rows of the same reader and settings. With --retrieval-priors, each K=5 reading
 is repeated at each weight of the retrieval prior (`inference.retrieval_prior`: the copy head weighs the
 passages' MiniLM scores for the question; readers with a copy head).
 
@@ -89,13 +89,24 @@ def beam_path(name: str):
     packed (`FiDReader.fuse_packed`): the decoder reads the padded K·L layout and the copy head points
     into every beam's copy of it. `repeated`: the baseline before `reader.beam_attention` as well — an
     empty cache that T5 fills from every beam's copy of the encoder states (cross-attention keys/values
-    projected and read beams times; only their reordering was skipped)."""
+    projected and read beams times; only their reordering was skipped). `rowwise`: as shipped but for the
+    span constraint, applied as transformers applies a `prefix_allowed_tokens_fn`, row by row (one
+    device → host wait per beam per step) instead of `reader.span_constraint.StepPrefixConstraint`."""
     if name == "folded":
         yield
         return
+    from reader import fid
+
+    if name == "rowwise":
+        shipped_kwargs = fid.constraint_kwargs
+        fid.constraint_kwargs = lambda fn, _beams: {"prefix_allowed_tokens_fn": fn} if fn else {}
+        try:
+            yield
+        finally:
+            fid.constraint_kwargs = shipped_kwargs
+        return
     from transformers import DynamicCache
 
-    from reader import fid
     from reader.beam_attention import BeamSharedCrossAttentionCache
 
     shipped_generate, shipped_source = fid.FiDReader.generate, fid.CopySource
@@ -203,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         "--beam-paths",
         default="folded",
         help="comma-separated: folded (as shipped), unpacked (before packing the passages' real "
-        "tokens), repeated (before folding the beams as well)",
+        "tokens), repeated (before folding the beams as well), rowwise (the span constraint row by row)",
     )
     parser.add_argument(
         "--decodings",
@@ -242,10 +253,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "bench-reading")
     args = parser.parse_args(argv)
     decodings = [d for d in args.decodings.split(",") if d]
-    precisions = ["fp32" if p == "full" else p for p in args.precisions.split(",") if p]  # "full": the old name
+    precisions = [p for p in args.precisions.split(",") if p]
     beam_paths = [p for p in args.beam_paths.split(",") if p]
-    if not beam_paths or set(beam_paths) - {"folded", "unpacked", "repeated"}:
-        parser.error(f"--beam-paths {args.beam_paths!r}: choose from folded, unpacked, repeated")
+    if not beam_paths or set(beam_paths) - {"folded", "unpacked", "repeated", "rowwise"}:
+        parser.error(f"--beam-paths {args.beam_paths!r}: choose from folded, unpacked, repeated, rowwise")
     try:
         widths = [int(b) for b in args.beams.split(",") if b]
     except ValueError:
@@ -346,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({name: results[name]}), flush=True)  # each reading as soon as it is measured
     for name, result in results.items():
         rate = result["k5_questions_per_s"]
-        for path in ("unpacked", "repeated"):
+        for path in ("unpacked", "repeated", "rowwise"):
             baseline = results.get(f"{name}+{path}", {}).get("k5_questions_per_s")
             result[f"speedup_vs_{path}"] = rate / baseline if rate and baseline else None
         k1, k5 = result["k1"], result["k5"]
@@ -360,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"q/s K={k}": rate if rate is not None else "-",
                 "× unpacked": result["speedup_vs_unpacked"] or "-",
                 "× repeated": result["speedup_vs_repeated"] or "-",
+                "× rowwise": result["speedup_vs_rowwise"] or "-",
             }
         )
     # "k5*" keys hold the K=--passages reading (5 unless asked otherwise: `passages` says which)

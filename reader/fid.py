@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import T5Config, T5ForConditionalGeneration
+from transformers import LogitsProcessorList, T5Config, T5ForConditionalGeneration
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
 from reader import attention_scores, passage_scores
@@ -30,6 +30,7 @@ from reader.copy_head import CopySource, previous_source_ids
 from reader.cross_attention_bias import CONFIG_FLAG as CROSS_BIAS_FLAG
 from reader.cross_attention_bias import has_cross_attention_bias, load_cross_attention_bias
 from reader.encoder_precision import precision_autocast, resolve_precision
+from reader.span_constraint import StepPrefixConstraint
 from reader.inputs import IGNORE_INDEX  # noqa: F401  (re-exported: atlas imports it from reader.fid)
 from reader.t5_untied import UntiedT5ForConditionalGeneration, saved_untied
 from reader.warm_start import (
@@ -385,7 +386,7 @@ class FiDReader(nn.Module):
             decoder_start_token_id=config.decoder_start_token_id,
             eos_token_id=config.eos_token_id,
             pad_token_id=config.pad_token_id,
-            prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
+            **constraint_kwargs(prefix_allowed_tokens_fn, num_beams),
             # beam search's alone: given to greedy decoding, transformers warns that it is ignored
             **({"length_penalty": length_penalty} if num_beams > 1 else {}),
             **source,
@@ -558,6 +559,13 @@ def build_reader(
         "a local folder "
         "nor a hub name (owner/name)"
     )
+
+
+def constraint_kwargs(prefix_allowed_tokens_fn, num_beams: int) -> dict:
+    """`generate`'s arguments for a constraint: applied to each step at once (`StepPrefixConstraint`)."""
+    if prefix_allowed_tokens_fn is None:
+        return {}
+    return {"logits_processor": LogitsProcessorList([StepPrefixConstraint(prefix_allowed_tokens_fn, num_beams)])}
 
 
 def _packed_copy_source(

@@ -4,15 +4,18 @@ A reader that copies can still splice: "the treaty of rome 1957 and the maastric
 and …" joins two places of a passage and loops, and "8 – 4 – 4 – 4 …" never stops. Where the answer is
 known to be a span of the text read (extractive QA: NaturalQuestions, TriviaQA, SQuAD), decoding can
 only continue a span that occurs in a passage, or end it at a word boundary. `PassageSpanConstraint` is
-the `prefix_allowed_tokens_fn` of Hugging Face's `generate` that enforces it (greedy and beam search).
+the `prefix_allowed_tokens_fn` of Hugging Face's `generate` that enforces it (greedy and beam search);
+`StepPrefixConstraint` applies any such function to a whole decoding step at once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
+from transformers import LogitsProcessor
 
 _SEPARATOR = -1  # between the token sequences of an example's passages: no span crosses it
 
@@ -132,3 +135,32 @@ class PassageSpanConstraint:
             ends = previous[tokens[previous + 1] == span[-1]] + 1
         memo[span] = ends
         return ends
+
+
+class StepPrefixConstraint(LogitsProcessor):
+    """A `prefix_allowed_tokens_fn` applied to a whole decoding step at once: the ids so far cross to the host
+    in one copy and the allowed (row, id) pairs come back in one. Hugging Face's
+    `PrefixConstrainedLogitsProcessor` hands the function each row of the device tensor (on a GPU, a wait for
+    the device per beam per step, as the function reads it) and writes each row's mask with its own indexing
+    kernel: the host, not the GPU, set the pace of constrained decoding. The scores are the same, bit for bit,
+    the unsatisfiable-row rule included."""
+
+    def __init__(self, prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Sequence[int]], num_beams: int):
+        self.allowed_fn, self.num_beams = prefix_allowed_tokens_fn, num_beams
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """input_ids (B·beams, T) the ids so far; scores (B·beams, V) → scores, -inf where not allowed."""
+        rows, tokens = [], []
+        for row, sequence in enumerate(input_ids.cpu()):  # the step's one device → host copy
+            allowed = self.allowed_fn(row // self.num_beams, sequence)
+            if len(allowed) == 0:
+                raise ValueError(f"prefix_allowed_tokens_fn allowed no token for example {row // self.num_beams}")
+            tokens.append(np.asarray(allowed, dtype=np.int64))
+            rows.append(np.full(len(allowed), row, dtype=np.int64))
+        index = torch.from_numpy(np.stack([np.concatenate(rows), np.concatenate(tokens)])).to(scores.device)
+        mask = torch.full_like(scores, -math.inf)
+        mask[index[0], index[1]] = 0
+        processed = scores + mask
+        # as transformers does: an example whose every beam has only -inf left takes the mask itself
+        stuck = processed.amax(dim=-1).isneginf().view(-1, self.num_beams).all(dim=-1, keepdim=True)
+        return torch.where(stuck.repeat_interleave(self.num_beams, dim=0), mask, processed)

@@ -4,13 +4,15 @@ Used as an intermediate stage that teaches a reader to read before few-shot fine
 to measure reading (SQuAD-official EM/F1). Accepted inputs:
 - the official SQuAD JSON `{data: [{title, paragraphs: [{context, qas: [{id, question,
   answers: [{text, answer_start}]}]}]}]}`;
-- JSON lines `{id?, question, context, title?, answers: [{text, answer_start}] | [str]}`.
+- JSON lines `{id?, question, context, title?, answers: [{text, answer_start}] | [str], distractors?:
+  [str | {title?, text}]}`.
 
 Each example carries its passages (no retrieval): the gold paragraph and, with the option
 `distractors: n`, n other paragraphs of the same article (the hardest negatives: same topic,
-same names), in a seeded shuffled order, so the reader learns to find the passage and not only
-to copy from one. `max_words: n` cuts the gold paragraph to a seeded window of n words that
-holds the answer (training inputs then match a corpus of ~100-word passages, and cost less).
+same names; in JSON lines, the first n of the record's `distractors`, e.g. a retriever's), in a
+seeded shuffled order, so the reader learns to find the passage and not only to copy from one.
+`max_words: n` cuts the gold paragraph to a seeded window of n words that holds the answer
+(training inputs then match a corpus of ~100-word passages, and cost less).
 `counterfactual: p` swaps, in a seeded share p of the training examples, the answer for another
 training answer of the same kind in the passages and the target (`tasks.counterfactual`), so that the
 reader learns to answer from the text even where it states something unexpected (edited corpora).
@@ -63,7 +65,7 @@ class ReadingTask(QATask):
         "query_template": "question: {question} answer: <extra_id_0>",
         "target_template": "<extra_id_0> {answer}",
         "max_words": 0,  # cut the gold paragraph to a window of this many words holding the answer; 0 = whole
-        "distractors": 0,  # other paragraphs of the same article read beside the gold one
+        "distractors": 0,  # other paragraphs read beside the gold one (the article's; JSON lines: the record's)
         "counterfactual": 0.0,  # share of training examples whose answer is swapped in the text (and target)
         "seed": 0,
     }
@@ -151,7 +153,11 @@ class ReadingTask(QATask):
             text = _window(context, start, end, self.options["max_words"], rng)
         title = str(record.get("title") or "")
         gold = Passage(id=f"{example_id}-gold", title=title, text=text)
-        passages = [gold] + self._distractors(record, rng, title, example_id)
+        if "_siblings" in record:  # SQuAD JSON: other paragraphs of the same article
+            distractors = self._distractors(record, rng, title, example_id)
+        else:  # JSON lines: the record's own list, if any
+            distractors = self._listed_distractors(record, path, at, field, example_id)
+        passages = [gold] + distractors
         rng.shuffle(passages)
         return Example(
             id=example_id,
@@ -213,9 +219,28 @@ class ReadingTask(QATask):
             spans.append((start, start + len(text)))
         return answers, spans
 
+    def _listed_distractors(self, record, path, at, field, example_id: str) -> list[Passage]:
+        """The first `distractors` passages of a JSON-lines record's `distractors` list (strings or
+        `{title?, text}`), e.g. paragraphs a retriever ranked highest for the question
+        (`tools/squad_retrieved_distractors.py`)."""
+        wanted, listed = self.options["distractors"], record.get("distractors")
+        if not wanted or listed is None:
+            return []
+        if not isinstance(listed, list):
+            raise InputError(path, at, field("distractors"), "expected a list of passages")
+        passages = []
+        for n, item in enumerate(listed[:wanted]):
+            title, text = ("", item) if isinstance(item, str) else (item.get("title", ""), item.get("text"))
+            if not isinstance(text, str) or not text.strip() or not isinstance(title, str):
+                raise InputError(path, at, field(f"distractors[{n}]"), "expected a non-empty string or {title?, text}")
+            max_words = self.options["max_words"]
+            text = " ".join(text.split()[:max_words]) if max_words else text
+            passages.append(Passage(id=f"{example_id}-d{n}", title=title, text=text))
+        return passages
+
     def _distractors(self, record, rng: random.Random, title: str, example_id: str) -> list[Passage]:
         wanted = self.options["distractors"]
-        if not wanted or "_siblings" not in record:
+        if not wanted:
             return []
         contexts, own, readable = record["_siblings"]
         others = [n for n in readable if n != own]

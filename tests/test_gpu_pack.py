@@ -25,7 +25,8 @@ _spec.loader.exec_module(gpu_parts)
 
 MIB = 1024 * 1024
 # what tools/gpu_pack.sh packs today, at today's sizes (bytes): the shipped reader, the wheels the image lacks,
-# DeepSpeed's source and the one need of it the image lacks, the data, the MiniLM package, the reader-only marker
+# DeepSpeed's source and the one need of it the image lacks, the data, the MiniLM package with its metadata, the
+# bf16 NaN probe
 TODAY = {
     "reader.safetensors": 33_700_000,
     "whl/faiss_cpu-1.15.1-cp312-cp312-manylinux_2_28_x86_64.whl": 13_900_000,
@@ -46,10 +47,10 @@ TODAY = {
     "sdist/deepspeed-0.19.8.tar.gz": 2_020_482,
     "data.tar.xz": 7_700_000,
     "minilm.tar": 90_900_000,
-    "reader-only": 0,
+    "bf16_nan_probe.py": 3_600,
 }
-TREE = 9_000_000  # about what travels with every call besides its part (the working tree, the reader left out)
-TODAY_LIMIT = 64 * MIB - TREE - 200_000  # tools/gpu_pack.sh's limit: 64 MiB less the tree and a margin
+TREE = 9_000_000  # about what travels with every call besides its part (the working tree as a tar stream, no reader)
+TODAY_LIMIT = 64 * MIB - TREE - 1_000_000  # tools/gpu_pack.sh's limit: 64 MiB less the tree and a margin
 
 
 def write_files(root: Path, sizes: dict[str, int], seed: int = 0) -> dict[str, str]:

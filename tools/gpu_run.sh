@@ -2,21 +2,29 @@
 # Run atlas's GPU work on a bare GPU machine, as it is: the CUDA tests, the GPU benchmarks and a
 # reader training continuation, every result as JSON in one output folder.
 #
-#   tools/gpu_run.sh [PHASE ...]        # default: stage setup tests bench train eval
+#   tools/gpu_run.sh [PHASE ...]        # default: stage setup tests bench train eval bundle
 #
 # Phases (each can run alone; a later call on the same machine reuses what an earlier one left):
 #   stage  copy the parts carried in .gpu/ (tools/gpu_pack.sh) to $ATLAS_GPU_HOME (default ~/atlas-gpu)
 #   setup  put the files cut across parts back together and check them (tools/gpu_parts.py assemble),
 #          install the carried wheels, DeepSpeed (built from its source) and MiniLM into
-#          $ATLAS_GPU_HOME/site, unpack the data, put the shipped reader back in place
+#          $ATLAS_GPU_HOME/site, unpack the data
+# Every start puts the shipped reader back in place from the stage (each call's tree comes without it).
 #   tests  pytest -m gpu (tests/gpu): CUDA against the CPU
-#   bench  reader questions/s at K=5 and K=20 (bench/reading.py), retriever-loss step ratios
+#   probe  the bf16 NaN probe (carried from ../shared/tools when it was there), 4 steps of the reading recipe
+#          under bf16 autocast with cuDNN's attention allowed in training (before the fix) and as shipped (after)
+#   speed  the reader's questions/s at K=5, beam 4, span answers (bench/reading.py): the span constraint
+#          applied a step at a time (shipped) against row by row (before), fp32 and bf16, batch 32 and 128
+#   profile where the reader's answering time goes at K=5, beam 4, batch 32, fp32 and bf16
+#          (tools/gpu_profile_reader.py: torch.profiler tables, the calls that wait for the device)
+#   bench  reader questions/s and reading, K=5 and K=20 (bench/reading.py), retriever-loss step ratios
 #          (bench/train_step.py), index build (bench/index_build.py), on the GPU
-#   train  configs/reader-stages/reader-squad-gpu.yaml: the shipped reader trained further on SQuAD, resumable
-#          (run it again to continue from its last checkpoint), stopped after $GPU_TRAIN_SECONDS
-#   eval   the trained reader against the shipped one (bench/reading.py, the same questions; not after
-#          `tools/gpu_pack.sh reader`), then exported (card updated) and split into <16 MB parts for
-#          the trip back, its run's records beside them
+#   train  $GPU_TRAIN_CONFIG (default configs/reader-stages/reader-squad-stage10-gpu.yaml, its training file
+#          made first by tools/squad_retrieved_distractors.py): the shipped reader trained further on SQuAD,
+#          resumable (run it again to continue from its last checkpoint), stopped after $GPU_TRAIN_SECONDS
+#   eval   the trained reader against the shipped one (bench/reading.py, the same questions), then exported
+#          (card updated) and split into <16 MB parts for the trip back, its run's records beside them
+#   bundle every other file of the output folder in one results.tar.gz (the trip back takes 8 files)
 #
 # Output: $OUT (the device tool's folder) or runs/gpu. On a machine without CUDA the GPU tests are
 # skipped with their reason and the GPU benchmarks and training say so and stop: a dry run.
@@ -28,6 +36,9 @@ OUT=${OUT:-$REPO/runs/gpu}
 PYTHON=${PYTHON:-python3}
 [ -x "$REPO/.venv/bin/python" ] && [ -z "${GPU_USE_SYSTEM_PYTHON:-}" ] && PYTHON=$REPO/.venv/bin/python
 TRAIN_SECONDS=${GPU_TRAIN_SECONDS:-480}
+TRAIN_CONFIG=${GPU_TRAIN_CONFIG:-configs/reader-stages/reader-squad-stage10-gpu.yaml}
+# the run folder the config names (training.output_dir)
+run_dir() { echo "$REPO/$(sed -n 's/^  output_dir: *//p' "$REPO/$TRAIN_CONFIG" | tail -1)"; }
 READING_QUESTIONS=${GPU_READING_QUESTIONS:-300}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 mkdir -p "$OUT" "$HOME_DIR" "$REPO/runs"
@@ -72,10 +83,6 @@ setup() {
     fi
     if [ -f "$HOME_DIR/data.tar.xz" ] && [ ! -d "$HOME_DIR/data/squad" ]; then
         mkdir -p "$HOME_DIR/data" && tar -C "$HOME_DIR/data" -xJf "$HOME_DIR/data.tar.xz"
-    fi
-    local reader=$REPO/atlas/demo/atlas-reader/model.safetensors
-    if [ ! -f "$reader" ] && [ -f "$HOME_DIR/reader.safetensors" ]; then
-        cp "$HOME_DIR/reader.safetensors" "$reader"
     fi
     "$PYTHON" - <<'EOF' | tee "$OUT/environment.json"
 import importlib, json, platform, torch
@@ -123,16 +130,63 @@ bench() {
         --out "$OUT/bench-index-build.json" 2>&1 | tail -6
 }
 
+probe() {
+    if ! has_cuda || [ ! -f "$HOME_DIR/bf16_nan_probe.py" ]; then say "probe: no CUDA device or no probe here"; return 0; fi
+    local with_cudnn=CUDNN_ATTENTION,FLASH_ATTENTION,EFFICIENT_ATTENTION,MATH
+    say "probe: 4 steps under bf16, cuDNN's attention allowed in training (before the fix)"
+    ATLAS_TRAINING_SDPA_BACKENDS=$with_cudnn "$PYTHON" "$HOME_DIR/bf16_nan_probe.py" "$DATA/squad" 4 \
+        >"$OUT/probe-before.log" 2>&1
+    grep -E "^step|non-finite weights" "$OUT/probe-before.log"
+    say "probe: the same, as shipped (reader/attention_backend.py)"
+    "$PYTHON" "$HOME_DIR/bf16_nan_probe.py" "$DATA/squad" 4 >"$OUT/probe-after.log" 2>&1
+    grep -E "^step|non-finite weights" "$OUT/probe-after.log"
+}
+
+speed() {
+    if ! has_cuda; then say "speed: no CUDA device here, skipped"; return 0; fi
+    local batch
+    for batch in 32 128; do
+        say "speed: K=5, beam 4, span answers, batch $batch: step-wise vs row-wise constraint, fp32 and bf16"
+        "$PYTHON" bench/reading.py --device cuda --squad-dev "$DATA/squad/dev-v1.1.json" --max-dev "$READING_QUESTIONS" \
+            --decodings span --precisions fp32,bf16 --beam-paths folded,rowwise --batch-size "$batch" \
+            --out "$REPO/runs/gpu-speed-b$batch" >"$REPO/runs/gpu-speed-b$batch.log" 2>&1 || say "speed failed (see log)"
+        cp "$REPO/runs/gpu-speed-b$batch/report.json" "$OUT/speed-b$batch.json" 2>/dev/null
+        cp "$REPO/runs/gpu-speed-b$batch.log" "$OUT/" 2>/dev/null
+        tail -6 "$REPO/runs/gpu-speed-b$batch.log"
+    done
+}
+
+profile() {
+    if ! has_cuda; then say "profile: no CUDA device here, skipped"; return 0; fi
+    local precision
+    for precision in fp32 bf16; do
+        say "profile: K=5, beam 4, span answers, batch 32, $precision"
+        "$PYTHON" tools/gpu_profile_reader.py --squad-dev "$DATA/squad/dev-v1.1.json" --precision "$precision" \
+            --out "$OUT/profile-$precision.txt" 2>"$OUT/profile-$precision.log" || say "profile failed (see log)"
+    done
+}
+
 train() {
     if ! has_cuda; then say "train: no CUDA device here, skipped"; return 0; fi
-    local run=$REPO/runs/reader-squad-gpu
-    local args=(configs/reader-stages/reader-squad-gpu.yaml "task.train_data=[$DATA/squad/train-v1.1.json]"
-                "task.eval_data=[$DATA/squad/dev-v1.1.json]" "training.output_dir=$run")
+    local run; run=$(run_dir)
+    local args=("$TRAIN_CONFIG" "task.eval_data=[$DATA/squad/dev-v1.1.json]" "training.output_dir=$run")
+    if grep -q "squad-train-k5.jsonl" "$REPO/$TRAIN_CONFIG"; then  # its training file: made here, once
+        local mined=$REPO/runs/squad-train-k5.jsonl
+        if [ ! -f "$mined" ]; then
+            say "train: $mined (tools/squad_retrieved_distractors.py)"
+            "$PYTHON" tools/squad_retrieved_distractors.py "$DATA/squad/train-v1.1.json" "$mined" --device cuda \
+                >"$OUT/mine.log" 2>&1 || { say "train: mining failed (see mine.log)"; return 1; }
+        fi
+        args+=("task.train_data=[$mined]")
+    else
+        args+=("task.train_data=[$DATA/squad/train-v1.1.json]")
+    fi
     [ -n "${GPU_TRAIN_STEPS:-}" ] && args+=("training.steps=$GPU_TRAIN_STEPS")
+    [ -n "${GPU_TRAIN_PRECISION:-}" ] && args+=("training.precision=$GPU_TRAIN_PRECISION")
     [ -f "$run/checkpoints/latest" ] && args=(--resume "$run")
     say "train: ${args[*]} (for at most ${TRAIN_SECONDS}s, then a checkpoint)"
     timeout --signal=INT --kill-after=60 "$TRAIN_SECONDS" "$PYTHON" -m atlas train "${args[@]}" \
-        >>"$REPO/runs/reader-squad-gpu.log" 2>&1
+        >>"$run.log" 2>&1
     say "train: exit $? ; latest $(cat "$run/checkpoints/latest" 2>/dev/null)"
     tail -3 "$run/log.jsonl" 2>/dev/null
     cp "$run/log.jsonl" "$OUT/train-log.jsonl" 2>/dev/null
@@ -140,38 +194,49 @@ train() {
 
 evaluate() {
     if ! has_cuda; then say "eval: no CUDA device here, skipped"; return 0; fi
-    local run=$REPO/runs/reader-squad-gpu
+    local run; run=$(run_dir)
+    local name; name=$(basename "$run")
     local latest; latest=$(cat "$run/checkpoints/latest" 2>/dev/null) || { say "eval: no checkpoint"; return 0; }
     local device; device=$("$PYTHON" -c "import torch; print(torch.cuda.get_device_name())")
-    local bench=()
-    if [ -f "$HOME_DIR/reader-only" ]; then
-        # tools/gpu_pack.sh reader: MiniLM's top blocks did not travel, so K=5 retrieval would not be
-        # MiniLM's; the comparison runs where the reader lands (bench/reading.py, bench/nq824.py)
-        say "eval: reader-only pack, $latest exported without the reading benchmark"
-    else
-        say "eval: shipped vs $latest (bench/reading.py, the same $READING_QUESTIONS questions, K=1 and K=5)"
-        "$PYTHON" bench/reading.py --device cuda --squad-dev "$DATA/squad/dev-v1.1.json" \
-            --max-dev "$READING_QUESTIONS" --decodings span --batch-size 32 \
-            --reader "gpu=$run/checkpoints/$latest/reader" --out "$REPO/runs/gpu-reading-eval" \
-            >"$REPO/runs/gpu-reading-eval.log" 2>&1
-        tail -6 "$REPO/runs/gpu-reading-eval.log"
-        cp "$REPO/runs/gpu-reading-eval/report.json" "$OUT/bench-reading-eval.json" 2>/dev/null
-        bench=(--bench "$REPO/runs/gpu-reading-eval/report.json" --bench-reader gpu+span)
-    fi
+    say "eval: shipped vs $latest (bench/reading.py, the same $READING_QUESTIONS questions, K=1 and K=5)"
+    "$PYTHON" bench/reading.py --device cuda --squad-dev "$DATA/squad/dev-v1.1.json" \
+        --max-dev "$READING_QUESTIONS" --decodings span --batch-size 32 \
+        --reader "gpu=$run/checkpoints/$latest/reader" --out "$REPO/runs/gpu-reading-eval" \
+        >"$REPO/runs/gpu-reading-eval.log" 2>&1
+    tail -6 "$REPO/runs/gpu-reading-eval.log"
+    cp "$REPO/runs/gpu-reading-eval/report.json" "$OUT/bench-reading-eval.json" 2>/dev/null
+    local bench=(--bench "$REPO/runs/gpu-reading-eval/report.json" --bench-reader gpu+span)
     "$PYTHON" -m atlas.demo.export_reader "$run" --out "$REPO/runs/gpu-reader" --hardware "1 $device" \
         "${bench[@]}" 2>&1 | tail -3
     # back through a channel of <16 MB files: the weights in parts, the rest in one archive
     split -b 15000000 -d "$REPO/runs/gpu-reader/model.safetensors" "$OUT/gpu-reader.safetensors.part"
     # with the run's config, log and checkpoint record, so the reader can be re-exported where it lands
     tar -C "$REPO/runs" -czf "$OUT/gpu-reader-files.tar.gz" --exclude=model.safetensors \
-        --exclude=training_state.pt --exclude=retriever gpu-reader reader-squad-gpu/config.yaml \
-        reader-squad-gpu/log.jsonl reader-squad-gpu/summary.json reader-squad-gpu/checkpoints/latest \
-        "reader-squad-gpu/checkpoints/$latest" reader-squad-gpu.log 2>/dev/null
+        --exclude=training_state.pt --exclude=retriever gpu-reader "$name/config.yaml" \
+        "$name/log.jsonl" "$name/summary.json" "$name/checkpoints/latest" \
+        "$name/checkpoints/$latest" "$name.log" 2>/dev/null
     ls -la "$OUT"
 }
 
+bundle() {
+    # the device tool brings back 8 files: the reader's parts stay whole, everything else travels in one archive
+    local small=()
+    local file
+    for file in "$OUT"/*; do
+        [ -e "$file" ] || continue
+        case "$(basename "$file")" in gpu-reader.safetensors.part* | results.tar.gz) ;; *) small+=("$(basename "$file")") ;; esac
+    done
+    [ ${#small[@]} -eq 0 ] && return 0
+    tar -C "$OUT" -czf "$OUT/results.tar.gz" "${small[@]}" && (cd "$OUT" && rm -f "${small[@]}")
+    ls -la "$OUT"
+}
+
+# the shipped reader, untracked while the kit travels (tools/gpu_pack.sh): each call's tree comes without it
+if [ ! -f "$REPO/atlas/demo/atlas-reader/model.safetensors" ] && [ -f "$HOME_DIR/reader.safetensors" ]; then
+    cp "$HOME_DIR/reader.safetensors" "$REPO/atlas/demo/atlas-reader/model.safetensors"
+fi
 phases=("$@")
-[ ${#phases[@]} -eq 0 ] && phases=(stage setup tests bench train eval)
+[ ${#phases[@]} -eq 0 ] && phases=(stage setup tests bench train eval bundle)
 for phase in "${phases[@]}"; do
     DATA=$(data_dir) && export ATLAS_SHARED_DATA=$DATA  # again after each phase: `setup` unpacks it
     case "$phase" in
@@ -180,7 +245,11 @@ for phase in "${phases[@]}"; do
         tests) tests ;;
         bench) bench ;;
         train) train ;;
+        probe) probe ;;
+        speed) speed ;;
+        profile) profile ;;
         eval) evaluate ;;
-        *) echo "unknown phase $phase (stage setup tests bench train eval)" >&2; exit 2 ;;
+        bundle) bundle ;;
+        *) echo "unknown phase $phase (stage setup tests probe speed profile bench train eval bundle)" >&2; exit 2 ;;
     esac
 done

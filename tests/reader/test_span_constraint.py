@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -120,3 +122,43 @@ def test_an_untrained_reader_constrained_generates_only_spans(tokenizer, tiny_en
         [t for t in free[b, 1:].tolist() if t not in (tokenizer.eos_token_id, tokenizer.pad_token_id)] for b in range(2)
     ]
     assert not all(r[: len(prefix)] == prefix and is_span(r[len(prefix) :], spans[b]) for b, r in enumerate(free_rows))
+
+
+def test_the_step_constraint_gives_transformers_rowwise_scores_bit_for_bit():
+    from transformers.generation.logits_process import PrefixConstrainedLogitsProcessor
+
+    from reader.span_constraint import StepPrefixConstraint
+
+    constraint, beams = _constraint(), 2
+    # rows: example 0's two beams (answer prefix only; inside the span 6 7), example 1's (closed book)
+    ids = torch.tensor([[START, SENTINEL, 0], [START, SENTINEL, 6], [START, SENTINEL, 4], [START, 5, 5]])
+    ids[0, 2] = 5
+    scores = torch.randn(4, 12, generator=torch.Generator().manual_seed(0))
+    scores[2:, :] = -math.inf  # example 1: every score already -inf, the unsatisfiable rule's case
+    expected = PrefixConstrainedLogitsProcessor(constraint, beams)(ids, scores.clone())
+    got = StepPrefixConstraint(constraint, beams)(ids, scores.clone())
+    assert torch.equal(got, expected)
+    assert torch.isfinite(got[0]).sum() == len(constraint(0, ids[0]))  # the mask did something
+
+
+def test_an_empty_allowed_set_is_named():
+    from reader.span_constraint import StepPrefixConstraint
+
+    with pytest.raises(ValueError, match="allowed no token for example 1"):
+        StepPrefixConstraint(lambda batch, _ids: [] if batch == 1 else [0], 1)(
+            torch.zeros(2, 1, dtype=torch.long), torch.zeros(2, 3)
+        )
+
+
+@pytest.mark.parametrize("beams", [1, 3])
+def test_constrained_generation_is_transformers_rowwise_generation(tokenizer, tiny_encoder_path, beams, monkeypatch):
+    from reader import fid
+
+    reader, ids, mask = copy_head_reader_batch(tokenizer, tiny_encoder_path, seed=0)
+    constraint = PassageSpanConstraint.from_passages(
+        tokenizer, SPAN_PASSAGES, answer_prefix="<extra_id_0>", vocab_size=reader.seq2seq.config.vocab_size
+    )
+    stepped = reader.generate(ids, mask, max_length=6, num_beams=beams, prefix_allowed_tokens_fn=constraint)
+    monkeypatch.setattr(fid, "constraint_kwargs", lambda fn, _beams: {"prefix_allowed_tokens_fn": fn})
+    rowwise = reader.generate(ids, mask, max_length=6, num_beams=beams, prefix_allowed_tokens_fn=constraint)
+    assert torch.equal(stepped, rowwise)

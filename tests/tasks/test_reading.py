@@ -242,3 +242,34 @@ def test_counterfactual_training_swaps_a_seeded_share_and_never_the_evaluation_d
     assert get_task("reading").training_examples(examples) == examples  # off by default
     path = _squad(tmp_path)
     assert task.load(path) == get_task("reading", seed=4).load(path)  # loading (evaluation) is untouched
+
+
+def test_a_json_lines_record_reads_its_own_distractors_first_n_in_a_seeded_order(tmp_path):
+    record = {
+        "id": "q1",
+        "question": "Who was the first ruler?",
+        "context": CONTEXT_B,
+        "answers": [{"text": "Rollo", "answer_start": 0}],
+        "distractors": [CONTEXT_A, {"title": "Architecture", "text": CONTEXT_C}, "never read: the third"],
+    }
+    path = tmp_path / "train.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    (example,) = get_task("reading", distractors=2).load(path)
+    by_text = {p.text: p for p in example.passages}
+    assert set(by_text) == {CONTEXT_B, CONTEXT_A, CONTEXT_C}
+    assert by_text[CONTEXT_C].title == "Architecture" and by_text[CONTEXT_A].title == ""
+    assert [p.text for p in get_task("reading", distractors=2).load(path)[0].passages] == [
+        p.text for p in example.passages
+    ]
+    (alone,) = get_task("reading").load(path)  # distractors: 0 reads the gold paragraph only
+    assert [p.text for p in alone.passages] == [CONTEXT_B]
+    (cut,) = get_task("reading", distractors=1, max_words=3).load(path)
+    assert [p.text for p in cut.passages if p.id.endswith("-d0")] == ["The Normans were"]
+
+
+def test_a_bad_listed_distractor_is_named_with_its_line(tmp_path):
+    good = {"question": "Who?", "context": CONTEXT_B, "answers": ["Rollo"]}
+    path = tmp_path / "train.jsonl"
+    path.write_text(json.dumps(good) + "\n" + json.dumps({**good, "distractors": [CONTEXT_A, {"title": "x"}]}) + "\n")
+    with pytest.raises(InputError, match=r"train\.jsonl:2: field .distractors\[1\]."):
+        get_task("reading", distractors=2).load(path)
