@@ -30,8 +30,8 @@ from reader.copy_head import CopySource, previous_source_ids
 from reader.cross_attention_bias import CONFIG_FLAG as CROSS_BIAS_FLAG
 from reader.cross_attention_bias import has_cross_attention_bias, load_cross_attention_bias
 from reader.encoder_precision import precision_autocast, resolve_precision
-from reader.span_constraint import StepPrefixConstraint
 from reader.inputs import IGNORE_INDEX  # noqa: F401  (re-exported: atlas imports it from reader.fid)
+from reader.span_constraint import StepPrefixConstraint
 from reader.t5_untied import UntiedT5ForConditionalGeneration, saved_untied
 from reader.warm_start import (
     WARM_START_PRESETS,
