@@ -26,11 +26,11 @@ from atlas.config import AtlasConfig, apply_overrides, save_config
 from atlas.index import Index
 from atlas.loading import ModelSource, load_model, model_spec
 from atlas.quiet import quiet_libraries
+from common.io import atomic_directory, atomic_write_text
+from common.limits import MAX_ASK_K, check_k, check_question
+from common.progress import progress_bar
 from tasks.base import Example, get_task
-from tasks.io import atomic_directory, atomic_write_text
-from tasks.limits import MAX_ASK_K, check_k, check_question
 from tasks.passage import Passage, shorten
-from tasks.progress import progress_bar
 
 if TYPE_CHECKING:  # the module itself (torch) loads with the first model
     from atlas.model import AtlasModel

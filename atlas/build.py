@@ -14,12 +14,12 @@ from transformers import AutoModel, AutoTokenizer
 from atlas.config import AtlasConfig, IndexConfig
 from atlas.distributed import agree_on_rank0, current_context
 from atlas.model import AtlasModel
+from common.modeling import encoder_source
 from reader.embedding_init import transfer_token_embeddings
 from reader.fid import READER_PRESETS, WARM_START_PRESETS, FiDReader, build_reader
 from reader.tokenizer import build_reader_tokenizer
 from retriever.encoder import Retriever, build_retriever
 from retriever.losses import build_retriever_loss
-from tasks.modeling import encoder_source
 
 logger = logging.getLogger(__name__)
 

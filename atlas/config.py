@@ -35,8 +35,8 @@ from typing import Any, Literal, Union
 import yaml
 
 import tasks  # noqa: F401  (importing the package registers every task)
+from common.io import atomic_write_text
 from tasks.base import TASKS, find_overlaps, get_task
-from tasks.io import atomic_write_text
 from tasks.kilt import KiltTask, check_provenance
 
 logger = logging.getLogger(__name__)

@@ -32,13 +32,13 @@ import torch.distributed as dist
 
 from atlas.config import AtlasConfig, EvaluationConfig, save_config
 from atlas.distributed import DistributedContext
+from common.io import atomic_write_json, write_jsonl
+from common.progress import progress_bar as tqdm
 from retriever.retrieval_eval import RetrievalExample, score_retrieval
 from tasks.base import Example
-from tasks.io import atomic_write_json, write_jsonl
 from tasks.kilt import KiltTask, write_kilt_predictions
 from tasks.multiple_choice import aggregate
 from tasks.passage import Passage
-from tasks.progress import progress_bar as tqdm
 from tasks.score import check_labelled
 
 logger = logging.getLogger(__name__)

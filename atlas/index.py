@@ -20,8 +20,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from atlas.quiet import quiet_libraries
-from tasks.limits import MAX_SEARCH_K, check_k
-from tasks.modeling import MINILM, encoder_source, is_hub_id
+from common.limits import MAX_SEARCH_K, check_k
+from common.modeling import MINILM, encoder_source, is_hub_id
 from tasks.passage import Passage
 
 DEFAULT_ENCODER = "minilm"
@@ -46,7 +46,6 @@ def index_retriever(
     mode on `device` (default `compute_device()`). The libraries' load reports show only when `verbose`."""
     from retriever.encoder import Retriever  # heavy: torch, transformers
     from retriever.index.manifest import EncoderSettings, Manifest  # heavy: faiss
-    from tasks.modeling import encoder_source
 
     record = Manifest.load(folder).encoder if folder is not None else EncoderSettings()
     encoder = encoder or record.source or DEFAULT_ENCODER

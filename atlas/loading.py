@@ -37,7 +37,7 @@ from atlas.config import (
     validate_components,
 )
 from atlas.index import DEFAULT_ENCODER
-from tasks.modeling import is_hub_id
+from common.modeling import is_hub_id
 
 logger = logging.getLogger(__name__)
 

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from atlas.config import IndexConfig, InferenceConfig, ReaderConfig, RetrieverConfig
+from common.modeling import eval_mode
 from reader.dispersion import mean_pairwise_cosine_distance
 from reader.fid import IGNORE_INDEX, FiDReader
 from reader.inputs import encode_reader_inputs, encode_targets
@@ -30,7 +31,6 @@ from retriever.encoder import Retriever
 from retriever.losses import RetrieverLoss
 from retriever.null_document import is_null_document, null_document, with_null_document
 from tasks.base import Example
-from tasks.modeling import eval_mode
 from tasks.passage import Passage
 
 if TYPE_CHECKING:  # atlas.index imports nothing heavy, but the model only holds one

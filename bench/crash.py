@@ -377,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"commands to run, in turn (default: {KINDS})")
     args = parser.parse_args(argv)
-    from tasks.modeling import encoder_source
+    from common.modeling import encoder_source
 
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="atlas-crash-") as tmp:

@@ -31,9 +31,9 @@ sys.path.insert(0, str(ROOT))
 
 from index_data import NQ824_RUN, ensure_nq824_corpus, print_targets, target  # bench/index_data.py
 
+from common.modeling import encoder_source
 from retriever.corpus import Corpus
 from retriever.encoder import Retriever
-from tasks.modeling import encoder_source
 
 
 def flops_per_sequence(config, length: int) -> float:

@@ -68,12 +68,12 @@ def large_set(partial: bool, max_questions: int):
     of the large real set, or None when the shared data is absent."""
     from index_data import LARGE_QUESTIONS, LARGE_RUN, ensure_large_index
 
+    from common.modeling import encoder_source
     from retriever.corpus import Corpus
     from retriever.encoder import Retriever
     from retriever.index.manifest import Manifest
     from retriever.retrieval_eval import read_retrieval_examples
     from tasks.metrics import has_answer
-    from tasks.modeling import encoder_source
 
     folder = LARGE_RUN / "index"
     if (folder / "manifest.json").is_file() or not partial:

@@ -261,7 +261,7 @@ def stage_eval(args, run_dir: Path) -> dict:
     from atlas.knnlm.datastore import Datastore
     from atlas.knnlm.dispersion import layer_dispersion, recommend_key
     from atlas.knnlm.search import build_knn_index, perplexity
-    from tasks.io import atomic_write_json
+    from common.io import atomic_write_json
 
     model, tokenizer = load_trained(run_dir)
     stores = {name: Datastore(run_dir / f"store_{name}") for name in ("train", "holdout", "test")}

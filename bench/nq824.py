@@ -52,6 +52,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from atlas.demo.quickstart import SHIPPED_READER, format_table
+from common.io import atomic_write_text
 from tasks.counterfactual import (
     answer_entity_label,
     answer_kind,
@@ -62,7 +63,6 @@ from tasks.counterfactual import (
     states,
     typed_candidates,
 )
-from tasks.io import atomic_write_text
 
 VARIANTS = ("closed_book", "frozen", "pdist", "adist", "emdr", "loop")
 GOALS = {"em_retrieval_augmented": 35.0, "em_ratio_to_closed_book": 3.0, "recall@5_lift": 3.0, "swap_follow": 80.0}
@@ -207,11 +207,11 @@ def squad_corpus_swap(args, out: Path, checkpoint: str, closed_book: str | None)
     from atlas.api import Atlas
     from atlas.config import RetrieverConfig
     from atlas.evaluate import retrieval_metrics
+    from common.io import write_jsonl
     from retriever.corpus import prepare_corpus
     from retriever.encoder import build_retriever
     from retriever.index.build import build_index
     from tasks.base import get_task
-    from tasks.io import write_jsonl
     from tasks.metrics import max_exact_match, max_f1
 
     started = time.perf_counter()
@@ -309,9 +309,9 @@ def gold_passage_reading(args, out: Path, checkpoint: str) -> dict:
     import dataclasses
 
     from atlas.api import Atlas
+    from common.io import read_jsonl
     from retriever.corpus import Corpus
     from tasks.base import get_task
-    from tasks.io import read_jsonl
     from tasks.metrics import max_exact_match, max_f1
 
     started = time.perf_counter()
@@ -373,9 +373,9 @@ def corpus_swap(args, out: Path, checkpoint: str) -> dict:
 
     from atlas.api import Atlas
     from atlas.index import Index
+    from common.io import read_jsonl, write_jsonl
     from retriever.index.update import add_passages, read_passage_files, remove_passages
     from tasks.base import get_task
-    from tasks.io import read_jsonl, write_jsonl
     from tasks.metrics import max_f1, normalize_answer
 
     started = time.perf_counter()

@@ -46,8 +46,8 @@ def tagged_wikitext(args, out: Path) -> tuple[Path, Path]:
     train_file, heldout_file = out / "ssm-train.jsonl", out / "ssm-heldout.jsonl"
     if train_file.is_file() and heldout_file.is_file():
         return train_file, heldout_file
+    from common.io import atomic_write_text
     from retriever.corpus import Corpus
-    from tasks.io import atomic_write_text
     from tasks.salient_span import load_pipeline, salient_spans
 
     corpus = Corpus(out / "corpus")
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     import nq824
 
     from atlas.demo.quickstart import SHIPPED_READER
-    from tasks.io import atomic_write_text
+    from common.io import atomic_write_text
 
     args.reader = args.reader or str(SHIPPED_READER)
     recipes = [r for r in args.recipes.split(",") if r]

@@ -16,7 +16,7 @@ How it is recorded, in the child process only, with no kernel help (no FUSE moun
 - Deletions and renames are wrapped only to keep the inode they free open (an `O_PATH` fd), so the kernel does
   not hand the same inode number to a new file while the durable state may still name the old one.
 Blind spot: an fsync made from C code is not seen, so the rebuild drops data the program did make durable
-(a false failure, never a false pass); atlas makes every commit's fsyncs from Python (`tasks/io.py`,
+(a false failure, never a false pass); atlas makes every commit's fsyncs from Python (`common/io.py`,
 `retriever/index_files.py`).
 
 After the kill, `rebuild` writes the folder as the power cut would leave it: the names each folder had at its

@@ -188,11 +188,11 @@ def read(
 
 def main(argv: list[str] | None = None) -> int:
     from atlas.demo.quickstart import format_table
+    from common.modeling import encoder_source
     from reader.fid import FiDReader
     from reader.tokenizer import build_reader_tokenizer
     from retriever.encoder import Retriever
     from tasks.base import get_task
-    from tasks.modeling import encoder_source
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(

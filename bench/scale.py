@@ -180,11 +180,11 @@ def base_data(work: Path, state: State, base_index: Path | None = None) -> dict:
     questions' vectors, and the generator's noise norm."""
     from index_data import LARGE_QUESTIONS, LARGE_RUN, ensure_large_index
 
+    from common.modeling import encoder_source
     from retriever.corpus import Corpus
     from retriever.encoder import Retriever
     from retriever.index.manifest import Manifest
     from retriever.retrieval_eval import read_retrieval_examples
-    from tasks.modeling import encoder_source
 
     base = work / "base"
     base.mkdir(parents=True, exist_ok=True)
@@ -600,8 +600,8 @@ def edits(index: Path, base: dict, folder: Path, seed: int) -> dict:
         result[name] = {"wall_s": measured["wall_s"], "peak_rss_bytes": measured["peak_rss_bytes"]}
     # what of an edit is the encoder's: embedding 1,000 passages with MiniLM alone
     from atlas.quiet import quiet_libraries
+    from common.modeling import encoder_source
     from retriever.encoder import Retriever
-    from tasks.modeling import encoder_source
 
     with quiet_libraries():  # transformers' load report of MiniLM, as the CLI hides it
         retriever = Retriever.from_pretrained(encoder_source("minilm"))

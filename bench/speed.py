@@ -183,7 +183,7 @@ def embedding_paths(retriever, work: Path, batch_size: int) -> dict:
             paths[name] = lambda texts, onnx=onnx: onnx.embed_texts(texts, batch_size=batch_size, max_length=max_length)
     from sentence_transformers import SentenceTransformer
 
-    from tasks.modeling import encoder_source
+    from common.modeling import encoder_source
 
     sentence_transformer = SentenceTransformer(encoder_source("minilm"), device="cpu")
     paths["SentenceTransformer.encode"] = lambda texts: sentence_transformer.encode(texts, convert_to_numpy=True)
@@ -537,9 +537,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     from atlas.quiet import quiet_libraries
+    from common.modeling import encoder_source
     from retriever.corpus import Corpus
     from retriever.encoder import Retriever
-    from tasks.modeling import encoder_source
 
     args.work.mkdir(parents=True, exist_ok=True)
     with quiet_libraries():

@@ -116,8 +116,8 @@ class ScoreSource:
     def __init__(self, kind: str, batch: int, n_passages: int, device: torch.device) -> None:
         self.kind = kind
         if kind == "minilm":
+            from common.modeling import encoder_source
             from retriever.encoder import ContrieverEncoder
-            from tasks.modeling import encoder_source
 
             self.encoder = ContrieverEncoder.from_pretrained(encoder_source("minilm")).to(device).train()
             self.dim = self.encoder.dim

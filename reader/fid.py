@@ -19,6 +19,8 @@ from torch import nn
 from transformers import LogitsProcessorList, T5Config, T5ForConditionalGeneration
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
+from common.io import atomic_directory
+from common.modeling import is_hub_id, missing_folder
 from reader import attention_scores, passage_scores
 from reader.attention_backend import checkpoint_contexts, with_training_attention
 from reader.beam_attention import (
@@ -39,8 +41,6 @@ from reader.warm_start import (
     build_warm_started,
     is_warm_started_folder,
 )
-from tasks.io import atomic_directory
-from tasks.modeling import is_hub_id, missing_folder
 
 # most rows the encoder takes at once: enough for efficient matrix products, few enough that a
 # group's rows have similar lengths

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from tasks.modeling import IGNORE_INDEX
+from common.modeling import IGNORE_INDEX
 
 DEFAULT_PASSAGE_FORMAT = "{query} title: {title} context: {text}"
 

@@ -23,7 +23,7 @@ from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, process
 from tokenizers.models import WordPiece
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from tasks.modeling import MINILM, encoder_source, is_hub_id, missing_folder
+from common.modeling import MINILM, encoder_source, is_hub_id, missing_folder
 
 N_SENTINELS = 100
 PAD, EOS, UNK = "<pad>", "</s>", "<unk>"

@@ -42,11 +42,11 @@ from transformers import (
 )
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
+from common.modeling import BERT_FAMILY, encoder_source
 from reader.attention_backend import with_training_attention
 from reader.beam_attention import CACHE_KWARG, output_cache
 from reader.copy_head import CopyHead, CopySource
 from reader.inputs import IGNORE_INDEX
-from tasks.modeling import BERT_FAMILY, encoder_source
 
 READER_KIND = "warm-started-fid"
 WEIGHTS_FILE = "model.safetensors"

@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tasks.io import InputError, atomic_directory, read_jsonl, require_str
-from tasks.progress import progress_bar as tqdm
+from common.io import InputError, atomic_directory, read_jsonl, require_str
+from common.progress import progress_bar as tqdm
 
 COLUMNS = ("id", "doc_id", "title", "section", "text", "wikipedia_id")
 SCHEMA = pa.schema([(name, pa.string()) for name in COLUMNS])

@@ -33,6 +33,8 @@ import torch
 from torch import nn
 from transformers import AutoModel, AutoTokenizer
 
+from common.modeling import BERT_FAMILY, encoder_source, eval_mode
+from common.progress import progress_bar as tqdm
 from retriever.embedding_precision import (
     DEFAULT_EMBEDDING_PRECISION,
     check_embedding_precision,
@@ -40,8 +42,6 @@ from retriever.embedding_precision import (
     resolve_embedding_precision,
 )
 from retriever.fingerprint import hash_json, hash_state_dict, hash_tokenizer
-from tasks.modeling import BERT_FAMILY, encoder_source, eval_mode
-from tasks.progress import progress_bar as tqdm
 
 Pooling = Literal["mean", "cls"]
 POOLINGS = ("mean", "cls")

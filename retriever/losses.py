@@ -38,7 +38,7 @@ from typing import Any, ClassVar, Protocol
 import torch
 import torch.nn.functional as F
 
-from tasks.modeling import IGNORE_INDEX, eval_mode
+from common.modeling import IGNORE_INDEX, eval_mode
 
 # How the gold pass encodes passages (`reader.encoder_precision.PRECISIONS`, not imported: retriever/ stays
 # independent of reader/)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from tasks.io import InputError, read_jsonl, require_str
+from common.io import InputError, read_jsonl, require_str
 from tasks.metrics import has_answer
 
 GOLD_KEYS = ("gold_doc", "gold_docs", "gold_id", "gold_ids")

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from tasks.io import InputError, read_jsonl
+from common.io import InputError, read_jsonl
 from tasks.passage import Passage
 
 logger = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ class Task:
     def load(self, path: str | os.PathLike, *, skip_invalid: bool = False) -> list[Example]:
         """Read every example of `path`.
 
-        A malformed record raises `tasks.io.InputError` naming the file, the line and the field;
+        A malformed record raises `common.io.InputError` naming the file, the line and the field;
         with `skip_invalid` it is logged and skipped instead (file-level errors still raise).
         Example ids must be unique within the file.
         """

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tasks.io import InputError, atomic_directory, read_jsonl, require_str, write_jsonl
+from common.io import InputError, atomic_directory, read_jsonl, require_str, write_jsonl
 
 NQ824_FILES = {"train": "train-64.jsonl", "dev": "dev.jsonl"}
 

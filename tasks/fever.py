@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from common.io import InputError, require_str
 from tasks.base import Example, Task, check_lengths, format_template, register_task
-from tasks.io import InputError, require_str
 from tasks.metrics import percent
 from tasks.passage import Passage
 

@@ -34,8 +34,8 @@ import random
 from pathlib import Path
 from typing import Any, ClassVar
 
+from common.io import InputError, require_str
 from tasks.base import Example, Task, check_lengths, format_template, register_task
-from tasks.io import InputError, require_str
 from tasks.kilt_scoring import (
     as_metrics,
     gold_answers,

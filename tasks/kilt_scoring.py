@@ -29,7 +29,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from tasks.io import InputError, read_jsonl, write_jsonl
+from common.io import InputError, read_jsonl, write_jsonl
 from tasks.metrics import exact_match, f1, normalize_answer, rouge_l  # noqa: F401
 
 RANK_KEYS = ("wikipedia_id",)

@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
+from common.io import InputError, read_jsonl, require_str
 from tasks.base import Example, Task, check_lengths, register_task
-from tasks.io import InputError, read_jsonl, require_str
 from tasks.metrics import percent
 from tasks.mmlu_subjects import CATEGORIES, subject_category
 from tasks.multiple_choice import (

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
+from common.io import InputError, require_str
 from tasks.base import (
     Example,
     Task,
@@ -30,7 +31,6 @@ from tasks.base import (
     register_task,
     strip_sentinels,
 )
-from tasks.io import InputError, require_str
 from tasks.metrics import exact_match, f1, percent, rouge_l
 from tasks.passage import Passage
 

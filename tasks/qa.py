@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 from typing import Any, ClassVar
 
+from common.io import InputError, require_str
 from tasks.base import (
     Example,
     Task,
@@ -21,7 +22,6 @@ from tasks.base import (
     format_template,
     register_task,
 )
-from tasks.io import InputError, require_str
 from tasks.metrics import max_exact_match, max_f1, percent
 from tasks.passage import Passage
 

@@ -31,9 +31,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
+from common.io import InputError, read_jsonl, require_str
 from tasks.base import Example, register_task
 from tasks.counterfactual import answer_kind, counterfactual_example
-from tasks.io import InputError, read_jsonl, require_str
 from tasks.passage import Passage
 from tasks.qa import QATask
 

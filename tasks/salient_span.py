@@ -30,9 +30,9 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
+from common.io import InputError
+from common.model_packages import is_recorded, verified_package
 from tasks.base import Example, format_template, register_task
-from tasks.io import InputError
-from tasks.model_packages import is_recorded, verified_package
 from tasks.pretext import _PretextTask
 
 # spaCy entity label → the wh-word a question about such a span starts with
@@ -164,7 +164,7 @@ class SalientSpanQuestions(_PretextTask):
     ) -> Iterator[tuple[str, int, dict[str, Any]]]:
         """The passages of `path`, each with its `salient_spans` (tagged in batches, with progress)."""
         # slow to import: tqdm brings asyncio and ssl, kept out of `import tasks`, which every `atlas` command runs
-        from tasks.progress import progress_bar as tqdm
+        from common.progress import progress_bar as tqdm
 
         batch: list[tuple[str, int, dict[str, Any]]] = []
         with tqdm(desc="tagging salient spans", unit="passage", mininterval=2.0) as bar:

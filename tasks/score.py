@@ -20,8 +20,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from common.io import InputError, read_jsonl
 from tasks.base import Example, get_task
-from tasks.io import InputError, read_jsonl
 from tasks.kilt import KILT_DATASETS, KiltTask
 from tasks.kilt_scoring import DEFAULT_KS, as_metrics, official_report, score_kilt_files
 

@@ -14,8 +14,8 @@ from transformers import AutoTokenizer, BertConfig, BertModel
 
 from atlas.cli import corpus as cli_corpus
 from atlas.cli import index as cli_index
+from common.modeling import encoder_source
 from retriever.encoder import ContrieverEncoder, Retriever
-from tasks.modeling import encoder_source
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:

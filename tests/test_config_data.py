@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from atlas.config import ConfigError, load_config
-from tasks.io import InputError
+from common.io import InputError
 
 QA = [
     {"question": "what is the capital of zorbland", "answers": ["Quimper"]},

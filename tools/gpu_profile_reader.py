@@ -27,11 +27,11 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from common.modeling import encoder_source
     from reader.fid import FiDReader
     from reader.tokenizer import build_reader_tokenizer
     from retriever.encoder import Retriever
     from tasks.base import get_task
-    from tasks.modeling import encoder_source
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--squad-dev", type=Path, default=bench_reading.SQUAD_DEV)

@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 def squad_questions(path: Path) -> tuple[list[tuple[str, str]], list[dict]]:
     """The file's paragraphs as (title, text), and its questions, each with its paragraph's index."""
-    from tasks.io import InputError
+    from common.io import InputError
 
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
@@ -61,9 +61,9 @@ def retrieved_distractors(question_vectors, paragraph_vectors, gold, n: int, blo
 def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
 
+    from common.io import atomic_write_text
+    from common.modeling import encoder_source
     from retriever.encoder import Retriever
-    from tasks.io import atomic_write_text
-    from tasks.modeling import encoder_source
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("squad", type=Path, help="SQuAD v1.1 JSON (e.g. train-v1.1.json)")

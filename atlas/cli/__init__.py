@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `atlas` console script; returns the process exit code."""
     from atlas.config import ConfigError
     from atlas.quiet import quiet_libraries
-    from tasks.io import InputError
-    from tasks.progress import close_progress_bars
+    from common.io import InputError
+    from common.progress import close_progress_bars
 
     argv = list(sys.argv[1:] if argv is None else argv)
     undecodable = _first_undecodable(argv)

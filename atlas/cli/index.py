@@ -42,8 +42,8 @@ def _reports_errors(
 
     @functools.wraps(handler)
     def wrapper(args: argparse.Namespace) -> int:
+        from common.progress import close_progress_bars  # likewise
         from retriever.index.files import IndexLockedError  # in the wrapper: decorating runs at `atlas --help`
-        from tasks.progress import close_progress_bars  # likewise
 
         try:
             return handler(args)
@@ -646,8 +646,8 @@ def _summary_lines(folder: str, manifest, compaction_due: str | None, verified: 
 
 @_reports_errors
 def _evaluate(args: argparse.Namespace) -> int:
+    from common.io import write_jsonl
     from retriever.retrieval_eval import evaluate_retrieval, read_retrieval_examples
-    from tasks.io import write_jsonl
 
     examples = read_retrieval_examples(args.data)[: args.max_examples]
     metrics, records = evaluate_retrieval(_load_index(args), examples, ks=args.k, batch_size=args.batch_size)

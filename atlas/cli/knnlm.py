@@ -185,7 +185,7 @@ def run_tune(args) -> int:
     """Handler of `atlas knnlm tune`."""
     from atlas.knnlm.datastore import Datastore
     from atlas.knnlm.search import grid_search
-    from tasks.io import atomic_write_json
+    from common.io import atomic_write_json
 
     train = Datastore(args.datastore)
     queries = _query_store(args, train)
@@ -211,7 +211,7 @@ def run_eval(args) -> int:
     """Handler of `atlas knnlm eval`."""
     from atlas.knnlm.datastore import Datastore
     from atlas.knnlm.search import knn_lm_logprobs, perplexity, save_token_logprobs
-    from tasks.io import atomic_write_json
+    from common.io import atomic_write_json
 
     tuned = json.loads(args.tuning.read_text()) if args.tuning else {}
     lam = args.lam if args.lam is not None else tuned.get("lambda")
@@ -248,7 +248,7 @@ def run_eval(args) -> int:
 def run_dispersion(args) -> int:
     """Handler of `atlas dispersion`: prints the per-key curve and the recommended key."""
     from atlas.knnlm.dispersion import layer_dispersion, recommend_key
-    from tasks.io import atomic_write_json
+    from common.io import atomic_write_json
 
     model, _, ids = _model_and_tokens(args.model, args.text)
     values = layer_dispersion(

@@ -245,7 +245,7 @@ def _score(args: argparse.Namespace) -> int:
 def _ask(args: argparse.Namespace) -> int:
     from atlas.api import Atlas
     from atlas.loading import resolve_source
-    from tasks.limits import check_question
+    from common.limits import check_question
 
     check_question(args.question)  # before minutes of loading
     if resolve_source(args.checkpoint).kind != "checkpoint" and not args.index:

@@ -27,12 +27,12 @@ from safetensors.torch import load_file
 from atlas.config import load_config
 from atlas.loading import resolve_checkpoint
 from atlas.training.run_log import read_log
+from common.io import read_jsonl
 from reader.fid import FiDReader
 from reader.inputs import encode_reader_inputs
 from reader.surface import decode_answers
 from reader.tokenizer import build_reader_tokenizer
 from tasks.base import get_task
-from tasks.io import read_jsonl
 
 HERE = Path(__file__).resolve().parent
 SHIPPED = HERE / "atlas-reader"

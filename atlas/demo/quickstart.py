@@ -29,6 +29,8 @@ from atlas.evaluate import evaluate
 from atlas.loading import SHIPPED_READER, load_model, recipe_spec
 from atlas.training.data import load_training_examples
 from atlas.training.loop import train as train_model
+from common.io import InputError, atomic_write_json, atomic_write_text, read_jsonl, write_jsonl
+from common.modeling import IGNORE_INDEX
 from retriever.corpus import prepare_corpus
 from retriever.encoder import build_retriever
 from retriever.index.build import build_index, link_index
@@ -42,9 +44,7 @@ from tasks.counterfactual import (
     states,
     tag_answers,
 )
-from tasks.io import InputError, atomic_write_json, atomic_write_text, read_jsonl, write_jsonl
 from tasks.metrics import normalize_answer, wilson_interval
-from tasks.modeling import IGNORE_INDEX
 from tasks.passage import Passage
 from tasks.salient_span import load_pipeline
 from tasks.score import check_labelled

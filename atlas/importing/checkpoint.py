@@ -46,12 +46,12 @@ from atlas.config import AtlasConfig, LossConfig, save_config, validate_componen
 from atlas.importing.safe_pickle import load_torch_file
 from atlas.importing.weights import bert_from_state_dict, read_config_file, t5_from_state_dict
 from atlas.loading import READER_SETTINGS_FILE
+from common.io import InputError, atomic_directory, atomic_write_json, atomic_write_text
 from reader.cross_attention_bias import CROSS_BIAS_KEY, has_cross_attention_bias
 from reader.fid import FiDReader
 from reader.t5_untied import UntiedT5ForConditionalGeneration
 from reader.tokenizer import build_reader_tokenizer, reference_t5_tokenizer
 from retriever.encoder import ContrieverEncoder, Retriever
-from tasks.io import InputError, atomic_directory, atomic_write_json, atomic_write_text
 
 logger = logging.getLogger(__name__)
 

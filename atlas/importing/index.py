@@ -35,12 +35,12 @@ from numpy.lib.format import open_memmap
 
 from atlas.importing.safe_pickle import load_plain_pickle, load_torch_file
 from atlas.loading import resolve_checkpoint
+from common.io import InputError, atomic_write_json
 from retriever.corpus import prepare_corpus
 from retriever.encoder import Retriever
 from retriever.index.build import BLOCK_ROWS, PROGRESS, build_index, work_dir_for
 from retriever.index.manifest import Manifest
 from retriever.index.types import index_type
-from tasks.io import InputError, atomic_write_json
 
 STATE_FILE = "import-progress.json"
 PASSAGE_FIELDS = ("title", "text", "section", "wikipedia_id")

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from tasks.io import InputError
+from common.io import InputError
 
 # What the reference stores besides tensors and containers: its options (`opt`, an argparse
 # Namespace of strings and numbers; `opt.device`, a torch.device, is allowed by torch itself).

@@ -25,9 +25,9 @@ from pathlib import Path
 import torch
 from transformers import BertConfig, BertModel, T5Config, T5ForConditionalGeneration
 
+from common.io import InputError
 from reader.cross_attention_bias import CROSS_BIAS_KEY, add_cross_attention_bias
 from reader.t5_untied import UntiedT5ForConditionalGeneration
-from tasks.io import InputError
 
 # Keys the reference may save that carry nothing a model needs: aliases of `shared` (tied
 # token embeddings), BERT's position-id buffer and the pooler Contriever never uses.

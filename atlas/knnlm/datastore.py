@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from tasks.io import atomic_write_json
-from tasks.progress import progress_bar as tqdm
+from common.io import atomic_write_json
+from common.progress import progress_bar as tqdm
 
 MANIFEST = "manifest.json"
 PROGRESS = "progress.json"

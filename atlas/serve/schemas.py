@@ -23,7 +23,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from tasks.limits import (  # the limits every front end shares
+from common.limits import (  # the limits every front end shares
     MAX_ASK_K,
     MAX_BATCH,
     MAX_ID_CHARS,

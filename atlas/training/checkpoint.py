@@ -32,7 +32,7 @@ import torch
 
 from atlas.config import AtlasConfig, config_to_dict, load_config, save_config
 from atlas.loading import resolve_checkpoint
-from tasks.io import atomic_directory, atomic_write_text
+from common.io import atomic_directory, atomic_write_text
 
 logger = logging.getLogger(__name__)
 

@@ -8,9 +8,9 @@ import random
 from dataclasses import dataclass, replace
 
 from atlas.config import AtlasConfig
+from common.io import InputError
 from tasks.base import Example
 from tasks.fewshot import sample_shots
-from tasks.io import InputError
 from tasks.score import record_location
 
 # the recipe's messages keep the logger name they have always had (`atlas train` prints it)

@@ -58,9 +58,9 @@ from atlas.training.deepspeed_engine import (
 )
 from atlas.training.refresh import RefreshRange, parse_refresh_schedule, refresh_due, refresh_index
 from atlas.training.run_log import RunLog, logged_recall
+from common.io import atomic_write_json
+from common.progress import progress_bar as tqdm
 from tasks.base import Example, Task, get_task
-from tasks.io import atomic_write_json
-from tasks.progress import progress_bar as tqdm
 from tasks.score import check_labelled
 
 logger = logging.getLogger(__name__)

@@ -33,8 +33,8 @@ import torch.distributed as dist
 from atlas.config import AtlasConfig, save_config
 from atlas.distributed import DistributedContext, init_distributed
 from atlas.loading import resolve_checkpoint
+from common.io import InputError, atomic_write_json, read_jsonl, write_jsonl
 from tasks.base import Example, get_task
-from tasks.io import InputError, atomic_write_json, read_jsonl, write_jsonl
 
 logger = logging.getLogger(__name__)
 

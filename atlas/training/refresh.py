@@ -15,8 +15,8 @@ from pathlib import Path
 from atlas.build import open_index
 from atlas.distributed import DistributedContext
 from atlas.index import Index
+from common.modeling import eval_mode
 from retriever.index.build import build_index
-from tasks.modeling import eval_mode
 
 _RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*:\s*(\d+)\s*$")
 

@@ -7,7 +7,7 @@ import logging
 import os
 from pathlib import Path
 
-from tasks.io import atomic_write_text
+from common.io import atomic_write_text
 
 logger = logging.getLogger(__name__)
 

@@ -27,6 +27,8 @@ import faiss
 import numpy as np
 from numpy.lib.format import open_memmap
 
+from common.io import atomic_directory, atomic_write_json
+from common.progress import progress_bar as tqdm
 from retriever.corpus import Corpus
 from retriever.fingerprint import hash_json
 from retriever.index.embedding import embed_passages, embedding_precision
@@ -43,8 +45,6 @@ from retriever.index.manifest import (
 from retriever.index.rerank import gather_rows
 from retriever.index.types import build_faiss_index, index_type
 from retriever.index.vectors import EncoderRecord, copy_checked, read_encoder_record, record_path, write_encoder_record
-from tasks.io import atomic_directory, atomic_write_json
-from tasks.progress import progress_bar as tqdm
 
 PROGRESS = "progress.json"
 # Passages embedded between two progress records inside a chunk: about 15 s of MiniLM on 2 CPU cores, so a

@@ -17,10 +17,10 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from common.io import fsync_directory, fsync_file, fsync_tree
 from retriever.corpus import Corpus
 from retriever.fingerprint import hash_file
 from retriever.index.manifest import MANIFEST, FileRecord, InvalidIndexError, Manifest, Segment, sampled_sha256
-from tasks.io import fsync_directory, fsync_file, fsync_tree
 
 LOCK = ".writer.lock"  # exists while the one process that updates or compacts the index holds it
 # files and segment folders a generation writes (`.gN.` / `segment-gN`), and the temporary names

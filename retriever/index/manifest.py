@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.io import atomic_write_json
 from retriever.fingerprint import hash_file
-from tasks.io import atomic_write_json
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 2

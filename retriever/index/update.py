@@ -41,6 +41,8 @@ from typing import Any
 import faiss
 import numpy as np
 
+from common.io import InputError
+from common.limits import MAX_PASSAGE_CHARS, passage_too_long
 from retriever.corpus import Corpus, chunk_text, iter_records, passage_id, write_corpus
 from retriever.index.embedding import embed_passages, embedding_precision
 from retriever.index.files import (
@@ -53,8 +55,6 @@ from retriever.index.files import (
 from retriever.index.manifest import FileRecord, Manifest, Segment, sampled_sha256
 from retriever.index.passage_index import PassageIndex
 from retriever.index.vectors import write_float16_rows
-from tasks.io import InputError
-from tasks.limits import MAX_PASSAGE_CHARS, passage_too_long
 from tasks.passage import Passage
 
 logger = logging.getLogger(__name__)

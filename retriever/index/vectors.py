@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.io import atomic_write_json
-from tasks.progress import progress_bar as tqdm
+from common.io import atomic_write_json
+from common.progress import progress_bar as tqdm
 
 ENCODER_RECORD = "encoder.json"
 COPY_ROWS = 65536  # rows checked and copied at a time: 48 MiB of float32 at d = 192, bounded at any N

@@ -15,7 +15,7 @@ import pytest
 import atlas
 from atlas.cli import main
 from atlas.loading import SHIPPED_READER
-from tasks.io import read_jsonl
+from common.io import read_jsonl
 
 DEMO = Path(atlas.__file__).resolve().parent / "demo"
 N_QUESTIONS = 8

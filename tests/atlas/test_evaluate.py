@@ -164,8 +164,8 @@ def test_an_example_without_answers_is_an_error_naming_file_line_and_field_befor
 ):
     from atlas.config import EvaluationConfig
     from atlas.evaluate import evaluate
+    from common.io import InputError
     from tasks.base import get_task
-    from tasks.io import InputError
 
     data = qa_file(tmp_path, records)
     model = CannedModel({QUERY.format("when?"): "1999", QUERY.format("who?"): "Bob"})
@@ -185,8 +185,8 @@ def test_an_mmlu_question_without_its_answer_names_its_line_and_the_answer_field
     import json
 
     from atlas.evaluate import check_labelled
+    from common.io import InputError
     from tasks.base import get_task
-    from tasks.io import InputError
 
     options = {"A": "a", "B": "b", "C": "c", "D": "d"}
     path = tmp_path / "anatomy_test.jsonl"

@@ -13,7 +13,7 @@ import pytest
 from atlas.cli import main
 from atlas.demo.quickstart import DEMO, RECIPE
 from atlas.loading import SHIPPED_READER
-from tasks.io import read_jsonl
+from common.io import read_jsonl
 from tasks.metrics import normalize_answer
 
 N_QUESTIONS = 6

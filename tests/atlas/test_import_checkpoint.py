@@ -24,7 +24,7 @@ from transformers import BertModel, T5Config, T5ForConditionalGeneration
 from atlas.cli import main
 from atlas.importing.checkpoint import import_atlas_checkpoint, import_fid_reader
 from atlas.importing.safe_pickle import UnsafePickleError
-from tasks.io import InputError
+from common.io import InputError
 
 TEXTS = ["the capital of zorbland is quimper", "a river in tarsia", "mount olo"]
 

@@ -18,7 +18,7 @@ import torch
 from atlas.cli import main
 from atlas.importing.index import import_atlas_index
 from atlas.importing.safe_pickle import UnsafePickleError
-from tasks.io import InputError
+from common.io import InputError
 
 SIZES = (5, 4, 6)  # passages per shard
 DIM = 32  # the tiny encoder's (tests/conftest.py)

@@ -299,7 +299,7 @@ def test_zero_training_steps_evaluate_and_write_no_checkpoint(tiny_world, tmp_pa
 
 
 def test_an_evaluation_file_without_answers_fails_before_training(tiny_world, tmp_path):
-    from tasks.io import InputError
+    from common.io import InputError
 
     dev = tmp_path / "dev.jsonl"
     dev.write_text(
@@ -413,7 +413,7 @@ def test_a_training_example_without_answers_stops_the_run_at_start_or_is_skipped
     lines = tiny_world["qa"].read_text().splitlines()
     data.write_text("\n".join([lines[0], '{"question": "no answers field"}', *lines[1:]]) + "\n")
     overrides = [f"task.train_data=[{data}]", "training.steps=2"]
-    from tasks.io import InputError
+    from common.io import InputError
 
     with pytest.raises(InputError, match=r"qa\.jsonl:2: field 'answers': example '1' has no answers"):
         train(tiny_config(tiny_world, tmp_path / "strict", *overrides))

@@ -42,8 +42,8 @@ def exact_fp32():
 def demo_batch(tokenizer, size: int = 8, passages: int = 2):
     """The first `size` demo held-out questions, each with its gold passage and the next
     encyclopedia entry: → (input_ids (B, K, L), attention_mask (B, K, L), labels (B, T), questions, passages)."""
+    from common.io import read_jsonl
     from reader.inputs import encode_reader_inputs, encode_targets
-    from tasks.io import read_jsonl
 
     docs = [record for _, record in read_jsonl(REPO / "atlas" / "demo" / "encyclopedia.jsonl")]
     by_id = {d["id"]: n for n, d in enumerate(docs)}

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from common.io import InputError
 from retriever.corpus import Corpus, chunk_text, prepare_corpus
-from tasks.io import InputError
 
 DOCS = [
     {"id": "d1", "title": "Alpha", "text": "one two three", "section": "Intro"},

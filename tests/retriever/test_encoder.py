@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from common.modeling import encoder_source
 from retriever.encoder import ContrieverEncoder, Retriever
-from tasks.modeling import encoder_source
 
 TEXTS = [
     "The Eiffel Tower is in Paris.",

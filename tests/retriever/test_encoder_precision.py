@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from common.modeling import encoder_source
 from retriever.embedding_precision import BF16_MIN_SPEEDUP, EMBEDDING_PRECISIONS, resolve_embedding_precision
 from retriever.encoder import ContrieverEncoder, Retriever
 from retriever.index import types as index_types
-from tasks.modeling import encoder_source
 
 NQ824 = Path(__file__).resolve().parents[3] / "shared" / "data" / "nq824" / "documents.jsonl"
 

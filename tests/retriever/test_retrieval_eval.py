@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from common.io import InputError
 from retriever.retrieval_eval import RetrievalExample, read_retrieval_examples, score_retrieval
-from tasks.io import InputError
 from tasks.passage import Passage
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from common.io import InputError
 from tasks import get_task
 from tasks.convert import kilt_knowledge_documents, nq824_to_kilt, split_file
-from tasks.io import InputError
 from tasks.passage import Passage
 
 DOCS = [

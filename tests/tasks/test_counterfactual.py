@@ -450,9 +450,9 @@ def nq824_edit_plan(data: Path, nlp) -> list[tuple[str, str, str]]:
     eligible: → [(question, old answer, replacement)]. The pool is the 578 dev and 64 training questions' first
     answers; each answer is typed where its gold paragraph's first 100-word passage stating it stands (the passages
     edited: those of the gold paragraph stating it); similarity: cosine of MiniLM embeddings of the answers."""
+    from common.modeling import encoder_source
     from retriever.corpus import chunk_text
     from retriever.encoder import ContrieverEncoder
-    from tasks.modeling import encoder_source
 
     documents = {r["id"]: r["text"] for r in map(json.loads, (data / "documents.jsonl").open(encoding="utf-8"))}
     dev = [json.loads(line) for line in (data / "dev.jsonl").open(encoding="utf-8")]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from common.io import InputError
 from tasks import get_task
-from tasks.io import InputError
 
 
 def test_labels_targets_and_accuracy(tmp_path, write_jsonl):

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
+from common.io import InputError
 from tasks import get_task
-from tasks.io import InputError
 from tasks.kilt import infer_kilt_dataset
 from tasks.kilt_scoring import score_kilt
 from tasks.passage import Passage

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tasks.io import InputError
+from common.io import InputError
 from tasks.kilt_scoring import (
     align_predictions,
     downstream_metrics,

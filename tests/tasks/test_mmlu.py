@@ -7,9 +7,9 @@ import math
 
 import pytest
 
+from common.io import InputError
 from tasks import get_task
 from tasks.base import Example
-from tasks.io import InputError
 from tasks.mmlu import build_train_sets
 from tasks.mmlu_subjects import SUBCATEGORIES, subject_category
 from tasks.multiple_choice import aggregate, orderings, parse_letter, permute, predict_letter

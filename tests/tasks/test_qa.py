@@ -6,8 +6,8 @@ import random
 
 import pytest
 
+from common.io import InputError
 from tasks import TASKS, get_task
-from tasks.io import InputError
 
 
 def test_registry_lists_valid_names_and_options():

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from common.io import InputError
 from tasks.base import get_task
-from tasks.io import InputError
 from tasks.passage import Passage
 from tasks.reading import _window
 

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
+from common.io import InputError
 from tasks import get_task
-from tasks.io import InputError
 from tasks.passage import Passage
 from tasks.salient_span import span_question
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.io import InputError
+from common.io import InputError
 from tasks.score import score_files
 
 

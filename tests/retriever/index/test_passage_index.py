@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer, BertConfig, BertModel
 
+from common.modeling import encoder_source
 from retriever.corpus import prepare_corpus
 from retriever.encoder import ContrieverEncoder, Retriever
 from retriever.index import (
@@ -20,7 +21,6 @@ from retriever.index import (
 from retriever.index.build import build_index, train_and_fill, work_dir_for
 from retriever.index.types import exact_search, set_search_params
 from retriever.index.update import add_passages, read_passage_files, remove_passages, update_passages
-from tasks.modeling import encoder_source
 
 WORDS = [
     "river",

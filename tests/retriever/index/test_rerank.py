@@ -215,8 +215,8 @@ def save_tiny_retriever(folder):
     import torch
     from transformers import AutoTokenizer, BertConfig, BertModel
 
+    from common.modeling import encoder_source
     from retriever.encoder import ContrieverEncoder, Retriever
-    from tasks.modeling import encoder_source
 
     torch.manual_seed(0)
     config = BertConfig(

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from torch import nn
 
-from tasks.modeling import CONTRIEVER_HUB_NAME, encoder_source, eval_mode
+from common.modeling import CONTRIEVER_HUB_NAME, encoder_source, eval_mode
 
 
 def test_encoder_names_resolve_to_a_folder_or_a_hub_name():

