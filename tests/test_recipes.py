@@ -250,6 +250,22 @@ STAGE_SETTINGS = {  # file: (reader.model, n_context, text_maxlength, trainable_
         "runs/reader-squad-stage9",
     ),
     "reader-squad-gpu": (SHIPPED_READER, 3, 320, 4, 0, 2, 8, 400, 64, 1e-4, 2e-5, "fp32", "runs/reader-squad-gpu"),
+    # part 10, not yet trained: the gold among the 4 train paragraphs MiniLM ranks highest, from its own file
+    "reader-squad-stage10-gpu": (
+        SHIPPED_READER,
+        5,
+        320,
+        4,
+        0,
+        4,
+        10,
+        400,
+        64,
+        1e-4,
+        2e-5,
+        "bf16",
+        "runs/reader-squad-stage10",
+    ),
 }
 
 
@@ -274,7 +290,8 @@ def test_reader_stages_resolve_to_the_settings_that_trained_the_shipped_reader()
             training.output_dir,
         )
         assert got == expected, name
-        assert config.task.train_data == ["../shared/data/squad/train-v1.1.json"], name
+        listed = ["runs/squad-train-k5.jsonl"] if name == "reader-squad-stage10-gpu" else []
+        assert config.task.train_data == (listed or ["../shared/data/squad/train-v1.1.json"]), name
         assert config.retriever.loss.name == "none", name
     assert (
         load_config(STAGES / "reader-squad-stage9-counterfactual.yaml", check_data=False).task.options["counterfactual"]
