@@ -191,7 +191,9 @@ class InferenceConfig:
     # times softmax_k(score_k / prior_temperature)^w (0 = off; readers with a copy head). Given passages
     # without retrieval scores get none.
     retrieval_prior: float = 0.0
-    prior_temperature: float = 0.01  # the temperature of that softmax over the passages' retrieval scores
+    # the temperature of that softmax over the passages' retrieval scores: where the prior was measured with
+    # MiniLM's scores (a colder one all but picks the top passage: docs/results/reader.md)
+    prior_temperature: float = 0.1
     # give a generated answer its spelling in the passages read (reader/surface.py: "3. 2 million" → "3.2
     # million"); None = where the reader's tokenizer loses text in a round trip (a lower-casing WordPiece), false
     # = decode as the tokenizer does (an imported reference model: its reference never respelled)
