@@ -225,14 +225,16 @@ def _replace_durably(tmp: str, path: Path) -> None:
     fsync_parents(path)
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write `data` to `path` through a temporary file and an atomic rename, durably (file and folder fsync'd)."""
+@contextlib.contextmanager
+def _atomic_file(path: str | os.PathLike, mode: str, **open_args) -> Iterator:
+    """An open temporary file beside `path` that becomes `path` by an atomic rename once the block ends, durably
+    (file and folder fsync'd); removed, and `path` left as it was, when the block raises."""
     path = Path(path)
     make_parents(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        with os.fdopen(fd, mode, **open_args) as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
         _replace_durably(tmp, path)
@@ -240,6 +242,12 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write `data` to `path` through a temporary file and an atomic rename, durably (file and folder fsync'd)."""
+    with _atomic_file(path, "wb") as f:
+        f.write(data)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
@@ -254,20 +262,9 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
 
 def write_jsonl(path: str | os.PathLike, records) -> int:
     """Write an iterable of dicts as JSON lines, atomically and durably; returns the number written."""
-    path = Path(path)
-    make_parents(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     n = 0
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for record in records:
-                f.write(json.dumps(record, ensure_ascii=False) + "\n")
-                n += 1
-            f.flush()
-            os.fsync(f.fileno())
-        _replace_durably(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with _atomic_file(path, "w", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+            n += 1
     return n

@@ -61,7 +61,7 @@ def retrieved_distractors(question_vectors, paragraph_vectors, gold, n: int, blo
 def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
 
-    from common.io import atomic_write_text
+    from common.io import write_jsonl
     from common.modeling import encoder_source
     from retriever.encoder import Retriever
 
@@ -89,21 +89,21 @@ def main(argv: list[str] | None = None) -> int:
     ).to(args.device)
     gold = torch.tensor([q["paragraph"] for q in questions], device=args.device)
     ranked = retrieved_distractors(question_vectors, paragraph_vectors, gold, args.distractors)
-    lines = []
-    for question, others in zip(tqdm(questions, desc="records", file=sys.stderr), ranked, strict=True):
-        title, context = paragraphs[question["paragraph"]]
-        record = {
-            "id": question["id"],
-            "question": question["question"],
-            "title": title,
-            "context": context,
-            "answers": question["answers"],
-            "distractors": [passages[i] for i in others],
-        }
-        lines.append(json.dumps(record, ensure_ascii=False))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out, "\n".join(lines) + "\n")
-    print(f"wrote {args.out} ({len(lines):,} questions, {args.distractors} distractors each)", file=sys.stderr)
+
+    def records():
+        for question, others in zip(tqdm(questions, desc="records", file=sys.stderr), ranked, strict=True):
+            title, context = paragraphs[question["paragraph"]]
+            yield {
+                "id": question["id"],
+                "question": question["question"],
+                "title": title,
+                "context": context,
+                "answers": question["answers"],
+                "distractors": [passages[i] for i in others],
+            }
+
+    written = write_jsonl(args.out, records())
+    print(f"wrote {args.out} ({written:,} questions, {args.distractors} distractors each)", file=sys.stderr)
     return 0
 
 
