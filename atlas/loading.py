@@ -36,8 +36,7 @@ from atlas.config import (
     load_config,
     validate_components,
 )
-from atlas.index import DEFAULT_ENCODER
-from common.modeling import is_hub_id
+from common.modeling import DEFAULT_ENCODER, is_hub_id
 
 logger = logging.getLogger(__name__)
 

@@ -99,6 +99,7 @@ def ensure_large_index(path: Path = LARGE_RUN / "index") -> Path | None:
     from retriever.corpus import prepare_corpus
     from retriever.encoder import build_retriever
     from retriever.index.build import build_index
+    from retriever.index.settings import IndexSettings
 
     corpus = LARGE_RUN / "corpus"
     if not (corpus / "corpus.json").is_file():
@@ -109,9 +110,9 @@ def ensure_large_index(path: Path = LARGE_RUN / "index") -> Path | None:
         corpus,
         build_retriever(RetrieverConfig(model="minilm")),
         path,
+        IndexSettings(chunk_size=2048),
         progress=True,
         encoder_source="minilm",
-        chunk_size=2048,
     )
     return path
 

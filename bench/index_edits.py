@@ -56,6 +56,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -249,7 +250,7 @@ def measure(edited: Path, fresh: Path, queries: Path, encoder: str, repeats: int
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", type=int, default=10_000, help="passages of the first build")
     parser.add_argument(
@@ -266,150 +267,167 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.resume and not args.work:
         parser.error("--resume needs the --work folder of the interrupted run")
+    return args
 
+
+def refuse(message: str) -> None:
+    """Stop as an argument error does: the message on stderr, exit status 2."""
+    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+@dataclass
+class EditRun:
+    """Where a run of edits stands: what is live, the report so far and the counters (saved after each edit)."""
+
+    settings: dict
+    rng: random.Random
+    live: dict[str, dict]
+    report: dict
+    done: int = 0
+    added: int = 0
+    compactions: int = 0
+    edit_s: float = 0.0
+    compact_s: float = 0.0
+
+    def save(self, work: Path, index: Path) -> None:
+        """Atomically: a kill leaves the previous state or this one."""
+        from retriever.index.manifest import Manifest
+
+        state = {**vars(self), "rng": self.rng.getstate(), "generation": Manifest.load(index).generation}
+        (work / "state.pkl.tmp").write_bytes(pickle.dumps(state))
+        os.replace(work / "state.pkl.tmp", work / "state.pkl")
+
+    @classmethod
+    def resume(cls, work: Path, index: Path, settings: dict) -> EditRun:
+        """The run saved in `work`; refused where it was started with other settings or is behind its index."""
+        from retriever.index.manifest import Manifest
+
+        if not (work / "state.pkl").is_file():
+            refuse(f"--resume: no saved state in {work}")
+        state = pickle.loads((work / "state.pkl").read_bytes())
+        if state["settings"] != settings:
+            refuse(f"--resume: {work} was run with {state['settings']}, not {settings}")
+        if Manifest.load(index).generation != state.pop("generation"):
+            refuse(
+                f"--resume: {index} is at generation {Manifest.load(index).generation}, the saved state behind it "
+                "(an edit was committed but not recorded): start again"
+            )
+        rng = random.Random()
+        rng.setstate(state.pop("rng"))
+        print(f"resuming after {state['done']} edits", flush=True)
+        return cls(rng=rng, **state)
+
+
+def first_build(args, work: Path, index: Path, retriever, settings: dict) -> EditRun:
+    """The base passages, their index at `index` and the probe's queries; a run with no edit yet."""
     import numpy as np
-    import torch
 
-    from atlas.index import index_retriever
     from retriever.corpus import prepare_corpus
     from retriever.index.build import build_index
-    from retriever.index.compact import MAX_DEAD_FRACTION, MAX_SEGMENTS, compact_if_due
-    from retriever.index.manifest import Manifest
+    from retriever.index.compact import MAX_DEAD_FRACTION, MAX_SEGMENTS
+    from retriever.index.settings import IndexSettings
+
+    rng = random.Random(args.seed)
+    live = {f"b{i}": sentence(rng, f"b{i}") for i in range(args.base)}
+    prepare_corpus(
+        [write_jsonl(work / "base.jsonl", list(live.values()))], work / "base-corpus", chunk_words=0, progress=False
+    )
+    started = time.perf_counter()
+    build_index(
+        work / "base-corpus",
+        retriever,
+        index,
+        IndexSettings(spec=args.spec),
+        progress=False,
+        encoder_source=args.encoder,
+    )
+    build_s = time.perf_counter() - started
+    questions = [f"when was the {rng.choice(WORDS)} of {rng.choice(PLACES)} built" for _ in range(args.queries)]
+    np.save(work / "queries.npy", retriever.embed_queries(questions))
+    report = {
+        **{k: v for k, v in settings.items() if k != "seed"},
+        "first_build_s": round(build_s, 1),
+        "policy": {"max_segments": MAX_SEGMENTS, "max_dead_fraction": MAX_DEAD_FRACTION},
+        "file_bound": 5 + 6 * MAX_SEGMENTS,
+        "checkpoints": {},
+    }
+    return EditRun(settings=settings, rng=rng, live=live, report=report)
+
+
+def edit_once(run: EditRun, index: Path, retriever) -> None:
+    """One random edit (add 4 : update 4 : remove 2) committed to `index`, then a compaction if one is due."""
+    from retriever.index.compact import compact_if_due
     from retriever.index.update import add_passages, remove_passages, update_passages
 
-    torch.set_num_threads(1)
-    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="atlas-bench-edits-"))
-    work.mkdir(parents=True, exist_ok=True)
-    rng = random.Random(args.seed)
-    retriever = index_retriever(None, args.encoder, device="cpu")
-    # the encoder is frozen here: its fingerprint (checked at every load) is computed once
-    retriever.passage_fingerprint = functools.cache(retriever.passage_fingerprint)
-    index, state_path = work / "edited", work / "state.pkl"
-    settings = {"base": args.base, "spec": args.spec, "encoder": args.encoder, "seed": args.seed}
-    if args.resume:
-        if not state_path.is_file():
-            parser.error(f"--resume: no saved state in {work}")
-        state = pickle.loads(state_path.read_bytes())
-        if state["settings"] != settings:
-            parser.error(f"--resume: {work} was run with {state['settings']}, not {settings}")
-        if Manifest.load(index).generation != state["generation"]:
-            parser.error(
-                f"--resume: {index} is at generation {Manifest.load(index).generation}, the saved "
-                f"state at {state['generation']} (an edit was committed but not recorded): start again"
-            )
-        rng.setstate(state["rng"])
-        live, report = state["live"], state["report"]
-        done, added, compactions, edit_s, compact_s = state["counters"]
-        print(f"resuming after {done} edits", flush=True)
+    rng, live = run.rng, run.live
+    kind = rng.choices(["add", "update", "remove"], weights=[4, 4, 2])[0]
+    started = time.perf_counter()
+    if kind == "add" or len(live) < 2:
+        record = sentence(rng, f"n{run.added}")
+        run.added += 1
+        add_passages(index, [record], retriever, progress=False)
+        live[record["id"]] = record
+    elif kind == "update":
+        record = sentence(rng, rng.choice(list(live)))
+        update_passages(index, [record], retriever, progress=False)
+        live[record["id"]] = record
     else:
-        live = {f"b{i}": sentence(rng, f"b{i}") for i in range(args.base)}
-        prepare_corpus(
-            [write_jsonl(work / "base.jsonl", list(live.values()))], work / "base-corpus", chunk_words=0, progress=False
-        )
-        started = time.perf_counter()
-        build_index(work / "base-corpus", retriever, index, spec=args.spec, progress=False, encoder_source=args.encoder)
-        build_s = time.perf_counter() - started
-        questions = [f"when was the {rng.choice(WORDS)} of {rng.choice(PLACES)} built" for _ in range(args.queries)]
-        np.save(work / "queries.npy", retriever.embed_queries(questions))
-        report = {
-            **{k: v for k, v in settings.items() if k != "seed"},
-            "first_build_s": round(build_s, 1),
-            "policy": {"max_segments": MAX_SEGMENTS, "max_dead_fraction": MAX_DEAD_FRACTION},
-            "file_bound": 5 + 6 * MAX_SEGMENTS,
-            "checkpoints": {},
-        }
-        done, added, compactions, edit_s, compact_s = 0, 0, 0, 0.0, 0.0
+        pid = rng.choice(list(live))
+        remove_passages(index, [pid])
+        del live[pid]
+    run.edit_s += time.perf_counter() - started
+    started = time.perf_counter()
+    if compact_if_due(index) is not None:
+        run.compactions += 1
+        run.compact_s += time.perf_counter() - started
+    run.done += 1
 
-    def save_state() -> None:
-        if args.work:  # atomically: a kill leaves the previous state or this one
-            state = {
-                "settings": settings,
-                "rng": rng.getstate(),
-                "live": live,
-                "report": report,
-                "counters": (done, added, compactions, edit_s, compact_s),
-                "generation": Manifest.load(index).generation,
-            }
-            (work / "state.pkl.tmp").write_bytes(pickle.dumps(state))
-            os.replace(work / "state.pkl.tmp", state_path)
 
-    for checkpoint in sorted(args.checkpoints):
-        if str(checkpoint) in report["checkpoints"]:
-            continue  # measured before the interruption
-        while done < checkpoint:
-            kind = rng.choices(["add", "update", "remove"], weights=[4, 4, 2])[0]
-            started = time.perf_counter()
-            if kind == "add" or len(live) < 2:
-                record = sentence(rng, f"n{added}")
-                added += 1
-                add_passages(index, [record], retriever, progress=False)
-                live[record["id"]] = record
-            elif kind == "update":
-                record = sentence(rng, rng.choice(list(live)))
-                update_passages(index, [record], retriever, progress=False)
-                live[record["id"]] = record
-            else:
-                pid = rng.choice(list(live))
-                remove_passages(index, [pid])
-                del live[pid]
-            edit_s += time.perf_counter() - started
-            started = time.perf_counter()
-            stats = compact_if_due(index)
-            if stats is not None:
-                compactions += 1
-                compact_s += time.perf_counter() - started
-            done += 1
-            save_state()
-        fresh = work / f"fresh-{checkpoint}"
-        for leftover in (fresh, work / f"fresh-corpus-{checkpoint}"):  # an interrupted measurement's
-            shutil.rmtree(leftover, ignore_errors=True)
-        prepare_corpus(
-            [write_jsonl(work / "live.jsonl", list(live.values()))],
-            work / f"fresh-corpus-{checkpoint}",
-            chunk_words=0,
-            progress=False,
-        )
-        build_index(
-            work / f"fresh-corpus-{checkpoint}",
-            retriever,
-            fresh,
-            spec=args.spec,
-            progress=False,
-            encoder_source=args.encoder,
-        )
-        from retriever.index import PassageIndex
+def measure_checkpoint(args, run: EditRun, work: Path, index: Path, retriever, checkpoint: int) -> dict:
+    """The edited index against a fresh build of the same live passages: the probe's figures and the counters."""
+    import numpy as np
 
-        edited_index = PassageIndex.load(index)
-        rows = np.flatnonzero(~edited_index.removed)
-        same_passages = sorted((p["id"], p["text"]) for p in edited_index.passages(rows)) == sorted(
-            (r["id"], r["text"]) for r in live.values()
-        )
-        manifest = Manifest.load(index)
-        figures = measure(index, fresh, work / "queries.npy", args.encoder, args.repeats)
-        figures.update(
-            edits=done,
-            compactions=compactions,
-            live_passages=len(live),
-            segments=len(manifest.segments),
-            dead_rows=manifest.dead_rows,
-            same_live_passages=same_passages,
-            mean_edit_ms=round(1000 * edit_s / done, 1),
-            compaction_s_total=round(compact_s, 1),
-        )
-        report["checkpoints"][str(checkpoint)] = figures
-        save_state()
-        print(json.dumps({checkpoint: figures}), flush=True)
-        del edited_index
-        shutil.rmtree(fresh)
-        shutil.rmtree(work / f"fresh-corpus-{checkpoint}")
-    report["machine"] = {
-        "cpus": os.cpu_count(),
-        "torch_threads": 1,
-        "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-    }
-    print(json.dumps(report, indent=2))
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    from retriever.corpus import prepare_corpus
+    from retriever.index import PassageIndex
+    from retriever.index.build import build_index
+    from retriever.index.manifest import Manifest
+    from retriever.index.settings import IndexSettings
+
+    fresh, fresh_corpus = work / f"fresh-{checkpoint}", work / f"fresh-corpus-{checkpoint}"
+    for leftover in (fresh, fresh_corpus):  # an interrupted measurement's
+        shutil.rmtree(leftover, ignore_errors=True)
+    prepare_corpus(
+        [write_jsonl(work / "live.jsonl", list(run.live.values()))], fresh_corpus, chunk_words=0, progress=False
+    )
+    build_index(
+        fresh_corpus, retriever, fresh, IndexSettings(spec=args.spec), progress=False, encoder_source=args.encoder
+    )
+    edited_index = PassageIndex.load(index)
+    rows = np.flatnonzero(~edited_index.removed)
+    same_passages = sorted((p["id"], p["text"]) for p in edited_index.passages(rows)) == sorted(
+        (r["id"], r["text"]) for r in run.live.values()
+    )
+    del edited_index
+    manifest = Manifest.load(index)
+    figures = measure(index, fresh, work / "queries.npy", args.encoder, args.repeats)
+    figures.update(
+        edits=run.done,
+        compactions=run.compactions,
+        live_passages=len(run.live),
+        segments=len(manifest.segments),
+        dead_rows=manifest.dead_rows,
+        same_live_passages=same_passages,
+        mean_edit_ms=round(1000 * run.edit_s / run.done, 1),
+        compaction_s_total=round(run.compact_s, 1),
+    )
+    shutil.rmtree(fresh)
+    shutil.rmtree(fresh_corpus)
+    return figures
+
+
+def print_table(report: dict) -> None:
+    """Edited / fresh and their ratio for each figure at each checkpoint."""
     keys = ["load_ms", "load_files_ms", "search_qps", "rss_mb", "rss_untrimmed_mb", "disk_bytes", "files"]
     print(f"\n{'edits':>6} {'segs':>4} {'dead':>5} " + " ".join(f"{k + ' e/f':>24}" for k in keys))
     for checkpoint, figures in report["checkpoints"].items():
@@ -425,15 +443,58 @@ def main(argv: list[str] | None = None) -> int:
         f"(disk in MiB; search_qps ratio: fresh / edited, i.e. time; target <= 1.1 for {', '.join(TARGETED)}; "
         f"file bound {report['file_bound']})"
     )
-    if not args.work:
-        shutil.rmtree(work)
-    held = all(
+
+
+def held(report: dict) -> bool:
+    """Whether every checkpoint kept the live passages, the file bound and the targeted ratios."""
+    return all(
         f["same_live_passages"]
         and f["edited"]["files"] <= report["file_bound"]
         and all(f["ratio"][key] <= 1.1 for key in TARGETED)
         for f in report["checkpoints"].values()
     )
-    return 0 if held else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    from atlas.index import index_retriever
+
+    torch.set_num_threads(1)
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="atlas-bench-edits-"))
+    work.mkdir(parents=True, exist_ok=True)
+    retriever = index_retriever(None, args.encoder, device="cpu")
+    # the encoder is frozen here: its fingerprint (checked at every load) is computed once
+    retriever.passage_fingerprint = functools.cache(retriever.passage_fingerprint)
+    index = work / "edited"
+    settings = {"base": args.base, "spec": args.spec, "encoder": args.encoder, "seed": args.seed}
+    run = EditRun.resume(work, index, settings) if args.resume else first_build(args, work, index, retriever, settings)
+    for checkpoint in sorted(args.checkpoints):
+        if str(checkpoint) in run.report["checkpoints"]:
+            continue  # measured before the interruption
+        while run.done < checkpoint:
+            edit_once(run, index, retriever)
+            if args.work:
+                run.save(work, index)
+        figures = measure_checkpoint(args, run, work, index, retriever, checkpoint)
+        run.report["checkpoints"][str(checkpoint)] = figures
+        if args.work:
+            run.save(work, index)
+        print(json.dumps({checkpoint: figures}), flush=True)
+    report = run.report
+    report["machine"] = {
+        "cpus": os.cpu_count(),
+        "torch_threads": 1,
+        "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+    }
+    print(json.dumps(report, indent=2))
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print_table(report)
+    if not args.work:
+        shutil.rmtree(work)
+    return 0 if held(report) else 1
 
 
 if __name__ == "__main__":

@@ -58,6 +58,7 @@ def build(workdir: Path, n: int, dim: int) -> list[Path]:
     sys.path.insert(0, str(ROOT))
     from retriever.corpus import prepare_corpus
     from retriever.index.build import build_index
+    from retriever.index.settings import IndexSettings
 
     corpus = workdir / f"corpus-{n}"
     if not corpus.exists():
@@ -70,7 +71,9 @@ def build(workdir: Path, n: int, dim: int) -> list[Path]:
     for spec in SPECS:
         out = workdir / f"index-{n}-{dim}-{spec.replace(',', '_')}"
         if not out.exists():
-            build_index(corpus, source, out, spec=spec, chunk_size=65536, train_sample=65536, progress=False)
+            build_index(
+                corpus, source, out, IndexSettings(spec=spec, chunk_size=65536, train_sample=65536), progress=False
+            )
         folders.append(out)
     return folders
 

@@ -544,8 +544,8 @@ def edit_swaps(results: dict) -> dict:
     return {("edit" if n == 0 else f"edit/{way}"): {**results[way], "replacement": way} for n, way in enumerate(ways)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the variants × seeds, the recall baseline and the corpus swaps; print JSON and a table."""
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line, checked: variants, seeds, swaps and edit replacements are lists of known names."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, default=REPO_ROOT.parent / "shared" / "data")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "bench-nq824")
@@ -573,16 +573,14 @@ def main(argv: list[str] | None = None) -> int:
         help="the answers new ones are drawn from: nq824 dev's, or those plus NQ-open dev's 3,610 "
         "(more things of each kind to choose from)",
     )
-    (
-        parser.add_argument(
-            "--edit-replacements",
-            default=",".join(EDIT_REPLACEMENTS),
-            help="how the edit swap chooses new answers, comma-separated, the first is the headline: "
-            "typed (the closest answer of the old one's entity type, spaCy NER; needs spaCy), "
-            "similar (the dev answer of the same shape closest to the old one, sharing no word "
-            "with it), nearest (the answer of the most similar dev question), random (any "
-            "answer of the same kind)",
-        ),
+    parser.add_argument(
+        "--edit-replacements",
+        default=",".join(EDIT_REPLACEMENTS),
+        help="how the edit swap chooses new answers, comma-separated, the first is the headline: "
+        "typed (the closest answer of the old one's entity type, spaCy NER; needs spaCy), "
+        "similar (the dev answer of the same shape closest to the old one, sharing no word "
+        "with it), nearest (the answer of the most similar dev question), random (any "
+        "answer of the same kind)",
     )
     parser.add_argument(
         "--swap-only",
@@ -607,46 +605,78 @@ def main(argv: list[str] | None = None) -> int:
     args.edit_replacements = [w for w in args.edit_replacements.split(",") if w]
     if not args.edit_replacements or set(args.edit_replacements) - set(EDIT_REPLACEMENTS):
         raise ValueError(f"--edit-replacements {args.edit_replacements}: choose from {list(EDIT_REPLACEMENTS)}")
-    unknown_swaps = {w for w in args.swaps.split(",") if w} - {"edit", "squad"}
-    if unknown_swaps:
-        raise ValueError(f"--swaps {sorted(unknown_swaps)}: choose from edit, squad (or '' for none)")
-    variants = [v for v in args.variants.split(",") if v]
-    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    unknown = sorted(set(variants) - set(VARIANTS))
+    args.settings = {k: str(v) for k, v in vars(args).items()}  # as given, for the results
+    args.swaps = {w for w in args.swaps.split(",") if w}
+    if args.swaps - {"edit", "squad"}:
+        raise ValueError(f"--swaps {sorted(args.swaps - {'edit', 'squad'})}: choose from edit, squad (or '' for none)")
+    args.variants = [v for v in args.variants.split(",") if v]
+    args.seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    unknown = sorted(set(args.variants) - set(VARIANTS))
     if unknown:
         raise ValueError(f"unknown variant(s) {unknown}; valid: {list(VARIANTS)}")
     if not (args.data / "nq824").is_dir():
         raise FileNotFoundError(f"{args.data / 'nq824'}: the shared nq824 data is not there")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the variants × seeds, the recall baseline and the corpus swaps; print JSON and a table."""
+    args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     prepare(args, args.out)
     if args.swap_only:
-        closed_ckpt = closed_book_checkpoint(args.out)
-        wanted = set(args.swaps.split(","))
-        swaps = edit_swaps(corpus_swap(args, args.out, args.swap_only)) if "edit" in wanted else {}
-        if "squad" in wanted and (args.data / "squad").is_dir():
-            swaps["squad"] = squad_corpus_swap(args, args.out, args.swap_only, closed_ckpt)
-        saved = args.out / "swap.json"  # keep the swaps this run did not redo
-        previous = json.loads(saved.read_text()) if saved.is_file() else {}
-        swaps = {**(previous if isinstance(previous, dict) and "edited" not in previous else {}), **swaps}
-        if not args.no_gold_passage:
-            swaps["gold_passage"] = gold_passage_reading(args, args.out, args.swap_only)
-        atomic_write_text(saved, json.dumps(swaps, indent=2, default=str) + "\n")
-        print(json.dumps(swaps, default=str))
-        print_swaps(swaps)
-        print_gold_passage(swaps.get("gold_passage"))
-        return 0
+        return swaps_only(args)
     results = {
-        "settings": {k: str(v) for k, v in vars(args).items()},
+        "settings": args.settings,
         "recall_before": frozen_recall(args, args.out),
-        "variants": {},
+        "variants": train_variants(args),
     }
-    for variant in variants:
+    results |= read_with_frozen(args, results["variants"])
+    saved = args.out / "results.json"
+    if "corpus_swap" not in results and saved.is_file():  # --no-swap keeps the swaps an earlier run measured
+        previous = json.loads(saved.read_text()).get("corpus_swap")
+        if previous:
+            results["corpus_swap"] = previous
+    results["wall_s"] = round(time.perf_counter() - started, 1)
+    atomic_write_text(saved, json.dumps(results, indent=2, default=str) + "\n")
+    print(json.dumps(results, default=str))
+    print_results(results)
+    return 0
+
+
+def run_swaps(args, checkpoint: str) -> dict:
+    """The corpus swaps `args.swaps` names, answered by `checkpoint`."""
+    swaps = edit_swaps(corpus_swap(args, args.out, checkpoint)) if "edit" in args.swaps else {}
+    if "squad" in args.swaps and (args.data / "squad").is_dir():
+        swaps["squad"] = squad_corpus_swap(args, args.out, checkpoint, closed_book_checkpoint(args.out))
+    return swaps
+
+
+def swaps_only(args) -> int:
+    """`--swap-only CHECKPOINT`: the swaps (and the gold-passage reading) alone, merged into OUT/swap.json."""
+    swaps = run_swaps(args, args.swap_only)
+    saved = args.out / "swap.json"  # keep the swaps this run did not redo
+    previous = json.loads(saved.read_text()) if saved.is_file() else {}
+    swaps = {**(previous if isinstance(previous, dict) and "edited" not in previous else {}), **swaps}
+    if not args.no_gold_passage:
+        swaps["gold_passage"] = gold_passage_reading(args, args.out, args.swap_only)
+    atomic_write_text(saved, json.dumps(swaps, indent=2, default=str) + "\n")
+    print(json.dumps(swaps, default=str))
+    print_swaps(swaps)
+    print_gold_passage(swaps.get("gold_passage"))
+    return 0
+
+
+def train_variants(args) -> dict:
+    """Each variant trained and evaluated at each seed → {variant: {runs, metric: (mean, std), …}}."""
+    variants = {}
+    for variant in args.variants:
         runs = []
-        for seed in seeds:
+        for seed in args.seeds:
             runs.append(run_variant(args, args.out, variant, seed))
             print(json.dumps({variant: runs[-1]}, default=str), flush=True)
-        results["variants"][variant] = {
+        variants[variant] = {
             "runs": runs,
             **{
                 key: mean_std([r[key] for r in runs])
@@ -654,38 +684,49 @@ def main(argv: list[str] | None = None) -> int:
                 if all(key in r for r in runs)
             },
         }
-    closed = results["variants"].get("closed_book", {}).get("exact_match", (None,))[0]
-    if "frozen" in results["variants"] and not args.no_swap:
-        frozen = results["variants"]["frozen"]["runs"][0]["checkpoint"]
-        closed_ckpt = closed_book_checkpoint(args.out)
-        wanted = set(args.swaps.split(","))
-        results["corpus_swap"] = edit_swaps(corpus_swap(args, args.out, frozen)) if "edit" in wanted else {}
-        if "squad" in wanted and (args.data / "squad").is_dir():
-            results["corpus_swap"]["squad"] = squad_corpus_swap(args, args.out, frozen, closed_ckpt)
+    return variants
+
+
+def read_with_frozen(args, variants: dict) -> dict:
+    """What the frozen variant's checkpoints are asked after training: the corpus swaps, the retrieval prior's
+    weights and the gold passage alone (each where asked for)."""
+    if "frozen" not in variants:
+        return {}
+    checkpoints = [r["checkpoint"] for r in variants["frozen"]["runs"]]
+    results = {}
+    if not args.no_swap:
+        results["corpus_swap"] = run_swaps(args, checkpoints[0])
     prior_weights = [float(w) for w in args.retrieval_priors.split(",") if w.strip()]
-    if "frozen" in results["variants"] and prior_weights:
-        results["retrieval_prior"] = retrieval_prior_reading(
-            args, args.out, [r["checkpoint"] for r in results["variants"]["frozen"]["runs"]], prior_weights
-        )
-    if "frozen" in results["variants"] and not args.no_gold_passage:
-        results["gold_passage"] = gold_passage_reading(
-            args, args.out, results["variants"]["frozen"]["runs"][0]["checkpoint"]
-        )
-    saved = args.out / "results.json"
-    if "corpus_swap" not in results and saved.is_file():  # --no-swap keeps the swaps an earlier run measured
-        previous = json.loads(saved.read_text()).get("corpus_swap")
-        if previous:
-            results["corpus_swap"] = previous
-    results["wall_s"] = round(time.perf_counter() - started, 1)
+    if prior_weights:
+        results["retrieval_prior"] = retrieval_prior_reading(args, args.out, checkpoints, prior_weights)
+    if not args.no_gold_passage:
+        results["gold_passage"] = gold_passage_reading(args, args.out, checkpoints[0])
+    return results
+
+
+def print_results(results: dict) -> None:
+    """The variants' table, then the swaps, the gold passage and the retrieval priors."""
+    print(format_table(variant_rows(results)))
+    if results.get("corpus_swap"):
+        print_swaps(results["corpus_swap"])
+    print_gold_passage(results.get("gold_passage"), results["variants"].get("frozen"))
+    for weight, prior in (results.get("retrieval_prior") or {}).items():
+        if weight != "wall_s":
+            print(
+                f"retrieval prior {weight}: EM {prior['exact_match'][0]:.1f} ± {prior['exact_match'][1]:.1f}, "
+                f"F1 {prior['f1'][0]:.1f} ± {prior['f1'][1]:.1f} over {len(prior['runs'])} frozen run(s)"
+            )
+
+
+def variant_rows(results: dict) -> list[dict]:
+    """One table row for the retriever before training, then one per variant (mean ± std over seeds)."""
     before = results["recall_before"]
+    closed = results["variants"].get("closed_book", {}).get("exact_match", (None,))[0]
+    empty = dict.fromkeys(("scored", "seeds", "EM", "F1", "EM / closed-book"), "")
     rows = [
         {
             "variant": "retriever before training",
-            "scored": "",
-            "seeds": "",
-            "EM": "",
-            "F1": "",
-            "EM / closed-book": "",
+            **empty,
             "recall@5": f"{before['answer_recall@5']:.1f}",
             "recall@20": f"{before['answer_recall@20']:.1f}",
         }
@@ -708,19 +749,7 @@ def main(argv: list[str] | None = None) -> int:
                 "recall@20": cell(m, "answer_recall@20"),
             }
         )
-    atomic_write_text(saved, json.dumps(results, indent=2, default=str) + "\n")
-    print(json.dumps(results, default=str))
-    print(format_table(rows))
-    if results.get("corpus_swap"):
-        print_swaps(results["corpus_swap"])
-    print_gold_passage(results.get("gold_passage"), results["variants"].get("frozen"))
-    for weight, prior in (results.get("retrieval_prior") or {}).items():
-        if weight != "wall_s":
-            print(
-                f"retrieval prior {weight}: EM {prior['exact_match'][0]:.1f} ± {prior['exact_match'][1]:.1f}, "
-                f"F1 {prior['f1'][0]:.1f} ± {prior['f1'][1]:.1f} over {len(prior['runs'])} frozen run(s)"
-            )
-    return 0
+    return rows
 
 
 def print_swaps(swaps: dict) -> None:

@@ -124,6 +124,7 @@ def build_folders(workdir: Path, n: int, dim: int, specs: list[str]) -> dict[str
     """Index folders (one per spec) over one synthetic corpus of n passages; reused if there."""
     from retriever.corpus import prepare_corpus
     from retriever.index.build import build_index
+    from retriever.index.settings import IndexSettings
 
     corpus = workdir / f"corpus-{n}"
     if not (corpus / "corpus.json").is_file():
@@ -141,11 +142,8 @@ def build_folders(workdir: Path, n: int, dim: int, specs: list[str]) -> dict[str
                 corpus,
                 source,
                 out,
-                spec=spec,
-                chunk_size=65536,
-                train_sample=min(n, 131072),
+                IndexSettings(spec=spec, chunk_size=65536, train_sample=min(n, 131072)),
                 progress=False,
-                nprobe=32,
                 overwrite=out.exists(),
             )
         folders[spec] = out
@@ -347,9 +345,7 @@ def print_shard(report: dict) -> None:
 
 
 def part_scale(args) -> dict:
-    import faiss
-
-    from retriever.index.build import train_and_fill
+    """An IVF index of `args.n` generated vectors built in this process (time, memory), searched in a fresh one."""
     from retriever.index.types import exact_search, index_type
 
     if index_type(args.spec, 768).search_param != "nprobe":
@@ -358,92 +354,33 @@ def part_scale(args) -> dict:
     workdir.mkdir(parents=True, exist_ok=True)
     vectors = ClusteredVectors(args.n, 768, seed=0)
     baseline = reset_peak_rss()
-    added_at: list[tuple[float, int, int]] = []  # (time, vectors added so far, RSS) after each chunk
-
-    def on_added(added: int) -> None:
-        added_at.append((time.perf_counter(), added, current_rss_bytes()))
-        if len(added_at) == 1 or added_at[-1][0] - last_report[0] > 60 or added == args.n:
-            last_report[0] = added_at[-1][0]
-            print(
-                f"added {added:,}/{args.n:,} vectors, {added_at[-1][0] - t0:.0f} s, RSS "
-                f"{current_rss_bytes() / GIB:.2f} GiB (peak {peak_rss_bytes() / GIB:.2f})",
-                file=sys.stderr,
-                flush=True,
-            )
-
-    last_report = [0.0]
-    t0 = time.perf_counter()
-    index = train_and_fill(
-        args.spec, vectors, train_sample=args.train_sample, seed=0, add_chunk=vectors.block, on_added=on_added
-    )
-    total_s = time.perf_counter() - t0
-    peak_build, rss_built = peak_rss_bytes(), current_rss_bytes()
-    # training (drawing the sample included) ends where the first chunk's add began; a chunk
-    # takes the mean time of the later ones
-    per_chunk = (added_at[-1][0] - added_at[0][0]) / max(1, len(added_at) - 1)
-    train_s = max(0.0, added_at[0][0] - t0 - per_chunk)
-    add_s = total_s - train_s
-    # what the index itself costs in memory: RSS growth per vector over the second half of the
-    # adding (early on, memory freed after training is reused, which hides growth), and never
-    # less than its size on disk per vector (codes + ids); transients do not grow with N
-    half = added_at[len(added_at) // 2 :]
-    (_, first_n, first_rss), (_, last_n, last_rss) = half[0], half[-1]
-    ram_per_vector = (last_rss - first_rss) / max(1, last_n - first_n)
     path = workdir / "index.faiss"
-    faiss.write_index(index, str(path))
-    size = path.stat().st_size
-    ram_per_vector = max(ram_per_vector, size / args.n)
-    del index
+    built = build_at_scale(args, vectors, path)
     queries = vectors.draw(np.random.default_rng(3), args.queries)
     np.save(workdir / "queries.npy", queries)
     slice_n = min(args.slice, args.n)
     t0 = time.perf_counter()
     _, exact = exact_search(queries, vectors[0:slice_n], args.k)
     exact_s = time.perf_counter() - t0
-    child = subprocess.run(
-        [
-            sys.executable,
-            __file__,
-            "--part",
-            "scale-search",
-            "--index",
-            str(path),
-            "--spec",
-            args.spec,
-            "--k",
-            str(args.k),
-            "--nprobe",
-            str(args.nprobe),
-            "--slice",
-            str(slice_n),
-            "--queries-file",
-            str(workdir / "queries.npy"),
-        ],
-        check=False,
-        capture_output=True,
-        text=True,
-    )
-    if child.returncode != 0:
-        raise SystemExit(child.stderr[-3000:])
-    searched = json.loads(child.stdout.strip().splitlines()[-1])
+    searched = search_in_child(args, path, workdir / "queries.npy", slice_n)
     approx = np.load(workdir / "approx.npy")
     recall = float(np.mean([len(set(a) & set(e)) / args.k for a, e in zip(approx, exact)]))
-    per_million = 1e6 / args.n
+    size = path.stat().st_size
     report = {
         "n": args.n,
         "dim": 768,
         "spec": args.spec,
         "train_sample": args.train_sample,
         "threads": os.cpu_count(),
-        "train_s": train_s,
-        "add_s": add_s,
-        "build_wall_s": total_s,
-        "add_s_per_million": add_s * per_million,
+        "train_s": built["train_s"],
+        "add_s": built["add_s"],
+        "build_wall_s": built["total_s"],
+        "add_s_per_million": built["add_s"] * 1e6 / args.n,
         "baseline_rss_gib": baseline / GIB,
-        "peak_rss_gib": peak_build / GIB,
-        "rss_after_add_gib": rss_built / GIB,
+        "peak_rss_gib": built["peak_rss"] / GIB,
+        "rss_after_add_gib": built["rss_after_add"] / GIB,
         "rss_limit_gib": RSS_LIMIT_GIB,
-        "index_ram_mib_per_million": ram_per_vector * 1e6 / 2**20,
+        "index_ram_mib_per_million": built["ram_per_vector"] * 1e6 / 2**20,
         "index_bytes_per_vector": size / args.n,
         "index_file_gib": size / GIB,
         "load_s": searched["load_s"],
@@ -456,12 +393,70 @@ def part_scale(args) -> dict:
     if args.n < SCALE_TARGET_N:
         scale = SCALE_TARGET_N / args.n
         report["extrapolated_to_30M"] = {
-            "build_wall_s": train_s + add_s * scale,
-            "peak_rss_gib": (peak_build + ram_per_vector * (SCALE_TARGET_N - args.n)) / GIB,
+            "build_wall_s": built["train_s"] + built["add_s"] * scale,
+            "peak_rss_gib": (built["peak_rss"] + built["ram_per_vector"] * (SCALE_TARGET_N - args.n)) / GIB,
             "index_file_gib": size * scale / GIB,
         }
     path.unlink()
     return report
+
+
+def build_at_scale(args, vectors: ClusteredVectors, path: Path) -> dict:
+    """Train and fill the index of `args.spec` over `vectors`, write it at `path`; its times and memory."""
+    import faiss
+
+    from retriever.index.build import train_and_fill
+
+    added_at: list[tuple[float, int, int]] = []  # (time, vectors added so far, RSS) after each chunk
+    last_report = [0.0]
+
+    def on_added(added: int) -> None:
+        added_at.append((time.perf_counter(), added, current_rss_bytes()))
+        if len(added_at) == 1 or added_at[-1][0] - last_report[0] > 60 or added == args.n:
+            last_report[0] = added_at[-1][0]
+            print(
+                f"added {added:,}/{args.n:,} vectors, {added_at[-1][0] - t0:.0f} s, RSS "
+                f"{current_rss_bytes() / GIB:.2f} GiB (peak {peak_rss_bytes() / GIB:.2f})",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    t0 = time.perf_counter()
+    index = train_and_fill(
+        args.spec, vectors, train_sample=args.train_sample, seed=0, add_chunk=vectors.block, on_added=on_added
+    )
+    total_s = time.perf_counter() - t0
+    peak_build, rss_built = peak_rss_bytes(), current_rss_bytes()
+    # training (drawing the sample included) ends where the first chunk's add began; a chunk
+    # takes the mean time of the later ones
+    per_chunk = (added_at[-1][0] - added_at[0][0]) / max(1, len(added_at) - 1)
+    train_s = max(0.0, added_at[0][0] - t0 - per_chunk)
+    # what the index itself costs in memory: RSS growth per vector over the second half of the
+    # adding (early on, memory freed after training is reused, which hides growth), and never
+    # less than its size on disk per vector (codes + ids); transients do not grow with N
+    half = added_at[len(added_at) // 2 :]
+    (_, first_n, first_rss), (_, last_n, last_rss) = half[0], half[-1]
+    faiss.write_index(index, str(path))
+    ram_per_vector = max((last_rss - first_rss) / max(1, last_n - first_n), path.stat().st_size / args.n)
+    return {
+        "train_s": train_s,
+        "add_s": total_s - train_s,
+        "total_s": total_s,
+        "peak_rss": peak_build,
+        "rss_after_add": rss_built,
+        "ram_per_vector": ram_per_vector,
+    }
+
+
+def search_in_child(args, path: Path, queries: Path, slice_n: int) -> dict:
+    """`scale_search_child` in a fresh process (load time and memory measured from a clean start)."""
+    options = {"--index": path, "--spec": args.spec, "--k": args.k, "--nprobe": args.nprobe, "--slice": slice_n}
+    command = [sys.executable, __file__, "--part", "scale-search", "--queries-file", str(queries)]
+    command += [str(word) for option in options.items() for word in option]
+    child = subprocess.run(command, check=False, capture_output=True, text=True)
+    if child.returncode != 0:
+        raise SystemExit(child.stderr[-3000:])
+    return json.loads(child.stdout.strip().splitlines()[-1])
 
 
 def scale_search_child(args) -> None:

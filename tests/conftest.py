@@ -82,7 +82,7 @@ def tiny_world(tmp_path_factory, tiny_encoder_path) -> dict:
     (root / "qa.jsonl").write_text("".join(json.dumps(q) + "\n" for q in TINY_QA))
     prepare_corpus([root / "docs.jsonl"], root / "corpus", chunk_words=0, progress=False)
     retriever = build_retriever(RetrieverConfig(model=str(tiny_encoder_path)))
-    build_index(root / "corpus", retriever, root / "index", spec="Flat", progress=False)
+    build_index(root / "corpus", retriever, root / "index", progress=False)
     return {
         "root": root,
         "corpus": root / "corpus",

@@ -9,6 +9,8 @@ import argparse
 import json
 import logging
 
+from atlas.cli.index import add_index_settings
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `atlas import atlas-checkpoint|fid-reader|atlas-index` to the `atlas` parser."""
@@ -64,10 +66,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the passage encoder the vectors came from: a run imported with `atlas import "
         "atlas-checkpoint`, a checkpoint, or a retriever/encoder folder",
     )
-    index.add_argument("--spec", default="Flat", help="index spec: Flat (the fp16 vectors), IVF4096,PQ64, SQ8, …")
-    index.add_argument("--train-sample", type=int, default=262144, help="vectors sampled to train a FAISS index")
-    index.add_argument("--keep-embeddings", action="store_true", help="keep the fp16 vectors beside a FAISS index")
-    index.add_argument("--nprobe", type=int, default=32, help="IVF lists searched (stored as the default)")
+    add_index_settings(index, "spec", "train_sample", "keep_embeddings", "exact_rerank", "nprobe", "ef_search", "seed")
     index.add_argument("--overwrite", action="store_true", help="replace the outputs if they exist")
     index.add_argument("--restart", action="store_true", help="discard an interrupted import instead of resuming")
     index.set_defaults(func=_atlas_index)
@@ -113,16 +112,14 @@ def _print_conversions(record: dict) -> None:
 
 def _atlas_index(args: argparse.Namespace) -> int:
     from atlas.importing.index import import_atlas_index
+    from retriever.index.settings import IndexSettings
 
     corpus, index = import_atlas_index(
         args.src,
         corpus_out=args.corpus_out,
         index_out=args.index_out,
         encoder=args.encoder,
-        spec=args.spec,
-        train_sample=args.train_sample,
-        keep_embeddings=args.keep_embeddings,
-        nprobe=args.nprobe,
+        settings=IndexSettings.of(args),
         overwrite=args.overwrite,
         restart=args.restart,
     )

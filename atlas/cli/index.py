@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from atlas.index import DEFAULT_ENCODER
+from common.modeling import DEFAULT_ENCODER
 
 
 class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -113,16 +113,28 @@ def _add_precision_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_rerank_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--exact-rerank",
-        dest="exact_rerank",
-        type=int,
-        default=None,
-        metavar="K'",
-        help="re-score the compressed index's top K' candidates exactly from its float16 vectors "
-        "(needs an index built with --exact-rerank or --keep-embeddings); 0 = off; default: the index's own",
-    )
+def add_index_settings(parser: argparse.ArgumentParser, *names: str, at_search: bool = False) -> None:
+    """`--spec`, `--chunk-size`, … for the `retriever.index.settings.IndexSettings` fields `names`, with their
+    defaults and help from there (`IndexSettings.of(args)` reads them back). `at_search`: overrides of the
+    index's own search settings, None by default."""
+    import dataclasses
+
+    from retriever.index.settings import DEFAULTS, IndexSettings  # light
+
+    for setting in dataclasses.fields(IndexSettings):
+        if setting.name not in names:
+            continue
+        flag, text = "--" + setting.name.replace("_", "-"), setting.metadata["help"]
+        if setting.type == "bool":
+            parser.add_argument(flag, action="store_true", help=text)
+            continue
+        parser.add_argument(
+            flag,
+            type=int if setting.type == "int" else str,
+            default=None if at_search else getattr(DEFAULTS, setting.name),
+            metavar="K'" if setting.name == "exact_rerank" else None,
+            help=text + ("; default: the index's own" if at_search else ""),
+        )
 
 
 def _add_passage_arguments(parser: argparse.ArgumentParser) -> None:
@@ -182,28 +194,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "corpus order, float16/float32, with their encoder record beside them (`atlas index embed` writes both)",
     )
     _add_passage_arguments(build)
-    build.add_argument(
-        "--spec",
-        default="Flat",
-        help="Flat, IVF{n},Flat, IVF{n},PQ{m}, PQ{m}, OPQ{m},PQ{m}, OPQ{m},IVF{n},PQ{m}, HNSW{M}, SQ8",
+    add_index_settings(
+        build,
+        *("spec", "keep_embeddings", "exact_rerank", "batch_size", "chunk_size", "train_sample", "nprobe", "ef_search"),
+        "seed",
     )
-    build.add_argument("--keep-embeddings", action="store_true", help="also keep the float16 embeddings")
-    build.add_argument(
-        "--exact-rerank",
-        dest="exact_rerank",
-        type=int,
-        default=0,
-        metavar="K'",
-        help="compressed specs: search re-scores the top K' candidates exactly from the float16 "
-        "vectors (kept, memory-mapped on disk; e.g. 10x k); recorded in the manifest; 0 = off",
-    )
-    build.add_argument("--batch-size", type=int, default=64, help="passages per encoder batch")
     _add_precision_argument(build)
-    build.add_argument("--chunk-size", type=int, default=8192, help="passages per resumable chunk")
-    build.add_argument("--train-sample", type=int, default=262144, help="vectors sampled to train the index")
-    build.add_argument("--nprobe", type=int, default=32, help="IVF lists probed at search time")
-    build.add_argument("--ef-search", type=int, default=128, help="HNSW search breadth")
-    build.add_argument("--seed", type=int, default=0, help="seed of the training sample")
     build.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     build.add_argument("--restart", action="store_true", help="discard an unfinished build instead of resuming")
     build.set_defaults(func=_build)
@@ -219,9 +215,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     embed.add_argument("--out", required=True, metavar="V", help="the .npy file to write")
     embed.add_argument("--encoder", default=None, help=f"retriever/encoder folder or name; default: {DEFAULT_ENCODER}")
     _add_passage_arguments(embed)
-    embed.add_argument("--batch-size", type=int, default=64, help="passages per encoder batch")
+    add_index_settings(embed, "batch_size", "chunk_size")
     _add_precision_argument(embed)
-    embed.add_argument("--chunk-size", type=int, default=8192, help="passages per resumable chunk")
     embed.add_argument("--restart", action="store_true", help="discard an unfinished run instead of resuming")
     embed.set_defaults(func=_embed)
 
@@ -253,7 +248,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="replace passages whose id is already live instead of refusing them",
     )
-    add.add_argument("--batch-size", type=int, default=64, help="passages per encoder batch")
+    add_index_settings(add, "batch_size")
     _add_precision_argument(add)
     _add_encoder_arguments(add, default=None)
     add.set_defaults(func=_add)
@@ -274,7 +269,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="INPUT",
         help="JSONL / TSV files of passages {id, title, text}, or a prepared corpus folder",
     )
-    update.add_argument("--batch-size", type=int, default=64, help="passages per encoder batch")
+    add_index_settings(update, "batch_size")
     _add_precision_argument(update)
     _add_encoder_arguments(update, default=None)
     update.set_defaults(func=_update)
@@ -321,9 +316,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     search.add_argument("queries", nargs="+", metavar="QUERY", help="queries")
     search.add_argument("-k", type=int, default=5, help="passages per query")
     search.add_argument("--corpus", help="the base corpus's folder if it moved since the build")
-    search.add_argument("--nprobe", type=int, default=None, help="IVF lists probed; default: the index's own")
-    search.add_argument("--ef-search", type=int, default=None, help="HNSW search breadth; default: the index's own")
-    _add_rerank_argument(search)
+    add_index_settings(search, "nprobe", "ef_search", "exact_rerank", at_search=True)
     search.add_argument("--json", action="store_true", help="print JSON lines instead of text")
     search.add_argument(
         "--sharded", action="store_true", help="under torchrun: each rank searches 1/N of the index; rank 0 prints"
@@ -350,9 +343,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--out", help="write per-question results to this JSONL file")
     evaluate.add_argument("--max-examples", type=int, default=None, help="default: all")
     evaluate.add_argument("--corpus", help="the base corpus's folder if it moved since the build")
-    evaluate.add_argument("--nprobe", type=int, default=None, help="IVF lists probed; default: the index's own")
-    evaluate.add_argument("--ef-search", type=int, default=None, help="HNSW search breadth; default: the index's own")
-    _add_rerank_argument(evaluate)
+    add_index_settings(evaluate, "nprobe", "ef_search", "exact_rerank", at_search=True)
     evaluate.add_argument("--batch-size", type=int, default=64, help="queries per encoder batch")
     _add_encoder_arguments(evaluate, default=None)
     evaluate.set_defaults(func=_evaluate)
@@ -378,6 +369,7 @@ def _build(args: argparse.Namespace) -> int:
     from atlas.distributed import init_distributed, shutdown
     from atlas.index import compute_device
     from retriever.index.build import build_index
+    from retriever.index.settings import IndexSettings
     from retriever.index.vectors import read_encoder_record
 
     context = init_distributed()  # under torchrun the ranks share the embedding work
@@ -390,15 +382,7 @@ def _build(args: argparse.Namespace) -> int:
         args.corpus,
         retriever,
         args.out,
-        spec=args.spec,
-        batch_size=args.batch_size,
-        chunk_size=args.chunk_size,
-        train_sample=args.train_sample,
-        keep_embeddings=args.keep_embeddings,
-        exact_rerank=args.exact_rerank,
-        nprobe=args.nprobe,
-        ef_search=args.ef_search,
-        seed=args.seed,
+        IndexSettings.of(args),
         overwrite=args.overwrite,
         restart=args.restart,
         encoder_source=args.encoder or DEFAULT_ENCODER,

@@ -40,6 +40,7 @@ from retriever.corpus import prepare_corpus
 from retriever.encoder import Retriever
 from retriever.index.build import BLOCK_ROWS, PROGRESS, build_index, work_dir_for
 from retriever.index.manifest import Manifest
+from retriever.index.settings import DEFAULTS, IndexSettings
 from retriever.index.types import index_type
 
 STATE_FILE = "import-progress.json"
@@ -140,20 +141,14 @@ def import_atlas_index(
     corpus_out: str | Path,
     index_out: str | Path,
     encoder: str | Path,
-    spec: str = "Flat",
-    train_sample: int = 262144,
-    keep_embeddings: bool = False,
-    nprobe: int = 32,
-    ef_search: int = 128,
-    chunk_size: int = 8192,
-    batch_size: int = 64,
+    settings: IndexSettings = DEFAULTS,
     overwrite: bool = False,
     restart: bool = False,
     progress: bool = True,
     on_shard: Callable[[int], None] | None = None,
 ) -> tuple[Path, Path]:
-    """Import the reference index at `src` as a corpus at `corpus_out` and an index of `spec`
-    at `index_out`, fingerprinted to the passage encoder of `encoder` (see `_resolve_retriever`).
+    """Import the reference index at `src` as a corpus at `corpus_out` and an index at `index_out` built as
+    `settings` say, fingerprinted to the passage encoder of `encoder` (see `_resolve_retriever`).
 
     Resumable: a call after an interruption continues after the last completed shard
     (`restart=True` starts over). Bad input (a missing shard, an unreadable or unsafe file,
@@ -171,11 +166,11 @@ def import_atlas_index(
             raise FileExistsError(f"{path} already exists (pass --overwrite to replace it)")
     retriever = _resolve_retriever(encoder)
     dim = retriever.dim
-    index_type(spec, dim)  # a bad spec fails before any shard is read
+    index_type(settings.spec, dim)  # a bad spec fails before any shard is read
     # headers only (memory-mapped): sizes are known before writing
     counts = [int(_embedding_shard(emb_path, dim).shape[0]) for emb_path, _ in shards]
     total = sum(counts)
-    settings = {
+    source = {
         "source": str(src.resolve()),
         "shards": counts,
         "dim": dim,
@@ -183,7 +178,7 @@ def import_atlas_index(
     }
 
     work = work_dir_for(index_out)
-    state, vectors, created = _open_work(work, settings, total, restart=restart)
+    state, vectors, created = _open_work(work, source, total, restart=restart)
     starts = [0, *np.cumsum(counts).tolist()]  # first row of each shard
     try:
         _copy_shards(shards, starts, dim, state, vectors, work, on_shard=on_shard)
@@ -218,15 +213,15 @@ def import_atlas_index(
     atomic_write_json(
         work / PROGRESS,
         {
-            "encoder_fingerprint": settings["encoder_fingerprint"],
+            "encoder_fingerprint": source["encoder_fingerprint"],
             "corpus_fingerprint": state["corpus_fingerprint"],
             "count": total,
             "dim": dim,
-            "chunk_size": chunk_size,
-            "batch_size": batch_size,
+            "chunk_size": settings.chunk_size,
+            "batch_size": settings.batch_size,
             "block_rows": BLOCK_ROWS,
             "embedding_precision": "fp32",  # the reference embedded in float32 (and saved float16)
-            "completed_chunks": -(-total // chunk_size),
+            "completed_chunks": -(-total // settings.chunk_size),
             "created": state["created"],
         },
     )
@@ -234,13 +229,7 @@ def import_atlas_index(
         corpus_out,
         retriever,
         index_out,
-        spec=spec,
-        batch_size=batch_size,
-        chunk_size=chunk_size,
-        train_sample=train_sample,
-        keep_embeddings=keep_embeddings,
-        nprobe=nprobe,
-        ef_search=ef_search,
+        settings,
         progress=progress,
         overwrite=overwrite,
         encoder_source=str(Path(encoder).resolve()),
@@ -248,7 +237,7 @@ def import_atlas_index(
     )
     manifest = Manifest.load(index_out)
     manifest.imported = {
-        "source": settings["source"],
+        "source": source["source"],
         "shards": len(shards),
         "encoder_agreement": agreement,
         "format": "facebookresearch/atlas embeddings.{i}.pt + passages.{i}.pt",

@@ -36,7 +36,7 @@ def build_demo_run(out: str | Path, *, progress: bool = False) -> Path:
     if not (out / "corpus").is_dir():
         prepare_corpus([str(p) for p in data.documents], out / "corpus", chunk_words=0, progress=progress)
     if not (out / "index").is_dir():
-        build_index(out / "corpus", build_retriever(config.retriever), out / "index", spec="Flat", progress=progress)
+        build_index(out / "corpus", build_retriever(config.retriever), out / "index", progress=progress)
     run.mkdir(parents=True, exist_ok=True)
     if not (run / "reader").exists():
         try:

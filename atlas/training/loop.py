@@ -475,8 +475,7 @@ class TrainingRecipe:
             self.model,
             self.model.passage_index.corpora[0].path,
             self.output_dir / "index-refreshed",
-            config.index,
-            batch_size=config.retriever.batch_size,
+            config,
             context=self.context,
         )
         if self.log is not None:

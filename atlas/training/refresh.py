@@ -58,9 +58,8 @@ def refresh_index(
     model,
     corpus_path: str | Path,
     out: str | Path,
-    index_config,
+    config,
     *,
-    batch_size: int = 64,
     context: DistributedContext | None = None,
 ):
     """Re-embed `corpus_path` with the model's current passage encoder into `out`; swap it in (→ the new
@@ -68,7 +67,7 @@ def refresh_index(
 
     Under torchrun (`context`, an `atlas.distributed.DistributedContext`) the ranks share the
     embedding work and rank 0 writes the folder; every rank then loads it (sharded again
-    when `index.sharded`). The new index has the same spec, search settings and checks.
+    when `index.sharded`). The new index has `config`'s index settings (`AtlasConfig.index_settings`) and checks.
     """
     context = context if context is not None else DistributedContext()  # one process of one
     with eval_mode(model.retriever):  # a failed build leaves the retriever in the mode it was in
@@ -76,14 +75,7 @@ def refresh_index(
             corpus_path,
             model.retriever,
             out,
-            spec=index_config.spec,
-            batch_size=batch_size,
-            chunk_size=index_config.chunk_size,
-            train_sample=index_config.train_sample,
-            keep_embeddings=index_config.keep_embeddings,
-            exact_rerank=index_config.exact_rerank or 0,
-            nprobe=index_config.nprobe,
-            ef_search=index_config.ef_search,
+            config.index_settings(),
             progress=False,
             overwrite=True,
             restart=True,
@@ -91,6 +83,6 @@ def refresh_index(
             world_size=context.world_size,
             barrier=context.barrier,
         )
-    opened = open_index(out, model.retriever, index_config, rank=context.rank, world_size=context.world_size)
-    model.index = Index(opened, model.retriever, allow_encoder_mismatch=index_config.allow_encoder_mismatch)
+    opened = open_index(out, model.retriever, config.index, rank=context.rank, world_size=context.world_size)
+    model.index = Index(opened, model.retriever, allow_encoder_mismatch=config.index.allow_encoder_mismatch)
     return model.index

@@ -5,9 +5,9 @@
 The docs build calls `generated_pages()` from `hooks.py`, so the site's pages are made from the code at every
 build and cannot drift from it; git keeps a copy of each under docs/reference/ for readers of the repository,
 and tests/test_docs.py checks that copy is current (`--write` renews it). A config key's description is the
-comment above or beside its field in `atlas/config.py`; where a field has none, `config_descriptions.yaml`
-(beside this file) gives it. `missing_descriptions()` lists keys with neither, and stale entries of that file;
-tests/test_docs.py asserts both lists are empty.
+comment above or beside its field in `atlas/config.py`, else for an index build setting (`index.spec`, …) the help
+of its field in `retriever/index/settings.py` (which `atlas index build --help` shows too). `missing_descriptions()`
+lists keys with none; tests/test_docs.py asserts there are none.
 
     python docs/_gen/reference.py --write    # renews docs/reference/{cli,config,http}.md, openapi.json and the figures
     python docs/_gen/reference.py --check    # lists config keys without a description
@@ -29,7 +29,6 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).parent))  # figures.py, beside this file
-DESCRIPTIONS = Path(__file__).with_name("config_descriptions.yaml")
 CONFIG_SOURCE = ROOT / "atlas" / "config.py"
 
 if str(ROOT) not in sys.path:
@@ -203,36 +202,27 @@ def _default_text(f: dataclasses.Field) -> str:
 def config_keys() -> list[tuple[str, str, str, str]]:
     """(dotted key, type, default, description or "") for every key of a recipe, in schema order."""
     from atlas.config import AtlasConfig
+    from retriever.index.settings import IndexSettings
 
     comments = _field_comments()
-    extra = yaml.safe_load(DESCRIPTIONS.read_text(encoding="utf-8")) if DESCRIPTIONS.is_file() else {}
+    index_settings = {f.name: f.metadata["help"] for f in dataclasses.fields(IndexSettings)}
     rows = []
     for section in dataclasses.fields(AtlasConfig):
         cls = typing.get_type_hints(AtlasConfig)[section.name]
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             key = f"{section.name}.{f.name}"
-            description = comments.get(f"{cls.__name__}.{f.name}") or (extra or {}).get(key, "")
+            setting = index_settings.get(f.name, "") if section.name == "index" else ""
+            description = comments.get(f"{cls.__name__}.{f.name}") or (
+                setting and setting[0].upper() + setting[1:] + "."
+            )
             rows.append((key, _type_text(hints[f.name]), _default_text(f), description))
     return rows
 
 
-def missing_descriptions() -> tuple[list[str], list[str]]:
-    """(keys with no description, entries of config_descriptions.yaml that are no key or have a comment)."""
-    rows = config_keys()
-    comments = _field_comments()
-    extra = yaml.safe_load(DESCRIPTIONS.read_text(encoding="utf-8")) if DESCRIPTIONS.is_file() else {}
-    keys = {key for key, *_ in rows}
-    from atlas.config import AtlasConfig
-
-    commented = set()
-    for section in dataclasses.fields(AtlasConfig):
-        cls = typing.get_type_hints(AtlasConfig)[section.name]
-        commented |= {
-            f"{section.name}.{f.name}" for f in dataclasses.fields(cls) if f"{cls.__name__}.{f.name}" in comments
-        }
-    stale = sorted(k for k in (extra or {}) if k not in keys or k in commented)
-    return [key for key, _, _, description in rows if not description], stale
+def missing_descriptions() -> list[str]:
+    """The recipe keys with no description."""
+    return [key for key, _, _, description in config_keys() if not description]
 
 
 def _task_options() -> list[str]:
@@ -489,13 +479,13 @@ def main() -> None:
     parser.add_argument(
         "--check",
         action="store_true",
-        help="list config keys without a description, and stale entries of config_descriptions.yaml",
+        help="list config keys without a description",
     )
     args = parser.parse_args()
     if args.check:
-        missing, stale = missing_descriptions()
-        print("missing:", missing, "\nstale:", stale)
-        raise SystemExit(1 if missing or stale else 0)
+        missing = missing_descriptions()
+        print("missing:", missing)
+        raise SystemExit(1 if missing else 0)
     if not args.write:
         parser.error("say --write or --check")
     import figures

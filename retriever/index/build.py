@@ -43,6 +43,7 @@ from retriever.index.manifest import (
     sampled_sha256,
 )
 from retriever.index.rerank import gather_rows
+from retriever.index.settings import DEFAULTS, IndexSettings
 from retriever.index.types import build_faiss_index, index_type
 from retriever.index.vectors import EncoderRecord, copy_checked, read_encoder_record, record_path, write_encoder_record
 
@@ -65,8 +66,8 @@ def embed_corpus(
     retriever,
     work_dir: Path,
     *,
-    batch_size: int = 64,
-    chunk_size: int = 8192,
+    batch_size: int = DEFAULTS.batch_size,
+    chunk_size: int = DEFAULTS.chunk_size,
     progress: bool = True,
     restart: bool = False,
     on_chunk: Callable[[int], None] | None = None,
@@ -167,8 +168,8 @@ def embed_vectors(
     retriever,
     out: str | os.PathLike,
     *,
-    batch_size: int = 64,
-    chunk_size: int = 8192,
+    batch_size: int = DEFAULTS.batch_size,
+    chunk_size: int = DEFAULTS.chunk_size,
     progress: bool = True,
     restart: bool = False,
     rank: int = 0,
@@ -229,8 +230,8 @@ def train_and_fill(
     spec: str,
     vectors: np.ndarray,
     *,
-    train_sample: int = 262144,
-    seed: int = 0,
+    train_sample: int = DEFAULTS.train_sample,
+    seed: int = DEFAULTS.seed,
     add_chunk: int = 65536,
     on_added: Callable[[int], None] | None = None,
     on_trained: Callable[[faiss.Index], None] | None = None,
@@ -276,16 +277,8 @@ def build_index(
     corpus_path: str | os.PathLike,
     retriever,
     out: str | os.PathLike,
+    settings: IndexSettings = DEFAULTS,
     *,
-    spec: str = "Flat",
-    batch_size: int = 64,
-    chunk_size: int = 8192,
-    train_sample: int = 262144,
-    keep_embeddings: bool = False,
-    exact_rerank: int = 0,
-    nprobe: int = 32,
-    ef_search: int = 128,
-    seed: int = 0,
     progress: bool = True,
     overwrite: bool = False,
     restart: bool = False,
@@ -299,7 +292,7 @@ def build_index(
     precision: str | None = None,
 ) -> Path:
     """Embed the prepared corpus at `corpus_path` with `retriever`'s passage encoder and save
-    an index of `spec` at `out` (written atomically). Resumable: see `embed_corpus`.
+    an index at `out` as `settings` say (written atomically). Resumable: see `embed_corpus`.
 
     `vectors`: the corpus's passage vectors computed elsewhere (`retriever.index.vectors`: a `.npy` or a folder of
     shards, in corpus order), checked (count, dimension, finite rows) and indexed instead of embedding; the
@@ -307,7 +300,7 @@ def build_index(
     then be None); a record and a retriever that disagree are refused.
 
     A `Flat` index is the float16 embeddings themselves (searched in chunks by `exact_search`); any
-    other spec saves only its FAISS index unless `keep_embeddings`, or `exact_rerank` = k' > 0: then the
+    other spec saves only its FAISS index unless `settings.keep_embeddings`, or `exact_rerank` = k' > 0: then the
     float16 vectors are kept too and search re-scores the index's k' candidates exactly from them
     (memory-mapped; recorded in the manifest, overridable at load). `encoder_source` (the
     path or name the retriever was loaded from) is recorded so search can default to it. `precision`: what the
@@ -320,10 +313,8 @@ def build_index(
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} already exists (pass --overwrite to replace it)")
     record = _encoder_of(retriever, vectors, encoder_record, encoder_source, embedding_precision(retriever, precision))
+    spec = settings.spec.strip()
     index_type(spec, record.dim)  # reject a bad spec before minutes of embedding
-    if not isinstance(exact_rerank, int) or exact_rerank < 0:
-        raise ValueError(f"exact_rerank must be an integer k' >= 0 (0 = off), got {exact_rerank!r}")
-    keep_embeddings = keep_embeddings or exact_rerank > 0  # the exact scores are read from them
     corpus = Corpus.load(corpus_path)
     work_dir = work_dir_for(out)
     if vectors is not None:
@@ -335,8 +326,8 @@ def build_index(
             corpus,
             retriever,
             work_dir,
-            batch_size=batch_size,
-            chunk_size=chunk_size,
+            batch_size=settings.batch_size,
+            chunk_size=settings.chunk_size,
             progress=progress,
             restart=restart,
             on_chunk=on_chunk,
@@ -350,11 +341,9 @@ def build_index(
         barrier()
         return out
     with atomic_directory(out, overwrite=overwrite) as tmp:
-        files = _write_index_files(
-            tmp, spec.strip(), vectors_path, keep_embeddings=keep_embeddings, train_sample=train_sample, seed=seed
-        )
+        files = _write_index_files(tmp, spec, vectors_path, settings)
         Manifest(
-            spec=spec.strip(),
+            spec=spec,
             dim=record.dim,
             count=len(corpus),
             total=len(corpus),
@@ -364,14 +353,14 @@ def build_index(
             segments=[_base_segment(corpus_path, corpus, record.embedding_precision)],
             files=files,
             keep_embeddings="vectors" in files,
-            exact_rerank=exact_rerank,
-            nprobe=nprobe,
-            ef_search=ef_search,
-            train_sample=train_sample,
-            seed=seed,
+            exact_rerank=settings.exact_rerank,
+            nprobe=settings.nprobe,
+            ef_search=settings.ef_search,
+            train_sample=settings.train_sample,
+            seed=settings.seed,
             faiss_version=faiss.__version__,
             created=state["created"],
-            build=BuildSettings(batch_size=batch_size, chunk_size=chunk_size)
+            build=BuildSettings(batch_size=settings.batch_size, chunk_size=settings.chunk_size)
             if vectors is None
             else BuildSettings(vectors=str(Path(vectors).resolve())),
         ).save(tmp)
@@ -433,9 +422,7 @@ def _import_vectors(
     return path, state
 
 
-def _write_index_files(
-    folder: Path, spec: str, vectors_path: Path, *, keep_embeddings: bool, train_sample: int, seed: int
-) -> dict[str, FileRecord]:
+def _write_index_files(folder: Path, spec: str, vectors_path: Path, settings: IndexSettings) -> dict[str, FileRecord]:
     """Generation 1's files in `folder`: the FAISS index (any spec but Flat) and its trained, empty form (a spec
     whose edits append parts: `IndexType.appends`), the float16 vectors (Flat, or kept), no row removed. Returns
     their records for the manifest's `files`."""
@@ -448,13 +435,17 @@ def _write_index_files(
             faiss.write_index(index, str(folder / "trained.g1.faiss"))
 
         index = train_and_fill(
-            spec, vectors, train_sample=train_sample, seed=seed, on_trained=keep_trained if keeps_trained else None
+            spec,
+            vectors,
+            train_sample=settings.train_sample,
+            seed=settings.seed,
+            on_trained=keep_trained if keeps_trained else None,
         )
         faiss.write_index(index, str(folder / "index.g1.faiss"))
         files["faiss"] = FileRecord.of(folder / "index.g1.faiss")
         if keeps_trained:
             files["trained"] = FileRecord.of(folder / "trained.g1.faiss")
-    if spec == "Flat" or keep_embeddings:
+    if spec == "Flat" or settings.keeps_vectors:
         link_or_copy(vectors_path, folder / "vectors.g1.npy")
         files["vectors"] = FileRecord.of(folder / "vectors.g1.npy")
     np.save(folder / "removed.g1.npy", np.zeros(len(vectors), dtype=bool))
@@ -471,38 +462,26 @@ CACHE_DIR = ".atlas-index-cache"
 BUILD_SETTINGS = "build-settings.json"
 
 
-def build_settings(
-    corpus: Corpus,
-    retriever,
-    *,
-    spec: str = "Flat",
-    batch_size: int = 64,
-    chunk_size: int = 8192,
-    train_sample: int = 262144,
-    keep_embeddings: bool = False,
-    exact_rerank: int = 0,
-    seed: int = 0,
-    precision: str | None = None,
-) -> dict:
+def build_settings(corpus: Corpus, retriever, settings: IndexSettings = DEFAULTS, precision: str | None = None) -> dict:
     """Everything that fixes what `build_index` writes, as the arguments it takes: the
     corpus's and the passage encoder's fingerprints, the spec, what is kept, and the batching
     (a chunk's vectors depend on its batches). The training sample and seed count only for
     specs that are trained. Search-time settings (nprobe, ef_search) are not in it: they are
     given at load."""
-    trained = index_type(spec, retriever.dim).needs_training
+    trained = index_type(settings.spec, retriever.dim).needs_training
     return {
         "format_version": FORMAT_VERSION,
         "faiss_version": faiss.__version__,
         "corpus_fingerprint": corpus.fingerprint,
         "encoder_fingerprint": retriever.passage_fingerprint(),
         "dim": retriever.dim,
-        "spec": spec.strip(),
-        "keep_embeddings": bool(keep_embeddings or exact_rerank > 0),
-        "exact_rerank": exact_rerank,
-        "batch_size": batch_size,
-        "chunk_size": chunk_size,
-        "train_sample": train_sample if trained else None,
-        "seed": seed if trained else None,
+        "spec": settings.spec.strip(),
+        "keep_embeddings": settings.keeps_vectors,
+        "exact_rerank": settings.exact_rerank,
+        "batch_size": settings.batch_size,
+        "chunk_size": settings.chunk_size,
+        "train_sample": settings.train_sample if trained else None,
+        "seed": settings.seed if trained else None,
         "embedding_precision": embedding_precision(retriever, precision),
     }
 

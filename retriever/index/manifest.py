@@ -28,6 +28,7 @@ from typing import Any
 
 from common.io import atomic_write_json
 from retriever.fingerprint import hash_file
+from retriever.index.settings import DEFAULTS
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 2
@@ -247,8 +248,8 @@ class Manifest:
     embedding_precision: str = "fp32"  # of the rows as built (each later segment records its own)
     keep_embeddings: bool = False
     exact_rerank: int = 0
-    nprobe: int = 32
-    ef_search: int = 128
+    nprobe: int = DEFAULTS.nprobe
+    ef_search: int = DEFAULTS.ef_search
     train_sample: int | None = None
     seed: int | None = None
     faiss_version: str | None = None
@@ -324,8 +325,8 @@ class Manifest:
             keep_embeddings=fields.get("keep_embeddings", bool, "vectors" in files),
             # "rerank": the field's name in version-1 manifests written before it took the config's name
             exact_rerank=fields.count("exact_rerank", fields.count("rerank", 0)),
-            nprobe=fields.count("nprobe", 32),
-            ef_search=fields.count("ef_search", 128),
+            nprobe=fields.count("nprobe", DEFAULTS.nprobe),
+            ef_search=fields.count("ef_search", DEFAULTS.ef_search),
             train_sample=fields.get("train_sample", int, None, optional=True),
             seed=fields.get("seed", int, None, optional=True),
             faiss_version=fields.get("faiss_version", str, None, optional=True),

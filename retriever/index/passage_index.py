@@ -58,6 +58,7 @@ from retriever.index.files import (
 )
 from retriever.index.manifest import Manifest
 from retriever.index.rerank import StoredVectors, advise_random, rerank_candidates
+from retriever.index.settings import DEFAULTS
 from retriever.index.types import (
     best_first,
     exact_search,
@@ -300,7 +301,9 @@ class PassageIndex:
             scores = np.pad(scores, ((0, 0), (0, pad)), constant_values=-np.inf)
         return scores, rows
 
-    def search(self, queries: list[str] | np.ndarray, k: int, *, batch_size: int = 64) -> list[list[Passage]]:
+    def search(
+        self, queries: list[str] | np.ndarray, k: int, *, batch_size: int = DEFAULTS.batch_size
+    ) -> list[list[Passage]]:
         """Retrieve the top-k passages for each query: Q lists of `Passage`s (with `score` and `row`),
         best first.
 
@@ -402,8 +405,8 @@ def search_live(
     k: int,
     *,
     removed: np.ndarray | None = None,
-    nprobe: int = 32,
-    ef_search: int = 128,
+    nprobe: int = DEFAULTS.nprobe,
+    ef_search: int = DEFAULTS.ef_search,
 ) -> tuple[np.ndarray, np.ndarray]:
     """FAISS top-k that never returns a removed id: (Q, d) float32 → scores, ids (Q, k).
 

@@ -54,6 +54,7 @@ from retriever.index.files import (
 )
 from retriever.index.manifest import FileRecord, Manifest, Segment, sampled_sha256
 from retriever.index.passage_index import PassageIndex
+from retriever.index.settings import DEFAULTS
 from retriever.index.vectors import write_float16_rows
 from tasks.passage import Passage
 
@@ -222,7 +223,7 @@ def add_passages(
     new: NewPassages,
     retriever,
     *,
-    batch_size: int = 64,
+    batch_size: int = DEFAULTS.batch_size,
     chunk_words: int = 0,
     allow_encoder_mismatch: bool = False,
     progress: bool = True,
@@ -269,7 +270,7 @@ def update_passages(
     new: Sequence[Mapping[str, Any] | Passage],
     retriever,
     *,
-    batch_size: int = 64,
+    batch_size: int = DEFAULTS.batch_size,
     allow_encoder_mismatch: bool = False,
     progress: bool = True,
     precision: str | None = None,

@@ -13,6 +13,7 @@ import pytest
 
 from atlas.cli import main
 from atlas.config import load_config
+from retriever.index.settings import IndexSettings
 
 # four subjects, one per MMLU category
 SUBJECTS = {
@@ -66,8 +67,8 @@ def real_world(shared_data, tiny_encoder_path, tmp_path_factory):
         root / "corpus",
         build_retriever(load_config(None, [f"retriever.model={tiny_encoder_path}"]).retriever),
         root / "index",
-        spec="Flat",
         progress=False,
+        settings=IndexSettings(spec="Flat"),
     )
 
     config = load_config(

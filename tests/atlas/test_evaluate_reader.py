@@ -14,6 +14,7 @@ from atlas.cli import main
 from atlas.demo.quickstart import DEMO, RECIPE
 from atlas.loading import SHIPPED_READER
 from common.io import read_jsonl
+from retriever.index.settings import IndexSettings
 from tasks.metrics import normalize_answer
 
 N_QUESTIONS = 6
@@ -43,10 +44,9 @@ def demo_index(tmp_path_factory) -> dict:
         root / "corpus",
         build_retriever(recipe.retriever),
         root / "index",
-        spec="Flat",
-        batch_size=recipe.retriever.batch_size,
         progress=False,
         encoder_source=recipe.retriever.model,
+        settings=IndexSettings(spec="Flat", batch_size=recipe.retriever.batch_size),
     )
     return {"root": root, "index": root / "index", "dev": root / "dev.jsonl", "questions": questions}
 

@@ -19,6 +19,7 @@ from atlas.cli import main
 from atlas.importing.index import import_atlas_index
 from atlas.importing.safe_pickle import UnsafePickleError
 from common.io import InputError
+from retriever.index.settings import IndexSettings
 
 SIZES = (5, 4, 6)  # passages per shard
 DIM = 32  # the tiny encoder's (tests/conftest.py)
@@ -74,9 +75,7 @@ def test_same_top_k_ids_and_scores_as_brute_force(tmp_path, reference_index, tin
     corpus, index = import_atlas_index(
         reference_index["src"],
         encoder=tiny_encoder_path,
-        spec=spec,
-        nprobe=nprobe,
-        train_sample=100,
+        settings=IndexSettings(spec=spec, nprobe=nprobe, train_sample=100),
         progress=False,
         **_outputs(tmp_path),
     )

@@ -49,9 +49,9 @@ def builds(monkeypatch) -> list[Path]:
     calls: list[Path] = []
     real = index_build.build_index
 
-    def recording(corpus_path, retriever, out, **kwargs):
+    def recording(corpus_path, retriever, out, *settings, **kwargs):
         calls.append(Path(out))
-        return real(corpus_path, retriever, out, **kwargs)
+        return real(corpus_path, retriever, out, *settings, **kwargs)
 
     monkeypatch.setattr(index_build, "build_index", recording)
     return calls

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from retriever.index.settings import IndexSettings
 from tests.atlas.test_train import logged_losses, tiny_config
 
 pytestmark = [
@@ -167,8 +168,10 @@ def test_an_index_built_on_cuda_searches_like_one_built_on_the_cpu(tiny_world, t
     docs = REPO / "atlas" / "demo" / "encyclopedia.jsonl"
     prepare_corpus([docs], tmp_path / "corpus", chunk_words=0, progress=False)
     retriever = build_retriever(RetrieverConfig())
-    build_index(tmp_path / "corpus", retriever, tmp_path / "cpu", spec="Flat", progress=False)
-    build_index(tmp_path / "corpus", retriever.to(CUDA), tmp_path / "cuda", spec="Flat", progress=False)
+    build_index(tmp_path / "corpus", retriever, tmp_path / "cpu", progress=False)
+    build_index(
+        tmp_path / "corpus", retriever.to(CUDA), tmp_path / "cuda", progress=False, settings=IndexSettings(spec="Flat")
+    )
     questions = [json.loads(line)["question"] for line in (REPO / "atlas" / "demo" / "heldout.jsonl").open()][:50]
     queries = retriever.to("cpu").embed_queries(questions)
     top = {}

@@ -13,6 +13,7 @@ from common.modeling import encoder_source
 from retriever.embedding_precision import BF16_MIN_SPEEDUP, EMBEDDING_PRECISIONS, resolve_embedding_precision
 from retriever.encoder import ContrieverEncoder, Retriever
 from retriever.index import types as index_types
+from retriever.index.settings import IndexSettings
 
 NQ824 = Path(__file__).resolve().parents[3] / "shared" / "data" / "nq824" / "documents.jsonl"
 
@@ -158,7 +159,12 @@ def test_an_index_records_the_precision_its_vectors_were_embedded_at(tmp_path, m
     built = {}
     for name, precision in (("bf16", "bf16"), ("own", None)):
         out = build_index(
-            tmp_path / "corpus", retriever, tmp_path / name, spec="Flat", progress=False, precision=precision
+            tmp_path / "corpus",
+            retriever,
+            tmp_path / name,
+            progress=False,
+            precision=precision,
+            settings=IndexSettings(spec="Flat"),
         )
         built[name] = PassageIndex.load(out, retriever=retriever)
         assert Manifest.load(out).embedding_precision == ("bf16" if name == "bf16" else "fp32")

@@ -29,6 +29,7 @@ from retriever.index.compact import (
 )
 from retriever.index.files import LOCK, IndexLockedError
 from retriever.index.manifest import Manifest, Segment
+from retriever.index.settings import IndexSettings
 from retriever.index.update import add_passages, read_passage_files, remove_passages
 
 REPO = Path(__file__).resolve().parents[3]
@@ -85,7 +86,11 @@ def files_of(folder: Path) -> list[str]:
 def test_compaction_changes_no_search_result(tmp_path, corpus, clustered_source, spec):
     source = clustered_source()
     folder = build_index(
-        corpus, source, tmp_path / "ix", spec=spec, keep_embeddings=spec != "Flat", nprobe=8, progress=False
+        corpus,
+        source,
+        tmp_path / "ix",
+        progress=False,
+        settings=IndexSettings(spec=spec, keep_embeddings=spec != "Flat", nprobe=8),
     )
     edit(folder, source, tmp_path)
     queries = source.embed_passages([{"id": f"s{i}"} for i in range(0, N + 30, 61)])
@@ -143,7 +148,7 @@ def test_hnsw_is_rebuilt_as_a_fresh_build_of_the_live_passages(tmp_path, corpus,
     faiss.omp_set_num_threads(1)
     try:
         source = clustered_source()
-        folder = build_index(corpus, source, tmp_path / "ix", spec="HNSW8", progress=False)
+        folder = build_index(corpus, source, tmp_path / "ix", progress=False, settings=IndexSettings(spec="HNSW8"))
         edit(folder, source, tmp_path)
         compact_index(folder)
         live = live_texts(folder)
@@ -152,7 +157,9 @@ def test_hnsw_is_rebuilt_as_a_fresh_build_of_the_live_passages(tmp_path, corpus,
             "".join(json.dumps({"id": p["id"], "text": p["text"]}) + "\n" for p in order)
         )
         prepare_corpus([tmp_path / "live.jsonl"], tmp_path / "live", chunk_words=0, progress=False)
-        fresh = build_index(tmp_path / "live", source, tmp_path / "fresh", spec="HNSW8", progress=False)
+        fresh = build_index(
+            tmp_path / "live", source, tmp_path / "fresh", progress=False, settings=IndexSettings(spec="HNSW8")
+        )
         queries = source.embed_passages([{"id": f"s{i}"} for i in range(0, N + 30, 61)])
         assert searched(folder, queries)[1] == searched(fresh, queries)[1]
         np.testing.assert_array_equal(searched(folder, queries)[0], searched(fresh, queries)[0])
@@ -248,7 +255,9 @@ def test_a_compaction_that_dies_around_its_commit_leaves_the_old_or_the_new_inde
     deletes what the dead one left."""
 
     source = clustered_source()
-    folder = build_index(corpus, source, tmp_path / "ix", spec="IVF8,PQ8", nprobe=8, progress=False)
+    folder = build_index(
+        corpus, source, tmp_path / "ix", progress=False, settings=IndexSettings(spec="IVF8,PQ8", nprobe=8)
+    )
     edit(folder, source, tmp_path)
     queries = source.embed_passages([{"id": f"s{i}"} for i in range(0, N, 97)])
     old, texts, results = Manifest.load(folder), live_texts(folder), searched(folder, queries)
@@ -310,7 +319,7 @@ def test_kill_9_at_any_moment_of_a_compaction(tmp_path, make_synthetic_corpus, c
     it takes a while): every time, the index loads and verifies, and holds the same live passages."""
     source = clustered_source(256)
     corpus = make_synthetic_corpus(tmp_path, 20000)
-    folder = build_index(corpus, source, tmp_path / "ix", progress=False, chunk_size=20000)
+    folder = build_index(corpus, source, tmp_path / "ix", progress=False, settings=IndexSettings(chunk_size=20000))
     remove_passages(folder, [f"s{i}" for i in range(0, 20000, 7)])
     texts = live_texts(folder)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -19,6 +19,7 @@ from retriever.index import (
     PassageIndex,
 )
 from retriever.index.build import build_index, train_and_fill, work_dir_for
+from retriever.index.settings import IndexSettings
 from retriever.index.types import exact_search, set_search_params
 from retriever.index.update import add_passages, read_passage_files, remove_passages, update_passages
 
@@ -90,7 +91,7 @@ def corpus(tmp_path_factory) -> Path:
 
 
 def test_flat_search_equals_brute_force(tmp_path, retriever, corpus):
-    out = build_index(corpus, retriever, tmp_path / "flat", progress=False, chunk_size=16)
+    out = build_index(corpus, retriever, tmp_path / "flat", progress=False, settings=IndexSettings(chunk_size=16))
     index = PassageIndex.load(out, retriever=retriever)
     vectors = np.load(out / "vectors.g1.npy").astype(np.float64)
     queries = ["river king", "planet science film", "football election war"]
@@ -143,11 +144,8 @@ class Killed(RuntimeError):
 @pytest.mark.parametrize("spec,keep", [("Flat", False), ("IVF4,Flat", True)])
 def test_resumed_build_is_byte_identical(tmp_path, retriever, corpus, spec, keep):
     options = {
-        "spec": spec,
-        "keep_embeddings": keep,
-        "chunk_size": 8,
+        "settings": IndexSettings(spec=spec, keep_embeddings=keep, chunk_size=8, train_sample=64),
         "progress": False,
-        "train_sample": 64,
     }
     reference = build_index(corpus, retriever, tmp_path / "ref", **options)
 
@@ -188,17 +186,21 @@ def test_restart_and_mismatched_unfinished_build(tmp_path, retriever, corpus):
         raise Killed
 
     with pytest.raises(Killed):
-        build_index(corpus, retriever, tmp_path / "ix", chunk_size=8, progress=False, on_chunk=stop)
+        build_index(
+            corpus, retriever, tmp_path / "ix", progress=False, on_chunk=stop, settings=IndexSettings(chunk_size=8)
+        )
     with pytest.raises(ValueError, match="unfinished build with different chunk_size is there; pass --restart"):
-        build_index(corpus, retriever, tmp_path / "ix", chunk_size=16, progress=False)
-    build_index(corpus, retriever, tmp_path / "ix", chunk_size=16, progress=False, restart=True)
+        build_index(corpus, retriever, tmp_path / "ix", progress=False, settings=IndexSettings(chunk_size=16))
+    build_index(corpus, retriever, tmp_path / "ix", progress=False, restart=True, settings=IndexSettings(chunk_size=16))
     with pytest.raises(FileExistsError, match="already exists"):
         build_index(corpus, retriever, tmp_path / "ix", progress=False)
 
 
 @pytest.mark.parametrize("spec", ["Flat", "IVF2,Flat", "IVF2,PQ8x4fs"])
 def test_add_and_remove(tmp_path, retriever, corpus, spec):
-    out = build_index(corpus, retriever, tmp_path / "ix", spec=spec, keep_embeddings=True, progress=False)
+    out = build_index(
+        corpus, retriever, tmp_path / "ix", progress=False, settings=IndexSettings(spec=spec, keep_embeddings=True)
+    )
     old_vectors = np.load(out / "vectors.g1.npy")
     new_docs = write_docs(tmp_path / "new.jsonl", ["n1", "n2", "n3"], 7)
     stats = add_passages(
@@ -249,7 +251,9 @@ def test_add_and_remove(tmp_path, retriever, corpus, spec):
 
 
 def test_corrupted_files_give_clear_errors(tmp_path, retriever, corpus):
-    out = build_index(corpus, retriever, tmp_path / "ix", spec="SQ8", keep_embeddings=True, progress=False)
+    out = build_index(
+        corpus, retriever, tmp_path / "ix", progress=False, settings=IndexSettings(spec="SQ8", keep_embeddings=True)
+    )
     faiss_file, vectors_file = out / "index.g1.faiss", out / "vectors.g1.npy"
     original = faiss_file.read_bytes()
     faiss_file.write_bytes(original[: len(original) // 2])
@@ -303,7 +307,9 @@ def test_faiss_index_is_memory_mapped(tmp_path, clustered_corpus, clustered_sour
     process (not read into RAM), and IVF lists are the read-only on-disk kind."""
     import faiss
 
-    out = build_index(clustered_corpus, clustered_source(), tmp_path / "ix", spec=spec, progress=False)
+    out = build_index(
+        clustered_corpus, clustered_source(), tmp_path / "ix", progress=False, settings=IndexSettings(spec=spec)
+    )
     path = str((out / "index.g1.faiss").resolve())
     index = PassageIndex.load(out)
     assert path in mapped_files()
@@ -353,7 +359,11 @@ def test_mapped_load_does_not_read_the_index_into_memory(tmp_path, make_syntheti
 
     corpus = make_synthetic_corpus(tmp_path, 20000)
     out = build_index(
-        corpus, clustered_source(192), tmp_path / "ix", spec=spec, progress=False, chunk_size=20000, train_sample=5000
+        corpus,
+        clustered_source(192),
+        tmp_path / "ix",
+        progress=False,
+        settings=IndexSettings(spec=spec, chunk_size=20000, train_sample=5000),
     )
     size = (out / "index.g1.faiss").stat().st_size
     assert size > 3_000_000
@@ -376,7 +386,13 @@ def test_mapped_load_does_not_read_the_index_into_memory(tmp_path, make_syntheti
 def test_removed_passages_never_come_back_on_any_faiss_type(tmp_path, clustered_corpus, clustered_source, spec):
     """IndexPQ(FastScan) takes no search parameters (no id selector): over-retrieved and filtered;
     for every type the result is what the unfiltered search gives minus the removed ids."""
-    out = build_index(clustered_corpus, clustered_source(), tmp_path / "ix", spec=spec, progress=False, nprobe=8)
+    out = build_index(
+        clustered_corpus,
+        clustered_source(),
+        tmp_path / "ix",
+        progress=False,
+        settings=IndexSettings(spec=spec, nprobe=8),
+    )
     before = PassageIndex.load(out)
     queries = clustered_source().embed_passages([{"id": f"s{i}"} for i in range(7)])
     all_scores, all_rows = before.search_vectors(queries, 200)
@@ -524,7 +540,7 @@ def test_a_build_killed_inside_a_chunk_resumes_from_its_last_block_byte_identica
     from retriever.index import build as index_build
 
     monkeypatch.setattr(index_build, "BLOCK_ROWS", 4)
-    options = {"spec": "Flat", "chunk_size": 16, "progress": False}
+    options = {"settings": IndexSettings(chunk_size=16), "progress": False}
     reference = build_index(corpus, retriever, tmp_path / "ref", **options)
     calls = []
     embed = retriever.embed_passages

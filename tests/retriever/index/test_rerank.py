@@ -17,6 +17,7 @@ from atlas.cli import index as cli_index
 from retriever.index import InvalidIndexError, PassageIndex
 from retriever.index.build import build_index
 from retriever.index.rerank import gather_rows, read_runs, rerank_candidates
+from retriever.index.settings import IndexSettings
 from retriever.index.sharded import ShardedPassageIndex, merge_top_k
 from retriever.index.types import best_first, exact_search
 from retriever.index.update import remove_passages
@@ -42,11 +43,8 @@ def rerank_indexes(tmp_path_factory, make_synthetic_corpus, clustered_source):
                 corpus,
                 clustered_source(),
                 root / spec.replace(",", "_"),
-                spec=spec,
-                exact_rerank=300,
-                nprobe=8,
-                train_sample=1024,
                 progress=False,
+                settings=IndexSettings(spec=spec, exact_rerank=300, nprobe=8, train_sample=1024),
             )
             for spec in SPECS
         }
@@ -185,7 +183,9 @@ def test_sharded_ranks_rerank_their_own_rows(rerank_indexes, queries, spec):
 
 def test_rerank_without_vectors_is_a_clear_error(tmp_path, make_synthetic_corpus, clustered_source):
     corpus = make_synthetic_corpus(tmp_path, 600)
-    folder = build_index(corpus, clustered_source(), tmp_path / "pq", spec="PQ4", progress=False)
+    folder = build_index(
+        corpus, clustered_source(), tmp_path / "pq", progress=False, settings=IndexSettings(spec="PQ4")
+    )
     assert PassageIndex.load(folder).exact_rerank == 0  # an index built before re-ranking: works as it was
     with pytest.raises(
         InvalidIndexError, match=r"pq: re-ranking 50 candidates needs the float16 vectors file.*files\.vectors"
@@ -195,7 +195,9 @@ def test_rerank_without_vectors_is_a_clear_error(tmp_path, make_synthetic_corpus
     (folder / "manifest.json").write_text(json.dumps({**manifest, "exact_rerank": "many"}))
     with pytest.raises(ValueError, match=r"manifest.json: field exact_rerank must be an integer"):
         PassageIndex.load(folder)
-    flat = build_index(corpus, clustered_source(), tmp_path / "flat", exact_rerank=10, progress=False)
+    flat = build_index(
+        corpus, clustered_source(), tmp_path / "flat", progress=False, settings=IndexSettings(exact_rerank=10)
+    )
     assert PassageIndex.load(flat).exact_rerank == 0  # Flat is exact already
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from retriever.index import PassageIndex
+from retriever.index.settings import IndexSettings
 from retriever.index.sharded import ShardedPassageIndex, merge_top_k, shard_bounds
 
 
@@ -68,7 +69,13 @@ def index_folders(tmp_path_factory, tiny_encoder_path):
     folders = {}
     for spec in ("Flat", "IVF4,Flat"):
         folders[spec] = root / spec.replace(",", "_")
-        build_index(root / "corpus", retriever, folders[spec], spec=spec, progress=False, train_sample=61, nprobe=4)
+        build_index(
+            root / "corpus",
+            retriever,
+            folders[spec],
+            progress=False,
+            settings=IndexSettings(spec=spec, train_sample=61, nprobe=4),
+        )
     return folders
 
 
@@ -179,7 +186,11 @@ def synthetic_indexes(tmp_path_factory, make_synthetic_corpus, clustered_source)
     corpus = make_synthetic_corpus(root, 3000)
     return {
         spec: build_index(
-            corpus, clustered_source(), root / spec.replace(",", "_"), spec=spec, progress=False, nprobe=4
+            corpus,
+            clustered_source(),
+            root / spec.replace(",", "_"),
+            progress=False,
+            settings=IndexSettings(spec=spec, nprobe=4),
         )
         for spec in SPECS
     }
@@ -256,7 +267,7 @@ def test_sharded_flat_rank_reads_only_its_rows(tmp_path, make_synthetic_corpus, 
         clustered_source(128),
         tmp_path / "flat",
         progress=False,
-        chunk_size=20000,
+        settings=IndexSettings(chunk_size=20000),
     )
     vectors_file = str((folder / "vectors.g1.npy").resolve())
 
