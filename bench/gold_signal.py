@@ -95,8 +95,9 @@ def build_model(args):
     return load_model(recipe_spec(config))
 
 
-def measure(model, examples, args) -> dict:
-    """Gold scores of every loss for each example's top-N passages; → the summary figures."""
+def gold_scores(model, examples, args) -> list[dict]:
+    """Per question: `has` (1 where a top-N passage holds an answer), `retr` (retriever scores), `tokens`
+    (reader tokens per passage) and one array of N gold scores per loss (and per `--gold-precision`)."""
     from retriever.losses import build_retriever_loss
     from tasks.metrics import has_answer
 
@@ -132,57 +133,45 @@ def measure(model, examples, args) -> dict:
                     **{name: g[b] for name, g in golds.items()},
                 }
             )
-    dim = model.retriever.dim
-    rows = {}
+    return per_question
 
-    def recall5(order_key) -> float:
-        return 100 * float(
-            np.mean([q["has"][np.argsort(-order_key(q), kind="stable")[:5]].max() for q in per_question])
-        )
 
-    def mass(scores_of, tau) -> float:
-        return 100 * float(np.mean([(softmax(scores_of(q) / tau) * q["has"]).sum() for q in per_question]))
-
-    def agreement(name: str) -> dict:
-        """How a lower-precision gold agrees with the full one (its row's name without the suffix):
-        share of questions with the same top passage, and mean KL(p_full ‖ p) at τ = AGREEMENT_TAU."""
-        full = name.split(" ")[0]
-        same_top = np.mean([np.argmax(q[name]) == np.argmax(q[full]) for q in per_question])
-        kl = np.mean(
-            [
-                float(
-                    (
-                        softmax(q[full] / AGREEMENT_TAU)
-                        * (
-                            np.log(softmax(q[full] / AGREEMENT_TAU) + 1e-30)
-                            - np.log(softmax(q[name] / AGREEMENT_TAU) + 1e-30)
-                        )
-                    ).sum()
-                )
-                for q in per_question
-            ]
-        )
-        return {"top-1 = full": 100 * float(same_top), f"KL to full τ={AGREEMENT_TAU}": float(kl)}
-
-    rows["retriever"] = {
-        "recall@5": recall5(lambda q: q["retr"]),
-        **{f"mass τ={t}": mass(lambda q: q["retr"] / math.sqrt(dim), t) for t in TAUS},
-        "length ρ": float(np.nanmean([spearman(q["retr"], q["tokens"]) for q in per_question])),
-        "top-1 = full": "-",
-        f"KL to full τ={AGREEMENT_TAU}": "-",
+def score_row(per_question: list[dict], key: str, scale: float = 1.0) -> dict:
+    """What ranking the passages by q[key] gives: answer recall@5, the answer mass of softmax(q[key] / scale / τ) at
+    each of TAUS, and the Spearman ρ of q[key] with the passages' token counts."""
+    recall5 = np.mean([q["has"][np.argsort(-q[key], kind="stable")[:5]].max() for q in per_question])
+    return {
+        "recall@5": 100 * float(recall5),
+        **{
+            f"mass τ={t}": 100 * float(np.mean([(softmax(q[key] / scale / t) * q["has"]).sum() for q in per_question]))
+            for t in TAUS
+        },
+        "length ρ": float(np.nanmean([spearman(q[key], q["tokens"]) for q in per_question])),
     }
-    names = [n for n in GOLDS if n in per_question[0]]
-    for name in names + [n for n in per_question[0] if n.split(" ")[0] in names and " " in n]:
-        # loop's gold is an NLL (higher = the passage matters more): already "higher is better"
-        def gold_of(q, name=name):
-            return q[name]
 
-        rows[name] = {
-            "recall@5": recall5(gold_of),
-            **{f"mass τ={t}": mass(gold_of, t) for t in TAUS},
-            "length ρ": float(np.nanmean([spearman(q[name], q["tokens"]) for q in per_question])),
-            **agreement(name),
-        }
+
+def agreement(per_question: list[dict], name: str) -> dict:
+    """How a lower-precision gold agrees with the full one (its row's name without the suffix): share of questions
+    with the same top passage, and mean KL(p_full ‖ p) at τ = AGREEMENT_TAU."""
+    full = name.split(" ")[0]
+    same_top = np.mean([np.argmax(q[name]) == np.argmax(q[full]) for q in per_question])
+    kl = []
+    for q in per_question:
+        p_full = softmax(q[full] / AGREEMENT_TAU)
+        kl.append(float((p_full * (np.log(p_full + 1e-30) - np.log(softmax(q[name] / AGREEMENT_TAU) + 1e-30))).sum()))
+    return {"top-1 = full": 100 * float(same_top), f"KL to full τ={AGREEMENT_TAU}": float(np.mean(kl))}
+
+
+def measure(model, examples, args) -> dict:
+    """Gold scores of every loss for each example's top-N passages → the summary figures: per loss (and the
+    retriever's own scores) recall@5, answer mass, length ρ and agreement with the fp32 gold."""
+    per_question = gold_scores(model, examples, args)
+    rows = {"retriever": score_row(per_question, "retr", scale=math.sqrt(model.retriever.dim))}
+    rows["retriever"] |= {"top-1 = full": "-", f"KL to full τ={AGREEMENT_TAU}": "-"}
+    names = [n for n in GOLDS if n in per_question[0]]
+    # loop's gold is an NLL (higher = the passage matters more): already "higher is better"
+    for name in names + [n for n in per_question[0] if n.split(" ")[0] in names and " " in n]:
+        rows[name] = score_row(per_question, name) | agreement(per_question, name)
     oracle = 100 * float(np.mean([q["has"].max() for q in per_question]))
     return {"questions": len(per_question), f"answer_recall@{args.passages}": oracle, "losses": rows}
 

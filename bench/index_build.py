@@ -61,7 +61,7 @@ def matmul_gflops(d: int, ffn: int, rows: int = 8192, repeats: int = 5, device: 
     return 2 * rows * d * ffn * repeats / (time.perf_counter() - start) / 1e9
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--corpus",
@@ -73,50 +73,69 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--device", default="cpu", help="cpu or cuda (bf16 autocast there)")
     parser.add_argument("--out", type=Path, help="also write the JSON report here")
-    args = parser.parse_args()
-    device = torch.device(args.device)
+    return parser.parse_args()
+
+
+def sample_texts(args, retriever) -> tuple[list[str], np.ndarray]:
+    """The seeded sample of the corpus as the encoder reads it → (texts, token count of each)."""
     if args.corpus == NQ824_RUN / "corpus":
         ensure_nq824_corpus(args.corpus)
     corpus = Corpus.load(args.corpus)
     rows = np.sort(np.random.default_rng(0).choice(len(corpus), size=min(args.sample, len(corpus)), replace=False))
-    retriever = Retriever.from_pretrained(encoder_source("minilm")).to(device)
-    encoder = retriever.passage_encoder
     texts = [retriever.format_passage(p) for p in corpus.rows(rows)]
-    lengths = np.array(
-        [
-            len(ids)
-            for ids in encoder.tokenizer(texts, truncation=True, max_length=retriever.passage_maxlength)["input_ids"]
-        ]
-    )
-    useful = sum(flops_per_sequence(encoder.model.config, int(n)) for n in lengths)
+    tokenized = retriever.passage_encoder.tokenizer(texts, truncation=True, max_length=retriever.passage_maxlength)
+    return texts, np.array([len(ids) for ids in tokenized["input_ids"]])
 
-    def padded_flops(order: np.ndarray) -> float:
-        total = 0.0
-        for start in range(0, len(order), args.batch_size):
-            batch = lengths[order[start : start + args.batch_size]]
-            total += len(batch) * flops_per_sequence(encoder.model.config, int(batch.max()))
-        return total
 
+def measure_batching(retriever, texts: list[str], lengths: np.ndarray, batch_size: int) -> dict:
+    """Embeds the texts in corpus order (`naive`) and length-sorted (`sorted`) → {name: seconds, rates, padding}."""
+    encoder = retriever.passage_encoder
+    config = encoder.model.config
+    useful = sum(flops_per_sequence(config, int(n)) for n in lengths)
     encoder.embed_texts(texts[:16], batch_size=16)  # warm-up
     results = {}
     for name, sort in (("naive", False), ("sorted", True)):
         start = time.perf_counter()
-        encoder.embed_texts(
-            texts,
-            batch_size=args.batch_size,
-            max_length=retriever.passage_maxlength,
-            sort_by_length=sort,
-        )
+        encoder.embed_texts(texts, batch_size=batch_size, max_length=retriever.passage_maxlength, sort_by_length=sort)
         seconds = time.perf_counter() - start
         order = np.argsort(-lengths, kind="stable") if sort else np.arange(len(texts))
+        padded = sum(
+            len(batch) * flops_per_sequence(config, int(batch.max()))
+            for batch in (lengths[order[i : i + batch_size]] for i in range(0, len(order), batch_size))
+        )
         results[name] = {
             "seconds": round(seconds, 2),
             "passages_per_s": round(len(texts) / seconds, 2),
             "useful_gflops_per_s": round(useful / seconds / 1e9, 1),
-            "computed_gflops_per_s": round(padded_flops(order) / seconds / 1e9, 1),
-            "padding_fraction": round(1 - useful / padded_flops(order), 3),
+            "computed_gflops_per_s": round(padded / seconds / 1e9, 1),
+            "padding_fraction": round(1 - useful / padded, 3),
         }
-    peak = matmul_gflops(encoder.model.config.hidden_size, encoder.model.config.intermediate_size, device=device)
+    return results
+
+
+def print_table(report: dict) -> None:
+    print(f"\n{'batches':8s} {'passages/s':>11s} {'useful GFLOP/s':>15s} {'computed GFLOP/s':>17s} {'padding':>8s}")
+    for name in ("naive", "sorted"):
+        r = report[name]
+        print(
+            f"{name:8s} {r['passages_per_s']:11.2f} {r['useful_gflops_per_s']:15.1f} "
+            f"{r['computed_gflops_per_s']:17.1f} {r['padding_fraction']:8.3f}"
+        )
+    print(
+        f"plain matmul {report['matmul_gflops_per_s']:.1f} GFLOP/s; sorted/naive {report['sorted_vs_naive']}x; "
+        f"sorted useful/roofline {report['sorted_useful_vs_roofline']}"
+    )
+    print_targets(report["targets"])
+
+
+def main() -> None:
+    args = parse_args()
+    device = torch.device(args.device)
+    retriever = Retriever.from_pretrained(encoder_source("minilm")).to(device)
+    texts, lengths = sample_texts(args, retriever)
+    results = measure_batching(retriever, texts, lengths, args.batch_size)
+    config = retriever.passage_encoder.model.config
+    peak = matmul_gflops(config.hidden_size, config.intermediate_size, device=device)
     report = {
         "benchmark": "index_build",
         "passages": len(texts),
@@ -137,18 +156,7 @@ def main() -> None:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"\n{'batches':8s} {'passages/s':>11s} {'useful GFLOP/s':>15s} {'computed GFLOP/s':>17s} {'padding':>8s}")
-    for name in ("naive", "sorted"):
-        r = results[name]
-        print(
-            f"{name:8s} {r['passages_per_s']:11.2f} {r['useful_gflops_per_s']:15.1f} "
-            f"{r['computed_gflops_per_s']:17.1f} {r['padding_fraction']:8.3f}"
-        )
-    print(
-        f"plain matmul {peak:.1f} GFLOP/s; sorted/naive {report['sorted_vs_naive']}x; "
-        f"sorted useful/roofline {report['sorted_useful_vs_roofline']}"
-    )
-    print_targets(report["targets"])
+    print_table(report)
 
 
 if __name__ == "__main__":

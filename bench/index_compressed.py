@@ -243,6 +243,21 @@ def exact_qps_of(queries: np.ndarray, vectors: np.ndarray, repeats: int) -> tupl
     return exact_ids, len(queries) / best
 
 
+def exact_row(name: str, d: int, exact_qps: float) -> dict:
+    """The exact float16 search's row, the baseline of its set."""
+    return {
+        "set": name,
+        "spec": "exact fp16",
+        "exact_rerank": 0,
+        "ram_bytes_per_passage": 2 * d,
+        "disk_bytes_per_passage": 2 * d,
+        "top100_overlap": 1.0,
+        "1-R@100": 1.0,
+        "qps": round(exact_qps, 1),
+        "qps_vs_exact_fp16": 1.0,
+    }
+
+
 def real_rows(args) -> list[dict]:
     loaded = large_set(args.partial, args.max_questions)
     if loaded is None:
@@ -251,20 +266,7 @@ def real_rows(args) -> list[dict]:
     exact_ids, exact_qps = exact_qps_of(queries, vectors, args.repeats)
     d = vectors.shape[1]
     rows = [
-        {
-            "set": name,
-            "spec": "exact fp16",
-            "exact_rerank": 0,
-            "ram_bytes_per_passage": 2 * d,
-            "disk_bytes_per_passage": 2 * d,
-            "top100_overlap": 1.0,
-            "1-R@100": 1.0,
-            "qps": round(exact_qps, 1),
-            "qps_vs_exact_fp16": 1.0,
-            "build_s": 0.0,
-            "nprobe": None,
-            "answer_recall@20": answer_recall(exact_ids),
-        }
+        exact_row(name, d, exact_qps) | {"build_s": 0.0, "nprobe": None, "answer_recall@20": answer_recall(exact_ids)}
     ]
     n_lists = 1 << max(4, int(np.log2(np.sqrt(len(vectors)))))  # ≈ √N lists (128 at 42k)
     # 8-bit PQ (64 B), its OPQ and IVF forms, and 4-bit fast-scan PQ at 64 B and (IVF) 48 B + 8 B ids
@@ -308,18 +310,12 @@ print(json.dumps({"rss_before_index": before, "peak_rss": peak_rss_bytes(), "sec
 """
 
 
-def synthetic_rows(args) -> tuple[list[dict], list[dict]]:
-    """1M clustered vectors: exact fp16 vs PQ64 and IVF fast-scan PQ (+ re-rank) q/s, and a fresh
-    process's peak RSS with PQ64 + re-rank."""
-    import subprocess
-
-    import faiss
+def synthetic_set(args, folder: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded clustered unit vectors → (queries (Q, d) float32, the (N, d) float16 vectors memory-mapped from
+    `folder`/vectors.npy, written there once)."""
     from numpy.lib.format import open_memmap
 
     n, d = args.synthetic_n, args.synthetic_dim
-    folder = ROOT / "runs" / "bench-large" / f"synthetic-{n}x{d}"
-    folder.mkdir(parents=True, exist_ok=True)
-    vectors_path, index_path = folder / "vectors.npy", folder / "pq64.faiss"
     rng = np.random.default_rng(0)
     centres = rng.standard_normal((1000, d)).astype(np.float32)
 
@@ -328,32 +324,25 @@ def synthetic_rows(args) -> tuple[list[dict], list[dict]]:
         return x / np.linalg.norm(x, axis=1, keepdims=True)
 
     queries = draw(args.synthetic_queries)
-    if not vectors_path.is_file():  # cached: written once in float16, 100k rows at a time
+    if not (folder / "vectors.npy").is_file():  # cached: written once in float16, 100k rows at a time
         out = open_memmap(folder / "vectors.tmp.npy", mode="w+", dtype=np.float16, shape=(n, d))
         for start in range(0, n, 100_000):
             out[start : start + 100_000] = draw(min(100_000, n - start))
         out.flush()
         del out
-        (folder / "vectors.tmp.npy").rename(vectors_path)
-    vectors = np.load(vectors_path, mmap_mode="r")
-    name = f"synthetic clustered N={n} d={d}, Q={len(queries)}"
-    exact_ids, exact_qps = exact_qps_of(queries, vectors, args.repeats)
-    rows = [
-        {
-            "set": name,
-            "spec": "exact fp16",
-            "exact_rerank": 0,
-            "qps": round(exact_qps, 1),
-            "qps_vs_exact_fp16": 1.0,
-            "top100_overlap": 1.0,
-            "1-R@100": 1.0,
-            "ram_bytes_per_passage": 2 * d,
-            "disk_bytes_per_passage": 2 * d,
-        }
-    ]
+        (folder / "vectors.tmp.npy").rename(folder / "vectors.npy")
+    return queries, np.load(folder / "vectors.npy", mmap_mode="r")
+
+
+def synthetic_index_rows(name: str, folder: Path, vectors, queries, exact_ids, exact_qps: float, args) -> list[dict]:
+    """PQ64 (saved as `folder`/pq64.faiss) and IVF fast-scan PQ, each trained and saved once → their search rows."""
+    import faiss
+
+    n, d = vectors.shape
     n_lists = 1 << max(4, int(np.log2(np.sqrt(n))))  # ≈ √N lists (512 at 1M)
     fast_scan = f"IVF{n_lists},PQ{d // 8}x4fs"  # 4-bit codes: d/16 B + 8 B of id a vector
-    for spec, path in [("PQ64", index_path), (fast_scan, folder / (fast_scan.replace(",", "_") + ".faiss"))]:
+    rows = []
+    for spec, path in [("PQ64", folder / "pq64.faiss"), (fast_scan, folder / (fast_scan.replace(",", "_") + ".faiss"))]:
         build_s = None
         if not path.is_file():  # cached: trained and filled once
             start = time.perf_counter()
@@ -379,27 +368,22 @@ def synthetic_rows(args) -> tuple[list[dict], list[dict]]:
             repeats=args.repeats,
         )
         del index
+    return rows
+
+
+def memory_rows(name: str, folder: Path, n: int) -> list[dict]:
+    """Per k' of RERANKS: the peak RSS of a fresh process that searches the saved PQ64 index memory-mapped and
+    re-ranks from the memory-mapped vectors, against the budget 1.2 × codes + 200 MB."""
+    import subprocess
+
     codes = n * 64
-    query_file = folder / "queries.npy"
-    np.save(query_file, queries)
     memory = []
     for width in RERANKS:
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                RSS_CHILD,
-                str(ROOT),
-                str(index_path),
-                str(vectors_path),
-                str(query_file),
-                str(width),
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
+        paths = (ROOT, folder / "pq64.faiss", folder / "vectors.npy", folder / "queries.npy")
+        argv = [sys.executable, "-c", RSS_CHILD, *map(str, paths), str(width)]
+        child = json.loads(
+            subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
         )
-        child = json.loads(result.stdout.strip().splitlines()[-1])
         extra = child["peak_rss"] - child["rss_before_index"]
         memory.append(
             {
@@ -414,10 +398,25 @@ def synthetic_rows(args) -> tuple[list[dict], list[dict]]:
             }
         )
         print(json.dumps(memory[-1]), file=sys.stderr, flush=True)
-    return rows, memory
+    return memory
 
 
-def main() -> None:
+def synthetic_rows(args) -> tuple[list[dict], list[dict]]:
+    """1M clustered vectors: exact fp16 vs PQ64 and IVF fast-scan PQ (+ re-rank) q/s, and a fresh
+    process's peak RSS with PQ64 + re-rank → (search rows, memory rows)."""
+    n, d = args.synthetic_n, args.synthetic_dim
+    folder = ROOT / "runs" / "bench-large" / f"synthetic-{n}x{d}"
+    folder.mkdir(parents=True, exist_ok=True)
+    queries, vectors = synthetic_set(args, folder)
+    name = f"synthetic clustered N={n} d={d}, Q={len(queries)}"
+    exact_ids, exact_qps = exact_qps_of(queries, vectors, args.repeats)
+    rows = [exact_row(name, d, exact_qps)]
+    rows += synthetic_index_rows(name, folder, vectors, queries, exact_ids, exact_qps, args)
+    np.save(folder / "queries.npy", queries)
+    return rows, memory_rows(name, folder, n)
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-questions", type=int, default=1000, help="per question set (NQ-open dev, SQuAD dev)")
     parser.add_argument(
@@ -430,12 +429,12 @@ def main() -> None:
     parser.add_argument("--synthetic-dim", type=int, default=768)
     parser.add_argument("--synthetic-queries", type=int, default=200)
     parser.add_argument("--skip-real", action="store_true")
-    args = parser.parse_args()
-    results = [] if args.skip_real else real_rows(args)
-    memory = []
-    if args.synthetic_n:
-        rows, memory = synthetic_rows(args)
-        results += rows
+    return parser.parse_args()
+
+
+def issue_targets(results: list[dict], memory: list[dict]) -> list[dict]:
+    """The issue's targets, judged on the real set's best index at ≤ 64 B/passage, the synthetic set's fastest
+    such index, and each memory row."""
     targets = []
     real = [r for r in results if r["set"].startswith("real")]
     if real:
@@ -445,30 +444,18 @@ def main() -> None:
         best = max(good, key=lambda r: r["qps"], default=None)
         best_any = max((r for r in ours if r["ram_bytes_per_passage"] <= 64), key=lambda r: r["top100_overlap"])
         pick = best or best_any
+        recall_loss = round(exact["answer_recall@20"] - pick["answer_recall@20"], 2)
         targets += [
             target("real: top-100 overlap at <= 64 B/passage in RAM", pick["top100_overlap"], ">=", 0.95, pick["spec"]),
             target("real: q/s of that index / exact fp16", pick["qps_vs_exact_fp16"], ">=", 5, pick["spec"]),
-            target(
-                "real: answer recall@20 loss vs exact (points)",
-                round(exact["answer_recall@20"] - pick["answer_recall@20"], 2),
-                "<=",
-                0.3,
-                pick["spec"],
-            ),
+            target("real: answer recall@20 loss vs exact (points)", recall_loss, "<=", 0.3, pick["spec"]),
         ]
     synthetic = [r for r in results if r["set"].startswith("synthetic")]
     good = [r for r in synthetic[1:] if r["ram_bytes_per_passage"] <= 64 and r["top100_overlap"] >= 0.95]
     if good:
         pick = max(good, key=lambda r: r["qps"])
-        targets.append(
-            target(
-                "synthetic: q/s at <= 64 B/passage and overlap >= 0.95 / exact fp16",
-                pick["qps_vs_exact_fp16"],
-                ">=",
-                5,
-                pick["spec"],
-            )
-        )
+        name = "synthetic: q/s at <= 64 B/passage and overlap >= 0.95 / exact fp16"
+        targets.append(target(name, pick["qps_vs_exact_fp16"], ">=", 5, pick["spec"]))
     for m in memory:
         targets.append(
             target(
@@ -479,37 +466,35 @@ def main() -> None:
                 f"peak {m['peak_rss_mb']} MB incl. {m['rss_before_index_mb']} MB interpreter + libraries",
             )
         )
-    print(
-        json.dumps(
-            {"benchmark": "index_compressed", "k": K, "results": results, "memory": memory, "targets": targets},
-            indent=1,
-        )
-    )
+    return targets
+
+
+def print_table(results: list[dict], memory: list[dict]) -> None:
     header = ("set", "spec", "RAM B/p", "disk B/p", "top100 ovl", "1-R@100", "ans@20", "q/s", "vs exact")
+    keys = ("set", "spec", "ram_bytes_per_passage", "disk_bytes_per_passage", "top100_overlap", "1-R@100")
     print("\n" + " | ".join(header))
     for r in results:
-        print(
-            " | ".join(
-                str(c)
-                for c in (
-                    r["set"],
-                    r["spec"],
-                    r["ram_bytes_per_passage"],
-                    r["disk_bytes_per_passage"],
-                    r["top100_overlap"],
-                    r["1-R@100"],
-                    r.get("answer_recall@20", "-"),
-                    r["qps"],
-                    r["qps_vs_exact_fp16"],
-                )
-            )
-        )
+        cells = [r[key] for key in keys] + [r.get("answer_recall@20", "-"), r["qps"], r["qps_vs_exact_fp16"]]
+        print(" | ".join(str(c) for c in cells))
     for m in memory:
         print(
             f"PQ64 + re-rank k'={m['exact_rerank']}: "
             f"peak RSS {m['peak_rss_mb']} MB = {m['rss_before_index_mb']} MB before "
             f"the index + {m['index_and_search_mb']} MB (budget {m['budget_mb']} MB; codes {m['codes_mb']} MB)"
         )
+
+
+def main() -> None:
+    args = parse_args()
+    results = [] if args.skip_real else real_rows(args)
+    memory = []
+    if args.synthetic_n:
+        rows, memory = synthetic_rows(args)
+        results += rows
+    targets = issue_targets(results, memory)
+    report = {"benchmark": "index_compressed", "k": K, "results": results, "memory": memory, "targets": targets}
+    print(json.dumps(report, indent=1))
+    print_table(results, memory)
     print_targets(targets)
 
 

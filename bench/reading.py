@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import itertools
 import json
 import random
 import sys
@@ -52,6 +53,7 @@ DECODINGS = {
     "span-lp0.5": {"length_penalty": 0.5, "span_answers": True},
 }
 PRIOR_TEMPERATURE = 0.1  # retriever.temperature_score of the nq824 recipe, whose retrieval prior this checks
+BEAM_PATHS = ("folded", "unpacked", "repeated", "rowwise")
 TARGETS = {"k1_exact_match": 60.0, "k1_f1": 70.0, "k5_gap_em": 10.0, "k5_questions_per_s": 20.0}
 
 
@@ -152,7 +154,8 @@ def read(
     with torch.no_grad():
         for start in range(0, len(examples), batch_size):
             chunk = examples[start : start + batch_size]
-            read = template_fields(passages[start : start + batch_size])  # the reader's functions take text fields
+            batch_passages = passages[start : start + batch_size]
+            read = template_fields(batch_passages)  # the reader's functions take text fields
             ids, mask = encode_reader_inputs(tokenizer, [e.query for e in chunk], read, max_length)
             ids, mask = ids.to(device), mask.to(device)
             constraint = (
@@ -163,9 +166,7 @@ def read(
                 else None
             )
             prior = (
-                passage_log_prior(
-                    passages[start : start + batch_size], ids.shape[1], PRIOR_TEMPERATURE, retrieval_prior
-                ).to(device)
+                passage_log_prior(batch_passages, ids.shape[1], PRIOR_TEMPERATURE, retrieval_prior).to(device)
                 if retrieval_prior
                 else None
             )
@@ -186,14 +187,15 @@ def read(
     return task.evaluate(examples, predictions), rate  # percent
 
 
-def main(argv: list[str] | None = None) -> int:
-    from atlas.demo.quickstart import format_table
-    from common.modeling import encoder_source
-    from reader.fid import FiDReader
-    from reader.tokenizer import build_reader_tokenizer
-    from retriever.encoder import Retriever
-    from tasks.base import get_task
+def comma_list(text: str, convert=str) -> list:
+    """The items of a comma-separated flag, each converted; [] where one does not convert."""
+    try:
+        return [convert(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        return []
 
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--reader",
@@ -251,22 +253,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="cpu, cuda, or auto (cuda where there is one)")
     parser.add_argument("--squad-dev", type=Path, default=SQUAD_DEV, help="SQuAD v1.1 dev JSON")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "bench-reading")
+    return parser
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The flags, the comma-separated ones checked and turned into lists (`beams`: the widths)."""
+    parser = build_parser()
     args = parser.parse_args(argv)
-    decodings = [d for d in args.decodings.split(",") if d]
-    precisions = [p for p in args.precisions.split(",") if p]
-    beam_paths = [p for p in args.beam_paths.split(",") if p]
-    if not beam_paths or set(beam_paths) - {"folded", "unpacked", "repeated", "rowwise"}:
-        parser.error(f"--beam-paths {args.beam_paths!r}: choose from folded, unpacked, repeated, rowwise")
-    try:
-        widths = [int(b) for b in args.beams.split(",") if b]
-    except ValueError:
-        widths = []
+    decodings, precisions, beam_paths = (comma_list(f) for f in (args.decodings, args.precisions, args.beam_paths))
+    widths, priors = comma_list(args.beams, int), comma_list(args.retrieval_priors, float)
+    if not beam_paths or set(beam_paths) - set(BEAM_PATHS):
+        parser.error(f"--beam-paths {args.beam_paths!r}: choose from {', '.join(BEAM_PATHS)}")
     if not widths or min(widths) < 1:
         parser.error(f"--beams {args.beams!r}: comma-separated positive integers")
-    try:
-        priors = [float(w) for w in args.retrieval_priors.split(",") if w.strip()]
-    except ValueError:
-        priors = []
     if not priors or min(priors) < 0:
         parser.error(f"--retrieval-priors {args.retrieval_priors!r}: comma-separated non-negative weights")
     if not precisions or set(precisions) - {"fp32", "bf16"}:
@@ -274,87 +273,66 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(decodings) - set(DECODINGS))
     if unknown or not decodings:
         parser.error(f"--decodings: unknown {unknown}; choose from {list(DECODINGS)}")
-    if args.threads:
-        import torch
+    args.decodings, args.precisions, args.beam_paths = decodings, precisions, beam_paths
+    args.beams, args.retrieval_priors = widths, priors
+    return args
 
-        torch.set_num_threads(args.threads)
-    if not args.squad_dev.is_file():
-        print(f"skipped: {args.squad_dev} not found")
-        return 0
-    import torch
 
-    device = torch.device(
-        "cuda"
-        if args.device == "auto" and torch.cuda.is_available()
-        else "cpu"
-        if args.device == "auto"
-        else args.device
-    )
-    k = args.passages
-    task = get_task("reading")
-    everything = task.load(args.squad_dev)
-    examples = everything
-    if args.max_dev:
-        examples = random.Random(args.seed).sample(everything, min(args.max_dev, len(everything)))
-    retriever = Retriever.from_pretrained(encoder_source("minilm")).to(device)
-    retriever.eval()
-    gold_only = [e.passages for e in examples]
-    with_distractors = None if args.k1_only else distractor_passages(examples, everything, retriever, k, args.seed)
-
+def reader_folders(args) -> dict[str, Path]:
+    """Row name → reader folder: the shipped reader (unless --no-shipped or absent), then each --reader."""
     readers = {"shipped (atlas-reader)": SHIPPED} if (SHIPPED / "config.json").is_file() and not args.no_shipped else {}
     for item in args.reader:
         name, _, folder = item.partition("=")
         readers[name] = Path(folder)
-    rows, results = [], {}
-    for reader_name, folder in readers.items():
-        reader, k1_done = FiDReader.from_pretrained(folder).eval().to(device), {}
-        tokenizer = build_reader_tokenizer(folder if (folder / "tokenizer.json").is_file() else None)
-        runs = [
-            (d, p, b, path, w)
-            for d in decodings
-            for p in precisions
-            for b in widths
-            for path in beam_paths
-            for w in priors
-        ]
-        for decoding, precision, beams, path, prior in runs:
-            name = reader_name if decoding == "plain" else f"{reader_name}+{decoding}"
-            name = name if precision == "fp32" else f"{name}+{precision}"
-            name = name if beams == widths[0] else f"{name}+{'greedy' if beams == 1 else f'beam{beams}'}"
-            name = name if not prior else f"{name}+prior{prior:g}"
-            name = name if path == "folded" else f"{name}+{path}"  # last: the baselines' rows are name+path
-            settings = {
-                "max_length": args.text_maxlength,
-                "batch_size": args.batch_size,
-                "beams": beams,
-                "precision": precision,
-                **DECODINGS[decoding],
-            }
-            with beam_path(path):
-                # K=1: one passage, a prior changes nothing; measured once per setting
-                k1 = k1_done.get((decoding, precision, beams, path))
-                if k1 is None:
-                    k1 = k1_done[decoding, precision, beams, path] = read(
-                        reader, tokenizer, task, examples, gold_only, **settings
-                    )[0]
-                k5, rate = (
-                    (None, None)
-                    if args.k1_only
-                    else read(  # None: not measured (null, - in the table)
-                        reader, tokenizer, task, examples, with_distractors, **settings, retrieval_prior=prior
-                    )
-                )
-            results[name] = {
-                "folder": str(folder),
-                "precision": precision,
-                "beam_path": path,
-                "decoding": {"beams": beams, **DECODINGS[decoding]},
-                "retrieval_prior": prior,
-                "k1": k1,
-                "k5": k5,
-                "k5_questions_per_s": rate,
-            }
-            print(json.dumps({name: results[name]}), flush=True)  # each reading as soon as it is measured
+    return readers
+
+
+def row_name(reader_name: str, decoding: str, precision: str, beams: int, path: str, prior: float, first_width: int):
+    name = reader_name if decoding == "plain" else f"{reader_name}+{decoding}"
+    name = name if precision == "fp32" else f"{name}+{precision}"
+    name = name if beams == first_width else f"{name}+{'greedy' if beams == 1 else f'beam{beams}'}"
+    name = name if not prior else f"{name}+prior{prior:g}"
+    return name if path == "folded" else f"{name}+{path}"  # last: the baselines' rows are name+path
+
+
+def measure_reader(reader_name: str, folder: Path, args, task, examples, gold_only, with_distractors, device) -> dict:
+    """Every reading of one reader (decodings × precisions × beams × beam paths × priors) → {row name: result};
+    each printed as JSON as soon as it is measured."""
+    from reader.fid import FiDReader
+    from reader.tokenizer import build_reader_tokenizer
+
+    reader, k1_done, results = FiDReader.from_pretrained(folder).eval().to(device), {}, {}
+    tokenizer = build_reader_tokenizer(folder if (folder / "tokenizer.json").is_file() else None)
+    runs = itertools.product(args.decodings, args.precisions, args.beams, args.beam_paths, args.retrieval_priors)
+    for decoding, precision, beams, path, prior in runs:
+        name = row_name(reader_name, decoding, precision, beams, path, prior, args.beams[0])
+        settings = {"max_length": args.text_maxlength, "batch_size": args.batch_size, "beams": beams}
+        settings |= {"precision": precision, **DECODINGS[decoding]}
+        with beam_path(path):
+            # K=1: one passage, a prior changes nothing; measured once per setting
+            k1_setting = (decoding, precision, beams, path)
+            if k1_setting not in k1_done:
+                k1_done[k1_setting] = read(reader, tokenizer, task, examples, gold_only, **settings)[0]
+            k5, rate = None, None  # None: not measured (null, - in the table)
+            if not args.k1_only:
+                k5, rate = read(reader, tokenizer, task, examples, with_distractors, **settings, retrieval_prior=prior)
+        results[name] = {
+            "folder": str(folder),
+            "precision": precision,
+            "beam_path": path,
+            "decoding": {"beams": beams, **DECODINGS[decoding]},
+            "retrieval_prior": prior,
+            "k1": k1_done[k1_setting],
+            "k5": k5,
+            "k5_questions_per_s": rate,
+        }
+        print(json.dumps({name: results[name]}), flush=True)
+    return results
+
+
+def table_rows(results: dict, k: int) -> list[dict]:
+    """Adds each result's `speedup_vs_<path>` (its K=k rate over that baseline row's) → the table's rows."""
+    rows = []
     for name, result in results.items():
         rate = result["k5_questions_per_s"]
         for path in ("unpacked", "repeated", "rowwise"):
@@ -374,27 +352,65 @@ def main(argv: list[str] | None = None) -> int:
                 "× rowwise": result["speedup_vs_rowwise"] or "-",
             }
         )
+    return rows
+
+
+def targets_met(results: dict, k: int) -> dict:
+    """{met_by, met}: the shipped reader judged against TARGETS; {} without a K=5 reading of it."""
+    # judged with the decoding the shipped recipes use (atlas/demo/quickstart.yaml: inference.span_answers)
+    judged = next((n for n in ("shipped (atlas-reader)+span", "shipped (atlas-reader)") if n in results), None)
+    shipped = results.get(judged)
+    if shipped is None or shipped["k5"] is None or k != 5:
+        return {}
+    met = {
+        "k1_exact_match": shipped["k1"]["exact_match"] >= TARGETS["k1_exact_match"],
+        "k1_f1": shipped["k1"]["f1"] >= TARGETS["k1_f1"],
+        "k5_gap_em": shipped["k1"]["exact_match"] - shipped["k5"]["exact_match"] <= TARGETS["k5_gap_em"],
+        "k5_questions_per_s": shipped["k5_questions_per_s"] >= TARGETS["k5_questions_per_s"],
+    }
+    return {"met_by": judged, "met": met}
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    from atlas.demo.quickstart import format_table
+    from common.modeling import encoder_source
+    from retriever.encoder import Retriever
+    from tasks.base import get_task
+
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if not args.squad_dev.is_file():
+        print(f"skipped: {args.squad_dev} not found")
+        return 0
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    k, task = args.passages, get_task("reading")
+    everything = task.load(args.squad_dev)
+    examples = everything
+    if args.max_dev:
+        examples = random.Random(args.seed).sample(everything, min(args.max_dev, len(everything)))
+    retriever = Retriever.from_pretrained(encoder_source("minilm")).to(device)
+    retriever.eval()
+    gold_only = [e.passages for e in examples]
+    with_distractors = None if args.k1_only else distractor_passages(examples, everything, retriever, k, args.seed)
+
+    results = {}
+    for reader_name, folder in reader_folders(args).items():
+        results |= measure_reader(reader_name, folder, args, task, examples, gold_only, with_distractors, device)
+    rows = table_rows(results, k)
     # "k5*" keys hold the K=--passages reading (5 unless asked otherwise: `passages` says which)
     report = {
         "dev_questions": len(examples),
         "passages": k,
         "device": str(device),
         "text_maxlength": args.text_maxlength,
-        "beams": widths,
+        "beams": args.beams,
         "readers": results,
         "targets": TARGETS,
+        **targets_met(results, k),
     }
-    # judged with the decoding the shipped recipes use (atlas/demo/quickstart.yaml: inference.span_answers)
-    judged = next((n for n in ("shipped (atlas-reader)+span", "shipped (atlas-reader)") if n in results), None)
-    shipped = results.get(judged)
-    if shipped is not None and shipped["k5"] is not None and k == 5:
-        report["met_by"] = judged
-        report["met"] = {
-            "k1_exact_match": shipped["k1"]["exact_match"] >= TARGETS["k1_exact_match"],
-            "k1_f1": shipped["k1"]["f1"] >= TARGETS["k1_f1"],
-            "k5_gap_em": shipped["k1"]["exact_match"] - shipped["k5"]["exact_match"] <= TARGETS["k5_gap_em"],
-            "k5_questions_per_s": shipped["k5_questions_per_s"] >= TARGETS["k5_questions_per_s"],
-        }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import platform
@@ -265,9 +266,14 @@ def write_size_data(base: dict, folder: Path, n: int, seed: int) -> None:
                 json.dumps({"id": f"x{start + i:09d}", "title": t[i], "text": x[i]}, ensure_ascii=False) + "\n"
                 for i in range(len(drawn))
             )
-    encoder = {"fingerprint": STATE_BASE["encoder_fingerprint"], "dim": STATE_BASE["dim"], **STATE_BASE["encoder"]}
-    (folder / "vectors" / "encoder.json").write_text(json.dumps(encoder))
+    write_encoder_json(folder / "vectors")
     os.replace(folder / "docs.jsonl.tmp", folder / "docs.jsonl")
+
+
+def write_encoder_json(vectors_dir: Path) -> None:
+    """The encoder.json that `atlas index build --vectors` checks the vectors against (the base's encoder)."""
+    encoder = {"fingerprint": STATE_BASE["encoder_fingerprint"], "dim": STATE_BASE["dim"], **STATE_BASE["encoder"]}
+    (vectors_dir / "encoder.json").write_text(json.dumps(encoder))
 
 
 STATE_BASE: dict = {}
@@ -394,83 +400,105 @@ def probe(argv: list[str]) -> None:
 # ----------------------------------------------------------------------------- one size
 
 
-def measure_size(size: str, n: int, base: dict, work: Path, state: State, args) -> None:
-    # long: every measured step of one size in order, each skipped when the state says it is done
-    folder = work / size
-    corpus, flat, pq = folder / "corpus", folder / "index-flat", folder / "index-pq"
-    queries = work / "base" / "queries.npy"
+COMPRESSED_BUILD = ("--spec", COMPRESSED, "--exact-rerank", EXACT_RERANK, "--nprobe", NPROBE)
 
-    def step(name: str, fn) -> dict:
-        done = state.done(size, name)
-        if done is not None:
-            return done
-        print(f"[{size}] {name} …", flush=True)
-        result = fn()
-        state.record(size, name, result)
-        write_json(state, args.out)
-        print(f"[{size}] {name}: {json.dumps(result)[:300]}", flush=True)
-        return result
 
+def run_step(state: State, size: str, out: Path, name: str, fn) -> dict:
+    """Step `name` of `size`: its recorded result, or `fn()`'s, then recorded in the state and the JSON."""
+    done = state.done(size, name)
+    if done is not None:
+        return done
+    print(f"[{size}] {name} …", flush=True)
+    result = fn()
+    state.record(size, name, result)
+    write_json(state, out)
+    print(f"[{size}] {name}: {json.dumps(result)[:300]}", flush=True)
+    return result
+
+
+def measured_with_disk(cmd: list, path: Path) -> dict:
+    """Run `cmd`, which writes `path` → its wall time, peak RSS and the bytes of `path`."""
+    result = run_measured(cmd)
+    return {"wall_s": result["wall_s"], "peak_rss_bytes": result["peak_rss_bytes"], "disk_bytes": folder_bytes(path)}
+
+
+def top_overlap(ids: Path, other_ids: Path) -> float:
+    """Mean |top-K ∩ other top-K| / K over the queries of two saved (Q, K) id arrays."""
+    pairs = zip(np.load(ids), np.load(other_ids))
+    return round(float(np.mean([len(set(a) & set(b)) / K for a, b in pairs])), 4)
+
+
+def real_data(base: dict, folder: Path) -> dict:
+    """The real set's vectors as one vector file, for `atlas index build --vectors`."""
+    (folder / "vectors").mkdir(parents=True, exist_ok=True)
+    np.save(folder / "vectors" / "part-0000.npy", np.asarray(base["vectors"]))
+    write_encoder_json(folder / "vectors")
+    return {"passages": len(base["vectors"])}
+
+
+def grown_data(base: dict, folder: Path, n: int, seed: int) -> dict:
+    started = time.perf_counter()
+    write_size_data(base, folder, n, seed)
+    return {"wall_s": round(time.perf_counter() - started, 1), "jsonl_bytes": folder_bytes(folder / "docs.jsonl")}
+
+
+def prepare_corpus(base: dict, folder: Path, n: int, seed: int) -> dict:
+    """`atlas corpus prepare` of the grown docs.jsonl into `folder`/corpus, measured; the JSONL deleted after."""
+    if not (folder / "docs.jsonl").is_file():  # a prepare stopped after it deleted its input: make it again
+        write_size_data(base, folder, n, seed)
+    shutil.rmtree(folder / "corpus", ignore_errors=True)
+    cmd = atlas_cli("corpus", "prepare", folder / "docs.jsonl", "--out", folder / "corpus", "--chunk-words", "0")
+    result = measured_with_disk(cmd, folder / "corpus")
+    (folder / "docs.jsonl").unlink()
+    return result
+
+
+def build_index(corpus: Path, folder: Path, index: Path, *extra) -> dict:
+    shutil.rmtree(index, ignore_errors=True)
+    cmd = atlas_cli("index", "build", "--corpus", corpus, "--vectors", folder / "vectors", "--out", index, *extra)
+    return measured_with_disk(cmd, index)
+
+
+def real_exact(base: dict, queries: Path, exact_ids: Path) -> dict:
+    """The real set's exact top-K, by FAISS's flat inner product (the real size has no Flat index of ours)."""
+    import faiss
+
+    full = np.asarray(base["vectors"], dtype=np.float32)
+    index = faiss.IndexFlatIP(full.shape[1])
+    index.add(full)
+    np.save(exact_ids, index.search(np.load(queries), K)[1])
+    return {}
+
+
+def compressed_search(folder: Path, queries: Path, name: str, nprobe: int, rerank: int) -> dict:
+    ids = folder / f"ids-{name}.npy"
+    result = run_probe("search", folder / "index-pq", queries, ids, nprobe, rerank)
+    result["recall_at_100_of_exact"] = top_overlap(ids, folder / "ids-exact.npy")
+    return result
+
+
+def faiss_baseline(folder: Path, queries: Path) -> dict:
+    result = run_probe("faiss", folder / "vectors", queries, folder / "ids-faiss.npy")
+    result["same_top100_as_flat"] = top_overlap(folder / "ids-exact.npy", folder / "ids-faiss.npy")
+    return result
+
+
+def data_steps(step, size: str, n: int, base: dict, folder: Path, seed: int) -> Path:
+    """`data` (and, for a grown size, `corpus_prepare`) → the size's corpus folder."""
     if size == "real":
-        vectors_dir = folder / "vectors"
+        step("data", lambda: real_data(base, folder))
+        return base["corpus"].path
+    step("data", lambda: grown_data(base, folder, n, seed))
+    step("corpus_prepare", lambda: prepare_corpus(base, folder, n, seed))
+    return folder / "corpus"
 
-        def real_data() -> dict:
-            vectors_dir.mkdir(parents=True, exist_ok=True)
-            np.save(vectors_dir / "part-0000.npy", np.asarray(base["vectors"]))
-            encoder = {
-                "fingerprint": STATE_BASE["encoder_fingerprint"],
-                "dim": STATE_BASE["dim"],
-                **STATE_BASE["encoder"],
-            }
-            (vectors_dir / "encoder.json").write_text(json.dumps(encoder))
-            return {"passages": len(base["vectors"])}
 
-        step("data", real_data)
-        corpus = base["corpus"].path
-    else:
-
-        def data() -> dict:
-            started = time.perf_counter()
-            write_size_data(base, folder, n, args.seed)
-            return {
-                "wall_s": round(time.perf_counter() - started, 1),
-                "jsonl_bytes": folder_bytes(folder / "docs.jsonl"),
-            }
-
-        step("data", data)
-
-        def prepare() -> dict:
-            if not (folder / "docs.jsonl").is_file():  # a prepare stopped after it deleted its input: make it again
-                write_size_data(base, folder, n, args.seed)
-            shutil.rmtree(corpus, ignore_errors=True)
-            result = run_measured(
-                atlas_cli("corpus", "prepare", folder / "docs.jsonl", "--out", corpus, "--chunk-words", "0")
-            )
-            (folder / "docs.jsonl").unlink()
-            return {
-                "wall_s": result["wall_s"],
-                "peak_rss_bytes": result["peak_rss_bytes"],
-                "disk_bytes": folder_bytes(corpus),
-            }
-
-        step("corpus_prepare", prepare)
-
-    def build(index: Path, *extra) -> dict:
-        shutil.rmtree(index, ignore_errors=True)
-        result = run_measured(
-            atlas_cli("index", "build", "--corpus", corpus, "--vectors", folder / "vectors", "--out", index, *extra)
-        )
-        return {
-            "wall_s": result["wall_s"],
-            "peak_rss_bytes": result["peak_rss_bytes"],
-            "disk_bytes": folder_bytes(index),
-        }
-
+def index_steps(step, size: str, folder: Path, corpus: Path, state: State) -> None:
+    """The builds (Flat but at `real`, compressed), then each index's load and verify."""
+    flat, pq = folder / "index-flat", folder / "index-pq"
     if size != "real":
-        step("build_flat", lambda: build(flat))
-    step(
-        "build_compressed", lambda: build(pq, "--spec", COMPRESSED, "--exact-rerank", EXACT_RERANK, "--nprobe", NPROBE)
-    )
+        step("build_flat", lambda: build_index(corpus, folder, flat))
+    step("build_compressed", lambda: build_index(corpus, folder, pq, *COMPRESSED_BUILD))
     from retriever.index.manifest import Manifest  # heavy: faiss
 
     pending = [name for name in (*COMPRESSED_SEARCHES, "edits") if state.done(size, name) is None]
@@ -478,60 +506,40 @@ def measure_size(size: str, n: int, base: dict, work: Path, state: State, args) 
         # edited by an earlier run (its edits step, or one interrupted): searches and edits are measured on the
         # index as built, so it is built again first (not measured: `build_compressed` was)
         print(f"[{size}] the compressed index was edited before: building it again for {pending[0]}", flush=True)
-        build(pq, "--spec", COMPRESSED, "--exact-rerank", EXACT_RERANK, "--nprobe", NPROBE)
+        build_index(corpus, folder, pq, *COMPRESSED_BUILD)
     for kind, index in (("flat", flat), ("compressed", pq)):
         if size == "real" and kind == "flat":
             continue
         step(f"load_{kind}", lambda index=index: run_probe("load", index))
-        step(
-            f"verify_{kind}",
-            lambda index=index: {
-                "wall_s": run_measured(atlas_cli("index", "info", "--index", index, "--verify"))["wall_s"]
-            },
-        )
+        verify = atlas_cli("index", "info", "--index", index, "--verify")
+        step(f"verify_{kind}", lambda verify=verify: {"wall_s": run_measured(verify)["wall_s"]})
+
+
+def search_steps(step, size: str, base: dict, folder: Path, queries: Path) -> None:
+    """The exact top-K (Flat's, or FAISS's at `real`), then every compressed search setting against it."""
     exact_ids = folder / "ids-exact.npy"
     if size == "real":
-
-        def real_exact() -> dict:
-            import faiss
-
-            full = np.asarray(base["vectors"], dtype=np.float32)
-            index = faiss.IndexFlatIP(full.shape[1])
-            index.add(full)
-            np.save(exact_ids, index.search(np.load(queries), K)[1])
-            return {}
-
-        step("search_exact", real_exact)
+        step("search_exact", lambda: real_exact(base, queries, exact_ids))
     else:
-        step("search_flat", lambda: run_probe("search", flat, queries, exact_ids, 0, "-"))
+        step("search_flat", lambda: run_probe("search", folder / "index-flat", queries, exact_ids, 0, "-"))
     for nprobe, rerank, name in COMPRESSED_SEARCH_SETTINGS:
-        ids = folder / f"ids-{name}.npy"
+        step(name, lambda n=name, p=nprobe, r=rerank: compressed_search(folder, queries, n, p, r))
 
-        def search_compressed(ids=ids, rerank=rerank, nprobe=nprobe) -> dict:
-            result = run_probe("search", pq, queries, ids, nprobe, rerank)
-            found, exact = np.load(ids), np.load(exact_ids)
-            result["recall_at_100_of_exact"] = round(
-                float(np.mean([len(set(a) & set(e)) / K for a, e in zip(found, exact)])), 4
-            )
-            return result
 
-        step(name, search_compressed)
+def measure_size(size: str, n: int, base: dict, work: Path, state: State, args) -> None:
+    """Every measured step of one size in order, each skipped when the state says it is done."""
+    folder, queries = work / size, work / "base" / "queries.npy"
+    step = functools.partial(run_step, state, size, args.out)
+    corpus = data_steps(step, size, n, base, folder, args.seed)
+    index_steps(step, size, folder, corpus, state)
+    search_steps(step, size, base, folder, queries)
     if size == "real":
         return
-
-    def faiss_baseline() -> dict:
-        result = run_probe("faiss", folder / "vectors", queries, folder / "ids-faiss.npy")
-        ours, theirs = np.load(exact_ids), np.load(folder / "ids-faiss.npy")
-        result["same_top100_as_flat"] = round(
-            float(np.mean([len(set(a) & set(b)) / K for a, b in zip(ours, theirs)])), 4
-        )
-        return result
-
-    step("faiss_flat_ip", faiss_baseline)
+    step("faiss_flat_ip", lambda: faiss_baseline(folder, queries))
     if size == args.frontends_at:
-        step("frontends", lambda: frontends(flat, base, folder))
-    step("edits", lambda: edits(pq, base, folder, args.seed))
-    step("two_ranks", lambda: two_ranks(flat, queries, folder))
+        step("frontends", lambda: frontends(folder / "index-flat", base, folder))
+    step("edits", lambda: edits(folder / "index-pq", base, folder, args.seed))
+    step("two_ranks", lambda: two_ranks(folder / "index-flat", queries, folder))
 
 
 def frontends(index: Path, base: dict, folder: Path) -> dict:
@@ -617,22 +625,9 @@ def two_ranks(index: Path, queries: Path, folder: Path) -> dict:
     single = folder / "ids-single-256.npy"
     exact = np.load(folder / "ids-exact.npy")[:256]
     np.save(single, exact)
-    measured = run_measured(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            "2",
-            __file__,
-            "--probe",
-            "sharded",
-            str(index),
-            str(queries),
-            str(folder / "ids-two-ranks.npy"),
-        ],
-        env={"OMP_NUM_THREADS": "1"},
-    )
+    probe_argv = [__file__, "--probe", "sharded", str(index), str(queries), str(folder / "ids-two-ranks.npy")]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *probe_argv]
+    measured = run_measured(cmd, env={"OMP_NUM_THREADS": "1"})
     ranks = json.loads(measured["stdout"].strip().splitlines()[-1])["ranks"]
     return {
         "ranks": ranks,
@@ -776,6 +771,11 @@ def report(state: State) -> None:
             else ("–", "–", "–")
         )
         print(f"| {row['cost']} | {measured} | {' | '.join(fitted)} |")
+    print_compressed_searches(state)
+
+
+def print_compressed_searches(state: State) -> None:
+    """The third table: each compressed search setting's q/s, its ratio to Flat and its recall, per grown size."""
     sizes = [size for size, steps in state.data["sizes"].items() if SIZES.get(size) and "search_flat" in steps]
     print(
         "\n| compressed search (nprobe, k') | "
@@ -803,11 +803,8 @@ def report(state: State) -> None:
         print(f"| {', '.join(map(str, setting(name)))} | {' | '.join(cells)} |")
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "--probe":
-        probe(argv[1:])
-        return 0
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The flags; `sizes` and `redo` as lists."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work", required=True, type=Path, help="where the data, indexes and state go")
     parser.add_argument("--sizes", default="real,1M,3M,10M", help="comma-separated: real, 100K, 1M, 3M, 10M, 30M")
@@ -825,24 +822,44 @@ def main(argv: list[str] | None = None) -> int:
         help="a MiniLM Flat index of real passages to grow from (default: bench/index_data.py's large real set)",
     )
     args = parser.parse_args(argv)
-    sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
-    unknown = [s for s in sizes if s not in SIZES]
+    args.sizes, args.redo = ([s.strip() for s in flag.split(",") if s.strip()] for flag in (args.sizes, args.redo))
+    unknown = [s for s in args.sizes if s not in SIZES]
     if unknown:
         parser.error(f"--sizes: unknown {', '.join(unknown)} (choose from {', '.join(SIZES)})")
+    return args
+
+
+def start_launcher() -> None:
+    """The process that starts every measured command (see LAUNCHER), started while this one is small."""
     import concurrent.futures
     import multiprocessing
 
     LAUNCHER.append(concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("forkserver")))
-    LAUNCHER[0].submit(time.time).result()  # started now, while this process is small
+    LAUNCHER[0].submit(time.time).result()
+
+
+def fits_on_disk(size: str, n: int, work: Path, state: State) -> bool:
+    """Whether `work` has the disk a size needs (DISK_PER_PASSAGE); when not, the size is recorded as skipped."""
+    free = shutil.disk_usage(work).free
+    need = n * DISK_PER_PASSAGE - folder_bytes(work / size) if (work / size).exists() else n * DISK_PER_PASSAGE
+    if need <= free:
+        return True
+    message = f"needs about {need / 2**30:.0f} GiB of disk, {free / 2**30:.0f} GiB free: not measured"
+    print(f"[{size}] {message}", flush=True)
+    state.record(size, "skipped", {"reason": message})
+    return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--probe":
+        probe(argv[1:])
+        return 0
+    args = parse_args(argv)
+    start_launcher()
     args.work.mkdir(parents=True, exist_ok=True)
-    settings = {
-        "seed": args.seed,
-        "compressed": COMPRESSED,
-        "exact_rerank": EXACT_RERANK,
-        "nprobe": NPROBE,
-        "k": K,
-        "base": str(args.base_index or "the large real set"),
-    }
+    settings = {"seed": args.seed, "compressed": COMPRESSED, "exact_rerank": EXACT_RERANK, "nprobe": NPROBE, "k": K}
+    settings["base"] = str(args.base_index or "the large real set")
     state = State(args.work, settings, resume=args.resume or args.report)
     if args.report:
         report(state)
@@ -853,23 +870,13 @@ def main(argv: list[str] | None = None) -> int:
     with quiet_libraries():
         base = base_data(args.work, state, args.base_index)
     STATE_BASE.update(state.data["base"])
-    for size in sizes:
-        for name in filter(None, (s.strip() for s in args.redo.split(","))):
+    for size in args.sizes:
+        for name in args.redo:
             state.forget(size, name)
         n = SIZES[size] or len(base["vectors"])
-        free = shutil.disk_usage(args.work).free
-        need = (
-            n * DISK_PER_PASSAGE - folder_bytes(args.work / size)
-            if (args.work / size).exists()
-            else n * DISK_PER_PASSAGE
-        )
-        if need > free:
-            message = f"needs about {need / 2**30:.0f} GiB of disk, {free / 2**30:.0f} GiB free: not measured"
-            print(f"[{size}] {message}", flush=True)
-            state.record(size, "skipped", {"reason": message})
-            continue
-        measure_size(size, n, base, args.work, state, args)
-        write_json(state, args.out)
+        if fits_on_disk(size, n, args.work, state):
+            measure_size(size, n, base, args.work, state, args)
+            write_json(state, args.out)
     report(state)
     LAUNCHER[0].shutdown()  # before the interpreter's own teardown, which finds its modules gone and says so
     return 0

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import shutil
@@ -432,8 +433,7 @@ def _serve_and_load(
     return {"max_batch": max_batch, "auto_compact": auto_compact, **result}
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run both configurations, print JSON and a table; exit 1 on any error or lost edit."""
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--asks", type=int, default=1000, help="asks to the micro-batched server")
     parser.add_argument(
@@ -461,78 +461,50 @@ def main(argv: list[str] | None = None) -> int:
         help="only the request-budget load test: light asks alone, beside an over-budget request, and beside "
         "the heaviest request within the budget (concurrency 4, 32 light asks each)",
     )
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
-    from atlas.serve.demo import build_demo_run
 
-    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="atlas-bench-serve-"))
-    run = build_demo_run(work / "demo")
-    common = {"concurrency": args.concurrency, "k": args.k, "threads": args.threads, "beams": args.beams}
-    if args.heavy_beside_light:
-        return _report_heavy_beside_light(run, work, args)
+def write_json(out: str | None, report: dict) -> None:
+    """Writes `report` to --out, when given."""
+    if out:
+        Path(out).write_text(json.dumps(report, indent=2) + "\n")
+
+
+def machine(args: argparse.Namespace) -> dict:
+    """The report's `machine`: CPUs, torch threads per server, the date (UTC)."""
+    return {
+        "cpus": os.cpu_count(),
+        "threads_per_server": args.threads,
+        "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+    }
+
+
+def server_runs(run: Path, work: Path, args: argparse.Namespace) -> dict[str, dict]:
+    """The load tests (with and without compaction) and the throughput pair → {server name: its row}, in the
+    table's order; --out rewritten after each server's run."""
     rows = {}
+    common = {"concurrency": args.concurrency, "k": args.k, "threads": args.threads, "beams": args.beams}
+    serve = functools.partial(_serve_and_load, run, work / "demo" / "index", work, **common)
 
-    def record(name: str, row: dict) -> None:
-        rows[name] = row
-        if args.out:  # what is measured so far, should a later run fail
-            Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
+    def record(name: str, **settings) -> None:
+        rows[name] = serve(**settings)
+        write_json(args.out, rows)  # what is measured so far, should a later run fail
 
     if args.asks:
         if args.edits:  # the comparison first: the shorter one, when --no-compaction-asks is given
             asks = args.no_compaction_asks or args.asks
-            record(
-                "same, no compaction",
-                _serve_and_load(
-                    run,
-                    work / "demo" / "index",
-                    work,
-                    max_batch=32,
-                    asks=asks,
-                    n_edits=round(args.edits * asks / args.asks),
-                    auto_compact=False,
-                    **common,
-                ),
-            )
-        record(
-            "load test (batched + edits)",
-            _serve_and_load(
-                run, work / "demo" / "index", work, max_batch=32, asks=args.asks, n_edits=args.edits, **common
-            ),
-        )
+            n_edits = round(args.edits * asks / args.asks)
+            record("same, no compaction", max_batch=32, asks=asks, n_edits=n_edits, auto_compact=False)
+        record("load test (batched + edits)", max_batch=32, asks=args.asks, n_edits=args.edits)
         if args.edits:  # the table's order: the load test first
             rows["same, no compaction"] = rows.pop("same, no compaction")
     if args.baseline_asks:
-        record(
-            "micro-batched",
-            _serve_and_load(
-                run, work / "demo" / "index", work, max_batch=32, asks=args.baseline_asks, n_edits=0, **common
-            ),
-        )
-        record(
-            "one-at-a-time",
-            _serve_and_load(
-                run, work / "demo" / "index", work, max_batch=1, asks=args.baseline_asks, n_edits=0, **common
-            ),
-        )
-    report = {
-        **rows,
-        "beams": args.beams,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "threads_per_server": args.threads,
-            "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-        },
-        "work": str(work),
-    }
-    if args.baseline_asks:
-        ratio = rows["micro-batched"]["throughput_per_s"] / rows["one-at-a-time"]["throughput_per_s"]
-        report.update(throughput_ratio=round(ratio, 2), target_ratio=2.0)
-    if "same, no compaction" in rows:
-        p99 = rows["load test (batched + edits)"]["p99_ms"] / rows["same, no compaction"]["p99_ms"]
-        report.update(p99_ratio_with_compaction=round(p99, 3), target_p99_ratio=1.5)
-    print(json.dumps(report, indent=2))
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        record("micro-batched", max_batch=32, asks=args.baseline_asks, n_edits=0)
+        record("one-at-a-time", max_batch=1, asks=args.baseline_asks, n_edits=0)
+    return rows
+
+
+def print_table(rows: dict[str, dict], report: dict, args: argparse.Namespace) -> None:
     print(
         f"\n{'server':<30}{'asks':>6}{'edits':>6}{'errors':>7}{'lost':>5}{'compact':>8}{'ask/s':>7}"
         f"{'p50 ms':>8}{'p99 ms':>8}{'batch':>6}"
@@ -560,6 +532,29 @@ def main(argv: list[str] | None = None) -> int:
             else ""
         )
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run both configurations, print JSON and a table; exit 1 on any error or lost edit."""
+    args = parse_args(argv)
+
+    from atlas.serve.demo import build_demo_run
+
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="atlas-bench-serve-"))
+    run = build_demo_run(work / "demo")
+    if args.heavy_beside_light:
+        return _report_heavy_beside_light(run, work, args)
+    rows = server_runs(run, work, args)
+    report = {**rows, "beams": args.beams, "machine": machine(args), "work": str(work)}
+    if args.baseline_asks:
+        ratio = rows["micro-batched"]["throughput_per_s"] / rows["one-at-a-time"]["throughput_per_s"]
+        report.update(throughput_ratio=round(ratio, 2), target_ratio=2.0)
+    if "same, no compaction" in rows:
+        p99 = rows["load test (batched + edits)"]["p99_ms"] / rows["same, no compaction"]["p99_ms"]
+        report.update(p99_ratio_with_compaction=round(p99, 3), target_p99_ratio=1.5)
+    print(json.dumps(report, indent=2))
+    write_json(args.out, report)
+    print_table(rows, report, args)
     failed = any(
         row["errors"]
         or row["edit_errors"]
@@ -573,19 +568,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _report_heavy_beside_light(run: Path, work: Path, args: argparse.Namespace) -> int:
     rows = heavy_beside_light_runs(run, work / "demo" / "index", work, threads=args.threads, beams=args.beams, k=args.k)
-    report = {
-        **rows,
-        "k": args.k,
-        "beams": args.beams,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "threads_per_server": args.threads,
-            "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-        },
-    }
+    report = {**rows, "k": args.k, "beams": args.beams, "machine": machine(args)}
     print(json.dumps(report, indent=2))
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.out, report)
     print(f"\n{'light asks':<32}{'p50 ms':>8}{'p99 ms':>8}{'errors':>7}  heavy request")
     for name, row in rows.items():
         heavy = f"{row['heavy_status']} in {row['heavy_ms']:,.0f} ms" if "heavy_status" in row else "none"

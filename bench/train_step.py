@@ -140,7 +140,7 @@ class ScoreSource:
 
 
 def run_setting(args, loss_name: str, checkpointing: bool, gold_precision: str = "fp32") -> dict:
-    """Time `args.steps` training steps (after one warm-up) for one setting."""
+    """Time `args.steps` training steps (after one warm-up) for one setting → its JSON row."""
     torch.manual_seed(0)
     device = torch.device(args.device)
     reader = make_reader(args).to(device).train()
@@ -148,11 +148,8 @@ def run_setting(args, loss_name: str, checkpointing: bool, gold_precision: str =
         reader.disable_encoder_dropout()
     if checkpointing:
         reader.gradient_checkpointing_enable()
-    input_ids, mask, labels = (t.to(device) for t in synthetic_batch(args, reader.config.vocab_size))
+    batch = tuple(t.to(device) for t in synthetic_batch(args, reader.config.vocab_size))
     scores_source = ScoreSource(args.retriever, args.batch, args.passages, device)
-    # training.precision: bf16 autocasts the forward pass, as the training loop does
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16")
-    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     retriever_loss = build_retriever_loss(
         loss_name,
         temperature_gold=0.01,
@@ -166,42 +163,10 @@ def run_setting(args, loss_name: str, checkpointing: bool, gold_precision: str =
         precision_used = "reused" if reuse else resolve_precision(gold_precision, reader.seq2seq.encoder)
     optimizer = torch.optim.AdamW(list(reader.parameters()) + scores_source.parameters, lr=1e-5)
     rss_before_steps = current_rss_gib()  # model, optimizer and batch built, no step yet
-    times, cpu_times, gold_times = [], [], []
     flop_counter = FlopCounterMode(display=False)
-    for step in range(args.steps + 1):
-        # The warm-up step (not timed) counts the step's FLOPs: a contention-free figure.
-        counting = flop_counter if step == 0 else contextlib.nullcontext()
-        counting.__enter__()
-        synchronize()
-        start, cpu_start = time.perf_counter(), time.process_time()
-        with autocast:
-            scores = scores_source() if retriever_loss.trains_retriever else None
-            output = reader(input_ids, mask, labels=labels)
-        loss = output.loss
-        synchronize()
-        gold_start = time.perf_counter()
-        if retriever_loss.trains_retriever:
-            states = output.encoder_last_hidden_state.view(*input_ids.shape, -1) if reuse else None
-            loss = loss + retriever_loss(
-                reader,
-                scores,
-                input_ids,
-                mask,
-                labels,
-                dim=scores_source.dim,
-                encoder_states=states,
-            )
-        synchronize()
-        gold_time = time.perf_counter() - gold_start
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        synchronize()
-        counting.__exit__(None, None, None)
-        if step > 0:  # the first step warms up allocators and kernels
-            times.append(time.perf_counter() - start)
-            cpu_times.append(time.process_time() - cpu_start)
-            gold_times.append(gold_time)
+    times, cpu_times, gold_times = timed_steps(
+        args, reader, batch, scores_source, retriever_loss, optimizer, flop_counter
+    )
     return {
         "loss": loss_name,
         "checkpointing": checkpointing,
@@ -219,6 +184,47 @@ def run_setting(args, loss_name: str, checkpointing: bool, gold_precision: str =
         "rss_before_steps_gib": None if rss_before_steps is None else round(rss_before_steps, 3),
         "pid": os.getpid(),
     }
+
+
+def timed_steps(args, reader, batch, scores_source, retriever_loss, optimizer, flop_counter) -> tuple[list, list, list]:
+    """One warm-up step (whose FLOPs `flop_counter` counts), then `args.steps` timed ones → per timed step: wall
+    seconds, CPU seconds, wall seconds of the retriever loss (gold scores)."""
+    input_ids, mask, labels = batch
+    device = torch.device(args.device)
+    # training.precision: bf16 autocasts the forward pass, as the training loop does
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16")
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    reuse = reader.encoder_is_dropout_free()
+    times, cpu_times, gold_times = [], [], []
+    for step in range(args.steps + 1):
+        # The warm-up step (not timed) counts the step's FLOPs: a contention-free figure.
+        counting = flop_counter if step == 0 else contextlib.nullcontext()
+        counting.__enter__()
+        synchronize()
+        start, cpu_start = time.perf_counter(), time.process_time()
+        with autocast:
+            scores = scores_source() if retriever_loss.trains_retriever else None
+            output = reader(input_ids, mask, labels=labels)
+        loss = output.loss
+        synchronize()
+        gold_start = time.perf_counter()
+        if retriever_loss.trains_retriever:
+            states = output.encoder_last_hidden_state.view(*input_ids.shape, -1) if reuse else None
+            loss = loss + retriever_loss(
+                reader, scores, input_ids, mask, labels, dim=scores_source.dim, encoder_states=states
+            )
+        synchronize()
+        gold_time = time.perf_counter() - gold_start
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        synchronize()
+        counting.__exit__(None, None, None)
+        if step > 0:  # the first step warms up allocators and kernels
+            times.append(time.perf_counter() - start)
+            cpu_times.append(time.process_time() - cpu_start)
+            gold_times.append(gold_time)
+    return times, cpu_times, gold_times
 
 
 def naive_gold(reader: FiDReader, loss_name: str, input_ids, mask, labels) -> None:
@@ -393,7 +399,8 @@ def print_table(args, result: dict) -> None:
             )
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The flags; `losses`, `gold_losses` and `gold_precision` as checked lists."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="t5-small")
     parser.add_argument("--batch", type=int, default=1)
@@ -430,39 +437,23 @@ def main() -> None:
     )
     parser.add_argument("--single", help=argparse.SUPPRESS)  # internal: one setting per process
     args = parser.parse_args()
-    args.gold_losses = args.gold_losses.split(",")
+    args.losses, args.gold_losses = args.losses.split(","), args.gold_losses.split(",")
     args.gold_precision = ["fp32" if p == "full" else p for p in args.gold_precision.split(",")]  # old name
     bad = sorted(set(args.gold_precision) - set(PRECISIONS) - {"-"})
     if bad:
         parser.error(f"unknown gold precision(s) {bad}; valid: {list(PRECISIONS)}")
-    losses = args.losses.split(",")
-    unknown = sorted(set(losses + args.gold_losses) - set(LOSSES))
+    unknown = sorted(set(args.losses + args.gold_losses) - set(LOSSES))
     if unknown:
         parser.error(f"unknown loss(es) {unknown}; valid: {LOSSES}")
+    return args
 
-    if args.single:
-        setting = json.loads(args.single)
-        print(json.dumps(run_setting(args, setting["loss"], setting["checkpointing"], setting["gold_precision"])))
-        return
 
-    shape = {
-        "model": args.model,
-        "batch": args.batch,
-        "passages": args.passages,
-        "length": args.length,
-        "target_length": args.target_length,
-        "dropout": args.dropout,
-        "encoder_dropout": args.encoder_dropout,
-        "retriever": args.retriever,
-        "threads": torch.get_num_threads(),
-    }
-    result: dict = {"shape": shape, "steps": [], "target": [], "gold_cost": []}
-    if not args.no_steps:
-        flags = {"off": [False], "on": [True], "both": [False, True]}[args.checkpointing]
-        for checkpointing in flags:
-            for loss_name, precision in [
-                (loss, p) for loss in losses for p in (["-"] if loss == "none" else args.gold_precision)
-            ]:
+def step_rows(args) -> list[dict]:
+    """Part 1: every (checkpointing, loss, gold precision) setting, each in a fresh process → their rows."""
+    rows = []
+    for checkpointing in {"off": [False], "on": [True], "both": [False, True]}[args.checkpointing]:
+        for loss_name in args.losses:
+            for precision in ["-"] if loss_name == "none" else args.gold_precision:
                 row = run_in_fresh_process(loss_name, checkpointing, precision)
                 print(
                     f"  {loss_name:6s} checkpointing={checkpointing!s:5s} gold {row['gold_precision_used']:6s} "
@@ -470,12 +461,25 @@ def main() -> None:
                     f"{row['peak_rss_gib']:.2f} GiB",
                     file=sys.stderr,
                 )
-                result["steps"].append(row)
+                rows.append(row)
+    return rows
+
+
+def main() -> None:
+    args = parse_args()
+    if args.single:
+        setting = json.loads(args.single)
+        print(json.dumps(run_setting(args, setting["loss"], setting["checkpointing"], setting["gold_precision"])))
+        return
+    flags = ("model", "batch", "passages", "length", "target_length", "dropout", "encoder_dropout", "retriever")
+    shape = {flag: getattr(args, flag) for flag in flags} | {"threads": torch.get_num_threads()}
+    result: dict = {"shape": shape, "steps": [], "target": [], "gold_cost": []}
+    if not args.no_steps:
+        result["steps"] = step_rows(args)
         add_ratios(result["steps"])
         result["target"] = target_verdicts(result["steps"])
     if not args.no_gold_cost:
         result["gold_cost"] = gold_cost(args)
-
     print(json.dumps(result, indent=1))
     print_table(args, result)
 
