@@ -33,7 +33,7 @@ from reader.cross_attention_bias import CONFIG_FLAG as CROSS_BIAS_FLAG
 from reader.cross_attention_bias import has_cross_attention_bias, load_cross_attention_bias
 from reader.encoder_precision import precision_autocast, resolve_precision
 from reader.inputs import IGNORE_INDEX  # noqa: F401  (re-exported: atlas imports it from reader.fid)
-from reader.span_constraint import StepPrefixConstraint
+from reader.span_constraint import DeviceSpanConstraint, PassageSpanConstraint, StepPrefixConstraint
 from reader.t5_untied import UntiedT5ForConditionalGeneration, saved_untied
 from reader.warm_start import (
     WARM_START_PRESETS,
@@ -386,7 +386,7 @@ class FiDReader(nn.Module):
             decoder_start_token_id=config.decoder_start_token_id,
             eos_token_id=config.eos_token_id,
             pad_token_id=config.pad_token_id,
-            **constraint_kwargs(prefix_allowed_tokens_fn, num_beams),
+            **constraint_kwargs(prefix_allowed_tokens_fn, num_beams, encoder_states.device),
             # beam search's alone: given to greedy decoding, transformers warns that it is ignored
             **({"length_penalty": length_penalty} if num_beams > 1 else {}),
             **source,
@@ -561,11 +561,17 @@ def build_reader(
     )
 
 
-def constraint_kwargs(prefix_allowed_tokens_fn, num_beams: int) -> dict:
-    """`generate`'s arguments for a constraint: applied to each step at once (`StepPrefixConstraint`)."""
+def constraint_kwargs(prefix_allowed_tokens_fn, num_beams: int, device: torch.device) -> dict:
+    """`generate`'s arguments for a constraint, applied to each step at once: the passage-span constraint on the
+    device (`DeviceSpanConstraint`: no copy to the host per step), any other function on the host
+    (`StepPrefixConstraint`)."""
     if prefix_allowed_tokens_fn is None:
         return {}
-    return {"logits_processor": LogitsProcessorList([StepPrefixConstraint(prefix_allowed_tokens_fn, num_beams)])}
+    if isinstance(prefix_allowed_tokens_fn, PassageSpanConstraint):
+        processor = DeviceSpanConstraint(prefix_allowed_tokens_fn, num_beams, device)
+    else:
+        processor = StepPrefixConstraint(prefix_allowed_tokens_fn, num_beams)
+    return {"logits_processor": LogitsProcessorList([processor])}
 
 
 def _packed_copy_source(

@@ -164,3 +164,78 @@ class StepPrefixConstraint(LogitsProcessor):
         # as transformers does: an example whose every beam has only -inf left takes the mask itself
         stuck = processed.amax(dim=-1).isneginf().view(-1, self.num_beams).all(dim=-1, keepdim=True)
         return torch.where(stuck.repeat_interleave(self.num_beams, dim=0), mask, processed)
+
+
+class DeviceSpanConstraint(LogitsProcessor):
+    """`PassageSpanConstraint` computed on the scores' device, with no copy to the host: each step matches the
+    span generated so far against every position of its example's passages at once (a few tensor operations
+    per step, whatever the batch and beams), so that constrained decoding on a GPU never waits for the host.
+    The allowed tokens, and so the scores, are those of `StepPrefixConstraint(PassageSpanConstraint(…))`.
+
+    Stateless: each step reads only the ids so far, so beam search may reorder its rows freely.
+    """
+
+    def __init__(self, constraint: PassageSpanConstraint, num_beams: int, device: torch.device | str):
+        self.num_beams, self.eos, self.pad = num_beams, constraint.eos, constraint.pad
+        self.answer_prefix = constraint.answer_prefix
+        examples = constraint._tokens
+        width = max((len(t) for t in examples if t is not None), default=0)
+        tokens = np.full((len(examples), width), _SEPARATOR, dtype=np.int64)
+        for i, joined in enumerate(examples):
+            if joined is not None:
+                tokens[i, : len(joined)] = joined
+        vocab = constraint.vocab_size
+        starts = np.zeros((len(examples), vocab), dtype=bool)
+        for i, ids in enumerate(constraint._starts):
+            starts[i, ids] = True
+        continuation = np.zeros(vocab + 1, dtype=bool)  # the last entry stands for the separator: no continuation
+        continuation[constraint._continuation] = True
+        self.tokens = torch.from_numpy(tokens).to(device)  # (B, P) joined passage ids, -1 between and after them
+        self.open = torch.tensor([t is None for t in examples], device=device)  # (B,) no passage: unconstrained
+        self.starts = torch.from_numpy(starts).to(device)  # (B, V) the ids a span may start with
+        self.continuation = torch.from_numpy(continuation).to(device)  # (V + 1,)
+
+    def allowed(self, input_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        """input_ids (B·beams, T) the ids so far, the decoder start token first → (B·beams, V) bool allowed."""
+        rows, generated = input_ids.shape[0], input_ids[:, 1:]
+        example = torch.arange(rows, device=input_ids.device) // self.num_beams
+        n_prefix, length = len(self.answer_prefix), generated.shape[1]
+        allowed = torch.zeros(rows, vocab_size, dtype=torch.bool, device=input_ids.device)
+        vocab = min(vocab_size, self.starts.shape[1])
+        if length < n_prefix:
+            allowed[:, self.answer_prefix[length]] = True
+        elif length == n_prefix:
+            allowed[:, :vocab] = self.starts[example, :vocab]
+        else:
+            allowed[:, :vocab] = self._after_span(generated[:, n_prefix:], self.tokens[example])[:, :vocab]
+        allowed |= self.open[example, None] & (length >= n_prefix)
+        finished = (generated == self.eos).any(dim=1)  # a finished greedy row is padded
+        allowed[finished] = False
+        allowed[finished, self.pad] = True
+        allowed[finished, self.eos] = True
+        return allowed
+
+    def _after_span(self, span: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """span (R, s), tokens (R, P) each row's example's passages → (R, V) the ids that may follow the span:
+        what follows each of its occurrences, and `</s>` where one ends a word (or none is left)."""
+        rows, width = tokens.shape
+        length = span.shape[1]
+        padded = torch.nn.functional.pad(tokens, (0, length + 1), value=_SEPARATOR)
+        ends = torch.ones(rows, width, dtype=torch.bool, device=tokens.device)  # occurrence starting at p
+        for j in range(length):
+            ends &= padded[:, j : j + width] == span[:, j : j + 1]
+        following = padded[:, length : length + width]  # (R, P) the id after the occurrence starting at p
+        vocab = self.starts.shape[1]
+        allowed = torch.zeros(rows, vocab + 1, dtype=torch.bool, device=tokens.device)
+        slot = torch.where(ends, following, _SEPARATOR)
+        allowed.scatter_(1, torch.where(slot < 0, vocab, slot), True)  # column V collects the separators
+        word_end = (ends & ~self.continuation[torch.where(following < 0, vocab, following)]).any(dim=1)
+        allowed[:, self.eos] |= word_end | ~ends.any(dim=1)
+        return allowed[:, :vocab]
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """input_ids (B·beams, T); scores (B·beams, V) → scores, -inf where not allowed (as `StepPrefixConstraint`)."""
+        mask = torch.zeros_like(scores).masked_fill(~self.allowed(input_ids, scores.shape[1]), -math.inf)
+        processed = scores + mask
+        stuck = processed.amax(dim=-1).isneginf().view(-1, self.num_beams).all(dim=-1, keepdim=True)
+        return torch.where(stuck.repeat_interleave(self.num_beams, dim=0), mask, processed)

@@ -9,7 +9,12 @@ import pytest
 import torch
 
 from reader.inputs import encode_reader_inputs
-from reader.span_constraint import PassageSpanConstraint, continuation_token_ids
+from reader.span_constraint import (
+    DeviceSpanConstraint,
+    PassageSpanConstraint,
+    StepPrefixConstraint,
+    continuation_token_ids,
+)
 from reader.tokenizer import build_reader_tokenizer
 from tests.reader.conftest import SPAN_PASSAGES, copy_head_reader_batch
 
@@ -28,19 +33,19 @@ def _constraint():
     )
 
 
-@pytest.mark.parametrize(
-    ("generated", "allowed"),
-    [
-        ([], [SENTINEL]),  # the answer prefix first
-        ([SENTINEL], [5, 6, 8, 9]),  # a span starts a word: not with 7
-        ([SENTINEL, 6], [EOS, 7, 9]),  # "6" ends a word before 9 (second sequence), not before 7
-        ([SENTINEL, 5, 6], [7]),  # "5 6" is only followed by the continuation 7: no end there
-        ([SENTINEL, 5, 6, 7], [EOS, 8]),
-        ([SENTINEL, 5, 6, 7, 8], [EOS]),  # the end of a sequence: nothing crosses into the next
-        ([SENTINEL, 6, 9], [EOS]),
-        ([SENTINEL, 8, EOS], [PAD, EOS]),  # a finished greedy row is padded
-    ],
-)
+HAND_CASES = [
+    ([], [SENTINEL]),  # the answer prefix first
+    ([SENTINEL], [5, 6, 8, 9]),  # a span starts a word: not with 7
+    ([SENTINEL, 6], [EOS, 7, 9]),  # "6" ends a word before 9 (second sequence), not before 7
+    ([SENTINEL, 5, 6], [7]),  # "5 6" is only followed by the continuation 7: no end there
+    ([SENTINEL, 5, 6, 7], [EOS, 8]),
+    ([SENTINEL, 5, 6, 7, 8], [EOS]),  # the end of a sequence: nothing crosses into the next
+    ([SENTINEL, 6, 9], [EOS]),
+    ([SENTINEL, 8, EOS], [PAD, EOS]),  # a finished greedy row is padded
+]
+
+
+@pytest.mark.parametrize(("generated", "allowed"), HAND_CASES)
 def test_allowed_tokens_by_hand(generated, allowed):
     assert _constraint()(0, torch.tensor([START, *generated])) == allowed
 
@@ -127,8 +132,6 @@ def test_an_untrained_reader_constrained_generates_only_spans(tokenizer, tiny_en
 def test_the_step_constraint_gives_transformers_rowwise_scores_bit_for_bit():
     from transformers.generation.logits_process import PrefixConstrainedLogitsProcessor
 
-    from reader.span_constraint import StepPrefixConstraint
-
     constraint, beams = _constraint(), 2
     # rows: example 0's two beams (answer prefix only; inside the span 6 7), example 1's (closed book)
     ids = torch.tensor([[START, SENTINEL, 0], [START, SENTINEL, 6], [START, SENTINEL, 4], [START, 5, 5]])
@@ -142,8 +145,6 @@ def test_the_step_constraint_gives_transformers_rowwise_scores_bit_for_bit():
 
 
 def test_an_empty_allowed_set_is_named():
-    from reader.span_constraint import StepPrefixConstraint
-
     with pytest.raises(ValueError, match="allowed no token for example 1"):
         StepPrefixConstraint(lambda batch, _ids: [] if batch == 1 else [0], 1)(
             torch.zeros(2, 1, dtype=torch.long), torch.zeros(2, 3)
@@ -159,6 +160,62 @@ def test_constrained_generation_is_transformers_rowwise_generation(tokenizer, ti
         tokenizer, SPAN_PASSAGES, answer_prefix="<extra_id_0>", vocab_size=reader.seq2seq.config.vocab_size
     )
     stepped = reader.generate(ids, mask, max_length=6, num_beams=beams, prefix_allowed_tokens_fn=constraint)
-    monkeypatch.setattr(fid, "constraint_kwargs", lambda fn, _beams: {"prefix_allowed_tokens_fn": fn})
+    processor = fid.constraint_kwargs(constraint, beams, ids.device)["logits_processor"][0]
+    assert isinstance(processor, DeviceSpanConstraint)  # the span constraint runs on the device
+    shipped = fid.constraint_kwargs
+    monkeypatch.setattr(
+        fid, "constraint_kwargs", lambda fn, beams, _device: {"logits_processor": [StepPrefixConstraint(fn, beams)]}
+    )
+    on_host = reader.generate(ids, mask, max_length=6, num_beams=beams, prefix_allowed_tokens_fn=constraint)
+    monkeypatch.setattr(fid, "constraint_kwargs", lambda fn, _beams, _device: {"prefix_allowed_tokens_fn": fn})
     rowwise = reader.generate(ids, mask, max_length=6, num_beams=beams, prefix_allowed_tokens_fn=constraint)
-    assert torch.equal(stepped, rowwise)
+    assert torch.equal(stepped, rowwise) and torch.equal(on_host, rowwise)
+    monkeypatch.setattr(fid, "constraint_kwargs", shipped)
+
+
+@pytest.mark.parametrize(("generated", "allowed"), HAND_CASES)
+def test_the_device_constraint_allows_what_the_passage_constraint_does_by_hand(generated, allowed):
+    constraint = _constraint()
+    ids = torch.tensor([[START, *generated]] * 2)  # example 0, then the closed-book example 1
+    got = DeviceSpanConstraint(constraint, 1, "cpu").allowed(ids, 12)
+    assert torch.nonzero(got[0]).flatten().tolist() == allowed
+    assert torch.nonzero(got[1]).flatten().tolist() == constraint(1, ids[1])
+
+
+def test_the_device_constraint_gives_the_step_constraints_scores_on_random_spans():
+    """Random passages, continuation pieces and answers (real spans, spans cut short, made-up sequences and
+    finished rows), at every length from the answer prefix on, in beams: the same scores bit for bit."""
+    rng = np.random.default_rng(0)
+    vocab, beams, prefix = 40, 3, [SENTINEL, 4]
+    passages = [[rng.integers(5, vocab, size=rng.integers(1, 30)).tolist() for _ in range(3)] for _ in range(5)]
+    passages[2] = []  # closed book
+    constraint = PassageSpanConstraint(
+        passages,
+        answer_prefix=prefix,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+        continuation_ids=np.arange(5, vocab, 3),
+        vocab_size=vocab,
+    )
+    device = DeviceSpanConstraint(constraint, beams, "cpu")
+    host = StepPrefixConstraint(constraint, beams)
+    checked = 0
+    for length in range(9):  # generated ids after the start token: every row of a step has as many
+        rows = []
+        for example, sequences in enumerate(passages):
+            for beam in range(beams):
+                source = sequences[rng.integers(len(sequences))] if sequences else []
+                start = int(rng.integers(max(1, len(source))))
+                span = (source[start:] + rng.integers(5, vocab, size=length).tolist())[: max(0, length - len(prefix))]
+                if beam == 2:  # made up
+                    span = rng.integers(5, vocab, size=len(span)).tolist()
+                generated = (prefix + span)[:length]
+                if example == 3 and beam == 1 and length > len(prefix) + 1:  # a finished greedy row, padded
+                    generated = prefix + [span[0], EOS] + [PAD] * (length - len(prefix) - 2)
+                rows.append([START, *generated])
+        ids = torch.tensor(rows)
+        scores = torch.randn(len(rows), vocab, generator=torch.Generator().manual_seed(length))
+        expected = host(ids, scores.clone())
+        assert torch.equal(device(ids, scores.clone()), expected), length
+        checked += int(torch.isfinite(expected).sum() < expected.numel())
+    assert checked > 0
