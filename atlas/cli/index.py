@@ -168,8 +168,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     Every subcommand names its index with `--index DIR` (`build` writes a new one: `--out DIR`,
     or `--index DIR`)."""
-    # long: the parsers of the index subcommands, declared in one place as argparse reads best: each block is its
-    # subcommand's arguments
     index = subparsers.add_parser(
         "index", help="build, update, search and inspect passage indexes", formatter_class=DefaultsFormatter
     )
@@ -178,6 +176,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     def command(name: str, help: str, description: str | None = None) -> argparse.ArgumentParser:
         return commands.add_parser(name, help=help, description=description or help, formatter_class=DefaultsFormatter)
 
+    _register_building(command)
+    _register_edits(command)
+    _register_reading(command)
+    _register_evaluate_retrieval(subparsers)
+
+
+def _register_building(command: Callable[..., argparse.ArgumentParser]) -> None:
+    """`atlas index build` and `atlas index embed`."""
     build = command("build", "embed a prepared corpus and save an index (resumable)")
     build.add_argument("--corpus", required=True, help="a folder made by `atlas corpus prepare`")
     build.add_argument("--out", "--index", dest="out", metavar="DIR", required=True, help="the index folder to write")
@@ -220,6 +226,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     embed.add_argument("--restart", action="store_true", help="discard an unfinished run instead of resuming")
     embed.set_defaults(func=_embed)
 
+
+def _register_edits(command: Callable[..., argparse.ArgumentParser]) -> None:
+    """`atlas index add|update|remove`, each compacting the index after its edit when it is due."""
     add = command(
         "add",
         "embed new passages and add them to an index in place",
@@ -293,6 +302,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "segments or 5%% dead rows; see `atlas index compact`)",
         )
 
+
+def _register_reading(command: Callable[..., argparse.ArgumentParser]) -> None:
+    """`atlas index compact|get|search|info`."""
     compact = command(
         "compact",
         "merge the index's corpus segments and drop its removed rows, in place",
@@ -332,6 +344,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     info.set_defaults(func=_info)
 
+
+def _register_evaluate_retrieval(subparsers: argparse._SubParsersAction) -> None:
+    """`atlas evaluate-retrieval`: answer / gold recall@k and MRR of an index."""
     evaluate = subparsers.add_parser(
         "evaluate-retrieval",
         help="answer / gold recall@k and MRR of an index",
