@@ -1,8 +1,8 @@
 """How an index is built, and how it is searched unless told otherwise: the one place these defaults are written.
 
 `build_index` takes an `IndexSettings`; the recipe's `index` section (`atlas.config.IndexConfig`), the command
-line (`atlas index build`, `atlas import index`) and `atlas.Index.build` take their defaults from it. Light (no
-faiss, no torch), so that configuration and argument parsing can read it.
+line (`atlas index build|embed|add|update`, `atlas import atlas-index`) and `atlas.Index.build` take their defaults
+from it. Light (no faiss, no torch), so that configuration and argument parsing can read it.
 """
 
 from __future__ import annotations

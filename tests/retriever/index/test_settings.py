@@ -1,0 +1,64 @@
+"""An index's settings, written once: their defaults reach the recipe, the command line and the build as they
+are, and a bad value is refused before any work."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import pytest
+
+from atlas.config import AtlasConfig, load_config
+from retriever.index.settings import DEFAULTS, IndexSettings
+
+
+def test_the_recipe_and_the_command_line_take_their_defaults_from_the_settings():
+    from atlas.cli.index import add_index_settings
+
+    index = AtlasConfig().index
+    assert (index.spec, index.chunk_size, index.train_sample, index.nprobe, index.ef_search) == (
+        "Flat",
+        8192,
+        262144,
+        32,
+        128,
+    )
+    parser = argparse.ArgumentParser()
+    add_index_settings(parser, "spec", "chunk_size", "train_sample", "keep_embeddings", "exact_rerank", "nprobe")
+    assert IndexSettings.of(parser.parse_args([])) == DEFAULTS
+    given = IndexSettings.of(parser.parse_args(["--spec", "IVF8,PQ4", "--exact-rerank", "40", "--nprobe", "8"]))
+    assert (given.spec, given.exact_rerank, given.nprobe, given.keeps_vectors) == ("IVF8,PQ4", 40, 8, True)
+    searching = argparse.ArgumentParser()
+    add_index_settings(searching, "nprobe", "ef_search", "exact_rerank", at_search=True)
+    assert vars(searching.parse_args([])) == {"nprobe": None, "ef_search": None, "exact_rerank": None}
+
+
+def test_a_run_builds_with_its_index_section_and_its_retrievers_batch_size(tmp_path):
+    config = load_config(
+        None, ["index.spec=HNSW16", "index.exact_rerank=null", "index.chunk_size=512", "retriever.batch_size=16"]
+    )
+    settings = config.index_settings()
+    assert (settings.spec, settings.chunk_size, settings.batch_size) == ("HNSW16", 512, 16)
+    assert settings.exact_rerank == 0  # the config's null means the index's own: a build records none
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"chunk_size": 0}, "chunk_size must be a positive integer, got 0"),
+        ({"nprobe": True}, "nprobe must be a positive integer, got True"),
+        ({"exact_rerank": -1}, "exact_rerank must be an integer k' >= 0"),
+    ],
+)
+def test_a_bad_setting_is_refused_naming_it(given, message):
+    with pytest.raises(ValueError, match=message):
+        IndexSettings(**given)
+    with pytest.raises(TypeError, match="chunk_sise"):
+        IndexSettings(chunk_sise=8)
+
+
+def test_the_settings_are_light_to_import():
+    import subprocess
+
+    code = "import retriever.index.settings, atlas.config, sys; print('faiss' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
