@@ -145,10 +145,10 @@ def _make_run_index(
     from retriever.index.build import build_index as build
     from retriever.index.build import build_settings, cached_index, link_index, publish_to_cache
 
-    corpus = config.index.corpus
-    settings = cached = None
+    corpus, index_settings = config.index.corpus, config.index_settings()
+    settings = cached = None  # the cache key: what fixes the index's files
     if rank == 0:  # rank 0 alone reads and writes the cache; the others follow its decision
-        settings = build_settings(Corpus.load(corpus), retriever, config.index_settings())
+        settings = build_settings(Corpus.load(corpus), retriever, index_settings)
         cached = cached_index(corpus, settings)
     encoder = f"{config.retriever.model} (passage encoder {settings['encoder_fingerprint'][:12]})" if settings else ""
     if agree_on_rank0(cached is not None):
@@ -165,7 +165,7 @@ def _make_run_index(
         corpus,
         retriever,
         path,
-        config.index_settings(),
+        index_settings,
         progress=rank == 0,
         rank=rank,
         world_size=world_size,

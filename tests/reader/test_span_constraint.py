@@ -162,7 +162,6 @@ def test_constrained_generation_is_transformers_rowwise_generation(tokenizer, ti
     stepped = reader.generate(ids, mask, max_length=6, num_beams=beams, prefix_allowed_tokens_fn=constraint)
     processor = fid.constraint_kwargs(constraint, beams, ids.device)["logits_processor"][0]
     assert isinstance(processor, DeviceSpanConstraint)  # the span constraint runs on the device
-    shipped = fid.constraint_kwargs
     monkeypatch.setattr(
         fid, "constraint_kwargs", lambda fn, beams, _device: {"logits_processor": [StepPrefixConstraint(fn, beams)]}
     )
@@ -170,7 +169,6 @@ def test_constrained_generation_is_transformers_rowwise_generation(tokenizer, ti
     monkeypatch.setattr(fid, "constraint_kwargs", lambda fn, _beams, _device: {"prefix_allowed_tokens_fn": fn})
     rowwise = reader.generate(ids, mask, max_length=6, num_beams=beams, prefix_allowed_tokens_fn=constraint)
     assert torch.equal(stepped, rowwise) and torch.equal(on_host, rowwise)
-    monkeypatch.setattr(fid, "constraint_kwargs", shipped)
 
 
 @pytest.mark.parametrize(("generated", "allowed"), HAND_CASES)

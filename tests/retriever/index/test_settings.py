@@ -33,7 +33,7 @@ def test_the_recipe_and_the_command_line_take_their_defaults_from_the_settings()
     assert vars(searching.parse_args([])) == {"nprobe": None, "ef_search": None, "exact_rerank": None}
 
 
-def test_a_run_builds_with_its_index_section_and_its_retrievers_batch_size(tmp_path):
+def test_a_run_builds_with_its_index_section_and_its_retrievers_batch_size():
     config = load_config(
         None, ["index.spec=HNSW16", "index.exact_rerank=null", "index.chunk_size=512", "retriever.batch_size=16"]
     )
