@@ -160,11 +160,18 @@ class RetrieverLoss(ABC):
     option_choices: ClassVar[dict[str, tuple[Any, ...]]] = {}
 
     def __init__(
-        self, *, temperature_gold: float = 0.01, temperature_score: float = 0.01, gold_precision: str = "fp32"
+        self,
+        *,
+        temperature_gold: float = 0.01,
+        temperature_score: float = 0.01,
+        gold_precision: str = "fp32",
+        **options: Any,
     ) -> None:
         """gold_precision: how the gold pass encodes passages when it is not given eval-mode encoder
         states: "fp32" (the reader's own precision), "bf16" (bfloat16 autocast) or "auto" (bf16 where
-        the hardware multiplies it natively); see `reader.encoder_precision`."""
+        the hardware multiplies it natively); see `reader.encoder_precision`. `options`: this loss's own
+        (`default_options`; its defaults where not given), each set as an attribute; ValueError naming an
+        unknown one, or a value not among `option_choices`."""
         if gold_precision not in GOLD_PRECISIONS:
             raise ValueError(f"unknown gold precision {gold_precision!r}; valid: {list(GOLD_PRECISIONS)}")
         self.gold_precision = gold_precision
@@ -172,6 +179,17 @@ class RetrieverLoss(ABC):
             raise ValueError(f"temperatures must be positive, got gold={temperature_gold}, score={temperature_score}")
         self.temperature_gold = temperature_gold
         self.temperature_score = temperature_score
+        unknown = sorted(set(options) - set(self.default_options))
+        if unknown:
+            raise ValueError(
+                f"unknown option {unknown[0]!r} of retriever loss {self.name!r}; "
+                f"valid: {sorted(self.default_options) or '(none)'}"
+            )
+        for key, value in {**self.default_options, **options}.items():
+            choices = self.option_choices.get(key)
+            if choices is not None and value not in choices:
+                raise ValueError(f"unknown {self.name} {key} {value!r}; valid: {list(choices)}")
+            setattr(self, key, value)
 
     def gold_scores(
         self,
@@ -269,24 +287,9 @@ class AttentionDistillation(RetrieverLoss):
     """
 
     name = "adist"
-    ATTENTIONS = ("auto", "cross", "copy")
     default_options: ClassVar[dict[str, Any]] = {"attention": "auto"}
-    option_choices: ClassVar[dict[str, tuple[Any, ...]]] = {"attention": ATTENTIONS}
-
-    def __init__(
-        self,
-        *,
-        temperature_gold: float = 0.01,
-        temperature_score: float = 0.01,
-        attention: str = "auto",
-        gold_precision: str = "fp32",
-    ) -> None:
-        super().__init__(
-            temperature_gold=temperature_gold, temperature_score=temperature_score, gold_precision=gold_precision
-        )
-        if attention not in self.ATTENTIONS:
-            raise ValueError(f"unknown adist attention {attention!r}; valid: {list(self.ATTENTIONS)}")
-        self.attention = attention
+    option_choices: ClassVar[dict[str, tuple[Any, ...]]] = {"attention": ("auto", "cross", "copy")}
+    attention: str
 
     def _gold(self, reader, encoder_states, attention_mask, labels, input_ids=None):
         copy = self.attention == "copy" or (self.attention == "auto" and reader.copies_from_source)
@@ -325,35 +328,17 @@ class EMDR(RetrieverLoss):
     """
 
     name = "emdr"
-    GRANULARITIES = ("sequence", "token")
     default_options: ClassVar[dict[str, Any]] = {"granularity": "sequence"}
-    option_choices: ClassVar[dict[str, tuple[Any, ...]]] = {"granularity": GRANULARITIES}
-
-    def __init__(
-        self,
-        *,
-        temperature_gold: float = 0.01,
-        temperature_score: float = 0.01,
-        granularity: str = "sequence",
-        gold_precision: str = "fp32",
-    ) -> None:
-        super().__init__(
-            temperature_gold=temperature_gold, temperature_score=temperature_score, gold_precision=gold_precision
-        )
-        if granularity not in self.GRANULARITIES:
-            raise ValueError(f"unknown emdr granularity {granularity!r}; valid: {list(self.GRANULARITIES)}")
-        self.granularity = granularity
+    option_choices: ClassVar[dict[str, tuple[Any, ...]]] = {"granularity": ("sequence", "token")}
+    granularity: str
 
     def _gold(self, reader, encoder_states, attention_mask, labels, input_ids=None):
-        if self.granularity == "token":
-            return reader.per_passage_token_logprobs(
-                encoder_states,
-                attention_mask,
-                labels,
-                temperature=self.temperature_gold,
-                input_ids=input_ids,
-            )
-        return reader.per_passage_token_logprobs(encoder_states, attention_mask, labels, input_ids=input_ids).sum(-1)
+        token = self.granularity == "token"  # the reader's logits divided by τ_gold inside the softmax
+        temperature = self.temperature_gold if token else 1.0
+        logprobs = reader.per_passage_token_logprobs(
+            encoder_states, attention_mask, labels, temperature=temperature, input_ids=input_ids
+        )  # (B, K, T)
+        return logprobs if token else logprobs.sum(-1)
 
     def loss(self, scores, gold, labels, *, dim, present=None):
         # Absent passages get log p_retr = -inf, so they drop out of the mixtures.
@@ -377,18 +362,7 @@ class NoRetrieverLoss(RetrieverLoss):
     def _gold(self, reader, encoder_states, attention_mask, labels, input_ids=None):
         raise RuntimeError("the 'none' retriever loss computes no gold scores")
 
-    def __call__(
-        self,
-        reader,
-        scores,
-        input_ids,
-        attention_mask,
-        labels,
-        *,
-        dim,
-        encoder_states=None,
-        present=None,
-    ):
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
         return None
 
 
@@ -409,16 +383,6 @@ def build_retriever_loss(
     given); ValueError listing the valid names, or that loss's valid options, otherwise."""
     if name not in RETRIEVER_LOSSES:
         raise ValueError(f"unknown retriever loss {name!r}; valid: {sorted(RETRIEVER_LOSSES)}")
-    cls = RETRIEVER_LOSSES[name]
-    unknown = sorted(set(options) - set(cls.default_options))
-    if unknown:
-        raise ValueError(
-            f"unknown option {unknown[0]!r} of retriever loss {name!r}; "
-            f"valid: {sorted(cls.default_options) or '(none)'}"
-        )
-    return cls(
-        temperature_gold=temperature_gold,
-        temperature_score=temperature_score,
-        gold_precision=gold_precision,
-        **{**cls.default_options, **options},
+    return RETRIEVER_LOSSES[name](
+        temperature_gold=temperature_gold, temperature_score=temperature_score, gold_precision=gold_precision, **options
     )
