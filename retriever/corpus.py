@@ -32,6 +32,7 @@ import pyarrow as pa
 
 from common.io import InputError, atomic_directory, read_jsonl, require_str
 from common.progress import progress_bar as tqdm
+from retriever.fingerprint import hash_file
 
 COLUMNS = ("id", "doc_id", "title", "section", "text", "wikipedia_id")
 SCHEMA = pa.schema([(name, pa.string()) for name in COLUMNS])
@@ -190,20 +191,12 @@ def _dataset_records(path: Path) -> Iterator[tuple[int, dict]]:
     yield from enumerate(ds, start=1)
 
 
-def iter_documents(path: str | Path, on_error: OnError = None) -> Iterator[tuple[int, dict]]:
-    """Yield `(line, document)` from one input, choosing the reader by its form.
+def iter_records(path: str | Path, on_error: OnError = None) -> Iterator[tuple[int, dict, dict]]:
+    """Yield `(line, record, document)` from one input, choosing the reader by its form.
 
     `.tsv` → DPR TSV; a folder → a saved `datasets` dataset; anything else → JSON lines.
     Each document is `{id, title, text, section, wikipedia_id}` (strings). A malformed record
     raises `InputError` (file, line, field), or is passed to `on_error` when one is given.
-    """
-    records = iter_records(path, on_error)
-    return ((line_no, doc) for line_no, _, doc in records)
-
-
-def iter_records(path: str | Path, on_error: OnError = None) -> Iterator[tuple[int, dict, dict]]:
-    """`iter_documents` that also yields each raw record: `(line, record, document)`.
-
     The raw record tells a field that was left out from one given empty (an update keeps a
     passage's title when the record has none)."""
     path = Path(path)
@@ -234,14 +227,6 @@ def is_empty_input(path: str | Path) -> bool:
             if block.strip():
                 return False
     return True
-
-
-def _hash_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 24):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def prepare_corpus(
@@ -288,20 +273,29 @@ def prepare_corpus(
         sorted_hashes, order = _drop_duplicate_ids(
             inputs, arrow_path, hashes, origins, stats, skip_invalid=skip_invalid
         )
-        np.save(tmp / "id_hashes.npy", sorted_hashes)
-        np.save(tmp / "id_rows.npy", order.astype(np.int64))
-        manifest = {
-            "format_version": FORMAT_VERSION,
-            "fingerprint": _hash_file(arrow_path),
-            "count": stats.passages,
-            "chunk_words": chunk_words,
-            "stride": check_chunking(chunk_words, stride),
-            "sources": sources if sources is not None else [str(Path(p).resolve()) for p in inputs],
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "stats": asdict(stats),
-        }
-        (tmp / "corpus.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        _write_lookup_and_record(
+            tmp,
+            sorted_hashes,
+            order,
+            count=stats.passages,
+            chunk_words=chunk_words,
+            stride=check_chunking(chunk_words, stride),
+            sources=sources if sources is not None else [str(Path(p).resolve()) for p in inputs],
+            stats=asdict(stats),
+        )
     return stats
+
+
+def _write_lookup_and_record(
+    folder: Path, sorted_hashes: np.ndarray, order: np.ndarray, *, stats: dict, **record: Any
+) -> None:
+    """The id lookup table (sorted id hashes, the row of each) and `corpus.json` (`record`: count, chunk_words,
+    stride, sources, …) of the corpus whose `passages.arrow` is written in `folder`."""
+    np.save(folder / "id_hashes.npy", sorted_hashes)
+    np.save(folder / "id_rows.npy", order.astype(np.int64))
+    record = {"format_version": FORMAT_VERSION, "fingerprint": hash_file(folder / "passages.arrow"), **record}
+    record |= {"created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "stats": stats}
+    (folder / "corpus.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
 def write_corpus(
@@ -341,19 +335,8 @@ def write_corpus(
         arrow_path = tmp / "passages.arrow"
         with pa.OSFile(str(arrow_path), "wb") as sink, pa.ipc.new_stream(sink, SCHEMA) as writer:
             writer.write_batch(pa.record_batch([columns[c] for c in COLUMNS], schema=SCHEMA))
-        np.save(tmp / "id_hashes.npy", hashes[order])
-        np.save(tmp / "id_rows.npy", order.astype(np.int64))
-        record = {
-            "format_version": FORMAT_VERSION,
-            "fingerprint": _hash_file(arrow_path),
-            "count": stats.passages,
-            "chunk_words": chunk_words,
-            "stride": None,
-            "sources": sources,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "stats": asdict(stats),
-        }
-        (tmp / "corpus.json").write_text(json.dumps(record, indent=2) + "\n")
+        record = {"count": stats.passages, "chunk_words": chunk_words, "stride": None, "sources": sources}
+        _write_lookup_and_record(tmp, hashes[order], order, **record, stats=asdict(stats))
     return Corpus.load(out)
 
 
@@ -379,7 +362,7 @@ def _write_passages(
                 logger.warning("%s: skipped: the input is empty", path)
                 stats.skipped_files.append(str(path))
                 continue
-            for line_no, doc in iter_documents(path, stats.skip if skip_invalid else None):
+            for line_no, _, doc in iter_records(path, stats.skip if skip_invalid else None):
                 if not doc["text"].strip():
                     error = InputError(path, line_no, "text", "empty text")
                     if not skip_invalid:
@@ -536,21 +519,18 @@ def merge_corpora(parts: list[tuple[Corpus, np.ndarray]], out: str | Path) -> Co
             first, later = duplicates[0]
             pid = datasets.Dataset.from_file(str(arrow_path))[later]["id"]
             raise ValueError(f"{out}: passage id {pid!r} would be written twice (rows {first} and {later})")
-        np.save(tmp / "id_hashes.npy", sorted_hashes)
-        np.save(tmp / "id_rows.npy", order.astype(np.int64))
         base = parts[0][0].manifest
-        manifest = {
-            "format_version": FORMAT_VERSION,
-            "fingerprint": _hash_file(arrow_path),
-            "count": count,
-            "chunk_words": base.get("chunk_words"),
-            "stride": base.get("stride"),
-            "sources": [str(corpus.path) for corpus, _ in parts],
-            "merged": True,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "stats": {"passages": count},
-        }
-        (tmp / "corpus.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        _write_lookup_and_record(
+            tmp,
+            sorted_hashes,
+            order,
+            count=count,
+            chunk_words=base.get("chunk_words"),
+            stride=base.get("stride"),
+            sources=[str(corpus.path) for corpus, _ in parts],
+            merged=True,
+            stats={"passages": count},
+        )
     return Corpus.load(out)
 
 
@@ -603,7 +583,7 @@ class Corpus:
         """Check the passages file against the corpus's fingerprint (its SHA-256): ValueError naming it when they
         differ (a file altered or damaged after it was prepared). Reads the whole file."""
         arrow = self.path / "passages.arrow"
-        if _hash_file(arrow) != self.fingerprint:
+        if hash_file(arrow) != self.fingerprint:
             raise ValueError(f"{arrow}: its contents are not the ones prepared (SHA-256 differs): prepare it again")
 
     @functools.cached_property

@@ -12,12 +12,16 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 def hash_state_dict(state_dict: Mapping[str, torch.Tensor]) -> str:
     """SHA-256 of the tensors of a state dict, in sorted name order (device-independent)."""
+    import torch  # here: `hash_file` serves the corpus, which needs no torch
+
     digest = hashlib.sha256()
     for name in sorted(state_dict):
         tensor = state_dict[name].detach().cpu().contiguous()
