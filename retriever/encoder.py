@@ -152,10 +152,8 @@ class ContrieverEncoder(nn.Module):
         super().__init__()
         if pooling not in POOLINGS:
             raise ValueError(f"unknown pooling {pooling!r}; valid: {', '.join(POOLINGS)}")
-        if layer_norm not in LAYER_NORMS:
-            raise ValueError(f"unknown layer_norm {layer_norm!r}; valid: {', '.join(LAYER_NORMS)}")
         if layer_norm != "standard":
-            use_layer_norm(model, layer_norm)
+            use_layer_norm(model, layer_norm)  # (which refuses an unknown kind)
         self.model = model
         self.tokenizer = tokenizer
         self.pooling: Pooling = pooling
@@ -405,13 +403,6 @@ class Retriever(nn.Module):
     def encode_passages(self, passages: Sequence) -> torch.Tensor:
         """Embed passage dicts with gradients through E_p: → (B, d)."""
         return self.passage_encoder.encode([self.format_passage(p) for p in passages], self.passage_maxlength)
-
-    def embedding_precision(self, precision: str | None = None) -> str:
-        """The precision passages are embedded at ("fp32" / "bf16"): `precision`, else `self.precision`,
-        resolved on the passage encoder's device (what an index records of its vectors)."""
-        return resolve_embedding_precision(
-            (precision if precision is not None else self.precision), self.passage_encoder.device
-        )
 
     def embed_queries(
         self, queries: Sequence[str], *, batch_size: int = 64, precision: str | None = None

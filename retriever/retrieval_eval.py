@@ -88,22 +88,19 @@ def score_retrieval(examples: list[RetrievalExample], hits: list[list], ks: list
                 ],
             }
         )
-    n = len(records)
-    metrics: dict[str, float] = {"n": n}
-    for k in ks:
-        metrics[f"answer_recall@{k}"] = sum(
-            r["answer_rank"] is not None and r["answer_rank"] <= k for r in records
-        ) / max(n, 1)
-    metrics["answer_mrr"] = sum(1 / r["answer_rank"] for r in records if r["answer_rank"]) / max(n, 1)
+    metrics: dict[str, float] = {"n": len(records), **_rank_metrics("answer", [r["answer_rank"] for r in records], ks)}
     with_gold = [r for r in records if r["gold_ids"]]
     if with_gold:
-        for k in ks:
-            metrics[f"gold_recall@{k}"] = sum(
-                r["gold_rank"] is not None and r["gold_rank"] <= k for r in with_gold
-            ) / len(with_gold)
-        metrics["gold_mrr"] = sum(1 / r["gold_rank"] for r in with_gold if r["gold_rank"]) / len(with_gold)
+        metrics |= _rank_metrics("gold", [r["gold_rank"] for r in with_gold], ks)
         metrics["n_with_gold"] = len(with_gold)
     return metrics, records
+
+
+def _rank_metrics(kind: str, ranks: list[int | None], ks: list[int]) -> dict[str, float]:
+    """`{kind}_recall@k` for each k and `{kind}_mrr` over the first-hit ranks of some questions (None: no hit)."""
+    n = max(len(ranks), 1)
+    recalls = {f"{kind}_recall@{k}": sum(r is not None and r <= k for r in ranks) / n for k in ks}
+    return recalls | {f"{kind}_mrr": sum(1 / r for r in ranks if r) / n}
 
 
 def evaluate_retrieval(
