@@ -25,10 +25,4 @@ def __getattr__(name: str):
     return getattr(importlib.import_module(_EXPORTS[name]), name)
 
 
-__all__ = [
-    "CorpusMismatchError",
-    "EncoderMismatchError",
-    "IndexLockedError",
-    "InvalidIndexError",
-    "PassageIndex",
-]
+__all__ = list(_EXPORTS)

@@ -40,7 +40,6 @@ from retriever.index.manifest import (
     FileRecord,
     Manifest,
     Segment,
-    sampled_sha256,
 )
 from retriever.index.rerank import gather_rows
 from retriever.index.settings import DEFAULTS, IndexSettings
@@ -371,16 +370,7 @@ def build_index(
 
 def _base_segment(corpus_path: str | os.PathLike, corpus: Corpus, precision: str) -> Segment:
     """The segment of the corpus an index is built on (where it was prepared: outside the index folder)."""
-    arrow = Path(corpus_path) / "passages.arrow"
-    return Segment(
-        corpus=str(Path(corpus_path).resolve()),
-        fingerprint=corpus.fingerprint,
-        count=len(corpus),
-        offset=0,
-        bytes=corpus.arrow_bytes,
-        sampled_sha256=sampled_sha256(arrow),
-        embedding_precision=precision,
-    )
+    return Segment.of(corpus, str(Path(corpus_path).resolve()), 0, precision)
 
 
 def _encoder_of(

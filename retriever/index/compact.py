@@ -46,7 +46,6 @@ writer lock: it is refused, naming the holder, while another process updates the
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,8 +54,8 @@ import faiss
 import numpy as np
 
 from retriever.corpus import merge_corpora
-from retriever.index.files import commit, remove_unreferenced, writer_lock
-from retriever.index.manifest import Compaction, FileRecord, Manifest, Segment, sampled_sha256
+from retriever.index.files import commit, generation_writes, writer_lock
+from retriever.index.manifest import Compaction, FileRecord, Manifest, Segment
 from retriever.index.passage_index import PassageIndex
 from retriever.index.rerank import gather_rows
 from retriever.index.types import build_faiss_index, search_parameters_target
@@ -123,7 +122,6 @@ def _compact_locked(folder: Path, *, full: bool) -> CompactionStats:
     # verified in full: the new files are derived from these bytes (read writable: FAISS drops in memory)
     index = PassageIndex.load(folder, mmap=False, verify=True)
     manifest = index.manifest
-    remove_unreferenced(folder, manifest)  # what a writer that died left behind
     segments, removed, total = manifest.segments, index.removed, manifest.total
     base_rows = segments[0].count
     keep_base = not full and int(removed[:base_rows].sum()) <= MAX_DEAD_FRACTION * base_rows
@@ -159,9 +157,7 @@ def _compact_locked(folder: Path, *, full: bool) -> CompactionStats:
     keep = ~drop
     new_total = int(keep.sum())
     written: dict[str, Path] = {}
-    try:
-        if merged_path.exists():  # left by a crashed earlier attempt: never referenced
-            shutil.rmtree(merged_path)
+    with generation_writes(folder, generation, merged_path):
         # no merged segment when none of its rows is live (only the base is left)
         merged = merge_corpora(parts, merged_path) if sum(len(rows) for _, rows in parts) else None
         vectors_path = folder / f"vectors.g{generation}.npy"
@@ -173,35 +169,19 @@ def _compact_locked(folder: Path, *, full: bool) -> CompactionStats:
         faiss_index = merged_faiss(index.faiss_parts)  # one index again (None for Flat)
         if faiss_index is not None and (drop.any() or len(index.faiss_parts) > 1):
             path = folder / f"index.g{generation}.faiss"
-            faiss.write_index(drop_rows(faiss_index, drop, manifest.spec) if drop.any() else faiss_index, str(path))
+            faiss.write_index(drop_rows(faiss_index, drop, manifest.spec), str(path))
             written["faiss"] = path
         if drop.any():  # else only the segments merge: the positions stay
             path = folder / f"removed.g{generation}.npy"
             np.save(path, removed[keep])
             written["removed"] = path
-    except BaseException:
-        shutil.rmtree(merged_path, ignore_errors=True)
-        for path in folder.glob(f"*.g{generation}.*"):  # written, never referenced
-            path.unlink(missing_ok=True)
-        raise
-    merged_precisions = {s.embedding_precision for s in segments[first:]}
-    manifest.segments = segments[:first] + (
-        [
-            Segment(
-                corpus=str(merged_path.relative_to(folder)),
-                fingerprint=merged.fingerprint,
-                count=len(merged),
-                offset=start,
-                bytes=merged.arrow_bytes,
-                sampled_sha256=sampled_sha256(merged_path / "passages.arrow"),
-                vectors=FileRecord.of(merged_vectors) if merged_vectors is not None else None,
-                # segments embedded at different precisions merged: "bf16" says some rows are bfloat16's
-                embedding_precision="bf16" if "bf16" in merged_precisions else "fp32",
-            )
-        ]
-        if merged is not None
-        else []
-    )
+    manifest.segments = segments[:first]
+    if merged is not None:
+        # segments embedded at different precisions merged: "bf16" says some rows are bfloat16's
+        precision = "bf16" if "bf16" in {s.embedding_precision for s in segments[first:]} else "fp32"
+        vectors = FileRecord.of(merged_vectors) if merged_vectors is not None else None
+        name = str(merged_path.relative_to(folder))
+        manifest.segments.append(Segment.of(merged, name, start, precision, vectors=vectors))
     manifest.total, manifest.generation = new_total, generation
     manifest.compacted = Compaction(
         generation=generation,
@@ -280,12 +260,7 @@ def drop_rows(index: faiss.Index, drop: np.ndarray, spec: str) -> faiss.Index:
         return index
     ivf = faiss.try_extract_index_ivf(index)
     if ivf is not None:
-        _drop_from_lists(ivf, drop)
-        n_live = int((~drop).sum())
-        outer = faiss.downcast_index(index)
-        while isinstance(outer, faiss.IndexPreTransform):  # OPQ: the wrapper counts too
-            outer.ntotal = n_live
-            outer = faiss.downcast_index(outer.index)
+        _drop_from_lists(index, ivf, drop)
         return index
     target = search_parameters_target(index)
     if getattr(target, "hnsw", None) is not None:
@@ -354,9 +329,9 @@ def _install_lists(index: faiss.Index, ivf: faiss.IndexIVF, fresh, total: int) -
         ivf.make_direct_map(True)
 
 
-def _drop_from_lists(ivf: faiss.IndexIVF, drop: np.ndarray) -> None:
-    """Rebuild each inverted list of `ivf` from its entries not in `drop`, in their order, with
-    ids renumbered to the positions they will have; codes copied as they are."""
+def _drop_from_lists(index: faiss.Index, ivf: faiss.IndexIVF, drop: np.ndarray) -> None:
+    """Rebuild each inverted list of `ivf` (the IVF of `index`) from its entries not in `drop`, in their order,
+    with ids renumbered to the positions they will have; codes copied as they are."""
     new_id = np.cumsum(~drop) - 1
     lists = faiss.downcast_InvertedLists(ivf.invlists)
     fresh = _empty_lists_like(ivf, lists)
@@ -368,7 +343,7 @@ def _drop_from_lists(ivf: faiss.IndexIVF, drop: np.ndarray) -> None:
         kept = ~drop[ids]
         if kept.any():
             _add_list(fresh, lists, number, new_id[ids[kept]], _list_codes(lists, number, size)[kept])
-    _install_lists(ivf, ivf, fresh, int((~drop).sum()))
+    _install_lists(index, ivf, fresh, int((~drop).sum()))
 
 
 def _unpacked(lists: faiss.BlockInvertedLists, number: int, size: int) -> np.ndarray:

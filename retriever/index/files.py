@@ -117,13 +117,10 @@ def open_corpus(
             )
     try:
         corpus = Corpus.load(path)
+        if verify:
+            corpus.verify()
     except ValueError as e:
         raise CorpusMismatchError(str(e)) from None
-    if verify:
-        try:
-            corpus.verify()
-        except ValueError as e:
-            raise CorpusMismatchError(str(e)) from None
     if corpus.fingerprint != segment.fingerprint:
         raise CorpusMismatchError(
             f"corpus {path} (fingerprint {corpus.fingerprint[:12]}…) is not the corpus the index {folder} was "
@@ -188,7 +185,8 @@ def writer_lock(folder: str | os.PathLike, operation: str) -> Iterator[None]:
     so a second writer in the same process is refused too. The holder writes its pid, operation
     and start time into the file for the refusal message (readers never take the lock), and
     deletes the file when it is done, still holding it: a writer that opened the file before
-    that and locks it after finds the name gone or naming another file, and opens it again."""
+    that and locks it after finds the name gone or naming another file, and opens it again.
+    Once held, what a writer that died left behind is deleted (`remove_unreferenced`)."""
     folder = Path(folder)
     Manifest.load(folder)  # "not an index" before any lock file is created
     path = folder / LOCK
@@ -218,6 +216,7 @@ def writer_lock(folder: str | os.PathLike, operation: str) -> Iterator[None]:
             "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         os.pwrite(fd, json.dumps(record).encode(), 0)
+        remove_unreferenced(folder, Manifest.load(folder))
         yield
     finally:
         path.unlink(missing_ok=True)  # still held: see above
@@ -233,6 +232,25 @@ def _lock_holder(path: Path) -> str:
     if "pid" not in record:
         return "a writer that is just starting"
     return f"pid {record['pid']}, {record.get('operation', 'an update')} since {record.get('since', '?')}"
+
+
+@contextlib.contextmanager
+def generation_writes(folder: Path, generation: int, segment: Path | None = None) -> Iterator[None]:
+    """Write generation `generation`'s files (and the corpus segment folder `segment`): a folder left there by a
+    crashed earlier attempt is deleted first (never referenced), and what the block wrote is deleted when it
+    fails, leaving the index as it was."""
+    if segment is not None and segment.exists():
+        shutil.rmtree(segment)
+    try:
+        yield
+    except BaseException:
+        if segment is not None:
+            shutil.rmtree(segment, ignore_errors=True)
+            with contextlib.suppress(OSError):  # `corpora/`, when this segment was its first: as it was
+                segment.parent.rmdir()
+        for path in folder.glob(f"*.g{generation}.*"):  # written, never referenced
+            path.unlink(missing_ok=True)
+        raise
 
 
 def commit(folder: Path, manifest: Manifest, new_files: dict[str, Path], also_written: tuple[Path, ...] = ()) -> None:

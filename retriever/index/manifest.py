@@ -24,11 +24,14 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common.io import atomic_write_json
 from retriever.fingerprint import hash_file
 from retriever.index.settings import DEFAULTS
+
+if TYPE_CHECKING:
+    from retriever.corpus import Corpus
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 2
@@ -105,6 +108,11 @@ class _Fields:
     def object(self, key: str) -> _Fields | None:
         return _Fields(self.data[key], self.where, self.name(key)) if self.data.get(key) is not None else None
 
+    def settings(self, key: str, cls: type, **kinds: type) -> Any:
+        """`cls` of the fields `kinds` of the object `key` (each optional: None where absent); `cls()` without it."""
+        fields = self.object(key)
+        return cls(**{k: fields.get(k, kind, None, optional=True) for k, kind in kinds.items()}) if fields else cls()
+
 
 @dataclass
 class FileRecord:
@@ -149,6 +157,21 @@ class Segment:
     vectors: FileRecord | None = None
     faiss: FileRecord | None = None
     embedding_precision: str = "fp32"  # what its passages were embedded at
+
+    @classmethod
+    def of(cls, corpus: Corpus, name: str, offset: int, precision: str, **own: FileRecord | None) -> Segment:
+        """The segment of the prepared `corpus` recorded as `name` (see `corpus`), its rows from `offset` on,
+        embedded at `precision`; `own`: its own files (`vectors`, `faiss`)."""
+        return cls(
+            corpus=name,
+            fingerprint=corpus.fingerprint,
+            count=len(corpus),
+            offset=offset,
+            bytes=corpus.arrow_bytes,
+            sampled_sha256=sampled_sha256(corpus.path / "passages.arrow"),
+            embedding_precision=precision,
+            **own,
+        )
 
     def own_file(self, role: str) -> FileRecord | None:
         """The segment's own file of `role` ("vectors" or "faiss"), or None."""
@@ -298,8 +321,6 @@ class Manifest:
             raise InvalidIndexError(f"{where}: field files has unknown roles {unknown} (known: {FILE_ROLES})")
         if "removed" not in files:
             raise InvalidIndexError(f"{where}: field files.removed is missing")
-        encoder = fields.object("encoder")
-        build = fields.object("build")
         compacted = fields.object("compacted")
         manifest = cls(
             spec=fields.get("spec", str),
@@ -314,13 +335,7 @@ class Manifest:
             generation=fields.count("generation", 1),
             metric=fields.get("metric", str, "ip"),
             dtype=fields.get("dtype", str, "float16"),
-            encoder=EncoderSettings(
-                source=encoder.get("source", str, None, optional=True),
-                passage_format=encoder.get("passage_format", str, None, optional=True),
-                passage_maxlength=encoder.get("passage_maxlength", int, None, optional=True),
-            )
-            if encoder
-            else EncoderSettings(),
+            encoder=fields.settings("encoder", EncoderSettings, source=str, passage_format=str, passage_maxlength=int),
             embedding_precision=precision,
             keep_embeddings=fields.get("keep_embeddings", bool, "vectors" in files),
             # "rerank": the field's name in version-1 manifests written before it took the config's name
@@ -331,13 +346,7 @@ class Manifest:
             seed=fields.get("seed", int, None, optional=True),
             faiss_version=fields.get("faiss_version", str, None, optional=True),
             created=fields.get("created", str, None, optional=True),
-            build=BuildSettings(
-                batch_size=build.get("batch_size", int, None, optional=True),
-                chunk_size=build.get("chunk_size", int, None, optional=True),
-                vectors=build.get("vectors", str, None, optional=True),
-            )
-            if build
-            else BuildSettings(),
+            build=fields.settings("build", BuildSettings, batch_size=int, chunk_size=int, vectors=str),
             compacted=Compaction(
                 generation=compacted.count("generation"),
                 dropped_rows=compacted.count("dropped_rows"),
@@ -378,11 +387,7 @@ class Manifest:
             "total": self.total,
             "generation": self.generation,
             "encoder_fingerprint": self.encoder_fingerprint,
-            "encoder": {
-                "source": self.encoder.source,
-                "passage_format": self.encoder.passage_format,
-                "passage_maxlength": self.encoder.passage_maxlength,
-            },
+            "encoder": dict(vars(self.encoder)),
             "embedding_precision": self.embedding_precision,
             "segments": [s.to_json() for s in self.segments],
             "keep_embeddings": self.keep_embeddings,
@@ -407,15 +412,6 @@ class Manifest:
     def dead_rows(self) -> int:
         """Rows still in the files but never searched (removed or replaced), until a compaction drops them."""
         return self.total - self.count
-
-    @property
-    def offsets(self) -> list[int]:
-        """Each segment's first row."""
-        return [s.offset for s in self.segments]
-
-    def file(self, role: str) -> FileRecord | None:
-        """The file of `role` (`FILE_ROLES`) holding the rows as built or last compacted, or None."""
-        return self.files.get(role)
 
     def file_parts(self, role: str) -> list[tuple[FileRecord, int]]:
         """The files of one role ("vectors": float16 vectors; "faiss": the FAISS index) in position order, with

@@ -60,7 +60,7 @@ from retriever.index.manifest import Manifest
 from retriever.index.rerank import StoredVectors, advise_random, rerank_candidates
 from retriever.index.settings import DEFAULTS
 from retriever.index.types import (
-    best_first,
+    best_k,
     exact_search,
     faiss_read_flags,
     search_parameters_target,
@@ -85,7 +85,7 @@ class PassageIndex:
         *,
         corpora: list[Corpus],
         vectors: StoredVectors | None,
-        faiss_index: faiss.Index | list[tuple[int, faiss.Index]] | None,
+        faiss_index: list[tuple[int, faiss.Index]] | None,
         removed: np.ndarray,
         retriever=None,
         nprobe: int | None = None,
@@ -98,13 +98,11 @@ class PassageIndex:
         self.vectors = vectors  # (N, d) float16, memory-mapped files, or None
         # the FAISS index in parts: (first position, index of the rows from there, numbered from 0); one part as
         # built or compacted, then one per segment an edit appended (`Manifest.file_parts`)
-        if isinstance(faiss_index, faiss.Index):
-            faiss_index = [(0, faiss_index)]
         self.faiss_parts: list[tuple[int, faiss.Index]] = faiss_index or []
         self.faiss_index = self.faiss_parts[0][1] if self.faiss_parts else None  # the part as built or compacted
         self.removed = removed  # (N,) bool
         self.retriever = retriever
-        self._offsets = np.array(manifest.offsets, dtype=np.int64)
+        self._offsets = np.array([s.offset for s in manifest.segments], dtype=np.int64)  # each segment's first row
         self.nprobe = nprobe if nprobe is not None else manifest.nprobe
         self.ef_search = ef_search if ef_search is not None else manifest.ef_search
         for _, part in self.faiss_parts:
@@ -293,13 +291,9 @@ class PassageIndex:
             scores, rows = self._search_parts(query_vectors, wide, any_removed)
             if self.exact_rerank:  # exact scores of the candidates, from the memory-mapped vectors
                 scores, rows = rerank_candidates(query_vectors, self.vectors, rows, k)
-        # one order for every path (FAISS and top-k leave ties in heap order); -inf if missing
-        scores, rows = best_first(np.where(rows >= 0, scores, -np.inf).astype(np.float32), rows, k)
-        if rows.shape[1] < k:  # exact search returns at most the number of live passages
-            pad = k - rows.shape[1]
-            rows = np.pad(rows, ((0, 0), (0, pad)), constant_values=-1)
-            scores = np.pad(scores, ((0, 0), (0, pad)), constant_values=-np.inf)
-        return scores, rows
+        # one order for every path (FAISS and top-k leave ties in heap order); padded where exact search returns
+        # fewer (at most the number of live passages)
+        return best_k(scores, rows, k)
 
     def search(
         self, queries: list[str] | np.ndarray, k: int, *, batch_size: int = DEFAULTS.batch_size
@@ -323,12 +317,8 @@ class PassageIndex:
         hits: list[list[Passage]] = []
         for q_scores, q_rows in zip(scores, rows):
             keep = q_rows >= 0
-            hits.append(
-                [
-                    self._hit(p, float(s), int(r))
-                    for p, s, r in zip(self.passages(q_rows[keep]), q_scores[keep], q_rows[keep])
-                ]
-            )
+            records = zip(self.passages(q_rows[keep]), q_scores[keep], q_rows[keep])
+            hits.append([Passage.from_record(p | {"score": s, "row": r}) for p, s, r in records])
         return hits
 
     def _search_parts(self, query_vectors: np.ndarray, k: int, any_removed: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -349,19 +339,8 @@ class PassageIndex:
             results.append((scores, np.where(rows >= 0, rows + offset, -1)))
         if len(results) == 1:
             return results[0]
-        scores, rows = np.concatenate([r[0] for r in results], axis=1), np.concatenate([r[1] for r in results], axis=1)
-        return best_first(np.where(rows >= 0, scores, -np.inf).astype(np.float32), rows, k)
-
-    @staticmethod
-    def _hit(record: dict, score: float, row: int) -> Passage:
-        """The search result for the corpus row `record` at index position `row`."""
-        hit = Passage.from_record(record)
-        hit.score, hit.row = score, row
-        return hit
-
-    def info(self) -> dict:
-        """A summary for `atlas index info`: the manifest plus sizes on disk."""
-        return self.manifest.summary()
+        scores, rows = zip(*results)
+        return best_k(np.concatenate(scores, axis=1), np.concatenate(rows, axis=1), k)
 
 
 def _faiss_parts(folder: Path, manifest: Manifest, *, mmap: bool) -> list[tuple[int, faiss.Index]]:

@@ -45,7 +45,7 @@ import torch.distributed as dist
 from retriever.index.files import read_faiss
 from retriever.index.passage_index import PassageIndex
 from retriever.index.rerank import rerank_candidates
-from retriever.index.types import best_first, exact_search, index_type, set_search_params
+from retriever.index.types import best_first, best_k, exact_search, index_type, set_search_params
 
 SHARD_READ_BYTES = 64 << 20  # codes read at a time into a flat-code shard
 
@@ -53,13 +53,6 @@ SHARD_READ_BYTES = 64 << 20  # codes read at a time into a flat-code shard
 def shard_bounds(total: int, rank: int, world_size: int) -> tuple[int, int]:
     """The half-open range of index positions that `rank` of `world_size` searches."""
     return total * rank // world_size, total * (rank + 1) // world_size
-
-
-def merge_top_k(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Best k of the ranks' candidate lists: (Q, C) scores and positions → (Q, k) each, best
-    first; ties in score go to the lower position, missing candidates (-1) come last — the
-    order `PassageIndex.search_vectors` gives (`retriever.index.types.best_first`)."""
-    return best_first(scores, rows, k)
 
 
 def ivf_shard(path, source: faiss.Index, start: int, end: int, removed: np.ndarray) -> faiss.Index:
@@ -271,12 +264,7 @@ class ShardedPassageIndex(PassageIndex):
                 rows = np.where(rows >= 0, mapped, -1)
             if self.exact_rerank:  # exact scores of this rank's k' candidates, from its own rows
                 scores, rows = rerank_candidates(query_vectors, self.vectors, rows, k)
-        scores = np.where(rows >= 0, scores, -np.inf).astype(np.float32)
-        scores, rows = best_first(scores, rows.astype(np.int64), k)  # the order one process gives
-        if rows.shape[1] < k:
-            pad = ((0, 0), (0, k - rows.shape[1]))
-            rows, scores = np.pad(rows, pad, constant_values=-1), np.pad(scores, pad, constant_values=-np.inf)
-        return scores, rows
+        return best_k(scores, rows, k)  # the order one process gives
 
     def search_vectors(self, query_vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Collective top-k: every rank passes its own (Q_r, d) queries → its (Q_r, k) results.
@@ -305,4 +293,4 @@ class ShardedPassageIndex(PassageIndex):
         mine = slice(self.rank * most, self.rank * most + len(queries))
         candidate_scores = np.concatenate([s.cpu().numpy()[mine] for s in all_scores], axis=1)
         candidate_rows = np.concatenate([r.cpu().numpy()[mine] for r in all_rows], axis=1)
-        return merge_top_k(candidate_scores, candidate_rows, k)
+        return best_first(candidate_scores, candidate_rows, k)  # the order one process gives

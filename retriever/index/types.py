@@ -27,7 +27,6 @@ import functools
 import re
 import time
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -62,41 +61,22 @@ class IndexType:
     example: str
     needs_training: bool
     search_param: str | None
-    check: Callable[[re.Match, int], None]
     mmap: Literal["inverted_lists", "codes", "none"] = "codes"
     shard: Literal["rows", "replicate"] = "rows"
     appends: Literal["part", "rewrite"] = "part"
 
 
-def _no_check(match: re.Match, dim: int) -> None:
-    return None
-
-
-def _check_pq(match: re.Match, dim: int) -> None:
-    m = int(match.group("m"))
-    if m <= 0 or dim % m != 0:
-        raise ValueError(f"index spec {match.string!r}: PQ{m} needs m > 0 dividing the dimension {dim}")
-
-
-def _check_positive(group: str) -> Callable[[re.Match, int], None]:
-    def check(match: re.Match, dim: int) -> None:
-        if int(match.group(group)) <= 0:
+def _check_numbers(match: re.Match, dim: int) -> None:
+    """The numbers of a spec: n and M positive; PQ{m} with m > 0 dividing the dimension; OPQ{o} with o = m
+    (it rotates the vectors for PQ{m}: FAISS needs one rotation block per code byte)."""
+    numbers = {group: int(value) for group, value in match.groupdict().items()}
+    for group in ("n", "M"):
+        if numbers.get(group, 1) <= 0:
             raise ValueError(f"index spec {match.string!r}: {group} must be positive")
-
-    return check
-
-
-def _check_ivf_pq(match: re.Match, dim: int) -> None:
-    _check_positive("n")(match, dim)
-    _check_pq(match, dim)
-
-
-def _check_opq(match: re.Match, dim: int) -> None:
-    """OPQ{o} rotates the vectors for PQ{m}: FAISS needs o = m (one rotation block per code byte)."""
-    if "n" in match.re.groupindex:  # the IVF form
-        _check_positive("n")(match, dim)
-    _check_pq(match, dim)
-    if int(match.group("o")) != int(match.group("m")):
+    m = numbers.get("m")
+    if m is not None and (m <= 0 or dim % m != 0):
+        raise ValueError(f"index spec {match.string!r}: PQ{m} needs m > 0 dividing the dimension {dim}")
+    if "o" in numbers and numbers["o"] != m:
         raise ValueError(
             f"index spec {match.string!r}: OPQ{match.group('o')} must match PQ{match.group('m')} (e.g. OPQ64,PQ64)"
         )
@@ -104,55 +84,28 @@ def _check_opq(match: re.Match, dim: int) -> None:
 
 # The registry of index families. Keys are family names; values say how a spec is recognised.
 INDEX_TYPES: dict[str, IndexType] = {
-    "flat": IndexType(r"Flat", "Flat", False, None, _no_check),
-    "ivf_flat": IndexType(
-        r"IVF(?P<n>\d+),Flat",
-        "IVF1024,Flat",
-        True,
-        "nprobe",
-        _check_positive("n"),
-        mmap="inverted_lists",
-    ),
-    "ivf_pq": IndexType(
-        r"IVF(?P<n>\d+),PQ(?P<m>\d+)",
-        "IVF1024,PQ64",
-        True,
-        "nprobe",
-        _check_ivf_pq,
-        mmap="inverted_lists",
-    ),
-    "pq": IndexType(r"PQ(?P<m>\d+)", "PQ64", True, None, _check_pq),
+    "flat": IndexType(r"Flat", "Flat", False, None),
+    "ivf_flat": IndexType(r"IVF(?P<n>\d+),Flat", "IVF1024,Flat", True, "nprobe", mmap="inverted_lists"),
+    "ivf_pq": IndexType(r"IVF(?P<n>\d+),PQ(?P<m>\d+)", "IVF1024,PQ64", True, "nprobe", mmap="inverted_lists"),
+    "pq": IndexType(r"PQ(?P<m>\d+)", "PQ64", True, None),
     # OPQ: a learned rotation before PQ (lower quantisation error on real embeddings). The
     # flat-code form is not split by rows (its codes sit behind the rotation); each rank
     # searches all of it. The IVF form splits like IVF-PQ.
-    "opq_pq": IndexType(r"OPQ(?P<o>\d+),PQ(?P<m>\d+)", "OPQ64,PQ64", True, None, _check_opq, shard="replicate"),
+    "opq_pq": IndexType(r"OPQ(?P<o>\d+),PQ(?P<m>\d+)", "OPQ64,PQ64", True, None, shard="replicate"),
     "opq_ivf_pq": IndexType(
-        r"OPQ(?P<o>\d+),IVF(?P<n>\d+),PQ(?P<m>\d+)",
-        "OPQ64,IVF1024,PQ64",
-        True,
-        "nprobe",
-        _check_opq,
-        mmap="inverted_lists",
+        r"OPQ(?P<o>\d+),IVF(?P<n>\d+),PQ(?P<m>\d+)", "OPQ64,IVF1024,PQ64", True, "nprobe", mmap="inverted_lists"
     ),
     # 4-bit PQ codes scanned with SIMD look-up tables held in registers ("fast scan"): m/2 bytes
     # a vector and several times the speed of 8-bit PQ, at a coarser approximation that an
     # exact re-rank (`exact_rerank`) corrects. FAISS packs the codes in blocks of 32 vectors, so a
     # rank cannot take its rows out of the file: sharded ranks each search the whole index.
     # The codes are read into RAM (that is what a compressed index is for).
-    "pq_fastscan": IndexType(r"PQ(?P<m>\d+)x4fs", "PQ96x4fs", True, None, _check_pq, mmap="none", shard="replicate"),
+    "pq_fastscan": IndexType(r"PQ(?P<m>\d+)x4fs", "PQ96x4fs", True, None, mmap="none", shard="replicate"),
     "ivf_pq_fastscan": IndexType(
-        r"IVF(?P<n>\d+),PQ(?P<m>\d+)x4fs",
-        "IVF1024,PQ96x4fs",
-        True,
-        "nprobe",
-        _check_ivf_pq,
-        mmap="none",
-        shard="replicate",
+        r"IVF(?P<n>\d+),PQ(?P<m>\d+)x4fs", "IVF1024,PQ96x4fs", True, "nprobe", mmap="none", shard="replicate"
     ),
-    "hnsw": IndexType(
-        r"HNSW(?P<M>\d+)", "HNSW32", False, "efSearch", _check_positive("M"), shard="replicate", appends="rewrite"
-    ),
-    "sq8": IndexType(r"SQ8", "SQ8", True, None, _no_check),
+    "hnsw": IndexType(r"HNSW(?P<M>\d+)", "HNSW32", False, "efSearch", shard="replicate", appends="rewrite"),
+    "sq8": IndexType(r"SQ8", "SQ8", True, None),
 }
 
 
@@ -162,7 +115,7 @@ def parse_spec(spec: str, dim: int) -> tuple[str, re.Match]:
     for family, index_type in INDEX_TYPES.items():
         match = re.fullmatch(index_type.pattern, spec)
         if match:
-            index_type.check(match, dim)
+            _check_numbers(match, dim)
             return family, match
     valid = ", ".join(t.example for t in INDEX_TYPES.values())
     raise ValueError(f"unknown index spec {spec!r}; valid forms (n, m, M integers): {valid}")
@@ -247,12 +200,8 @@ def widen_into(buffer: torch.Tensor, rows: np.ndarray) -> np.ndarray:
     """Widen (C, d) float16/float32 rows into the first C rows of a reused (≥ C, d) float32
     buffer; returns that (C, d) float32 view as numpy. Reusing one buffer avoids a fresh
     allocation (page faults, zeroing) per chunk, which cost as much as the widening itself."""
-    rows = np.ascontiguousarray(rows)
-    with warnings.catch_warnings():  # read-only memmap rows: torch warns, nothing writes to them
-        warnings.simplefilter("ignore", UserWarning)
-        source = torch.from_numpy(rows)
     out = buffer[: len(rows)]
-    out.copy_(source)  # torch widens float16 with SIMD, in parallel; numpy's astype is ~5x slower
+    out.copy_(_tensor(rows))  # torch widens float16 with SIMD, in parallel; numpy's astype is ~5x slower
     return out.numpy()
 
 
@@ -434,7 +383,6 @@ def _exact_search_fp32(
     n_rows, dim = vectors.shape
     chunk_rows = int(chunk_rows or max(1024, EXACT_CHUNK_FLOATS // dim))
     buffer = None if vectors.dtype == np.float32 else torch.empty((min(chunk_rows, n_rows), dim))
-    faiss_metric = faiss.METRIC_INNER_PRODUCT if metric == "ip" else faiss.METRIC_L2
     heap = faiss.ResultHeap(len(q), k, keep_max=metric == "ip")
     worst = -np.inf if metric == "ip" else np.inf
     # A chunk with a few removed rows is searched whole (gathering its live rows would copy it). In
@@ -457,7 +405,7 @@ def _exact_search_fp32(
             block = np.ascontiguousarray(block)
             dead_rows = None if dead is None else np.flatnonzero(dead)
         extra = 0 if dead_rows is None else len(dead_rows)
-        distances, ids = faiss.knn(q, block, min(k + extra, len(block)), metric=faiss_metric)
+        distances, ids = faiss.knn(q, block, min(k + extra, len(block)), metric=_FAISS_METRICS[metric])
         if dead_rows is not None:  # never enter the heap ahead of a live row: each chunk gives ≥ k live ones
             distances[np.isin(ids, dead_rows)] = worst
         missing = ids < 0  # a chunk with fewer than k live rows (the rest NaN)
@@ -676,3 +624,13 @@ def best_first(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray
         :, :k
     ]
     return np.take_along_axis(scores, order, -1), np.take_along_axis(rows, order, -1)
+
+
+def best_k(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """`best_first` of search results: (Q, C) scores and positions (-1: missing) → (Q, k) float32 scores and
+    int64 positions, a missing one scored -inf, padded with -1 / -inf where C < k."""
+    scores, rows = best_first(np.where(rows >= 0, scores, -np.inf).astype(np.float32), rows.astype(np.int64), k)
+    if rows.shape[1] < k:
+        pad = ((0, 0), (0, k - rows.shape[1]))
+        rows, scores = np.pad(rows, pad, constant_values=-1), np.pad(scores, pad, constant_values=-np.inf)
+    return scores, rows

@@ -29,10 +29,9 @@ check runs before anything is written, and its error names the record as the cal
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import logging
 import os
-import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,14 +44,8 @@ from common.io import InputError
 from common.limits import MAX_PASSAGE_CHARS, passage_too_long
 from retriever.corpus import Corpus, chunk_text, iter_records, passage_id, write_corpus
 from retriever.index.embedding import embed_passages, embedding_precision
-from retriever.index.files import (
-    check_file,
-    commit,
-    read_faiss,
-    remove_unreferenced,
-    writer_lock,
-)
-from retriever.index.manifest import FileRecord, Manifest, Segment, sampled_sha256
+from retriever.index.files import check_file, commit, generation_writes, read_faiss, writer_lock
+from retriever.index.manifest import FileRecord, Manifest, Segment
 from retriever.index.passage_index import PassageIndex
 from retriever.index.settings import DEFAULTS
 from retriever.index.vectors import write_float16_rows
@@ -291,10 +284,8 @@ def update_passages(
         _EditOptions(
             mode="update",
             batch_size=batch_size,
-            chunk_words=0,
             allow_encoder_mismatch=allow_encoder_mismatch,
             progress=progress,
-            remove=(),
             precision=precision,
             origins=origins,
             sources=tuple(sources),
@@ -308,13 +299,13 @@ class _EditOptions:
 
     mode: str  # "add", "replace" (add, replacing live ids) or "update" (replace live ids only)
     batch_size: int
-    chunk_words: int
     allow_encoder_mismatch: bool
     progress: bool
-    remove: tuple[str, ...]
-    precision: str
+    precision: str | None
     origins: Sequence[str] | None
     sources: tuple[str, ...]
+    chunk_words: int = 0
+    remove: tuple[str, ...] = ()
 
 
 def _with_current_fields(index: PassageIndex, doc: dict[str, str | None]) -> dict[str, str | None]:
@@ -347,7 +338,6 @@ def _append_locked(
     mode, chunk_words = options.mode, options.chunk_words
     precision = embedding_precision(retriever, options.precision)
     index = _open_for_update(folder, retriever, options.allow_encoder_mismatch)
-    remove_unreferenced(folder, index.manifest)  # what a writer that died left behind
     remove = list(dict.fromkeys(options.remove))
     live = _live_positions_of(index, list(dict.fromkeys([p.id for p in incoming] + remove)))
     _refuse_conflicts(index, folder, incoming, live, remove, mode=mode, chunk_words=chunk_words)
@@ -355,9 +345,7 @@ def _append_locked(
     manifest = index.manifest
     generation = manifest.generation + 1
     created_segment = None if isinstance(new, Corpus) else folder / "corpora" / f"segment-g{generation}"
-    if created_segment is not None and created_segment.exists():  # left by a crashed earlier attempt: never referenced
-        shutil.rmtree(created_segment)
-    try:
+    with generation_writes(folder, generation, created_segment):
         if created_segment is None:  # a prepared corpus, appended where it is
             corpus, segment_path = new, str(Path(new.path).resolve())
         else:
@@ -374,27 +362,9 @@ def _append_locked(
         ]
         new_vectors = np.concatenate(embedded).astype(np.float16)
         written, own = _write_generation(folder, index, generation, new_vectors, live)
-    except BaseException:
-        if created_segment is not None:
-            shutil.rmtree(created_segment, ignore_errors=True)
-            with contextlib.suppress(OSError):  # `corpora/`, when this segment was its first: as it was
-                created_segment.parent.rmdir()
-        for path in folder.glob(f"*.g{generation}.*"):  # written, never referenced
-            path.unlink(missing_ok=True)
-        raise
     old_total, n_new = manifest.total, len(corpus)
-    manifest.segments.append(
-        Segment(
-            corpus=segment_path,
-            fingerprint=corpus.fingerprint,
-            count=n_new,
-            offset=old_total,
-            bytes=corpus.arrow_bytes,
-            sampled_sha256=sampled_sha256(Path(corpus.path) / "passages.arrow"),
-            embedding_precision=precision,
-            **{role: FileRecord.of(path) for role, path in own.items()},
-        )
-    )
+    own_records = {role: FileRecord.of(path) for role, path in own.items()}
+    manifest.segments.append(Segment.of(corpus, segment_path, old_total, precision, **own_records))
     incoming_ids = {p.id for p in incoming}
     n_replaced = sum(len(positions) for i, positions in live.items() if i in incoming_ids)
     n_removed = sum(len(positions) for i, positions in live.items() if i not in incoming_ids)
@@ -427,8 +397,8 @@ def _open_for_update(folder: Path, retriever, allow_encoder_mismatch: bool) -> P
         read_faiss_index=rewrites,  # a part of its own is filled from the trained index: the codes are not read
     )
     for role in ("removed", "faiss" if rewrites else "trained"):
-        if index.manifest.file(role) is not None:
-            check_file(folder, index.manifest, index.manifest.file(role), verify_hash=True)
+        if role in index.manifest.files:
+            check_file(folder, index.manifest, index.manifest.files[role], verify_hash=True)
     return index
 
 
@@ -473,7 +443,7 @@ def _refuse_conflicts(
         if renamed:
             raise ValueError(
                 _naming(
-                    [_with_id(p, p.doc_id) for p in renamed],
+                    [dataclasses.replace(p, id=p.doc_id) for p in renamed],  # named by the record's own id
                     f"names a passage of the index {folder}, but with chunk_words {chunk_words} this record "
                     f"would be added as {renamed[0].id!r}",
                     "pass --chunk-words 0 to add records as passages under their own ids "
@@ -497,10 +467,10 @@ def _write_generation(
     if index.vectors is not None:
         path = folder / f"vectors.g{generation}.npy"
         own["vectors"] = write_float16_rows(path, (n_new, manifest.dim), [new_vectors])
-    if manifest.file("faiss") is not None:
+    if "faiss" in manifest.files:
         path = folder / f"index.g{generation}.faiss"
-        if manifest.file("trained") is not None:
-            part = read_faiss(manifest.path_of(folder, manifest.file("trained")))
+        if "trained" in manifest.files:
+            part = read_faiss(manifest.path_of(folder, manifest.files["trained"]))
             part.add(new_vectors.astype(np.float32))
             faiss.write_index(part, str(path))
             own["faiss"] = path
@@ -516,11 +486,6 @@ def _write_generation(
     np.save(path, removed)
     written["removed"] = path
     return written, own
-
-
-def _with_id(passage: _Incoming, new_id: str) -> _Incoming:
-    """The same incoming passage under another id (to name the record's own id in an error)."""
-    return _Incoming(new_id, passage.doc_id, passage.where, passage.words)
 
 
 def read_id_file(path: str | os.PathLike) -> list[str]:
@@ -541,26 +506,21 @@ def remove_passages(index_path: str | os.PathLike, ids: list[str]) -> UpdateStat
     """
     folder = Path(index_path)
     with writer_lock(folder, "remove"):
-        return _remove_locked(folder, ids)
-
-
-def _remove_locked(folder: Path, ids: list[str]) -> UpdateStats:
-    index = PassageIndex.load(folder, mmap=True, verify=False, read_faiss_index=False)  # a mask to write
-    remove_unreferenced(folder, index.manifest)  # what a writer that died left behind
-    unique_ids = list(dict.fromkeys(ids))
-    live = _live_positions_of(index, unique_ids)
-    unknown = [i for i in unique_ids if i not in live and not any(i in c for c in index.corpora)]
-    if unknown:
-        shown = ", ".join(repr(i) for i in unknown[:5])
-        raise KeyError(f"{len(unknown)} id(s) are not in the index {folder}: {shown}")
-    removed = index.removed.copy()
-    for positions in live.values():
-        removed[positions] = True
-    manifest = index.manifest
-    generation = manifest.generation + 1
-    path = folder / f"removed.g{generation}.npy"
-    np.save(path, removed)
-    n_removed = int(removed.sum() - index.removed.sum())
-    manifest.count, manifest.generation = manifest.count - n_removed, generation
-    commit(folder, manifest, {"removed": path})
+        index = PassageIndex.load(folder, mmap=True, verify=False, read_faiss_index=False)  # a mask to write
+        unique_ids = list(dict.fromkeys(ids))
+        live = _live_positions_of(index, unique_ids)
+        unknown = [i for i in unique_ids if i not in live and not any(i in c for c in index.corpora)]
+        if unknown:
+            shown = ", ".join(repr(i) for i in unknown[:5])
+            raise KeyError(f"{len(unknown)} id(s) are not in the index {folder}: {shown}")
+        removed = index.removed.copy()
+        for positions in live.values():
+            removed[positions] = True
+        manifest = index.manifest
+        generation = manifest.generation + 1
+        path = folder / f"removed.g{generation}.npy"
+        np.save(path, removed)
+        n_removed = int(removed.sum() - index.removed.sum())
+        manifest.count, manifest.generation = manifest.count - n_removed, generation
+        commit(folder, manifest, {"removed": path})
     return UpdateStats(removed=n_removed, already_removed=len(unique_ids) - len(live), count=manifest.count)

@@ -168,31 +168,26 @@ def copy_checked(
     copied as it is; a float32 one is rounded to float16 (what the index stores)."""
     shards = check_vectors(vectors, count=count, dim=dim)
     bar = tqdm(total=count, unit="vector", desc="checking vectors", disable=not progress, dynamic_ncols=True)
-    # written, not memory-mapped: a mapped output's dirty pages would count in the process's resident memory
-    header = {
-        "descr": np.lib.format.dtype_to_descr(np.dtype(np.float16)),
-        "fortran_order": False,
-        "shape": (count, dim),
-    }
+
+    def checked_blocks() -> Iterator[np.ndarray]:
+        for path, offset, start, block in _blocks(shards):
+            finite = np.isfinite(block).all(axis=1)
+            if block.dtype == np.float32:
+                block = block.astype(np.float16)
+                finite &= np.isfinite(block).all(axis=1)  # beyond float16's range: infinite once stored
+            if not finite.all():
+                bad = int(np.flatnonzero(~finite)[0])
+                raise ValueError(
+                    f"{path}: row {start + bad} (passage {offset + start + bad} of the corpus) is not finite "
+                    "(NaN or infinite, or beyond float16's range); no index was built"
+                )
+            yield block
+            bar.update(len(block))  # (once the block is written)
+            if on_block is not None:
+                on_block(offset + start + len(block))
+
     try:
-        with open(out, "wb") as target:
-            np.lib.format.write_array_header_1_0(target, header)  # as np.save writes it
-            for path, offset, start, block in _blocks(shards):
-                block = np.asarray(block)
-                finite = np.isfinite(block).all(axis=1)
-                if block.dtype == np.float32:
-                    block = block.astype(np.float16)
-                    finite &= np.isfinite(block).all(axis=1)  # beyond float16's range: infinite once stored
-                if not finite.all():
-                    bad = int(np.flatnonzero(~finite)[0])
-                    raise ValueError(
-                        f"{path}: row {start + bad} (passage {offset + start + bad} of the corpus) is not finite "
-                        "(NaN or infinite, or beyond float16's range); no index was built"
-                    )
-                target.write(np.ascontiguousarray(block, dtype=np.float16).tobytes())
-                bar.update(len(block))
-                if on_block is not None:
-                    on_block(offset + start + len(block))
+        write_float16_rows(out, (count, dim), checked_blocks())
     except BaseException:
         out.unlink(missing_ok=True)
         raise

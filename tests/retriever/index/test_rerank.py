@@ -18,7 +18,7 @@ from retriever.index import InvalidIndexError, PassageIndex
 from retriever.index.build import build_index
 from retriever.index.rerank import gather_rows, read_runs, rerank_candidates
 from retriever.index.settings import IndexSettings
-from retriever.index.sharded import ShardedPassageIndex, merge_top_k
+from retriever.index.sharded import ShardedPassageIndex
 from retriever.index.types import best_first, exact_search
 from retriever.index.update import remove_passages
 
@@ -135,7 +135,7 @@ def test_manifest_round_trip_and_override(rerank_indexes, queries, tmp_path):
     folder = rerank_indexes["IVF8,PQ4"]
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["exact_rerank"] == 300 and "vectors" in manifest["files"]
-    assert PassageIndex.load(folder).info()["exact_rerank"] == 300
+    assert PassageIndex.load(folder).manifest.exact_rerank == 300
     narrow = PassageIndex.load(folder, exact_rerank=20)
     assert narrow.exact_rerank == 20
     assert narrow.search_vectors(queries, 10)[1].shape == (len(queries), 10)
@@ -174,7 +174,7 @@ def test_sharded_ranks_rerank_their_own_rows(rerank_indexes, queries, spec):
         candidates = [s._search_shard(queries, 10) for s in shards]
         for s, (_, own) in zip(shards, candidates):
             assert ((own >= s.start) & (own < s.end)).all()  # re-ranked where the rows live
-        scores, rows = merge_top_k(
+        scores, rows = best_first(
             np.concatenate([c[0] for c in candidates], axis=1), np.concatenate([c[1] for c in candidates], axis=1), 10
         )
     np.testing.assert_array_equal(rows, expected_rows)

@@ -15,7 +15,8 @@ import pytest
 
 from retriever.index import PassageIndex
 from retriever.index.settings import IndexSettings
-from retriever.index.sharded import ShardedPassageIndex, merge_top_k, shard_bounds
+from retriever.index.sharded import ShardedPassageIndex, shard_bounds
+from retriever.index.types import best_first
 
 
 def test_shard_bounds_cover_every_position_once():
@@ -26,13 +27,13 @@ def test_shard_bounds_cover_every_position_once():
             assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))
 
 
-def test_merge_top_k_equals_a_global_sort():
+def test_best_first_equals_a_global_sort():
     rng = np.random.default_rng(0)
     scores = rng.normal(size=(5, 12)).astype(np.float32)
     rows = rng.permutation(60)[:60].reshape(5, 12).astype(np.int64)
     scores[0, 3] = scores[0, 7]  # a tie: the lower position wins
     rows[1, 4], scores[1, 4] = -1, -np.inf  # a missing candidate comes last
-    got_scores, got_rows = merge_top_k(scores, rows, 4)
+    got_scores, got_rows = best_first(scores, rows, 4)
     for q in range(5):
         expected = sorted(zip(-scores[q], np.where(rows[q] < 0, 10**9, rows[q])))[:4]
         assert list(got_rows[q]) == [r for _, r in expected]
@@ -203,7 +204,7 @@ def sharded_results(folder, queries: np.ndarray, k: int, world: int):
     if shards[0].mode == "replicate":
         return shards, shards[0].search_vectors(queries, k)
     candidates = [s._search_shard(queries, k) for s in shards]
-    merged = merge_top_k(
+    merged = best_first(
         np.concatenate([c[0] for c in candidates], axis=1), np.concatenate([c[1] for c in candidates], axis=1), k
     )
     return shards, merged
