@@ -17,6 +17,7 @@ import json
 import random
 import shutil
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -358,10 +359,8 @@ def edit_summary(plan: EditPlan, eligible: int, facts: list[dict], examples, pre
     exact = sum(f["follows_exact"] for f in facts)
     rate, interval = _rate(followed, len(facts))
     rate_exact, interval_exact = _rate(exact, len(facts))
-    reasons: dict[str, int] = {}
-    for _, reason in plan.skipped:
-        reason = reason.split(": ")[0]  # the kind of reason; the fact's own detail is in skipped_facts
-        reasons[reason] = reasons.get(reason, 0) + 1
+    # the kind of each reason, counted; the fact's own detail is in skipped_facts
+    reasons = dict(Counter(reason.split(": ")[0] for _, reason in plan.skipped))
     return {
         "done": bool(facts),
         "eligible": eligible,
