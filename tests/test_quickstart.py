@@ -12,7 +12,6 @@ from atlas.demo.quickstart import (
     DEMO,
     RECIPE,
     SHIPPED_READER,
-    edit_passage,
     edit_passages,
     run_quickstart,
     split_questions,
@@ -73,7 +72,7 @@ def test_edit_passage_updates_the_index_in_place(tiny_world, tmp_path):
     shutil.copytree(tiny_world["index"], index)
     model = tiny_atlas(tiny_world, index)
     passage = model.index.current.corpora[0].get("p1")
-    change = edit_passage(model, passage, "Quimper", "Lorient", tmp_path / "edit", progress=False)
+    [change] = edit_passages(model, [(passage, "Quimper", "Lorient")], tmp_path / "edit", progress=False)
     assert change["after"] == "The capital of Zorbland is Lorient. Zorbland is an island."
     hits = model.index.search("The capital of Zorbland", 5)
     texts = {hit.id: hit.text for hit in hits}

@@ -44,6 +44,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def add_precision_override(parser: argparse.ArgumentParser) -> None:
+    """`--precision`, the override `retriever.precision=…` of a command that loads a recipe (quickstart, serve)."""
+    from retriever.embedding_precision import EMBEDDING_PRECISIONS  # light: the choices only
+
+    parser.add_argument(
+        "--precision",
+        choices=EMBEDDING_PRECISIONS,
+        default=None,
+        help="the precision passages and questions are embedded at (the same as the override "
+        "retriever.precision=…): bf16, fp32, or auto: bf16 where the hardware multiplies it natively; default: the "
+        "recipe's (auto)",
+    )
+
+
 def _first_undecodable(argv: list[str]) -> str | None:
     """Where an argument is not UTF-8 (Python hands such bytes over as lone surrogates): "argument N is not
     UTF-8: byte 0xFF at byte position P", for the first one; None when all are text."""

@@ -86,12 +86,11 @@ def _add_index_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--index", metavar="DIR", required=True, help="the index folder (made by `atlas index build`)")
 
 
-def _add_encoder_arguments(parser: argparse.ArgumentParser, *, default: str | None) -> None:
+def _add_encoder_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--encoder",
-        default=default,
-        help="retriever folder, encoder folder (HF / sentence-transformers), 'minilm' or 'contriever'"
-        + ("" if default else "; default: the one the index was built with"),
+        help="retriever folder, encoder folder (HF / sentence-transformers), 'minilm' or 'contriever'; default: the "
+        "one the index was built with",
     )
     parser.add_argument(
         "--allow-encoder-mismatch",
@@ -168,13 +167,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     Every subcommand names its index with `--index DIR` (`build` writes a new one: `--out DIR`,
     or `--index DIR`)."""
-    index = subparsers.add_parser(
+    group = subparsers.add_parser(
         "index", help="build, update, search and inspect passage indexes", formatter_class=DefaultsFormatter
     )
-    commands = index.add_subparsers(dest="index_command", metavar="SUBCOMMAND", required=True)
+    commands = group.add_subparsers(dest="index_command", metavar="SUBCOMMAND", required=True)
 
-    def command(name: str, help: str, description: str | None = None) -> argparse.ArgumentParser:
-        return commands.add_parser(name, help=help, description=description or help, formatter_class=DefaultsFormatter)
+    def command(name: str, help: str, description: str | None = None, *, index: bool = True) -> argparse.ArgumentParser:
+        parser = commands.add_parser(
+            name, help=help, description=description or help, formatter_class=DefaultsFormatter
+        )
+        if index:  # an existing index, named first (build and embed write one)
+            _add_index_argument(parser)
+        return parser
 
     _register_building(command)
     _register_edits(command)
@@ -184,7 +188,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _register_building(command: Callable[..., argparse.ArgumentParser]) -> None:
     """`atlas index build` and `atlas index embed`."""
-    build = command("build", "embed a prepared corpus and save an index (resumable)")
+    build = command("build", "embed a prepared corpus and save an index (resumable)", index=False)
     build.add_argument("--corpus", required=True, help="a folder made by `atlas corpus prepare`")
     build.add_argument("--out", "--index", dest="out", metavar="DIR", required=True, help="the index folder to write")
     build.add_argument(
@@ -216,6 +220,7 @@ def _register_building(command: Callable[..., argparse.ArgumentParser]) -> None:
         "Embed a prepared corpus into OUT (an (N, d) float16 .npy) and its encoder record (OUT.encoder.json), "
         "for `atlas index build --vectors OUT` on another machine: embed on GPUs, build and serve on a CPU one. "
         "Resumable (the work folder is OUT.building/); under torchrun the ranks share the chunks.",
+        index=False,
     )
     embed.add_argument("--corpus", required=True, help="a folder made by `atlas corpus prepare`")
     embed.add_argument("--out", required=True, metavar="V", help="the .npy file to write")
@@ -236,14 +241,7 @@ def _register_edits(command: Callable[..., argparse.ArgumentParser]) -> None:
         "its own id unless --chunk-words splits it; an id that is already live is refused "
         "(replace it with `atlas index update`, or pass --replace).",
     )
-    _add_index_argument(add)
-    add.add_argument(
-        "--corpus",
-        required=True,
-        nargs="+",
-        metavar="INPUT",
-        help="JSONL / TSV files of passages {id, title, text}, or a prepared corpus folder",
-    )
+    _add_passages_argument(add)
     add.add_argument(
         "--chunk-words",
         type=int,
@@ -259,7 +257,7 @@ def _register_edits(command: Callable[..., argparse.ArgumentParser]) -> None:
     )
     add_index_settings(add, "batch_size")
     _add_precision_argument(add)
-    _add_encoder_arguments(add, default=None)
+    _add_encoder_arguments(add)
     add.set_defaults(func=_add)
 
     update = command(
@@ -270,21 +268,13 @@ def _register_edits(command: Callable[..., argparse.ArgumentParser]) -> None:
         "title keeps the passage's title. An id with no live passage is refused (nothing is "
         "written); add new ones with `atlas index add`.",
     )
-    _add_index_argument(update)
-    update.add_argument(
-        "--corpus",
-        required=True,
-        nargs="+",
-        metavar="INPUT",
-        help="JSONL / TSV files of passages {id, title, text}, or a prepared corpus folder",
-    )
+    _add_passages_argument(update)
     add_index_settings(update, "batch_size")
     _add_precision_argument(update)
-    _add_encoder_arguments(update, default=None)
+    _add_encoder_arguments(update)
     update.set_defaults(func=_update)
 
     remove = command("remove", "remove passages (by id) from an index in place")
-    _add_index_argument(remove)
     remove.add_argument(
         "--ids",
         required=True,
@@ -303,6 +293,17 @@ def _register_edits(command: Callable[..., argparse.ArgumentParser]) -> None:
         )
 
 
+def _add_passages_argument(parser: argparse.ArgumentParser) -> None:
+    """`--corpus INPUT...`: the passages `add` and `update` read."""
+    parser.add_argument(
+        "--corpus",
+        required=True,
+        nargs="+",
+        metavar="INPUT",
+        help="JSONL / TSV files of passages {id, title, text}, or a prepared corpus folder",
+    )
+
+
 def _register_reading(command: Callable[..., argparse.ArgumentParser]) -> None:
     """`atlas index compact|get|search|info`."""
     compact = command(
@@ -314,17 +315,14 @@ def _register_reading(command: Callable[..., argparse.ArgumentParser]) -> None:
         "8 segments or 5% dead rows (merging the segments added since the build); this command "
         "rewrites everything, the base corpus included. Refused while another process updates the index.",
     )
-    _add_index_argument(compact)
     compact.set_defaults(func=_compact)
 
     get = command("get", "print passages by id: id, title, text")
-    _add_index_argument(get)
     get.add_argument("ids", nargs="+", metavar="ID", help=IDS_HELP.format(example="get --index DIR a-0 @more-ids.txt"))
     get.add_argument("--json", action="store_true", help="print JSON lines {id, title, text}")
     get.set_defaults(func=_get)
 
     search = command("search", "print the top-k passages for queries")
-    _add_index_argument(search)
     search.add_argument("queries", nargs="+", metavar="QUERY", help="queries")
     search.add_argument("-k", type=int, default=5, help="passages per query")
     search.add_argument("--corpus", help="the base corpus's folder if it moved since the build")
@@ -333,11 +331,10 @@ def _register_reading(command: Callable[..., argparse.ArgumentParser]) -> None:
     search.add_argument(
         "--sharded", action="store_true", help="under torchrun: each rank searches 1/N of the index; rank 0 prints"
     )
-    _add_encoder_arguments(search, default=None)
+    _add_encoder_arguments(search)
     search.set_defaults(func=_search)
 
     info = command("info", "summarise an index (its whole manifest with --json) and check its files")
-    _add_index_argument(info)
     info.add_argument("--json", action="store_true", help="print the whole manifest and sizes as JSON")
     info.add_argument(
         "--verify", action="store_true", help="also check every file's SHA-256, its corpora' passages files included"
@@ -360,7 +357,7 @@ def _register_evaluate_retrieval(subparsers: argparse._SubParsersAction) -> None
     evaluate.add_argument("--corpus", help="the base corpus's folder if it moved since the build")
     add_index_settings(evaluate, "nprobe", "ef_search", "exact_rerank", at_search=True)
     evaluate.add_argument("--batch-size", type=int, default=64, help="queries per encoder batch")
-    _add_encoder_arguments(evaluate, default=None)
+    _add_encoder_arguments(evaluate)
     evaluate.set_defaults(func=_evaluate)
 
 

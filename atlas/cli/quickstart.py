@@ -9,7 +9,7 @@ import argparse
 import logging
 import time
 
-from retriever.embedding_precision import EMBEDDING_PRECISIONS  # light: the choices only
+from atlas.cli import add_precision_override
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -77,14 +77,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     quickstart.add_argument(
         "overrides", nargs="*", help="dotted overrides of atlas/demo/quickstart.yaml, e.g. training.steps=100"
     )
-    quickstart.add_argument(
-        "--precision",
-        choices=EMBEDDING_PRECISIONS,
-        default=None,
-        help="the precision passages and questions are embedded at (the same as the override "
-        "retriever.precision=…): bf16, fp32, or auto: bf16 where the hardware multiplies it natively; default: the "
-        "recipe's (auto)",
-    )
+    add_precision_override(quickstart)
     quickstart.set_defaults(func=_quickstart)
 
 

@@ -12,8 +12,8 @@ import os
 import secrets
 import socket
 
+from atlas.cli import add_precision_override
 from atlas.serve.settings import DEFAULTS, ServeSettings, setting_help
-from retriever.embedding_precision import EMBEDDING_PRECISIONS  # light: the choices only
 
 # the options that set a limit of ServeSettings, each named after its field
 SIZE_OPTIONS = {
@@ -82,14 +82,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads (default: torch's; 1 is fastest on a busy machine)"
     )
-    serve.add_argument(
-        "--precision",
-        choices=EMBEDDING_PRECISIONS,
-        default=None,
-        help="the precision passages and questions are embedded at (the same as the override "
-        "retriever.precision=…): bf16, fp32, or auto: bf16 where the hardware multiplies it natively; default: the "
-        "recipe's (auto)",
-    )
+    add_precision_override(serve)
     serve.set_defaults(func=_serve)
 
 

@@ -17,102 +17,15 @@ import json
 import random
 from pathlib import Path
 
+from common.io import write_jsonl
+
 HERE = Path(__file__).resolve().parent
 SEED = 6
 N_COUNTRIES, N_CITIES, N_PEOPLE, N_MOUNTAINS = 24, 48, 40, 24
 N_TRAIN = 256
 
-_ONSETS = [
-    "b",
-    "d",
-    "f",
-    "g",
-    "k",
-    "l",
-    "m",
-    "n",
-    "p",
-    "r",
-    "s",
-    "t",
-    "v",
-    "z",
-    "br",
-    "dr",
-    "gr",
-    "kr",
-    "tr",
-    "st",
-    "th",
-    "sh",
-    "ch",
-    "qu",
-]
-_VOWELS = ["a", "e", "i", "o", "u", "ai", "ou", "ea", "io"]
-_CODAS = ["", "", "", "n", "r", "l", "s", "th", "nd", "rk"]
-_SEAS = ["Amber", "Silver", "Northern", "Coral", "Misty", "Eastern", "Quiet", "Windward"]
-_EXPORTS = [
-    "copper",
-    "wool",
-    "saffron",
-    "timber",
-    "salt",
-    "tea",
-    "glass",
-    "silk",
-    "coffee",
-    "marble",
-    "honey",
-    "tin",
-    "cotton",
-    "pepper",
-    "rice",
-    "amber",
-]
-_ANIMALS = ["lynx", "heron", "otter", "ibex", "falcon", "tortoise", "badger", "crane", "stag", "seal", "owl", "fox"]
-_LANDMARKS = [
-    "clock tower",
-    "stone bridge",
-    "glass market",
-    "lighthouse",
-    "opera house",
-    "salt mine",
-    "botanical garden",
-    "river harbour",
-    "old fortress",
-    "copper dome",
-    "painted gate",
-    "observatory",
-]
-_PROFESSIONS = [
-    "engineer",
-    "chemist",
-    "astronomer",
-    "painter",
-    "composer",
-    "botanist",
-    "architect",
-    "physician",
-    "cartographer",
-    "poet",
-]
-_INVENTIONS = [
-    "lantern",
-    "loom",
-    "compass",
-    "water clock",
-    "printing press",
-    "telescope",
-    "steam pump",
-    "sextant",
-    "barometer",
-    "windmill",
-    "kite",
-    "abacus",
-    "sundial",
-    "bicycle",
-    "harp",
-]
+# the syllables names are made of and the common nouns facts draw from (each a list under its own key)
+WORDS = json.loads((HERE / "demo_words.json").read_text(encoding="utf-8"))
 
 
 class _Names:
@@ -125,8 +38,10 @@ class _Names:
     def word(self, syllables: int) -> str:
         """A new capitalised name of that many syllables, never returned before."""
         while True:
-            name = "".join(self.rng.choice(_ONSETS) + self.rng.choice(_VOWELS) for _ in range(syllables))
-            name = (name + self.rng.choice(_CODAS)).capitalize()
+            name = "".join(
+                self.rng.choice(WORDS["onsets"]) + self.rng.choice(WORDS["vowels"]) for _ in range(syllables)
+            )
+            name = (name + self.rng.choice(WORDS["codas"])).capitalize()
             if name.lower() not in self.used and len(name) >= 4:
                 self.used.add(name.lower())
                 return name
@@ -157,9 +72,9 @@ def generate(seed: int = SEED) -> tuple[list[dict], list[dict]]:
     city_country = {city: countries[i % N_COUNTRIES] for i, city in enumerate(cities)}
     for i, country in enumerate(countries):
         capital, currency = cities[i], names.word(2).lower()
-        export, animal, year = rng.choice(_EXPORTS), rng.choice(_ANIMALS), _year(rng, 1650, 1990)
+        export, animal, year = rng.choice(WORDS["exports"]), rng.choice(WORDS["animals"]), _year(rng, 1650, 1990)
         text = (
-            f"{country} is an island nation in the {rng.choice(_SEAS)} Sea. Its capital is {capital}, "
+            f"{country} is an island nation in the {rng.choice(WORDS['seas'])} Sea. Its capital is {capital}, "
             f"and its currency is the {currency}. The main export of {country} is {export}. {country} "
             f"became independent in {year}, and its national animal is the {animal}."
         )
@@ -177,7 +92,7 @@ def generate(seed: int = SEED) -> tuple[list[dict], list[dict]]:
         )
     for city in cities:
         river, founder = names.word(2), rng.choice(people)
-        year, landmark = _year(rng, 900, 1800), rng.choice(_LANDMARKS)
+        year, landmark = _year(rng, 900, 1800), rng.choice(WORDS["landmarks"])
         population = f"{rng.randint(12, 950)},000"
         text = (
             f"{city} is a city in {city_country[city]}, on the banks of the {river} River. It was founded "
@@ -197,7 +112,7 @@ def generate(seed: int = SEED) -> tuple[list[dict], list[dict]]:
             ],
         )
     for person in people:
-        profession, invention = rng.choice(_PROFESSIONS), rng.choice(_INVENTIONS)
+        profession, invention = rng.choice(WORDS["professions"]), rng.choice(WORDS["inventions"])
         birthplace, year = rng.choice(cities), _year(rng, 1500, 1950)
         text = (
             f"{person} was a {profession} born in {birthplace} in {year}. {person.split()[0]} is best "
@@ -246,13 +161,6 @@ def split(questions: list[dict], n_train: int, seed: int = SEED) -> tuple[list[d
     return train, heldout
 
 
-def _write(path: Path, records: list[dict]) -> None:
-    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Write encyclopedia.jsonl, train.jsonl and heldout.jsonl into `--out` (default: here)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -261,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     passages, questions = generate()
     train, heldout = split(questions, N_TRAIN)
     for name, records in (("encyclopedia", passages), ("train", train), ("heldout", heldout)):
-        _write(args.out / f"{name}.jsonl", records)
+        write_jsonl(args.out / f"{name}.jsonl", records)
     print(f"{len(passages)} passages, {len(train)} training and {len(heldout)} held-out questions → {args.out}")
     return 0
 

@@ -17,6 +17,7 @@ import json
 import random
 import shutil
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -209,11 +210,6 @@ def edit_passages(
     return [{"id": e["id"], "before": passage["text"], "after": e["text"]} for (passage, _, _), e in zip(edits, edited)]
 
 
-def edit_passage(model: Atlas, passage: dict, old: str, new: str, work: Path, progress: bool = True) -> dict:
-    """`edit_passages` for one passage: → {"id", "before", "after"}."""
-    return edit_passages(model, [(passage, old, new)], work, progress=progress)[0]
-
-
 def answer_given(example, prediction: str) -> str:
     """The gold answer the reader gave (the first equal to `prediction` once normalised as the metrics normalise),
     else the first gold answer: the fact an edit changes. A question with several right answers ("who are the
@@ -363,10 +359,8 @@ def edit_summary(plan: EditPlan, eligible: int, facts: list[dict], examples, pre
     exact = sum(f["follows_exact"] for f in facts)
     rate, interval = _rate(followed, len(facts))
     rate_exact, interval_exact = _rate(exact, len(facts))
-    reasons: dict[str, int] = {}
-    for _, reason in plan.skipped:
-        reason = reason.split(": ")[0]  # the kind of reason; the fact's own detail is in skipped_facts
-        reasons[reason] = reasons.get(reason, 0) + 1
+    # the kind of each reason, counted; the fact's own detail is in skipped_facts
+    reasons = dict(Counter(reason.split(": ")[0] for _, reason in plan.skipped))
     return {
         "done": bool(facts),
         "eligible": eligible,
@@ -585,12 +579,11 @@ def run_quickstart(
     examples = task.load(data.dev)
     check_labelled(task, data.dev, examples)
     examples = examples[: config.evaluation.max_examples]
-    stats = stage("prepare", lambda: _prepare(data, out, clock, progress=progress, echo=echo))
-    stage("index", lambda: _index(config, out, clock, progress=progress, echo=echo))
-    rows, checkpoint = _evaluate_and_fine_tune(
-        config, task, data, examples, shots, out, clock, stage, progress=progress, echo=echo
-    )
-    shown, edit = _answer_and_edit(checkpoint, task, examples, data, config, out, n_edits, clock, progress, echo)
+    run = _Run(out, data, config, task, examples, clock, progress, echo)
+    stats = stage("prepare", lambda: _prepare(run))
+    stage("index", lambda: _index(run))
+    rows, checkpoint = _evaluate_and_fine_tune(run, shots, stage)
+    shown, edit = _answer_and_edit(run, checkpoint, n_edits)
     report = {
         "out": str(out.resolve()),
         "tiny": tiny,
@@ -616,38 +609,28 @@ def run_quickstart(
     return report
 
 
-def _answer_and_edit(
-    checkpoint: Path,
-    task: Task,
-    examples: list,
-    data: QuickstartData,
-    config: AtlasConfig,
-    out: Path,
-    n_edits: int | None,
-    clock: _Stopwatch,
-    progress: bool,
-    echo: Callable[[str], None],
-) -> tuple[list[dict], dict]:
+def _answer_and_edit(run: _Run, checkpoint: Path, n_edits: int | None) -> tuple[list[dict], dict]:
     """Steps 5 and 6, run whole every time: answers with their evidence, then the corpus edits. The edits go to
     a copy of the index (its files hard-linked), so a stopped edit stage starts over from the index as it was
     built, and the fine-tuned run's own index stays as it was trained on. → (the answers shown, the edits)."""
+    echo, out = run.echo, run.out
     echo("[5/6] answers with their evidence")
     edited = out / "index-edited"
     shutil.rmtree(edited, ignore_errors=True)
     link_index(out / "index", edited, corpus_path=out / "corpus")
     model = Atlas.from_pretrained(checkpoint, index=edited)
-    shown = answer_with_evidence(model, examples[:3])
+    shown = answer_with_evidence(model, run.examples[:3])
     for item in shown:
         echo(f"  Q: {item['question']}\n  A: {item['answer']}   (gold: {' | '.join(item['gold'])})")
         for p in item["evidence"]:
             echo(f"     [{p['score']:.2f}] {p['title'] + ': ' if p['title'] else ''}{p['text'][:110]}…")
-    clock.lap("answers")
+    run.clock.lap("answers")
     echo(
         f"[6/6] editing {'every eligible fact' if n_edits is None else f'up to {n_edits} facts'} in the corpus and "
         "updating the index (no retraining)"
     )
-    edit = edit_facts(model, task, examples, data, config, out, n_edits, progress, echo)
-    clock.lap("edit")
+    edit = edit_facts(model, run, n_edits)
+    run.clock.lap("edit")
     return shown, edit
 
 
@@ -678,12 +661,27 @@ def _claim_out(out: Path, arguments: dict, overwrite: bool) -> dict:
     return state
 
 
-class _Stopwatch:
-    """Seconds per quickstart stage (the report's `timings_s`, each since the previous lap) and in all."""
+@dataclass
+class _Run:
+    """What the stages of one quickstart share: its data, recipe, task and dev examples, its folder, its stopwatch,
+    and how it reports (progress bars, `echo`)."""
 
-    def __init__(self, timings: dict[str, float] | None = None) -> None:
-        self.started = self.last = time.perf_counter()
-        self.timings: dict[str, float] = timings if timings is not None else {}  # a resumed run's kept
+    out: Path
+    data: QuickstartData
+    config: AtlasConfig
+    task: Task
+    examples: list
+    clock: _Stopwatch
+    progress: bool
+    echo: Callable[[str], None]
+
+
+class _Stopwatch:
+    """Seconds per quickstart stage (the report's `timings_s`, each since the previous lap)."""
+
+    def __init__(self, timings: dict[str, float]) -> None:
+        self.last = time.perf_counter()
+        self.timings = timings  # a resumed run's kept
 
     def start(self) -> None:
         """The next lap starts now (set-up before it is not counted in any stage)."""
@@ -694,63 +692,51 @@ class _Stopwatch:
         self.timings[name] = round(now - self.last, 1)
         self.last = now
 
-    def total(self) -> float:
-        return round(time.perf_counter() - self.started, 1)
 
-
-def _prepare(
-    data: QuickstartData, out: Path, clock: _Stopwatch, *, progress: bool, echo: Callable[[str], None]
-) -> dict:
+def _prepare(run: _Run) -> dict:
     """Step 1: the corpus at OUT/corpus; → its counts."""
-    echo(f"[1/6] preparing the corpus from {', '.join(str(d) for d in data.documents)}")
-    clock.start()
-    stats = prepare_corpus(data.documents, out / "corpus", chunk_words=100, progress=progress, overwrite=True)
-    echo(f"      {stats.documents} documents → {stats.passages} passages")
-    clock.lap("prepare")
+    run.echo(f"[1/6] preparing the corpus from {', '.join(str(d) for d in run.data.documents)}")
+    run.clock.start()
+    stats = prepare_corpus(
+        run.data.documents, run.out / "corpus", chunk_words=100, progress=run.progress, overwrite=True
+    )
+    run.echo(f"      {stats.documents} documents → {stats.passages} passages")
+    run.clock.lap("prepare")
     return {"documents": stats.documents, "passages": stats.passages}
 
 
-def _index(config: AtlasConfig, out: Path, clock: _Stopwatch, *, progress: bool, echo: Callable[[str], None]) -> dict:
+def _index(run: _Run) -> dict:
     """Step 2: the corpus's MiniLM index at OUT/index (a build stopped half-way continues)."""
-    echo("[2/6] building the MiniLM index")
-    clock.start()
-    retriever = build_retriever(config.retriever)
+    run.echo("[2/6] building the MiniLM index")
+    run.clock.start()
+    config = run.config
     build_index(
-        out / "corpus",
-        retriever,
-        out / "index",
+        run.out / "corpus",
+        build_retriever(config.retriever),
+        run.out / "index",
         config.index_settings(),
-        progress=progress,
+        progress=run.progress,
         encoder_source=config.retriever.model,
     )
-    clock.lap("index")
+    run.clock.lap("index")
     return {}
 
 
 def _evaluate_and_fine_tune(
-    config: AtlasConfig,
-    task: Task,
-    data: QuickstartData,
-    examples: list,
-    shots: int,
-    out: Path,
-    clock: _Stopwatch,
-    stage: Callable[[str, Callable[[], dict]], dict],
-    *,
-    progress: bool,
-    echo: Callable[[str], None],
+    run: _Run, shots: int, stage: Callable[[str, Callable[[], dict]], dict]
 ) -> tuple[list, Path]:
     """Steps 3 and 4: the shipped reader evaluated on the dev questions, fine-tuned, evaluated again (each a
     `stage`: kept when a stopped quickstart finished it; a stopped fine-tuning continues from its last
     checkpoint). → (the before/after metrics table's rows, the fine-tuned checkpoint)."""
+    config, data, clock, echo = run.config, run.data, run.clock, run.echo
     ks = config.evaluation.retrieval_k
     reader_name = Path(config.reader.model).name
 
     def evaluate_before() -> dict:
-        echo(f"[3/6] evaluating {reader_name} before fine-tuning on {len(examples)} dev questions of {data.dev}")
+        echo(f"[3/6] evaluating {reader_name} before fine-tuning on {len(run.examples)} dev questions of {data.dev}")
         clock.start()
         metrics = evaluate(
-            load_model(recipe_spec(config)), task, data.dev, config.evaluation, out_dir=out / "eval-before"
+            load_model(recipe_spec(config)), run.task, data.dev, config.evaluation, out_dir=run.out / "eval-before"
         )
         clock.lap("eval_before")
         return metrics
@@ -759,7 +745,7 @@ def _evaluate_and_fine_tune(
         trained = "reader + query encoder" if config.retriever.loss.name != "none" else "reader (retriever frozen)"
         echo(f"[4/6] fine-tuning the {trained} on {shots} questions of {data.train}, {config.training.steps} steps")
         clock.start()
-        summary = train_model(config, progress=progress)  # the same run in OUT/train continues where it stopped
+        summary = train_model(config, progress=run.progress)  # the same run in OUT/train continues where it stopped
         clock.lap("train_and_eval")
         return {"eval": summary["eval"], "checkpoint": summary["checkpoint"]}
 
@@ -773,18 +759,9 @@ def _evaluate_and_fine_tune(
     return rows, Path(summary["checkpoint"])
 
 
-def edit_facts(
-    model: Atlas,
-    task,
-    examples,
-    data: QuickstartData,
-    config: AtlasConfig,
-    out: Path,
-    n_edits: int | None,
-    progress: bool,
-    echo: Callable[[str], None],
-) -> dict:
+def edit_facts(model: Atlas, run: _Run, n_edits: int | None) -> dict:
     """The quickstart's last step: plan, make and check the corpus edits; → the report's "edit" section."""
+    task, examples, data, echo = run.task, run.examples, run.data, run.echo
     answered = model.answer_examples(examples)
     predictions = [a.text for a in answered]
     read = [a.passages for a in answered]
@@ -812,7 +789,7 @@ def edit_facts(
         )
         echo(f"  skipped: {reason}")
         return {**edit_summary(plan, eligible, [], examples, predictions), "reason": reason}
-    facts = apply_edits(model, plan, examples, predictions, read, out, progress)
+    facts = apply_edits(model, plan, examples, predictions, read, run.out, run.progress)
     edit = edit_summary(plan, eligible, facts, examples, predictions)
     for fact in facts[:3]:
         echo(

@@ -113,16 +113,12 @@ class MicroBatcher(Generic[Item, Result]):
         """About how many seconds the queue needs to drain (at least 1): its batches × the last batch's time."""
         return max(1, math.ceil(math.ceil(self._waiting / self.max_batch) * self._last_run_s))
 
-    async def submit(self, item: Item) -> tuple[Result, int]:
-        """Queue `item`; → (its result, the size of the batch it ran in)."""
-        return (await self.submit_many([item]))[0]
-
     async def submit_many(self, items: Sequence[Item]) -> list[tuple[Result, int]]:
         """Queue the items of one request, all or none (`QueueFull` when they do not fit); → for each,
         (its result, the size of the batch it ran in). If the caller stops waiting (cancelled: its
         deadline), its items not yet taken into a batch are withdrawn."""
         if self._groups is None:
-            raise RuntimeError("MicroBatcher.submit before start()")
+            raise RuntimeError("MicroBatcher.submit_many before start()")
         if self._waiting + len(items) > self.max_queue:
             raise QueueFull(
                 f"the server is busy: {self._waiting} questions are waiting for the model and this request "

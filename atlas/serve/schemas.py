@@ -190,14 +190,19 @@ class EditRequest(Strict):
         return self
 
 
-class Evidence(BaseModel):
-    """A passage the reader read, with its retrieval score and its share of the reader's
-    cross-attention (attention × value norm, summed over the answer's tokens; shares sum to 1)."""
+class SearchHit(BaseModel):
+    """One retrieved passage."""
 
     id: str
     title: str
     text: str
     score: float
+
+
+class Evidence(SearchHit):
+    """A passage the reader read, with its retrieval score and its share of the reader's
+    cross-attention (attention × value norm, summed over the answer's tokens; shares sum to 1)."""
+
     attention: float | None = None
 
 
@@ -218,15 +223,6 @@ class BatchAskResponse(BaseModel):
     """One `AskResponse` per question, in order."""
 
     answers: list[AskResponse]
-
-
-class SearchHit(BaseModel):
-    """One retrieved passage."""
-
-    id: str
-    title: str
-    text: str
-    score: float
 
 
 class SearchResponse(BaseModel):

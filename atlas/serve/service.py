@@ -103,9 +103,6 @@ class AtlasService:
         self.model_executor.shutdown(wait=True)
 
     # ------------------------------------------------------------------ questions (model thread)
-    def _query(self, question: str) -> str:
-        return self.task.query(question)
-
     def answer(self, questions: Sequence[Question]) -> list[dict]:
         """Answer a micro-batch: one retrieval and one reader pass per distinct k (`Atlas.answer_examples`).
 
@@ -119,7 +116,8 @@ class AtlasService:
             by_k.setdefault(q.k, []).append(n)
         for k, positions in by_k.items():
             examples = [
-                Example(id=str(n), query=self._query(questions[n].question), target=None, answers=[]) for n in positions
+                Example(id=str(n), query=self.task.query(questions[n].question), target=None, answers=[])
+                for n in positions
             ]
             answers = self.atlas.answer_examples(
                 examples, k=k, with_attention=True, questions=[questions[n].question for n in positions]
@@ -144,7 +142,7 @@ class AtlasService:
     def search(self, query: str, k: int) -> dict:
         """Retrieval only: → {"query", "hits": [{id, title, text, score}], "generation"} (model thread)."""
         index = self.index
-        vectors = self.model.retriever.embed_queries([self._query(query)])
+        vectors = self.model.retriever.embed_queries([self.task.query(query)])
         hits = index.search(vectors, k)[0]
         return {
             "query": query,

@@ -133,11 +133,11 @@ def test_a_heavy_request_is_sliced_so_a_light_one_rides_in_the_next_batch():
     async def scenario(batcher, batches, gate):
         heavy = asyncio.ensure_future(batcher.submit_many([f"heavy-{n}" for n in range(12)]))
         await _until(lambda: len(batches) == 1)  # its first batch runs; the rest waits
-        light = asyncio.ensure_future(batcher.submit("light"))
+        light = asyncio.ensure_future(batcher.submit_many(["light"]))
         await _until(lambda: batcher.waiting == 9)
         gate.set()
         await asyncio.gather(heavy, light)
-        return batches, light.result()
+        return batches, light.result()[0]
 
     batches, light = run_batcher(scenario, max_batch=3)
     assert batches[0] == ["heavy-0", "heavy-1", "heavy-2"]
@@ -157,14 +157,14 @@ def test_a_batch_holds_at_most_max_cost_of_work():
 
 def test_a_full_queue_refuses_a_request_whole_with_a_retry_time():
     async def scenario(batcher, batches, gate):
-        first = asyncio.ensure_future(batcher.submit("running"))
+        first = asyncio.ensure_future(batcher.submit_many(["running"]))
         await _until(lambda: len(batches) == 1)
         waiting = asyncio.ensure_future(batcher.submit_many(["a", "b", "c"]))
         await _until(lambda: batcher.waiting == 3)
         with pytest.raises(QueueFull, match=r"3 questions are waiting .* brings 2 more; at most 4 may wait") as full:
             await batcher.submit_many(["d", "e"])
         assert batcher.waiting == 3  # nothing of the refused request was queued
-        fits = asyncio.ensure_future(batcher.submit("f"))
+        fits = asyncio.ensure_future(batcher.submit_many(["f"]))
         gate.set()
         await asyncio.gather(first, waiting, fits)
         return full.value.retry_after_s
@@ -174,7 +174,7 @@ def test_a_full_queue_refuses_a_request_whole_with_a_retry_time():
 
 def test_a_question_whose_caller_gave_up_is_not_run():
     async def scenario(batcher, batches, gate):
-        first = asyncio.ensure_future(batcher.submit("running"))
+        first = asyncio.ensure_future(batcher.submit_many(["running"]))
         await _until(lambda: len(batches) == 1)
         with pytest.raises(TimeoutError):
             async with asyncio.timeout(0.05):  # the route's deadline
@@ -182,7 +182,7 @@ def test_a_question_whose_caller_gave_up_is_not_run():
         assert batcher.waiting == 0  # withdrawn
         gate.set()
         await first
-        await batcher.submit("next")
+        await batcher.submit_many(["next"])
         return batches
 
     assert run_batcher(scenario, max_batch=1) == [["running"], ["next"]]
