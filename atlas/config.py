@@ -22,6 +22,7 @@ overrides apply after the whole chain, and the resolved config a run saves has n
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -339,9 +340,7 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
         if value is None and type(None) in args:
             return None
         errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
+        for arg in [a for a in args if a is not type(None)]:
             try:
                 return _coerce(value, arg, key, source)
             except ConfigError as e:
@@ -361,27 +360,14 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{source}: '{key}' must be a mapping, got {value!r}")
         return dict(value)
-    if tp is Any:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is Any or (tp is bool and isinstance(value, bool)) or (tp is int and number and isinstance(value, int)):
         return value
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-    elif tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if tp is float and (number or isinstance(value, str)):  # YAML 1.1 reads "4e-5" as a string
+        with contextlib.suppress(ValueError):
             return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads "4e-5" as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-    elif tp is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)
+    if tp is str and (number or isinstance(value, str)):
+        return str(value)
     raise ConfigError(f"{source}: '{key}' must be {_type_name(tp)}, got {value!r}")
 
 
@@ -577,13 +563,10 @@ def validate_data(config: AtlasConfig, origins: dict[str, str] | None = None, so
 def _merge(base: dict, over: dict) -> dict:
     """`over` laid onto `base`: where both hold a mapping they merge, key by key; else `over`'s value wins
     (a list replaces the base's list: a recipe that names its data files means exactly those)."""
-    merged = dict(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
+    return base | {
+        key: _merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+        for key, value in over.items()
+    }
 
 
 def _set_keys(tree: dict, prefix: str = "") -> list[str]:
@@ -593,10 +576,7 @@ def _set_keys(tree: dict, prefix: str = "") -> list[str]:
     keys = []
     for key, value in tree.items():
         dotted = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, dict):
-            keys += _set_keys(value, dotted)
-        else:
-            keys.append(dotted)
+        keys += _set_keys(value, dotted) if isinstance(value, dict) else [dotted]
     return keys
 
 
