@@ -320,12 +320,12 @@ class AtlasModel(nn.Module):
             encoder_states=encoder_states,
             output_hidden_states=mu > 0,
         )
-        reader_loss = output.loss
-        losses = {"reader": reader_loss}
+        losses = {"reader": output.loss}
+        total = output.loss
         if mu > 0:
             dispersion = mean_pairwise_cosine_distance(output.decoder_hidden_states[-1], labels != IGNORE_INDEX)
             losses["dispersion"] = dispersion
-            reader_loss = reader_loss - mu * dispersion
+            total = total - mu * dispersion
         if self.trains_retriever and passages is not None:
             scored = [ps[: self.retriever_config.n_context] for ps in passages]
             if null:  # first in both lists, so that the shorter is still a prefix of the longer
@@ -339,7 +339,7 @@ class AtlasModel(nn.Module):
             gold_states = self._gold_encoder_states(encoder_states, gold_ids, gold_mask)
             # Padding passages (an example with fewer than K) get no probability on either
             # side; an example that closed-book reads its query alone has no passage at all.
-            retriever_loss = self.retriever_loss(
+            losses["retriever"] = self.retriever_loss(
                 self.reader,
                 scores,
                 gold_ids,
@@ -349,8 +349,7 @@ class AtlasModel(nn.Module):
                 encoder_states=gold_states,
                 present=self.passage_presence(scored, scores.device),
             )
-            losses["retriever"] = retriever_loss
-        total = reader_loss + losses["retriever"] if "retriever" in losses else reader_loss
+            total = total + losses["retriever"]
         losses["total"] = total
         return losses
 

@@ -57,24 +57,9 @@ logger = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "model.pth.tar"
 # the reference's gold_score_mode → our retriever.loss (its README: pdist = ppmean, adist = evalnormsum)
-GOLD_SCORE_MODES = {
-    "ppmean": "pdist",
-    "pdist": "pdist",
-    "evalnormsum": "adist",
-    "adist": "adist",
-    "emdr": "emdr",
-    "loop": "loop",
-}
-# the reference's task names → ours
-TASK_NAMES = {
-    "qa": "qa",
-    "kilt": "kilt",
-    "multiple_choice": "mmlu",
-    "fever": "fever",
-    "mlm": "mlm",
-    "lm": "lm",
-    "section": "section",
-}
+GOLD_SCORE_MODES = {"ppmean": "pdist", "evalnormsum": "adist"} | {m: m for m in ("pdist", "adist", "emdr", "loop")}
+# the reference's task names → ours (the same but for multiple_choice)
+TASK_NAMES = {"multiple_choice": "mmlu"} | {name: name for name in ("qa", "kilt", "fever", "mlm", "lm", "section")}
 BERT_MAX_LENGTH = 512  # the reference truncates retriever inputs to min(text_maxlength, 512)
 REFERENCE_MAX_LENGTH = 128  # the reference's default generation_max_length
 
@@ -220,13 +205,11 @@ def config_from_options(opt: Any, *, tied: bool, closed_book: bool, source: str)
     if name is None:
         notes.append(f"task {task_name!r} has no counterpart: task.name = qa")
         name = "qa"
-    options = {}
-    if name == "qa" and _option(opt, "qa_prompt_format"):
-        options["query_template"] = _option(opt, "qa_prompt_format")
+    prompt = _option(opt, "qa_prompt_format")
     task = dataclasses.replace(
         base.task,
         name=name,
-        options=options,
+        options={"query_template": prompt} if name == "qa" and prompt else {},
         closed_book=closed_book,
         train_data=[str(p) for p in _option(opt, "train_data", []) or []],
         eval_data=[str(p) for p in _option(opt, "eval_data", []) or []],
@@ -263,7 +246,6 @@ def config_from_options(opt: Any, *, tied: bool, closed_book: bool, source: str)
         inference=inference,
         task=task,
         training=training,
-        evaluation=base.evaluation,
     )
     validate_components(config, source=source)
     return config, notes
