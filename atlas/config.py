@@ -2,8 +2,8 @@
 
 A recipe is a YAML mapping with one section per component (`retriever`, `index`, `reader`,
 `task`, `training`, `evaluation`). Every key is checked against the dataclasses below: an
-unknown key, a value of the wrong type or a missing required value raises `ConfigError`
-naming the key and the file (or the command-line override it came from).
+unknown key or a value of the wrong type raises `ConfigError` naming the key and the file (or
+the command-line override it came from).
 
 Names that select a registered component are checked against their registry once the
 overrides are applied: `task.name` against the task registry (`tasks.base.TASKS`),
@@ -391,7 +391,7 @@ def _build(cls: type, data: Any, prefix: str, source: str, origins: dict[str, st
         )
     data = _shape_section(cls, data)
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(data) - set(fields))
     if unknown:
         key = f"{prefix}.{unknown[0]}" if prefix else unknown[0]
@@ -399,16 +399,13 @@ def _build(cls: type, data: Any, prefix: str, source: str, origins: dict[str, st
             f"{_source_of(key, origins, source)}: unknown key '{key}' (valid keys: {', '.join(sorted(fields))})"
         )
     kwargs = {}
-    for name, f in fields.items():
+    for name in [name for name in fields if name in data]:  # every field has a default: those not given keep it
         key = f"{prefix}.{name}" if prefix else name
         tp = hints[name]
-        if name in data:
-            if dataclasses.is_dataclass(tp):
-                kwargs[name] = _build(tp, data[name] or {}, key, source, origins)
-            else:
-                kwargs[name] = _coerce(data[name], tp, key, _source_of(key, origins, source))
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise ConfigError(f"{source}: missing required value '{key}'")
+        if dataclasses.is_dataclass(tp):
+            kwargs[name] = _build(tp, data[name] or {}, key, source, origins)
+        else:
+            kwargs[name] = _coerce(data[name], tp, key, _source_of(key, origins, source))
     return cls(**kwargs)
 
 

@@ -196,11 +196,6 @@ def _reader_config(source: ModelSource, index: Path | None, task: str | None) ->
     return config
 
 
-def run_folder(checkpoint: Path) -> Path:
-    """The run folder a checkpoint folder belongs to (RUN/checkpoints/step-N → RUN); a saved model's own folder."""
-    return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint
-
-
 def run_index(checkpoint: Path, config: AtlasConfig) -> Path | None:
     """The index a saved run reads: `index.path` as recorded, else at the same place relative to the run
     folder (a run folder moved with its index), else the run's own index (`index.corpus` runs:
@@ -208,7 +203,8 @@ def run_index(checkpoint: Path, config: AtlasConfig) -> Path | None:
     recorded one and none is found."""
     if config.task.closed_book:
         return None
-    here = run_folder(checkpoint)
+    # the run folder a checkpoint folder belongs to (RUN/checkpoints/step-N → RUN); a saved model's own folder
+    here = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint
     recorded_run = Path(config.training.output_dir)
     candidates: list[Path] = []
     if config.index.path:

@@ -274,11 +274,6 @@ class AtlasModel(nn.Module):
         setting = self.retriever_config.null_document
         return setting == "always" or (setting == "train" and not answering)
 
-    def null_document_scores(self, queries: list[str]) -> np.ndarray:
-        """s(q, ∅) = E_q(q) · E_p(∅) of each query (inference mode): → (B,) float32."""
-        query_vectors = self.retriever.embed_queries(queries)  # (B, d)
-        return query_vectors @ self.retriever.embed_passages([null_document().fields()])[0]
-
     def passages_for(self, examples: list[Example], k: int) -> list[list[Passage]] | None:
         """Given passages when examples carry them, none when closed-book, else retrieved ones."""
         if self.closed_book:
@@ -414,7 +409,8 @@ class AtlasModel(nn.Module):
         passages' scores and a retriever can give it one (else the prior is off, as for given passages)."""
         read = with_null_document(passages)
         if self.inference_config.retrieval_prior and self.retriever is not None:
-            scores = self.null_document_scores(queries)  # (B,)
+            null_vector = self.retriever.embed_passages([null_document().fields()])[0]  # E_p(∅), (d,)
+            scores = self.retriever.embed_queries(queries) @ null_vector  # s(q, ∅) = E_q(q) · E_p(∅), (B,)
             read = [[replace(ps[0], score=float(score)), *ps[1:]] for ps, score in zip(read, scores)]
         return read
 
