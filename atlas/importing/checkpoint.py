@@ -363,23 +363,21 @@ def import_atlas_checkpoint(
         retriever = _import_retriever(
             parts, config, encoder_source=encoder_source, retriever_config=retriever_config, source=source, notes=notes
         )
-    reference_length = _option(opt, "generation_max_length", REFERENCE_MAX_LENGTH)
     conversions.append(
         {
             "what": "inference.generation_max_length",
-            "reference": _plain(reference_length),
+            "reference": _plain(_option(opt, "generation_max_length", REFERENCE_MAX_LENGTH)),
             "here": config.inference.generation_max_length,
             "why": "the reference's generate(max_length) counts the decoder start token; ours counts new tokens",
         }
     )
     if retriever is not None:
-        eps = float(retriever.query_encoder.model.config.layer_norm_eps)
         conversions.append(
             {
                 "what": "retriever layer norm",
                 "reference": "BertLayerNorm of src/modeling_bert.py: (x - mean(x)) / sqrt(mean(x^2) + eps) * w + b",
                 "here": "layer_norm: reference",
-                "eps": eps,
+                "eps": float(retriever.query_encoder.model.config.layer_norm_eps),
                 "why": "the reference's BERT divides by the raw second moment, not the variance",
             }
         )
