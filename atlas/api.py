@@ -193,6 +193,8 @@ class Atlas:
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {size!r}")
         generation = self.index.manifest.generation if self.index is not None else None
+        if questions is None:
+            questions = [e.metadata.get("question", e.query) for e in examples]
         answers = []
         starts = range(0, len(examples), size)
         show = progress if progress is not None else len(starts) > 1  # a single batch: nothing to follow
@@ -203,14 +205,10 @@ class Atlas:
                 reading = model.read([e.query for e in batch], passages, with_attention=with_attention)
             for n, (example, text) in enumerate(zip(batch, reading.texts)):
                 read = [] if passages is None else list(passages[n])
-                attention = None
-                if reading.attention is not None:
-                    attention = [float(a) for a in reading.attention[n, : len(read)]]
-                if questions is not None:
-                    question = questions[start + n]
-                else:
-                    question = example.metadata.get("question", example.query)
-                answers.append(Answer(question, self.task.postprocess(example, text), read, attention, generation))
+                attention = None if reading.attention is None else [float(a) for a in reading.attention[n, : len(read)]]
+                answers.append(
+                    Answer(questions[start + n], self.task.postprocess(example, text), read, attention, generation)
+                )
         return answers
 
     def retrieve(self, examples: list[Example], k: int) -> list[list[Passage]]:

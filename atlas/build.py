@@ -8,11 +8,11 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
 from transformers import AutoModel, AutoTokenizer
 
 from atlas.config import AtlasConfig, IndexConfig
 from atlas.distributed import agree_on_rank0, current_context
+from atlas.index import compute_device
 from atlas.model import AtlasModel
 from common.modeling import encoder_source
 from reader.embedding_init import transfer_token_embeddings
@@ -81,13 +81,13 @@ def prepare_index(
     if path is None and config.index.corpus:
         path = Path(config.training.output_dir) / "index"
         if agree_on_rank0(not path.exists()):
-            retriever = retriever or _passage_retriever(config, checkpoint)
+            retriever = retriever or _run_retriever(config, checkpoint)
             _make_run_index(config, retriever, path, rank=rank, world_size=world_size, barrier=barrier)
     return None if path is None else Path(path)
 
 
-def _passage_retriever(config: AtlasConfig, checkpoint: str | Path | None) -> Retriever:
-    """The retriever whose passage encoder a run's index is built with: the checkpoint's, else the config's."""
+def _run_retriever(config: AtlasConfig, checkpoint: str | Path | None) -> Retriever:
+    """The retriever of a run (its passage encoder builds the run's index): the checkpoint's, else the config's."""
     if checkpoint is not None and (Path(checkpoint) / "retriever").is_dir():
         return Retriever.from_pretrained(
             Path(checkpoint) / "retriever",
@@ -159,8 +159,7 @@ def _make_run_index(
         return
     if rank == 0:
         logger.info("building the index of %s with %s at %s on %d rank(s)", corpus, encoder, path, world_size)
-    if torch.cuda.is_available():
-        retriever.to(torch.device("cuda", torch.cuda.current_device()))
+    retriever.to(compute_device())
     build(
         corpus,
         retriever,
@@ -221,17 +220,9 @@ def build_model(config: AtlasConfig, *, checkpoint: str | Path | None = None) ->
     if config.reader.gradient_checkpointing:
         reader.gradient_checkpointing_enable()
 
-    needs_retriever = not config.task.closed_book
     retriever = None
-    if needs_retriever:
-        if checkpoint is not None and (checkpoint / "retriever").is_dir():
-            retriever = Retriever.from_pretrained(
-                checkpoint / "retriever",
-                passage_format=config.retriever.passage_format,
-                passage_maxlength=config.retriever.passage_maxlength,
-            )
-        else:
-            retriever = build_retriever(config.retriever)
+    if not config.task.closed_book:
+        retriever = _run_retriever(config, checkpoint)
         retriever.freeze_passage_side(config.retriever.train_passage_encoder)
     loss = build_retriever_loss(
         config.retriever.loss.name,

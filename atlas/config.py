@@ -2,8 +2,8 @@
 
 A recipe is a YAML mapping with one section per component (`retriever`, `index`, `reader`,
 `task`, `training`, `evaluation`). Every key is checked against the dataclasses below: an
-unknown key, a value of the wrong type or a missing required value raises `ConfigError`
-naming the key and the file (or the command-line override it came from).
+unknown key or a value of the wrong type raises `ConfigError` naming the key and the file (or
+the command-line override it came from).
 
 Names that select a registered component are checked against their registry once the
 overrides are applied: `task.name` against the task registry (`tasks.base.TASKS`),
@@ -22,6 +22,7 @@ overrides apply after the whole chain, and the resolved config a run saves has n
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -339,9 +340,7 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
         if value is None and type(None) in args:
             return None
         errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
+        for arg in [a for a in args if a is not type(None)]:
             try:
                 return _coerce(value, arg, key, source)
             except ConfigError as e:
@@ -361,27 +360,14 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{source}: '{key}' must be a mapping, got {value!r}")
         return dict(value)
-    if tp is Any:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is Any or (tp is bool and isinstance(value, bool)) or (tp is int and number and isinstance(value, int)):
         return value
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-    elif tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if tp is float and (number or isinstance(value, str)):  # YAML 1.1 reads "4e-5" as a string
+        with contextlib.suppress(ValueError):
             return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads "4e-5" as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-    elif tp is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)
+    if tp is str and (number or isinstance(value, str)):
+        return str(value)
     raise ConfigError(f"{source}: '{key}' must be {_type_name(tp)}, got {value!r}")
 
 
@@ -405,7 +391,7 @@ def _build(cls: type, data: Any, prefix: str, source: str, origins: dict[str, st
         )
     data = _shape_section(cls, data)
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(data) - set(fields))
     if unknown:
         key = f"{prefix}.{unknown[0]}" if prefix else unknown[0]
@@ -413,16 +399,13 @@ def _build(cls: type, data: Any, prefix: str, source: str, origins: dict[str, st
             f"{_source_of(key, origins, source)}: unknown key '{key}' (valid keys: {', '.join(sorted(fields))})"
         )
     kwargs = {}
-    for name, f in fields.items():
+    for name in [name for name in fields if name in data]:  # every field has a default: those not given keep it
         key = f"{prefix}.{name}" if prefix else name
         tp = hints[name]
-        if name in data:
-            if dataclasses.is_dataclass(tp):
-                kwargs[name] = _build(tp, data[name] or {}, key, source, origins)
-            else:
-                kwargs[name] = _coerce(data[name], tp, key, _source_of(key, origins, source))
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise ConfigError(f"{source}: missing required value '{key}'")
+        if dataclasses.is_dataclass(tp):
+            kwargs[name] = _build(tp, data[name] or {}, key, source, origins)
+        else:
+            kwargs[name] = _coerce(data[name], tp, key, _source_of(key, origins, source))
     return cls(**kwargs)
 
 
@@ -577,13 +560,10 @@ def validate_data(config: AtlasConfig, origins: dict[str, str] | None = None, so
 def _merge(base: dict, over: dict) -> dict:
     """`over` laid onto `base`: where both hold a mapping they merge, key by key; else `over`'s value wins
     (a list replaces the base's list: a recipe that names its data files means exactly those)."""
-    merged = dict(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
+    return base | {
+        key: _merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+        for key, value in over.items()
+    }
 
 
 def _set_keys(tree: dict, prefix: str = "") -> list[str]:
@@ -593,10 +573,7 @@ def _set_keys(tree: dict, prefix: str = "") -> list[str]:
     keys = []
     for key, value in tree.items():
         dotted = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, dict):
-            keys += _set_keys(value, dotted)
-        else:
-            keys.append(dotted)
+        keys += _set_keys(value, dotted) if isinstance(value, dict) else [dotted]
     return keys
 
 

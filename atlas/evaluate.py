@@ -167,14 +167,6 @@ def predict_multiple_choice(model, task, examples: list[Example], config: Evalua
     return predictions, (None if model.closed_book else retrieved), probabilities
 
 
-def _predict(
-    model, task, examples: list[Example], config: EvaluationConfig, multiple_choice: bool, show: bool
-) -> Predictions:
-    if multiple_choice:
-        return Predictions(*predict_multiple_choice(model, task, examples, config, show=show))
-    return Predictions(*predict_generation(model, task, examples, config, show=show))
-
-
 # ----------------------------------------------------------------------------- ranks
 
 
@@ -204,9 +196,7 @@ def _strip_texts(passages: list[list[Passage]] | None, has_index: bool) -> list[
 
 def _restore_texts(passages: list[list[Passage]] | None, index) -> None:
     """Fill in, in place, the text of the index passages that `_strip_texts` sent without it."""
-    if passages is None:
-        return
-    stripped = [p for ps in passages if ps for p in ps if p.row is not None]
+    stripped = [p for ps in passages or [] if ps for p in ps if p.row is not None]
     if stripped:
         for p, full in zip(stripped, index.passages([p.row for p in stripped])):
             p.text = full["text"]
@@ -287,10 +277,9 @@ def evaluate(
         check_labelled(task, data_path, examples)
     multiple_choice = all(e.options for e in examples)
 
-    share, n_real = (
-        rank_share(examples, context.rank, context.world_size) if context.enabled else (examples, len(examples))
-    )
-    mine = _predict(model, task, share, config, multiple_choice, show=show and context.is_main).take(n_real)
+    share, n_real = rank_share(examples, context.rank, context.world_size)  # all of them for one process
+    predict = predict_multiple_choice if multiple_choice else predict_generation
+    mine = Predictions(*predict(model, task, share, config, show=show and context.is_main)).take(n_real)
     has_index = getattr(model, "index", None) is not None
     outputs = _gather(mine, context, has_index) if context.enabled else mine
 

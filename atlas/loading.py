@@ -157,12 +157,12 @@ def reader_settings(folder: Path | None) -> dict:
     return tree
 
 
-def index_encoder(index: str | os.PathLike) -> dict:
-    """The encoder record of an index's manifest: {"source", "passage_format", "passage_maxlength", …} ({}
-    where it records none)."""
-    from retriever.index.manifest import Manifest  # heavy: faiss (the index's files)
+def index_encoder(index: str | os.PathLike | None):
+    """The encoder record of an index's manifest (`retriever.index.manifest.EncoderSettings`: `source`,
+    `passage_settings()`); an empty record without an index."""
+    from retriever.index.manifest import EncoderSettings, Manifest  # heavy: faiss (the index's files)
 
-    return dataclasses.asdict(Manifest.load(index).encoder)
+    return Manifest.load(index).encoder if index is not None else EncoderSettings()
 
 
 def _reader_config(source: ModelSource, index: Path | None, task: str | None) -> AtlasConfig:
@@ -170,8 +170,8 @@ def _reader_config(source: ModelSource, index: Path | None, task: str | None) ->
     index's encoder as retriever (MiniLM where the index records none), no retriever loss, no data."""
     tree = reader_settings(source.folder)
     config = _build(AtlasConfig, tree, "", str((source.folder or Path(source.path)) / READER_SETTINGS_FILE))
-    encoder = index_encoder(index) if index is not None else {}
-    if index is not None and not encoder.get("source"):
+    encoder = index_encoder(index)
+    if index is not None and not encoder.source:
         logger.warning(
             "%s does not record the encoder it was built with; searching it with %s "
             "(give retriever.model=ENCODER if it was another)",
@@ -180,9 +180,9 @@ def _reader_config(source: ModelSource, index: Path | None, task: str | None) ->
         )
     retriever = dataclasses.replace(
         config.retriever,
-        model=encoder.get("source") or DEFAULT_ENCODER,
+        model=encoder.source or DEFAULT_ENCODER,
         loss=LossConfig(name="none"),
-        **{key: encoder[key] for key in ("passage_format", "passage_maxlength") if encoder.get(key) is not None},
+        **encoder.passage_settings(),
     )
     config = dataclasses.replace(
         config,
@@ -196,11 +196,6 @@ def _reader_config(source: ModelSource, index: Path | None, task: str | None) ->
     return config
 
 
-def run_folder(checkpoint: Path) -> Path:
-    """The run folder a checkpoint folder belongs to (RUN/checkpoints/step-N → RUN); a saved model's own folder."""
-    return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint
-
-
 def run_index(checkpoint: Path, config: AtlasConfig) -> Path | None:
     """The index a saved run reads: `index.path` as recorded, else at the same place relative to the run
     folder (a run folder moved with its index), else the run's own index (`index.corpus` runs:
@@ -208,7 +203,8 @@ def run_index(checkpoint: Path, config: AtlasConfig) -> Path | None:
     recorded one and none is found."""
     if config.task.closed_book:
         return None
-    here = run_folder(checkpoint)
+    # the run folder a checkpoint folder belongs to (RUN/checkpoints/step-N → RUN); a saved model's own folder
+    here = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint
     recorded_run = Path(config.training.output_dir)
     candidates: list[Path] = []
     if config.index.path:
@@ -250,14 +246,8 @@ def model_spec(
         if index_path is None:
             index_path = run_index(checkpoint, config)
         else:
-            encoder = index_encoder(index_path)
-            config = dataclasses.replace(
-                config,
-                retriever=dataclasses.replace(
-                    config.retriever,
-                    **{k: encoder[k] for k in ("passage_format", "passage_maxlength") if encoder.get(k) is not None},
-                ),
-            )
+            passage_settings = index_encoder(index_path).passage_settings()
+            config = dataclasses.replace(config, retriever=dataclasses.replace(config.retriever, **passage_settings))
         config = dataclasses.replace(
             config, index=dataclasses.replace(config.index, path=None if index_path is None else str(index_path))
         )

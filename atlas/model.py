@@ -274,11 +274,6 @@ class AtlasModel(nn.Module):
         setting = self.retriever_config.null_document
         return setting == "always" or (setting == "train" and not answering)
 
-    def null_document_scores(self, queries: list[str]) -> np.ndarray:
-        """s(q, ∅) = E_q(q) · E_p(∅) of each query (inference mode): → (B,) float32."""
-        query_vectors = self.retriever.embed_queries(queries)  # (B, d)
-        return query_vectors @ self.retriever.embed_passages([null_document().fields()])[0]
-
     def passages_for(self, examples: list[Example], k: int) -> list[list[Passage]] | None:
         """Given passages when examples carry them, none when closed-book, else retrieved ones."""
         if self.closed_book:
@@ -320,12 +315,12 @@ class AtlasModel(nn.Module):
             encoder_states=encoder_states,
             output_hidden_states=mu > 0,
         )
-        reader_loss = output.loss
-        losses = {"reader": reader_loss}
+        losses = {"reader": output.loss}
+        total = output.loss
         if mu > 0:
             dispersion = mean_pairwise_cosine_distance(output.decoder_hidden_states[-1], labels != IGNORE_INDEX)
             losses["dispersion"] = dispersion
-            reader_loss = reader_loss - mu * dispersion
+            total = total - mu * dispersion
         if self.trains_retriever and passages is not None:
             scored = [ps[: self.retriever_config.n_context] for ps in passages]
             if null:  # first in both lists, so that the shorter is still a prefix of the longer
@@ -339,7 +334,7 @@ class AtlasModel(nn.Module):
             gold_states = self._gold_encoder_states(encoder_states, gold_ids, gold_mask)
             # Padding passages (an example with fewer than K) get no probability on either
             # side; an example that closed-book reads its query alone has no passage at all.
-            retriever_loss = self.retriever_loss(
+            losses["retriever"] = self.retriever_loss(
                 self.reader,
                 scores,
                 gold_ids,
@@ -349,8 +344,7 @@ class AtlasModel(nn.Module):
                 encoder_states=gold_states,
                 present=self.passage_presence(scored, scores.device),
             )
-            losses["retriever"] = retriever_loss
-        total = reader_loss + losses["retriever"] if "retriever" in losses else reader_loss
+            total = total + losses["retriever"]
         losses["total"] = total
         return losses
 
@@ -415,7 +409,8 @@ class AtlasModel(nn.Module):
         passages' scores and a retriever can give it one (else the prior is off, as for given passages)."""
         read = with_null_document(passages)
         if self.inference_config.retrieval_prior and self.retriever is not None:
-            scores = self.null_document_scores(queries)  # (B,)
+            null_vector = self.retriever.embed_passages([null_document().fields()])[0]  # E_p(∅), (d,)
+            scores = self.retriever.embed_queries(queries) @ null_vector  # s(q, ∅) = E_q(q) · E_p(∅), (B,)
             read = [[replace(ps[0], score=float(score)), *ps[1:]] for ps, score in zip(read, scores)]
         return read
 

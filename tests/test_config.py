@@ -82,20 +82,6 @@ def test_override_rejections_name_the_override():
         load_config(None, ["training.lr=fast"])
 
 
-def test_missing_required_value_is_reported():
-    from dataclasses import dataclass
-
-    from atlas.config import _build
-
-    @dataclass
-    class Needs:
-        path: str
-        n: int = 1
-
-    with pytest.raises(ConfigError, match="x.yaml: missing required value 'section.path'"):
-        _build(Needs, {"n": 2}, "section", "x.yaml")
-
-
 def test_missing_file():
     with pytest.raises(ConfigError, match="nope.yaml: config file not found"):
         load_config("nope.yaml")

@@ -57,24 +57,11 @@ logger = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "model.pth.tar"
 # the reference's gold_score_mode → our retriever.loss (its README: pdist = ppmean, adist = evalnormsum)
-GOLD_SCORE_MODES = {
-    "ppmean": "pdist",
-    "pdist": "pdist",
-    "evalnormsum": "adist",
-    "adist": "adist",
-    "emdr": "emdr",
-    "loop": "loop",
-}
-# the reference's task names → ours
-TASK_NAMES = {
-    "qa": "qa",
-    "kilt": "kilt",
-    "multiple_choice": "mmlu",
-    "fever": "fever",
-    "mlm": "mlm",
-    "lm": "lm",
-    "section": "section",
-}
+GOLD_SCORE_MODES = {"ppmean": "pdist", "evalnormsum": "adist"} | {m: m for m in ("pdist", "adist", "emdr", "loop")}
+# the reference's task names → ours (the same but for multiple_choice)
+TASK_NAMES = {"multiple_choice": "mmlu"} | {name: name for name in ("qa", "kilt", "fever", "mlm", "lm", "section")}
+# the reference's schedulers → ours (any other: linear)
+SCHEDULERS = {"linear": "linear", "cosine": "cosine", "fixed": "constant"}
 BERT_MAX_LENGTH = 512  # the reference truncates retriever inputs to min(text_maxlength, 512)
 REFERENCE_MAX_LENGTH = 128  # the reference's default generation_max_length
 
@@ -220,18 +207,15 @@ def config_from_options(opt: Any, *, tied: bool, closed_book: bool, source: str)
     if name is None:
         notes.append(f"task {task_name!r} has no counterpart: task.name = qa")
         name = "qa"
-    options = {}
-    if name == "qa" and _option(opt, "qa_prompt_format"):
-        options["query_template"] = _option(opt, "qa_prompt_format")
+    prompt = _option(opt, "qa_prompt_format")
     task = dataclasses.replace(
         base.task,
         name=name,
-        options=options,
+        options={"query_template": prompt} if name == "qa" and prompt else {},
         closed_book=closed_book,
         train_data=[str(p) for p in _option(opt, "train_data", []) or []],
         eval_data=[str(p) for p in _option(opt, "eval_data", []) or []],
     )
-    scheduler = _option(opt, "scheduler", "linear")
     training = dataclasses.replace(
         base.training,
         lr=float(_option(opt, "lr", base.training.lr)),
@@ -242,9 +226,7 @@ def config_from_options(opt: Any, *, tied: bool, closed_book: bool, source: str)
         batch_size=int(_option(opt, "per_gpu_batch_size", base.training.batch_size)),
         accumulation_steps=int(_option(opt, "accumulation_steps", 1)),
         clip_norm=float(_option(opt, "clip", base.training.clip_norm)),
-        scheduler={"fixed": "constant"}.get(scheduler, scheduler)
-        if scheduler in ("linear", "cosine", "fixed")
-        else "linear",
+        scheduler=SCHEDULERS.get(_option(opt, "scheduler"), "linear"),
         precision="bf16" if _option(opt, "precision") == "bf16" else "fp32",
         seed=int(_option(opt, "seed", 0)),
     )
@@ -257,13 +239,7 @@ def config_from_options(opt: Any, *, tied: bool, closed_book: bool, source: str)
     if _option(opt, "precision") == "fp16":
         notes.append("precision fp16 has no counterpart (training runs in fp32 or bf16): training.precision = fp32")
     config = AtlasConfig(
-        retriever=retriever,
-        index=index,
-        reader=reader,
-        inference=inference,
-        task=task,
-        training=training,
-        evaluation=base.evaluation,
+        retriever=retriever, index=index, reader=reader, inference=inference, task=task, training=training
     )
     validate_components(config, source=source)
     return config, notes
@@ -298,7 +274,6 @@ def _import_retriever(
     parts: Mapping[str, dict[str, torch.Tensor]],
     config: AtlasConfig,
     *,
-    tied: bool,
     encoder_source: str | None,
     retriever_config: str | None,
     source: str,
@@ -309,6 +284,7 @@ def _import_retriever(
     reference's Contriever ("average"), with the reference's layer norm (`ReferenceLayerNorm`: its BERT
     is its own src/modeling_bert.py). BERT's head count comes from `retriever_config`, else the
     `encoder_source` folder's config.json, else hidden_size / 64 (noted in `notes`)."""
+    tied = "retriever" in parts
     bert_config = None
     if retriever_config:
         bert_config = read_config_file(retriever_config, BertConfig)
@@ -382,36 +358,26 @@ def import_atlas_checkpoint(
     config, notes = config_from_options(opt, tied=tied, closed_book=closed_book, source=source)
 
     encoder_source = retriever_tokenizer or _option(opt, "retriever_model_path")
-    retriever = (
-        None
-        if closed_book
-        else _import_retriever(
-            parts,
-            config,
-            tied=tied,
-            encoder_source=encoder_source,
-            retriever_config=retriever_config,
-            source=source,
-            notes=notes,
+    retriever = None
+    if not closed_book:
+        retriever = _import_retriever(
+            parts, config, encoder_source=encoder_source, retriever_config=retriever_config, source=source, notes=notes
         )
-    )
-    reference_length = _option(opt, "generation_max_length", REFERENCE_MAX_LENGTH)
     conversions.append(
         {
             "what": "inference.generation_max_length",
-            "reference": _plain(reference_length),
+            "reference": _plain(_option(opt, "generation_max_length", REFERENCE_MAX_LENGTH)),
             "here": config.inference.generation_max_length,
             "why": "the reference's generate(max_length) counts the decoder start token; ours counts new tokens",
         }
     )
     if retriever is not None:
-        eps = float(retriever.query_encoder.model.config.layer_norm_eps)
         conversions.append(
             {
                 "what": "retriever layer norm",
                 "reference": "BertLayerNorm of src/modeling_bert.py: (x - mean(x)) / sqrt(mean(x^2) + eps) * w + b",
                 "here": "layer_norm: reference",
-                "eps": eps,
+                "eps": float(retriever.query_encoder.model.config.layer_norm_eps),
                 "why": "the reference's BERT divides by the raw second moment, not the variance",
             }
         )

@@ -20,6 +20,7 @@ and a number in the manifest: an index saved before later training legitimately 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import json
 import logging
 import os
@@ -115,10 +116,9 @@ def _passage_record(passage, path: Path, entry: int) -> dict[str, str]:
         if isinstance(value, bool) or not isinstance(value, (str, int)):
             raise InputError(path, entry, field, f"expected a string, got {type(value).__name__}")
         record[field] = str(value)
-    if not record["id"].strip():
-        raise InputError(path, entry, "id", "empty id")
-    if not record["text"].strip():
-        raise InputError(path, entry, "text", "empty text")
+    for field in ("id", "text"):
+        if not record[field].strip():
+            raise InputError(path, entry, field, f"empty {field}")
     return record
 
 
@@ -128,10 +128,8 @@ def _resolve_retriever(encoder: str | Path):
     path = Path(encoder)
     if not path.exists():
         raise FileNotFoundError(f"{path}: encoder folder not found")
-    try:
+    with contextlib.suppress(FileNotFoundError):  # not a run or checkpoint folder
         path = resolve_checkpoint(path) / "retriever"
-    except FileNotFoundError:
-        pass
     return Retriever.from_pretrained(path)
 
 

@@ -53,10 +53,6 @@ class UnsafePickleError(InputError):
     """A pickle that asks for a global outside the allow-list (it is never executed)."""
 
 
-def _allowed_names() -> str:
-    return ", ".join(f"{g.__module__}.{g.__qualname__}" for g in ALLOWED_GLOBALS)
-
-
 def _refused_global(message: str) -> str | None:
     """The global an unpickler refused (its message says `GLOBAL module.name`), else None (a
     damaged file can cut a name short: `GLOBAL .` is no global)."""
@@ -98,18 +94,17 @@ def load_torch_file(path: str | Path, *, mmap: bool = True) -> Any:
     try:
         with torch.serialization.safe_globals(list(ALLOWED_GLOBALS)):
             return torch.load(path, map_location="cpu", weights_only=True, mmap=use_mmap)
-    except pickle.UnpicklingError as e:
-        refused = _refused_global(str(e))
+    except (pickle.UnpicklingError, *_DAMAGED) as e:
+        refused = _refused_global(str(e)) if isinstance(e, pickle.UnpicklingError) else None
         if refused is not None:
+            allowed = ", ".join(f"{g.__module__}.{g.__qualname__}" for g in ALLOWED_GLOBALS)
             raise UnsafePickleError(
                 path,
                 None,
                 None,
                 f"refused to unpickle: it asks for {refused}, which is not in the allow-list "
-                f"({_allowed_names()}, tensors and plain containers); nothing from it was executed",
+                f"({allowed}, tensors and plain containers); nothing from it was executed",
             ) from None
-        raise InputError(path, None, None, f"truncated or not a torch file ({_reason(e)})") from None
-    except _DAMAGED as e:
         raise InputError(path, None, None, f"truncated or not a torch file ({_reason(e)})") from None
 
 

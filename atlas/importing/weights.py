@@ -52,6 +52,12 @@ def _count_blocks(state: Mapping[str, torch.Tensor], prefix: str, source: str) -
     return len(numbers)
 
 
+def _own_lm_head(state: Mapping[str, torch.Tensor]) -> bool:
+    """Whether `lm_head.weight` is a tensor of its own (T5 v1.1, lm-adapt), not absent or a copy of `shared.weight`."""
+    lm_head, shared = state.get("lm_head.weight"), state["shared.weight"]
+    return lm_head is not None and not (lm_head.shape == shared.shape and torch.equal(lm_head, shared))
+
+
 def read_config_file(path: str | Path, cls):
     """A `T5Config` / `BertConfig` (`cls`) from a config.json file or a folder holding one."""
     path = Path(path)
@@ -78,10 +84,6 @@ def infer_t5_config(state: Mapping[str, torch.Tensor], source: str) -> T5Config:
     inner = _tensor(state, "encoder.block.0.layer.0.SelfAttention.q.weight", source).shape[0]
     gated = "encoder.block.0.layer.1.DenseReluDense.wi_0.weight" in state
     d_ff = _tensor(state, "encoder.block.0.layer.1.DenseReluDense.wo.weight", source).shape[1]
-    lm_head = state.get("lm_head.weight")
-    tied = lm_head is None or (
-        lm_head.shape == state["shared.weight"].shape and torch.equal(lm_head, state["shared.weight"])
-    )
     layers = _count_blocks(state, "encoder.block.", source)
     decoder_layers = _count_blocks(state, "decoder.block.", source)
     if inner % heads:
@@ -101,7 +103,7 @@ def infer_t5_config(state: Mapping[str, torch.Tensor], source: str) -> T5Config:
         num_decoder_layers=decoder_layers,
         relative_attention_num_buckets=int(buckets),
         feed_forward_proj="gated-gelu" if gated else "relu",
-        tie_word_embeddings=tied,
+        tie_word_embeddings=not _own_lm_head(state),
         pad_token_id=0,
         eos_token_id=1,
         decoder_start_token_id=0,
@@ -174,9 +176,7 @@ def t5_from_state_dict(
     cross_bias = state.pop(CROSS_BIAS_KEY, None)
     config = config or infer_t5_config(state, source)
     shared = _tensor(state, "shared.weight", source)
-    lm_head = state.get("lm_head.weight")
-    untied = lm_head is not None and not (lm_head.shape == shared.shape and torch.equal(lm_head, shared))
-    model = (UntiedT5ForConditionalGeneration if untied else T5ForConditionalGeneration)(config)
+    model = (UntiedT5ForConditionalGeneration if _own_lm_head(state) else T5ForConditionalGeneration)(config)
     expected = model.state_dict()
     for alias in (*_T5_ALIASES, "lm_head.weight"):
         if alias in expected and alias not in state:
