@@ -354,52 +354,11 @@ class FiDReader(nn.Module):
         return logits[:, -1, :].index_select(-1, option_token_ids.to(logits.device))
 
     # --- gold scores for the retriever losses (no gradient; callers set eval mode) -------
-    def per_passage_token_logprobs(
-        self,
-        encoder_states: torch.Tensor,
-        attention_mask: torch.Tensor,
-        labels: torch.Tensor,
-        temperature: float = 1.0,
-        input_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """(B, K, T) log p(a_t | a_<t, q, d_k) reading passage k alone; see `passage_scores`."""
-        return passage_scores.per_passage_token_logprobs(
-            self, encoder_states, attention_mask, labels, temperature, input_ids=input_ids
-        )
-
-    def leave_one_out_nll(
-        self,
-        encoder_states: torch.Tensor,
-        attention_mask: torch.Tensor,
-        labels: torch.Tensor,
-        input_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """(B, K) mean target NLL reading all passages but k; see `passage_scores`."""
-        return passage_scores.leave_one_out_nll(self, encoder_states, attention_mask, labels, input_ids=input_ids)
-
-    def cross_attention_scores(
-        self,
-        encoder_states: torch.Tensor,
-        attention_mask: torch.Tensor,
-        labels: torch.Tensor,
-        input_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """(B, K) attention-times-value-norm score per passage; see `attention_scores`."""
-        return attention_scores.cross_attention_scores(
-            self, encoder_states, attention_mask, labels, input_ids=input_ids
-        )
-
-    def copy_attention_scores(
-        self,
-        encoder_states: torch.Tensor,
-        attention_mask: torch.Tensor,
-        labels: torch.Tensor,
-        input_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """(B, K) copy-head pointer mass per passage (readers with a copy head); see `attention_scores`."""
-        if input_ids is None:
-            raise ValueError("copy attention scores need the encoder input ids")
-        return attention_scores.copy_attention_scores(self, encoder_states, attention_mask, labels, input_ids)
+    # (retriever.losses.GoldReader): the functions of `passage_scores` and `attention_scores`, as methods
+    per_passage_token_logprobs = passage_scores.per_passage_token_logprobs  # (B, K, T) reading passage k alone
+    leave_one_out_nll = passage_scores.leave_one_out_nll  # (B, K) mean target NLL reading all passages but k
+    cross_attention_scores = attention_scores.cross_attention_scores  # (B, K) attention × value norm
+    copy_attention_scores = attention_scores.copy_attention_scores  # (B, K) copy-head pointer mass
 
     # --- memory / persistence ---------------------------------------------------------
     def gradient_checkpointing_enable(self) -> None:
