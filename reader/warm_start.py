@@ -276,10 +276,8 @@ class WarmStartedT5(T5ForConditionalGeneration):
         weights = dict(state_dict) if state_dict is not None else self.state_dict()
         weights.pop("lm_head.weight", None)  # tied to shared
         weights.pop("decoder.embed_tokens.weight", None)
-        word_embeddings, shared = (
-            weights.get("encoder.model.embeddings.word_embeddings.weight"),
-            weights.get("shared.weight"),
-        )
+        word_embeddings = weights.get("encoder.model.embeddings.word_embeddings.weight")
+        shared = weights.get("shared.weight")
         if word_embeddings is not None and shared is not None and shared.data_ptr() == word_embeddings.data_ptr():
             # one tensor under two names (safetensors refuses to write it twice): `from_folder` ties it back
             weights.pop("shared.weight")
