@@ -85,7 +85,7 @@ def copy_attention_scores(
     encoder_states: torch.Tensor,
     attention_mask: torch.Tensor,
     labels: torch.Tensor,
-    input_ids: torch.Tensor,
+    input_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Copy mass on each passage, for a reader with a copy head (the gold of `adist` with `attention: copy`).
 
@@ -96,10 +96,13 @@ def copy_attention_scores(
 
     Args:
         encoder_states: (B, K, L, H); attention_mask: (B, K, L); labels: (B, T), -100 ignored;
-        input_ids: (B, K, L) the encoder input ids.
+        input_ids: (B, K, L) the encoder input ids (required; optional in the signature only, as in
+            `retriever.losses.GoldReader`).
     Returns:
         (B, K) float32 scores (float64 for a float64 reader) in [0, 1], summing to at most 1 over passages.
     """
+    if input_ids is None:
+        raise ValueError("copy attention scores need the encoder input ids")
     head = getattr(reader.seq2seq, "copy_head", None)
     if head is None:
         raise ValueError("copy attention scores need a reader with a copy head (a warm-started reader with copy)")

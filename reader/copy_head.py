@@ -74,33 +74,8 @@ class CopyHead(nn.Module):
             attention (N, T, S), rows summing to 1 over the real input tokens; gate (N, T, 1), the logit
             of generating from the vocabulary (σ(−gate) is the probability of copying).
         """
-        rows, steps = decoder_states.shape[:2]
-        attention, gate = self._folded_copy_attention(
-            decoder_states,
-            encoder_states,
-            encoder_mask,
-            source_ids,
-            decoder_input_ids,
-            passage_length,
-            previous_ids,
-            log_prior,
-        )
-        return attention.reshape(rows, steps, -1), gate.reshape(rows, steps, 1)
-
-    def _folded_copy_attention(
-        self,
-        decoder_states,
-        encoder_states,
-        encoder_mask,
-        source_ids,
-        decoder_input_ids,
-        passage_length,
-        previous_ids,
-        log_prior=None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`copy_attention` with the beams of an example folded into its query axis: attention
-        (B, beams·T, S) and gate (B, beams·T, 1), rows beam-major (example b's beams are decoder rows
-        b·beams … b·beams + beams − 1, as `generate` lays them out)."""
+        # computed with the beams of an example folded into its query axis, (B, beams·T, ·), rows beam-major
+        # (example b's beams are decoder rows b·beams … b·beams + beams − 1, as `generate` lays them out)
         rows, steps, width = decoder_states.shape
         batch = encoder_states.shape[0]
         if rows % batch:
@@ -124,7 +99,7 @@ class CopyHead(nn.Module):
         if log_prior is not None:  # where to copy from, re-weighted by the passages' prior; the gate keeps
             # the reader's own reading (a_j ∝ a_j · prior_j)
             attention = (scores + log_prior.to(dtype).unsqueeze(1)).softmax(-1)
-        return attention, gate
+        return attention.reshape(rows, steps, -1), gate.reshape(rows, steps, 1)
 
     def forward(
         self,
@@ -155,8 +130,7 @@ class CopyHead(nn.Module):
         Returns:
             (N, T, V) log p(w) (normalised over V), float32 (float64 for a float64 head).
         """
-        rows, steps, _ = decoder_states.shape
-        attention, gate = self._folded_copy_attention(
+        attention, gate = self.copy_attention(
             decoder_states,
             encoder_states,
             encoder_mask,
@@ -166,12 +140,13 @@ class CopyHead(nn.Module):
             previous_ids,
             log_prior,
         )
+        rows, steps, width = attention.shape
+        attention = attention.reshape(len(source_ids), -1, width)  # (B, beams·T, S): beams folded into the query axis
         batch, queries, _ = attention.shape
         copy = attention.new_zeros(batch, queries, vocab_logits.shape[-1])
         copy.scatter_add_(2, source_ids.unsqueeze(1).expand(-1, queries, -1), attention)
         copy = copy.view(rows, steps, -1)
         log_copy = copy.clamp_min(1e-30).log().masked_fill(copy == 0, float("-inf"))
-        gate = gate.view(rows, steps, 1)
         return torch.logaddexp(
             F.logsigmoid(gate) + F.log_softmax(vocab_logits.to(attention.dtype), dim=-1), F.logsigmoid(-gate) + log_copy
         )

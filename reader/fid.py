@@ -11,6 +11,7 @@ Target ids use -100 at ignored (padding) positions, as Hugging Face losses do.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -48,77 +49,9 @@ ENCODE_GROUP_ROWS = 16
 
 
 # Presets built from config (no pretrained T5 exists offline). Sizes follow the T5 papers;
-# `t5-tiny` / `t5-mini` are for tests and laptops.
-READER_PRESETS: dict[str, dict] = {
-    "t5-tiny": {
-        "d_model": 64,
-        "d_ff": 128,
-        "d_kv": 16,
-        "num_heads": 4,
-        "num_layers": 2,
-        "num_decoder_layers": 2,
-    },
-    "t5-mini": {
-        "d_model": 256,
-        "d_ff": 1024,
-        "d_kv": 32,
-        "num_heads": 8,
-        "num_layers": 4,
-        "num_decoder_layers": 4,
-    },
-    "t5-small": {
-        "d_model": 512,
-        "d_ff": 2048,
-        "d_kv": 64,
-        "num_heads": 8,
-        "num_layers": 6,
-        "num_decoder_layers": 6,
-    },
-    "t5-base": {
-        "d_model": 768,
-        "d_ff": 3072,
-        "d_kv": 64,
-        "num_heads": 12,
-        "num_layers": 12,
-        "num_decoder_layers": 12,
-    },
-    # T5 v1.1 / lm-adapt layout: gated-GELU feed-forward, untied output embedding.
-    "t5-v1_1-small": {
-        "d_model": 512,
-        "d_ff": 1024,
-        "d_kv": 64,
-        "num_heads": 6,
-        "num_layers": 8,
-        "num_decoder_layers": 8,
-        "feed_forward_proj": "gated-gelu",
-        "tie_word_embeddings": False,
-    },
-}
-
-
-def preset_config(
-    name: str,
-    vocab_size: int,
-    pad_token_id: int = 0,
-    eos_token_id: int = 1,
-    dropout: float | None = None,
-) -> T5Config:
-    """The T5Config of preset `name`, sized for a tokenizer of `vocab_size` tokens.
-
-    The decoder start token is the pad token, as in T5. Raises ValueError for an unknown name.
-    """
-    if name not in READER_PRESETS:
-        raise ValueError(f"unknown reader preset {name!r}; valid presets: {sorted(READER_PRESETS)}")
-    kwargs = dict(READER_PRESETS[name])
-    if dropout is not None:
-        kwargs["dropout_rate"] = dropout
-    return T5Config(
-        vocab_size=vocab_size,
-        pad_token_id=pad_token_id,
-        eos_token_id=eos_token_id,
-        decoder_start_token_id=pad_token_id,
-        **kwargs,
-    )
+# `t5-tiny` / `t5-mini` are for tests and laptops; `t5-v1_1-small` is the T5 v1.1 / lm-adapt layout
+# (gated-GELU feed-forward, untied output embedding).
+READER_PRESETS: dict[str, dict] = json.loads(Path(__file__).with_name("t5_presets.json").read_text())
 
 
 def _module_dropout(module: nn.Module) -> float:
@@ -421,52 +354,11 @@ class FiDReader(nn.Module):
         return logits[:, -1, :].index_select(-1, option_token_ids.to(logits.device))
 
     # --- gold scores for the retriever losses (no gradient; callers set eval mode) -------
-    def per_passage_token_logprobs(
-        self,
-        encoder_states: torch.Tensor,
-        attention_mask: torch.Tensor,
-        labels: torch.Tensor,
-        temperature: float = 1.0,
-        input_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """(B, K, T) log p(a_t | a_<t, q, d_k) reading passage k alone; see `passage_scores`."""
-        return passage_scores.per_passage_token_logprobs(
-            self, encoder_states, attention_mask, labels, temperature, input_ids=input_ids
-        )
-
-    def leave_one_out_nll(
-        self,
-        encoder_states: torch.Tensor,
-        attention_mask: torch.Tensor,
-        labels: torch.Tensor,
-        input_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """(B, K) mean target NLL reading all passages but k; see `passage_scores`."""
-        return passage_scores.leave_one_out_nll(self, encoder_states, attention_mask, labels, input_ids=input_ids)
-
-    def cross_attention_scores(
-        self,
-        encoder_states: torch.Tensor,
-        attention_mask: torch.Tensor,
-        labels: torch.Tensor,
-        input_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """(B, K) attention-times-value-norm score per passage; see `attention_scores`."""
-        return attention_scores.cross_attention_scores(
-            self, encoder_states, attention_mask, labels, input_ids=input_ids
-        )
-
-    def copy_attention_scores(
-        self,
-        encoder_states: torch.Tensor,
-        attention_mask: torch.Tensor,
-        labels: torch.Tensor,
-        input_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """(B, K) copy-head pointer mass per passage (readers with a copy head); see `attention_scores`."""
-        if input_ids is None:
-            raise ValueError("copy attention scores need the encoder input ids")
-        return attention_scores.copy_attention_scores(self, encoder_states, attention_mask, labels, input_ids)
+    # (retriever.losses.GoldReader): the functions of `passage_scores` and `attention_scores`, as methods
+    per_passage_token_logprobs = passage_scores.per_passage_token_logprobs  # (B, K, T) reading passage k alone
+    leave_one_out_nll = passage_scores.leave_one_out_nll  # (B, K) mean target NLL reading all passages but k
+    cross_attention_scores = attention_scores.cross_attention_scores  # (B, K) attention × value norm
+    copy_attention_scores = attention_scores.copy_attention_scores  # (B, K) copy-head pointer mass
 
     # --- memory / persistence ---------------------------------------------------------
     def gradient_checkpointing_enable(self) -> None:
@@ -537,7 +429,14 @@ def build_reader(
             f"not to reader.model {model!r}"
         )
     if model in READER_PRESETS:
-        config = preset_config(model, vocab_size, pad_token_id, eos_token_id, dropout)
+        config = T5Config(
+            vocab_size=vocab_size,
+            pad_token_id=pad_token_id,
+            eos_token_id=eos_token_id,
+            decoder_start_token_id=pad_token_id,  # as in T5
+            **READER_PRESETS[model],
+            **({} if dropout is None else {"dropout_rate": dropout}),
+        )
         if seed is not None:
             torch.manual_seed(seed)
         return FiDReader(T5ForConditionalGeneration(config))

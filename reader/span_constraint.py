@@ -70,10 +70,7 @@ class PassageSpanConstraint:
                 self._tokens.append(None)
                 self._starts.append([])
                 continue
-            joined = []
-            for seq in sequences:
-                joined += [int(t) for t in seq] + [_SEPARATOR]
-            tokens = np.array(joined, dtype=np.int64)
+            tokens = np.array([int(t) for seq in sequences for t in [*seq, _SEPARATOR]], dtype=np.int64)
             self._tokens.append(tokens)
             real = tokens[tokens != _SEPARATOR]
             self._starts.append(sorted(set(real[~np.isin(real, self._continuation)].tolist())))

@@ -36,10 +36,6 @@ def sentinel(index: int) -> str:
     return f"<extra_id_{index}>"
 
 
-def _minilm_vocab_file() -> Path:
-    return Path(encoder_source(MINILM)) / "vocab.txt"
-
-
 def wordpiece_t5_tokenizer(vocab_file: str | Path, lowercase: bool = True) -> PreTrainedTokenizerFast:
     """A fast tokenizer with T5 conventions over a WordPiece `vocab.txt` (one piece a line).
 
@@ -66,7 +62,7 @@ def wordpiece_t5_tokenizer(vocab_file: str | Path, lowercase: bool = True) -> Pr
     )
     specials = [PAD, EOS, UNK] + [sentinel(i) for i in range(N_SENTINELS)]
     backend.add_special_tokens(specials)
-    tokenizer = PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(
         tokenizer_object=backend,
         pad_token=PAD,
         eos_token=EOS,
@@ -75,7 +71,6 @@ def wordpiece_t5_tokenizer(vocab_file: str | Path, lowercase: bool = True) -> Pr
         model_max_length=100_000,
         padding_side="right",
     )
-    return tokenizer
 
 
 def reference_t5_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerFast:
@@ -148,7 +143,7 @@ def build_reader_tokenizer(path: str | Path | None = None) -> PreTrainedTokenize
     encoding appends, and a pad token (a saved `wordpiece_t5_tokenizer`, or a T5 one).
     """
     if path is None:
-        return wordpiece_t5_tokenizer(_minilm_vocab_file())
+        return wordpiece_t5_tokenizer(Path(encoder_source(MINILM)) / "vocab.txt")
     folder = Path(path)
     if not folder.is_dir():
         name = str(path)

@@ -52,32 +52,7 @@ READER_KIND = "warm-started-fid"
 WEIGHTS_FILE = "model.safetensors"
 
 # Decoder presets over a pre-trained encoder; d_model is the encoder's hidden size.
-WARM_START_PRESETS: dict[str, dict] = {
-    "minilm-fid": {
-        "encoder": "minilm",
-        "num_decoder_layers": 4,
-        "num_heads": 6,
-        "d_kv": 64,
-        "d_ff": 1536,
-        "copy": True,
-    },
-    "minilm-fid-nocopy": {
-        "encoder": "minilm",
-        "num_decoder_layers": 4,
-        "num_heads": 6,
-        "d_kv": 64,
-        "d_ff": 1536,
-        "copy": False,
-    },
-    "minilm-fid-tiny": {
-        "encoder": "minilm",
-        "num_decoder_layers": 1,
-        "num_heads": 2,
-        "d_kv": 16,
-        "d_ff": 64,
-        "copy": True,
-    },
-}
+WARM_START_PRESETS: dict[str, dict] = json.loads(Path(__file__).with_name("warm_start_presets.json").read_text())
 
 # Reader special tokens → the encoder's own tokens with the same role. `<extra_id_0>` marks the
 # blank to fill, which is what BERT's [MASK] meant in pre-training.
@@ -85,16 +60,16 @@ _SPECIAL_ROWS = {"<pad>": "[PAD]", "</s>": "[SEP]", "<unk>": "[UNK]", "<extra_id
 
 
 def remap_token_embeddings(
-    source: torch.Tensor, source_vocab: dict[str, int], tokenizer: PreTrainedTokenizerBase
+    source: torch.Tensor, source_vocab: dict[str, int], vocab: dict[str, int]
 ) -> tuple[torch.Tensor, int]:
-    """The encoder's token embedding `source` (V_s, H) with rows rearranged to the reader's ids.
+    """The encoder's token embedding `source` (V_s, H) with rows rearranged to the reader's ids (`vocab`,
+    the reader tokenizer's `get_vocab()`).
 
     Pieces both vocabularies share keep their row; the reader's specials take the row of the
     encoder token with the same role (`<pad>`→[PAD], `</s>`→[SEP], `<unk>`→[UNK],
     `<extra_id_0>`→[MASK], `<extra_id_i>`→[unused i-1]); any other reader token gets the mean row.
     Returns ((V_r, H) float tensor, number of rows copied from `source`).
     """
-    vocab = tokenizer.get_vocab()
     rows = source.detach().new_empty(max(vocab.values()) + 1, source.shape[1])
     rows[:] = source.detach().mean(0)
     copied = 0
@@ -239,9 +214,7 @@ class WarmStartedT5(T5ForConditionalGeneration):
         encoder_states = encoder_outputs.last_hidden_state
         if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
             decoder_input_ids = self._shift_right(labels)
-        if (
-            past_key_values is not None
-        ):  # the cache under its name before transformers 5.24 (5.24 passes `cache` in kwargs)
+        if past_key_values is not None:  # the cache's name before transformers 5.24 (5.24 passes `cache` in kwargs)
             kwargs["past_key_values"] = past_key_values
         decoder_outputs = self.decoder(
             input_ids=decoder_input_ids,
@@ -303,10 +276,8 @@ class WarmStartedT5(T5ForConditionalGeneration):
         weights = dict(state_dict) if state_dict is not None else self.state_dict()
         weights.pop("lm_head.weight", None)  # tied to shared
         weights.pop("decoder.embed_tokens.weight", None)
-        word_embeddings, shared = (
-            weights.get("encoder.model.embeddings.word_embeddings.weight"),
-            weights.get("shared.weight"),
-        )
+        word_embeddings = weights.get("encoder.model.embeddings.word_embeddings.weight")
+        shared = weights.get("shared.weight")
         if word_embeddings is not None and shared is not None and shared.data_ptr() == word_embeddings.data_ptr():
             # one tensor under two names (safetensors refuses to write it twice): `from_folder` ties it back
             weights.pop("shared.weight")
@@ -343,14 +314,7 @@ class WarmStartedT5(T5ForConditionalGeneration):
         config = T5Config(**{k: v for k, v in record.items() if k not in ("architectures", "transformers_version")})
         if dropout is not None:
             config.dropout_rate = dropout
-            info = {
-                **info,
-                "encoder_config": {
-                    **info["encoder_config"],
-                    "hidden_dropout_prob": dropout,
-                    "attention_probs_dropout_prob": dropout,
-                },
-            }
+            info["encoder_config"].update(hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
         config.atlas_reader = info
         base = _base_encoder_state(info, config.vocab_size)
         if expected_hash is not None and _tensor_hash({n: base[n] for n in from_base}) != expected_hash:
@@ -411,28 +375,14 @@ def _base_encoder_state(info: dict, vocab_size: int) -> dict[str, torch.Tensor]:
     reader's ids), from the installed base named in `info["encoder"]`."""
     source = encoder_source(info["encoder"])
     model = _load_base(source)
-    vocab = _encoder_vocab(source)
-    rows, _ = remap_token_embeddings(model.get_input_embeddings().weight, vocab, _IdsOnly(info["reader_vocab"]))
+    vocab = AutoTokenizer.from_pretrained(source).get_vocab()
+    rows, _ = remap_token_embeddings(model.get_input_embeddings().weight, vocab, info["reader_vocab"])
     if rows.shape[0] != vocab_size:
         raise ValueError(f"reader vocabulary of {vocab_size} tokens, but the recorded one has {rows.shape[0]}")
     state = {f"encoder.model.{k}": v for k, v in model.state_dict().items() if not k.startswith("pooler.")}
     state["encoder.model.embeddings.word_embeddings.weight"] = rows
     state["shared.weight"] = rows
     return state
-
-
-def _encoder_vocab(source: str) -> dict[str, int]:
-    return AutoTokenizer.from_pretrained(source).get_vocab()
-
-
-class _IdsOnly:
-    """A stand-in tokenizer exposing only `get_vocab` (the reader vocabulary recorded in a folder)."""
-
-    def __init__(self, vocab: dict[str, int]) -> None:
-        self.vocab = vocab
-
-    def get_vocab(self) -> dict[str, int]:
-        return self.vocab
 
 
 def build_warm_started(

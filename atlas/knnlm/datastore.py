@@ -186,7 +186,6 @@ class DatastoreWriter:
         self.path = Path(path)
         self.n_rows = n_rows
         self.key_dims = dict(key_dims)
-        self.with_lm_logprobs = with_lm_logprobs
         self.manifest = DatastoreManifest(n_rows, self.key_dims, with_lm_logprobs, meta)
         self.path.mkdir(parents=True, exist_ok=True)
         manifest_path = self.path / MANIFEST

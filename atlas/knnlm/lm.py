@@ -66,11 +66,6 @@ def architecture_of(model: nn.Module) -> str:
     raise ValueError(f"cannot locate the blocks of {type(model).__name__}; supported layouts: {sorted(ARCHITECTURES)}")
 
 
-def _first(output):
-    """Attention modules (and some blocks) return tuples whose first element is the hidden state."""
-    return output[0] if isinstance(output, (tuple, list)) else output
-
-
 # key type → (sublayer finder, whether the key is the module's input rather than its output)
 KEY_TYPES: dict[str, tuple[Callable[[BlockParts, nn.Module], nn.Module], bool]] = {
     "layer_output": (lambda parts, block: block, False),
@@ -112,7 +107,6 @@ class KeyedLM:
         self.architecture = architecture_of(model)
         parts = ARCHITECTURES[self.architecture]
         blocks = parts.blocks(model)
-        self.n_blocks = len(blocks)
         self.key_specs = list(dict.fromkeys(key_specs))
         if self.architecture == "t5" and encoder_input_ids is None:
             encoder_input_ids = [model.config.eos_token_id]
@@ -120,26 +114,22 @@ class KeyedLM:
         self._captured: dict[str, torch.Tensor] | None = None
         self._handles = []
         for spec in self.key_specs:
-            kind, index = parse_key_spec(spec, self.n_blocks)
+            kind, index = parse_key_spec(spec, len(blocks))
             find, is_input = KEY_TYPES[kind]
             module = find(parts, blocks[index])
-            if is_input:
-                hook = self._module_input_hook(spec)
-                self._handles.append(module.register_forward_pre_hook(hook))
-            else:
-                self._handles.append(module.register_forward_hook(self._module_output_hook(spec)))
+            register = module.register_forward_pre_hook if is_input else module.register_forward_hook
+            self._handles.append(register(self._capture_hook(spec, is_input)))
 
-    def _module_input_hook(self, spec: str):
-        def hook(module, args):
+    def _capture_hook(self, spec: str, is_input: bool):
+        """A forward pre-hook (`is_input`: (module, args)) or forward hook ((module, args, output)) that
+        stores the key while a call is in progress."""
+
+        def hook(module, args, output=None):
             if self._captured is not None:
-                self._captured[spec] = args[0].detach()
-
-        return hook
-
-    def _module_output_hook(self, spec: str):
-        def hook(module, args, output):
-            if self._captured is not None:
-                self._captured[spec] = _first(output).detach()
+                value = args[0] if is_input else output
+                if isinstance(value, (tuple, list)):  # attention modules (and some blocks): hidden state first
+                    value = value[0]
+                self._captured[spec] = value.detach()
 
         return hook
 

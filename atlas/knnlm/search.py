@@ -125,13 +125,12 @@ def search_neighbours(
     queries = np.ascontiguousarray(queries, dtype=np.float32)
     if index is None:
         scores, ids = exact_search(queries, keys, k, metric, chunk_rows=chunk_rows)
-        distances = scores.astype(np.float64) if metric == "l2" else -scores.astype(np.float64)
-        return distances, ids
-    set_search_params(index, nprobe=nprobe)
-    scores, ids = index.search(queries, k)
+    else:
+        set_search_params(index, nprobe=nprobe)
+        scores, ids = index.search(queries, k)
     missing = ids < 0
     ids = np.where(missing, 0, ids)  # IVF may return fewer than k: give them zero weight below
-    if recompute:
+    if recompute and index is not None:
         distances = exact_distances(queries, keys, ids, metric)
     else:
         distances = scores.astype(np.float64) if metric == "l2" else -scores.astype(np.float64)

@@ -46,15 +46,11 @@ def checkpoint_root(output_dir: str | Path) -> Path:
 
 def rng_state() -> dict[str, Any]:
     """The RNG states that make a resumed run continue bit-identically (Python and torch CPU)."""
-    state = {"python": list(_flatten(random.getstate())), "torch": torch.get_rng_state()}
+    version, internal, gauss = random.getstate()
+    state = {"python": [version, *internal, gauss], "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
-
-
-def _flatten(python_state) -> list:
-    version, internal, gauss = python_state
-    return [version, *internal, gauss]
 
 
 def set_rng_state(state: dict[str, Any]) -> None:

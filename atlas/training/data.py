@@ -57,14 +57,10 @@ class ExampleStream:
             example = self.examples[index]
             rng = random.Random(f"target-{self.seed}-{self.position.epoch}-{index}")
             query, target = self.task.training_pair(example, rng)
-            batch.append(example if query == example.query else _with_query(example, query))
+            batch.append(example if query == example.query else replace(example, query=query))
             targets.append(target)
             self.position.offset += 1
         return batch, targets
-
-
-def _with_query(example: Example, query: str) -> Example:
-    return replace(example, query=query)
 
 
 def _trainable(task, path, skip_invalid: bool) -> list[Example]:

@@ -44,13 +44,6 @@ from atlas.distributed import DistributedContext
 
 logger = logging.getLogger(__name__)
 
-# JSON keys that `training.*` owns: filled in when absent or "auto", checked when given
-_FROM_TRAINING = {
-    "train_micro_batch_size_per_gpu": "training.batch_size",
-    "gradient_accumulation_steps": "training.accumulation_steps",
-    "train_batch_size": "training.batch_size × accumulation_steps × world size",
-    "gradient_clipping": "training.clip_norm",
-}
 _MOMENTS = ("exp_avg", "exp_avg_sq")  # torch AdamW's per-parameter state besides "step"
 
 
@@ -107,17 +100,22 @@ def load_deepspeed_config(path: str | Path, training: TrainingConfig, world_size
             )
         config.pop(precision, None)  # "auto" or false: nothing to enable
 
+    # JSON keys that `training.*` owns (key → (value, where it comes from)): filled in when absent or "auto",
+    # checked when given
     ours = {
-        "train_micro_batch_size_per_gpu": training.batch_size,
-        "gradient_accumulation_steps": training.accumulation_steps,
-        "train_batch_size": training.batch_size * training.accumulation_steps * world_size,
-        "gradient_clipping": float(training.clip_norm),
+        "train_micro_batch_size_per_gpu": (training.batch_size, "training.batch_size"),
+        "gradient_accumulation_steps": (training.accumulation_steps, "training.accumulation_steps"),
+        "train_batch_size": (
+            training.batch_size * training.accumulation_steps * world_size,
+            "training.batch_size × accumulation_steps × world size",
+        ),
+        "gradient_clipping": (float(training.clip_norm), "training.clip_norm"),
     }
-    for key, value in ours.items():
+    for key, (value, source) in ours.items():
         given = config.get(key, "auto")
         if given != "auto" and given != value:
             raise ConfigError(
-                f"{path}: '{key}' is {given!r} but {_FROM_TRAINING[key]} gives {value!r}; "
+                f"{path}: '{key}' is {given!r} but {source} gives {value!r}; "
                 f'set it to "auto" (atlas fills it in from training.*)'
             )
         config[key] = value
@@ -240,9 +238,8 @@ class DeepSpeedReader:
                 for name, param in module.named_parameters(remove_duplicate=False)
             }
             weights.update({name.removeprefix("seq2seq."): b.detach().cpu() for name, b in module.named_buffers()})
-        n_params = len(full)
         group = {key: value for key, value in self.optimizer.param_groups[0].items() if key != "params"}
-        return weights, {"state": state, "param_groups": [{**group, "params": list(range(n_params))}]}
+        return weights, {"state": state, "param_groups": [{**group, "params": list(range(len(full)))}]}
 
     def load_optimizer_state(self, saved: dict) -> None:
         """Scatter a consolidated (or plain torch AdamW) reader optimizer state into the engine.

@@ -470,12 +470,11 @@ class TrainingRecipe:
 
     def refresh(self) -> None:
         """Re-embed the corpus with the current passage encoder and search that index from now on."""
-        config = self.config
         refresh_index(
             self.model,
             self.model.passage_index.corpora[0].path,
             self.output_dir / "index-refreshed",
-            config,
+            self.config,
             context=self.context,
         )
         if self.log is not None:

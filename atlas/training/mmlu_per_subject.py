@@ -91,18 +91,18 @@ def _shared_index(config: AtlasConfig, out: Path) -> str | None:
     return str(prepare_index(built))  # builds OUT/index unless it exists
 
 
-def _on_rank0(value: bool, context: DistributedContext) -> bool:
-    """Rank 0's `value` on every rank (a file check whose answer every rank must share)."""
+def _on_rank0(value, context: DistributedContext):
+    """Rank 0's `value` on every rank (a file check whose answer every rank must share, the merged metrics)."""
     if not context.enabled:
         return value
     box = [value]
     dist.broadcast_object_list(box, src=0)
-    return bool(box[0])
+    return box[0]
 
 
 def _read_predictions(path: Path, examples: list[Example]) -> tuple[list[str], list[dict[str, float]]]:
     """A subject's predictions.jsonl, checked against its test examples (same ids, same order)."""
-    rows = [(line, record) for line, record in read_jsonl(path)]
+    rows = list(read_jsonl(path))
     if [str(r.get("id")) for _, r in rows] != [e.id for e in examples]:
         raise InputError(
             path,
@@ -182,11 +182,7 @@ def run_per_subject(
     metrics: dict[str, float] = {}
     if context.is_main:
         metrics = merge_subjects(out, files, task, max_examples=config.evaluation.max_examples)
-    if context.enabled:
-        box = [metrics]
-        dist.broadcast_object_list(box, src=0)
-        metrics = box[0]
-    return metrics
+    return _on_rank0(metrics, context)
 
 
 def merge_subjects(

@@ -97,7 +97,7 @@ def test_copy_head_equals_the_pointer_generator_formula_in_float64():
 def test_specials_take_the_rows_of_the_encoder_tokens_with_the_same_role(tokenizer):
     source_vocab = {"[PAD]": 0, "[unused0]": 1, "[UNK]": 2, "[SEP]": 3, "[MASK]": 4, "paris": 5}
     source = torch.arange(6, dtype=torch.float32).unsqueeze(1).repeat(1, 2)
-    rows, copied = remap_token_embeddings(source, source_vocab, tokenizer)
+    rows, copied = remap_token_embeddings(source, source_vocab, tokenizer.get_vocab())
     vocab = tokenizer.get_vocab()
     assert rows[vocab["<pad>"]].tolist() == [0, 0] and rows[vocab["</s>"]].tolist() == [3, 3]
     assert rows[vocab["<extra_id_0>"]].tolist() == [4, 4] and rows[vocab["<extra_id_1>"]].tolist() == [1, 1]
