@@ -10,50 +10,20 @@ to prefer answers that sound right; one also taught on swapped text learns to an
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from tasks.base import Example
 from tasks.metrics import normalize_answer
 from tasks.passage import Passage
 from tasks.place_names import place_levels
 
-NUMBER_WORDS = frozenset(
-    {
-        "one",
-        "two",
-        "three",
-        "four",
-        "five",
-        "six",
-        "seven",
-        "eight",
-        "nine",
-        "ten",
-        "eleven",
-        "twelve",
-        "thirteen",
-        "fourteen",
-        "fifteen",
-        "sixteen",
-        "seventeen",
-        "eighteen",
-        "nineteen",
-        "twenty",
-        "thirty",
-        "forty",
-        "fifty",
-        "sixty",
-        "seventy",
-        "eighty",
-        "ninety",
-        "hundred",
-        "thousand",
-        "million",
-        "billion",
-    }
-)
+# the word lists this module reads by (number words, months, prepositions, "what X" nouns by kind) are data
+_WORDS = json.loads(Path(__file__).with_name("counterfactual_words.json").read_text(encoding="utf-8"))
+NUMBER_WORDS = frozenset(_WORDS["number_words"])
 
 
 def whole_words(phrase: str) -> re.Pattern:
@@ -150,112 +120,7 @@ def question_word(question: str) -> str:
 # a time, "where" a place, "how many" a number; "what X" / "which X" the kind its noun X names ("what state" a place,
 # "what dynasty" a people, "what novel" a work); other forms say nothing ("" : any kind). A replacement must answer
 # a question of the same kind as the fact's, and the old answer's own entity kind must be one its question allows.
-QUESTION_NOUN_KINDS = {
-    **dict.fromkeys(
-        [
-            "state",
-            "country",
-            "city",
-            "county",
-            "town",
-            "village",
-            "island",
-            "continent",
-            "region",
-            "province",
-            "capital",
-            "river",
-            "mountain",
-            "lake",
-            "ocean",
-            "sea",
-            "location",
-            "place",
-            "desert",
-            "valley",
-            "peninsula",
-            "district",
-            "neighborhood",
-            "neighbourhood",
-        ],
-        "place",
-    ),
-    **dict.fromkeys(
-        [
-            "team",
-            "club",
-            "band",
-            "group",
-            "company",
-            "corporation",
-            "firm",
-            "party",
-            "organization",
-            "organisation",
-            "university",
-            "college",
-            "school",
-            "network",
-            "channel",
-            "label",
-            "airline",
-            "franchise",
-            "agency",
-            "army",
-            "navy",
-            "church",
-        ],
-        "group",
-    ),
-    **dict.fromkeys(
-        ["dynasty", "tribe", "nationality", "people", "ethnicity", "religion", "empire", "kingdom"], "people"
-    ),
-    **dict.fromkeys(
-        [
-            "song",
-            "book",
-            "novel",
-            "film",
-            "movie",
-            "show",
-            "series",
-            "album",
-            "play",
-            "poem",
-            "episode",
-            "language",
-            "law",
-            "act",
-            "game",
-            "painting",
-            "opera",
-            "musical",
-            "poem",
-            "single",
-        ],
-        "work",
-    ),
-    **dict.fromkeys(["year", "date", "day", "month", "century", "decade", "era", "period", "time", "age"], "time"),
-    **dict.fromkeys(["percentage", "percent", "number", "amount"], "number"),
-    **dict.fromkeys(
-        [
-            "president",
-            "king",
-            "queen",
-            "actor",
-            "actress",
-            "singer",
-            "author",
-            "writer",
-            "player",
-            "coach",
-            "person",
-            "man",
-            "woman",
-        ],
-        "person",
-    ),
-}
+QUESTION_NOUN_KINDS = {noun: kind for kind, nouns in _WORDS["question_nouns"].items() for noun in nouns}
 _WH_KINDS = {"who": "person", "whom": "person", "whose": "person", "when": "time", "where": "place"}
 _HOW_KINDS = {"many": "number", "much": "number", "old": "number", "long": "duration"}
 # "what kind of X", "what part of X", "which type of X": the noun after "of" is the one that names the kind
@@ -273,26 +138,7 @@ QUESTION_ALLOWS = {
 }
 
 
-_PREPOSITIONS = frozenset(
-    [
-        "in",
-        "of",
-        "on",
-        "at",
-        "from",
-        "to",
-        "for",
-        "by",
-        "with",
-        "during",
-        "since",
-        "until",
-        "after",
-        "before",
-        "into",
-        "about",
-    ]
-)
+_PREPOSITIONS = frozenset(_WORDS["prepositions"])
 
 
 def question_kind(question: str) -> str:
@@ -315,34 +161,7 @@ def question_kind(question: str) -> str:
     return ""
 
 
-_MONTHS = frozenset(
-    [
-        "january",
-        "february",
-        "march",
-        "april",
-        "may",
-        "june",
-        "july",
-        "august",
-        "september",
-        "october",
-        "november",
-        "december",
-        "jan",
-        "feb",
-        "mar",
-        "apr",
-        "jun",
-        "jul",
-        "aug",
-        "sep",
-        "sept",
-        "oct",
-        "nov",
-        "dec",
-    ]
-)
+_MONTHS = frozenset(_WORDS["months"])
 
 
 def value_shape(answer: str) -> str:
