@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -259,24 +260,15 @@ def answer_shape(doc, answer: str) -> str:
     )
 
 
-def typed_candidates(
-    candidates: list[tuple[str, int]], label: str, labels: list[str]
+def candidates_sharing(
+    candidates: list[tuple[str, int]], value: str, values: list[str]
 ) -> tuple[list[tuple[str, int]], bool]:
-    """The candidates ((answer, pool row)) whose entity label (`labels[row]`) is the old answer's `label`
-    (a person for a person, a country for a country, a percentage for a percentage: Longpre et al.'s
-    type-preserving substitution), True; all of them, False, when the old answer is no entity or none
-    has its type."""
-    typed = [(a, j) for a, j in candidates if label and labels[j] == label]
-    return (typed, True) if typed else (candidates, False)
-
-
-def shaped_candidates(
-    candidates: list[tuple[str, int]], shape: str, shapes: list[str]
-) -> tuple[list[tuple[str, int]], bool]:
-    """The candidates whose shape (`shapes[row]`, `answer_shape`) is the old answer's `shape`, True; all of
-    them, False, when the shape is unknown or no candidate has it."""
-    shaped = [(a, j) for a, j in candidates if shape and shapes[j] == shape]
-    return (shaped, True) if shaped else (candidates, False)
+    """The candidates ((answer, pool row)) whose `values[row]` is the old answer's `value`, True; all of them, False,
+    when `value` is "" or no candidate has it. With entity labels (`answer_entity_label`): a person for a person, a
+    country for a country, a percentage for a percentage (Longpre et al.'s type-preserving substitution); with
+    phrase shapes (`answer_shape`): "a sword" for "a scythe"."""
+    kept = [(a, j) for a, j in candidates if value and values[j] == value]
+    return (kept, True) if kept else (candidates, False)
 
 
 @dataclass(frozen=True)
@@ -324,18 +316,10 @@ def tag_answers(
     if nlp is None:
         return [AnswerType(answer_kind(a), relation=r) for a, r in zip(answers, relations, strict=True)]
     texts = [c if c and states(c, a) else a for a, c in zip(answers, contexts, strict=True)]
-    types = []
-    for doc, answer, relation in zip(nlp.pipe(texts), answers, relations, strict=True):
-        types.append(
-            AnswerType(
-                answer_kind(answer),
-                answer_entity_label(doc, answer),
-                answer_shape(doc, answer),
-                relation,
-                passage_gender(doc.text, answer),
-            )
-        )
-    return types
+    return [
+        AnswerType(answer_kind(a), answer_entity_label(doc, a), answer_shape(doc, a), r, passage_gender(doc.text, a))
+        for doc, a, r in zip(nlp.pipe(texts), answers, relations, strict=True)
+    ]
 
 
 def _is_one_phrase(span) -> bool:
@@ -626,11 +610,7 @@ def neighbour_kind(j: int, types: list[AnswerType], similarity, leave_out: int) 
     nearest = sorted(labelled, key=lambda x: (-float(similarity[j][x]), x))[:NEIGHBOURS_VOTING]
     if len(nearest) < 3:
         return None
-    votes: dict[str, int] = {}
-    for x in nearest:
-        kind = entity_kind(types[x].entity)
-        votes[kind] = votes.get(kind, 0) + 1
-    kind, count = max(votes.items(), key=lambda item: item[1])
+    kind, count = Counter(entity_kind(types[x].entity) for x in nearest).most_common(1)[0]
     return kind if 2 * count > len(nearest) else None
 
 

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from common.io import InputError, read_jsonl, write_jsonl
-from tasks.metrics import exact_match, f1, normalize_answer, rouge_l  # noqa: F401
+from tasks.metrics import exact_match, f1, rouge_l
 
 RANK_KEYS = ("wikipedia_id",)
 DEFAULT_KS = (1, 5, 10, 20)
