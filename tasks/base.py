@@ -221,14 +221,6 @@ def check_lengths(examples: list[Example], predictions: list[str]) -> None:
         raise ValueError(f"{len(predictions)} predictions for {len(examples)} examples")
 
 
-def mean(values: list[float]) -> float:
-    """Plain left-to-right mean (the order official scorers sum in); 0.0 for no values."""
-    total = 0.0
-    for value in values:
-        total += value
-    return total / len(values) if values else 0.0
-
-
 def format_template(template: str, option: str, **fields: str) -> str:
     """`template.format(**fields)`, with an error naming the option on a bad placeholder."""
     try:

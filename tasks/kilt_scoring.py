@@ -100,20 +100,27 @@ def load_kilt_file(path: str | os.PathLike, *, predictions: bool) -> list[tuple[
             raise InputError(path, line, "output", "expected a non-empty list")
         if predictions and len(outputs) != 1:
             raise InputError(path, line, "output", f"a prediction needs exactly one output, got {len(outputs)}")
-        for n, output in enumerate(outputs):
-            if not isinstance(output, dict):
-                raise InputError(path, line, f"output[{n}]", "expected an object")
-            if predictions and "answer" not in output:
-                raise InputError(path, line, "output[0].answer", "missing required field")
-            if not predictions and output.get("answer") is not None and not isinstance(output["answer"], str):
-                raise InputError(path, line, f"output[{n}].answer", "expected a string")
-            provenance = output.get("provenance")
-            if provenance is not None and (
-                not isinstance(provenance, list) or not all(isinstance(p, dict) for p in provenance)
-            ):
-                raise InputError(path, line, f"output[{n}].provenance", "expected a list of objects")
+        check_outputs(outputs, path, line, prediction=predictions)
         records.append((line, record))
     return records
+
+
+def check_outputs(outputs: list, path: str | os.PathLike, line: int | None, *, prediction: bool = False) -> None:
+    """Raise `InputError` (file, line, field) unless each of a KILT record's `outputs` is an object whose
+    `provenance` (if any) is a list of objects and whose `answer` is a string where given (gold) or is given
+    (a prediction)."""
+    for n, output in enumerate(outputs):
+        if not isinstance(output, dict):
+            raise InputError(path, line, f"output[{n}]", "expected an object")
+        if prediction and "answer" not in output:
+            raise InputError(path, line, "output[0].answer", "missing required field")
+        if not prediction and output.get("answer") is not None and not isinstance(output["answer"], str):
+            raise InputError(path, line, f"output[{n}].answer", "expected a string")
+        provenance = output.get("provenance")
+        if provenance is not None and (
+            not isinstance(provenance, list) or not all(isinstance(p, dict) for p in provenance)
+        ):
+            raise InputError(path, line, f"output[{n}].provenance", "expected a list of objects")
 
 
 def align_predictions(

@@ -121,11 +121,9 @@ class _PretextTask(Task):
         import pyarrow as pa  # heavy: pyarrow, only to read a prepared corpus folder; `import tasks` stays light
 
         with pa.memory_map(str(arrow)) as source:
-            row = 0
-            for batch in pa.ipc.open_stream(source):
-                for record in batch.to_pylist():
-                    row += 1
-                    yield str(arrow), row, record
+            records = (record for batch in pa.ipc.open_stream(source) for record in batch.to_pylist())
+            for row, record in enumerate(records, start=1):
+                yield str(arrow), row, record
 
     def parse_record(self, record: dict[str, Any], path: str, line: int, index: int) -> Example | None:
         """A corpus passage → a pretext example (seeded by the option `seed` and the passage id)."""

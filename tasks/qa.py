@@ -48,10 +48,6 @@ def _question_from_context(context: str, path: str, line: int) -> str:
     return question
 
 
-def _dedupe(values: list[str]) -> list[str]:
-    return list(dict.fromkeys(values))
-
-
 @register_task("qa")
 class QATask(Task):
     """Question answering with EM / F1 (SQuAD normalisation, max over gold answers)."""
@@ -87,7 +83,7 @@ class QATask(Task):
             answers = _string_list(record, "answer", path, line)
         if "aliases" in record:
             answers = answers + _string_list(record, "aliases", path, line)
-        answers = _dedupe(answers)
+        answers = list(dict.fromkeys(answers))  # without repeats, in order
         if ("answers" in record or "answer" in record) and not answers:
             raise InputError(path, line, "answers", "the list of answers is empty")
         example_id = require_str(record, "id", path, line) if "id" in record else str(index)
