@@ -57,11 +57,10 @@ from tasks.counterfactual import (
     answer_entity_label,
     answer_kind,
     answer_shape,
+    candidates_sharing,
     edit_answer,
     question_word,
-    shaped_candidates,
     states,
-    typed_candidates,
 )
 
 VARIANTS = ("closed_book", "frozen", "pdist", "adist", "emdr", "loop")
@@ -353,7 +352,7 @@ def _replacement(
     "similar" = the answer closest to the old one (cosine of the retriever's embeddings of the answers:
     a thing of the same kind, "butane" → another fuel, "Tokyo" → another city; candidates sharing a word
     with the old answer are left out by the caller), "typed" = the same among the candidates of the old
-    answer's entity type (`typed_candidates`),
+    answer's entity type (`candidates_sharing`),
     "nearest" = the answer of the most similar other question ("who played king theoden" → another
     actor), "random" = any candidate, drawn by `seed`."""
     if replacement == "random":
@@ -447,11 +446,11 @@ def corpus_swap(args, out: Path, checkpoint: str) -> dict:
             if replacement_way == "typed":
                 gold = nlp(next(p for p in stating if p.doc_id == record["gold_doc"]).text)
                 label = answer_entity_label(gold, answer)
-                candidates, kept_type = typed_candidates(candidates, label, pool_labels)
+                candidates, kept_type = candidates_sharing(candidates, label, pool_labels)
                 shared_type = label if kept_type else ""
                 if not kept_type:  # no entity (or no candidate of its type): a phrase of the same shape
                     shape = answer_shape(gold, answer)
-                    candidates, kept_shape = shaped_candidates(candidates, shape, pool_shapes)
+                    candidates, kept_shape = candidates_sharing(candidates, shape, pool_shapes)
                     shared_shape = shape if kept_shape else ""
             if not candidates:
                 continue

@@ -219,12 +219,6 @@ def atomic_directory(final: str | os.PathLike, *, overwrite: bool = False) -> It
         fsync_parents(final)
 
 
-def _replace_durably(tmp: str, path: Path) -> None:
-    """The commit of a file written at `tmp` and fsync'd: rename over `path`, then fsync the folders."""
-    os.replace(tmp, path)
-    fsync_parents(path)
-
-
 @contextlib.contextmanager
 def _atomic_file(path: str | os.PathLike, mode: str, **open_args) -> Iterator:
     """An open temporary file beside `path` that becomes `path` by an atomic rename once the block ends, durably
@@ -237,7 +231,8 @@ def _atomic_file(path: str | os.PathLike, mode: str, **open_args) -> Iterator:
             yield f
             f.flush()
             os.fsync(f.fileno())
-        _replace_durably(tmp, path)
+        os.replace(tmp, path)
+        fsync_parents(path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)

@@ -30,7 +30,3 @@ def check_k(k: int, limit: int, what: str = "k") -> None:
     """ValueError unless 1 <= k <= limit."""
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= limit:
         raise ValueError(f"{what} must be an integer from 1 to {limit}, got {k!r}")
-
-
-def passage_too_long(text: str) -> bool:
-    return len(text) > MAX_PASSAGE_CHARS

@@ -127,12 +127,7 @@ class Task:
                     unused += 1
                     continue
                 if example.id in seen:
-                    raise InputError(
-                        source,
-                        line,
-                        "id",
-                        f"duplicate id '{example.id}' (first at {seen[example.id]})",
-                    )
+                    raise InputError(source, line, "id", f"duplicate id '{example.id}' (first at {seen[example.id]})")
             except InputError as error:
                 if not skip_invalid:
                     raise
@@ -196,11 +191,7 @@ class Task:
         return strip_sentinels(prediction)
 
     def evaluate(
-        self,
-        examples: list[Example],
-        predictions: list[str],
-        *,
-        retrieved: list[list[Passage]] | None = None,
+        self, examples: list[Example], predictions: list[str], *, retrieved: list[list[Passage]] | None = None
     ) -> dict[str, float]:
         """Score `predictions` (one per example, raw generated text) → metrics, primary first.
 
@@ -219,14 +210,6 @@ def check_lengths(examples: list[Example], predictions: list[str]) -> None:
     """Raise ValueError unless there is exactly one prediction per example."""
     if len(examples) != len(predictions):
         raise ValueError(f"{len(predictions)} predictions for {len(examples)} examples")
-
-
-def mean(values: list[float]) -> float:
-    """Plain left-to-right mean (the order official scorers sum in); 0.0 for no values."""
-    total = 0.0
-    for value in values:
-        total += value
-    return total / len(values) if values else 0.0
 
 
 def format_template(template: str, option: str, **fields: str) -> str:

@@ -52,15 +52,8 @@ def _documents(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
         if not text.strip():
             raise InputError(path, line, "text", "the text is empty")
         page = require_str(record, "wikipedia_id", path, line, optional=True).strip()
-        yield (
-            line,
-            {
-                "id": doc_id,
-                "title": require_str(record, "title", path, line, optional=True),
-                "text": text,
-                "wikipedia_id": page or doc_id,
-            },
-        )
+        title = require_str(record, "title", path, line, optional=True)
+        yield line, {"id": doc_id, "title": title, "text": text, "wikipedia_id": page or doc_id}
 
 
 def _nq824_record(record: dict, path: Path, line: int, example_id: str, documents: dict[str, dict]) -> dict:
@@ -108,16 +101,16 @@ def nq824_to_kilt(
     nq824 = Path(nq824)
     documents: dict[str, dict] = {}
     first: dict[str, str] = {}  # document id → where it was first seen
-    for line, doc in _documents(nq824 / "documents.jsonl"):
-        if doc["id"] in documents:
-            raise InputError(
-                nq824 / "documents.jsonl",
-                line,
-                "id",
-                f"duplicate document id '{doc['id']}' (first at {first[doc['id']]})",
-            )
-        documents[doc["id"]] = doc
-        first[doc["id"]] = f"{nq824 / 'documents.jsonl'}:{line}"
+
+    def read_documents(path: Path) -> None:
+        for line, doc in _documents(path):
+            if doc["id"] in documents:
+                raise InputError(path, line, "id", f"duplicate document id '{doc['id']}' (first at {first[doc['id']]})")
+            documents[doc["id"]] = doc
+            first[doc["id"]] = f"{path}:{line}"
+
+    read_documents(nq824 / "documents.jsonl")
+    gold = len(documents)
     splits = {}
     for split, name in NQ824_FILES.items():
         path = nq824 / name
@@ -125,20 +118,13 @@ def nq824_to_kilt(
             _nq824_record(record, path, line, f"nq824-{split}-{n}", documents)
             for n, (line, record) in enumerate(read_jsonl(path))
         ]
-    extra: list[dict] = []
-    for path in map(Path, distractors):
-        for line, doc in _documents(path):
-            if doc["id"] in documents:
-                raise InputError(path, line, "id", f"duplicate document id '{doc['id']}' (first at {first[doc['id']]})")
-            documents[doc["id"]] = doc
-            first[doc["id"]] = f"{path}:{line}"
-            extra.append(doc)
-    gold = len(documents) - len(extra)
+    for path in distractors:  # read after the questions: a question's gold_doc must be one of nq824's own
+        read_documents(Path(path))
     with atomic_directory(out, overwrite=overwrite) as tmp:
         for split, records in splits.items():
             write_jsonl(tmp / f"{split}.jsonl", records)
         write_jsonl(tmp / "knowledge.jsonl", documents.values())
-    return KiltConversion(len(splits["train"]), len(splits["dev"]), gold, len(extra), Path(out))
+    return KiltConversion(len(splits["train"]), len(splits["dev"]), gold, len(documents) - gold, Path(out))
 
 
 # ----------------------------------------------------------------------------- KILT Wikipedia

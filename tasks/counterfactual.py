@@ -10,50 +10,21 @@ to prefer answers that sound right; one also taught on swapped text learns to an
 
 from __future__ import annotations
 
+import json
 import random
 import re
+from collections import Counter
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from tasks.base import Example
 from tasks.metrics import normalize_answer
 from tasks.passage import Passage
 from tasks.place_names import place_levels
 
-NUMBER_WORDS = frozenset(
-    {
-        "one",
-        "two",
-        "three",
-        "four",
-        "five",
-        "six",
-        "seven",
-        "eight",
-        "nine",
-        "ten",
-        "eleven",
-        "twelve",
-        "thirteen",
-        "fourteen",
-        "fifteen",
-        "sixteen",
-        "seventeen",
-        "eighteen",
-        "nineteen",
-        "twenty",
-        "thirty",
-        "forty",
-        "fifty",
-        "sixty",
-        "seventy",
-        "eighty",
-        "ninety",
-        "hundred",
-        "thousand",
-        "million",
-        "billion",
-    }
-)
+# the word lists this module reads by (number words, months, prepositions, "what X" nouns by kind) are data
+_WORDS = json.loads(Path(__file__).with_name("counterfactual_words.json").read_text(encoding="utf-8"))
+NUMBER_WORDS = frozenset(_WORDS["number_words"])
 
 
 def whole_words(phrase: str) -> re.Pattern:
@@ -150,112 +121,7 @@ def question_word(question: str) -> str:
 # a time, "where" a place, "how many" a number; "what X" / "which X" the kind its noun X names ("what state" a place,
 # "what dynasty" a people, "what novel" a work); other forms say nothing ("" : any kind). A replacement must answer
 # a question of the same kind as the fact's, and the old answer's own entity kind must be one its question allows.
-QUESTION_NOUN_KINDS = {
-    **dict.fromkeys(
-        [
-            "state",
-            "country",
-            "city",
-            "county",
-            "town",
-            "village",
-            "island",
-            "continent",
-            "region",
-            "province",
-            "capital",
-            "river",
-            "mountain",
-            "lake",
-            "ocean",
-            "sea",
-            "location",
-            "place",
-            "desert",
-            "valley",
-            "peninsula",
-            "district",
-            "neighborhood",
-            "neighbourhood",
-        ],
-        "place",
-    ),
-    **dict.fromkeys(
-        [
-            "team",
-            "club",
-            "band",
-            "group",
-            "company",
-            "corporation",
-            "firm",
-            "party",
-            "organization",
-            "organisation",
-            "university",
-            "college",
-            "school",
-            "network",
-            "channel",
-            "label",
-            "airline",
-            "franchise",
-            "agency",
-            "army",
-            "navy",
-            "church",
-        ],
-        "group",
-    ),
-    **dict.fromkeys(
-        ["dynasty", "tribe", "nationality", "people", "ethnicity", "religion", "empire", "kingdom"], "people"
-    ),
-    **dict.fromkeys(
-        [
-            "song",
-            "book",
-            "novel",
-            "film",
-            "movie",
-            "show",
-            "series",
-            "album",
-            "play",
-            "poem",
-            "episode",
-            "language",
-            "law",
-            "act",
-            "game",
-            "painting",
-            "opera",
-            "musical",
-            "poem",
-            "single",
-        ],
-        "work",
-    ),
-    **dict.fromkeys(["year", "date", "day", "month", "century", "decade", "era", "period", "time", "age"], "time"),
-    **dict.fromkeys(["percentage", "percent", "number", "amount"], "number"),
-    **dict.fromkeys(
-        [
-            "president",
-            "king",
-            "queen",
-            "actor",
-            "actress",
-            "singer",
-            "author",
-            "writer",
-            "player",
-            "coach",
-            "person",
-            "man",
-            "woman",
-        ],
-        "person",
-    ),
-}
+QUESTION_NOUN_KINDS = {noun: kind for kind, nouns in _WORDS["question_nouns"].items() for noun in nouns}
 _WH_KINDS = {"who": "person", "whom": "person", "whose": "person", "when": "time", "where": "place"}
 _HOW_KINDS = {"many": "number", "much": "number", "old": "number", "long": "duration"}
 # "what kind of X", "what part of X", "which type of X": the noun after "of" is the one that names the kind
@@ -273,26 +139,7 @@ QUESTION_ALLOWS = {
 }
 
 
-_PREPOSITIONS = frozenset(
-    [
-        "in",
-        "of",
-        "on",
-        "at",
-        "from",
-        "to",
-        "for",
-        "by",
-        "with",
-        "during",
-        "since",
-        "until",
-        "after",
-        "before",
-        "into",
-        "about",
-    ]
-)
+_PREPOSITIONS = frozenset(_WORDS["prepositions"])
 
 
 def question_kind(question: str) -> str:
@@ -315,34 +162,7 @@ def question_kind(question: str) -> str:
     return ""
 
 
-_MONTHS = frozenset(
-    [
-        "january",
-        "february",
-        "march",
-        "april",
-        "may",
-        "june",
-        "july",
-        "august",
-        "september",
-        "october",
-        "november",
-        "december",
-        "jan",
-        "feb",
-        "mar",
-        "apr",
-        "jun",
-        "jul",
-        "aug",
-        "sep",
-        "sept",
-        "oct",
-        "nov",
-        "dec",
-    ]
-)
+_MONTHS = frozenset(_WORDS["months"])
 
 
 def value_shape(answer: str) -> str:
@@ -440,24 +260,15 @@ def answer_shape(doc, answer: str) -> str:
     )
 
 
-def typed_candidates(
-    candidates: list[tuple[str, int]], label: str, labels: list[str]
+def candidates_sharing(
+    candidates: list[tuple[str, int]], value: str, values: list[str]
 ) -> tuple[list[tuple[str, int]], bool]:
-    """The candidates ((answer, pool row)) whose entity label (`labels[row]`) is the old answer's `label`
-    (a person for a person, a country for a country, a percentage for a percentage: Longpre et al.'s
-    type-preserving substitution), True; all of them, False, when the old answer is no entity or none
-    has its type."""
-    typed = [(a, j) for a, j in candidates if label and labels[j] == label]
-    return (typed, True) if typed else (candidates, False)
-
-
-def shaped_candidates(
-    candidates: list[tuple[str, int]], shape: str, shapes: list[str]
-) -> tuple[list[tuple[str, int]], bool]:
-    """The candidates whose shape (`shapes[row]`, `answer_shape`) is the old answer's `shape`, True; all of
-    them, False, when the shape is unknown or no candidate has it."""
-    shaped = [(a, j) for a, j in candidates if shape and shapes[j] == shape]
-    return (shaped, True) if shaped else (candidates, False)
+    """The candidates ((answer, pool row)) whose `values[row]` is the old answer's `value`, True; all of them, False,
+    when `value` is "" or no candidate has it. With entity labels (`answer_entity_label`): a person for a person, a
+    country for a country, a percentage for a percentage (Longpre et al.'s type-preserving substitution); with
+    phrase shapes (`answer_shape`): "a sword" for "a scythe"."""
+    kept = [(a, j) for a, j in candidates if value and values[j] == value]
+    return (kept, True) if kept else (candidates, False)
 
 
 @dataclass(frozen=True)
@@ -505,18 +316,10 @@ def tag_answers(
     if nlp is None:
         return [AnswerType(answer_kind(a), relation=r) for a, r in zip(answers, relations, strict=True)]
     texts = [c if c and states(c, a) else a for a, c in zip(answers, contexts, strict=True)]
-    types = []
-    for doc, answer, relation in zip(nlp.pipe(texts), answers, relations, strict=True):
-        types.append(
-            AnswerType(
-                answer_kind(answer),
-                answer_entity_label(doc, answer),
-                answer_shape(doc, answer),
-                relation,
-                passage_gender(doc.text, answer),
-            )
-        )
-    return types
+    return [
+        AnswerType(answer_kind(a), answer_entity_label(doc, a), answer_shape(doc, a), r, passage_gender(doc.text, a))
+        for doc, a, r in zip(nlp.pipe(texts), answers, relations, strict=True)
+    ]
 
 
 def _is_one_phrase(span) -> bool:
@@ -807,11 +610,7 @@ def neighbour_kind(j: int, types: list[AnswerType], similarity, leave_out: int) 
     nearest = sorted(labelled, key=lambda x: (-float(similarity[j][x]), x))[:NEIGHBOURS_VOTING]
     if len(nearest) < 3:
         return None
-    votes: dict[str, int] = {}
-    for x in nearest:
-        kind = entity_kind(types[x].entity)
-        votes[kind] = votes.get(kind, 0) + 1
-    kind, count = max(votes.items(), key=lambda item: item[1])
+    kind, count = Counter(entity_kind(types[x].entity) for x in nearest).most_common(1)[0]
     return kind if 2 * count > len(nearest) else None
 
 

@@ -37,7 +37,9 @@ from typing import Any, ClassVar
 from common.io import InputError, require_str
 from tasks.base import Example, Task, check_lengths, format_template, register_task
 from tasks.kilt_scoring import (
+    DOWNSTREAM_KEYS,
     as_metrics,
+    check_outputs,
     gold_answers,
     official_report,
     score_kilt,
@@ -65,7 +67,6 @@ KILT_DATASETS: dict[str, tuple[str, str]] = {
 _ALIASES = {"zsre": "structured_zeroshot", "zeroshot": "structured_zeroshot", "aida": "aidayago2"}
 FEVER_TO_WORD = {"SUPPORTS": "true", "REFUTES": "false"}
 WORD_TO_FEVER = {word: label for label, word in FEVER_TO_WORD.items()}
-DOWNSTREAM_METRICS = ("accuracy", "em", "f1", "rougel")  # the official scorer's keys
 
 
 def infer_kilt_dataset(path: str | os.PathLike) -> str:
@@ -135,16 +136,7 @@ class KiltTask(Task):
         outputs = record.get("output", [])
         if not isinstance(outputs, list):
             raise InputError(path, line, "output", "expected a list")
-        for n, output in enumerate(outputs):
-            if not isinstance(output, dict):
-                raise InputError(path, line, f"output[{n}]", "expected an object")
-            if output.get("answer") is not None and not isinstance(output["answer"], str):
-                raise InputError(path, line, f"output[{n}].answer", "expected a string")
-            provenance = output.get("provenance")
-            if provenance is not None and (
-                not isinstance(provenance, list) or not all(isinstance(p, dict) for p in provenance)
-            ):
-                raise InputError(path, line, f"output[{n}].provenance", "expected a list of objects")
+        check_outputs(outputs, path, line)
         gold = {"id": example_id, "input": text, "output": outputs}
         # The official scorer's gold answers (a set), kept here in file order.
         golds = gold_answers(gold)
@@ -202,11 +194,7 @@ class KiltTask(Task):
         return entries
 
     def evaluate(
-        self,
-        examples: list[Example],
-        predictions: list[str],
-        *,
-        retrieved: list[list[Passage]] | None = None,
+        self, examples: list[Example], predictions: list[str], *, retrieved: list[list[Passage]] | None = None
     ) -> dict[str, float]:
         """KILT's metrics in percent under the project's names: exact_match, accuracy, f1,
         rouge_l; with `retrieved`, also kilt_*, r_precision and provenance_*@k.
@@ -218,22 +206,14 @@ class KiltTask(Task):
         return {primary: scores[primary], **{k: v for k, v in scores.items() if k != primary}}
 
     def official_report(
-        self,
-        examples: list[Example],
-        predictions: list[str],
-        *,
-        retrieved: list[list[Passage]] | None = None,
+        self, examples: list[Example], predictions: list[str], *, retrieved: list[list[Passage]] | None = None
     ) -> dict[str, dict[str, float]]:
         """The scores as KILT's official scorers print them: their key names and [0, 1] scale,
         grouped `downstream` / `kilt` / `retrieval` (`tasks.kilt_scoring.official_report`)."""
         return official_report(self.official_scores(examples, predictions, retrieved=retrieved))
 
     def official_scores(
-        self,
-        examples: list[Example],
-        predictions: list[str],
-        *,
-        retrieved: list[list[Passage]] | None = None,
+        self, examples: list[Example], predictions: list[str], *, retrieved: list[list[Passage]] | None = None
     ) -> dict[str, float]:
         """`tasks.kilt_scoring.score_kilt` of the predictions: official key names, [0, 1] scale;
         the downstream metrics only without `retrieved`."""
@@ -259,7 +239,7 @@ class KiltTask(Task):
             guess_records.append({"id": example.id, "output": [output]})
         scores = score_kilt(gold_records, guess_records)
         if retrieved is None:
-            scores = {name: scores[name] for name in DOWNSTREAM_METRICS}
+            scores = {name: scores[name] for name in DOWNSTREAM_KEYS}
         return scores
 
 

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from common.io import InputError, read_jsonl, write_jsonl
-from tasks.metrics import exact_match, f1, normalize_answer, rouge_l  # noqa: F401
+from tasks.metrics import exact_match, f1, rouge_l
 
 RANK_KEYS = ("wikipedia_id",)
 DEFAULT_KS = (1, 5, 10, 20)
@@ -100,20 +100,27 @@ def load_kilt_file(path: str | os.PathLike, *, predictions: bool) -> list[tuple[
             raise InputError(path, line, "output", "expected a non-empty list")
         if predictions and len(outputs) != 1:
             raise InputError(path, line, "output", f"a prediction needs exactly one output, got {len(outputs)}")
-        for n, output in enumerate(outputs):
-            if not isinstance(output, dict):
-                raise InputError(path, line, f"output[{n}]", "expected an object")
-            if predictions and "answer" not in output:
-                raise InputError(path, line, "output[0].answer", "missing required field")
-            if not predictions and output.get("answer") is not None and not isinstance(output["answer"], str):
-                raise InputError(path, line, f"output[{n}].answer", "expected a string")
-            provenance = output.get("provenance")
-            if provenance is not None and (
-                not isinstance(provenance, list) or not all(isinstance(p, dict) for p in provenance)
-            ):
-                raise InputError(path, line, f"output[{n}].provenance", "expected a list of objects")
+        check_outputs(outputs, path, line, prediction=predictions)
         records.append((line, record))
     return records
+
+
+def check_outputs(outputs: list, path: str | os.PathLike, line: int | None, *, prediction: bool = False) -> None:
+    """Raise `InputError` (file, line, field) unless each of a KILT record's `outputs` is an object whose
+    `provenance` (if any) is a list of objects and whose `answer` is a string where given (gold) or is given
+    (a prediction)."""
+    for n, output in enumerate(outputs):
+        if not isinstance(output, dict):
+            raise InputError(path, line, f"output[{n}]", "expected an object")
+        if prediction and "answer" not in output:
+            raise InputError(path, line, "output[0].answer", "missing required field")
+        if not prediction and output.get("answer") is not None and not isinstance(output["answer"], str):
+            raise InputError(path, line, f"output[{n}].answer", "expected a string")
+        provenance = output.get("provenance")
+        if provenance is not None and (
+            not isinstance(provenance, list) or not all(isinstance(p, dict) for p in provenance)
+        ):
+            raise InputError(path, line, f"output[{n}].provenance", "expected a list of objects")
 
 
 def align_predictions(
@@ -127,23 +134,13 @@ def align_predictions(
     for line, record in gold:
         key = str(record["id"]).strip()
         if key in gold_lines:
-            raise InputError(
-                gold_path,
-                line,
-                "id",
-                f"duplicate gold id '{key}' (first at line {gold_lines[key]})",
-            )
+            raise InputError(gold_path, line, "id", f"duplicate gold id '{key}' (first at line {gold_lines[key]})")
         gold_lines[key] = line
     by_id: dict[str, tuple[int, dict]] = {}
     for line, record in guess:
         key = str(record["id"]).strip()
         if key in by_id:
-            raise InputError(
-                guess_path,
-                line,
-                "id",
-                f"duplicate prediction id '{key}' (first at line {by_id[key][0]})",
-            )
+            raise InputError(guess_path, line, "id", f"duplicate prediction id '{key}' (first at line {by_id[key][0]})")
         if key not in gold_lines:
             raise InputError(guess_path, line, "id", f"prediction id '{key}' is not in the gold file {gold_path}")
         by_id[key] = (line, record)

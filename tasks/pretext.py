@@ -23,14 +23,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from common.io import InputError, require_str
-from tasks.base import (
-    Example,
-    Task,
-    check_lengths,
-    format_template,
-    register_task,
-    strip_sentinels,
-)
+from tasks.base import Example, Task, check_lengths, format_template, register_task, strip_sentinels
 from tasks.metrics import exact_match, f1, percent, rouge_l
 from tasks.passage import Passage
 
@@ -121,11 +114,9 @@ class _PretextTask(Task):
         import pyarrow as pa  # heavy: pyarrow, only to read a prepared corpus folder; `import tasks` stays light
 
         with pa.memory_map(str(arrow)) as source:
-            row = 0
-            for batch in pa.ipc.open_stream(source):
-                for record in batch.to_pylist():
-                    row += 1
-                    yield str(arrow), row, record
+            records = (record for batch in pa.ipc.open_stream(source) for record in batch.to_pylist())
+            for row, record in enumerate(records, start=1):
+                yield str(arrow), row, record
 
     def parse_record(self, record: dict[str, Any], path: str, line: int, index: int) -> Example | None:
         """A corpus passage → a pretext example (seeded by the option `seed` and the passage id)."""
@@ -159,11 +150,7 @@ class _PretextTask(Task):
         return fresh.query, fresh.target
 
     def evaluate(
-        self,
-        examples: list[Example],
-        predictions: list[str],
-        *,
-        retrieved: list[list[Passage]] | None = None,
+        self, examples: list[Example], predictions: list[str], *, retrieved: list[list[Passage]] | None = None
     ) -> dict[str, float]:
         """EM, F1 and ROUGE-L (percent) of the generated text (sentinels dropped) against the target."""
         check_lengths(examples, predictions)
@@ -236,10 +223,7 @@ class PrefixLanguageModelling(_PretextTask):
 class SectionGeneration(_PretextTask):
     """Generate a section's text from the page title and the section name."""
 
-    default_options: ClassVar[dict[str, Any]] = {
-        **_PretextTask.base_options,
-        "query_template": "{title}, {section}",
-    }
+    default_options: ClassVar[dict[str, Any]] = {**_PretextTask.base_options, "query_template": "{title}, {section}"}
 
     def from_passage(self, passage: dict[str, str], rng: random.Random) -> Example | None:
         """`"{title}, {section}"` → the section text (None where the passage has no section)."""

@@ -15,13 +15,7 @@ import random
 from typing import Any, ClassVar
 
 from common.io import InputError, require_str
-from tasks.base import (
-    Example,
-    Task,
-    check_lengths,
-    format_template,
-    register_task,
-)
+from tasks.base import Example, Task, check_lengths, format_template, register_task
 from tasks.metrics import max_exact_match, max_f1, percent
 from tasks.passage import Passage
 
@@ -46,10 +40,6 @@ def _question_from_context(context: str, path: str, line: int) -> str:
     if not question:
         raise InputError(path, line, "context", "the question is empty")
     return question
-
-
-def _dedupe(values: list[str]) -> list[str]:
-    return list(dict.fromkeys(values))
 
 
 @register_task("qa")
@@ -87,7 +77,7 @@ class QATask(Task):
             answers = _string_list(record, "answer", path, line)
         if "aliases" in record:
             answers = answers + _string_list(record, "aliases", path, line)
-        answers = _dedupe(answers)
+        answers = list(dict.fromkeys(answers))  # without repeats, in order
         if ("answers" in record or "answer" in record) and not answers:
             raise InputError(path, line, "answers", "the list of answers is empty")
         example_id = require_str(record, "id", path, line) if "id" in record else str(index)
@@ -114,11 +104,7 @@ class QATask(Task):
         return self.target(rng.choice(example.answers))
 
     def evaluate(
-        self,
-        examples: list[Example],
-        predictions: list[str],
-        *,
-        retrieved: list[list[Passage]] | None = None,
+        self, examples: list[Example], predictions: list[str], *, retrieved: list[list[Passage]] | None = None
     ) -> dict[str, float]:
         """Exact match and F1 over the examples, in percent; `retrieved` is not used."""
         check_lengths(examples, predictions)

@@ -63,14 +63,14 @@ def test_a_persons_surname_alone_follows_the_full_name(nq824):
     assert edited == "Tom Rigg printed the Bible. Rigg was from Mainz, not Atletico Gutenberg."
 
 
-def test_typed_candidates_keep_the_old_answers_entity_type(nq824):
+def test_candidates_sharing_keep_the_old_answers_entity_type(nq824):
     labels = ["PERSON", "GPE", "PERSON", "", "DATE"]
     candidates = [("Tokyo", 1), ("Ringo Starr", 2), ("scythe", 3), ("1917", 4)]
-    assert nq824.typed_candidates(candidates, "PERSON", labels) == ([("Ringo Starr", 2)], True)
-    assert nq824.typed_candidates(candidates, "GPE", labels) == ([("Tokyo", 1)], True)
+    assert nq824.candidates_sharing(candidates, "PERSON", labels) == ([("Ringo Starr", 2)], True)
+    assert nq824.candidates_sharing(candidates, "GPE", labels) == ([("Tokyo", 1)], True)
     # no candidate of the type, or an old answer that is no entity: every candidate stays, untyped
-    assert nq824.typed_candidates(candidates, "MONEY", labels) == (candidates, False)
-    assert nq824.typed_candidates(candidates, "", labels) == (candidates, False)
+    assert nq824.candidates_sharing(candidates, "MONEY", labels) == (candidates, False)
+    assert nq824.candidates_sharing(candidates, "", labels) == (candidates, False)
 
 
 def test_an_answers_entity_label_is_read_where_it_stands(nq824):
@@ -101,12 +101,12 @@ def test_an_answers_phrase_shape_is_read_where_it_stands(nq824):
     assert nq824.answer_shape(doc, "a sword") == ""  # not in the text
 
 
-def test_shaped_candidates_keep_the_old_answers_phrase_shape(nq824):
+def test_candidates_sharing_keep_the_old_answers_phrase_shape(nq824):
     shapes = ["NOUN Sing", "DET NOUN Sing", "NOUN Plur", "", "DET NOUN Sing"]
     candidates = [("a sword", 1), ("imperial fluid ounces", 2), ("medieval", 3), ("the seer", 4)]
-    assert nq824.shaped_candidates(candidates, "DET NOUN Sing", shapes) == ([("a sword", 1), ("the seer", 4)], True)
-    assert nq824.shaped_candidates(candidates, "PROPN Sing", shapes) == (candidates, False)
-    assert nq824.shaped_candidates(candidates, "", shapes) == (candidates, False)
+    assert nq824.candidates_sharing(candidates, "DET NOUN Sing", shapes) == ([("a sword", 1), ("the seer", 4)], True)
+    assert nq824.candidates_sharing(candidates, "PROPN Sing", shapes) == (candidates, False)
+    assert nq824.candidates_sharing(candidates, "", shapes) == (candidates, False)
 
 
 def test_follow_shares_are_split_by_what_the_replacement_kept(nq824):

@@ -41,7 +41,7 @@ import faiss
 import numpy as np
 
 from common.io import InputError
-from common.limits import MAX_PASSAGE_CHARS, passage_too_long
+from common.limits import MAX_PASSAGE_CHARS
 from retriever.corpus import Corpus, chunk_text, iter_records, passage_id, write_corpus
 from retriever.index.embedding import embed_passages, embedding_precision
 from retriever.index.files import check_file, commit, generation_writes, read_faiss, writer_lock
@@ -136,7 +136,7 @@ def _incoming(
         raise ValueError(f"{len(origins)} origins for {len(new)} passages")
     documents, incoming = passage_documents(new, origins), []
     for n, doc in enumerate(documents):
-        if chunk_words <= 0 and passage_too_long(doc["text"]):
+        if chunk_words <= 0 and len(doc["text"]) > MAX_PASSAGE_CHARS:
             raise ValueError(
                 f"{_place(n, origins)}: field 'text' has {len(doc['text']):,} characters; the limit is "
                 f"{MAX_PASSAGE_CHARS:,} for one passage (its start alone would be embedded): split it (chunk_words, "
