@@ -127,7 +127,12 @@ class Task:
                     unused += 1
                     continue
                 if example.id in seen:
-                    raise InputError(source, line, "id", f"duplicate id '{example.id}' (first at {seen[example.id]})")
+                    raise InputError(
+                        source,
+                        line,
+                        "id",
+                        f"duplicate id '{example.id}' (first at {seen[example.id]})",
+                    )
             except InputError as error:
                 if not skip_invalid:
                     raise
@@ -191,7 +196,11 @@ class Task:
         return strip_sentinels(prediction)
 
     def evaluate(
-        self, examples: list[Example], predictions: list[str], *, retrieved: list[list[Passage]] | None = None
+        self,
+        examples: list[Example],
+        predictions: list[str],
+        *,
+        retrieved: list[list[Passage]] | None = None,
     ) -> dict[str, float]:
         """Score `predictions` (one per example, raw generated text) → metrics, primary first.
 

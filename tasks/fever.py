@@ -53,7 +53,11 @@ class FeverTask(Task):
         return Example(id=example_id, query=query, target=target, answers=answers, metadata={"claim": claim})
 
     def evaluate(
-        self, examples: list[Example], predictions: list[str], *, retrieved: list[list[Passage]] | None = None
+        self,
+        examples: list[Example],
+        predictions: list[str],
+        *,
+        retrieved: list[list[Passage]] | None = None,
     ) -> dict[str, float]:
         """Accuracy in percent: the generated word, stripped and lower-cased, is the gold word."""
         check_lengths(examples, predictions)

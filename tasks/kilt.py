@@ -194,7 +194,11 @@ class KiltTask(Task):
         return entries
 
     def evaluate(
-        self, examples: list[Example], predictions: list[str], *, retrieved: list[list[Passage]] | None = None
+        self,
+        examples: list[Example],
+        predictions: list[str],
+        *,
+        retrieved: list[list[Passage]] | None = None,
     ) -> dict[str, float]:
         """KILT's metrics in percent under the project's names: exact_match, accuracy, f1,
         rouge_l; with `retrieved`, also kilt_*, r_precision and provenance_*@k.
@@ -206,14 +210,22 @@ class KiltTask(Task):
         return {primary: scores[primary], **{k: v for k, v in scores.items() if k != primary}}
 
     def official_report(
-        self, examples: list[Example], predictions: list[str], *, retrieved: list[list[Passage]] | None = None
+        self,
+        examples: list[Example],
+        predictions: list[str],
+        *,
+        retrieved: list[list[Passage]] | None = None,
     ) -> dict[str, dict[str, float]]:
         """The scores as KILT's official scorers print them: their key names and [0, 1] scale,
         grouped `downstream` / `kilt` / `retrieval` (`tasks.kilt_scoring.official_report`)."""
         return official_report(self.official_scores(examples, predictions, retrieved=retrieved))
 
     def official_scores(
-        self, examples: list[Example], predictions: list[str], *, retrieved: list[list[Passage]] | None = None
+        self,
+        examples: list[Example],
+        predictions: list[str],
+        *,
+        retrieved: list[list[Passage]] | None = None,
     ) -> dict[str, float]:
         """`tasks.kilt_scoring.score_kilt` of the predictions: official key names, [0, 1] scale;
         the downstream metrics only without `retrieved`."""

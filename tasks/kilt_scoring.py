@@ -134,13 +134,23 @@ def align_predictions(
     for line, record in gold:
         key = str(record["id"]).strip()
         if key in gold_lines:
-            raise InputError(gold_path, line, "id", f"duplicate gold id '{key}' (first at line {gold_lines[key]})")
+            raise InputError(
+                gold_path,
+                line,
+                "id",
+                f"duplicate gold id '{key}' (first at line {gold_lines[key]})",
+            )
         gold_lines[key] = line
     by_id: dict[str, tuple[int, dict]] = {}
     for line, record in guess:
         key = str(record["id"]).strip()
         if key in by_id:
-            raise InputError(guess_path, line, "id", f"duplicate prediction id '{key}' (first at line {by_id[key][0]})")
+            raise InputError(
+                guess_path,
+                line,
+                "id",
+                f"duplicate prediction id '{key}' (first at line {by_id[key][0]})",
+            )
         if key not in gold_lines:
             raise InputError(guess_path, line, "id", f"prediction id '{key}' is not in the gold file {gold_path}")
         by_id[key] = (line, record)

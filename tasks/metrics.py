@@ -189,7 +189,8 @@ def rouge_l(prediction: str, gold: str) -> float:
 
 # DPR's SimpleTokenizer: runs of letters/digits/marks, or any single non-space, non-control char.
 _DPR_TOKEN = regex.compile(
-    r"([\p{L}\p{N}\p{M}]+)|([^\p{Z}\p{C}])", flags=regex.IGNORECASE + regex.UNICODE + regex.MULTILINE
+    r"([\p{L}\p{N}\p{M}]+)|([^\p{Z}\p{C}])",
+    flags=regex.IGNORECASE + regex.UNICODE + regex.MULTILINE,
 )
 
 

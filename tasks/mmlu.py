@@ -107,7 +107,11 @@ class MMLUTask(Task):
             subject, split = _subject_and_split(file)
             if file.suffix == ".csv":
                 for line, row in _csv_rows(file):
-                    record: dict[str, Any] = {"subject": subject, "split": split, "id": f"{file.stem}:{line}"}
+                    record: dict[str, Any] = {
+                        "subject": subject,
+                        "split": split,
+                        "id": f"{file.stem}:{line}",
+                    }
                     if len(row) == 6:
                         record.update(question=row[0], options=dict(zip(LETTERS, row[1:5])), answer=row[5])
                     else:
@@ -124,7 +128,10 @@ class MMLUTask(Task):
         """`{question, options{A..D}, answer}` → Example with the MMLU prompt and target."""
         if "bad_row" in record:
             raise InputError(
-                path, line, "row", f"expected 6 columns (question,A,B,C,D,answer), got {len(record['bad_row'])}"
+                path,
+                line,
+                "row",
+                f"expected 6 columns (question,A,B,C,D,answer), got {len(record['bad_row'])}",
             )
         question = require_str(record, "question", path, line)
         if not question.strip():

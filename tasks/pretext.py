@@ -23,7 +23,14 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from common.io import InputError, require_str
-from tasks.base import Example, Task, check_lengths, format_template, register_task, strip_sentinels
+from tasks.base import (
+    Example,
+    Task,
+    check_lengths,
+    format_template,
+    register_task,
+    strip_sentinels,
+)
 from tasks.metrics import exact_match, f1, percent, rouge_l
 from tasks.passage import Passage
 
@@ -150,7 +157,11 @@ class _PretextTask(Task):
         return fresh.query, fresh.target
 
     def evaluate(
-        self, examples: list[Example], predictions: list[str], *, retrieved: list[list[Passage]] | None = None
+        self,
+        examples: list[Example],
+        predictions: list[str],
+        *,
+        retrieved: list[list[Passage]] | None = None,
     ) -> dict[str, float]:
         """EM, F1 and ROUGE-L (percent) of the generated text (sentinels dropped) against the target."""
         check_lengths(examples, predictions)
@@ -223,7 +234,10 @@ class PrefixLanguageModelling(_PretextTask):
 class SectionGeneration(_PretextTask):
     """Generate a section's text from the page title and the section name."""
 
-    default_options: ClassVar[dict[str, Any]] = {**_PretextTask.base_options, "query_template": "{title}, {section}"}
+    default_options: ClassVar[dict[str, Any]] = {
+        **_PretextTask.base_options,
+        "query_template": "{title}, {section}",
+    }
 
     def from_passage(self, passage: dict[str, str], rng: random.Random) -> Example | None:
         """`"{title}, {section}"` → the section text (None where the passage has no section)."""

@@ -15,7 +15,13 @@ import random
 from typing import Any, ClassVar
 
 from common.io import InputError, require_str
-from tasks.base import Example, Task, check_lengths, format_template, register_task
+from tasks.base import (
+    Example,
+    Task,
+    check_lengths,
+    format_template,
+    register_task,
+)
 from tasks.metrics import max_exact_match, max_f1, percent
 from tasks.passage import Passage
 
@@ -104,7 +110,11 @@ class QATask(Task):
         return self.target(rng.choice(example.answers))
 
     def evaluate(
-        self, examples: list[Example], predictions: list[str], *, retrieved: list[list[Passage]] | None = None
+        self,
+        examples: list[Example],
+        predictions: list[str],
+        *,
+        retrieved: list[list[Passage]] | None = None,
     ) -> dict[str, float]:
         """Exact match and F1 over the examples, in percent; `retrieved` is not used."""
         check_lengths(examples, predictions)

@@ -67,7 +67,10 @@ def _match_predictions(
             raise InputError(pred_path, line, "id", "missing required field (or 'question')")
         if n in where:
             raise InputError(
-                pred_path, line, "id", f"second prediction for '{examples[n].id}' (first at line {where[n]})"
+                pred_path,
+                line,
+                "id",
+                f"second prediction for '{examples[n].id}' (first at line {where[n]})",
             )
         where[n] = line
         predictions[n] = _prediction_text(record, pred_path, line)
