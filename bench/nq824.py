@@ -798,4 +798,7 @@ def print_gold_passage(gold: dict | None, frozen: dict | None = None) -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from atlas.quiet import quiet_libraries
+
+    with quiet_libraries():  # transformers' load report of MiniLM, as the CLI hides it
+        raise SystemExit(main())
