@@ -108,4 +108,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from atlas.quiet import quiet_libraries
+
+    with quiet_libraries():  # transformers' load report of MiniLM, as the CLI hides it
+        raise SystemExit(main())
