@@ -266,7 +266,7 @@ STAGE_SETTINGS = {  # file: (reader.model, n_context, text_maxlength, trainable_
         "bf16",
         "runs/reader-squad-stage10",
     ),
-    # part 10 sized for 2 CPU cores: a quarter of the examples, part 8's batch, float32
+    # part 10 sized for 2 CPU cores: 15% of the examples, part 8's batch, float32
     "reader-squad-stage10-cpu": (
         SHIPPED_READER,
         5,
