@@ -16,7 +16,7 @@ def __getattr__(name: str):
 
         return getattr(api, name)
     if name == "Index":
-        from atlas.index import Index  # as above
+        from atlas.index_api import Index  # as above
 
         return Index
     raise AttributeError(f"module 'atlas' has no attribute {name!r}")

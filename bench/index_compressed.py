@@ -44,7 +44,8 @@ sys.path.insert(0, str(ROOT))
 from index_data import print_targets, target
 
 from retriever.index.build import train_and_fill
-from retriever.index.types import exact_search, faiss_read_flags, set_search_params
+from retriever.index.exact_search import exact_search
+from retriever.index.types import faiss_read_flags, set_search_params
 
 K = 100
 RERANKS = (200, 300, 500, 1000)  # the k' widths measured
@@ -70,9 +71,9 @@ def large_set(partial: bool, max_questions: int):
 
     from common.modeling import encoder_source
     from retriever.corpus import Corpus
-    from retriever.encoder import Retriever
     from retriever.index.manifest import Manifest
     from retriever.retrieval_eval import read_retrieval_examples
+    from retriever.retriever import Retriever
     from tasks.metrics import has_answer
 
     folder = LARGE_RUN / "index"

@@ -46,13 +46,13 @@ def ensure_nq824_index(path: Path = NQ824_RUN / "index", corpus: Path | None = N
     if not (path / "manifest.json").is_file():
         sys.path.insert(0, str(ROOT))
         from atlas.config import RetrieverConfig
-        from retriever.encoder import build_retriever
         from retriever.index.build import build_index
+        from retriever.retriever import Retriever
 
         corpus = ensure_nq824_corpus(corpus) if corpus is not None else ensure_nq824_corpus()
         print(f"building the MiniLM Flat index at {path} (~4 min on 2 cores)", file=sys.stderr, flush=True)
         build_index(
-            corpus, build_retriever(RetrieverConfig(model="minilm")), path, progress=True, encoder_source="minilm"
+            corpus, Retriever.from_config(RetrieverConfig(model="minilm")), path, progress=True, encoder_source="minilm"
         )
     return path
 
@@ -97,9 +97,9 @@ def ensure_large_index(path: Path = LARGE_RUN / "index") -> Path | None:
     sys.path.insert(0, str(ROOT))
     from atlas.config import RetrieverConfig
     from retriever.corpus import prepare_corpus
-    from retriever.encoder import build_retriever
     from retriever.index.build import build_index
     from retriever.index.settings import IndexSettings
+    from retriever.retriever import Retriever
 
     corpus = LARGE_RUN / "corpus"
     if not (corpus / "corpus.json").is_file():
@@ -108,7 +108,7 @@ def ensure_large_index(path: Path = LARGE_RUN / "index") -> Path | None:
     print(f"building the MiniLM Flat index at {path} (once; resumable)", file=sys.stderr, flush=True)
     build_index(
         corpus,
-        build_retriever(RetrieverConfig(model="minilm")),
+        Retriever.from_config(RetrieverConfig(model="minilm")),
         path,
         IndexSettings(chunk_size=2048),
         progress=True,

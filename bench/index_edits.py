@@ -121,7 +121,7 @@ folder, queries_path, encoder = sys.argv[1], sys.argv[2], sys.argv[3]
 queries = np.load(queries_path)
 retriever = None
 if encoder:
-    from atlas.index import index_retriever
+    from atlas.index_api import index_retriever
     retriever = index_retriever(folder, encoder, device="cpu")
     retriever.passage_fingerprint()  # warm: the first call also builds the tokenizer's JSON
 before = rss()
@@ -459,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
-    from atlas.index import index_retriever
+    from atlas.index_api import index_retriever
 
     torch.set_num_threads(1)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="atlas-bench-edits-"))

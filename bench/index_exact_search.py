@@ -5,7 +5,7 @@ Synthetic Gaussian vectors N × d (default 1M × 384 and 1M × 768), 1000 querie
   measured in the same run);
 - torch: `torch.topk(q @ V.T)` in query batches of 100 with no chunking over N (naive torch; its
   score matrix grows with N);
-- ours: `retriever.index.types.exact_search` on float32 vectors and on the float16 vectors a Flat
+- ours: `retriever.index.exact_search.exact_search` on float32 vectors and on the float16 vectors a Flat
   index stores, on the path `precision="auto"` picks on this CPU ("bf16": bfloat16 scoring + float32
   re-scoring of the candidates, where the CPU multiplies bfloat16 natively; else "fp32": chunks
   widened by torch, `faiss.knn` per chunk, FAISS heaps);
@@ -38,8 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from index_data import print_targets, target  # bench/index_data.py
 
 from retriever.index import PassageIndex
+from retriever.index.exact_search import exact_search, native_bf16_speedup, resolve_exact_precision
 from retriever.index.manifest import Manifest, Segment
-from retriever.index.types import exact_search, native_bf16_speedup, resolve_exact_precision
 
 K = 100
 

@@ -121,15 +121,15 @@ def prepare(args, out: Path) -> None:
     """The chunked corpus and its MiniLM index (kept across runs of the bench in `out`)."""
     from atlas.config import RetrieverConfig
     from retriever.corpus import prepare_corpus
-    from retriever.encoder import build_retriever
     from retriever.index.build import build_index
+    from retriever.retriever import Retriever
 
     # the order of configs/pretrain-mini.yaml's corpus, so its prepared corpus and index can be reused
     documents = [args.data / "wikitext2-articles.jsonl", args.data / "nq824" / "documents.jsonl"]
     if not (out / "corpus").exists():
         prepare_corpus(documents, out / "corpus", chunk_words=100, progress=False)
     if not (out / "index").exists():
-        retriever = build_retriever(RetrieverConfig(model="minilm"))
+        retriever = Retriever.from_config(RetrieverConfig(model="minilm"))
         build_index(out / "corpus", retriever, out / "index", progress=True, encoder_source="minilm")
 
 
@@ -208,8 +208,8 @@ def squad_corpus_swap(args, out: Path, checkpoint: str, closed_book: str | None)
     from atlas.evaluate import retrieval_metrics
     from common.io import write_jsonl
     from retriever.corpus import prepare_corpus
-    from retriever.encoder import build_retriever
     from retriever.index.build import build_index
+    from retriever.retriever import Retriever
     from tasks.base import get_task
     from tasks.metrics import max_exact_match, max_f1
 
@@ -235,7 +235,7 @@ def squad_corpus_swap(args, out: Path, checkpoint: str, closed_book: str | None)
     if not (folder / "index").exists():
         build_index(
             folder / "corpus",
-            build_retriever(RetrieverConfig(model="minilm")),
+            Retriever.from_config(RetrieverConfig(model="minilm")),
             folder / "index",
             progress=False,
             encoder_source="minilm",
@@ -371,7 +371,7 @@ def corpus_swap(args, out: Path, checkpoint: str) -> dict:
     import numpy as np
 
     from atlas.api import Atlas
-    from atlas.index import Index
+    from atlas.index_api import Index
     from common.io import read_jsonl, write_jsonl
     from retriever.index.update import add_passages, read_passage_files, remove_passages
     from tasks.base import get_task

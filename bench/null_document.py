@@ -165,10 +165,10 @@ def run(args, out: Path, recipe: str, setting: str) -> dict:
     done = folder / "bench-result.json"
     if done.is_file() and not args.restart:
         return json.loads(done.read_text())
-    from atlas.build import prepare_index
     from atlas.config import load_config
     from atlas.evaluate import retriever_recall
     from atlas.loading import load_model, recipe_spec
+    from atlas.run_index import prepare_index
     from atlas.training.loop import train
     from tasks.base import get_task
 

@@ -382,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from atlas.demo.quickstart import format_table
     from common.modeling import encoder_source
-    from retriever.encoder import Retriever
+    from retriever.retriever import Retriever
     from tasks.base import get_task
 
     args = parse_args(argv)

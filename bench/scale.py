@@ -183,9 +183,9 @@ def base_data(work: Path, state: State, base_index: Path | None = None) -> dict:
 
     from common.modeling import encoder_source
     from retriever.corpus import Corpus
-    from retriever.encoder import Retriever
     from retriever.index.manifest import Manifest
     from retriever.retrieval_eval import read_retrieval_examples
+    from retriever.retriever import Retriever
 
     base = work / "base"
     base.mkdir(parents=True, exist_ok=True)
@@ -609,7 +609,7 @@ def edits(index: Path, base: dict, folder: Path, seed: int) -> dict:
     # what of an edit is the encoder's: embedding 1,000 passages with MiniLM alone
     from atlas.quiet import quiet_libraries
     from common.modeling import encoder_source
-    from retriever.encoder import Retriever
+    from retriever.retriever import Retriever
 
     with quiet_libraries():  # transformers' load report of MiniLM, as the CLI hides it
         retriever = Retriever.from_pretrained(encoder_source("minilm"))

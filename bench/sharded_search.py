@@ -235,7 +235,7 @@ def _shard_worker(
 def part_shard(args) -> dict:
     import torch.multiprocessing as mp
 
-    from retriever.index.types import exact_search
+    from retriever.index.exact_search import exact_search
 
     workdir = Path(args.workdir) / "bench-sharded"
     workdir.mkdir(parents=True, exist_ok=True)
@@ -346,7 +346,8 @@ def print_shard(report: dict) -> None:
 
 def part_scale(args) -> dict:
     """An IVF index of `args.n` generated vectors built in this process (time, memory), searched in a fresh one."""
-    from retriever.index.types import exact_search, index_type
+    from retriever.index.exact_search import exact_search
+    from retriever.index.types import index_type
 
     if index_type(args.spec, 768).search_param != "nprobe":
         raise SystemExit(f"--spec {args.spec}: the scale simulation is for IVF specs")

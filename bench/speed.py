@@ -56,7 +56,7 @@ CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_b
 def machine() -> dict:
     """The CPU, its features that decide the fast paths, and what `auto` picks here."""
     from retriever.encoder import resolve_embedding_precision
-    from retriever.index.types import native_bf16_speedup
+    from retriever.index.exact_search import native_bf16_speedup
 
     model, flags = platform.processor(), set()
     with contextlib.suppress(OSError):
@@ -539,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
     from atlas.quiet import quiet_libraries
     from common.modeling import encoder_source
     from retriever.corpus import Corpus
-    from retriever.encoder import Retriever
+    from retriever.retriever import Retriever
 
     args.work.mkdir(parents=True, exist_ok=True)
     with quiet_libraries():

@@ -49,7 +49,7 @@ def native_bf16(device: torch.device) -> bool:
 
 @functools.lru_cache(maxsize=1)
 def _cpu_bf16_speedup() -> float:
-    """float32 time / bfloat16 time of a (2048 × 384) · (384 × 1536) product on this CPU (~0.1 s to measure)."""
+    """float32 time / bfloat16 time of a (2048 × 384) · (384 × 1536) product on this CPU."""
 
     def best_time(dtype: torch.dtype) -> float:
         # a private generator: a probe must not move the global RNG (a run's dropout masks would then

@@ -12,16 +12,24 @@ Target ids use -100 at ignored (padding) positions, as Hugging Face losses do.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import LogitsProcessorList, T5Config, T5ForConditionalGeneration
+from transformers import (
+    AutoModel,
+    AutoTokenizer,
+    LogitsProcessorList,
+    PreTrainedTokenizerBase,
+    T5Config,
+    T5ForConditionalGeneration,
+)
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
 from common.io import atomic_directory
-from common.modeling import is_hub_id, missing_folder
+from common.modeling import encoder_source, is_hub_id, missing_folder
 from reader import attention_scores, passage_scores
 from reader.attention_backend import checkpoint_contexts, with_training_attention
 from reader.beam_attention import (
@@ -32,8 +40,10 @@ from reader.beam_attention import (
 from reader.copy_head import CopySource, previous_source_ids
 from reader.cross_attention_bias import CONFIG_FLAG as CROSS_BIAS_FLAG
 from reader.cross_attention_bias import has_cross_attention_bias, load_cross_attention_bias
+from reader.embedding_init import transfer_token_embeddings
 from reader.encoder_precision import precision_autocast, resolve_precision
 from reader.inputs import IGNORE_INDEX  # noqa: F401  (re-exported: atlas imports it from reader.fid)
+from reader.reader_config import ReaderConfig
 from reader.span_constraint import DeviceSpanConstraint, PassageSpanConstraint, StepPrefixConstraint
 from reader.t5_untied import UntiedT5ForConditionalGeneration, saved_untied
 from reader.warm_start import (
@@ -42,6 +52,8 @@ from reader.warm_start import (
     build_warm_started,
     is_warm_started_folder,
 )
+
+logger = logging.getLogger(__name__)
 
 # most rows the encoder takes at once: enough for efficient matrix products, few enough that a
 # group's rows have similar lengths
@@ -372,6 +384,60 @@ class FiDReader(nn.Module):
         safetensors), or for a warm-started reader its own folder (`reader.warm_start`)."""
         with atomic_directory(Path(path), overwrite=overwrite) as tmp:
             self.seq2seq.save_pretrained(str(tmp), safe_serialization=True)
+
+    @classmethod
+    def from_config(
+        cls, config: ReaderConfig, tokenizer: PreTrainedTokenizerBase, *, folder: Path | None = None, seed: int = 0
+    ) -> FiDReader:
+        """The reader `config` describes, ready to train or answer.
+
+        Weights: those of `folder` (a saved reader: a run's `reader/`) when given, else of `config.model` (a
+        preset at random init seeded by `seed`, a warm-start preset, a local folder or a hub name). Then what
+        every reader takes from its settings: token embeddings from `init_embeddings` (presets), no encoder
+        dropout (`encoder_dropout: false`), the trainable encoder layers (warm-started readers) and gradient
+        checkpointing. `tokenizer`: the reader's (`reader.tokenizer.reader_tokenizer(config, folder)`).
+        """
+        if folder is not None:
+            reader = cls.from_pretrained(folder, dropout=config.dropout)
+        else:
+            reader = build_reader(
+                config.model,
+                vocab_size=len(tokenizer),
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+                dropout=config.dropout,
+                seed=seed,
+                tokenizer=tokenizer,
+                encoder=config.encoder,
+            )
+            if config.init_embeddings:
+                reader.init_token_embeddings(config.init_embeddings, tokenizer, preset=config.model)
+        if not config.encoder_dropout:
+            reader.disable_encoder_dropout()
+        if config.trainable_encoder_layers is not None:
+            if not isinstance(reader.seq2seq, WarmStartedT5):
+                raise ValueError(
+                    "reader.trainable_encoder_layers applies to warm-started readers (reader.model a "
+                    "warm-start preset or folder); this reader is a plain T5"
+                )
+            reader.seq2seq.set_trainable_encoder_layers(config.trainable_encoder_layers)
+        if config.gradient_checkpointing:
+            reader.gradient_checkpointing_enable()
+        return reader
+
+    def init_token_embeddings(self, source: str, tokenizer: PreTrainedTokenizerBase, *, preset: str) -> None:
+        """Start a preset reader's token embeddings from those of the encoder `source` names ("minilm", a
+        folder or hub name), for the tokens both vocabularies hold."""
+        if preset not in READER_PRESETS:
+            raise ValueError(
+                f"reader.init_embeddings applies to a reader built from a preset "
+                f"({sorted(READER_PRESETS)}); reader.model {preset!r} has its own weights"
+            )
+        folder = encoder_source(source)
+        encoder = AutoModel.from_pretrained(folder)
+        vocab = AutoTokenizer.from_pretrained(folder).get_vocab()
+        n = transfer_token_embeddings(self.seq2seq, tokenizer, encoder.get_input_embeddings().weight, vocab)
+        logger.info("reader token embeddings: %d of %d from %s", n, len(tokenizer), folder)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, dropout: float | None = None) -> FiDReader:

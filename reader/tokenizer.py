@@ -24,6 +24,8 @@ from tokenizers.models import WordPiece
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from common.modeling import MINILM, encoder_source, is_hub_id, missing_folder
+from reader.fid import READER_PRESETS, WARM_START_PRESETS
+from reader.reader_config import ReaderConfig
 
 N_SENTINELS = 100
 PAD, EOS, UNK = "<pad>", "</s>", "<unk>"
@@ -160,3 +162,15 @@ def build_reader_tokenizer(path: str | Path | None = None) -> PreTrainedTokenize
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     check_reader_tokenizer(tokenizer, str(folder))
     return tokenizer
+
+
+def reader_tokenizer(config: ReaderConfig, folder: Path | None = None) -> PreTrainedTokenizerBase:
+    """The tokenizer of the reader `config` describes: a saved reader's own (`folder`), else `config.tokenizer`,
+    else for a preset the MiniLM WordPiece vocabulary with T5 sentinels, else the model folder's or hub name's."""
+    if folder is not None:
+        return build_reader_tokenizer(folder)
+    if config.tokenizer:
+        return build_reader_tokenizer(config.tokenizer)
+    if config.model in READER_PRESETS or config.model in WARM_START_PRESETS:
+        return build_reader_tokenizer(None)
+    return build_reader_tokenizer(config.model)

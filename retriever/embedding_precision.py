@@ -34,14 +34,14 @@ def resolve_embedding_precision(precision: str, device="cpu") -> str:
 
     "fp32" and "bf16" as given; "auto": "bf16" on a CUDA GPU that supports it, or on a CPU with AVX512-BF16
     or AMX whose bfloat16 product `native_bf16_speedup` measures ≥ `BF16_MIN_SPEEDUP`× float32's (once per
-    process, ~0.2 s), else "fp32". ValueError naming the valid values for anything else.
+    process), else "fp32". ValueError naming the valid values for anything else.
     """
     check_embedding_precision(precision)
     if precision != "auto":
         return precision
     import torch
 
-    from retriever.index.types import native_bf16_speedup
+    from retriever.index.exact_search import native_bf16_speedup
 
     device = torch.device(device)
     if device.type == "cuda":

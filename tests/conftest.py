@@ -1,4 +1,8 @@
-"""Shared fixtures: the real data beside the project (skipped cleanly when absent)."""
+"""The suite's tiers and shared fixtures: the real data beside the project (skipped cleanly when absent), the
+tiny models and the tiny world many tests read.
+
+Tiers (docs/contributing.md): a test marked `slow` is skipped unless RUN_SLOW=1 (`make test-slow`, `make
+test-all`, CI), and gets the `slow_timeout` of pyproject.toml instead of the default `timeout`."""
 
 from __future__ import annotations
 
@@ -12,6 +16,26 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("ATLAS_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
+
+
+def pytest_addoption(parser):
+    parser.addini("slow_timeout", "seconds a test marked slow may run (pytest-timeout's `timeout` for the rest)")
+
+
+def run_slow() -> bool:
+    return os.environ.get("RUN_SLOW", "").lower() in ("1", "true", "yes")
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_slow = pytest.mark.skip(reason="slow: run with RUN_SLOW=1 (make test-slow, make test-all)")
+    slow_timeout = float(config.getini("slow_timeout") or 0)
+    for item in items:
+        if item.get_closest_marker("slow") is None:
+            continue
+        if not run_slow():
+            item.add_marker(skip_slow)
+        elif slow_timeout and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(slow_timeout))
 
 
 @pytest.fixture(scope="session")
@@ -74,14 +98,14 @@ def tiny_world(tmp_path_factory, tiny_encoder_path) -> dict:
 
     from atlas.config import RetrieverConfig
     from retriever.corpus import prepare_corpus
-    from retriever.encoder import build_retriever
     from retriever.index.build import build_index
+    from retriever.retriever import Retriever
 
     root = tmp_path_factory.mktemp("tiny-world")
     (root / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in TINY_DOCS))
     (root / "qa.jsonl").write_text("".join(json.dumps(q) + "\n" for q in TINY_QA))
     prepare_corpus([root / "docs.jsonl"], root / "corpus", chunk_words=0, progress=False)
-    retriever = build_retriever(RetrieverConfig(model=str(tiny_encoder_path)))
+    retriever = Retriever.from_config(RetrieverConfig(model=str(tiny_encoder_path)))
     build_index(root / "corpus", retriever, root / "index", progress=False)
     return {
         "root": root,

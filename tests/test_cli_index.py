@@ -12,10 +12,11 @@ import pytest
 import torch
 from transformers import AutoTokenizer, BertConfig, BertModel
 
-from atlas.cli import corpus as cli_corpus
-from atlas.cli import index as cli_index
+from atlas.cli import corpus_commands as cli_corpus
+from atlas.cli import index_commands as cli_index
 from common.modeling import encoder_source
-from retriever.encoder import ContrieverEncoder, Retriever
+from retriever.encoder import ContrieverEncoder
+from retriever.retriever import Retriever
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -224,7 +225,7 @@ def test_info_verify_catches_what_a_load_does_not_hash(tmp_path, capsys):
 def test_encoder_runs_on_the_available_device(tmp_path, capsys, monkeypatch):
     """build / search / evaluate-retrieval put the retriever on `compute_device` (the rank's
     device under torchrun, else cuda when available, else cpu)."""
-    from atlas import index as api_index
+    from atlas import index_api as api_index
     from atlas.distributed import DistributedContext
 
     assert api_index.compute_device() == torch.device("cpu")  # no GPU on the test machine
@@ -734,10 +735,10 @@ def test_a_damaged_corpus_is_named_by_info_search_and_ask_never_a_traceback(tmp_
 def test_an_index_built_as_a_recipe_embeds_is_taken_and_another_is_named(tmp_path, capsys):
     """A recipe embeds passages cut at its retriever.passage_maxlength: `index build --passage-maxlength` builds
     the index it expects; one cut at another length is refused naming the setting that differs."""
-    from atlas.build import open_index
     from atlas.config import load_config
-    from retriever.encoder import build_retriever
+    from atlas.run_index import open_index
     from retriever.index.files import EncoderMismatchError
+    from retriever.retriever import Retriever
 
     encoder = save_tiny_retriever(tmp_path / "enc", 0)  # stores passage_maxlength 64
     docs = write_docs(tmp_path / "d.jsonl", {"p": "paris is the capital of france"})
@@ -746,7 +747,7 @@ def test_an_index_built_as_a_recipe_embeds_is_taken_and_another_is_named(tmp_pat
     assert run(capsys, *common, "--out", tmp_path / "i32", "--passage-maxlength", "32")[0] == 0
     assert run(capsys, *common, "--out", tmp_path / "i64")[0] == 0
     config = load_config(None, [f"retriever.model={encoder}", "retriever.passage_maxlength=32"])
-    retriever = build_retriever(config.retriever)
+    retriever = Retriever.from_config(config.retriever)
     assert open_index(tmp_path / "i32", retriever, config.index) is not None
     with pytest.raises(
         EncoderMismatchError, match=r"passage_maxlength 64 at build, 32 here.*retriever\.passage_maxlength"

@@ -17,10 +17,11 @@ PACKAGES = ("common", "tasks", "retriever", "reader", "atlas")
 ATLAS_CORE = (
     "atlas.config",
     "atlas.model",
-    "atlas.build",
+    "atlas.assembly",
+    "atlas.run_index",
     "atlas.evaluate",
     "atlas.distributed",
-    "atlas.index",
+    "atlas.index_api",
     "atlas.quiet",
     "atlas.loading",
 )
@@ -37,7 +38,7 @@ FORBIDDEN = [
     ("reader", ("retriever", "atlas")),
     # the index engine stores and searches vectors: it takes a retriever object, never the modules that make one
     ("retriever.index", ("retriever.encoder", "retriever.losses", "retriever.retrieval_eval")),
-    ("atlas.knnlm", ("atlas.config", "atlas.model", "atlas.build", "atlas.evaluate", "atlas.training", *FRONT_ENDS)),
+    ("atlas.knnlm", ("atlas.config", "atlas.model", "atlas.assembly", "atlas.evaluate", "atlas.training", *FRONT_ENDS)),
     *[(core, ("atlas.training", *FRONT_ENDS)) for core in ATLAS_CORE],
     ("atlas.training", (*PYTHON_API, *FRONT_ENDS)),
     *[(api, FRONT_ENDS) for api in PYTHON_API],
@@ -383,3 +384,13 @@ def test_the_manifest_key_check_finds_a_key_read(tmp_path, monkeypatch):
     )
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     assert _manifest_key_reads([tmp_path / "reads.py"]) == ["reads.py:1", "reads.py:2"]
+
+
+def test_no_two_library_modules_share_a_file_name():
+    # a file name says what its module holds and is used once (`__init__.py` and `__main__.py` aside), so that a
+    # name in a traceback, an import or a review points at one file
+    paths = [p for package in PACKAGES for p in (ROOT / package).rglob("*.py") if not p.name.startswith("__")]
+    by_name: dict[str, list[str]] = {}
+    for path in paths:
+        by_name.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: where for name, where in by_name.items() if len(where) > 1} == {}

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     from common.modeling import encoder_source
     from reader.fid import FiDReader
     from reader.tokenizer import build_reader_tokenizer
-    from retriever.encoder import Retriever
+    from retriever.retriever import Retriever
     from tasks.base import get_task
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from common.io import write_jsonl
     from common.modeling import encoder_source
-    from retriever.encoder import Retriever
+    from retriever.retriever import Retriever
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("squad", type=Path, help="SQuAD v1.1 JSON (e.g. train-v1.1.json)")

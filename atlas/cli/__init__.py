@@ -19,14 +19,14 @@ import threading
 
 # Modules that add subcommands; each has register(subparsers).
 COMMAND_MODULES = (
-    "atlas.cli.corpus",
-    "atlas.cli.data",
-    "atlas.cli.index",
-    "atlas.cli.run",
-    "atlas.cli.knnlm",
-    "atlas.cli.quickstart",
-    "atlas.cli.serve",
-    "atlas.cli.imports",
+    "atlas.cli.corpus_commands",
+    "atlas.cli.data_commands",
+    "atlas.cli.index_commands",
+    "atlas.cli.run_commands",
+    "atlas.cli.knnlm_commands",
+    "atlas.cli.quickstart_command",
+    "atlas.cli.serve_command",
+    "atlas.cli.import_commands",
 )
 
 

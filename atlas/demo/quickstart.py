@@ -28,13 +28,13 @@ from atlas.api import Atlas
 from atlas.config import AtlasConfig, load_config
 from atlas.evaluate import evaluate
 from atlas.loading import SHIPPED_READER, load_model, recipe_spec
-from atlas.training.data import load_training_examples
 from atlas.training.loop import train as train_model
+from atlas.training.train_data import load_training_examples
 from common.io import InputError, atomic_write_json, atomic_write_text, read_jsonl, write_jsonl
 from common.modeling import IGNORE_INDEX
 from retriever.corpus import prepare_corpus
-from retriever.encoder import build_retriever
 from retriever.index.build import build_index, link_index
+from retriever.retriever import Retriever
 from tasks.base import Task, get_task
 from tasks.counterfactual import (
     EditPlan,
@@ -712,7 +712,7 @@ def _index(run: _Run) -> dict:
     config = run.config
     build_index(
         run.out / "corpus",
-        build_retriever(config.retriever),
+        Retriever.from_config(config.retriever),
         run.out / "index",
         config.index_settings(),
         progress=run.progress,

@@ -10,7 +10,7 @@ Tokens can be subsampled (`sample_fraction`) to bound time rather than memory.
 Higher dispersion goes with lower perplexity, and the most dispersed layer is a good kNN-LM
 key ("On the predictive power of representation dispersion in language models"). The same
 quantity on a training batch gives the auxiliary loss L = CE − μ · dispersion (`reader.dispersion_weight`
-= μ; atlas/model.py computes it with `reader.dispersion.mean_pairwise_cosine_distance`, which lives beside the
+= μ; atlas/model.py computes it with `reader.dispersion_loss.mean_pairwise_cosine_distance`, which lives beside the
 reader whose decoder states it reads, so that the model never reaches into this room).
 """
 

@@ -19,7 +19,8 @@ import numpy as np
 import torch
 
 from atlas.knnlm.datastore import Datastore, check_same_producer, key_file_name
-from retriever.index.types import build_faiss_index, exact_search, set_search_params
+from retriever.index.exact_search import exact_search
+from retriever.index.types import build_faiss_index, set_search_params
 
 
 def knn_target_logprobs(

@@ -5,7 +5,7 @@
     uvicorn.Server(uvicorn_config(app, settings, host="127.0.0.1", port=8000)).run()  # connections.py
 
 FastAPI and uvicorn are imported only by the modules that use them, and those only when one of these
-names is first used, so that `atlas serve --help` (which reads `atlas.serve.settings`) answers at once.
+names is first used, so that `atlas serve --help` (which reads `atlas.serve.serve_settings`) answers at once.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from importlib import import_module
 _WHERE = {
     "AtlasService": "atlas.serve.service",
     "create_app": "atlas.serve.app",
-    "ServeSettings": "atlas.serve.settings",
+    "ServeSettings": "atlas.serve.serve_settings",
     "uvicorn_config": "atlas.serve.connections",
 }
 __all__ = ["AtlasService", "ServeSettings", "create_app", "uvicorn_config"]

@@ -62,6 +62,7 @@ from atlas.serve.schemas import (
     SearchResponse,
     clean_id,
 )
+from atlas.serve.serve_settings import ServeSettings, question_cost
 from atlas.serve.service import (
     AtlasService,
     EditsConflict,
@@ -71,7 +72,6 @@ from atlas.serve.service import (
     PassageNotFound,
     Question,
 )
-from atlas.serve.settings import ServeSettings, question_cost
 
 STATIC = Path(__file__).resolve().parent / "static"
 WHY = {

@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from atlas.serve.settings import ServeSettings
+from atlas.serve.serve_settings import ServeSettings
 
 logger = logging.getLogger(__name__)
 

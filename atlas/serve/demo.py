@@ -11,7 +11,11 @@ import shutil
 from pathlib import Path
 
 from atlas.config import save_config
-from retriever.encoder import build_retriever
+from atlas.demo.quickstart import demo_data, quickstart_config
+from atlas.loading import SHIPPED_READER
+from retriever.corpus import prepare_corpus
+from retriever.index.build import build_index
+from retriever.retriever import Retriever
 
 
 def build_demo_run(out: str | Path, *, progress: bool = False) -> Path:
@@ -22,10 +26,6 @@ def build_demo_run(out: str | Path, *, progress: bool = False) -> Path:
     an OUT that already holds a run is returned as it is.
     """
     # heavy: pyarrow and faiss (corpus and index build), only when the demo run is built
-    from atlas.demo.quickstart import demo_data, quickstart_config
-    from atlas.loading import SHIPPED_READER
-    from retriever.corpus import prepare_corpus
-    from retriever.index.build import build_index
 
     out = Path(out)
     run = out / "run"
@@ -36,7 +36,7 @@ def build_demo_run(out: str | Path, *, progress: bool = False) -> Path:
     if not (out / "corpus").is_dir():
         prepare_corpus([str(p) for p in data.documents], out / "corpus", chunk_words=0, progress=progress)
     if not (out / "index").is_dir():
-        build_index(out / "corpus", build_retriever(config.retriever), out / "index", progress=progress)
+        build_index(out / "corpus", Retriever.from_config(config.retriever), out / "index", progress=progress)
     run.mkdir(parents=True, exist_ok=True)
     if not (run / "reader").exists():
         try:

@@ -28,7 +28,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from atlas.serve.settings import LOOPBACK_HOSTS, ServeSettings, is_loopback_address
+from atlas.serve.serve_settings import LOOPBACK_HOSTS, ServeSettings, is_loopback_address
 
 access_log = logging.getLogger("atlas.serve.access")
 

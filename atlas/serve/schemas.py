@@ -13,7 +13,7 @@ that a browser (ECMA-262), Python's `re` and pydantic's Rust `regex` agree on wh
 passage id named twice in one edit (across add, update and remove) cannot be declared at all
 (uniqueness of one field across lists): the server answers it 409 Conflict, as a schema-valid
 edit that conflicts with itself, and each operation's 409 response says so. Nor can it state a question
-request's reading budget (questions x k x length, `atlas.serve.settings`): over it, a 413.
+request's reading budget (questions x k x length, `atlas.serve.serve_settings`): over it, a 413.
 """
 
 from __future__ import annotations

@@ -25,6 +25,9 @@ from pathlib import Path
 
 import torch
 
+from retriever.index.compact import compact_if_due, compaction_due
+from retriever.index.files import IndexLockedError
+from retriever.index.update import add_passages, remove_passages
 from tasks.base import Example
 
 logger = logging.getLogger(__name__)
@@ -170,9 +173,6 @@ class AtlasService:
         → {"added", "updated", "removed", "count", "generation"}. Call on `edit_executor`.
         """
         # heavy: faiss (the index's files and edits); `import atlas.serve` does not load it
-        from retriever.index.compact import compaction_due
-        from retriever.index.files import IndexLockedError
-        from retriever.index.update import add_passages, remove_passages
 
         index = self.index  # the last commit: edits run one at a time on this thread
         ids = [p["id"] for p in add] + [p["id"] for p in update] + list(remove)
@@ -233,8 +233,6 @@ class AtlasService:
     def _compact(self) -> None:
         """Compact the index when it is (still) due, and serve the result (edit thread; queued by
         `edit`). A failure is logged and leaves the index as it was: the next edit tries again."""
-        from retriever.index.compact import compact_if_due  # heavy: faiss, as above
-        from retriever.index.files import IndexLockedError
 
         try:
             stats = compact_if_due(self.index.folder)

@@ -5,7 +5,7 @@ accumulate `accumulation_steps` micro-batches (each loss divided by that number)
 both optimizers and schedulers, log → evaluate and save on schedule → final save and
 evaluation → cleanup, which closes the log also when a step raised. Everything needed to
 continue exactly — both optimizers and schedulers, RNG states, the data position
-(`atlas.training.data`) — is in each checkpoint; the metrics log is `atlas.training.run_log`.
+(`atlas.training.train_data`) — is in each checkpoint; the metrics log is `atlas.training.run_log`.
 `training.steps: 0` evaluates the model as the recipe builds it and writes no checkpoint (its
 weights are the reader's and retriever's own; `atlas evaluate READER --index IDX` does the same
 without a recipe). Metrics are in percent (`tasks.metrics`), in the log, the evaluations and the summary.
@@ -30,7 +30,6 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 
-from atlas.build import prepare_index
 from atlas.config import AtlasConfig, save_config
 from atlas.distributed import (
     DistributedContext,
@@ -41,6 +40,7 @@ from atlas.distributed import (
 from atlas.evaluate import evaluate, recall_drops, retriever_recall
 from atlas.loading import checkpoint_config, load_model, recipe_spec, resolve_checkpoint
 from atlas.model import AtlasModel
+from atlas.run_index import prepare_index
 from atlas.training.checkpoint import (
     claim_run_folder,
     config_for_world_size,
@@ -50,7 +50,6 @@ from atlas.training.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from atlas.training.data import DataPosition, ExampleStream, load_training_examples
 from atlas.training.deepspeed_engine import (
     DeepSpeedReader,
     load_deepspeed_config,
@@ -58,6 +57,7 @@ from atlas.training.deepspeed_engine import (
 )
 from atlas.training.refresh import RefreshRange, parse_refresh_schedule, refresh_due, refresh_index
 from atlas.training.run_log import RunLog, logged_recall
+from atlas.training.train_data import DataPosition, ExampleStream, load_training_examples
 from common.io import atomic_write_json
 from common.progress import progress_bar as tqdm
 from tasks.base import Example, Task, get_task

@@ -32,7 +32,10 @@ import torch.distributed as dist
 
 from atlas.config import AtlasConfig, save_config
 from atlas.distributed import DistributedContext, init_distributed
-from atlas.loading import resolve_checkpoint
+from atlas.evaluate import evaluate
+from atlas.loading import load_model, recipe_spec, resolve_checkpoint
+from atlas.run_index import prepare_index
+from atlas.training.loop import train
 from common.io import InputError, atomic_write_json, read_jsonl, write_jsonl
 from tasks.base import Example, get_task
 
@@ -79,12 +82,11 @@ def _subject_config(config: AtlasConfig, out: Path, subject: str, dev: Path, ind
 def _shared_index(config: AtlasConfig, out: Path) -> str | None:
     """The index every subject searches: `index.path`, or `index.corpus` built once as OUT/index.
 
-    All ranks call this: under torchrun `atlas.build.prepare_index` builds the index with every
+    All ranks call this: under torchrun `atlas.run_index.prepare_index` builds the index with every
     rank embedding its share of the corpus (and agrees on whether it already exists).
     """
     if config.index.path is not None or not config.index.corpus or config.task.closed_book:
         return config.index.path
-    from atlas.build import prepare_index  # heavy: transformers and faiss, only when an index is built here
 
     built = copy.deepcopy(config)
     built.training.output_dir = str(out)
@@ -136,9 +138,6 @@ def run_per_subject(
     `evaluation.max_examples`, when set, limits each subject's test questions).
     """
     # heavy: transformers (the model stack), loaded when the subjects are trained, not when this module is imported
-    from atlas.evaluate import evaluate
-    from atlas.loading import load_model, recipe_spec
-    from atlas.training.loop import train
 
     if config.task.name != "mmlu":
         raise ValueError(f"the per-subject setting is MMLU's; the recipe's task is '{config.task.name}'")

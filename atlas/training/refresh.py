@@ -12,9 +12,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from atlas.build import open_index
 from atlas.distributed import DistributedContext
-from atlas.index import Index
+from atlas.index_api import Index
+from atlas.run_index import open_index
 from common.modeling import eval_mode
 from retriever.index.build import build_index
 

@@ -1,11 +1,11 @@
 """The generated reference pages: the `atlas` command line (from its argparse parser), the recipe keys
-(from the config dataclasses of `atlas/config.py` and the comments beside their fields) and the HTTP API
-(from the OpenAPI schema of `atlas serve`).
+(from the config dataclasses, each in the package that owns its section, and the comments beside their fields)
+and the HTTP API (from the OpenAPI schema of `atlas serve`).
 
 The docs build calls `generated_pages()` from `hooks.py`, so the site's pages are made from the code at every
 build and cannot drift from it; git keeps a copy of each under docs/reference/ for readers of the repository,
 and tests/test_docs.py checks that copy is current (`--write` renews it). A config key's description is the
-comment above or beside its field in `atlas/config.py`, else for an index build setting (`index.spec`, …) the help
+comment above or beside its field in its section's dataclass, else for an index build setting (`index.spec`, …) the help
 of its field in `retriever/index/settings.py` (which `atlas index build --help` shows too). `missing_descriptions()`
 lists keys with none; tests/test_docs.py asserts there are none.
 
@@ -29,7 +29,13 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).parent))  # figures.py, beside this file
-CONFIG_SOURCE = ROOT / "atlas" / "config.py"
+# where each section's dataclass is defined: the component that owns the settings
+CONFIG_SOURCES = [
+    ROOT / "atlas" / "config.py",
+    ROOT / "reader" / "reader_config.py",
+    ROOT / "retriever" / "retriever_config.py",
+    ROOT / "retriever" / "index" / "settings.py",
+]
 
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -136,7 +142,13 @@ def cli_reference() -> str:
 
 def _field_comments() -> dict[str, str]:
     """`Class.field` → the comment lines right above the field, then the comment on its own line."""
-    source = CONFIG_SOURCE.read_text(encoding="utf-8")
+    found = {}
+    for path in CONFIG_SOURCES:
+        found.update(_field_comments_of(path.read_text(encoding="utf-8")))
+    return found
+
+
+def _field_comments_of(source: str) -> dict[str, str]:
     comments: dict[int, str] = {}
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
         if token.type == tokenize.COMMENT:
@@ -276,8 +288,10 @@ def config_reference() -> str:
         "# Configuration",
         "",
         (
-            "Generated from the config dataclasses of `atlas/config.py` at every docs build "
-            "(`docs/_gen/reference.py`): every key a recipe may set, its type, its default and what it does. "
+            "Generated at every docs build from the config dataclasses, each defined by the component that reads it "
+            "(`reader/reader_config.py`, `retriever/retriever_config.py`, `retriever/index/settings.py`, the rest in "
+            "`atlas/config.py`; `docs/_gen/reference.py`): "
+            "every key a recipe may set, its type, its default and what it does. "
             "A recipe is a YAML mapping with one section per component; any key can be overridden on the "
             "command line as `section.key=value` (the value is read as YAML: `training.lr=4e-5`, "
             "`task.train_data=[a.jsonl,b.jsonl]`, `index.path=null`). Unknown keys, wrong types and unknown "

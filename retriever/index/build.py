@@ -8,7 +8,7 @@ depend only on its passages and the batch size, and the creation time is kept fr
 first attempt, so a resumed build writes the same bytes as an uninterrupted one.
 
 A finished build can be published to a cache beside its corpus (`publish_to_cache`) and
-linked into another folder later (`cached_index`, `link_index`): `atlas.build.build_index`
+linked into another folder later (`cached_index`, `link_index`): `atlas.run_index.prepare_index`
 does so for training runs given `index.corpus`, so that the same index is not built twice.
 """
 
@@ -47,7 +47,7 @@ from retriever.index.types import build_faiss_index, index_type
 from retriever.index.vectors import EncoderRecord, copy_checked, read_encoder_record, record_path, write_encoder_record
 
 PROGRESS = "progress.json"
-# Passages embedded between two progress records inside a chunk: about 15 s of MiniLM on 2 CPU cores, so a
+# Passages embedded between two progress records inside a chunk: seconds of MiniLM on a laptop CPU, so a
 # killed build loses at most that much whatever `chunk_size` is, and the progress bar moves as often. A
 # block's vectors depend only on its passages and the batch size (blocks start at fixed offsets in their
 # chunk), so a build resumed mid-chunk writes the same bytes as an uninterrupted one.
@@ -447,7 +447,7 @@ def _write_index_files(folder: Path, spec: str, vectors_path: Path, settings: In
 # A training run given `index.corpus` needs an index of it made with its passage encoder. The
 # same corpus, encoder and settings give the same index, so a finished build is published to
 # CORPUS/.atlas-index-cache/KEY/ (KEY: the hash of `build_settings`) and later runs link its
-# files into their own folder instead of embedding the corpus again (atlas/build.py).
+# files into their own folder instead of embedding the corpus again (atlas/run_index.py).
 CACHE_DIR = ".atlas-index-cache"
 BUILD_SETTINGS = "build-settings.json"
 

@@ -47,6 +47,7 @@ import faiss
 import numpy as np
 
 from retriever.corpus import Corpus
+from retriever.index.exact_search import best_k, exact_search
 from retriever.index.files import (
     InvalidIndexError,
     check_encoder,
@@ -59,13 +60,7 @@ from retriever.index.files import (
 from retriever.index.manifest import Manifest
 from retriever.index.rerank import StoredVectors, advise_random, rerank_candidates
 from retriever.index.settings import DEFAULTS
-from retriever.index.types import (
-    best_k,
-    exact_search,
-    faiss_read_flags,
-    search_parameters_target,
-    set_search_params,
-)
+from retriever.index.types import faiss_read_flags, search_parameters_target, set_search_params
 from tasks.passage import Passage
 
 _LOAD_ATTEMPTS = 3  # generations a load may see committed under it before it gives up

@@ -20,7 +20,7 @@ import os
 import numpy as np
 import torch
 
-from retriever.index.types import best_first, widen_into
+from retriever.index.exact_search import best_first, widen_into
 
 # Candidate vectors widened at a time (float32 bytes): bounds the re-rank's extra memory
 # (plus the file pages of those rows, released after each batch).
@@ -209,7 +209,7 @@ def rerank_candidates(
 
     query_vectors: (Q, d) float32; vectors: (N, d) float16 (a memmap: only candidate rows are
     read); candidates: (Q, C) int64 positions, -1 where missing. Returns (scores, rows), each
-    (Q, min(k, C)) float32 / int64, in the canonical order (`retriever.index.types.best_first`:
+    (Q, min(k, C)) float32 / int64, in the canonical order (`retriever.index.exact_search.best_first`:
     highest score first, ties to the lower position, missing rows -1 with score -inf last).
     gap_bytes: rows at most this far apart are read in one call (`read_runs`; 0: a call per
     row unless consecutive).

@@ -62,3 +62,43 @@ class IndexSettings:
 
 
 DEFAULTS = IndexSettings()
+
+
+@dataclass
+class IndexConfig:
+    """The passage corpus and the FAISS-style index over it (build settings: `retriever.index.settings`)."""
+
+    # Which index a run searches. `path` wins: when it is set, that index (a folder made by
+    # `atlas index build`) is opened as it is and nothing is built from `corpus` (the index's
+    # manifest names its own corpus; a warning says when the two differ). With `path` unset, the
+    # run uses an index of `corpus` (a folder made by `atlas corpus prepare`) at
+    # training.output_dir/index: kept from an earlier start of the run, else linked from
+    # CORPUS/.atlas-index-cache/ when an index of the same corpus, passage encoder and index
+    # settings (spec, keep_embeddings, exact_rerank, train_sample, chunk_size, retriever.batch_size) was
+    # built before, else built and cached there (atlas.run_index.prepare_index; docs/guides/corpus.md).
+    corpus: str | None = None
+    # A built index folder (`atlas index build`) to open as it is; wins over `corpus`.
+    path: str | None = None
+    spec: str = DEFAULTS.spec
+    nprobe: int = DEFAULTS.nprobe
+    ef_search: int = DEFAULTS.ef_search
+    train_sample: int = DEFAULTS.train_sample
+    keep_embeddings: bool = DEFAULTS.keep_embeddings
+    refresh: str = "never"  # e.g. "0-1000:500,1000-10000:2000"
+    # Training with a stale index: search this many candidates and re-score them with passage vectors
+    # re-encoded by the current passage encoder (0 = off; used when > the k retrieved).
+    reencode_candidates: int = 0
+    # Two-stage search of a compressed index: its top k' candidates re-scored exactly from the
+    # float16 vectors kept memory-mapped on disk. None: the index's own setting (its manifest,
+    # `exact_rerank`); 0: off. Building with k' > 0 keeps the vectors. Not `reencode_candidates`
+    # (that re-encodes candidates with the current, training encoder).
+    exact_rerank: int | None = None
+    # Pretext tasks drop a retrieved passage whose id is the example's own source: retrieve this many times k so that k
+    # remain.
+    filtering_overretrieve_ratio: int = 2
+    # Search even when the query encoder's fingerprint differs from the passage encoder the index was built with (for
+    # experts; the results are usually meaningless).
+    allow_encoder_mismatch: bool = False
+    chunk_size: int = DEFAULTS.chunk_size
+    # Under torchrun: each rank searches 1/N of the index (True) or the whole of it (False).
+    sharded: bool = False

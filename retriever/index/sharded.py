@@ -42,10 +42,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from retriever.index.exact_search import best_first, best_k, exact_search
 from retriever.index.files import read_faiss
 from retriever.index.passage_index import PassageIndex
 from retriever.index.rerank import rerank_candidates
-from retriever.index.types import best_first, best_k, exact_search, index_type, set_search_params
+from retriever.index.types import index_type, set_search_params
 
 SHARD_READ_BYTES = 64 << 20  # codes read at a time into a flat-code shard
 

@@ -36,8 +36,8 @@ def real_world(shared_data, tiny_encoder_path, tmp_path_factory):
     from atlas.loading import load_model, recipe_spec
     from atlas.training.checkpoint import save_checkpoint
     from retriever.corpus import prepare_corpus
-    from retriever.encoder import build_retriever
     from retriever.index.build import build_index
+    from retriever.retriever import Retriever
 
     root = tmp_path_factory.mktemp("real-world")
     kilt_rows = (shared_data / "kilt" / "hotpotqa-dev-kilt.jsonl").read_text(encoding="utf-8").splitlines()[:20]
@@ -65,7 +65,7 @@ def real_world(shared_data, tiny_encoder_path, tmp_path_factory):
     prepare_corpus([root / "docs.jsonl"], root / "corpus", chunk_words=0, progress=False)
     build_index(
         root / "corpus",
-        build_retriever(load_config(None, [f"retriever.model={tiny_encoder_path}"]).retriever),
+        Retriever.from_config(load_config(None, [f"retriever.model={tiny_encoder_path}"]).retriever),
         root / "index",
         progress=False,
         settings=IndexSettings(spec="Flat"),

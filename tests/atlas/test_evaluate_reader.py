@@ -28,8 +28,8 @@ def demo_index(tmp_path_factory) -> dict:
     MiniLM index built as the quickstart builds it (the recipe's retriever, its encoder recorded)."""
     from atlas.config import load_config
     from retriever.corpus import prepare_corpus
-    from retriever.encoder import build_retriever
     from retriever.index.build import build_index
+    from retriever.retriever import Retriever
 
     root = tmp_path_factory.mktemp("demo-index")
     questions = [record for _, record in read_jsonl(DEMO / "heldout.jsonl")][:N_QUESTIONS]
@@ -42,7 +42,7 @@ def demo_index(tmp_path_factory) -> dict:
     recipe = load_config(RECIPE)
     build_index(
         root / "corpus",
-        build_retriever(recipe.retriever),
+        Retriever.from_config(recipe.retriever),
         root / "index",
         progress=False,
         encoder_source=recipe.retriever.model,

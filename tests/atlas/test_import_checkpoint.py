@@ -22,7 +22,7 @@ import torch
 from transformers import BertModel, T5Config, T5ForConditionalGeneration
 
 from atlas.cli import main
-from atlas.importing.checkpoint import import_atlas_checkpoint, import_fid_reader
+from atlas.importing.reference_checkpoint import import_atlas_checkpoint, import_fid_reader
 from atlas.importing.safe_pickle import UnsafePickleError
 from common.io import InputError
 
@@ -190,7 +190,7 @@ def tree(path: Path) -> list[str]:
 def test_round_trip_logits_embeddings_and_config(tmp_path, reader_tokenizer_dir, tiny_encoder_path, untied, module):
     from reader.fid import FiDReader
     from reader.tokenizer import build_reader_tokenizer
-    from retriever.encoder import Retriever
+    from retriever.retriever import Retriever
 
     tokenizer = build_reader_tokenizer(reader_tokenizer_dir)
     t5 = tiny_t5(len(tokenizer), gated=not untied, tied=untied, decoder_layers=3)  # both T5 layouts across the cases
@@ -268,7 +268,7 @@ def test_round_trip_logits_embeddings_and_config(tmp_path, reader_tokenizer_dir,
 
 @pytest.mark.parametrize(("mode", "loss"), [("evalnormsum", "adist"), ("emdr", "emdr"), ("loop", "loop")])
 def test_gold_score_modes_map_to_losses(mode, loss):
-    from atlas.importing.checkpoint import config_from_options
+    from atlas.importing.reference_checkpoint import config_from_options
 
     config, notes = config_from_options(
         reference_options(gold_score_mode=mode, scheduler="fixed", precision="fp16"),
@@ -304,7 +304,7 @@ def test_closed_book_checkpoint_imports_without_a_retriever(tmp_path, reader_tok
 def test_file_passages_run_is_imported_closed_book_with_a_note():
     """The reference's --use_file_passages (without --closed_book) read passages from the data
     files; with no such mode here the run is closed-book, and import.json says so."""
-    from atlas.importing.checkpoint import config_from_options
+    from atlas.importing.reference_checkpoint import config_from_options
 
     opt = reference_options(use_file_passages=True, closed_book=False)
     config, notes = config_from_options(opt, tied=False, closed_book=True, source="x")
@@ -340,7 +340,7 @@ def test_evaluate_and_ask_run_on_the_imported_run(tmp_path, reader_tokenizer_dir
     )
 
     # the reference's saved index of 2 shards, embedded with the same passage encoder
-    from retriever.encoder import Retriever
+    from retriever.retriever import Retriever
 
     retriever = Retriever.from_pretrained(tmp_path / "run" / "checkpoints" / "step-000012" / "retriever")
     docs = [

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from atlas.cli import main
-from atlas.importing.index import import_atlas_index
+from atlas.importing.reference_index import import_atlas_index
 from atlas.importing.safe_pickle import UnsafePickleError
 from common.io import InputError
 from retriever.index.settings import IndexSettings
@@ -69,8 +69,8 @@ def _outputs(tmp_path: Path) -> dict[str, Path]:
 @pytest.mark.parametrize(("spec", "nprobe"), [("Flat", 32), ("IVF2,Flat", 2)])
 def test_same_top_k_ids_and_scores_as_brute_force(tmp_path, reference_index, tiny_encoder_path, spec, nprobe):
     from retriever.corpus import Corpus
-    from retriever.encoder import Retriever
     from retriever.index import EncoderMismatchError, PassageIndex
+    from retriever.retriever import Retriever
 
     corpus, index = import_atlas_index(
         reference_index["src"],
@@ -173,7 +173,7 @@ def test_restart_discards_an_interrupted_import_with_its_corpus(
         raise Interrupted
 
     out = _outputs(tmp_path)
-    monkeypatch.setattr("atlas.importing.index.build_index", killed)
+    monkeypatch.setattr("atlas.importing.reference_index.build_index", killed)
     with pytest.raises(Interrupted):
         import_atlas_index(reference_index["src"], encoder=tiny_encoder_path, progress=False, **out)
     assert (out["corpus_out"] / "corpus.json").is_file() and not out["index_out"].exists()

@@ -25,7 +25,7 @@ from transformers import T5Config, T5ForConditionalGeneration, T5Tokenizer
 from transformers.modeling_outputs import BaseModelOutput
 
 from atlas.cli import main
-from atlas.importing.checkpoint import import_atlas_checkpoint
+from atlas.importing.reference_checkpoint import import_atlas_checkpoint
 from tests.atlas import reference_math as ref
 from tests.atlas.test_import_checkpoint import (
     bert_pair,
@@ -174,13 +174,18 @@ def test_every_conversion_is_recorded(imported_atlas):
 def test_retriever_embeddings_are_the_references(imported_atlas):
     """Both towers, through the indexing path (inference mode, length-sorted batches) and the training
     path (with gradients), equal the reference's Contriever in float64; a stock layer norm would not."""
-    from retriever.encoder import Retriever, use_layer_norm
+    from retriever.encoder import use_layer_norm
+    from retriever.retriever import Retriever
 
     retriever = Retriever.from_pretrained(imported_atlas["folder"] / "retriever")
     texts = ["the capital of zorbland is quimper", "a river in tarsia", "mount olo was first climbed in 1820"]
     passages = [{"title": t.split()[1], "text": t} for t in texts]
     for side, encoder, got in (
-        ("query", retriever.query_encoder, torch.from_numpy(retriever.embed_queries(texts))),
+        (
+            "query",
+            retriever.query_encoder,
+            torch.from_numpy(retriever.embed_queries(texts, precision="fp32")),
+        ),  # float64 parity: not bf16
         ("passage", retriever.passage_encoder, retriever.encode_passages(passages).detach()),
     ):
         rendered = texts if side == "query" else [retriever.format_passage(p) for p in passages]
@@ -445,7 +450,7 @@ def test_fid_logits_loss_and_gradient_are_the_references(imported_fid):
 
 @pytest.mark.parametrize("pack", [True, False], ids=["packed", "unpacked"])
 def test_fid_greedy_generation_is_the_references(imported_fid, pack):
-    from atlas.importing.checkpoint import reference_new_tokens
+    from atlas.importing.reference_checkpoint import reference_new_tokens
 
     reader = load_fid(imported_fid)
     ids, mask = fid_batch(imported_fid["vocab"])

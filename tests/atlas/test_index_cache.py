@@ -1,5 +1,5 @@
 """A run given `index.corpus` reuses an index already built from the same corpus with the same
-passage encoder and index settings (atlas.build.prepare_index, the cache beside the corpus), and
+passage encoder and index settings (atlas.run_index.prepare_index, the cache beside the corpus), and
 builds anew when any of them differs; `index.path` wins over `index.corpus`."""
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from atlas.build import open_index, prepare_index
+from atlas import run_index
 from atlas.config import load_config
-from retriever.encoder import build_retriever
+from atlas.run_index import open_index, prepare_index
 from retriever.index import build as index_build
 from retriever.index.build import CACHE_DIR
 from retriever.index.manifest import Manifest
+from retriever.retriever import Retriever
 
 QUERIES = ["what is the capital of zorbland", "who first climbed mount olo"]
 
@@ -33,7 +34,7 @@ def run_config(world, corpus: Path, out: Path, *overrides: str):
 
 def open_run_index(world, corpus: Path, out: Path, *overrides: str):
     config = run_config(world, corpus, out, *overrides)
-    retriever = build_retriever(config.retriever)
+    retriever = Retriever.from_config(config.retriever)
     return open_index(prepare_index(config, retriever=retriever), retriever, config.index)
 
 
@@ -45,7 +46,7 @@ def corpus(tiny_world, tmp_path) -> Path:
 
 @pytest.fixture
 def builds(monkeypatch) -> list[Path]:
-    """The folders `retriever.index.build.build_index` is asked to build, in order."""
+    """The folders a run asks `retriever.index.build.build_index` to build, in order."""
     calls: list[Path] = []
     real = index_build.build_index
 
@@ -53,7 +54,7 @@ def builds(monkeypatch) -> list[Path]:
         calls.append(Path(out))
         return real(corpus_path, retriever, out, *settings, **kwargs)
 
-    monkeypatch.setattr(index_build, "build_index", recording)
+    monkeypatch.setattr(run_index, "build_index", recording)
     return calls
 
 
@@ -66,7 +67,7 @@ def files_of(folder: Path) -> dict[str, bytes]:
 
 
 def test_a_second_run_reuses_the_index_built_by_the_first(tiny_world, corpus, tmp_path, builds, caplog):
-    caplog.set_level(logging.INFO, logger="atlas.build")
+    caplog.set_level(logging.INFO, logger="atlas.run_index")
     first = open_run_index(tiny_world, corpus, tmp_path / "run1")
     assert builds == [tmp_path / "run1" / "index"]
     (cached,) = entries(corpus)  # one finished entry, no temporary folder left
@@ -109,8 +110,8 @@ def test_a_different_spec_or_encoder_builds_anew(tiny_world, corpus, tmp_path, b
 
 
 def test_updating_a_run_index_leaves_the_cache_as_it_was(tiny_world, corpus, tmp_path, builds):
-    from retriever.encoder import Retriever
     from retriever.index.update import add_passages, read_passage_files, remove_passages, update_passages
+    from retriever.retriever import Retriever
 
     open_run_index(tiny_world, corpus, tmp_path / "run1")
     (cached,) = entries(corpus)
@@ -160,7 +161,7 @@ def test_index_path_wins_over_index_corpus(tiny_world, corpus, tmp_path, builds,
     other = tmp_path / "other.jsonl"
     other.write_text(json.dumps({"id": "x", "text": "something else entirely"}) + "\n")
     prepare_corpus([other], tmp_path / "other", progress=False)
-    caplog.set_level(logging.WARNING, logger="atlas.build")
+    caplog.set_level(logging.WARNING, logger="atlas.run_index")
     index = open_run_index(tiny_world, tmp_path / "other", tmp_path / "run", f"index.path={tiny_world['index']}")
     assert len(index) == 5 and builds == []
     assert [r.getMessage() for r in caplog.records] == [
@@ -174,16 +175,16 @@ def test_index_path_wins_over_index_corpus(tiny_world, corpus, tmp_path, builds,
 BUILD_SCRIPT = r"""
 import json, sys
 from pathlib import Path
-from atlas.build import open_index, prepare_index
+from atlas.run_index import open_index, prepare_index
 from atlas.config import AtlasConfig, IndexConfig, RetrieverConfig, TrainingConfig
 from atlas.distributed import init_distributed, shutdown
-from retriever.encoder import build_retriever
+from retriever.retriever import Retriever
 
 context = init_distributed()
 corpus, out_dir, encoder = sys.argv[1:4]
 config = AtlasConfig(retriever=RetrieverConfig(model=encoder), index=IndexConfig(corpus=corpus, chunk_size=2),
                      training=TrainingConfig(output_dir=out_dir))
-retriever = build_retriever(config.retriever)
+retriever = Retriever.from_config(config.retriever)
 embedded = []
 original = retriever.embed_passages
 def counting(passages, **kwargs):

@@ -50,8 +50,8 @@ def _tiny_run(root: Path, tiny_encoder_path: Path) -> tuple[Path, Path]:
     from atlas.config import RetrieverConfig
     from reader.tokenizer import build_reader_tokenizer
     from retriever.corpus import prepare_corpus
-    from retriever.encoder import build_retriever
     from retriever.index.build import build_index
+    from retriever.retriever import Retriever
 
     tokenizer = build_reader_tokenizer(None)
     torch.manual_seed(0)
@@ -79,7 +79,7 @@ def _tiny_run(root: Path, tiny_encoder_path: Path) -> tuple[Path, Path]:
     prepare_corpus([root / "docs.jsonl"], root / "corpus", chunk_words=0, progress=False)
     build_index(
         root / "corpus",
-        build_retriever(RetrieverConfig(model=str(tiny_encoder_path))),
+        Retriever.from_config(RetrieverConfig(model=str(tiny_encoder_path))),
         root / "index",
         progress=False,
         encoder_source=str(tiny_encoder_path),

@@ -38,9 +38,9 @@ class Crash(BaseException):
 def test_a_replace_that_dies_around_its_commit_leaves_the_old_or_the_new_index(tiny_world, tmp_path, monkeypatch, when):
     """Dies with every new file written and flushed but the manifest not replaced ("before"), or
     with the manifest replaced but the superseded files not yet deleted ("after")."""
-    from retriever.encoder import Retriever
     from retriever.index import update
     from retriever.index.manifest import Manifest
+    from retriever.retriever import Retriever
 
     folder = tmp_path / "index"
     shutil.copytree(tiny_world["index"], folder)
@@ -82,8 +82,8 @@ def test_a_replace_that_dies_around_its_commit_leaves_the_old_or_the_new_index(t
 
 
 def test_replacing_an_id_that_is_not_live_changes_nothing(tiny_world, tmp_path):
-    from retriever.encoder import Retriever
     from retriever.index.update import add_passages, read_passage_files
+    from retriever.retriever import Retriever
 
     folder = tmp_path / "index"
     shutil.copytree(tiny_world["index"], folder)

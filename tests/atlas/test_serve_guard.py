@@ -300,7 +300,7 @@ def test_the_command_line_makes_up_a_token_and_refuses_what_would_expose_edits(m
     import argparse
 
     from atlas.cli import main as atlas_main
-    from atlas.cli.serve import is_loopback, is_wildcard, register, serving_settings
+    from atlas.cli.serve_command import is_loopback, is_wildcard, register, serving_settings
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())

@@ -161,13 +161,13 @@ def test_an_index_built_on_cuda_searches_like_one_built_on_the_cpu(tiny_world, t
 
     from atlas.config import RetrieverConfig
     from retriever.corpus import prepare_corpus
-    from retriever.encoder import build_retriever
     from retriever.index import PassageIndex
     from retriever.index.build import build_index
+    from retriever.retriever import Retriever
 
     docs = REPO / "atlas" / "demo" / "encyclopedia.jsonl"
     prepare_corpus([docs], tmp_path / "corpus", chunk_words=0, progress=False)
-    retriever = build_retriever(RetrieverConfig())
+    retriever = Retriever.from_config(RetrieverConfig())
     build_index(tmp_path / "corpus", retriever, tmp_path / "cpu", progress=False)
     build_index(
         tmp_path / "corpus", retriever.to(CUDA), tmp_path / "cuda", progress=False, settings=IndexSettings(spec="Flat")

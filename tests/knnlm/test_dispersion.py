@@ -15,7 +15,7 @@ from atlas.knnlm.dispersion import (
     layer_dispersion,
     recommend_key,
 )
-from reader.dispersion import mean_pairwise_cosine_distance
+from reader.dispersion_loss import mean_pairwise_cosine_distance
 
 
 def brute_force_dispersion(vectors: np.ndarray) -> float:

@@ -239,7 +239,7 @@ def test_cli_build_tune_eval_and_dispersion(tmp_path, capsys):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from atlas.cli.knnlm import register
+    from atlas.cli.knnlm_commands import register
 
     words = ["<unk>", "<eos>"] + [f"w{i}" for i in range(VOCAB - 2)]
     core = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))
@@ -419,7 +419,7 @@ def test_cli_refuses_a_datastore_built_with_another_model_or_tokenizer(tmp_path)
     import argparse
     import json
 
-    from atlas.cli.knnlm import register
+    from atlas.cli.knnlm_commands import register
 
     words = ["<unk>", "<eos>"] + [f"w{i}" for i in range(VOCAB - 2)]
     built_with = write_word_lm(tmp_path / "lm", words, seed=0)

@@ -144,7 +144,7 @@ def test_stride_overlaps_passages_and_is_recorded(tmp_path):
 def test_cli_rejects_stride_zero_with_a_clear_message(tmp_path, capsys):
     import argparse
 
-    from atlas.cli import corpus as cli_corpus
+    from atlas.cli import corpus_commands as cli_corpus
 
     src = write_jsonl(tmp_path / "d.jsonl", DOCS)
     parser = argparse.ArgumentParser(prog="atlas")

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from common.modeling import encoder_source
-from retriever.encoder import ContrieverEncoder, Retriever
+from retriever.encoder import ContrieverEncoder
+from retriever.retriever import Retriever
 
 TEXTS = [
     "The Eiffel Tower is in Paris.",
@@ -43,8 +44,8 @@ def test_matches_sentence_transformers_encode(minilm):
 
 def test_mean_pooling_ignores_padding(minilm):
     # the same text alone (no padding) and beside a long text (heavy padding) → same vector
-    alone = minilm.embed_texts([TEXTS[3]], batch_size=1)
-    padded = minilm.embed_texts([TEXTS[2], TEXTS[3]], batch_size=2)[1]
+    alone = minilm.embed_texts([TEXTS[3]], batch_size=1, precision="fp32")  # as above: bf16 rounds by shape
+    padded = minilm.embed_texts([TEXTS[2], TEXTS[3]], batch_size=2, precision="fp32")[1]
     np.testing.assert_allclose(alone[0], padded, atol=1e-5)
 
 
@@ -61,9 +62,10 @@ def test_mean_pooling_formula_in_float64(minilm):
 
 
 def test_sorted_and_unsorted_batches_give_input_order(minilm):
-    sorted_ = minilm.embed_texts(TEXTS, batch_size=2, sort_by_length=True)
-    naive = minilm.embed_texts(TEXTS, batch_size=2, sort_by_length=False)
-    one_by_one = np.stack([minilm.embed_texts([t])[0] for t in TEXTS])
+    # float32: under bf16 (`auto` on a CPU with native bfloat16) a vector rounds differently by batch shape
+    sorted_ = minilm.embed_texts(TEXTS, batch_size=2, sort_by_length=True, precision="fp32")
+    naive = minilm.embed_texts(TEXTS, batch_size=2, sort_by_length=False, precision="fp32")
+    one_by_one = np.stack([minilm.embed_texts([t], precision="fp32")[0] for t in TEXTS])
     np.testing.assert_allclose(sorted_, one_by_one, atol=1e-5)
     np.testing.assert_allclose(naive, one_by_one, atol=1e-5)
 
@@ -109,10 +111,10 @@ def test_build_retriever_honours_config_pooling(tmp_path, tied, caplog):
     a different vector from mean pooling, and a different passage fingerprint (so an index
     built with one refuses the other)."""
     from atlas.config import RetrieverConfig
-    from retriever.encoder import build_retriever
+    from retriever.retriever import Retriever
 
-    mean = build_retriever(RetrieverConfig(model="minilm", tied=tied))
-    cls = build_retriever(RetrieverConfig(model="minilm", tied=tied, pooling="cls"))
+    mean = Retriever.from_config(RetrieverConfig(model="minilm", tied=tied))
+    cls = Retriever.from_config(RetrieverConfig(model="minilm", tied=tied, pooling="cls"))
     assert {mean.query_encoder.pooling, mean.passage_encoder.pooling} == {"mean"}
     assert {cls.query_encoder.pooling, cls.passage_encoder.pooling} == {"cls"}
     assert "saved with mean pooling; using cls pooling as asked" in caplog.text  # MiniLM's own is mean
@@ -130,7 +132,7 @@ def test_build_retriever_honours_config_pooling(tmp_path, tied, caplog):
     # config that sets it overrides it on the way back in
     cls.save_pretrained(tmp_path / "r")
     assert Retriever.from_pretrained(tmp_path / "r").query_encoder.pooling == "cls"
-    kept = build_retriever(RetrieverConfig(model=str(tmp_path / "r"), tied=tied))
+    kept = Retriever.from_config(RetrieverConfig(model=str(tmp_path / "r"), tied=tied))
     assert {kept.query_encoder.pooling, kept.passage_encoder.pooling} == {"cls"}
-    reloaded = build_retriever(RetrieverConfig(model=str(tmp_path / "r"), tied=tied, pooling="mean"))
+    reloaded = Retriever.from_config(RetrieverConfig(model=str(tmp_path / "r"), tied=tied, pooling="mean"))
     assert {reloaded.query_encoder.pooling, reloaded.passage_encoder.pooling} == {"mean"}

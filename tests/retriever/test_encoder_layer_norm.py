@@ -11,7 +11,8 @@ import torch
 from torch import nn
 from transformers import AutoTokenizer, BertModel
 
-from retriever.encoder import ContrieverEncoder, ReferenceLayerNorm, Retriever, use_layer_norm
+from retriever.encoder import ContrieverEncoder, ReferenceLayerNorm, use_layer_norm
+from retriever.retriever import Retriever
 
 
 def second_moment_norm(x, weight, bias, eps):

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 import torch
 
+import retriever.index.exact_search as search_module
 from common.modeling import encoder_source
 from retriever.embedding_precision import BF16_MIN_SPEEDUP, EMBEDDING_PRECISIONS, resolve_embedding_precision
-from retriever.encoder import ContrieverEncoder, Retriever
-from retriever.index import types as index_types
+from retriever.encoder import ContrieverEncoder
 from retriever.index.settings import IndexSettings
+from retriever.retriever import Retriever
 
 NQ824 = Path(__file__).resolve().parents[3] / "shared" / "data" / "nq824" / "documents.jsonl"
 
@@ -53,7 +54,7 @@ def test_auto_resolves_by_the_bf16_probe(monkeypatch):
         (BF16_MIN_SPEEDUP, "bf16"),
         (2.3, "bf16"),
     ):
-        monkeypatch.setattr(index_types, "native_bf16_speedup", lambda speedup=speedup: speedup)
+        monkeypatch.setattr(search_module, "native_bf16_speedup", lambda speedup=speedup: speedup)
         assert resolve_embedding_precision("auto", "cpu") == expected
         assert resolve_embedding_precision("auto", torch.device("cpu")) == expected
         assert resolve_embedding_precision("fp32", "cpu") == "fp32"
@@ -62,7 +63,7 @@ def test_auto_resolves_by_the_bf16_probe(monkeypatch):
 
 
 def test_auto_on_this_machine_is_what_the_probe_says(minilm):
-    from retriever.index.types import native_bf16_speedup
+    from retriever.index.exact_search import native_bf16_speedup
 
     native = (
         torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
@@ -132,10 +133,10 @@ def test_every_embedding_command_takes_one_precision_setting(argv, capsys):
 
 def test_the_recipe_setting_reaches_the_retriever():
     from atlas.config import RetrieverConfig, load_config
-    from retriever.encoder import build_retriever
+    from retriever.retriever import Retriever
 
     assert RetrieverConfig().precision == "auto"
-    assert build_retriever(RetrieverConfig(model="minilm", precision="fp32")).precision == "fp32"
+    assert Retriever.from_config(RetrieverConfig(model="minilm", precision="fp32")).precision == "fp32"
     assert load_config(None, ["retriever.precision=bf16"]).retriever.precision == "bf16"
     with pytest.raises(ValueError, match="precision"):
         load_config(None, ["retriever.precision=int8"])

@@ -468,7 +468,8 @@ def nq824_edit_plan(data: Path, nlp) -> list[tuple[str, str, str]]:
             stating[i] = passages
     contexts = [stating[i][0].text if i in stating else None for i in range(len(rows))]
     types = tag_answers(answers, contexts, None, nlp)
-    vectors = ContrieverEncoder.from_pretrained(encoder_source("minilm")).embed_texts(answers)
+    # float32, as when the edits were labelled: bf16 (`auto` on a CPU with native bfloat16) draws other neighbours
+    vectors = ContrieverEncoder.from_pretrained(encoder_source("minilm")).embed_texts(answers, precision="fp32")
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True).clip(min=1e-12)
     eligible = [i for i in range(len(dev)) if i in stating]
     plan = plan_fact_edits(questions, answers, types, eligible, stating, None, similarity=vectors @ vectors.T, nlp=nlp)

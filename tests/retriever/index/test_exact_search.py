@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 
+import retriever.index.exact_search as search_module
 from retriever.index import PassageIndex
-from retriever.index import types as index_types
+from retriever.index.exact_search import bf16_score_ceiling, exact_search, resolve_exact_precision
 from retriever.index.manifest import Manifest, Segment
-from retriever.index.types import bf16_score_ceiling, exact_search, resolve_exact_precision
 
 PRECISIONS = ["fp32", "bf16"]
 
@@ -214,21 +214,21 @@ def test_precision_is_chosen_at_run_time(monkeypatch):
         resolve_exact_precision("fp16", "ip")
     assert resolve_exact_precision("bf16", "l2") == "fp32"  # L2: fp32 path only
     assert resolve_exact_precision("fp32", "ip") == "fp32"
-    monkeypatch.setattr(index_types, "native_bf16_speedup", lambda: 0.0)  # no AVX512-BF16 / AMX
+    monkeypatch.setattr(search_module, "native_bf16_speedup", lambda: 0.0)  # no AVX512-BF16 / AMX
     assert resolve_exact_precision("auto", "ip") == "fp32"
-    monkeypatch.setattr(index_types, "native_bf16_speedup", lambda: 2.0)  # measured 2x faster
+    monkeypatch.setattr(search_module, "native_bf16_speedup", lambda: 2.0)  # measured 2x faster
     assert resolve_exact_precision("auto", "ip") == "bf16"
     # a short scan keeps the fp32 path: too few rows, or too few queries
-    assert resolve_exact_precision("auto", "ip", n_rows=index_types.BF16_MIN_ROWS - 1, n_queries=1000) == "fp32"
-    assert resolve_exact_precision("auto", "ip", n_rows=10**6, n_queries=index_types.BF16_MIN_QUERIES - 1) == "fp32"
+    assert resolve_exact_precision("auto", "ip", n_rows=search_module.BF16_MIN_ROWS - 1, n_queries=1000) == "fp32"
+    assert resolve_exact_precision("auto", "ip", n_rows=10**6, n_queries=search_module.BF16_MIN_QUERIES - 1) == "fp32"
     assert resolve_exact_precision("auto", "ip", n_rows=10**6, n_queries=1000) == "bf16"
     stats: dict = {}
     rng = np.random.default_rng(5)
     vectors = rng.standard_normal((300, 8)).astype(np.float16)
     exact_search(rng.standard_normal((2, 8)), vectors, 3, stats=stats)
     assert stats["path"] == "fp32"  # 300 rows, 2 queries
-    monkeypatch.setattr(index_types, "BF16_MIN_ROWS", 0)
-    monkeypatch.setattr(index_types, "BF16_MIN_QUERIES", 0)
+    monkeypatch.setattr(search_module, "BF16_MIN_ROWS", 0)
+    monkeypatch.setattr(search_module, "BF16_MIN_QUERIES", 0)
     exact_search(rng.standard_normal((2, 8)), vectors, 3, stats=stats)
     assert stats["path"] == "bf16"
 
@@ -237,15 +237,15 @@ def test_this_cpu_detection_matches_its_flags():
     """auto never picks bf16 on a CPU that lacks AVX512-BF16 and AMX (bfloat16 emulated)."""
     native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
     if not native:
-        assert index_types.native_bf16_speedup() == 0.0
+        assert search_module.native_bf16_speedup() == 0.0
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_passage_index_flat_search_on_both_paths(precision, monkeypatch):
     """`PassageIndex.search_vectors` (what `atlas index search` runs) with removed rows and ties."""
-    monkeypatch.setattr(index_types, "native_bf16_speedup", lambda: 2.0 if precision == "bf16" else 0.0)
-    monkeypatch.setattr(index_types, "BF16_MIN_ROWS", 0)  # auto takes bf16 at any size here
-    monkeypatch.setattr(index_types, "BF16_MIN_QUERIES", 0)
+    monkeypatch.setattr(search_module, "native_bf16_speedup", lambda: 2.0 if precision == "bf16" else 0.0)
+    monkeypatch.setattr(search_module, "BF16_MIN_ROWS", 0)  # auto takes bf16 at any size here
+    monkeypatch.setattr(search_module, "BF16_MIN_QUERIES", 0)
     rng = np.random.default_rng(6)
     vectors = rng.standard_normal((2000, 24)).astype(np.float16)
     vectors[1500:1510] = vectors[7]  # copies of row 7
@@ -268,7 +268,7 @@ def test_passage_index_flat_search_on_both_paths(precision, monkeypatch):
 
 def test_bf16_path_in_query_blocks(monkeypatch):
     """Many queries are scanned in blocks (each block's score matrix stays bounded): same answers."""
-    monkeypatch.setattr(index_types, "_BF16_QUERIES", 4)
+    monkeypatch.setattr(search_module, "_BF16_QUERIES", 4)
     rng = np.random.default_rng(7)
     vectors = rng.standard_normal((2500, 20)).astype(np.float16)
     queries = rng.standard_normal((11, 20)).astype(np.float32)
@@ -277,7 +277,7 @@ def test_bf16_path_in_query_blocks(monkeypatch):
 
 
 def test_the_speed_probe_leaves_the_global_random_state_alone():
-    index_types.native_bf16_speedup.cache_clear()
+    search_module.native_bf16_speedup.cache_clear()
     before = torch.get_rng_state()
-    index_types.native_bf16_speedup()
+    search_module.native_bf16_speedup()
     assert torch.equal(before, torch.get_rng_state())

@@ -11,7 +11,7 @@ from transformers import AutoTokenizer, BertConfig, BertModel
 
 from common.modeling import encoder_source
 from retriever.corpus import prepare_corpus
-from retriever.encoder import ContrieverEncoder, Retriever
+from retriever.encoder import ContrieverEncoder
 from retriever.index import (
     CorpusMismatchError,
     EncoderMismatchError,
@@ -19,9 +19,11 @@ from retriever.index import (
     PassageIndex,
 )
 from retriever.index.build import build_index, train_and_fill, work_dir_for
+from retriever.index.exact_search import exact_search
 from retriever.index.settings import IndexSettings
-from retriever.index.types import exact_search, set_search_params
+from retriever.index.types import set_search_params
 from retriever.index.update import add_passages, read_passage_files, remove_passages, update_passages
+from retriever.retriever import Retriever
 
 WORDS = [
     "river",
@@ -162,9 +164,10 @@ def test_resumed_build_is_byte_identical(tmp_path, retriever, corpus, spec, keep
     embedded = []
     retriever_calls = retriever.embed_passages
 
-    def counting(passages, **kwargs):
+    # `precision` in the signature, as the retriever's own: the build records the precision it embeds at
+    def counting(passages, *, precision=None, **kwargs):
         embedded.extend(p["id"] for p in passages)
-        return retriever_calls(passages, **kwargs)
+        return retriever_calls(passages, precision=precision, **kwargs)
 
     retriever.embed_passages = counting
     try:

@@ -12,14 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from atlas.cli import corpus as cli_corpus
-from atlas.cli import index as cli_index
+from atlas.cli import corpus_commands as cli_corpus
+from atlas.cli import index_commands as cli_index
 from retriever.index import InvalidIndexError, PassageIndex
 from retriever.index.build import build_index
+from retriever.index.exact_search import best_first, exact_search
 from retriever.index.rerank import gather_rows, read_runs, rerank_candidates
 from retriever.index.settings import IndexSettings
 from retriever.index.sharded import ShardedPassageIndex
-from retriever.index.types import best_first, exact_search
 from retriever.index.update import remove_passages
 
 N = 2000
@@ -218,7 +218,8 @@ def save_tiny_retriever(folder):
     from transformers import AutoTokenizer, BertConfig, BertModel
 
     from common.modeling import encoder_source
-    from retriever.encoder import ContrieverEncoder, Retriever
+    from retriever.encoder import ContrieverEncoder
+    from retriever.retriever import Retriever
 
     torch.manual_seed(0)
     config = BertConfig(

@@ -13,7 +13,7 @@ from retriever.index.settings import DEFAULTS, IndexSettings
 
 
 def test_the_recipe_and_the_command_line_take_their_defaults_from_the_settings():
-    from atlas.cli.index import add_index_settings
+    from atlas.cli.index_commands import add_index_settings
 
     index = AtlasConfig().index
     assert (index.spec, index.chunk_size, index.train_sample, index.nprobe, index.ef_search) == (

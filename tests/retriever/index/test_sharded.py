@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from retriever.index import PassageIndex
+from retriever.index.exact_search import best_first
 from retriever.index.settings import IndexSettings
 from retriever.index.sharded import ShardedPassageIndex, shard_bounds
-from retriever.index.types import best_first
 
 
 def test_shard_bounds_cover_every_position_once():
@@ -44,8 +44,8 @@ def test_best_first_equals_a_global_sort():
 def index_folders(tmp_path_factory, tiny_encoder_path):
     from atlas.config import RetrieverConfig
     from retriever.corpus import prepare_corpus
-    from retriever.encoder import build_retriever
     from retriever.index.build import build_index
+    from retriever.retriever import Retriever
 
     root = tmp_path_factory.mktemp("sharded")
     words = [
@@ -66,7 +66,7 @@ def index_folders(tmp_path_factory, tiny_encoder_path):
     docs = [{"id": f"d{i}", "title": f"T{i}", "text": " ".join(rng.choice(words, 8))} for i in range(61)]
     (root / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
     prepare_corpus([root / "docs.jsonl"], root / "corpus", chunk_words=0, progress=False)
-    retriever = build_retriever(RetrieverConfig(model=str(tiny_encoder_path)))
+    retriever = Retriever.from_config(RetrieverConfig(model=str(tiny_encoder_path)))
     folders = {}
     for spec in ("Flat", "IVF4,Flat"):
         folders[spec] = root / spec.replace(",", "_")
@@ -291,17 +291,17 @@ def test_sharded_flat_rank_reads_only_its_rows(tmp_path, make_synthetic_corpus, 
 BUILD_SCRIPT = r"""
 import json, sys
 from pathlib import Path
-from atlas.build import open_index, prepare_index
+from atlas.run_index import open_index, prepare_index
 from atlas.config import AtlasConfig, IndexConfig, RetrieverConfig, TrainingConfig
 from atlas.distributed import init_distributed, shutdown
-from retriever.encoder import build_retriever
+from retriever.retriever import Retriever
 
 context = init_distributed()
 corpus, out_dir, encoder = sys.argv[1:4]
 config = AtlasConfig(retriever=RetrieverConfig(model=encoder),
                      index=IndexConfig(corpus=corpus, chunk_size=7),
                      training=TrainingConfig(output_dir=out_dir))
-retriever = build_retriever(config.retriever)
+retriever = Retriever.from_config(config.retriever)
 embedded = []
 original = retriever.embed_passages
 def counting(passages, **kwargs):

@@ -7,13 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from retriever.index.types import (
-    INDEX_TYPES,
-    build_faiss_index,
-    exact_search,
-    parse_spec,
-    set_search_params,
-)
+from retriever.index.exact_search import exact_search
+from retriever.index.types import INDEX_TYPES, build_faiss_index, parse_spec, set_search_params
 
 
 def brute_force(queries: np.ndarray, vectors: np.ndarray, k: int, metric: str):

@@ -9,7 +9,7 @@ import argparse
 import json
 import logging
 
-from atlas.cli.index import add_index_settings
+from atlas.cli.index_commands import add_index_settings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -73,7 +73,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _atlas_checkpoint(args: argparse.Namespace) -> int:
-    from atlas.importing.checkpoint import import_atlas_checkpoint
+    from atlas.importing.reference_checkpoint import import_atlas_checkpoint
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     folder = import_atlas_checkpoint(
@@ -96,7 +96,7 @@ def _atlas_checkpoint(args: argparse.Namespace) -> int:
 
 
 def _fid_reader(args: argparse.Namespace) -> int:
-    from atlas.importing.checkpoint import import_fid_reader
+    from atlas.importing.reference_checkpoint import import_fid_reader
 
     out = import_fid_reader(args.src, args.out, tokenizer=args.tokenizer, overwrite=args.overwrite)
     print(f"imported the FiD reader into {out}; use it as reader.model={out}")
@@ -111,7 +111,7 @@ def _print_conversions(record: dict) -> None:
 
 
 def _atlas_index(args: argparse.Namespace) -> int:
-    from atlas.importing.index import import_atlas_index
+    from atlas.importing.reference_index import import_atlas_index
     from retriever.index.settings import IndexSettings
 
     corpus, index = import_atlas_index(

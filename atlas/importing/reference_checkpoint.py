@@ -51,7 +51,8 @@ from reader.cross_attention_bias import CROSS_BIAS_KEY, has_cross_attention_bias
 from reader.fid import FiDReader
 from reader.t5_untied import UntiedT5ForConditionalGeneration
 from reader.tokenizer import build_reader_tokenizer, reference_t5_tokenizer
-from retriever.encoder import ContrieverEncoder, Retriever
+from retriever.encoder import ContrieverEncoder
+from retriever.retriever import Retriever
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from atlas.cli.index import DefaultsFormatter
+from atlas.cli.index_commands import DefaultsFormatter
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -19,16 +19,25 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+import torch
+
 from atlas.quiet import quiet_libraries
 from common.limits import MAX_SEARCH_K, check_k
 from common.modeling import DEFAULT_ENCODER, MINILM, encoder_source, is_hub_id
+from retriever.corpus import Corpus, prepare_corpus, write_corpus
+from retriever.index import PassageIndex
+from retriever.index.build import build_index
+from retriever.index.compact import compact_index
+from retriever.index.manifest import EncoderSettings, Manifest
+from retriever.index.settings import IndexSettings
+from retriever.index.update import add_passages, passage_documents, read_passage_files, remove_passages, update_passages
+from retriever.retriever import Retriever
 from tasks.passage import Passage
 
 
 def compute_device(context=None):
     """Where a model runs: the rank's device under torchrun (`context`, an `atlas.distributed.DistributedContext`),
     else the first GPU if there is one, else the CPU."""
-    import torch  # heavy: only once a model is loaded
 
     if context is not None:
         return context.device
@@ -42,8 +51,6 @@ def index_retriever(
     hub id; default: the one the index records, else MiniLM), formatting and cutting passages as the index's
     manifest records (`passage_format`, `passage_maxlength`), so that its fingerprint is the index's; in eval
     mode on `device` (default `compute_device()`). The libraries' load reports show only when `verbose`."""
-    from retriever.encoder import Retriever  # heavy: torch, transformers
-    from retriever.index.manifest import EncoderSettings, Manifest  # heavy: faiss
 
     record = Manifest.load(folder).encoder if folder is not None else EncoderSettings()
     encoder = encoder or record.source or DEFAULT_ENCODER
@@ -105,10 +112,6 @@ class Index:
         "fp32", "bf16" or None (the encoder's own setting, auto unless set); recorded in the index. Resumable: a
         killed build continues from its last embedded chunk when run again."""
         # heavy: pyarrow, faiss
-        from retriever.corpus import prepare_corpus, write_corpus
-        from retriever.index.build import build_index
-        from retriever.index.settings import IndexSettings
-        from retriever.index.update import passage_documents
 
         out, settings = Path(out), IndexSettings(spec=spec, **options)  # a misspelt option fails first
         if out.exists() and not overwrite:
@@ -162,7 +165,6 @@ class Index:
         """Open the index folder `path`, searched with `encoder` (default: the one it records); the search
         settings default to the index's own. Refused (`ValueError`) when `encoder` is not the one that built
         it, unless `allow_encoder_mismatch`."""
-        from retriever.index import PassageIndex  # heavy: faiss
 
         retriever = index_retriever(path, encoder, device=device)
         index = PassageIndex.load(
@@ -178,7 +180,6 @@ class Index:
     def reload(self) -> None:
         """Reopen the folder's last commit (after an edit made elsewhere, e.g. by `atlas index add`); models
         holding this index read it from their next answer on."""
-        from retriever.index import PassageIndex  # heavy: faiss
 
         current = self._current
         self._current = PassageIndex.load(
@@ -239,7 +240,6 @@ class Index:
         of them) under new ids (an id that is live is refused: `update` it); with `chunk_words`, each is split
         into passages ID-0, ID-1, …; `precision`: what they are embedded at ("auto", "fp32", "bf16") → the
         edit's `UpdateStats`. Errors name a passage as given: "passage 3 (id 'x')", or "FILE:LINE"."""
-        from retriever.index.update import add_passages  # heavy: faiss
 
         return self._edit(add_passages, passages, chunk_words=chunk_words, progress=progress, precision=precision)
 
@@ -252,14 +252,12 @@ class Index:
     ):
         """Replace live passages by id (a record without a title keeps the passage's; a path: a JSONL / TSV file of
         them) → `UpdateStats`."""
-        from retriever.index.update import update_passages  # heavy: faiss
 
         return self._edit(update_passages, passages, progress=progress, precision=precision)
 
     def remove(self, ids: str | Iterable[str]):
         """Remove passages by id → `UpdateStats` (`removed`; an id removed already is counted in
         `already_removed`); KeyError naming an id the index never held (nothing changes then)."""
-        from retriever.index.update import remove_passages  # heavy: faiss
 
         ids = [ids] if isinstance(ids, str) else [str(i) for i in ids]  # one id, not its characters
         if not ids:
@@ -270,7 +268,6 @@ class Index:
 
     def compact(self):
         """Rewrite the index without its removed rows and merge its segments → `CompactionStats`."""
-        from retriever.index.compact import compact_index  # heavy: faiss
 
         stats = compact_index(self.path)
         self.reload()
@@ -279,8 +276,6 @@ class Index:
     def _edit(self, edit, passages, **options):
         """Run `edit` (`add_passages`, `update_passages`) on the passages given, then reopen the index."""
         # heavy: pyarrow, faiss
-        from retriever.corpus import Corpus
-        from retriever.index.update import read_passage_files
 
         if isinstance(passages, (str, os.PathLike)) and (Path(passages) / "corpus.json").is_file():
             records = Corpus.load(passages)  # a prepared corpus, added as it is

@@ -2,7 +2,7 @@
 
 `ServeSettings` holds every setting and its default, once: `create_app` reads it, the uvicorn
 connection layer (connections.py) reads it, `atlas serve`'s options are made from its fields
-(`atlas/cli/serve.py`: each field's `help` is the option's), and /api/info reports it.
+(`atlas/cli/serve_command.py`: each field's `help` is the option's), and /api/info reports it.
 
 The cost of a question is counted before any model work: each passage it reads (k of them) costs
 one unit per started block of `QUESTION_BLOCK_CHARS` characters of the question (the reader reads

@@ -38,11 +38,11 @@ from atlas.importing.safe_pickle import load_plain_pickle, load_torch_file
 from atlas.loading import resolve_checkpoint
 from common.io import InputError, atomic_write_json
 from retriever.corpus import prepare_corpus
-from retriever.encoder import Retriever
 from retriever.index.build import BLOCK_ROWS, PROGRESS, build_index, work_dir_for
 from retriever.index.manifest import Manifest
 from retriever.index.settings import DEFAULTS, IndexSettings
 from retriever.index.types import index_type
+from retriever.retriever import Retriever
 
 STATE_FILE = "import-progress.json"
 PASSAGE_FIELDS = ("title", "text", "section", "wikipedia_id")

@@ -13,7 +13,7 @@ import secrets
 import socket
 
 from atlas.cli import add_precision_override
-from atlas.serve.settings import DEFAULTS, ServeSettings, setting_help
+from atlas.serve.serve_settings import DEFAULTS, ServeSettings, setting_help
 
 # the options that set a limit of ServeSettings, each named after its field
 SIZE_OPTIONS = {

@@ -152,7 +152,7 @@ def _add_passage_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _index_building_retriever(args: argparse.Namespace, device=None):
     """The encoder `build`/`embed` embed with: --encoder (default MiniLM), cut and formatted as asked."""
-    from atlas.index import index_retriever
+    from atlas.index_api import index_retriever
 
     retriever = index_retriever(None, args.encoder or DEFAULT_ENCODER, device=device)
     if args.passage_maxlength is not None:
@@ -362,7 +362,7 @@ def _register_evaluate_retrieval(subparsers: argparse._SubParsersAction) -> None
 
 
 def _load_index(args: argparse.Namespace, *, device=None):
-    from atlas.index import index_retriever
+    from atlas.index_api import index_retriever
     from retriever.index import PassageIndex
 
     return PassageIndex.load(
@@ -379,7 +379,7 @@ def _load_index(args: argparse.Namespace, *, device=None):
 @_reports_errors
 def _build(args: argparse.Namespace) -> int:
     from atlas.distributed import init_distributed, shutdown
-    from atlas.index import compute_device
+    from atlas.index_api import compute_device
     from retriever.index.build import build_index
     from retriever.index.settings import IndexSettings
     from retriever.index.vectors import read_encoder_record
@@ -415,7 +415,7 @@ def _build(args: argparse.Namespace) -> int:
 @_reports_errors
 def _embed(args: argparse.Namespace) -> int:
     from atlas.distributed import init_distributed, shutdown
-    from atlas.index import compute_device
+    from atlas.index_api import compute_device
     from retriever.index.build import embed_vectors
 
     context = init_distributed()
@@ -464,7 +464,7 @@ def _passages_in(paths: list[str], *, as_records: bool = False) -> tuple[object,
 
 @_reports_errors
 def _add(args: argparse.Namespace) -> int:
-    from atlas.index import index_retriever
+    from atlas.index_api import index_retriever
     from retriever.index.update import add_passages
 
     passages, where = _passages_in(args.corpus)
@@ -489,7 +489,7 @@ def _add(args: argparse.Namespace) -> int:
 
 @_reports_errors
 def _update(args: argparse.Namespace) -> int:
-    from atlas.index import index_retriever
+    from atlas.index_api import index_retriever
     from retriever.index.update import update_passages
 
     passages, where = _passages_in(args.corpus, as_records=True)
@@ -578,7 +578,7 @@ def _get(args: argparse.Namespace) -> int:
 def _search(args: argparse.Namespace) -> int:
     if args.sharded:
         from atlas.distributed import init_distributed, shutdown
-        from atlas.index import compute_device
+        from atlas.index_api import compute_device
         from retriever.index.sharded import ShardedPassageIndex
 
         context = init_distributed()
