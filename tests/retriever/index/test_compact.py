@@ -381,7 +381,16 @@ def test_a_second_writer_is_refused_and_told_who_writes(tmp_path, corpus, cluste
     assert compact_index(folder).compacted  # the lock went with its holder, killed
 
 
-@pytest.mark.parametrize("spec", ["IVF1,PQ8x4fs", "IVF2,PQ8", "PQ8x4fs", "OPQ8,IVF1,PQ8"])
+# the 8-bit PQ specs train their codebooks for seconds: the slow tier runs them; the fast tier the 4-bit forms
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "IVF1,PQ8x4fs",
+        pytest.param("IVF2,PQ8", marks=pytest.mark.slow),
+        "PQ8x4fs",
+        pytest.param("OPQ8,IVF1,PQ8", marks=pytest.mark.slow),
+    ],
+)
 def test_faiss_parts_merge_into_the_index_one_build_of_all_rows_gives(spec):
     """`merged_faiss`: an index as built plus the parts edits filled from its trained copy equals one index
     filled with every row. The first part's list holds 128 entries: a multiple of a fast-scan block's bytes
