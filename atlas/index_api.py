@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import torch
+from huggingface_hub import try_to_load_from_cache
 
 from atlas.quiet import quiet_libraries
 from common.limits import MAX_SEARCH_K, check_k
@@ -58,20 +59,60 @@ def index_retriever(
     settings = record.passage_settings()
     with quiet_libraries(verbose):
         retriever = Retriever.from_pretrained(encoder_source(encoder), **settings)
-    return retriever.to(device if device is not None else compute_device()).eval()
+    return retriever.to(checked_device(device) if device is not None else compute_device()).eval()
+
+
+def checked_device(device) -> torch.device:
+    """`device` as a `torch.device` that this machine has; ValueError in one line for a name torch does not know or
+    a device that is not here (`device="cuda"` without a GPU)."""
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(
+            f"device={device!r}: not a device name torch knows ('cpu', 'cuda', 'cuda:1', ...): {e}"
+        ) from None
+    if resolved.type == "cuda" and (
+        not torch.cuda.is_available() or (resolved.index or 0) >= torch.cuda.device_count()
+    ):
+        have = f"{torch.cuda.device_count()} CUDA device(s)" if torch.cuda.is_available() else "no CUDA device"
+        raise ValueError(f"device={device!r}: this machine has {have}; use device='cpu' or leave it unset")
+    if resolved.type not in ("cpu", "cuda"):
+        raise ValueError(f"device={device!r}: atlas runs on 'cpu' or 'cuda'")
+    return resolved
 
 
 def check_encoder_name(encoder: str) -> None:
-    """Refuse at once, in one line, an encoder that is none of what `index_retriever` loads: a name atlas knows
-    ("minilm", "contriever"), a folder here, or a Hugging Face Hub id (owner/name). Anything else would be tried
-    on the Hub, with its retries (seconds offline) and its library's log lines, before failing."""
+    """Refuse at once, in one line, an encoder that `index_retriever` cannot load without asking the network: a
+    name atlas knows ("minilm", "contriever"), a folder here, or a Hugging Face Hub id (owner/name) in the local
+    cache. A Hub id that is not cached is downloaded only when the user asked (`HF_HUB_OFFLINE=0`); anything else
+    would be tried on the Hub, with its retries and its library's log lines, before failing."""
     source = encoder_source(encoder)
-    if Path(source).exists() or is_hub_id(source):
+    if Path(source).exists():
+        return
+    if not is_hub_id(source):
+        raise FileNotFoundError(
+            f"encoder {encoder!r}: not a name atlas knows ({MINILM}, contriever), no such folder "
+            f"({Path(encoder).resolve()}), and not a Hugging Face Hub id (owner/name)"
+        )
+    cached = try_to_load_from_cache(source, "config.json", cache_dir=os.environ.get("HF_HUB_CACHE") or None)
+    if isinstance(cached, str) or os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("0", "false", "no", "off"):
         return
     raise FileNotFoundError(
-        f"encoder {encoder!r}: not a name atlas knows ({MINILM}, contriever), no such folder "
-        f"({Path(encoder).resolve()}), and not a Hugging Face Hub id (owner/name)"
+        f"encoder {encoder!r}: not a folder here and not in the Hugging Face cache; nothing is downloaded unless you "
+        f"ask: fetch it once (`hf download {source}`), or set HF_HUB_OFFLINE=0 to let atlas download it"
     )
+
+
+def _strings(values: object, where: str, what: str) -> list[str]:
+    """`values`, a list or other iterable of strings (not one string, not bytes), as a list; TypeError in one line
+    naming `where` and the first value that is not a string."""
+    if isinstance(values, (bytes, bytearray, Mapping)) or not isinstance(values, Iterable):
+        raise TypeError(f"{where} takes {what}, not {type(values).__name__}: {values!r:.80}")
+    values = list(values)
+    wrong = next((v for v in values if not isinstance(v, str)), None)
+    if wrong is not None:
+        raise TypeError(f"{where} takes {what}; {wrong!r:.80} is {type(wrong).__name__}, not str")
+    return values
 
 
 class Index:
@@ -220,11 +261,17 @@ class Index:
         of queries, one such list per query."""
         check_k(k, MAX_SEARCH_K)
         single = isinstance(query, str)
-        hits = self._current.search([query] if single else list(query), k)
+        queries = [query] if single else _strings(query, "Index.search", "a query (str) or a list of queries")
+        for n, q in enumerate(queries):
+            if not q.strip():
+                raise ValueError(f"Index.search: {'the query' if single else f'query {n}'} is empty")
+        hits = self._current.search(queries, k)
         return hits[0] if single else hits
 
     def get(self, passage_id: str) -> Passage:
         """The live passage `passage_id`; KeyError naming it where there is none."""
+        if not isinstance(passage_id, str):
+            raise TypeError(f"Index.get takes a passage id (str), not {type(passage_id).__name__}: {passage_id!r:.80}")
         return Passage.from_record(self._current.get([passage_id])[0])
 
     # ------------------------------------------------------------------ editing
@@ -259,7 +306,7 @@ class Index:
         """Remove passages by id → `UpdateStats` (`removed`; an id removed already is counted in
         `already_removed`); KeyError naming an id the index never held (nothing changes then)."""
 
-        ids = [ids] if isinstance(ids, str) else [str(i) for i in ids]  # one id, not its characters
+        ids = [ids] if isinstance(ids, str) else _strings(ids, "Index.remove", "a passage id (str) or a list of them")
         if not ids:
             raise ValueError("Index.remove: no ids given")
         stats = remove_passages(self.path, ids)
@@ -275,8 +322,6 @@ class Index:
 
     def _edit(self, edit, passages, **options):
         """Run `edit` (`add_passages`, `update_passages`) on the passages given, then reopen the index."""
-        # heavy: pyarrow, faiss
-
         if isinstance(passages, (str, os.PathLike)) and (Path(passages) / "corpus.json").is_file():
             records = Corpus.load(passages)  # a prepared corpus, added as it is
         elif isinstance(passages, (str, os.PathLike)):  # a file: read here, at the edge; errors name its lines

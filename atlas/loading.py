@@ -39,7 +39,7 @@ from atlas.config import (
     load_config,
     validate_components,
 )
-from atlas.index_api import Index, compute_device
+from atlas.index_api import Index, checked_device, compute_device
 from atlas.run_index import open_index
 from common.modeling import DEFAULT_ENCODER, is_hub_id
 from reader.fid import READER_PRESETS, WARM_START_PRESETS
@@ -284,7 +284,9 @@ def load_model(spec: ModelSpec, *, index=None, context=None, device=None):
     rank's shard of it under `context` with `index.sharded`). Nothing is ever built or written."""
 
     checkpoint = Path(spec.source.path) if spec.source.kind == "checkpoint" else None
-    model = build_model(spec.config, checkpoint=checkpoint).to(device or compute_device(context))
+    model = build_model(spec.config, checkpoint=checkpoint).to(
+        checked_device(device) if device is not None else compute_device(context)
+    )
     settings = spec.config.index
     if index is not None and model.retriever is not None:
         check_encoder(

@@ -6,6 +6,8 @@ query encoder and the reader would read only its start)."""
 
 from __future__ import annotations
 
+import re
+
 MAX_QUESTION_CHARS = 2_000
 MAX_PASSAGE_CHARS = 20_000
 MAX_TITLE_CHARS = 1_000
@@ -13,6 +15,42 @@ MAX_ID_CHARS = 256
 MAX_BATCH = 64  # questions of one server batch ask, passages of one server edit
 MAX_ASK_K = 20  # passages the reader reads
 MAX_SEARCH_K = 100
+
+# The passage id grammar, one for the library, the command line and the server, so that every id the Python API
+# accepts can be read, replaced and removed over HTTP (`/api/passages/{id}`): 1 to MAX_ID_CHARS characters; no white
+# space first or last; no control character (NUL, line breaks, …); no `.` or `..` between slashes (clients resolve
+# those path segments away before a request is sent, so such an id could not be reached). Any other character,
+# `/` included, is allowed. The patterns are JSON Schema's (the server publishes them) and Python's alike.
+# Python's white space (`str.isspace`) and control characters (C0, DEL, C1), as regex classes
+SPACE = r"\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+CONTROL = r"\x00-\x1f\x7f-\x9f\u2028\u2029"
+NOT_BLANK = f"[^{SPACE}]"  # a string that holds a character other than white space
+# what an id must not match (unanchored alternatives, so that Python's `$`, which also matches before a final
+# "\n", changes nothing)
+BAD_ID = f"^[{SPACE}]|[{SPACE}]$|[{CONTROL}]|(^|/)[.][.]?(/|$)"
+ID_RULE = (
+    f"a passage id has 1 to {MAX_ID_CHARS} characters, no white space first or last, no control character (NUL, "
+    "line breaks, ...) and no '.' or '..' between slashes"
+)
+
+
+def passage_id_problem(value: object) -> str | None:
+    """Why `value` is not a passage id under the grammar above (`ID_RULE`); None when it is one."""
+    if not isinstance(value, str):
+        return f"a passage id is a string, not {type(value).__name__}"
+    if not 1 <= len(value) <= MAX_ID_CHARS or re.search(BAD_ID, value):
+        return ID_RULE
+    return None
+
+
+def check_passage_id(value: object, where: str = "passage id") -> str:
+    """`value` when it is a passage id, else ValueError (TypeError for a non-string) naming `where`, the id and the
+    rule."""
+    problem = passage_id_problem(value)
+    if problem is None:
+        return value
+    error = TypeError if not isinstance(value, str) else ValueError
+    raise error(f"{where} {value!r:.80}: {problem}")
 
 
 def check_question(question: str, where: str = "the question") -> None:

@@ -604,6 +604,7 @@ def _search(args: argparse.Namespace) -> int:
 
 @_reports_errors
 def _info(args: argparse.Namespace) -> int:
+    from common.limits import ID_RULE, passage_id_problem
     from retriever.index.compact import compaction_due
     from retriever.index.files import check_file, open_corpus
     from retriever.index.manifest import Manifest
@@ -612,11 +613,20 @@ def _info(args: argparse.Namespace) -> int:
     manifest = Manifest.load(folder)
     for record in manifest.file_records():  # sizes and sampled blocks always; contents with --verify
         check_file(Path(folder), manifest, record, verify_hash=args.verify)
-    for segment in manifest.segments:  # the corpora its passages are read from, likewise
-        open_corpus(Path(folder), manifest, segment, verify=args.verify)
+    corpora = [open_corpus(Path(folder), manifest, s, verify=args.verify) for s in manifest.segments]  # likewise
     due = compaction_due(manifest)
     summary = {**manifest.summary(), "compaction_due": due, "verified": bool(args.verify)}
-    print(json.dumps(summary, indent=2) if args.json else _summary_lines(folder, manifest, due, args.verify))
+    lines = None if args.json else _summary_lines(folder, manifest, due, args.verify)
+    if args.verify:  # ids an older index may hold that the grammar refuses: readable, not reachable over HTTP
+        outside = [i for corpus in corpora for i in corpus.table.column("id").to_pylist() if passage_id_problem(i)]
+        summary["ids_outside_grammar"] = outside
+        if lines is not None and outside:
+            lines += (
+                f"\n{len(outside):,} passage id(s) outside the id grammar ({ID_RULE}), readable here but not over "
+                f"HTTP: {', '.join(map(repr, outside[:10]))}{', ...' if len(outside) > 10 else ''}; "
+                "add them again under valid ids and remove these"
+            )
+    print(json.dumps(summary, indent=2) if args.json else lines)
     return 0
 
 

@@ -23,7 +23,9 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from common.limits import (  # the limits every front end shares
+from common.limits import (  # the limits and the id grammar every front end shares
+    BAD_ID,
+    ID_RULE,
     MAX_ASK_K,
     MAX_BATCH,
     MAX_ID_CHARS,
@@ -31,6 +33,7 @@ from common.limits import (  # the limits every front end shares
     MAX_QUESTION_CHARS,
     MAX_SEARCH_K,
     MAX_TITLE_CHARS,
+    NOT_BLANK,
 )
 
 # The largest body each kind of request may have: the largest request the schema allows with every
@@ -42,16 +45,6 @@ JSON_SLACK_BYTES = 65_536
 _PASSAGE_CHARS = MAX_ID_CHARS + MAX_TITLE_CHARS + MAX_PASSAGE_CHARS
 MAX_EDIT_BODY_BYTES = JSON_CHAR_BYTES * (2 * MAX_BATCH * _PASSAGE_CHARS + MAX_BATCH * MAX_ID_CHARS) + JSON_SLACK_BYTES
 MAX_QUESTION_BODY_BYTES = JSON_CHAR_BYTES * MAX_BATCH * MAX_QUESTION_CHARS + JSON_SLACK_BYTES
-
-# Python's white space (`str.isspace`) and line breaks (`str.splitlines`), as regex classes
-SPACE = r"\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
-BREAKS = r"\n\x0b\x0c\r\x1c-\x1e\x85\u2028\u2029"
-NOT_BLANK = f"[^{SPACE}]"  # a string that holds a character other than white space
-# what an id must not match: white space first or last, a line break anywhere (unanchored
-# alternatives, so that Python's `$`, which also matches before a final "\n", changes nothing), or a
-# `.` or `..` between slashes: an id is a path in `/api/passages/{id}` (a `/` in it is taken), and
-# clients resolve those segments away before a request is sent, so such an id could not be read back
-BAD_ID = f"^[{SPACE}]|[{SPACE}]$|[{BREAKS}]|(^|/)[.][.]?(/|$)"
 
 
 class Strict(BaseModel):
@@ -84,9 +77,7 @@ def _not_blank(what: str):
 def clean_id(value: str) -> str:
     """`value` when it is a valid passage id, else `ValueError` saying why."""
     if re.search(BAD_ID, value):
-        raise ValueError(
-            "a passage id has no leading/trailing white space, no line break and no `.` or `..` between slashes"
-        )
+        raise ValueError(ID_RULE)
     return value
 
 

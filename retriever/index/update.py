@@ -41,7 +41,7 @@ import faiss
 import numpy as np
 
 from common.io import InputError
-from common.limits import MAX_PASSAGE_CHARS
+from common.limits import MAX_PASSAGE_CHARS, passage_id_problem
 from retriever.corpus import Corpus, chunk_text, iter_records, passage_id, write_corpus
 from retriever.index.embedding import embed_passages, embedding_precision
 from retriever.index.files import check_file, commit, generation_writes, read_faiss, writer_lock
@@ -118,6 +118,9 @@ def _document(n: int, record: Mapping[str, Any] | Passage, origins: Sequence[str
             raise ValueError(f"{place}: field '{name}' must be a string, got {type(value).__name__}")
     if not rid.strip():
         raise ValueError(f"{place}: field 'id' is empty")
+    problem = passage_id_problem(rid)
+    if problem is not None:
+        raise ValueError(f"{place}: field 'id' {rid!r:.80}: {problem}")
     return {name: record.get(name) for name in PASSAGE_FIELDS}
 
 

@@ -88,3 +88,111 @@ def test_documents_files_are_refused_before_the_encoder_when_a_record_is_bad(tmp
     with pytest.raises(ValueError, match=r"^passage 1 \(id 'b'\): field 'text' must be a string, got list$"):
         atlas.Index.build([{"id": "a", "text": "x"}, {"id": "b", "text": ["x"]}], tmp_path / "ix", progress=False)
     assert not (tmp_path / "ix-corpus").exists()
+
+
+# --- one id grammar (common/limits.py), the server's: an id the library accepts is reachable over HTTP ----------
+
+BAD_IDS = ["../../etc/passwd", "a/./b", "a/..", ".", "x\x00y", "line\nbreak", " lead", "trail ", "", "a" * 257]
+GOOD_IDS = ["a/b", "Ünïcode/名前", "a b", "x.y/..z", "..a", "a" * 256]
+
+
+@pytest.mark.parametrize("bad", BAD_IDS, ids=range(len(BAD_IDS)))
+def test_an_id_outside_the_grammar_is_refused_on_add_and_update_naming_it_and_the_rule(index, bad):
+    generation = index.manifest.generation
+    for edit in (index.add, index.update):
+        with pytest.raises(ValueError, match="passage 0") as refused:
+            edit([{"id": bad, "text": "Some text."}])
+        message = str(refused.value)
+        assert "\n" not in message and (
+            "field 'id' is empty" in message or "a passage id has 1 to 256 characters" in message
+        )
+    with pytest.raises(ValueError, match=r"^passage 1\b.*(is empty|a passage id has 1 to 256)"):
+        atlas.Index.build([{"id": "ok", "text": "t"}, {"id": bad, "text": "t"}], index.path.parent / "b")
+    assert index.manifest.generation == generation  # nothing written
+
+
+def test_every_id_the_library_accepts_the_server_schema_accepts_and_no_other():
+    from pydantic import TypeAdapter, ValidationError
+
+    from atlas.serve.schemas import PassageId
+    from common.limits import passage_id_problem
+
+    schema = TypeAdapter(PassageId)
+    for value in BAD_IDS + GOOD_IDS:
+        try:
+            schema.validate_python(value)
+            served = True
+        except ValidationError:
+            served = False
+        assert served == (passage_id_problem(value) is None), value
+    assert all(passage_id_problem(value) is None for value in GOOD_IDS)
+
+
+def test_wrong_argument_types_are_refused_in_one_line(index):
+    for call, message in [
+        (lambda: index.remove(42), "Index.remove takes a passage id (str) or a list of them, not int: 42"),
+        (lambda: index.remove(b"ab"), "Index.remove takes a passage id (str) or a list of them, not bytes"),
+        (lambda: index.remove(["biole", 7]), "Index.remove takes a passage id (str) or a list of them; 7 is int"),
+        (lambda: index.search(42), "Index.search takes a query (str) or a list of queries, not int: 42"),
+        (lambda: index.get(1), "Index.get takes a passage id (str), not int: 1"),
+    ]:
+        with pytest.raises(TypeError) as refused:
+            call()
+        assert str(refused.value).startswith(message), str(refused.value)
+    with pytest.raises(ValueError, match="^Index.search: the query is empty$"):
+        index.search("")
+    with pytest.raises(ValueError, match="^Index.search: query 1 is empty$"):
+        index.search(["capital", "  "])
+    assert len(index) == 3  # nothing removed
+
+
+def test_a_device_this_machine_lacks_is_one_clear_error(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ValueError, match=r"^device='cuda': this machine has no CUDA device; use device='cpu'"):
+        atlas.Index.build(DOCUMENTS, tmp_path / "ix", device="cuda", progress=False)
+    with pytest.raises(ValueError, match=r"^device='gpu0': not a device name torch knows"):
+        atlas.Index.build(DOCUMENTS, tmp_path / "ix", device="gpu0", progress=False)
+    assert not (tmp_path / "ix").exists()
+
+
+def test_a_hub_encoder_not_in_the_cache_fails_in_one_line_unless_downloads_are_asked_for(tmp_path, monkeypatch):
+    from atlas.index_api import check_encoder_name
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with pytest.raises(FileNotFoundError) as refused:
+        check_encoder_name("nobody-xyz/no-such-encoder")
+    assert str(refused.value) == (
+        "encoder 'nobody-xyz/no-such-encoder': not a folder here and not in the Hugging Face cache; nothing is "
+        "downloaded unless you ask: fetch it once (`hf download nobody-xyz/no-such-encoder`), or set "
+        "HF_HUB_OFFLINE=0 to let atlas download it"
+    )
+    revision = "0" * 40  # a repository in the cache, as huggingface_hub lays it out: taken without asking
+    repo = tmp_path / "empty-cache" / "models--someone--cached"
+    (repo / "snapshots" / revision).mkdir(parents=True)
+    (repo / "snapshots" / revision / "config.json").write_text("{}")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    check_encoder_name("someone/cached")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # downloads asked for: the Hub is tried
+    check_encoder_name("nobody-xyz/no-such-encoder")
+
+
+def test_index_info_verify_lists_ids_outside_the_grammar(tmp_path, capsys):
+    from atlas.cli import main
+
+    docs = tmp_path / "docs.jsonl"  # a corpus file prepared as it is (an older index may hold such ids)
+    docs.write_text("".join(json.dumps(d) + "\n" for d in [*DOCUMENTS, {"id": "../old", "text": "An old id."}]))
+    assert main(["corpus", "prepare", str(docs), "--out", str(tmp_path / "corpus"), "--chunk-words", "0"]) == 0
+    assert main(["index", "build", "--corpus", str(tmp_path / "corpus"), "--out", str(tmp_path / "ix")]) == 0
+    index = atlas.Index.load(tmp_path / "ix")
+    assert index.get("../old").text == "An old id."  # still read
+    capsys.readouterr()
+    assert main(["index", "info", "--index", str(tmp_path / "ix"), "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "1 passage id(s) outside the id grammar" in out and "'../old'" in out
+    assert main(["index", "info", "--index", str(tmp_path / "ix"), "--verify", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ids_outside_grammar"] == ["../old"]

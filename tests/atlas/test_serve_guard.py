@@ -496,4 +496,4 @@ def test_an_id_with_a_slash_is_fetched_replaced_and_removed(service):
         assert client.get("/api/passages/wiki/AC/DC").status_code == 404
         for unreachable in ("..", "a/./b", "a/.."):  # clients resolve these away: refused at add
             refused = client.post("/api/passages", json={"passages": [{"id": unreachable, "text": "t"}]}, headers=AUTH)
-            assert refused.status_code == 422 and "no `.` or `..` between slashes" in refused.json()["detail"]
+            assert refused.status_code == 422 and "no '.' or '..' between slashes" in refused.json()["detail"]
