@@ -76,8 +76,6 @@ def checked_device(device) -> torch.device:
     ):
         have = f"{torch.cuda.device_count()} CUDA device(s)" if torch.cuda.is_available() else "no CUDA device"
         raise ValueError(f"device={device!r}: this machine has {have}; use device='cpu' or leave it unset")
-    if resolved.type not in ("cpu", "cuda"):
-        raise ValueError(f"device={device!r}: atlas runs on 'cpu' or 'cuda'")
     return resolved
 
 
@@ -103,6 +101,13 @@ def check_encoder_name(encoder: str) -> None:
     )
 
 
+def _manifest_stamp(folder: Path) -> tuple[int, int, int]:
+    """What changes when a commit replaces the manifest (written aside, then renamed over it): its inode, its
+    modification time and its size."""
+    stat = os.stat(Path(folder) / "manifest.json")
+    return stat.st_ino, stat.st_mtime_ns, stat.st_size
+
+
 def _strings(values: object, where: str, what: str) -> list[str]:
     """`values`, a list or other iterable of strings (not one string, not bytes), as a list; TypeError in one line
     naming `where` and the first value that is not a string."""
@@ -123,6 +128,7 @@ class Index:
         self._current = passage_index
         self.retriever = retriever
         self.allow_encoder_mismatch = allow_encoder_mismatch
+        self._stamp = _manifest_stamp(passage_index.folder)
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -223,6 +229,7 @@ class Index:
         holding this index read it from their next answer on."""
 
         current = self._current
+        stamp = _manifest_stamp(current.folder)  # before the load: a commit landing meanwhile is seen next time
         self._current = PassageIndex.load(
             current.folder,
             retriever=self.retriever,
@@ -231,6 +238,17 @@ class Index:
             ef_search=current.ef_search,
             exact_rerank=current.exact_rerank,
         )
+        self._stamp = stamp
+
+    def reload_if_changed(self) -> tuple[int, int] | None:
+        """Reopen the folder when its manifest was replaced since this index read it (a commit made by another
+        process: `atlas index add`, `atlas index compact`, another server) → (generation held, generation now);
+        None when nothing changed. Costs one `stat` when nothing did."""
+        if _manifest_stamp(self._current.folder) == self._stamp:
+            return None
+        before = self._current.manifest.generation
+        self.reload()
+        return before, self._current.manifest.generation
 
     # ------------------------------------------------------------------ reading
     @property

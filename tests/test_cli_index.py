@@ -565,6 +565,34 @@ def test_a_compaction_of_an_index_being_written_is_refused(index, capsys):
     assert files_of(index) == before
 
 
+def test_build_overwrite_of_an_index_being_edited_waits_for_the_edit_or_is_refused(index, built, monkeypatch, capsys):
+    """`build --overwrite` takes the writer lock of the index it replaces: an edit holding it keeps the old folder
+    whole (the build is refused naming the edit, before any embedding), and the swap itself holds it."""
+    import os
+
+    from retriever.index import build as index_build
+    from retriever.index.files import writer_lock
+
+    monkeypatch.setattr(index_build, "REPLACE_WAIT_SECONDS", 0.3)
+    before = files_of(index)
+    args = ("index", "build", "--corpus", built / "corpus", "--encoder", built / "enc", "--out", index, "--overwrite")
+    with writer_lock(index, "add"):
+        code, out, err = atlas(capsys, *args)
+    assert out == ""
+    assert code == 2 and f"{index} is being updated by another process (pid {os.getpid()}, add since " in err, err
+    assert files_of(index) == before and not index_build.work_dir_for(index).exists()  # nothing embedded
+    held = []
+    real = index_build.atomic_directory
+
+    def swapping(out, **kwargs):  # who holds the lock while the new folder is swapped in
+        held.append((Path(out) / ".writer.lock").is_file())
+        return real(out, **kwargs)
+
+    monkeypatch.setattr(index_build, "atomic_directory", swapping)
+    assert atlas(capsys, *args)[0] == 0
+    assert held == [True] and not (index / ".writer.lock").exists()
+
+
 def test_the_help_states_the_compaction_policy_in_force(capsys):
     from retriever.index.compact import MAX_DEAD_FRACTION, MAX_SEGMENTS
 

@@ -87,6 +87,7 @@ class AtlasService:
         self.edit_executor = ThreadPoolExecutor(1, thread_name_prefix="atlas-edit")
         self.auto_compact = auto_compact
         self.compactions = 0  # compactions swapped in since the start
+        self._editing = False  # an edit or compaction of this server is committing (edit thread)
         self.started = time.monotonic()
 
     # ------------------------------------------------------------------ state
@@ -113,6 +114,7 @@ class AtlasService:
         attention}], "attended", "generation"}; `attention` is the passage's share of the reader's
         cross-attention mass while it produced the answer (`reader.attention_scores`).
         """
+        self._pick_up_commits_made_elsewhere()
         results: list[dict | None] = [None] * len(questions)
         by_k: dict[int, list[int]] = {}
         for n, q in enumerate(questions):
@@ -144,6 +146,7 @@ class AtlasService:
     @torch.no_grad()
     def search(self, query: str, k: int) -> dict:
         """Retrieval only: → {"query", "hits": [{id, title, text, score}], "generation"} (model thread)."""
+        self._pick_up_commits_made_elsewhere()
         index = self.index
         vectors = self.model.retriever.embed_queries([self.task.query(query)])
         hits = index.search(vectors, k)[0]
@@ -172,8 +175,6 @@ class AtlasService:
         written, and `IndexBusy` when another process holds the index's writer lock.
         → {"added", "updated", "removed", "count", "generation"}. Call on `edit_executor`.
         """
-        # heavy: faiss (the index's files and edits); `import atlas.serve` does not load it
-
         index = self.index  # the last commit: edits run one at a time on this thread
         ids = [p["id"] for p in add] + [p["id"] for p in update] + list(remove)
         if not ids:
@@ -198,6 +199,7 @@ class AtlasService:
         replaced = [p["id"] for p in update] + list(remove)
         retriever = self.atlas.index.retriever  # the index's own: the model thread embeds with the model's
         allow_mismatch = self.atlas.index.allow_encoder_mismatch
+        self._editing = True  # this commit is ours: the model thread leaves its reload to this thread
         try:
             if new:  # the passages in memory: no file holds their text on the way
                 add_passages(
@@ -214,7 +216,9 @@ class AtlasService:
                 remove_passages(index.folder, replaced)
         except IndexLockedError as e:
             raise IndexBusy(str(e)) from None
-        fresh = self._swap_in_index_from_disk()
+        finally:
+            fresh = self._swap_in_index_from_disk()
+            self._editing = False
         if self.auto_compact and compaction_due(fresh.manifest) is not None:
             self.edit_executor.submit(self._compact)  # runs after this edit, before the next one
         return {
@@ -225,6 +229,19 @@ class AtlasService:
             "generation": fresh.manifest.generation,
         }
 
+    def _pick_up_commits_made_elsewhere(self) -> None:
+        """Before a batch (model thread): read a commit another process made to the index folder (`atlas index
+        add|update|remove|compact` from a shell), and say so; the server's own edits reload on the edit thread."""
+        if self._editing:
+            return
+        changed = self.atlas.index.reload_if_changed()
+        if changed is not None:
+            logger.info(
+                "index %s: generation %d -> %d, committed by another process; serving it from this batch on",
+                self.index.folder,
+                *changed,
+            )
+
     def _swap_in_index_from_disk(self):
         """Reopen the index's last commit; the model reads it from its next batch on (edit thread)."""
         self.atlas.index.reload()
@@ -233,15 +250,17 @@ class AtlasService:
     def _compact(self) -> None:
         """Compact the index when it is (still) due, and serve the result (edit thread; queued by
         `edit`). A failure is logged and leaves the index as it was: the next edit tries again."""
-
+        self._editing = True  # as in `edit`: this commit is ours
         try:
             stats = compact_if_due(self.index.folder)
         except (IndexLockedError, OSError, ValueError) as e:
             logger.warning("compaction of %s skipped: %s", self.index.folder, e)
             return
+        finally:
+            self._swap_in_index_from_disk()
+            self._editing = False
         if stats is None or not stats.compacted:
             return
-        self._swap_in_index_from_disk()
         self.compactions += 1
         logger.info(
             "compacted %s: %d -> %d segments, %d -> %d rows in %.2f s",

@@ -14,6 +14,7 @@ does so for training runs given `index.corpus`, so that the same index is not bu
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -32,6 +33,7 @@ from common.progress import progress_bar as tqdm
 from retriever.corpus import Corpus
 from retriever.fingerprint import hash_json
 from retriever.index.embedding import embed_passages, embedding_precision
+from retriever.index.files import writer_lock
 from retriever.index.manifest import (
     FORMAT_VERSION,
     MANIFEST,
@@ -311,6 +313,9 @@ def build_index(
     out = Path(out)
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} already exists (pass --overwrite to replace it)")
+    if rank == 0:
+        with _replacing(out, overwrite):  # an index being edited is refused now, not after the embedding
+            pass
     record = _encoder_of(retriever, vectors, encoder_record, encoder_source, embedding_precision(retriever, precision))
     spec = settings.spec.strip()
     index_type(spec, record.dim)  # reject a bad spec before minutes of embedding
@@ -339,7 +344,7 @@ def build_index(
     if rank != 0:  # rank 0 alone trains the FAISS index and writes the folder
         barrier()
         return out
-    with atomic_directory(out, overwrite=overwrite) as tmp:
+    with _replacing(out, overwrite), atomic_directory(out, overwrite=overwrite) as tmp:
         files = _write_index_files(tmp, spec, vectors_path, settings)
         Manifest(
             spec=spec,
@@ -366,6 +371,19 @@ def build_index(
     shutil.rmtree(work_dir)
     barrier()  # the folder is complete: release the other ranks
     return out
+
+
+# How long an overwrite waits for an edit of the index it replaces to finish (edits take seconds)
+REPLACE_WAIT_SECONDS = 60.0
+
+
+def _replacing(out: Path, overwrite: bool):
+    """The writer lock of the index an overwrite replaces, held while the new folder is swapped in: an edit in
+    progress finishes first (or the build is refused naming it), and no edit starts writing into a folder that is
+    being swapped away. Nothing to hold for a new folder."""
+    if overwrite and (out / MANIFEST).is_file():
+        return writer_lock(out, "build --overwrite", wait=REPLACE_WAIT_SECONDS)
+    return contextlib.nullcontext()
 
 
 def _base_segment(corpus_path: str | os.PathLike, corpus: Corpus, precision: str) -> Segment:

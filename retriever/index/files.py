@@ -176,9 +176,9 @@ def read_faiss(path: Path, *, io_flags: int = 0) -> faiss.Index:
 
 # ------------------------------------------------------------------------------ writing
 @contextlib.contextmanager
-def writer_lock(folder: str | os.PathLike, operation: str) -> Iterator[None]:
+def writer_lock(folder: str | os.PathLike, operation: str, *, wait: float = 0.0) -> Iterator[None]:
     """Hold the index's writer lock for `operation` ("add", "remove", "compact", ...), or raise
-    `IndexLockedError` at once, naming the process that holds it.
+    `IndexLockedError`, naming the process that holds it, at once (or after `wait` seconds of trying).
 
     An exclusive `flock` on `FOLDER/.writer.lock`: the kernel releases it when its holder exits,
     however it dies, so a killed writer never leaves the index locked. One lock per open file,
@@ -190,10 +190,18 @@ def writer_lock(folder: str | os.PathLike, operation: str) -> Iterator[None]:
     folder = Path(folder)
     Manifest.load(folder)  # "not an index" before any lock file is created
     path = folder / LOCK
+    deadline = time.monotonic() + wait
     for _ in range(3):
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise
+                    time.sleep(0.1)
         except BlockingIOError:
             os.close(fd)
             raise IndexLockedError(
@@ -219,7 +227,10 @@ def writer_lock(folder: str | os.PathLike, operation: str) -> Iterator[None]:
         remove_unreferenced(folder, Manifest.load(folder))
         yield
     finally:
-        path.unlink(missing_ok=True)  # still held: see above
+        # still held: see above; only our own file (an overwrite swaps another folder in under the same name)
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                path.unlink()
         os.close(fd)  # releases the lock
 
 

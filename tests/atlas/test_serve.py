@@ -416,6 +416,24 @@ def test_an_edit_while_another_process_writes_the_index_is_answered_503(client, 
     assert "Stafairk" in client.get("/api/passages/country-biole").json()["text"]
 
 
+def test_a_commit_made_from_a_shell_is_served_from_the_next_question_and_logged(client, service, caplog):
+    """`atlas index update` run beside the server (another writer of the same folder): the next search reads the
+    new generation, and the server's log says it picked it up."""
+    import logging
+
+    from atlas.cli import main
+
+    before = client.get("/api/health").json()["generation"]
+    fix = service.index.folder.parent / "fix.jsonl"
+    fix.write_text(json.dumps({"id": "country-biole", "title": "Biole", "text": "Biole's capital is Zanthorp."}) + "\n")
+    caplog.set_level(logging.INFO, logger="atlas.serve.service")
+    assert main(["index", "update", "--index", str(service.index.folder), "--corpus", str(fix)]) == 0
+    hits = client.post("/api/search", json={"query": "capital of Biole", "k": 1}).json()
+    assert hits["generation"] == before + 1 and "Zanthorp" in hits["hits"][0]["text"]
+    assert f"generation {before} -> {before + 1}, committed by another process" in caplog.text
+    assert client.get("/api/health").json()["generation"] == before + 1
+
+
 # ----------------------------------------------------------------------------- load
 @pytest.mark.slow
 def test_a_bounded_load_with_interleaved_edits_loses_nothing(live_url, service):
