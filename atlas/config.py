@@ -85,6 +85,11 @@ class InferenceConfig:
     # million"); None = where the reader's tokenizer loses text in a round trip (a lower-casing WordPiece), false
     # = decode as the tokenizer does (an imported reference model: its reference never respelled)
     restore_surface: bool | None = None
+    # decode answers as facebookresearch/atlas and FiD did (an imported reference model: reader/surface.py
+    # `reference_decode`): every special token dropped (a sentinel or `<unk>` the reader wrote inside an answer
+    # leaves no space), then transformers 4's clean-up (" ." → "."); false = the tokenizer's decode, sentinels
+    # kept for the task
+    reference_decoding: bool = False
 
 
 @dataclass

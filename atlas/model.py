@@ -416,9 +416,16 @@ class AtlasModel(nn.Module):
 
     def decode(self, generated: torch.Tensor, passages: list[list[Passage]] | None) -> list[str]:
         """(B, T') generated ids → their texts, sentinels kept (for the task's `postprocess`), respelled as the
-        passages read write them where `restores_surface`."""
+        passages read write them where `restores_surface`; with `inference.reference_decoding` (an imported
+        reference model), as the reference decoded them: special tokens dropped, transformers 4's clean-up."""
         fields = template_fields(passages) if self.restores_surface else None
-        return decode_answers(self.reader_tokenizer, generated, fields, skip_special_tokens=False)
+        return decode_answers(
+            self.reader_tokenizer,
+            generated,
+            fields,
+            skip_special_tokens=False,
+            as_reference=self.inference_config.reference_decoding,
+        )
 
     @torch.no_grad()
     def encode_for_answers(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,10 @@ without case, accents and whitespace, occurs in a passage the reader read, that 
 characters are returned instead; an answer that is not in any passage (abstractive) is kept as
 generated. Text between special tokens (sentinels, `</s>`) is restored piece by piece, the special
 tokens are kept, so tasks parse the result as before.
+
+A model imported from a reference implementation decodes its answers as that reference did instead
+(`reference_decode`, `inference.reference_decoding`): with every special token dropped and transformers 4's
+clean-up of spaces before punctuation.
 """
 
 from __future__ import annotations
@@ -90,17 +94,61 @@ def decoding_is_lossless(tokenizer) -> bool:
     return tokenizer.decode(ids, skip_special_tokens=True).strip() == _ROUND_TRIP
 
 
+# transformers' `clean_up_tokenization` before version 5, which their `decode` applied by default
+# (`clean_up_tokenization_spaces=True`): spaces before punctuation and English contractions closed up
+_CLEAN_UP = (
+    (" .", "."),
+    (" ?", "?"),
+    (" !", "!"),
+    (" ,", ","),
+    (" ' ", "'"),
+    (" n't", "n't"),
+    (" 'm", "'m"),
+    (" 's", "'s"),
+    (" 've", "'ve"),
+    (" 're", "'re"),
+)
+
+
+def clean_up_tokenization(text: str) -> str:
+    """`text` cleaned up as transformers 3 and 4 cleaned up decoded text by default (" ." → ".", " n't" → "n't")."""
+    for old, new in _CLEAN_UP:
+        text = text.replace(old, new)
+    return text
+
+
+def reference_decode(tokenizer, ids: Sequence[int]) -> str:
+    """Generated `ids` as text, as facebookresearch/atlas (transformers 4.18) and FiD (3.0.2) decoded their answers:
+    `tokenizer.decode(ids, skip_special_tokens=True)`. Every special token (`<pad>`, `</s>`, `<unk>`, the
+    sentinels) is dropped before the other pieces are decoded, so the pieces either side of one join
+    ("▁tal", "<extra_id_1>", "at" → "talat"; kept and read as a space, they made "tal at"), then the default
+    clean-up of those versions (`clean_up_tokenization`) is applied. A T5 SentencePiece tokenizer's decoder
+    (Metaspace) gives SentencePiece's own decode of the pieces; spaces at the ends are left as transformers 4's
+    fast tokenizer (`AutoTokenizer`) left them."""
+    special = set(tokenizer.all_special_ids)
+    kept = [int(i) for i in ids if int(i) not in special]
+    text = tokenizer.decode(kept, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    return clean_up_tokenization(text)
+
+
 def decode_answers(
     tokenizer,
     generated,
     passages: Sequence[Sequence[Mapping[str, str]] | None] | None,
     *,
     skip_special_tokens: bool = True,
+    as_reference: bool = False,
 ) -> list[str]:
     """Decode generated ids (B, T') and give each answer its surface form in the passages its
-    example read (`passages[b]`; None or empty: closed book, kept as decoded)."""
-    texts = tokenizer.batch_decode(generated, skip_special_tokens=skip_special_tokens)
+    example read (`passages[b]`; None or empty: closed book, kept as decoded). `as_reference`: decode
+    as the reference implementations did (`reference_decode`: no special token is left in the text)."""
+    if as_reference:
+        rows = generated.tolist() if hasattr(generated, "tolist") else generated
+        texts = [reference_decode(tokenizer, row) for row in rows]
+        specials = ()
+    else:
+        texts = tokenizer.batch_decode(generated, skip_special_tokens=skip_special_tokens)
+        specials = () if skip_special_tokens else tokenizer.all_special_tokens
     if passages is None:
         return texts
-    specials = () if skip_special_tokens else tokenizer.all_special_tokens
     return [restore_surface(text, read, specials) for text, read in zip(texts, passages)]

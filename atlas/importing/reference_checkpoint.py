@@ -193,6 +193,7 @@ def config_from_options(opt: Any, *, tied: bool, closed_book: bool, source: str)
         num_beams=int(_option(opt, "generation_num_beams", base.inference.num_beams)),
         length_penalty=float(_option(opt, "generation_length_penalty", base.inference.length_penalty)),
         restore_surface=False,  # the reference decodes with the tokenizer alone, whatever the tokenizer
+        reference_decoding=True,  # and with transformers 4's decode(skip_special_tokens=True)
     )
     refresh = str(_option(opt, "refresh_index", "-1"))
     index = dataclasses.replace(
@@ -516,7 +517,8 @@ def import_fid_reader(
 ) -> Path:
     """Import a facebookresearch/FiD reader folder (config.json + FiDT5 weights) as a plain
     HF T5 reader folder at `out` (with the reader tokenizer), usable as `reader.model=OUT`; its `atlas.yaml`
-    keeps answers decoded as the reference decoded them (`inference.restore_surface: false`).
+    keeps answers decoded as the reference decoded them (`inference.restore_surface: false`,
+    `inference.reference_decoding: true`).
 
     tokenizer: a local tokenizer folder (default: `src` when it holds one). Written atomically.
     """
@@ -538,7 +540,8 @@ def import_fid_reader(
             os.replace(item, tmp / item.name)
         (tmp / "reader").rmdir()
         reader_tokenizer.save_pretrained(str(tmp))
-        settings = {"inference": {"restore_surface": False}}  # FiD decodes with the tokenizer alone
+        # FiD decodes with the tokenizer alone, transformers 3's decode(skip_special_tokens=True)
+        settings = {"inference": {"restore_surface": False, "reference_decoding": True}}
         atomic_write_text(tmp / READER_SETTINGS_FILE, yaml.safe_dump(settings, sort_keys=False))
         atomic_write_json(
             tmp / "import.json",

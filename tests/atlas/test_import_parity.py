@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 from pathlib import Path
 
 import pytest
+import sentencepiece as spm
 import torch
 import transformers
 from transformers import T5Config, T5ForConditionalGeneration, T5Tokenizer
@@ -60,6 +62,27 @@ WORDS = [
 ]
 CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789:?.,'-")
 N_SENTINELS = 10
+
+
+# transformers 4's `clean_up_tokenization`, which its decode applied (`clean_up_tokenization_spaces=True` by default)
+V4_CLEAN_UP = [
+    (" .", "."),
+    (" ?", "?"),
+    (" !", "!"),
+    (" ,", ","),
+    (" ' ", "'"),
+    (" n't", "n't"),
+    (" 'm", "'m"),
+    (" 's", "'s"),
+    (" 've", "'ve"),
+    (" 're", "'re"),
+]
+
+
+def v4_clean_up(text: str) -> str:
+    for old, new in V4_CLEAN_UP:
+        text = text.replace(old, new)
+    return text
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -268,7 +291,8 @@ def test_reader_logits_and_generations_are_the_references(imported_atlas):
     assert unconverted.shape[1] == 9  # taking the reference's 8 as new tokens generates one more
 
     # the answers as text, through the one answer path, are the reference's: its evaluate decodes the ids with
-    # the tokenizer, skipping special tokens (nothing respelled after the passages: the tokenizer is lossless)
+    # the tokenizer, skipping special tokens, and transformers 4 cleans up the spaces before punctuation (nothing
+    # respelled after the passages: the tokenizer is lossless)
     from tasks.base import get_task
     from tasks.passage import Passage
 
@@ -278,7 +302,7 @@ def test_reader_logits_and_generations_are_the_references(imported_atlas):
     tokenizer = T5Tokenizer.from_pretrained(str(folder / "reader"))
     assert not model.restores_surface
     answers = [get_task("qa").postprocess(None, t) for t in texts]
-    assert answers == [tokenizer.decode(ids, skip_special_tokens=True).strip() for ids in expected]
+    assert answers == [v4_clean_up(tokenizer.decode(ids, skip_special_tokens=True)).strip() for ids in expected]
     # the same through the Python API, loading the imported run by its folder (its passages given here)
     import atlas
     from tasks.base import Example
@@ -605,3 +629,172 @@ def test_an_imported_reader_whose_tokenizer_loses_text_answers_as_the_reference_
     answers = [get_task("qa").postprocess(None, t) for t in texts]
     assert answers == [tokenizer.decode(ids, skip_special_tokens=True).strip() for ids in generated.tolist()]
     assert answers == ["talat crown", "sthi"]
+
+
+# --- answers decoded as the reference decoded them: a SentencePiece model trained here ------------------
+
+SPM_WORDS = ["talat", "crown", "sthi", "tal", "st", "the", "capital", "of", "river", "who", "is", "don't", "it's"]
+
+
+def write_spm_reader_tokenizer(folder: Path, *, byte_fallback: bool = False) -> Path:
+    """A T5 reader tokenizer folder as a user passes it to `--reader-tokenizer` (and as the hub's T5 folders and
+    transformers 4's `save_pretrained` hold one): `spiece.model`, a unigram SentencePiece model trained here
+    (`<pad>` 0, `</s>` 1, `<unk>` 2), with `tokenizer_config.json` and `special_tokens_map.json` naming the
+    sentinels `<extra_id_0>`…, which T5 numbers down from the last id."""
+    rng = random.Random(0)
+    lines = [
+        " ".join(rng.choice(SPM_WORDS) for _ in range(rng.randint(3, 10))) + rng.choice(["", ".", "?", " .", " ,"])
+        for _ in range(300)
+    ]
+    folder.mkdir(parents=True)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines),
+        model_prefix=str(folder / "spiece"),
+        vocab_size=330 if byte_fallback else 60,
+        model_type="unigram",
+        pad_id=0,
+        eos_id=1,
+        unk_id=2,
+        bos_id=-1,
+        character_coverage=1.0,
+        byte_fallback=byte_fallback,
+        hard_vocab_limit=False,
+        minloglevel=2,
+    )
+    (folder / "spiece.vocab").unlink()
+    sentinels = [f"<extra_id_{i}>" for i in range(N_SENTINELS)]
+    specials = {"eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>", "additional_special_tokens": sentinels}
+    (folder / "special_tokens_map.json").write_text(json.dumps(specials))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({**specials, "extra_ids": N_SENTINELS, "model_max_length": 512, "tokenizer_class": "T5Tokenizer"})
+    )
+    return folder
+
+
+def import_with_reader_tokenizer(root: Path, tokenizer_folder: Path, encoder_path: Path):
+    """An Atlas checkpoint whose reader tokenizer is `tokenizer_folder`, imported and loaded as `atlas evaluate`
+    and `atlas ask` load it."""
+    from atlas.loading import load_model, model_spec
+    from reader.tokenizer import build_reader_tokenizer
+
+    vocab = len(build_reader_tokenizer(tokenizer_folder))
+    query, _ = bert_pair(encoder_path, untied=False)
+    src = write_atlas_checkpoint(root / "ref", tiny_t5(vocab, seed=3), query, None, module=True)
+    folder = import_atlas_checkpoint(
+        src, root / "run", reader_tokenizer=str(tokenizer_folder), retriever_tokenizer=str(encoder_path)
+    )
+    return load_model(model_spec(folder))
+
+
+@pytest.fixture(scope="module")
+def spm_folder(tmp_path_factory) -> Path:
+    return write_spm_reader_tokenizer(tmp_path_factory.mktemp("spm") / "t5-tokenizer")
+
+
+@pytest.fixture(scope="module", params=["spiece.model", "tokenizer.json"])
+def spm_imported(request, spm_folder, tmp_path_factory, tiny_encoder_path) -> dict:
+    """The model imported with the SentencePiece folder itself, or with the `tokenizer.json` folder transformers
+    makes of it, and the SentencePiece model, which the test decodes with directly."""
+    root = tmp_path_factory.mktemp("spm-import")
+    folder = spm_folder
+    if request.param == "tokenizer.json":
+        folder = root / "t5-tokenizer-json"
+        T5Tokenizer.from_pretrained(str(spm_folder)).save_pretrained(str(folder))
+        assert (folder / "tokenizer.json").is_file() and not (folder / "spiece.model").exists()
+    processor = spm.SentencePieceProcessor(model_file=str(spm_folder / "spiece.model"))
+    return {"model": import_with_reader_tokenizer(root, folder, tiny_encoder_path), "spm": processor}
+
+
+def reference_answer(processor: spm.SentencePieceProcessor, ids: list[int]) -> str:
+    """What the reference printed for generated `ids`: transformers 4's `T5Tokenizer.decode(ids,
+    skip_special_tokens=True)`: the special tokens dropped (`<pad>`, `</s>`, `<unk>`, the sentinels, which lie past
+    the SentencePiece vocabulary), SentencePiece's own decode of the other pieces, then transformers 4's clean-up
+    of tokenization spaces (its fast tokenizer, which `AutoTokenizer` gave, differs only by spaces at the ends)."""
+    special = {processor.pad_id(), processor.eos_id(), processor.unk_id()}
+    pieces = [processor.id_to_piece(i) for i in ids if i not in special and i < processor.get_piece_size()]
+    return v4_clean_up(processor.decode_pieces(pieces)).strip()
+
+
+def answers_of(model, rows: list[list[int]]) -> tuple[list[str], list[str]]:
+    """(the texts the imported model decodes (B, T') generated `rows` to, the QA answers `atlas evaluate` and `atlas
+    ask` print from them)."""
+    from tasks.base import get_task
+
+    width = max(len(row) for row in rows)
+    generated = torch.tensor([row + [0] * (width - len(row)) for row in rows])  # padded after </s>, as generated
+    texts = model.decode(generated, None)
+    return texts, [get_task("qa").postprocess(None, text) for text in texts]
+
+
+def test_an_answer_split_by_a_special_token_is_printed_as_the_reference_printed_it(spm_imported):
+    """The reference decoded with `skip_special_tokens=True`: a sentinel, `<pad>` or `<unk>` the reader generated
+    inside an answer leaves nothing between the pieces around it, and " ." closes up. Before, the imported model
+    decoded with the special tokens kept and the task put a space where each sentinel or pad was (`atlas
+    evaluate` printed "tal at crown" and "st hi" where the reference printed "talat crown" and "sthi"), kept
+    "<unk>" as text and left " ." open."""
+    model, processor = spm_imported["model"], spm_imported["spm"]
+    tokenizer = model.reader_tokenizer
+    pieces = [
+        ["<pad>", "<extra_id_0>", "▁tal", "<extra_id_3>", "a", "t", "▁crown", "</s>"],
+        ["<pad>", "<extra_id_0>", "▁st", "<pad>", "h", "i", "</s>"],
+        ["<pad>", "<extra_id_0>", "▁tal", "<unk>", "a", "t", "</s>"],
+        ["<pad>", "<extra_id_0>", "▁crown", "▁", ".", "</s>"],
+    ]
+    rows = [tokenizer.convert_tokens_to_ids(p) for p in pieces]
+    assert all(tokenizer.convert_ids_to_tokens(row) == p for row, p in zip(rows, pieces))
+    _, answers = answers_of(model, rows)
+    assert answers == [reference_answer(processor, row) for row in rows]
+    assert answers == ["talat crown", "sthi", "talat", "crown."]
+
+
+def test_imported_answers_are_the_references_for_any_generation(spm_imported):
+    """Random generations over the whole vocabulary (pieces, `▁` alone and before punctuation, `<unk>`, `<pad>`,
+    the sentinels, `</s>` in the middle): the imported model's decode is the reference's up to spaces at the ends,
+    and the answer printed is it with its spaces normalised, as every answer (the task's post-processing)."""
+    model, processor = spm_imported["model"], spm_imported["spm"]
+    tokenizer = model.reader_tokenizer
+    size = processor.get_piece_size()
+    pieces = list(range(3, size))
+    specials = [0, 1, 2, *range(size, size + N_SENTINELS)]
+    spaces = [i for i in pieces if processor.id_to_piece(i) in ("▁", "▁.", ".", "'", ",")]
+    rng = random.Random(4)
+    rows = [
+        [0]
+        + [rng.choice(rng.choice([pieces, pieces, pieces, specials, spaces])) for _ in range(rng.randint(0, 9))]
+        + [1]
+        for _ in range(400)
+    ]
+    texts, answers = answers_of(model, rows)
+    wants = [reference_answer(processor, row) for row in rows]
+    assert [text.strip() for text in texts] == wants
+    assert answers == [" ".join(want.split()) for want in wants]
+    assert sum(any(i in specials[3:] for i in row[1:-1]) for row in rows) > 100  # sentinels inside answers
+    assert sum(" " in want and "  " not in want for want in wants) > 100
+    assert sum(want != " ".join(want.split()) for want in wants) > 0  # runs of spaces: normalised only in answers
+    assert tokenizer.unk_token_id == 2 and len(tokenizer) == size + N_SENTINELS
+
+
+def test_both_imports_decode_as_the_reference(imported_atlas, imported_fid):
+    """An imported Atlas run (its config.yaml) and an imported FiD reader (its atlas.yaml) decode as their
+    references; a model of this project's own keeps the tokenizer's decode."""
+    from atlas.config import InferenceConfig
+    from atlas.loading import checkpoint_config, model_spec
+
+    assert checkpoint_config(imported_atlas["folder"]).inference.reference_decoding is True
+    assert model_spec(imported_fid["folder"]).config.inference.reference_decoding is True
+    assert InferenceConfig().reference_decoding is False
+
+
+def test_byte_pieces_are_printed_as_the_references_fast_tokenizer_printed_them(tmp_path, tiny_encoder_path):
+    """A SentencePiece model with byte fallback (T5's has none): the reference's `AutoTokenizer` was transformers
+    4.18's fast T5 tokenizer, converted from the SentencePiece model without its byte fallback, so a byte piece
+    printed as its own text ("<0x21>", where SentencePiece's decode gives "!"); so does the import."""
+    folder = write_spm_reader_tokenizer(tmp_path / "t5-bytes", byte_fallback=True)
+    model = import_with_reader_tokenizer(tmp_path, folder, tiny_encoder_path)
+    pieces = [
+        ["<pad>", "<extra_id_0>", "▁crown", "<0x21>", "</s>"],
+        ["<pad>", "<extra_id_0>", "▁tal", "<extra_id_2>", "<0x61>", "t", "▁", ".", "</s>"],
+    ]
+    rows = [model.reader_tokenizer.convert_tokens_to_ids(p) for p in pieces]
+    assert all(model.reader_tokenizer.convert_ids_to_tokens(row) == p for row, p in zip(rows, pieces))
+    assert answers_of(model, rows)[1] == ["crown<0x21>", "tal<0x61>t."]
