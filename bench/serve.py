@@ -320,7 +320,8 @@ def heavy_beside_light(
 def heavy_beside_light_runs(run: Path, pristine_index: Path, work: Path, *, threads: int, beams: int, k: int) -> dict:
     """The load test of the request budget on one `atlas serve` with its default limits: light asks alone,
     beside the issue's request (64 questions of 2,000 characters at k=20: over the budget, refused), and
-    beside the heaviest request within the budget (64 short questions at k=10: sliced across batches)."""
+    beside the heaviest requests within the budget (64 short questions at k=10, 32 of 200 characters at k=20:
+    sliced across batches, the light asks in batches of their own)."""
     index = work / "index-heavy"
     shutil.rmtree(index, ignore_errors=True)
     shutil.copytree(pristine_index, index)
@@ -348,6 +349,9 @@ def heavy_beside_light_runs(run: Path, pristine_index: Path, work: Path, *, thre
         )
         rows["beside 64 x k=10 (the budget)"] = heavy_beside_light(
             url, questions, {"questions": questions[:64], "k": 10}, k=k
+        )
+        rows["beside 32 x 200 chars x k=20 (the budget)"] = heavy_beside_light(
+            url, questions, {"questions": [long_question[:200]] * 32, "k": 20}, k=k
         )
     finally:
         process.terminate()

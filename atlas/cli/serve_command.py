@@ -19,6 +19,8 @@ from atlas.serve.serve_settings import DEFAULTS, ServeSettings, setting_help
 SIZE_OPTIONS = {
     "max_request_cost": ("--max-request-cost", int, "UNITS"),
     "max_batch_cost": ("--max-batch-cost", int, "UNITS"),
+    "max_batch_seconds": ("--max-batch-seconds", float, "SECONDS"),
+    "light_request_cost": ("--light-request-cost", int, "UNITS"),
     "max_queue": ("--max-queue", int, "N"),
     "request_timeout_s": ("--request-timeout", float, "SECONDS"),
     "max_batch": ("--max-batch", int, "N"),

@@ -140,6 +140,8 @@ def create_app(service: AtlasService, settings: ServeSettings | None = None, **c
         max_queue=settings.max_queue,
         cost=lambda question: question_cost(question.question, question.k),
         max_cost=settings.max_batch_cost,
+        light_cost=settings.light_request_cost,
+        max_seconds=settings.max_batch_seconds,
     )
 
     @asynccontextmanager

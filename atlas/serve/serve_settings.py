@@ -9,8 +9,9 @@ one unit per started block of `QUESTION_BLOCK_CHARS` characters of the question 
 the question again beside every passage), so a question of up to 200 characters reading 5
 passages costs 5, one of 2,000 characters reading 20 costs 200. A request whose questions cost
 more than `max_request_cost` together is refused (413) before it is queued. A micro-batch holds at
-most `max_batch_cost`, so a light question waits at most for one such batch before its own, however
-heavy the requests queued beside it (they are sliced across batches, one question of each in turn).
+most `max_batch_cost`, and a light request (costing at most `light_request_cost`) is batched with light ones
+only, ahead of heavier ones: its question waits at most for the batch already running, however heavy the requests
+queued beside it (those are sliced across batches, one question of each in turn).
 """
 
 from __future__ import annotations
@@ -73,7 +74,18 @@ class ServeSettings:
     max_batch_cost: int = _option(
         80,
         "the most reading one micro-batch may cost (as --max-request-cost counts it; 80: 16 short questions at "
-        "k=5): what a light question may wait for",
+        "k=5): what a light request may wait for",
+    )
+    max_batch_seconds: float = _option(
+        2.0,
+        "the most time of reading a micro-batch of heavy requests may hold, at the model's measured pace (one "
+        "question at least): what a light request may wait for, on a slow machine too",
+    )
+    light_request_cost: int = _option(
+        10,
+        "a request costing at most this (its questions together; 10: one question of up to 200 characters at "
+        "k <= 10) is light: while one waits, the next micro-batch holds light requests only, so it waits for the "
+        "batch already running, never beside a heavy request's questions",
     )
     max_queue: int = _option(
         256, "questions waiting for the model at most; beyond it a request is answered 503 with Retry-After"
@@ -97,6 +109,7 @@ class ServeSettings:
         for name in (
             "max_request_cost",
             "max_batch_cost",
+            "light_request_cost",
             "max_queue",
             "max_batch",
             "max_connections",
@@ -104,7 +117,7 @@ class ServeSettings:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("request_timeout_s", "read_timeout_s", "keep_alive_s"):
+        for name in ("request_timeout_s", "read_timeout_s", "keep_alive_s", "max_batch_seconds"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.batch_window_ms < 0:
