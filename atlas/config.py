@@ -40,8 +40,8 @@ from common.io import atomic_write_text
 from reader.reader_config import ReaderConfig
 from retriever.index.settings import IndexConfig, IndexSettings
 from retriever.retriever_config import LossConfig, RetrieverConfig
-from tasks.base import TASKS, find_overlaps, get_task
-from tasks.kilt import KiltTask, check_provenance
+from tasks.base import TASKS, get_task
+from tasks.data_checks import DataOverlapError, check_task_data
 
 logger = logging.getLogger(__name__)
 
@@ -385,42 +385,24 @@ def validate_components(config: AtlasConfig, origins: dict[str, str] | None = No
 
 
 def validate_data(config: AtlasConfig, origins: dict[str, str] | None = None, source: str = "<defaults>") -> None:
-    """Check the task's data files that exist (missing ones are the training's to report).
-
-    - No evaluation example may also be a training example (the same question text,
-      `tasks.base.find_overlaps`): refused with `ConfigError` naming both files, how many examples
-      they share and the first ids, unless `task.allow_overlap` (then a warning).
-    - KILT evaluation files scored with retrieval need each record's gold pages
-      (`tasks.kilt.check_provenance`): a record without them raises `InputError` (file, line, field).
-
-    Reads the files with the task's loader, so a malformed record is reported here, before any model
-    is built.
-    """
+    """Check the task's data files that exist (missing ones are the training's to report) with the task's own
+    checks (`tasks.data_checks.check_task_data`: no evaluation example that is also a training example, KILT gold
+    pages where retrieval is scored); an overlap is a `ConfigError` naming the file or override that set the files."""
     task_config = config.task
-    train = [p for p in task_config.train_data if Path(p).exists()]
-    evaluated = [p for p in task_config.eval_data if Path(p).exists()]
-    if not evaluated:
-        return
-    task = get_task(task_config.name, **task_config.options)
-    if train:
-        overlaps = find_overlaps(task, train, evaluated, skip_invalid=task_config.skip_invalid)
-        if overlaps and task_config.allow_overlap:
-            for overlap in overlaps:
-                logger.warning("task.allow_overlap is set: %s", overlap.describe())
-        elif overlaps:
-            where = " and ".join(
-                dict.fromkeys(_source_of(key, origins or {}, source) for key in ("task.train_data", "task.eval_data"))
-            )
-            raise ConfigError(
-                f"{where}: {overlaps[0].describe()}"
-                + (f"; and {len(overlaps) - 1} more file pair(s)" if len(overlaps) > 1 else "")
-                + ". Scores on examples the model trained on measure nothing: use disjoint files (`atlas data "
-                "split FILE --train N --out DIR` splits one file), or set task.allow_overlap: true for a run "
-                "that knowingly evaluates on its training data"
-            )
-    if isinstance(task, KiltTask) and not task_config.closed_book and task.options["provenance_metrics"]:
-        for path in evaluated:
-            check_provenance(task.load(path, skip_invalid=task_config.skip_invalid))
+    try:
+        check_task_data(
+            get_task(task_config.name, **task_config.options),
+            [p for p in task_config.train_data if Path(p).exists()],
+            [p for p in task_config.eval_data if Path(p).exists()],
+            skip_invalid=task_config.skip_invalid,
+            allow_overlap=task_config.allow_overlap,
+            closed_book=task_config.closed_book,
+        )
+    except DataOverlapError as e:
+        where = " and ".join(
+            dict.fromkeys(_source_of(key, origins or {}, source) for key in ("task.train_data", "task.eval_data"))
+        )
+        raise ConfigError(f"{where}: {e}") from None
 
 
 def _merge(base: dict, over: dict) -> dict:

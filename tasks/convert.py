@@ -11,7 +11,7 @@ and a seeded train/evaluation split of one file.
   documents `atlas corpus prepare` reads.
 - `split_file` cuts one JSON-lines file into disjoint `train.jsonl` / `dev.jsonl` (a seeded sample
   of N records for training, the rest, in file order, for evaluation): a recipe's training and
-  evaluation files never share an example (`atlas.config.validate_data` refuses those that do).
+  evaluation files never share an example (`tasks.data_checks.check_task_data` refuses those that do).
 
 Every writer is atomic: a bad record raises `InputError` (file, line, field) and nothing is left.
 """

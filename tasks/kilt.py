@@ -21,7 +21,7 @@ Dialogue inputs (turns separated by new lines) are joined with `dialogue_separat
 are scored by `tasks.kilt_scoring`, the port of KILT's official scorers; provenance is the
 retrieved passages' `wikipedia_id`. Scoring provenance (R-precision, recall@k, KILT-*) needs every
 labelled evaluation record's gold pages (`check_provenance`): a recipe whose evaluation file has a
-record without them is refused at config load (`atlas.config.validate_data`) with its file, line and
+record without them is refused at config load (`tasks.data_checks.check_task_data`) with its file, line and
 field, unless the option `provenance_metrics` is false (answers scored only); `evaluate` itself
 scores such a record as KILT's scorer does (R-precision 0) and warns.
 """
