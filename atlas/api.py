@@ -18,7 +18,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,6 +35,7 @@ from common.io import atomic_directory, atomic_write_text
 from common.limits import MAX_ASK_K, check_k, check_question
 from common.progress import progress_bar
 from tasks.base import Example, get_task
+from tasks.citations import Citation, find_citations
 from tasks.passage import Passage, shorten
 
 if TYPE_CHECKING:  # the module itself (torch) loads with the first model
@@ -50,21 +51,33 @@ class Answer:
     """One answer. `text`: the answer as the task scores it; `passages`: the passages the reader read (id,
     title, text, retrieval `score`), best first; `attention`: each passage's share of the reader's
     cross-attention while it wrote the answer (sums to 1; only when asked for); `generation`: the index
-    commit it was answered from (None without an index)."""
+    commit it was answered from (None without an index); `citations`: where the answer's words stand in the
+    passages read (`tasks.citations.Citation`: passage id, title or text, character offsets), best first."""
 
     question: str
     text: str
     passages: list[Passage]
     attention: list[float] | None = None
     generation: int | None = None
+    citations: list[Citation] = field(default_factory=list)
+
+    @property
+    def supported(self) -> bool:
+        """Whether a passage read holds the answer (it is cited); False for a closed-book answer."""
+        return bool(self.citations)
 
     def __repr__(self) -> str:
-        """Short, for a console: the question, the answer, the passages read (id, title, score)."""
+        """Short, for a console: the question, the answer, where it is cited, the passages read (id, score)."""
         read = ", ".join(
             f"{p.id!r}" + ("" if p.score is None else f" ({p.score:.3f})") for p in self.passages[:MAX_SHOWN]
         )
         more = f", … {len(self.passages) - MAX_SHOWN} more" if len(self.passages) > MAX_SHOWN else ""
-        return f"Answer(question={shorten(self.question)!r}, text={self.text!r}, passages=[{read}{more}])"
+        cited = ""
+        if self.citations:
+            best = self.citations[0]
+            others = f" +{len(self.citations) - 1}" if len(self.citations) > 1 else ""
+            cited = f", cited={best.passage_id!r}:{best.field}[{best.start}:{best.end}]{others}"
+        return f"Answer(question={shorten(self.question)!r}, text={self.text!r}{cited}, passages=[{read}{more}])"
 
     def _repr_html_(self) -> str:
         """For a notebook: the question, the answer in bold, then each passage read (title, text start, score,
@@ -74,11 +87,28 @@ class Answer:
             notes = [] if p.score is None else [f"score {p.score:.3f}"]
             notes += [] if self.attention is None else [f"attention {self.attention[n]:.0%}"]
             small = f" <small>({' · '.join(notes)})</small>" if notes else ""
-            rows.append(f"<li><b>{html.escape(p.title or p.id)}</b>{small}: {html.escape(shorten(p.text, 160))}</li>")
+            spans = [c for c in self.citations if c.passage_id == p.id]
+            title = _highlighted(p.title or p.id, [c for c in spans if c.field == "title"] if p.title else [])
+            text = _highlighted(p.text, [c for c in spans if c.field == "text"], limit=None if spans else 160)
+            rows.append(f"<li><b>{title}</b>{small}: {text}</li>")
         return (
             f"<div><div>Q: {html.escape(self.question)}</div><div>A: <b>{html.escape(self.text)}</b></div>"
             f"<ol>{''.join(rows)}</ol></div>"
         )
+
+
+def _highlighted(text: str, spans: list[Citation], limit: int | None = None) -> str:
+    """`text` escaped as HTML with the cited `spans` in <mark>; shortened to `limit` characters where nothing is
+    marked."""
+    if not spans:
+        return html.escape(shorten(text, limit) if limit else text)
+    out, at = [], 0
+    for span in sorted(spans, key=lambda c: c.start):
+        if span.start < at:  # overlapping occurrences: the first marks them
+            continue
+        out += [html.escape(text[at : span.start]), f"<mark>{html.escape(text[span.start : span.end])}</mark>"]
+        at = span.end
+    return "".join(out) + html.escape(text[at:])
 
 
 class Atlas:
@@ -210,9 +240,9 @@ class Atlas:
             for n, (example, text) in enumerate(zip(batch, reading.texts)):
                 read = [] if passages is None else list(passages[n])
                 attention = None if reading.attention is None else [float(a) for a in reading.attention[n, : len(read)]]
-                answers.append(
-                    Answer(questions[start + n], self.task.postprocess(example, text), read, attention, generation)
-                )
+                answer = self.task.postprocess(example, text)
+                cited = find_citations(answer, read, attention) if self.task.cites_passages else []
+                answers.append(Answer(questions[start + n], answer, read, attention, generation, cited))
         return answers
 
     def retrieve(self, examples: list[Example], k: int) -> list[list[Passage]]:

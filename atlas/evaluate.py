@@ -4,8 +4,9 @@ own metrics and add retrieval metrics.
 Outputs under `out_dir`, in this order (so that a scoring failure never loses the predictions):
 - `config.yaml`: the fully resolved run config, when the caller passes it (`run_config`);
 - `predictions.jsonl`: one line per example — the prediction, the gold answers, for multiple
-  choice the de-biased `probabilities` of the original options, and the retrieved passages
-  with their scores;
+  choice the de-biased `probabilities` of the original options, the retrieved passages
+  with their scores, and (tasks whose answers are words of a passage) its `citations`: where the
+  prediction stands in the passages read (`tasks.citations`: passage id, field, offsets, quote);
 - `kilt_predictions.jsonl` (KILT tasks): KILT's own output format, one line per input id,
   `{"id", "output": [{"answer", "provenance": [{"wikipedia_id", "title"?}]}]}`;
 - `metrics.json`: the metrics in percent under the project's names (`tasks.metrics.METRIC_NAMES`),
@@ -36,6 +37,7 @@ from common.io import atomic_write_json, write_jsonl
 from common.progress import progress_bar as tqdm
 from retriever.retrieval_eval import RetrievalExample, score_retrieval
 from tasks.base import Example
+from tasks.citations import find_citations
 from tasks.kilt import KiltTask, write_kilt_predictions
 from tasks.multiple_choice import aggregate
 from tasks.passage import Passage
@@ -322,9 +324,12 @@ def _write_and_score(
 ) -> dict[str, float]:
     """Write config, predictions and KILT predictions, then score (unless `predict_only`) → metrics."""
     retrieved, probabilities = outputs.passages, outputs.probabilities
+    if restore_texts:  # the citations and the scores read the passages' text
+        _restore_texts(retrieved, model.passage_index)
     answers = (
         list(outputs.texts) if multiple_choice else [task.postprocess(e, p) for e, p in zip(examples, outputs.texts)]
     )
+    cites = task.cites_passages and not multiple_choice and retrieved is not None
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         if run_config is not None:
@@ -340,6 +345,7 @@ def _write_and_score(
                         "answers": e.answers,
                         **({"probabilities": probabilities[i]} if probabilities else {}),
                         "passages": _passage_summary(retrieved[i] if retrieved else None),
+                        **({"citations": [c.record() for c in find_citations(p, retrieved[i] or [])]} if cites else {}),
                     }
                     for i, (e, p) in enumerate(zip(examples, answers))
                 ),
@@ -362,8 +368,6 @@ def _write_and_score(
     if multiple_choice:
         metrics = dict(task.evaluate(examples, outputs.texts, letter_probs=probabilities))
     else:
-        if restore_texts:
-            _restore_texts(retrieved, model.passage_index)
         metrics = dict(task.evaluate(examples, outputs.texts, retrieved=retrieved))
         if isinstance(task, KiltTask):
             report = task.official_report(examples, outputs.texts, retrieved=retrieved)

@@ -74,6 +74,9 @@ class Task:
     # whether `provenance` is implemented: the task writes its own predictions file with the pages
     # of the passages read (KILT); evaluation writes it only then
     has_provenance: ClassVar[bool] = False
+    # whether an answer is words a passage may hold, so that it is cited where it stands (`tasks.citations`); a
+    # task whose answers are labels (an option letter, true/false) cites nothing
+    cites_passages: ClassVar[bool] = True
 
     def __init__(self, **options: Any):
         unknown = sorted(set(options) - set(self.default_options))

@@ -22,6 +22,8 @@ WORD_TO_LABEL = {word: label for label, word in LABEL_TO_WORD.items()}
 class FeverTask(Task):
     """Claim verification; metric: accuracy (the generated word equals the gold word)."""
 
+    cites_passages = False  # its answer is a label, not words of a passage
+
     metrics = ("accuracy",)
     answer_field = "label"
     default_options: ClassVar[dict[str, Any]] = {

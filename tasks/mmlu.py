@@ -70,6 +70,8 @@ def _csv_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
 class MMLUTask(Task):
     """Four-way multiple choice with MMLU's files, prompts, permutations and category metrics."""
 
+    cites_passages = False  # its answer is a label, not words of a passage
+
     metrics = ("accuracy", "debiased_accuracy")
     answer_field = "answer"
     default_options: ClassVar[dict[str, Any]] = {

@@ -256,7 +256,23 @@ def _ask(args: argparse.Namespace) -> int:
     model = Atlas.from_pretrained(args.checkpoint, index=args.index, verbose=args.verbose)
     answer = model.answer(args.question)
     print(f"Q: {args.question}\nA: {answer.text}")
+    if answer.citations:
+        best = answer.citations[0]
+        more = f" (and {len(answer.citations) - 1} more place(s))" if len(answer.citations) > 1 else ""
+        source = next(p for p in answer.passages if p.id == best.passage_id)
+        field = source.title if best.field == "title" else source.text
+        print(f"cited: {best.passage_id} ({best.field} [{best.start}:{best.end}]){more}: {_marked(field, best)}")
+    elif answer.passages and model.task.cites_passages:
+        print("cited: nowhere: no passage read holds this answer")
     for rank, passage in enumerate(answer.passages[: args.show], start=1):
         text = passage.text if len(passage.text) < 300 else passage.text[:297] + "..."
         print(f"  [{rank}] {passage.title or passage.id} (score {passage.score or 0:.3f}): {text}")
     return 0
+
+
+def _marked(text: str, span, context: int = 80) -> str:
+    """The cited words of `text` between »« with up to `context` characters either side, on one line."""
+    before = text[max(0, span.start - context) : span.start]
+    after = text[span.end : span.end + context]
+    line = ("..." if span.start > context else "") + before + "»" + text[span.start : span.end] + "«" + after
+    return " ".join((line + ("..." if span.end + context < len(text) else "")).split())

@@ -88,6 +88,37 @@ def test_an_answer_prints_short_and_as_html():
     assert page.count("<li>") == 5 and "<b>Varn</b>" in page and "attention 60%" in page and "word " * 200 not in page
 
 
+def test_an_answer_shows_where_it_is_cited_in_its_repr_and_highlighted_as_escaped_html():
+    from tasks.citations import find_citations
+    from tasks.passage import Passage
+
+    read = [
+        Passage(id="p0", title="Other", text="Nothing here.", score=0.9),
+        Passage(id="p1", title="Biole <b>", text="Biole's capital is Varn; <i>Varn</i> is old.", score=0.8),
+    ]
+    answer = atlas.Answer("What is the capital of Biole?", "Varn", read, citations=find_citations("Varn", read))
+    assert answer.supported and [(c.start, c.end) for c in answer.citations] == [(19, 23), (28, 32)]
+    assert repr(answer) == (
+        "Answer(question='What is the capital of Biole?', text='Varn', cited='p1':text[19:23] +1, "
+        "passages=['p0' (0.900), 'p1' (0.800)])"
+    )
+    page = answer._repr_html_()
+    assert "<mark>Varn</mark>; &lt;i&gt;<mark>Varn</mark>&lt;/i&gt; is old." in page  # passage text never markup
+    assert "Biole &lt;b&gt;" in page and "<i>" not in page
+    unsupported = atlas.Answer("q", "Ostra", read, citations=find_citations("Ostra", read))
+    assert not unsupported.supported and "<mark>" not in unsupported._repr_html_()
+    assert not atlas.Answer("q", "Varn", []).supported  # closed book: nothing cited
+
+
+def test_the_api_cites_the_passage_an_answer_is_read_from(world):
+    answer = world["model"].answer("What is the capital of Biole?")
+    assert answer.supported
+    best = answer.citations[0]
+    passage = next(p for p in answer.passages if p.id == best.passage_id)
+    assert getattr(passage, best.field)[best.start : best.end] == best.quote
+    assert best.quote.lower() == answer.text.lower()
+
+
 def test_a_missing_hub_model_says_why_it_is_missing(tmp_path):
     """Online, a Hub id that is not cached and cannot be fetched is one line that does not blame HF_HUB_OFFLINE
     (before: "HF_HUB_OFFLINE is set" whether or not it was); offline, it says so."""

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import atlas
 from atlas.cli import main
 from atlas.demo.quickstart import DEMO, RECIPE
 from atlas.loading import SHIPPED_READER
@@ -173,12 +174,25 @@ def test_ask_the_shipped_reader_by_name(demo_index, tmp_path, capsys):
         )
         == 0
     )
-    predicted = json.loads((out / "predictions.jsonl").read_text().splitlines()[0])["prediction"]
+    records = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    predicted = records[0]["prediction"]
+    index = atlas.Index.load(demo_index["index"])
+    for record in records:  # every citation slices the passage it names back to the prediction's words
+        for citation in record["citations"]:
+            assert citation["passage_id"] in {p["id"] for p in record["passages"]}
+            field = getattr(index.get(citation["passage_id"]), citation["field"])
+            assert field[citation["start"] : citation["end"]] == citation["quote"]
+            assert " ".join(citation["quote"].lower().split()) == " ".join(record["prediction"].lower().split())
+    assert sum(bool(r["citations"]) for r in records) >= len(records) / 2  # the shipped reader reads its answers
     capsys.readouterr()
     assert main(["ask", "atlas-reader", "--index", str(demo_index["index"]), question, "--show", "2"]) == 0
     printed = capsys.readouterr().out
     assert printed.startswith(f"Q: {question}\nA: {predicted}\n")  # the answer `atlas evaluate` scored
     assert "  [1] " in printed and "  [2] " in printed
+    cited = printed.splitlines()[2]
+    assert cited.startswith("cited: ") and (f"»{records[0]['citations'][0]['quote']}«" in cited) == bool(
+        records[0]["citations"]
+    )
 
 
 def test_a_bare_reader_needs_an_index(tmp_path, capsys):
