@@ -21,11 +21,27 @@ from dataclasses import dataclass, field, fields
 
 QUESTION_BLOCK_CHARS = 200  # characters of a question that cost one unit per passage read
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")  # the names a loopback client reaches this machine by
+MIN_TOKEN_CHARS = 16
+TOKEN_RULE = (
+    f"a token is at least {MIN_TOKEN_CHARS} printable ASCII characters (space to '~'), with no space first or last"
+)
 
 
 def question_cost(question: str, k: int) -> int:
     """Units of reading one question costs: k passages × started blocks of QUESTION_BLOCK_CHARS characters."""
     return k * max(1, math.ceil(len(question) / QUESTION_BLOCK_CHARS))
+
+
+def token_problem(token: str) -> str | None:
+    """What makes `token` one that `Authorization: Bearer` cannot carry or that is too short, or None."""
+    if len(token) < MIN_TOKEN_CHARS:
+        return f"the token has {len(token)} characters"
+    beyond = next((n for n, c in enumerate(token) if not " " <= c <= "~"), None)
+    if beyond is not None:
+        return f"character {beyond + 1} of the token is not printable ASCII"
+    if token != token.strip(" "):
+        return "the token starts or ends with a space"
+    return None
 
 
 def is_loopback_address(address: str) -> bool:
@@ -48,8 +64,9 @@ class ServeSettings:
     allow_edits: bool = _option(False, "enable adding, updating and removing passages (off by default)")
     token: str | None = _option(
         None,
-        "bearer token that editing requests must carry (`Authorization: Bearer TOKEN`; default: $ATLAS_TOKEN, "
-        "else `atlas serve --allow-edits` makes one up and prints the page's link with it)",
+        "bearer token that editing requests must carry (`Authorization: Bearer TOKEN`; at least "
+        f"{MIN_TOKEN_CHARS} printable ASCII characters, no space first or last; default: $ATLAS_TOKEN, else "
+        "`atlas serve --allow-edits` makes one up and prints the page's link with it)",
     )
     edits_without_token: bool = _option(
         False,
@@ -114,8 +131,9 @@ class ServeSettings:
                 "edits need a token: give token=... (atlas serve: --token or ATLAS_TOKEN), or opt out with "
                 "edits_without_token=True (--allow-edits-without-token), which takes edits from loopback clients only"
             )
-        if self.token is not None and not self.token.strip():
-            raise ValueError("the token is empty")
+        if self.token is not None and (problem := token_problem(self.token)) is not None:
+            # a token a header cannot carry as given (h11 strips the spaces around a value) would match no request
+            raise ValueError(f"{TOKEN_RULE}: {problem} (--token or ATLAS_TOKEN)")
 
     def host_allowed(self, host: str) -> bool:
         """Whether a request's Host header (`name`, `name:port`, `[v6]:port`) names this server."""

@@ -37,7 +37,7 @@ from atlas.serve.demo import build_demo_run
 
 REPO = Path(__file__).resolve().parents[2]
 CAPITAL = "What is the capital of Biole?"
-TOKEN = "guard-token"
+TOKEN = "guard-token-0123456789"  # a token is at least 16 characters
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 LOOPBACK = "http://127.0.0.1"
 
@@ -313,9 +313,9 @@ def test_the_command_line_makes_up_a_token_and_refuses_what_would_expose_edits(m
     assert not is_loopback("0.0.0.0") and is_wildcard("0.0.0.0") and is_wildcard("::")
     made, made_up = settings("--allow-edits")
     assert made_up and len(made.token) >= 32 and made.allow_edits
-    assert settings("--allow-edits", "--token", "given")[0].token == "given"
-    monkeypatch.setenv("ATLAS_TOKEN", "from-env")
-    assert settings("--allow-edits", "--host", "10.0.0.5")[0].token == "from-env"
+    assert settings("--allow-edits", "--token", "a-given-token-0123")[0].token == "a-given-token-0123"
+    monkeypatch.setenv("ATLAS_TOKEN", "a-token-from-the-environment")
+    assert settings("--allow-edits", "--host", "10.0.0.5")[0].token == "a-token-from-the-environment"
     assert "10.0.0.5" in settings("--host", "10.0.0.5")[0].allowed_hosts
     monkeypatch.delenv("ATLAS_TOKEN")
     opted_out, _ = settings("--allow-edits-without-token")
@@ -497,3 +497,34 @@ def test_an_id_with_a_slash_is_fetched_replaced_and_removed(service):
         for unreachable in ("..", "a/./b", "a/.."):  # clients resolve these away: refused at add
             refused = client.post("/api/passages", json={"passages": [{"id": unreachable, "text": "t"}]}, headers=AUTH)
             assert refused.status_code == 422 and "no '.' or '..' between slashes" in refused.json()["detail"]
+
+
+# ============================================================================= issue 65, items 2 and 5: the edges
+
+
+def test_a_token_that_can_never_match_or_is_short_is_refused_at_start(monkeypatch, capsys):
+    """Item 5b: a token with characters beyond ASCII or spaces around it was taken at start and then matched no
+    request (h11 strips the spaces around a header value; a header carries ASCII); now one error naming the rule."""
+    from atlas.cli import main as atlas_main
+    from atlas.serve.serve_settings import TOKEN_RULE
+
+    assert TOKEN_RULE == (
+        "a token is at least 16 printable ASCII characters (space to '~'), with no space first or last"
+    )
+    for token, problem in [
+        (" padded-token-0123456789", "the token starts or ends with a space"),
+        ("trailing-token-0123456789 ", "the token starts or ends with a space"),
+        ("tökén-0123456789-abc", "character 2 of the token is not printable ASCII"),
+        ("line-token-0123456789\n", "character 22 of the token is not printable ASCII"),
+        ("short-token", "the token has 11 characters"),
+    ]:
+        with pytest.raises(ValueError) as refused:
+            ServeSettings(allow_edits=True, token=token)
+        assert str(refused.value) == f"{TOKEN_RULE}: {problem} (--token or ATLAS_TOKEN)"
+    assert ServeSettings(allow_edits=True, token="sixteen-chars-ok").token == "sixteen-chars-ok"
+    assert ServeSettings(allow_edits=True, token="with inner spaces ok").token == "with inner spaces ok"
+    assert atlas_main(["serve", "no-such-run", "--allow-edits", "--token", "short"]) == 2
+    assert f"{TOKEN_RULE}: the token has 5 characters" in capsys.readouterr().err
+    monkeypatch.setenv("ATLAS_TOKEN", "token-from-a-file-0123\n")  # a file's line break, kept
+    assert atlas_main(["serve", "no-such-run", "--allow-edits"]) == 2
+    assert "character 23 of the token is not printable ASCII" in capsys.readouterr().err
