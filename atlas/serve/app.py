@@ -83,7 +83,7 @@ WHY = {
     409: "an added id is already live, or the edit names one passage twice (add, update and remove together)",
     413: "the body is over the size limit; for questions: or their reading cost is over the budget of one request",
     415: "the body is not `application/json`",
-    421: "the `Host` header names a host this server does not answer to",
+    421: "the `Host` header names a host this server does not answer to, or no host at all (`[::1]evil`)",
     422: "a field breaks the schema; `detail` names it",
     503: "the server is busy (the question queue is full, or another process is updating the index); "
     "try again after `Retry-After` seconds",

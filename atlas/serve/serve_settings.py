@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ipaddress
 import math
+import re
 from dataclasses import dataclass, field, fields
 
 QUESTION_BLOCK_CHARS = 200  # characters of a question that cost one unit per passage read
@@ -25,11 +26,21 @@ MIN_TOKEN_CHARS = 16
 TOKEN_RULE = (
     f"a token is at least {MIN_TOKEN_CHARS} printable ASCII characters (space to '~'), with no space first or last"
 )
+# A Host header: a name (letters, digits, '.', '-', '_', '~') or a bracketed IPv6 address (a zone too), then
+# nothing or ':port'. Anything after the bracket but a port makes it no host at all, so `[::1]evil` is not ::1.
+_HOST = re.compile(r"(?:\[(?P<v6>[0-9A-Za-z:.%]+)\]|(?P<name>[0-9A-Za-z._~-]+))(?::[0-9]*)?")
 
 
 def question_cost(question: str, k: int) -> int:
     """Units of reading one question costs: k passages × started blocks of QUESTION_BLOCK_CHARS characters."""
     return k * max(1, math.ceil(len(question) / QUESTION_BLOCK_CHARS))
+
+
+def host_name(host: str) -> str | None:
+    """The host a Host header names (`name`, `name:port`, `[v6]`, `[v6]:port` → name or v6), or None when it is
+    not of these forms."""
+    match = _HOST.fullmatch(host)
+    return None if match is None else match["v6"] or match["name"]
 
 
 def token_problem(token: str) -> str | None:
@@ -136,11 +147,11 @@ class ServeSettings:
             raise ValueError(f"{TOKEN_RULE}: {problem} (--token or ATLAS_TOKEN)")
 
     def host_allowed(self, host: str) -> bool:
-        """Whether a request's Host header (`name`, `name:port`, `[v6]:port`) names this server."""
+        """Whether a request's Host header (`name`, `name:port`, `[v6]`, `[v6]:port`) names this server."""
         if "*" in self.allowed_hosts:
             return True
-        name = host.rsplit("]", 1)[0].lstrip("[") if host.startswith("[") else host.rsplit(":", 1)[0]
-        return name.lower() in {h.lower() for h in (*LOOPBACK_HOSTS, *self.allowed_hosts)}
+        name = host_name(host)
+        return name is not None and name.lower() in {h.lower() for h in (*LOOPBACK_HOSTS, *self.allowed_hosts)}
 
     def public(self) -> dict:
         """What /api/info reports: every setting but the token (only whether there is one)."""

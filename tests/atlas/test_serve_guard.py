@@ -528,3 +528,30 @@ def test_a_token_that_can_never_match_or_is_short_is_refused_at_start(monkeypatc
     monkeypatch.setenv("ATLAS_TOKEN", "token-from-a-file-0123\n")  # a file's line break, kept
     assert atlas_main(["serve", "no-such-run", "--allow-edits"]) == 2
     assert "character 23 of the token is not printable ASCII" in capsys.readouterr().err
+
+
+def test_a_host_header_is_parsed_strictly(service):
+    """Item 5c: `Host: [::1]evil` was taken as the loopback address ::1; a bracketed IPv6 address must be followed
+    by nothing or `:port`, a name by nothing or `:port`."""
+    settings = ServeSettings()
+    for taken in ("[::1]", "[::1]:8000", "localhost", "LOCALHOST:8000", "127.0.0.1:8000", "localhost:"):
+        assert settings.host_allowed(taken), taken
+    for refused in (
+        "[::1]evil",
+        "[::1]evil:80",
+        "[::1]:80x",
+        "[::1]]",
+        "[[::1]]",
+        "localhost:80:80",
+        "localhost evil",
+        "localhost@evil.example",
+        "127.0.0.1.evil.example",
+        "",
+        "[::1",
+        "::1",
+    ):
+        assert not settings.host_allowed(refused), refused
+    with _client(service) as client:
+        response = client.get("/api/health", headers={"Host": "[::1]evil"})
+        assert response.status_code == 421 and "'[::1]evil'" in response.json()["detail"]
+        assert client.get("/api/health", headers={"Host": "[::1]:8000"}).status_code == 200
