@@ -502,6 +502,66 @@ def test_an_id_with_a_slash_is_fetched_replaced_and_removed(service):
 # ============================================================================= issue 65, items 2 and 5: the edges
 
 
+def test_a_422_is_small_and_cheap_whatever_the_body(service):
+    """Item 2a: a body of 60,000 unknown keys was answered with 8 MB naming each; now with the first few and a count,
+    and the schema makes one error of them (what FastAPI and the answer then handle), not 60,000."""
+    from pydantic import ValidationError
+
+    from atlas.serve.schemas import AskRequest
+
+    many = {"question": CAPITAL, **{f"k{n:05d}": 1 for n in range(60_000)}}
+    content = json.dumps(many).encode()
+    assert 700_000 < len(content) < 833_536  # within the body limit of a question
+    with pytest.raises(ValidationError) as invalid:
+        AskRequest.model_validate(many)
+    assert invalid.value.error_count() == 1
+    with _client(service) as client:
+        response = client.post("/api/ask", content=content, headers={"Content-Type": "application/json"})
+        assert response.status_code == 422 and len(response.content) <= 4096
+        assert response.json()["detail"] == (
+            "body: Value error, extra inputs are not permitted: 60,000 fields not in the schema ('k00000', 'k00001', "
+            "'k00002', ...); it takes question, k"
+        )
+        # many errors of other kinds: the first three shown, the rest counted
+        batch = client.post("/api/ask/batch", json={"questions": [7] * 64})
+        assert batch.status_code == 422 and len(batch.content) <= 4096
+        assert [e["loc"] for e in batch.json()["errors"]] == [["body", "questions", str(n)] for n in range(3)]
+        assert batch.json()["more_errors"] == 61 and batch.json()["detail"].endswith("; and 61 more errors")
+        # what a client wrote is cut, whatever its characters: a few long keys of control characters and of
+        # characters beyond ASCII (each in the answer twice: in detail and in errors)
+        odd = {"question": CAPITAL, "\x01" * 5000: 1, "é" * 9000: 2, "\U0001f600" * 9000: 3}
+        response = client.post("/api/ask", json=odd)
+        assert response.status_code == 422 and len(response.content) <= 4096, len(response.content)
+        assert response.json()["errors"][0]["loc"][1] == "\x01" * 39 + "…"
+        # a body that is not JSON at all stays small too
+        broken = client.post("/api/ask", content=b'{"' + b"x" * 800_000, headers={"Content-Type": "application/json"})
+        assert broken.status_code == 400 and len(broken.content) <= 4096
+
+
+@pytest.mark.parametrize(
+    ("content", "reason", "position"),
+    [
+        (b"[" * 100_000, "arrays and objects nested deeper than 32 levels", 32),
+        (b'{"question": "q", "k": ' + b"7" * 100_000 + b"}", "an integer of more than 4,300 digits", 23),
+        (b'{"question": "caf\xe9?"}', "not UTF-8 (invalid continuation byte: byte 0xe9 at byte 17)", 17),
+        (b'{"question": "\xc3\xa9t\xc3\xa9 \xff"}', "not UTF-8 (invalid start byte: byte 0xff at byte 20)", 18),
+        (b'{"question": "q", "k": NaN}', "NaN is not JSON", 23),
+        (b'{"question": "[[[[", "k": 2', "Expecting ',' delimiter", 27),  # as before: the parser's own
+    ],
+    ids=["nested", "long-integer", "latin-1", "invalid-utf-8", "nan", "syntax"],
+)
+def test_a_body_that_is_not_json_gets_the_reason_and_its_position(service, content, reason, position):
+    """Item 2d: deep nesting, a 100,000-digit integer and bytes that are not UTF-8 got FastAPI's generic 400
+    ("There was an error parsing the body"); now the server's error JSON with the reason and the position."""
+    with _client(service) as client:
+        response = client.post("/api/ask", content=content, headers={"Content-Type": "application/json"})
+    assert response.status_code == 400 and response.headers["content-type"] == "application/json"
+    assert response.json()["detail"] == f"malformed JSON body: {reason} (at character {position})"
+    assert response.json()["errors"] == [
+        {"loc": ["body", str(position)], "msg": "JSON decode error", "type": "json_invalid"}
+    ]
+
+
 def test_a_token_that_can_never_match_or_is_short_is_refused_at_start(monkeypatch, capsys):
     """Item 5b: a token with characters beyond ASCII or spaces around it was taken at start and then matched no
     request (h11 strips the spaces around a header value; a header carries ASCII); now one error naming the rule."""
