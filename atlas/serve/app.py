@@ -314,8 +314,9 @@ def add_server_routes(app: FastAPI, service: AtlasService, settings: ServeSettin
     async def info(request: Request) -> dict:
         """The loaded run (reader, encoder fingerprint, index type and size) and the serving settings. File
         paths are shown whole to a request with the server's token, else only their last component."""
-        loop = asyncio.get_running_loop()
-        description = await loop.run_in_executor(service.model_executor, service.describe)
+        description = service.known_description()  # the model thread hashes the encoder once per generation
+        if description is None:
+            description = await asyncio.get_running_loop().run_in_executor(service.model_executor, service.describe)
         if not bearer_token_matches(Headers(scope=request.scope), settings.token):
             description = without_paths(description)
         return {**description, "serving": {**settings.public(), "default_k": service.default_k}}

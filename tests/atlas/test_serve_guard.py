@@ -538,6 +538,39 @@ def test_a_422_is_small_and_cheap_whatever_the_body(service):
         assert broken.status_code == 400 and len(broken.content) <= 4096
 
 
+def test_info_hashes_the_encoder_once_per_index_generation(service):
+    """Item 2b: /api/info hashed the encoder's weights on the model thread at every call; now once per index
+    generation, so that a repeated call answers while the model thread is busy with something else."""
+    import concurrent.futures
+
+    with _client(service) as client:
+        first = client.get("/api/info").json()  # hashes the encoder for this generation
+        gate = threading.Event()
+        held = service.model_executor.submit(gate.wait, 60)  # the model thread, busy until the gate opens
+        caller = ThreadPoolExecutor(1)
+        try:
+            asked = caller.submit(client.get, "/api/info")
+            done, _ = concurrent.futures.wait([asked], timeout=30)  # a bound on a hang, not a measure
+        finally:
+            gate.set()
+            held.result()
+            caller.shutdown()
+        assert done, "/api/info waited for the model thread"
+        again = asked.result().json()
+        assert again["retriever"] == first["retriever"] and again["index"] == first["index"]
+        assert service.known_description()["retriever"] == first["retriever"]
+        added = client.post("/api/passages", json={"passages": [{"id": "info-1", "text": "New."}]}, headers=AUTH)
+        assert service.known_description() is None  # a new generation: its fingerprint is hashed at the next call
+        after = client.get("/api/info").json()
+        assert (
+            after["index"]["generation"]
+            == added.json()["generation"]
+            == service.known_description()["index"]["generation"]
+        )
+        assert after["retriever"]["passage_fingerprint"] == first["retriever"]["passage_fingerprint"]
+        client.delete("/api/passages/info-1", headers=AUTH)
+
+
 @pytest.mark.parametrize(
     ("content", "reason", "position"),
     [
