@@ -2,11 +2,11 @@
 
 `create_app(service, settings)` takes an already loaded `AtlasService` and a `ServeSettings`, so that
 tests drive the same app in-process (`fastapi.testclient.TestClient`) that `atlas serve` runs under
-uvicorn (connections.py). It adds the request guard (guard.py: Host, Origin, who may edit, JSON
-bodies, body sizes, security headers), the error handlers and the body parser (errors.py: small
-answers whatever the body, a reason and a position for every body that is not JSON) and three groups
-of routes (questions, corpus, server), each built by its own function; request and response bodies
-are declared in schemas.py, micro-batching of questions is batcher.py's.
+uvicorn (connections.py). It adds the request guard (guard.py: header size, Host, Origin, who may
+edit, JSON bodies, body sizes, security headers, the refusals' log), the error handlers and the body
+parser (errors.py: small answers whatever the body, a reason and a position for every body that is
+not JSON) and three groups of routes (questions, corpus, server), each built by its own function;
+request and response bodies are declared in schemas.py, micro-batching of questions is batcher.py's.
 
 The OpenAPI schema is the contract (tests/atlas/test_serve_contract.py checks it with a
 property-based tester): request bodies declare every rule the server enforces that JSON Schema can
@@ -85,6 +85,7 @@ WHY = {
     415: "the body is not `application/json`",
     421: "the `Host` header names a host this server does not answer to, or no host at all (`[::1]evil`)",
     422: "a field breaks the schema; `detail` names it (the first errors, and how many more: `more_errors`)",
+    431: "the request line and headers are over the server's limit (--max-header-bytes)",
     503: "the server is busy (the question queue is full, or another process is updating the index); "
     "try again after `Retry-After` seconds",
     504: "the answer was not ready within the server's deadline",
@@ -96,10 +97,10 @@ def _errors(*statuses: int) -> dict:
     return {status: {"model": ErrorResponse, "description": WHY[status]} for status in statuses}
 
 
-ANY_ERRORS = _errors(403, 421)  # Host and Origin: every operation
-QUESTION_ERRORS = _errors(400, 403, 413, 415, 421, 422, 503, 504)
-READ_ERRORS = _errors(403, 404, 421, 422)
-EDIT_ERRORS = _errors(400, 401, 403, 404, 409, 413, 415, 421, 422, 503)
+ANY_ERRORS = _errors(403, 421, 431)  # header size, Host and Origin: every operation
+QUESTION_ERRORS = _errors(400, 403, 413, 415, 421, 422, 431, 503, 504)
+READ_ERRORS = _errors(403, 404, 421, 422, 431)
+EDIT_ERRORS = _errors(400, 401, 403, 404, 409, 413, 415, 421, 422, 431, 503)
 # the id in /api/passages/{passage_id}: the rules of a passage id in a body; `:path` so that an id with a `/` is one
 PathId = Annotated[
     str, PathParameter(min_length=1, max_length=MAX_ID_CHARS, json_schema_extra=ID_SCHEMA), AfterValidator(clean_id)

@@ -119,7 +119,9 @@ class ServeSettings:
     max_connections: int = _option(
         64, "open connections at most; a request on one more is answered 503 and the connection closed"
     )
-    max_header_bytes: int = _option(16_384, "bytes of request line and headers at most (h11's limit)")
+    max_header_bytes: int = _option(
+        16_384, "bytes of request line and headers at most; a request with more is answered 431"
+    )
 
     def __post_init__(self):
         for name in (

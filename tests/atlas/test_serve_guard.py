@@ -8,6 +8,10 @@ Each symptom of the issue is a test here that failed on the server before these 
 3. slow clients never dropped: the read deadline and the connection cap of the uvicorn layer;
 5. contract details: 413 as JSON, a 64-passage edit taken, 415, 401 before 400, no paths in /api/info
    without the token, no CDN page at /docs, a Content-Security-Policy, ids with `/`.
+And the edges of issue 65 (items 2 and 5), each a test that failed before: a 422 small and cheap whatever the
+body, /api/info hashing the encoder once per index generation, the header limit however the headers arrive,
+the reason and position for every body that is not JSON, a log line for every 421/403 and every refused or
+failed edit, tokens checked at start, Host parsed strictly, a WebSocket handshake refused like any request.
 
 One model load for the module (the shipped atlas-reader over a copy of the demo index, greedy, one torch
 thread); the micro-batcher's own rules are tested with a plain function as the batch runner.
@@ -500,6 +504,35 @@ def test_an_id_with_a_slash_is_fetched_replaced_and_removed(service):
 
 
 # ============================================================================= issue 65, items 2 and 5: the edges
+def _raw_exchange(port: int, request: bytes, timeout: float = 10.0) -> tuple[int, dict[str, str], bytes]:
+    """Send `request` whole on a new connection; → the response's status, headers (lower-case names), body."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(timeout)
+        try:
+            sock.sendall(request)
+        except (BrokenPipeError, ConnectionResetError):  # answered and closed before it had all of it
+            pass
+        reply = b""
+        try:
+            while chunk := sock.recv(65536):
+                reply += chunk
+                head, found, body = reply.partition(b"\r\n\r\n")
+                length = next(
+                    (
+                        int(line.split(b":", 1)[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    ),
+                    None,
+                )
+                if found and length is not None and len(body) >= length:
+                    break
+        except ConnectionResetError:
+            pass
+    head, _, body = reply.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), {name.lower(): value for name, value in headers.items()}, body
 
 
 def test_a_422_is_small_and_cheap_whatever_the_body(service):
@@ -571,6 +604,29 @@ def test_info_hashes_the_encoder_once_per_index_generation(service):
         client.delete("/api/passages/info-1", headers=AUTH)
 
 
+def test_a_header_block_over_the_limit_is_431_however_it_arrives(service):
+    """Item 2c: `--max-header-bytes` held only while headers trickled in (h11 checks its buffer only while it waits
+    for more); 100 KB of headers sent at once got a 200. Now 431, JSON with the security headers, both ways."""
+    with _client(service, max_header_bytes=4096) as client:
+        response = client.get("/api/health", headers={"X-Big": "a" * 5000})
+        assert response.status_code == 431 and "--max-header-bytes" in response.json()["detail"]
+        assert client.get("/api/health", headers={"X-Fits": "a" * 3000}).status_code == 200
+    with LiveServer(service, ServeSettings()) as live:
+        head = b"GET /api/health HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        for request in (
+            head + b"X-Big: " + b"a" * 100_000 + b"\r\n\r\n",  # at once, whole
+            head + b"X-Big: " + b"a" * 20_000,  # unfinished: h11's own limit
+        ):
+            status, headers, body = _raw_exchange(live.port, request)
+            assert status == 431 and headers["content-type"] == "application/json", (status, body[:200])
+            assert "16,384 bytes (--max-header-bytes)" in json.loads(body)["detail"]
+            assert "frame-ancestors 'none'" in headers["content-security-policy"]
+        status, _, _ = _raw_exchange(live.port, head + b"X-Fits: " + b"a" * 10_000 + b"\r\n\r\n")
+        assert status == 200
+        status, headers, body = _raw_exchange(live.port, b"NOT HTTP AT ALL\r\n\r\n")
+        assert status == 400 and json.loads(body)["detail"] == "the request is not valid HTTP/1.1"
+
+
 @pytest.mark.parametrize(
     ("content", "reason", "position"),
     [
@@ -593,6 +649,47 @@ def test_a_body_that_is_not_json_gets_the_reason_and_its_position(service, conte
     assert response.json()["errors"] == [
         {"loc": ["body", str(position)], "msg": "JSON decode error", "type": "json_invalid"}
     ]
+
+
+def test_every_refusal_and_every_failed_edit_leaves_one_log_line(service, caplog):
+    """Item 5a: 421, 403 and the edits that failed (404, 409, 422, 503) left no access-log line; now each leaves
+    one, naming the client and why."""
+    from retriever.index.files import writer_lock
+
+    body = {"passages": [{"id": "country-biole", "text": "Already there."}]}
+    with _client(service) as client, caplog.at_level(logging.INFO, logger="atlas.serve.access"):
+        client.get("/api/health", headers={"Host": "attacker.example"})
+        client.post("/api/ask", json={"question": CAPITAL}, headers={"Origin": "http://localhost:3000"})
+        client.put("/api/passages/no-such-passage", json={"text": "t"}, headers=AUTH)
+        client.post("/api/passages", json=body, headers=AUTH)
+        client.post("/api/edits", json={}, headers=AUTH)
+        with writer_lock(service.index.folder, "compact"):
+            client.delete("/api/passages/country-biole", headers=AUTH)
+        client.post("/api/ask", json={"question": CAPITAL}, headers={"Host": "localhost"})  # taken: no line
+    plain = TestClient(create_app(service), base_url=LOOPBACK, client=("192.0.2.7", 40000))
+    with plain, caplog.at_level(logging.INFO, logger="atlas.serve.access"):
+        plain.delete("/api/passages/country-biole")
+    lines = [r.getMessage() for r in caplog.records if r.name == "atlas.serve.access"]
+    client = "from 127.0.0.1:50000"
+    assert lines[:5] == [
+        f"request refused: GET /api/health {client} (421: Host 'attacker.example')",
+        f"request refused: POST /api/ask {client} (403: Origin 'http://localhost:3000')",
+        (
+            f"edit refused: PUT /api/passages/no-such-passage {client} (404: no passage with id(s) 'no-such-passage' "
+            "in the index)"
+        ),
+        (
+            f"edit refused: POST /api/passages {client} (409: passage id(s) already in the index: 'country-biole' "
+            "(update them instead))"
+        ),
+        (
+            f"edit refused: POST /api/edits {client} (422: body: Value error, the edit is empty: give passages to add "
+            "or update, or ids to remove)"
+        ),
+    ]
+    assert lines[5].startswith(f"edit failed: DELETE /api/passages/country-biole {client} (503: ")
+    assert "is being updated by another process" in lines[5]
+    assert lines[6:] == ["edit refused: DELETE /api/passages/country-biole from 192.0.2.7:40000 (403: editing is off)"]
 
 
 def test_a_token_that_can_never_match_or_is_short_is_refused_at_start(monkeypatch, capsys):
@@ -648,3 +745,32 @@ def test_a_host_header_is_parsed_strictly(service):
         response = client.get("/api/health", headers={"Host": "[::1]evil"})
         assert response.status_code == 421 and "'[::1]evil'" in response.json()["detail"]
         assert client.get("/api/health", headers={"Host": "[::1]:8000"}).status_code == 200
+
+
+def test_a_websocket_handshake_is_refused_like_any_other_request(service):
+    """Item 5d: a WebSocket handshake got uvicorn's bare 403 (no JSON body, no security headers); now the guard
+    refuses it with the JSON error and the headers every refusal has, in-process and over a socket."""
+    from starlette.testclient import WebSocketDenialResponse
+
+    with _client(service) as client:
+        for headers, status, words in [
+            ({}, 403, "no WebSocket endpoint"),
+            ({"Host": "attacker.example"}, 421, "does not answer to the host"),
+            ({"Origin": "http://attacker.example"}, 403, "--allowed-origin"),
+        ]:
+            with (
+                pytest.raises(WebSocketDenialResponse) as denied,
+                client.websocket_connect("ws://127.0.0.1/api/health", headers=headers),
+            ):
+                pass
+            assert denied.value.status_code == status and words in denied.value.json()["detail"]
+            assert "default-src 'none'" in denied.value.headers["content-security-policy"]
+    handshake = (
+        b"GET /api/health HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    with LiveServer(service, ServeSettings()) as live:
+        status, headers, body = _raw_exchange(live.port, handshake)
+    assert status == 403 and headers["content-type"] == "application/json"
+    assert json.loads(body)["detail"] == "this server has no WebSocket endpoint: its API is HTTP (JSON) under /api"
+    assert headers["x-frame-options"] == "DENY" and "default-src 'none'" in headers["content-security-policy"]
