@@ -47,7 +47,7 @@ import httpx
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-TOKEN = "bench-token"  # the edit token of the servers started here (ATLAS_TOKEN)
+TOKEN = "bench-edit-token-0123"  # the edit token of the servers started here (ATLAS_TOKEN)
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 

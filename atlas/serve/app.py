@@ -2,10 +2,11 @@
 
 `create_app(service, settings)` takes an already loaded `AtlasService` and a `ServeSettings`, so that
 tests drive the same app in-process (`fastapi.testclient.TestClient`) that `atlas serve` runs under
-uvicorn (connections.py). It adds the request guard (guard.py: Host, Origin, who may edit, JSON
-bodies, body sizes, security headers), the error handlers and three groups of routes (questions,
-corpus, server), each built by its own function; request and response bodies are declared in
-schemas.py, micro-batching of questions is batcher.py's.
+uvicorn (connections.py). It adds the request guard (guard.py: header size, Host, Origin, who may
+edit, JSON bodies, body sizes, security headers, the refusals' log), the error handlers and the body
+parser (errors.py: small answers whatever the body, a reason and a position for every body that is
+not JSON) and three groups of routes (questions, corpus, server), each built by its own function;
+request and response bodies are declared in schemas.py, micro-batching of questions is batcher.py's.
 
 The OpenAPI schema is the contract (tests/atlas/test_serve_contract.py checks it with a
 property-based tester): request bodies declare every rule the server enforces that JSON Schema can
@@ -29,18 +30,16 @@ from typing import Annotated, Any
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi import Path as PathParameter
-from fastapi.exception_handlers import http_exception_handler
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from pydantic import AfterValidator
 from starlette.datastructures import Headers
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import Scope
 
 from atlas.serve.batcher import MicroBatcher, QueueFull
+from atlas.serve.errors import MAX_JSON_DEPTH, JSONBodyRoute, add_error_handlers
 from atlas.serve.guard import RequestGuard, access_log, bearer_token_matches, client_name
 from atlas.serve.schemas import (
     ID_SCHEMA,
@@ -75,7 +74,8 @@ from atlas.serve.service import (
 
 STATIC = Path(__file__).resolve().parent / "static"
 WHY = {
-    400: "the body is not JSON",
+    400: f"the body is not JSON (not UTF-8, a syntax error, NaN, nested deeper than {MAX_JSON_DEPTH} levels, an "
+    "integer of more digits than the parser converts); `detail` gives the reason and the position",
     401: "editing needs the header `Authorization: Bearer <token>` with the server's token",
     403: "the request comes from a page of another origin; for an edit: editing is off (start the server with "
     "--allow-edits), or a server without a token takes edits from its own machine only",
@@ -83,8 +83,9 @@ WHY = {
     409: "an added id is already live, or the edit names one passage twice (add, update and remove together)",
     413: "the body is over the size limit; for questions: or their reading cost is over the budget of one request",
     415: "the body is not `application/json`",
-    421: "the `Host` header names a host this server does not answer to",
-    422: "a field breaks the schema; `detail` names it",
+    421: "the `Host` header names a host this server does not answer to, or no host at all (`[::1]evil`)",
+    422: "a field breaks the schema; `detail` names it (the first errors, and how many more: `more_errors`)",
+    431: "the request line and headers are over the server's limit (--max-header-bytes)",
     503: "the server is busy (the question queue is full, or another process is updating the index); "
     "try again after `Retry-After` seconds",
     504: "the answer was not ready within the server's deadline",
@@ -96,24 +97,14 @@ def _errors(*statuses: int) -> dict:
     return {status: {"model": ErrorResponse, "description": WHY[status]} for status in statuses}
 
 
-ANY_ERRORS = _errors(403, 421)  # Host and Origin: every operation
-QUESTION_ERRORS = _errors(400, 403, 413, 415, 421, 422, 503, 504)
-READ_ERRORS = _errors(403, 404, 421, 422)
-EDIT_ERRORS = _errors(400, 401, 403, 404, 409, 413, 415, 421, 422, 503)
+ANY_ERRORS = _errors(403, 421, 431)  # header size, Host and Origin: every operation
+QUESTION_ERRORS = _errors(400, 403, 413, 415, 421, 422, 431, 503, 504)
+READ_ERRORS = _errors(403, 404, 421, 422, 431)
+EDIT_ERRORS = _errors(400, 401, 403, 404, 409, 413, 415, 421, 422, 431, 503)
 # the id in /api/passages/{passage_id}: the rules of a passage id in a body; `:path` so that an id with a `/` is one
 PathId = Annotated[
     str, PathParameter(min_length=1, max_length=MAX_ID_CHARS, json_schema_extra=ID_SCHEMA), AfterValidator(clean_id)
 ]
-
-
-def allowed_methods(app: FastAPI, scope: dict) -> list[str]:
-    """Every method that some route of `app` serves at the path of `scope`."""
-    methods: set[str] = set()
-    for route in app.router.routes:
-        match, _ = route.matches(scope)
-        if match != Match.NONE and getattr(route, "methods", None):
-            methods |= set(route.methods)
-    return sorted(methods)
 
 
 def without_paths(value: Any) -> Any:
@@ -162,6 +153,7 @@ def create_app(service: AtlasService, settings: ServeSettings | None = None, **c
     )
     app.state.service = service
     app.state.settings = settings
+    app.router.route_class = JSONBodyRoute  # bodies parsed by errors.parse_json_body: every non-JSON one a 400
     add_error_handlers(app)
     # the order routes are added in is the order of the OpenAPI schema's paths
     add_question_routes(app, service, batcher, settings)
@@ -178,45 +170,6 @@ def create_app(service: AtlasService, settings: ServeSettings | None = None, **c
         body_limit=lambda edit: MAX_EDIT_BODY_BYTES if edit else MAX_QUESTION_BODY_BYTES,
     )
     return app
-
-
-def add_error_handlers(app: FastAPI) -> None:
-    """405 with every method the path serves; invalid bodies as one readable line (400 for non-JSON)."""
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
-        if error.status_code != 405:
-            return await http_exception_handler(request, error)
-        allow = ", ".join(allowed_methods(app, request.scope))  # every route's, not the first one's
-        return JSONResponse(
-            status_code=405,
-            headers={"Allow": allow},
-            content={"detail": f"{request.method} is not served at this path; it serves {allow}"},
-        )
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_request: Request, error: RequestValidationError) -> JSONResponse:
-        # one readable line first ("body.question: Value error, the question is empty"), then the detail
-        errors = [
-            {
-                "loc": [str(part) for part in e.get("loc", ())],
-                "msg": str(e.get("msg", "")),
-                "type": str(e.get("type", "")),
-            }
-            for e in error.errors()
-        ]
-        broken = next((e for e in error.errors() if e.get("type") == "json_invalid"), None)
-        if broken is not None:  # not JSON at all: a 400, with the parser's reason and position
-            reason = (broken.get("ctx") or {}).get("error", "")
-            return JSONResponse(
-                status_code=400,
-                content={
-                    "detail": f"malformed JSON body: {reason} (at character {broken['loc'][-1]})",
-                    "errors": errors,
-                },
-            )
-        message = "; ".join(f"{'.'.join(e['loc'])}: {e['msg']}" for e in errors) or "invalid request"
-        return JSONResponse(status_code=422, content={"detail": message, "errors": errors})
 
 
 def add_question_routes(
@@ -364,8 +317,9 @@ def add_server_routes(app: FastAPI, service: AtlasService, settings: ServeSettin
     async def info(request: Request) -> dict:
         """The loaded run (reader, encoder fingerprint, index type and size) and the serving settings. File
         paths are shown whole to a request with the server's token, else only their last component."""
-        loop = asyncio.get_running_loop()
-        description = await loop.run_in_executor(service.model_executor, service.describe)
+        description = service.known_description()  # the model thread hashes the encoder once per generation
+        if description is None:
+            description = await asyncio.get_running_loop().run_in_executor(service.model_executor, service.describe)
         if not bearer_token_matches(Headers(scope=request.scope), settings.token):
             description = without_paths(description)
         return {**description, "serving": {**settings.public(), "default_k": service.default_k}}

@@ -10,7 +10,11 @@ What uvicorn (0.54) offers and what it does not, hence this file:
 - `limit_concurrency` answers requests beyond the cap with a text/plain 503; here a request on a
   connection beyond `max_connections` gets the server's JSON 503 (with `Retry-After`) and the
   connection is closed, so the cap holds and every error stays JSON.
-- `h11_max_incomplete_event_size` bounds the request line and headers (`max_header_bytes`).
+- `h11_max_incomplete_event_size` bounds the request line and headers (`max_header_bytes`) only while
+  they are incomplete: h11 checks its buffer when it waits for more, so a block over the limit that
+  arrives whole passes (the request guard counts those, guard.py). uvicorn answers what h11 refuses with
+  a plain-text 400; here that answer is JSON with the security headers, and 431 when it is the header
+  limit, as the guard answers a whole block over it.
 The protocol is h11's (`uvicorn.protocols.http.h11_impl.H11Protocol`), named explicitly so that
 installing httptools does not silently swap in a protocol without these bounds.
 """
@@ -18,7 +22,9 @@ installing httptools does not silently swap in a protocol without these bounds.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import re
 
 import h11
 import uvicorn
@@ -26,6 +32,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from atlas.serve.guard import SECURITY_HEADERS
 from atlas.serve.serve_settings import ServeSettings
 
 logger = logging.getLogger(__name__)
@@ -75,6 +82,25 @@ def guarded_protocol(settings: ServeSettings) -> type[H11Protocol]:
             if self._read_deadline is not None:
                 self._read_deadline.cancel()
                 self._read_deadline = None
+
+        def send_400_response(self, msg: str) -> None:
+            # uvicorn calls this for every request h11 refuses (then the connection closes). h11 refuses a header
+            # block over its limit while it waits for the block's end; what it holds of the block tells which refusal
+            head = re.split(rb"\n\r?\n", self.conn.trailing_data[0], maxsplit=1)[0]
+            limit = settings.max_header_bytes
+            status, detail = 400, "the request is not valid HTTP/1.1"
+            if len(head) > limit:
+                status, detail = 431, f"the request line and headers are over {limit:,} bytes (--max-header-bytes)"
+            body = json.dumps({"detail": detail}).encode()
+            headers = [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+                *SECURITY_HEADERS,
+            ]
+            for event in (h11.Response(status_code=status, headers=headers), h11.Data(data=body), h11.EndOfMessage()):
+                self.transport.write(self.conn.send(event))
+            self.transport.close()
 
         def _too_slow(self) -> None:
             self._read_deadline = None

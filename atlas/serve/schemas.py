@@ -47,10 +47,29 @@ MAX_EDIT_BODY_BYTES = JSON_CHAR_BYTES * (2 * MAX_BATCH * _PASSAGE_CHARS + MAX_BA
 MAX_QUESTION_BODY_BYTES = JSON_CHAR_BYTES * MAX_BATCH * MAX_QUESTION_CHARS + JSON_SLACK_BYTES
 
 
+MAX_UNKNOWN_FIELD_ERRORS = 3  # unknown fields of one object reported one by one; more: one error for them all
+
+
 class Strict(BaseModel):
     """A request body: JSON types as declared (no bool or string for an integer), no unknown fields."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _many_unknown_fields_as_one_error(cls, value: Any) -> Any:
+        """More than MAX_UNKNOWN_FIELD_ERRORS unknown fields: one error naming the first few and counting them
+        all, where pydantic makes one per field (and FastAPI and the error answer then handle each)."""
+        if not isinstance(value, dict) or len(value) <= MAX_UNKNOWN_FIELD_ERRORS:
+            return value
+        unknown = [key for key in value if key not in cls.model_fields]
+        if len(unknown) <= MAX_UNKNOWN_FIELD_ERRORS:
+            return value
+        named = ", ".join(repr(key if len(key) <= 32 else key[:31] + "…") for key in unknown[:MAX_UNKNOWN_FIELD_ERRORS])
+        raise ValueError(
+            f"extra inputs are not permitted: {len(unknown):,} fields not in the schema ({named}, ...); "
+            f"it takes {', '.join(cls.model_fields)}"
+        )
 
 
 def _json_integer(value: Any) -> Any:
@@ -248,7 +267,9 @@ class Health(BaseModel):
 
 
 class ErrorResponse(BaseModel):
-    """Every 4xx/5xx body: one readable message (and, for invalid bodies, the fields at fault)."""
+    """Every 4xx/5xx body: one readable message (and, for invalid bodies, the first fields at fault and how many
+    more there are)."""
 
     detail: str
     errors: list[dict] | None = None
+    more_errors: int | None = Field(None, description="errors of an invalid body beyond those in `errors`")

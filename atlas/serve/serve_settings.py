@@ -18,15 +18,42 @@ from __future__ import annotations
 
 import ipaddress
 import math
+import re
 from dataclasses import dataclass, field, fields
 
 QUESTION_BLOCK_CHARS = 200  # characters of a question that cost one unit per passage read
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")  # the names a loopback client reaches this machine by
+MIN_TOKEN_CHARS = 16
+TOKEN_RULE = (
+    f"a token is at least {MIN_TOKEN_CHARS} printable ASCII characters (space to '~'), with no space first or last"
+)
+# A Host header: a name (letters, digits, '.', '-', '_', '~') or a bracketed IPv6 address (a zone too), then
+# nothing or ':port'. Anything after the bracket but a port makes it no host at all, so `[::1]evil` is not ::1.
+_HOST = re.compile(r"(?:\[(?P<v6>[0-9A-Za-z:.%]+)\]|(?P<name>[0-9A-Za-z._~-]+))(?::[0-9]*)?")
 
 
 def question_cost(question: str, k: int) -> int:
     """Units of reading one question costs: k passages × started blocks of QUESTION_BLOCK_CHARS characters."""
     return k * max(1, math.ceil(len(question) / QUESTION_BLOCK_CHARS))
+
+
+def host_name(host: str) -> str | None:
+    """The host a Host header names (`name`, `name:port`, `[v6]`, `[v6]:port` → name or v6), or None when it is
+    not of these forms."""
+    match = _HOST.fullmatch(host)
+    return None if match is None else match["v6"] or match["name"]
+
+
+def token_problem(token: str) -> str | None:
+    """What makes `token` one that `Authorization: Bearer` cannot carry or that is too short, or None."""
+    if len(token) < MIN_TOKEN_CHARS:
+        return f"the token has {len(token)} characters"
+    beyond = next((n for n, c in enumerate(token) if not " " <= c <= "~"), None)
+    if beyond is not None:
+        return f"character {beyond + 1} of the token is not printable ASCII"
+    if token != token.strip(" "):
+        return "the token starts or ends with a space"
+    return None
 
 
 def is_loopback_address(address: str) -> bool:
@@ -49,8 +76,9 @@ class ServeSettings:
     allow_edits: bool = _option(False, "enable adding, updating and removing passages (off by default)")
     token: str | None = _option(
         None,
-        "bearer token that editing requests must carry (`Authorization: Bearer TOKEN`; default: $ATLAS_TOKEN, "
-        "else `atlas serve --allow-edits` makes one up and prints the page's link with it)",
+        "bearer token that editing requests must carry (`Authorization: Bearer TOKEN`; at least "
+        f"{MIN_TOKEN_CHARS} printable ASCII characters, no space first or last; default: $ATLAS_TOKEN, else "
+        "`atlas serve --allow-edits` makes one up and prints the page's link with it)",
     )
     edits_without_token: bool = _option(
         False,
@@ -103,7 +131,9 @@ class ServeSettings:
     max_connections: int = _option(
         64, "open connections at most; a request on one more is answered 503 and the connection closed"
     )
-    max_header_bytes: int = _option(16_384, "bytes of request line and headers at most (h11's limit)")
+    max_header_bytes: int = _option(
+        16_384, "bytes of request line and headers at most; a request with more is answered 431"
+    )
 
     def __post_init__(self):
         for name in (
@@ -127,15 +157,16 @@ class ServeSettings:
                 "edits need a token: give token=... (atlas serve: --token or ATLAS_TOKEN), or opt out with "
                 "edits_without_token=True (--allow-edits-without-token), which takes edits from loopback clients only"
             )
-        if self.token is not None and not self.token.strip():
-            raise ValueError("the token is empty")
+        if self.token is not None and (problem := token_problem(self.token)) is not None:
+            # a token a header cannot carry as given (h11 strips the spaces around a value) would match no request
+            raise ValueError(f"{TOKEN_RULE}: {problem} (--token or ATLAS_TOKEN)")
 
     def host_allowed(self, host: str) -> bool:
-        """Whether a request's Host header (`name`, `name:port`, `[v6]:port`) names this server."""
+        """Whether a request's Host header (`name`, `name:port`, `[v6]`, `[v6]:port`) names this server."""
         if "*" in self.allowed_hosts:
             return True
-        name = host.rsplit("]", 1)[0].lstrip("[") if host.startswith("[") else host.rsplit(":", 1)[0]
-        return name.lower() in {h.lower() for h in (*LOOPBACK_HOSTS, *self.allowed_hosts)}
+        name = host_name(host)
+        return name is not None and name.lower() in {h.lower() for h in (*LOOPBACK_HOSTS, *self.allowed_hosts)}
 
     def public(self) -> dict:
         """What /api/info reports: every setting but the token (only whether there is one)."""

@@ -89,6 +89,9 @@ class AtlasService:
         self.compactions = 0  # compactions swapped in since the start
         self._editing = False  # an edit or compaction of this server is committing (edit thread)
         self.started = time.monotonic()
+        # (index generation, the encoder's fingerprint): hashing the encoder reads every weight, so it is done once
+        # per generation the server serves (a new one is where what it serves changes), on the model thread
+        self._fingerprint: tuple[int, str] | None = None
 
     # ------------------------------------------------------------------ state
     @property
@@ -288,8 +291,25 @@ class AtlasService:
         }
 
     def describe(self) -> dict:
-        """The loaded run: checkpoint, task, reader, retriever (encoder fingerprint) and index."""
-        model, config, index = self.model, self.config, self.index
+        """The loaded run: checkpoint, task, reader, retriever (encoder fingerprint) and index. Hashes the encoder
+        when the fingerprint of the index generation being served is not known yet: call on `model_executor`, or
+        call `known_description` first."""
+        index = self.index
+        generation = index.manifest.generation
+        if self._fingerprint is None or self._fingerprint[0] != generation:
+            self._fingerprint = (generation, self.model.retriever.passage_fingerprint())
+        return self._description(index, self._fingerprint[1])
+
+    def known_description(self) -> dict | None:
+        """`describe()` when it would not touch the encoder (its fingerprint for the index generation being served
+        is known), from any thread; else None."""
+        index, known = self.index, self._fingerprint
+        if known is None or known[0] != index.manifest.generation:
+            return None
+        return self._description(index, known[1])
+
+    def _description(self, index, passage_fingerprint: str) -> dict:
+        model, config = self.model, self.config
         manifest = index.manifest
         return {
             "checkpoint": str(self.checkpoint) if self.checkpoint else None,
@@ -306,7 +326,7 @@ class AtlasService:
             "retriever": {
                 "model": config.retriever.model,
                 "tied": model.retriever.tied,
-                "passage_fingerprint": model.retriever.passage_fingerprint(),
+                "passage_fingerprint": passage_fingerprint,
             },
             "index": {
                 "path": str(index.folder),

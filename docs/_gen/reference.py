@@ -380,7 +380,7 @@ def openapi_schema() -> dict:
     from atlas.serve.app import create_app
 
     stand_in = types.SimpleNamespace(answer=lambda *args: None, model_executor=None)
-    return create_app(stand_in, allow_edits=True, token="stand-in").openapi()
+    return create_app(stand_in, allow_edits=True, token="a-stand-in-token-0123").openapi()
 
 
 def _schema_type(schema: dict) -> str:

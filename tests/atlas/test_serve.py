@@ -25,7 +25,7 @@ from atlas.serve.demo import build_demo_run
 
 REPO = Path(__file__).resolve().parents[2]
 CAPITAL = "What is the capital of Biole?"
-TOKEN = "test-token"
+TOKEN = "test-token-0123456789"  # a token is at least 16 characters
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
@@ -280,12 +280,14 @@ def test_edits_are_off_unless_allowed_and_need_the_token_when_one_is_set(service
         response = plain.delete("/api/passages/country-biole")
         assert response.status_code == 403 and "--allow-edits" in response.json()["detail"]
         assert plain.post("/api/ask", json={"question": CAPITAL}).status_code == 200  # asking still works
-    with TestClient(create_app(service, allow_edits=True, token="s3cret"), base_url="http://127.0.0.1") as guarded:
+    with TestClient(
+        create_app(service, allow_edits=True, token="s3cret-s3cret-s3cret"), base_url="http://127.0.0.1"
+    ) as guarded:
         body = {"passages": [{"id": "token-test", "text": "Guarded text."}]}
         assert guarded.post("/api/passages", json=body).status_code == 401
         wrong = guarded.post("/api/passages", json=body, headers={"Authorization": "Bearer nope"})
         assert wrong.status_code == 401 and "Bearer" in wrong.json()["detail"]
-        right = guarded.post("/api/passages", json=body, headers={"Authorization": "Bearer s3cret"})
+        right = guarded.post("/api/passages", json=body, headers={"Authorization": "Bearer s3cret-s3cret-s3cret"})
         assert right.status_code == 200 and right.json()["added"] == ["token-test"]
         assert guarded.get("/api/info").json()["serving"]["token_required"] is True
 

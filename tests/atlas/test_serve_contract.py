@@ -26,7 +26,7 @@ schemathesis = pytest.importorskip(
 )
 
 MAX_EXAMPLES = 6  # random requests per operation and mode, after the boundary cases: under a minute in all
-TOKEN = "contract-token"
+TOKEN = "contract-token-0123"
 # A valid request may also be refused 413: the reading budget of a question request (questions x k x length,
 # settings.py) is a rule JSON Schema cannot state, as 409 answers an edit that names one id twice.
 CONFIG = schemathesis.config.SchemathesisConfig.from_dict(

@@ -8,6 +8,10 @@ Each symptom of the issue is a test here that failed on the server before these 
 3. slow clients never dropped: the read deadline and the connection cap of the uvicorn layer;
 5. contract details: 413 as JSON, a 64-passage edit taken, 415, 401 before 400, no paths in /api/info
    without the token, no CDN page at /docs, a Content-Security-Policy, ids with `/`.
+And the edges of issue 65 (items 2 and 5), each a test that failed before: a 422 small and cheap whatever the
+body, /api/info hashing the encoder once per index generation, the header limit however the headers arrive,
+the reason and position for every body that is not JSON, a log line for every 421/403 and every refused or
+failed edit, tokens checked at start, Host parsed strictly, a WebSocket handshake refused like any request.
 
 One model load for the module (the shipped atlas-reader over a copy of the demo index, greedy, one torch
 thread); the micro-batcher's own rules are tested with a plain function as the batch runner.
@@ -37,7 +41,7 @@ from atlas.serve.demo import build_demo_run
 
 REPO = Path(__file__).resolve().parents[2]
 CAPITAL = "What is the capital of Biole?"
-TOKEN = "guard-token"
+TOKEN = "guard-token-0123456789"  # a token is at least 16 characters
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 LOOPBACK = "http://127.0.0.1"
 
@@ -390,9 +394,9 @@ def test_the_command_line_makes_up_a_token_and_refuses_what_would_expose_edits(m
     assert not is_loopback("0.0.0.0") and is_wildcard("0.0.0.0") and is_wildcard("::")
     made, made_up = settings("--allow-edits")
     assert made_up and len(made.token) >= 32 and made.allow_edits
-    assert settings("--allow-edits", "--token", "given")[0].token == "given"
-    monkeypatch.setenv("ATLAS_TOKEN", "from-env")
-    assert settings("--allow-edits", "--host", "10.0.0.5")[0].token == "from-env"
+    assert settings("--allow-edits", "--token", "a-given-token-0123")[0].token == "a-given-token-0123"
+    monkeypatch.setenv("ATLAS_TOKEN", "a-token-from-the-environment")
+    assert settings("--allow-edits", "--host", "10.0.0.5")[0].token == "a-token-from-the-environment"
     assert "10.0.0.5" in settings("--host", "10.0.0.5")[0].allowed_hosts
     monkeypatch.delenv("ATLAS_TOKEN")
     opted_out, _ = settings("--allow-edits-without-token")
@@ -574,3 +578,276 @@ def test_an_id_with_a_slash_is_fetched_replaced_and_removed(service):
         for unreachable in ("..", "a/./b", "a/.."):  # clients resolve these away: refused at add
             refused = client.post("/api/passages", json={"passages": [{"id": unreachable, "text": "t"}]}, headers=AUTH)
             assert refused.status_code == 422 and "no '.' or '..' between slashes" in refused.json()["detail"]
+
+
+# ============================================================================= issue 65, items 2 and 5: the edges
+def _raw_exchange(port: int, request: bytes, timeout: float = 10.0) -> tuple[int, dict[str, str], bytes]:
+    """Send `request` whole on a new connection; → the response's status, headers (lower-case names), body."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(timeout)
+        try:
+            sock.sendall(request)
+        except (BrokenPipeError, ConnectionResetError):  # answered and closed before it had all of it
+            pass
+        reply = b""
+        try:
+            while chunk := sock.recv(65536):
+                reply += chunk
+                head, found, body = reply.partition(b"\r\n\r\n")
+                length = next(
+                    (
+                        int(line.split(b":", 1)[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    ),
+                    None,
+                )
+                if found and length is not None and len(body) >= length:
+                    break
+        except ConnectionResetError:
+            pass
+    head, _, body = reply.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), {name.lower(): value for name, value in headers.items()}, body
+
+
+def test_a_422_is_small_and_cheap_whatever_the_body(service):
+    """Item 2a: a body of 60,000 unknown keys was answered with 8 MB naming each; now with the first few and a count,
+    and the schema makes one error of them (what FastAPI and the answer then handle), not 60,000."""
+    from pydantic import ValidationError
+
+    from atlas.serve.schemas import AskRequest
+
+    many = {"question": CAPITAL, **{f"k{n:05d}": 1 for n in range(60_000)}}
+    content = json.dumps(many).encode()
+    assert 700_000 < len(content) < 833_536  # within the body limit of a question
+    with pytest.raises(ValidationError) as invalid:
+        AskRequest.model_validate(many)
+    assert invalid.value.error_count() == 1
+    with _client(service) as client:
+        response = client.post("/api/ask", content=content, headers={"Content-Type": "application/json"})
+        assert response.status_code == 422 and len(response.content) <= 4096
+        assert response.json()["detail"] == (
+            "body: Value error, extra inputs are not permitted: 60,000 fields not in the schema ('k00000', 'k00001', "
+            "'k00002', ...); it takes question, k"
+        )
+        # many errors of other kinds: the first three shown, the rest counted
+        batch = client.post("/api/ask/batch", json={"questions": [7] * 64})
+        assert batch.status_code == 422 and len(batch.content) <= 4096
+        assert [e["loc"] for e in batch.json()["errors"]] == [["body", "questions", str(n)] for n in range(3)]
+        assert batch.json()["more_errors"] == 61 and batch.json()["detail"].endswith("; and 61 more errors")
+        # what a client wrote is cut, whatever its characters: a few long keys of control characters and of
+        # characters beyond ASCII (each in the answer twice: in detail and in errors)
+        odd = {"question": CAPITAL, "\x01" * 5000: 1, "é" * 9000: 2, "\U0001f600" * 9000: 3}
+        response = client.post("/api/ask", json=odd)
+        assert response.status_code == 422 and len(response.content) <= 4096, len(response.content)
+        assert response.json()["errors"][0]["loc"][1] == "\x01" * 39 + "…"
+        # a body that is not JSON at all stays small too
+        broken = client.post("/api/ask", content=b'{"' + b"x" * 800_000, headers={"Content-Type": "application/json"})
+        assert broken.status_code == 400 and len(broken.content) <= 4096
+
+
+def test_info_hashes_the_encoder_once_per_index_generation(service):
+    """Item 2b: /api/info hashed the encoder's weights on the model thread at every call; now once per index
+    generation, so that a repeated call answers while the model thread is busy with something else."""
+    import concurrent.futures
+
+    with _client(service) as client:
+        first = client.get("/api/info").json()  # hashes the encoder for this generation
+        gate = threading.Event()
+        held = service.model_executor.submit(gate.wait, 60)  # the model thread, busy until the gate opens
+        caller = ThreadPoolExecutor(1)
+        try:
+            asked = caller.submit(client.get, "/api/info")
+            done, _ = concurrent.futures.wait([asked], timeout=30)  # a bound on a hang, not a measure
+        finally:
+            gate.set()
+            held.result()
+            caller.shutdown()
+        assert done, "/api/info waited for the model thread"
+        again = asked.result().json()
+        assert again["retriever"] == first["retriever"] and again["index"] == first["index"]
+        assert service.known_description()["retriever"] == first["retriever"]
+        added = client.post("/api/passages", json={"passages": [{"id": "info-1", "text": "New."}]}, headers=AUTH)
+        assert service.known_description() is None  # a new generation: its fingerprint is hashed at the next call
+        after = client.get("/api/info").json()
+        assert (
+            after["index"]["generation"]
+            == added.json()["generation"]
+            == service.known_description()["index"]["generation"]
+        )
+        assert after["retriever"]["passage_fingerprint"] == first["retriever"]["passage_fingerprint"]
+        client.delete("/api/passages/info-1", headers=AUTH)
+
+
+def test_a_header_block_over_the_limit_is_431_however_it_arrives(service):
+    """Item 2c: `--max-header-bytes` held only while headers trickled in (h11 checks its buffer only while it waits
+    for more); 100 KB of headers sent at once got a 200. Now 431, JSON with the security headers, both ways."""
+    with _client(service, max_header_bytes=4096) as client:
+        response = client.get("/api/health", headers={"X-Big": "a" * 5000})
+        assert response.status_code == 431 and "--max-header-bytes" in response.json()["detail"]
+        assert client.get("/api/health", headers={"X-Fits": "a" * 3000}).status_code == 200
+    with LiveServer(service, ServeSettings()) as live:
+        head = b"GET /api/health HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        for request in (
+            head + b"X-Big: " + b"a" * 100_000 + b"\r\n\r\n",  # at once, whole
+            head + b"X-Big: " + b"a" * 20_000,  # unfinished: h11's own limit
+        ):
+            status, headers, body = _raw_exchange(live.port, request)
+            assert status == 431 and headers["content-type"] == "application/json", (status, body[:200])
+            assert "16,384 bytes (--max-header-bytes)" in json.loads(body)["detail"]
+            assert "frame-ancestors 'none'" in headers["content-security-policy"]
+        status, _, _ = _raw_exchange(live.port, head + b"X-Fits: " + b"a" * 10_000 + b"\r\n\r\n")
+        assert status == 200
+        status, headers, body = _raw_exchange(live.port, b"NOT HTTP AT ALL\r\n\r\n")
+        assert status == 400 and json.loads(body)["detail"] == "the request is not valid HTTP/1.1"
+
+
+@pytest.mark.parametrize(
+    ("content", "reason", "position"),
+    [
+        (b"[" * 100_000, "arrays and objects nested deeper than 32 levels", 32),
+        (b'{"question": "q", "k": ' + b"7" * 100_000 + b"}", "an integer of more than 4,300 digits", 23),
+        (b'{"question": "caf\xe9?"}', "not UTF-8 (invalid continuation byte: byte 0xe9 at byte 17)", 17),
+        (b'{"question": "\xc3\xa9t\xc3\xa9 \xff"}', "not UTF-8 (invalid start byte: byte 0xff at byte 20)", 18),
+        (b'{"question": "q", "k": NaN}', "NaN is not JSON", 23),
+        (b'{"question": "[[[[", "k": 2', "Expecting ',' delimiter", 27),  # as before: the parser's own
+    ],
+    ids=["nested", "long-integer", "latin-1", "invalid-utf-8", "nan", "syntax"],
+)
+def test_a_body_that_is_not_json_gets_the_reason_and_its_position(service, content, reason, position):
+    """Item 2d: deep nesting, a 100,000-digit integer and bytes that are not UTF-8 got FastAPI's generic 400
+    ("There was an error parsing the body"); now the server's error JSON with the reason and the position."""
+    with _client(service) as client:
+        response = client.post("/api/ask", content=content, headers={"Content-Type": "application/json"})
+    assert response.status_code == 400 and response.headers["content-type"] == "application/json"
+    assert response.json()["detail"] == f"malformed JSON body: {reason} (at character {position})"
+    assert response.json()["errors"] == [
+        {"loc": ["body", str(position)], "msg": "JSON decode error", "type": "json_invalid"}
+    ]
+
+
+def test_every_refusal_and_every_failed_edit_leaves_one_log_line(service, caplog):
+    """Item 5a: 421, 403 and the edits that failed (404, 409, 422, 503) left no access-log line; now each leaves
+    one, naming the client and why."""
+    from retriever.index.files import writer_lock
+
+    body = {"passages": [{"id": "country-biole", "text": "Already there."}]}
+    with _client(service) as client, caplog.at_level(logging.INFO, logger="atlas.serve.access"):
+        client.get("/api/health", headers={"Host": "attacker.example"})
+        client.post("/api/ask", json={"question": CAPITAL}, headers={"Origin": "http://localhost:3000"})
+        client.put("/api/passages/no-such-passage", json={"text": "t"}, headers=AUTH)
+        client.post("/api/passages", json=body, headers=AUTH)
+        client.post("/api/edits", json={}, headers=AUTH)
+        with writer_lock(service.index.folder, "compact"):
+            client.delete("/api/passages/country-biole", headers=AUTH)
+        client.post("/api/ask", json={"question": CAPITAL}, headers={"Host": "localhost"})  # taken: no line
+    plain = TestClient(create_app(service), base_url=LOOPBACK, client=("192.0.2.7", 40000))
+    with plain, caplog.at_level(logging.INFO, logger="atlas.serve.access"):
+        plain.delete("/api/passages/country-biole")
+    lines = [r.getMessage() for r in caplog.records if r.name == "atlas.serve.access"]
+    client = "from 127.0.0.1:50000"
+    assert lines[:5] == [
+        f"request refused: GET /api/health {client} (421: Host 'attacker.example')",
+        f"request refused: POST /api/ask {client} (403: Origin 'http://localhost:3000')",
+        (
+            f"edit refused: PUT /api/passages/no-such-passage {client} (404: no passage with id(s) 'no-such-passage' "
+            "in the index)"
+        ),
+        (
+            f"edit refused: POST /api/passages {client} (409: passage id(s) already in the index: 'country-biole' "
+            "(update them instead))"
+        ),
+        (
+            f"edit refused: POST /api/edits {client} (422: body: Value error, the edit is empty: give passages to add "
+            "or update, or ids to remove)"
+        ),
+    ]
+    assert lines[5].startswith(f"edit failed: DELETE /api/passages/country-biole {client} (503: ")
+    assert "is being updated by another process" in lines[5]
+    assert lines[6:] == ["edit refused: DELETE /api/passages/country-biole from 192.0.2.7:40000 (403: editing is off)"]
+
+
+def test_a_token_that_can_never_match_or_is_short_is_refused_at_start(monkeypatch, capsys):
+    """Item 5b: a token with characters beyond ASCII or spaces around it was taken at start and then matched no
+    request (h11 strips the spaces around a header value; a header carries ASCII); now one error naming the rule."""
+    from atlas.cli import main as atlas_main
+    from atlas.serve.serve_settings import TOKEN_RULE
+
+    assert TOKEN_RULE == (
+        "a token is at least 16 printable ASCII characters (space to '~'), with no space first or last"
+    )
+    for token, problem in [
+        (" padded-token-0123456789", "the token starts or ends with a space"),
+        ("trailing-token-0123456789 ", "the token starts or ends with a space"),
+        ("tökén-0123456789-abc", "character 2 of the token is not printable ASCII"),
+        ("line-token-0123456789\n", "character 22 of the token is not printable ASCII"),
+        ("short-token", "the token has 11 characters"),
+    ]:
+        with pytest.raises(ValueError) as refused:
+            ServeSettings(allow_edits=True, token=token)
+        assert str(refused.value) == f"{TOKEN_RULE}: {problem} (--token or ATLAS_TOKEN)"
+    assert ServeSettings(allow_edits=True, token="sixteen-chars-ok").token == "sixteen-chars-ok"
+    assert ServeSettings(allow_edits=True, token="with inner spaces ok").token == "with inner spaces ok"
+    assert atlas_main(["serve", "no-such-run", "--allow-edits", "--token", "short"]) == 2
+    assert f"{TOKEN_RULE}: the token has 5 characters" in capsys.readouterr().err
+    monkeypatch.setenv("ATLAS_TOKEN", "token-from-a-file-0123\n")  # a file's line break, kept
+    assert atlas_main(["serve", "no-such-run", "--allow-edits"]) == 2
+    assert "character 23 of the token is not printable ASCII" in capsys.readouterr().err
+
+
+def test_a_host_header_is_parsed_strictly(service):
+    """Item 5c: `Host: [::1]evil` was taken as the loopback address ::1; a bracketed IPv6 address must be followed
+    by nothing or `:port`, a name by nothing or `:port`."""
+    settings = ServeSettings()
+    for taken in ("[::1]", "[::1]:8000", "localhost", "LOCALHOST:8000", "127.0.0.1:8000", "localhost:"):
+        assert settings.host_allowed(taken), taken
+    for refused in (
+        "[::1]evil",
+        "[::1]evil:80",
+        "[::1]:80x",
+        "[::1]]",
+        "[[::1]]",
+        "localhost:80:80",
+        "localhost evil",
+        "localhost@evil.example",
+        "127.0.0.1.evil.example",
+        "",
+        "[::1",
+        "::1",
+    ):
+        assert not settings.host_allowed(refused), refused
+    with _client(service) as client:
+        response = client.get("/api/health", headers={"Host": "[::1]evil"})
+        assert response.status_code == 421 and "'[::1]evil'" in response.json()["detail"]
+        assert client.get("/api/health", headers={"Host": "[::1]:8000"}).status_code == 200
+
+
+def test_a_websocket_handshake_is_refused_like_any_other_request(service):
+    """Item 5d: a WebSocket handshake got uvicorn's bare 403 (no JSON body, no security headers); now the guard
+    refuses it with the JSON error and the headers every refusal has, in-process and over a socket."""
+    from starlette.testclient import WebSocketDenialResponse
+
+    with _client(service) as client:
+        for headers, status, words in [
+            ({}, 403, "no WebSocket endpoint"),
+            ({"Host": "attacker.example"}, 421, "does not answer to the host"),
+            ({"Origin": "http://attacker.example"}, 403, "--allowed-origin"),
+        ]:
+            with (
+                pytest.raises(WebSocketDenialResponse) as denied,
+                client.websocket_connect("ws://127.0.0.1/api/health", headers=headers),
+            ):
+                pass
+            assert denied.value.status_code == status and words in denied.value.json()["detail"]
+            assert "default-src 'none'" in denied.value.headers["content-security-policy"]
+    handshake = (
+        b"GET /api/health HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    with LiveServer(service, ServeSettings()) as live:
+        status, headers, body = _raw_exchange(live.port, handshake)
+    assert status == 403 and headers["content-type"] == "application/json"
+    assert json.loads(body)["detail"] == "this server has no WebSocket endpoint: its API is HTTP (JSON) under /api"
+    assert headers["x-frame-options"] == "DENY" and "default-src 'none'" in headers["content-security-policy"]
