@@ -9,7 +9,7 @@ here: `random_t5` builds the architecture with random weights (T5's own initiali
 `write_random_t5` saves it with a tokenizer as a reader folder that `reader.model` can name. The sizes are in
 `t5_architectures.json`, the layout every size shares in `T5_V1_1_LAYOUT`.
 
-`width` and `layers` make a narrower, shallower copy for tests: the same vocabulary, heads, relative position
+`head_dim` and `layers` make a narrower, shallower copy for tests: the same vocabulary, heads, relative position
 buckets and untied output projection, so the same code paths run at a fraction of the cost.
 """
 
@@ -47,28 +47,27 @@ _V1_1_NAMES = {
 }
 
 
-def t5_architecture(name: str, *, width: int | None = None, layers: int | None = None) -> dict:
+def t5_architecture(name: str, *, head_dim: int | None = None, layers: int | None = None) -> dict:
     """`T5Config` keyword arguments of the published architecture `name` (a `google/t5-*-lm-adapt` or
     `google/t5-v1_1-*` hub name), narrowed or made shallower when asked.
 
     Args:
-        width: d_model of a narrower copy: the same heads (the relative position bias keeps its (32, heads) table),
-            d_kv = width / heads, d_ff scaled by width / d_model. A multiple of the head count.
+        head_dim: the head size (d_kv) of a narrower copy: the same heads (the relative position bias keeps its
+            (32, heads) table), d_model and d_ff scaled by head_dim / 64 (t5-base at 4: d_model 48, d_ff 128).
         layers: encoder and decoder layers of a shallower copy; None keeps the published count.
-    Raises ValueError for another name (listing the known ones) or a width the heads do not divide.
+    Raises ValueError for another name (listing the known ones).
     """
     sizes = T5_ARCHITECTURES.get(_V1_1_NAMES.get(name, name))
     if sizes is None:
         known = ", ".join([*T5_ARCHITECTURES, *_V1_1_NAMES])
         raise ValueError(f"no published T5 architecture named {name!r}; known: {known}")
     architecture = {**T5_V1_1_LAYOUT, **sizes}
-    if width is not None:
-        heads = architecture["num_heads"]
-        if width <= 0 or width % heads:
-            raise ValueError(f"{name}: width {width} is not a positive multiple of its {heads} heads")
-        architecture.update(
-            d_model=width, d_kv=width // heads, d_ff=max(1, round(sizes["d_ff"] * width / sizes["d_model"]))
-        )
+    if head_dim is not None:
+        if head_dim <= 0:
+            raise ValueError(f"{name}: head_dim must be positive, not {head_dim}")
+        ratio = head_dim / sizes["d_kv"]
+        d_model, d_ff = (max(1, round(sizes[key] * ratio)) for key in ("d_model", "d_ff"))
+        architecture.update(d_model=d_model, d_kv=head_dim, d_ff=d_ff)
     if layers is not None:
         if layers <= 0:
             raise ValueError(f"{name}: layers must be positive, not {layers}")
@@ -77,12 +76,12 @@ def t5_architecture(name: str, *, width: int | None = None, layers: int | None =
 
 
 def random_t5(
-    name: str, *, width: int | None = None, layers: int | None = None, seed: int = 0
+    name: str, *, head_dim: int | None = None, layers: int | None = None, seed: int = 0
 ) -> UntiedT5ForConditionalGeneration:
     """The architecture `name` (`t5_architecture`) with random weights, T5's initialisation seeded by `seed`
     (the global random state is left as it was). Build it under `torch.device("meta")` to count parameters
     without allocating them."""
-    config = T5Config(**t5_architecture(name, width=width, layers=layers))
+    config = T5Config(**t5_architecture(name, head_dim=head_dim, layers=layers))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return UntiedT5ForConditionalGeneration(config)
@@ -93,7 +92,7 @@ def write_random_t5(
     out: str | Path,
     tokenizer: PreTrainedTokenizerBase,
     *,
-    width: int | None = None,
+    head_dim: int | None = None,
     layers: int | None = None,
     seed: int = 0,
     overwrite: bool = False,
@@ -104,7 +103,7 @@ def write_random_t5(
     `tokenizer` must fit the 32,128-row vocabulary (T5's 32,100 tokens do; `reader.tokenizer.train_t5_tokenizer`
     makes such a tokenizer) and follow T5's layout (`<pad>` 0, `</s>` 1).
     """
-    architecture = t5_architecture(name, width=width, layers=layers)
+    architecture = t5_architecture(name, head_dim=head_dim, layers=layers)
     if len(tokenizer) > architecture["vocab_size"]:
         raise ValueError(
             f"{name}: a tokenizer of {len(tokenizer)} tokens does not fit its {architecture['vocab_size']} rows"
@@ -112,7 +111,7 @@ def write_random_t5(
     special = (tokenizer.pad_token_id, tokenizer.eos_token_id)
     if special != (architecture["pad_token_id"], architecture["eos_token_id"]):
         raise ValueError(f"{name}: the tokenizer's (pad, eos) ids are {special}, T5's are (0, 1)")
-    model = random_t5(name, width=width, layers=layers, seed=seed)
+    model = random_t5(name, head_dim=head_dim, layers=layers, seed=seed)
     with atomic_directory(out, overwrite=overwrite) as tmp:
         model.save_pretrained(str(tmp), safe_serialization=True)
         tokenizer.save_pretrained(str(tmp))

@@ -7,7 +7,8 @@ with random weights (BERT's initialisation) and BERT-base's own 30,522-piece unc
 the embedded all-MiniLM-L6-v2 ships — as an encoder folder that `retriever.model` can name, tied or untied. It has no
 pooler (Contriever never reads it; the retriever loads BERT without one).
 
-`width` and `layers` make a narrower, shallower copy for tests: the same vocabulary, heads, positions and pooling.
+`head_dim` and `layers` make a narrower, shallower copy for tests: the same vocabulary, heads, positions and
+pooling.
 """
 
 from __future__ import annotations
@@ -44,28 +45,28 @@ ENCODER_ARCHITECTURES: dict[str, tuple[dict, str]] = {
 }
 
 
-def encoder_architecture(name: str, *, width: int | None = None, layers: int | None = None) -> dict:
+def encoder_architecture(name: str, *, head_dim: int | None = None, layers: int | None = None) -> dict:
     """`BertConfig` keyword arguments of the published encoder `name` (a hub name or "contriever"), narrowed or made
     shallower when asked.
 
     Args:
-        width: hidden size of a narrower copy: the same heads (head size width / heads), the feed-forward scaled
-            by the same ratio. A multiple of the head count.
+        head_dim: the head size of a narrower copy: the same heads, the hidden and feed-forward sizes scaled by
+            head_dim / 64 (BERT-base at 4: hidden 48, feed-forward 192).
         layers: layers of a shallower copy; None keeps the published count.
-    Raises ValueError for another name (listing the known ones) or a width the heads do not divide.
+    Raises ValueError for another name (listing the known ones).
     """
     found = ENCODER_ARCHITECTURES.get(encoder_source(name))
     if found is None:
-        raise ValueError(
-            f"no published encoder architecture named {name!r}; known: contriever, {', '.join(ENCODER_ARCHITECTURES)}"
-        )
+        known = ", ".join(["contriever", *ENCODER_ARCHITECTURES])
+        raise ValueError(f"no published encoder architecture named {name!r}; known: {known}")
     architecture = dict(found[0])
-    if width is not None:
+    if head_dim is not None:
+        if head_dim <= 0:
+            raise ValueError(f"{name}: head_dim must be positive, not {head_dim}")
         heads = architecture["num_attention_heads"]
-        if width <= 0 or width % heads:
-            raise ValueError(f"{name}: width {width} is not a positive multiple of its {heads} heads")
-        ratio = width / architecture["hidden_size"]
-        architecture.update(hidden_size=width, intermediate_size=round(architecture["intermediate_size"] * ratio))
+        ratio = head_dim / (architecture["hidden_size"] // heads)
+        feed_forward = max(1, round(architecture["intermediate_size"] * ratio))
+        architecture.update(hidden_size=heads * head_dim, intermediate_size=feed_forward)
     if layers is not None:
         if layers <= 0:
             raise ValueError(f"{name}: layers must be positive, not {layers}")
@@ -74,11 +75,11 @@ def encoder_architecture(name: str, *, width: int | None = None, layers: int | N
 
 
 def random_contriever(
-    name: str, *, width: int | None = None, layers: int | None = None, seed: int = 0
+    name: str, *, head_dim: int | None = None, layers: int | None = None, seed: int = 0
 ) -> ContrieverEncoder:
     """The encoder `name` (`encoder_architecture`) with random weights seeded by `seed` (the global random state is
     left as it was), BERT-base's uncased WordPiece tokenizer and the published pooling."""
-    config = BertConfig(**encoder_architecture(name, width=width, layers=layers))
+    config = BertConfig(**encoder_architecture(name, head_dim=head_dim, layers=layers))
     # all-MiniLM-L6-v2's tokenizer is bert-base-uncased's: the same 30,522 pieces, ids and lower-casing
     tokenizer = AutoTokenizer.from_pretrained(encoder_source(MINILM), model_max_length=config.max_position_embeddings)
     with torch.random.fork_rng(devices=[]):
@@ -92,7 +93,7 @@ def write_random_contriever(
     name: str,
     out: str | Path,
     *,
-    width: int | None = None,
+    head_dim: int | None = None,
     layers: int | None = None,
     seed: int = 0,
     overwrite: bool = False,
@@ -100,7 +101,7 @@ def write_random_contriever(
     """Write `random_contriever(name, …)` to the encoder folder `out` (config.json, model.safetensors, the tokenizer,
     `contriever_config.json` with the pooling), atomically; → `out`. `Retriever.from_pretrained(out, tied=…)` (or a
     recipe's `retriever.model`) loads it tied or untied."""
-    encoder = random_contriever(name, width=width, layers=layers, seed=seed)
+    encoder = random_contriever(name, head_dim=head_dim, layers=layers, seed=seed)
     with atomic_directory(out, overwrite=overwrite) as tmp:
         encoder.save_pretrained(tmp)
     return Path(out)

@@ -26,7 +26,8 @@ PUBLISHED = {
     "google/t5-xl-lm-adapt": (2048, 5120, 64, 32, 24, 2_849_757_184),
     "google/t5-xxl-lm-adapt": (4096, 10240, 64, 64, 24, 11_135_332_352),
 }
-WIDTH = 48  # base's 12 heads of 4: every layer, bucket and vocabulary row of the real size, at a fraction of the cost
+HEAD_DIM = 4  # base's 12 heads of 4, d_model 48: every layer, bucket and vocabulary row of the real size, cheaply
+WIDTH = 48
 PIECES = 1000  # the tests' tokenizer; the model keeps its 32,128 rows
 
 
@@ -57,7 +58,7 @@ def test_the_architectures_are_the_published_ones(name):
 
 
 def test_a_narrower_shallower_copy_keeps_heads_buckets_and_vocabulary():
-    narrow = t5_architecture(BASE, width=WIDTH)
+    narrow = t5_architecture(BASE, head_dim=HEAD_DIM)
     published = t5_architecture(BASE)
     assert (narrow["d_model"], narrow["d_kv"], narrow["d_ff"]) == (48, 4, 128)  # 2048 · 48 / 768
     assert {k: v for k, v in narrow.items() if k not in ("d_model", "d_kv", "d_ff")} == {
@@ -65,11 +66,13 @@ def test_a_narrower_shallower_copy_keeps_heads_buckets_and_vocabulary():
     }
     shallow = t5_architecture(BASE, layers=2)
     assert (shallow["num_layers"], shallow["num_decoder_layers"], shallow["d_model"]) == (2, 2, 768)
-    with pytest.raises(ValueError, match="not a positive multiple of its 12 heads"):
-        t5_architecture(BASE, width=50)
+    small = t5_architecture("google/t5-small-lm-adapt", head_dim=8)  # 6 heads of 64 in a d_model of 512
+    assert (small["d_model"], small["d_kv"], small["num_heads"], small["d_ff"]) == (64, 8, 6, 128)
+    with pytest.raises(ValueError, match="head_dim must be positive, not 0"):
+        t5_architecture(BASE, head_dim=0)
     with pytest.raises(ValueError, match="no published T5 architecture named 't5-tiny'; known: google/t5-small"):
         t5_architecture("t5-tiny")
-    a, b = random_t5(BASE, width=WIDTH, layers=1, seed=3), random_t5(BASE, width=WIDTH, layers=1, seed=3)
+    a, b = random_t5(BASE, head_dim=HEAD_DIM, layers=1, seed=3), random_t5(BASE, head_dim=HEAD_DIM, layers=1, seed=3)
     assert torch.equal(a.lm_head.weight, b.lm_head.weight)  # seeded, and the global random state is untouched
 
 
@@ -84,7 +87,7 @@ def reader_folder(shared_data, tmp_path_factory):
     """A T5 tokenizer of PIECES pieces trained on WikiText-2, and a reader folder of t5-base-lm-adapt at WIDTH."""
     root = tmp_path_factory.mktemp("real-size-reader")
     tokenizer = train_t5_tokenizer(wikitext_paragraphs(shared_data), root / "tokenizer", pieces=PIECES)
-    return write_random_t5(BASE, root / "reader", tokenizer, width=WIDTH)
+    return write_random_t5(BASE, root / "reader", tokenizer, head_dim=HEAD_DIM)
 
 
 def test_the_trained_tokenizer_has_t5s_layout(reader_folder):
@@ -146,7 +149,7 @@ def test_a_training_step_reads_k_passages_through_the_sentencepiece_tokenizer(re
 def test_relative_positions_are_counted_within_each_passage():
     """FiD encodes each passage on its own: the position bias never spans two passages, so K=1 is plain T5 and
     passage 2's states are those it has alone, whatever passage 1 is."""
-    t5 = random_t5(BASE, width=WIDTH, layers=2).eval()
+    t5 = random_t5(BASE, head_dim=HEAD_DIM, layers=2).eval()
     reader = FiDReader(t5)
     gen = torch.Generator().manual_seed(0)
     first, second = torch.randint(3, 1000, (1, 30), generator=gen), torch.randint(3, 1000, (1, 11), generator=gen)

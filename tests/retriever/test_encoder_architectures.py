@@ -40,7 +40,7 @@ def test_contriever_is_bert_base(name):
 
 
 def test_the_tokenizer_is_bert_base_uncased():
-    tokenizer = random_contriever("contriever", layers=1, width=12).tokenizer
+    tokenizer = random_contriever("contriever", layers=1, head_dim=1).tokenizer
     assert len(tokenizer) == 30522 and tokenizer.model_max_length == 512
     ids = tokenizer.convert_tokens_to_ids(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the"])
     assert ids == [0, 100, 101, 102, 103, 1996]  # bert-base-uncased's ids
@@ -48,11 +48,11 @@ def test_the_tokenizer_is_bert_base_uncased():
 
 
 def test_a_narrower_shallower_copy_keeps_heads_and_vocabulary():
-    narrow = encoder_architecture("contriever", width=48, layers=2)
+    narrow = encoder_architecture("contriever", head_dim=4, layers=2)
     assert (narrow["hidden_size"], narrow["intermediate_size"], narrow["num_hidden_layers"]) == (48, 192, 2)
     assert narrow["num_attention_heads"] == 12 and narrow["vocab_size"] == 30522
-    with pytest.raises(ValueError, match="not a positive multiple of its 12 heads"):
-        encoder_architecture("contriever", width=40)
+    with pytest.raises(ValueError, match="head_dim must be positive, not -1"):
+        encoder_architecture("contriever", head_dim=-1)
     with pytest.raises(ValueError, match="no published encoder architecture named 'minilm'"):
         encoder_architecture("minilm")
 
