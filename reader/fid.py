@@ -505,7 +505,9 @@ def build_reader(
         )
         if seed is not None:
             torch.manual_seed(seed)
-        return FiDReader(T5ForConditionalGeneration(config))
+        # T5Config forgets `tie_word_embeddings: false` (reader.t5_untied): a v1.1 preset needs the untied class
+        untied = READER_PRESETS[model].get("tie_word_embeddings") is False
+        return FiDReader((UntiedT5ForConditionalGeneration if untied else T5ForConditionalGeneration)(config))
     folder = Path(model)
     if folder.is_dir():
         # fp32 master weights whatever the folder stores (a shipped fp16 checkpoint would

@@ -12,22 +12,31 @@ token (a real T5 SentencePiece one, for instance) is accepted as well.
 which facebookresearch/atlas ran (and so trained its readers on): transformers 5 drops the
 separate `▁` that 4 kept before a special token (`… answer: <extra_id_0>`). The importer saves
 readers' tokenizers that way; the saved folder keeps it (`tokenizer.json` holds the pipeline).
+
+`train_t5_tokenizer` trains a T5 tokenizer here (no T5 SentencePiece model can be downloaded): a unigram model of
+T5's size and settings over the text it is given, for the random-weight stand-ins of `reader.t5_architectures`.
 """
 
 from __future__ import annotations
 
+import io
 import json
+import string
+from collections.abc import Iterable
 from pathlib import Path
 
+import sentencepiece
 from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import WordPiece
-from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast, T5Tokenizer
 
 from common.modeling import MINILM, encoder_source, is_hub_id, missing_folder
 from reader.fid import READER_PRESETS, WARM_START_PRESETS
 from reader.reader_config import ReaderConfig
 
 N_SENTINELS = 100
+# the pieces of T5's SentencePiece model (the sentinels come after them: 32,100 tokens for a 32,128-row vocabulary)
+T5_PIECES = 32_000
 PAD, EOS, UNK = "<pad>", "</s>", "<unk>"
 # BERT's own special tokens have no role in a T5 reader; they are dropped from the vocabulary.
 _BERT_SPECIALS = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"}
@@ -123,6 +132,42 @@ def reference_t5_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedToke
         model_max_length=tokenizer.model_max_length,
         padding_side="right",
     )
+
+
+def train_t5_tokenizer(texts: Iterable[str], folder: str | Path, *, pieces: int = T5_PIECES) -> T5Tokenizer:
+    """A T5 tokenizer trained on `texts` (one paragraph each), saved in `folder` and loaded back from it.
+
+    A SentencePiece unigram model of `pieces` pieces with T5's settings — `<pad>` 0, `</s>` 1, `<unk>` 2, no `<s>`;
+    NFKC normalisation; a `▁` before each word; digits not split — then the sentinels `<extra_id_99>`…`<extra_id_0>`
+    after the pieces, as T5's (`<extra_id_0>` the last id). Every printable ASCII character is a piece whatever
+    its count in the text. `folder` gets `spiece.model` and the Hugging Face tokenizer files. Raises ValueError
+    when the text cannot support that many pieces (SentencePiece says how many it can).
+    """
+    folder = Path(folder)
+    model = io.BytesIO()
+    try:
+        sentencepiece.SentencePieceTrainer.train(
+            sentence_iterator=iter(texts),
+            model_writer=model,
+            vocab_size=pieces,
+            model_type="unigram",
+            pad_id=0,
+            eos_id=1,
+            unk_id=2,
+            bos_id=-1,
+            normalization_rule_name="nmt_nfkc",
+            required_chars="".join(c for c in string.printable if not c.isspace()),
+            max_sentence_length=1 << 16,  # a paragraph is one "sentence": the 4,192-byte default drops long ones
+            minloglevel=2,
+        )
+    except RuntimeError as e:
+        raise ValueError(f"a {pieces}-piece SentencePiece model cannot be trained on this text: {e}") from None
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "spiece.model").write_bytes(model.getvalue())
+    tokenizer = T5Tokenizer.from_pretrained(str(folder), extra_ids=N_SENTINELS)
+    tokenizer.save_pretrained(str(folder))
+    check_reader_tokenizer(tokenizer, str(folder))
+    return tokenizer
 
 
 def check_reader_tokenizer(tokenizer: PreTrainedTokenizerBase, source: str) -> None:

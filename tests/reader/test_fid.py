@@ -131,6 +131,17 @@ def test_build_reader_presets_and_errors(tmp_path):
         FiDReader.from_pretrained(tmp_path)
 
 
+def test_the_v1_1_preset_has_its_own_output_layer_and_keeps_it(tmp_path):
+    reader = build_reader("t5-v1_1-small", vocab_size=100, seed=0)
+    t5 = reader.seq2seq
+    assert t5.lm_head.weight is not t5.shared.weight and t5.encoder.embed_tokens.weight is t5.shared.weight
+    assert not t5.config.scale_decoder_outputs  # v1.1 does not rescale the decoder output before lm_head
+    reader.save_pretrained(tmp_path / "r")
+    again = FiDReader.from_pretrained(tmp_path / "r").seq2seq
+    assert again.lm_head.weight is not again.shared.weight
+    assert torch.equal(again.lm_head.weight, t5.lm_head.weight) and torch.equal(again.shared.weight, t5.shared.weight)
+
+
 @pytest.mark.parametrize("rows", [2, 3, 7])
 def test_grouped_encoding_equals_each_passage_encoded_alone(reader, monkeypatch, rows):
     """Rows of many lengths in groups of `rows` give each passage the states it has unpadded,
