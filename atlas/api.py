@@ -35,7 +35,7 @@ from common.io import atomic_directory, atomic_write_text
 from common.limits import MAX_ASK_K, check_k, check_question
 from common.progress import progress_bar
 from tasks.base import Example, get_task
-from tasks.citations import Citation, find_citations
+from tasks.citations import Citation, supported_answer
 from tasks.passage import Passage, shorten
 
 if TYPE_CHECKING:  # the module itself (torch) loads with the first model
@@ -229,6 +229,7 @@ class Atlas:
         generation = self.index.manifest.generation if self.index is not None else None
         if questions is None:
             questions = [e.metadata.get("question", e.query) for e in examples]
+        require_support = self.config.inference.require_support
         answers = []
         starts = range(0, len(examples), size)
         show = progress if progress is not None else len(starts) > 1  # a single batch: nothing to follow
@@ -240,8 +241,9 @@ class Atlas:
             for n, (example, text) in enumerate(zip(batch, reading.texts)):
                 read = [] if passages is None else list(passages[n])
                 attention = None if reading.attention is None else [float(a) for a in reading.attention[n, : len(read)]]
-                answer = self.task.postprocess(example, text)
-                cited = find_citations(answer, read, attention) if self.task.cites_passages else []
+                answer, cited = self.task.postprocess(example, text), []
+                if self.task.cites_passages:
+                    answer, cited = supported_answer(answer, read, attention, require_support=require_support)
                 answers.append(Answer(questions[start + n], answer, read, attention, generation, cited))
         return answers
 

@@ -90,6 +90,9 @@ class InferenceConfig:
     # leaves no space), then transformers 4's clean-up (" ." → "."); false = the tokenizer's decode, sentinels
     # kept for the task
     reference_decoding: bool = False
+    # Answer "no answer in the passages" (tasks.citations.NO_ANSWER, scored as that text) instead of an answer that
+    # no passage read holds (tasks whose answers are words of a passage; closed-book runs keep their answers)
+    require_support: bool = False
 
 
 @dataclass

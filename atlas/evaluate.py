@@ -37,7 +37,7 @@ from common.io import atomic_write_json, write_jsonl
 from common.progress import progress_bar as tqdm
 from retriever.retrieval_eval import RetrievalExample, score_retrieval
 from tasks.base import Example
-from tasks.citations import find_citations
+from tasks.citations import NO_ANSWER, supported_answer
 from tasks.kilt import KiltTask, write_kilt_predictions
 from tasks.multiple_choice import aggregate
 from tasks.passage import Passage
@@ -330,6 +330,15 @@ def _write_and_score(
         list(outputs.texts) if multiple_choice else [task.postprocess(e, p) for e, p in zip(examples, outputs.texts)]
     )
     cites = task.cites_passages and not multiple_choice and retrieved is not None
+    citations = [[] for _ in answers]
+    if cites:
+        require_support = model.inference_config.require_support
+        for i, passages in enumerate(retrieved):
+            answers[i], citations[i] = supported_answer(
+                answers[i], passages or [], None, require_support=require_support
+            )
+        if require_support:  # an abstention is scored as its text
+            outputs.texts = [a if a == NO_ANSWER else t for a, t in zip(answers, outputs.texts)]
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         if run_config is not None:
@@ -345,7 +354,7 @@ def _write_and_score(
                         "answers": e.answers,
                         **({"probabilities": probabilities[i]} if probabilities else {}),
                         "passages": _passage_summary(retrieved[i] if retrieved else None),
-                        **({"citations": [c.record() for c in find_citations(p, retrieved[i] or [])]} if cites else {}),
+                        **({"citations": [c.record() for c in citations[i]]} if cites else {}),
                     }
                     for i, (e, p) in enumerate(zip(examples, answers))
                 ),

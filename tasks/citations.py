@@ -19,6 +19,8 @@ from typing import Literal
 from tasks.passage import Passage
 
 Field = Literal["title", "text"]
+# What a model that must answer from its passages (`inference.require_support`) answers when none holds its answer
+NO_ANSWER = "no answer in the passages"
 
 
 @dataclass(frozen=True)
@@ -91,3 +93,14 @@ def find_citations(
             value = getattr(passage, field) or ""
             citations += [Citation(passage.id, field, s, e, value[s:e]) for s, e in find_in(answer, value)]
     return citations
+
+
+def supported_answer(
+    answer: str, passages: Sequence[Passage], attention: Sequence[float] | None, *, require_support: bool
+) -> tuple[str, list[Citation]]:
+    """`answer` and its citations; with `require_support`, NO_ANSWER (no citation) where passages were read and none
+    holds the answer. A closed-book answer (no passages) is kept as it is."""
+    citations = find_citations(answer, passages, attention)
+    if require_support and passages and not citations:
+        return NO_ANSWER, []
+    return answer, citations

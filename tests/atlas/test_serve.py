@@ -25,7 +25,7 @@ from atlas.serve.demo import build_demo_run
 
 REPO = Path(__file__).resolve().parents[2]
 CAPITAL = "What is the capital of Biole?"
-TOKEN = "test-token-0123456789"  # a token is at least 16 characters
+TOKEN = "test-token-0123456789"  # long enough: atlas serve refuses tokens under 16 characters
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 

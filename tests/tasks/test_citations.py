@@ -113,3 +113,14 @@ def test_the_most_attended_passage_is_cited_first_and_a_closed_book_answer_cites
         "end": 8,
         "quote": "Stafairk",
     }
+
+
+def test_an_unsupported_answer_abstains_only_when_support_is_required():
+    from tasks.citations import NO_ANSWER, supported_answer
+
+    read = [Passage(id="a", title="Biole", text="Biole's capital is Stafairk.")]
+    assert supported_answer("Varn", read, None, require_support=False) == ("Varn", [])
+    assert supported_answer("Varn", read, None, require_support=True) == (NO_ANSWER, [])
+    answer, cited = supported_answer("stafairk", read, None, require_support=True)
+    assert answer == "stafairk" and [c.quote for c in cited] == ["Stafairk"]
+    assert supported_answer("Varn", [], None, require_support=True) == ("Varn", [])  # closed book: kept
