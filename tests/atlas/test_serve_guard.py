@@ -177,18 +177,18 @@ def test_a_batch_of_heavy_requests_holds_at_most_max_seconds_of_work_at_the_meas
 
     async def scenario(batcher, batches, gate):
         gate.set()
-        await batcher.submit_many([1])  # measures the pace: 0.05 s a unit of cost
-        await batcher.submit_many([20] * 4)  # a heavy request: 1.0 s an item, a cap of 1.5 s: one item a batch
+        await batcher.submit_many([1])  # measures the pace: 0.02 s a unit of cost
+        await batcher.submit_many([20] * 4)  # a heavy request: 0.4 s an item, a cap of 0.6 s: one item a batch
         await batcher.submit_many([1] * 8)  # a light request (8 units): its batch is not time-capped
         return batches
 
     def timed(items):
-        time.sleep(0.05 * sum(items))
+        time.sleep(0.02 * sum(items))
 
     batches = run_batcher(scenario, run=timed, max_batch=16, cost=lambda item: item, max_cost=80, light_cost=10)
     assert batches == [[1], [20, 20, 20, 20], [1] * 8]  # no time cap without max_seconds
     batches = run_batcher(
-        scenario, run=timed, max_batch=16, cost=lambda item: item, max_cost=80, light_cost=10, max_seconds=1.5
+        scenario, run=timed, max_batch=16, cost=lambda item: item, max_cost=80, light_cost=10, max_seconds=0.6
     )
     assert batches == [[1], [20], [20], [20], [20], [1] * 8]
 
@@ -213,13 +213,13 @@ def test_retry_after_counts_the_queued_cost_at_the_measured_pace():
             return full.value.retry_after_s
 
         def timed(items):  # the model's time grows with the cost of what it reads
-            time.sleep(0.05 * sum(items))
+            time.sleep(0.02 * sum(items))
             return items
 
         return run_batcher(scenario, max_batch=1, max_queue=4, cost=lambda item: item, run=timed)
 
     light, heavy = retry_after(1), retry_after(20)
-    assert light == 1 and heavy >= 4 * 20 * 0.05 * 0.8  # 4 queued × 20 units × 0.05 s, measured
+    assert light == 1 and heavy >= 4 * 20 * 0.02 * 0.8  # 4 queued × 20 units × 0.02 s, measured
 
 
 def test_a_batch_holds_at_most_max_cost_of_work():
