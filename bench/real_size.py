@@ -238,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from atlas.config import load_config
+    from atlas.quiet import quiet_libraries
     from atlas.real_size import RealSizeFolders, training_paragraphs, write_real_size
     from reader.tokenizer import T5_PIECES
 
@@ -258,7 +259,10 @@ def main(argv: list[str] | None = None) -> int:
             folders = RealSizeFolders(reader=folder / "reader", retriever=folder / "retriever")
             if not (folders.reader.is_dir() and folders.retriever.is_dir()):
                 pieces = args.pieces or T5_PIECES
-                write_real_size(config, folder, texts=texts, head_dim=args.head_dim, layers=args.layers, pieces=pieces)
+                with quiet_libraries(False):  # transformers' shard-writing bars are not the bench's output
+                    write_real_size(
+                        config, folder, texts=texts, head_dim=args.head_dim, layers=args.layers, pieces=pieces
+                    )
             written[pair] = folders.overrides()
         job = {"recipe": str(CONFIGS / name), "overrides": written[pair], "length": args.length, "steps": args.steps}
         fit = None
