@@ -43,6 +43,8 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from bench.memory import reset_peak, status_kib  # after the path: the bench runs as a script
+
 CONFIGS = REPO_ROOT / "configs"
 SHARED_DATA = Path(os.environ.get("ATLAS_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
 PAPER_RECIPES = (
@@ -57,27 +59,6 @@ PAPER_RECIPES = (
 )
 GIB = 2**30
 PROBE_PASSAGES = (1, 2)
-
-
-def _status_kib(field: str) -> int | None:
-    """A /proc/self/status memory line (VmHWM, VmRSS) in KiB; None off Linux."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def _reset_peak() -> bool:
-    """Set VmHWM back to the resident size now (Linux ≥ 4.0); False where that cannot be done."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        return False
-    return True
 
 
 def project_gpu_gib(reader: int, retriever_trained: int, retriever_frozen: int, step_bytes: float, gpus: int) -> dict:
@@ -143,8 +124,8 @@ def run_steps(job: dict) -> dict:
     seconds, resident, reset = [], None, False
     for step in range(job["steps"]):
         if step == job["steps"] - 1:
-            reset = _reset_peak()
-            resident = _status_kib("VmRSS")
+            reset = reset_peak()
+            resident = status_kib("VmRSS")
         start = time.perf_counter()
         with autocast:
             parts = model.losses(examples, targets)
@@ -155,7 +136,7 @@ def run_steps(job: dict) -> dict:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         seconds.append(time.perf_counter() - start)
-    peak = _status_kib("VmHWM")
+    peak = status_kib("VmHWM")
     retriever = model.retriever
     frozen = [] if retriever.tied else [p for p in retriever.passage_encoder.parameters() if not p.requires_grad]
     gradient_bytes = 4 * sum(p.numel() for p in trained)

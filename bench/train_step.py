@@ -51,24 +51,13 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from atlas.config import RetrieverConfig
+from bench.memory import status_kib
 from reader.encoder_precision import PRECISIONS, native_bf16, resolve_precision
 from reader.fid import FiDReader, build_reader
 from reader.tokenizer import build_reader_tokenizer
 from retriever.losses import build_retriever_loss
 
 LOSSES = ["none", "adist", "pdist", "loop", "emdr"]
-
-
-def _proc_status_kib(field: str) -> int | None:
-    """A `/proc/self/status` memory line (VmHWM, VmRSS) in KiB; None off Linux."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
 
 
 def peak_rss_gib() -> float:
@@ -81,7 +70,7 @@ def peak_rss_gib() -> float:
     ~410 MiB in `ru_maxrss` and 13 MiB in `VmHWM`).
     Off Linux, `ru_maxrss` is the fallback (and may include the parent's peak).
     """
-    hwm = _proc_status_kib("VmHWM")
+    hwm = status_kib("VmHWM")
     if hwm is not None:
         return hwm / 2**20
     divisor = 2**30 if sys.platform == "darwin" else 2**20  # bytes on macOS, KiB elsewhere
@@ -90,7 +79,7 @@ def peak_rss_gib() -> float:
 
 def current_rss_gib() -> float | None:
     """Resident set size now (VmRSS), in GiB; None off Linux."""
-    rss = _proc_status_kib("VmRSS")
+    rss = status_kib("VmRSS")
     return None if rss is None else rss / 2**20
 
 
