@@ -426,14 +426,19 @@ def test_a_commit_made_from_a_shell_is_served_from_the_next_question_and_logged(
     from atlas.cli import main
 
     before = client.get("/api/health").json()["generation"]
+    original = client.get("/api/passages/country-biole").json()
     fix = service.index.folder.parent / "fix.jsonl"
     fix.write_text(json.dumps({"id": "country-biole", "title": "Biole", "text": "Biole's capital is Zanthorp."}) + "\n")
     caplog.set_level(logging.INFO, logger="atlas.serve.service")
-    assert main(["index", "update", "--index", str(service.index.folder), "--corpus", str(fix)]) == 0
-    hits = client.post("/api/search", json={"query": "capital of Biole", "k": 1}).json()
-    assert hits["generation"] == before + 1 and "Zanthorp" in hits["hits"][0]["text"]
-    assert f"generation {before} -> {before + 1}, committed by another process" in caplog.text
-    assert client.get("/api/health").json()["generation"] == before + 1
+    try:
+        assert main(["index", "update", "--index", str(service.index.folder), "--corpus", str(fix)]) == 0
+        hits = client.post("/api/search", json={"query": "capital of Biole", "k": 1}).json()
+        assert hits["generation"] == before + 1 and "Zanthorp" in hits["hits"][0]["text"]
+        assert f"generation {before} -> {before + 1}, committed by another process" in caplog.text
+        assert client.get("/api/health").json()["generation"] == before + 1
+    finally:  # the module's later tests (the browser's) ask about Biole and expect the fixture's capital
+        fix.write_text(json.dumps({key: original[key] for key in ("id", "title", "text")}) + "\n")
+        assert main(["index", "update", "--index", str(service.index.folder), "--corpus", str(fix)]) == 0
 
 
 # ----------------------------------------------------------------------------- load
