@@ -47,7 +47,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     checkpoint.set_defaults(func=_atlas_checkpoint)
 
     fid = commands.add_parser("fid-reader", help="a facebookresearch/FiD reader folder → a T5 reader folder")
-    fid.add_argument("src", help="the FiD reader folder (config.json + pytorch_model.bin or model.safetensors)")
+    fid.add_argument(
+        "src", help="the FiD reader folder (config.json + pytorch_model.bin or model.safetensors, or their shards)"
+    )
     fid.add_argument("out", help="the reader folder to write (use it as reader.model=OUT)")
     fid.add_argument("--tokenizer", metavar="DIR", help="reader tokenizer folder (default: SRC's own)")
     fid.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import os
 from collections.abc import Mapping
@@ -487,18 +488,61 @@ def _reference_segmentation(tokenizer) -> tuple[Any, dict[str, Any] | None]:
     }
 
 
-def _read_fid_state(folder: Path) -> dict[str, torch.Tensor]:
-    """The tensors of an HF-style folder: model.safetensors, or pytorch_model.bin (safe-loaded)."""
-    if (folder / "model.safetensors").is_file():
+# an HF folder's weights, in the order looked for: one file, or shards listed by an index (what save_pretrained
+# writes above its shard size: a T5-XL reader and larger)
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+def fid_weights_file(folder: Path) -> Path:
+    """The weights file (or shard index) of an HF-style folder; InputError naming the folder where there is none."""
+    for name in WEIGHT_FILES:
+        if (folder / name).is_file():
+            return folder / name
+    raise InputError(folder, None, None, f"no weights: expected one of {', '.join(WEIGHT_FILES)}")
+
+
+def _read_weights_file(file: Path) -> dict[str, torch.Tensor]:
+    """The tensors of one safetensors file or one torch file (safe-loaded)."""
+    if file.suffix == ".safetensors":
         try:
-            return load_file(str(folder / "model.safetensors"))
+            return load_file(str(file))
         except (SafetensorError, OSError) as e:
-            raise InputError(folder / "model.safetensors", None, None, f"unreadable ({e})") from None
-    file = folder / "pytorch_model.bin"
+            raise InputError(file, None, None, f"unreadable ({e})") from None
     state = load_torch_file(file, mmap=False)
     if not isinstance(state, Mapping):
         raise InputError(file, None, None, f"expected a state dict, got {type(state).__name__}")
     return dict(state)
+
+
+def _read_fid_state(folder: Path) -> dict[str, torch.Tensor]:
+    """The tensors of an HF-style folder: one weights file, or every shard its index names (each shard checked to
+    hold the tensors the index maps to it)."""
+    file = fid_weights_file(folder)
+    if not file.name.endswith(".index.json"):
+        return _read_weights_file(file)
+    try:
+        weight_map = json.loads(file.read_text(encoding="utf-8"))["weight_map"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise InputError(file, None, "weight_map", f"not a shard index ({e})") from None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise InputError(file, None, "weight_map", "expected an object of tensor name → shard file name")
+    state: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(weight_map.values())):
+        if Path(shard).name != shard:  # the index names files beside it, never a path elsewhere
+            raise InputError(file, None, "weight_map", f"shard {shard!r} is not a file name in {folder}")
+        tensors = _read_weights_file(folder / shard)
+        expected = {name for name, owner in weight_map.items() if owner == shard}
+        if missing := expected - tensors.keys():
+            raise InputError(
+                folder / shard, None, None, f"lacks {len(missing)} tensors its index lists, e.g. {min(missing)}"
+            )
+        state.update(tensors)
+    return state
 
 
 def fid_to_t5_keys(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -529,7 +573,7 @@ def import_fid_reader(
         raise FileExistsError(f"{out} already exists (pass --overwrite to replace it)")
     config = read_config_file(src, T5Config)
     state = fid_to_t5_keys(_read_fid_state(src))
-    weights = src / ("model.safetensors" if (src / "model.safetensors").is_file() else "pytorch_model.bin")
+    weights = fid_weights_file(src)
     t5 = t5_from_state_dict(state, str(weights), config)
     has_tokenizer = any((src / n).is_file() for n in ("tokenizer.json", "spiece.model", "tokenizer_config.json"))
     reader_tokenizer = _tokenizer(tokenizer or (str(src) if has_tokenizer else None), "reader", "--tokenizer", str(src))

@@ -439,6 +439,49 @@ def test_evaluate_and_ask_run_on_the_imported_run(tmp_path, reader_tokenizer_dir
     assert "no training state" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("safe", [True, False], ids=["safetensors-shards", "bin-shards"])
+def test_a_sharded_fid_reader_folder_imports_whole(tmp_path, reader_tokenizer_dir, safe):
+    """What save_pretrained writes above its shard size (a T5-XL reader): shards and an index, read whole."""
+    from reader.fid import FiDReader
+    from reader.tokenizer import build_reader_tokenizer
+
+    tokenizer = build_reader_tokenizer(reader_tokenizer_dir)
+    t5 = tiny_t5(len(tokenizer), gated=True, tied=False, seed=5)
+    src = tmp_path / "fid-xl"
+    t5.save_pretrained(src, max_shard_size="20KB", safe_serialization=safe)
+    if not safe:  # transformers 5 writes safetensors only: the torch-file shards of an older one, by hand
+        from safetensors.torch import load_file as load_shard
+
+        index = json.loads((src / "model.safetensors.index.json").read_text())
+        renamed = {}
+        for shard in sorted(set(index["weight_map"].values())):
+            renamed[shard] = shard.replace("model-", "pytorch_model-").replace(".safetensors", ".bin")
+            torch.save(load_shard(str(src / shard)), src / renamed[shard])
+            (src / shard).unlink()
+        index["weight_map"] = {name: renamed[shard] for name, shard in index["weight_map"].items()}
+        (src / "pytorch_model.bin.index.json").write_text(json.dumps(index))
+        (src / "model.safetensors.index.json").unlink()
+    assert len(list(src.glob("*-of-*"))) > 2
+
+    out = tmp_path / "out"
+    assert main(["import", "fid-reader", str(src), str(out), "--tokenizer", str(reader_tokenizer_dir)]) == 0
+    reader = FiDReader.from_pretrained(out).eval()
+    ids = torch.tensor([tokenizer("question: who climbed olo answer: <extra_id_0>")["input_ids"]])
+    decoder_ids = torch.tensor([[0, 7, 3]])
+    with torch.no_grad():
+        logits = reader(
+            input_ids=ids[:, None], attention_mask=torch.ones_like(ids)[:, None], decoder_input_ids=decoder_ids
+        ).logits
+    torch.testing.assert_close(logits, plain_t5_logits(t5, ids, decoder_ids), rtol=0, atol=0)
+
+    # a shard that lacks what its index lists is named, not imported half
+    shards = sorted(src.glob("*-of-*"))
+    shards[-1].unlink()
+    with pytest.raises(InputError, match=shards[-1].name):
+        import_fid_reader(src, tmp_path / "half")
+    assert not (tmp_path / "half").exists()
+
+
 def test_fid_reader_folder_imports_with_the_same_logits(tmp_path, reader_tokenizer_dir):
     from reader.fid import FiDReader
     from reader.tokenizer import build_reader_tokenizer
