@@ -24,11 +24,15 @@ ATLAS_CORE = (
     "atlas.index_api",
     "atlas.quiet",
     "atlas.loading",
+    "atlas.real_size",
 )
 # The Python API (`atlas.Atlas`) sits on training (it fine-tunes with the recipe) and under every front end,
 # which calls it; loading is core, below training, which loads through it too.
 PYTHON_API = ("atlas.api",)
-FRONT_ENDS = ("atlas.cli", "atlas.serve", "atlas.demo", "atlas.importing")
+FRONT_ENDS = ("atlas.cli", "atlas.serve", "atlas.demo", "atlas.importing", "atlas.__main__")
+# the floors of atlas/, bottom up: every module of it stands on one, so that a new one is placed on purpose
+FLOORS = {"knnlm": ("atlas.knnlm",), "core": ATLAS_CORE, "training": ("atlas.training",), "api": PYTHON_API}
+FLOORS["front ends"] = FRONT_ENDS
 
 # (who, what it must not import): `who` and `what` are module names or prefixes of them
 FORBIDDEN = [
@@ -80,6 +84,15 @@ def test_the_parser_sees_the_whole_project():
     assert {"atlas.model", "atlas.training.loop", "atlas.cli", "reader.fid", "retriever.index", "tasks.base"} <= set(
         GRAPH
     )
+
+
+def test_every_module_of_atlas_stands_on_one_floor():
+    floors_of = {
+        module: [floor for floor, prefixes in FLOORS.items() if any(_within(module, p) for p in prefixes)]
+        for module in GRAPH
+        if _within(module, "atlas") and module != "atlas"
+    }
+    assert {module: floors for module, floors in floors_of.items() if len(floors) != 1} == {}
 
 
 @pytest.mark.parametrize(("who", "forbidden"), FORBIDDEN, ids=[w for w, _ in FORBIDDEN])
