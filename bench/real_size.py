@@ -76,37 +76,117 @@ def project_gpu_gib(reader: int, retriever_trained: int, retriever_frozen: int, 
     return projection
 
 
-def synthetic_examples(paragraphs: list[str], batch: int, passages: int, words: int):
+def shape_of(config) -> dict:
+    """What a step's memory and time depend on: recipes of one shape are measured once (the others point to it)."""
+    reader, retriever, training = config.reader, config.retriever, config.training
+    return {
+        "reader": reader.model,
+        "retriever": retriever.model,
+        "batch_size": training.batch_size,
+        "passages": reader.n_context,
+        "reader_length": reader.text_maxlength,
+        "answer_length": reader.answer_maxlength,
+        "retriever_length": retriever.passage_maxlength,
+        "query_length": retriever.query_maxlength,
+        "precision": training.precision,
+        "gradient_checkpointing": reader.gradient_checkpointing,
+        "loss": retriever.loss.name,
+        "tied": retriever.tied,
+        "train_passage_encoder": retriever.train_passage_encoder,
+        "trains": training.steps > 0,
+    }
+
+
+def memory_per_passage_gib(record: dict) -> float | None:
+    """GiB of a step's memory per passage read: the slope of the peak RSS between the K = 1 probe and the widest run
+    measured (the recipe's run where K > 2, else the K = 2 probe); the step's own share where no probes ran."""
+    fit = record.get("fit") or {}
+    probes = [p for p in fit.get("probes", []) if p.get("peak_rss_gib") is not None]
+    runs = sorted([*probes, record], key=lambda r: r["batch_size"] * r["passages"])
+    if len(probes) == len(fit.get("probes", [])) >= 1 and record.get("peak_rss_gib") is not None:
+        low, high = runs[0], runs[-1]
+        passages = high["batch_size"] * high["passages"] - low["batch_size"] * low["passages"]
+        if passages > 0:
+            return max(0.0, (high["peak_rss_gib"] - low["peak_rss_gib"]) / passages)
+    share = record.get("step_memory_per_passage_mib")
+    return None if share is None else share / 1024
+
+
+# the GPU sizes the results page plans for (GB as sold, in GiB), and what is kept free of them (CUDA context,
+# allocator fragmentation)
+GPU_SIZES_GB = (24, 40, 80)
+GPU_HEADROOM = 0.9
+
+
+def gpu_plan(record: dict, gpus: int) -> dict:
+    """Per GPU size, the first way the recipe's step fits (projected, module docstring): as written on one GPU, under
+    ZeRO-2 over `gpus`, or with B split into accumulation steps (B/2, B/4, … a step, same global batch) on one GPU;
+    None where even one question a step does not fit. → {"per_passage_gib", "one_gpu_gib", "zero2_gib", size: plan}"""
+    per_passage = memory_per_passage_gib(record)
+    if per_passage is None or record.get("run") != "training step":
+        return {}
+    counts = record["parameters"]
+    batch, passages = record["recipe_batch_size"], record["recipe_passages"]
+
+    def projected(b: int, ranks: int) -> dict:
+        step_bytes = per_passage * GIB * b * passages
+        return project_gpu_gib(
+            counts["reader"], counts["retriever_trained"], counts["retriever_frozen"], step_bytes, ranks
+        )
+
+    plan = {
+        "per_passage_gib": round(per_passage, 4),
+        "one_gpu_gib": projected(batch, 1)["zero0"],
+        f"zero2_{gpus}_gpus_gib": projected(batch, gpus)["zero2"],
+    }
+    for size in GPU_SIZES_GB:
+        room = size * 1e9 / GIB * GPU_HEADROOM
+        if projected(batch, 1)["zero0"] <= room:
+            plan[f"{size}GB"] = "as written"
+        elif projected(batch, gpus)["zero2"] <= room:
+            plan[f"{size}GB"] = f"ZeRO-2 over {gpus} GPUs"
+        else:
+            splits = [b for b in (batch // 2, batch // 4, batch // 8, 1) if b >= 1 and projected(b, 1)["zero0"] <= room]
+            if splits:
+                b = splits[0]
+                plan[f"{size}GB"] = f"training.batch_size={b} training.accumulation_steps={batch // b}"
+            else:
+                plan[f"{size}GB"] = None
+    return plan
+
+
+def synthetic_examples(paragraphs: list[str], batch: int, passages: int, words: int, answer_words: int = 3):
     """B examples, each with K passages of at least `words` words of real text, a query with `<extra_id_0>` and a
-    three-word target."""
+    target of `answer_words` words (the recipe's answer length: a long-answer task's decoder runs at its length)."""
     from tasks.base import Example
 
     examples, cursor = [], 0
 
-    def next_text() -> str:
+    def next_text(count: int = words) -> str:
         nonlocal cursor
         text = []
-        while len(text) < words:
+        while len(text) < count:
             text += paragraphs[cursor % len(paragraphs)].split()
             cursor += 1
         return " ".join(text)
 
+    targets = []
     for b in range(batch):
         question = " ".join(next_text().split()[:12])
         given = [{"id": f"p{b}-{k}", "title": "", "text": next_text()} for k in range(passages)]
         query = f"question: {question}? answer: <extra_id_0>"
-        examples.append(Example(id=str(b), query=query, target=None, answers=["a b c"], passages=given))
-    return examples, ["<extra_id_0> a b c"] * batch
+        answer = " ".join(next_text(answer_words).split()[:answer_words])
+        examples.append(Example(id=str(b), query=query, target=None, answers=[answer], passages=given))
+        targets.append(f"<extra_id_0> {answer}")
+    return examples, targets
 
 
 def run_steps(job: dict) -> dict:
-    """In the child: build the recipe's model on the folders and run `job["steps"]` training steps; → the record."""
-    import torch
-
+    """In the child: build the recipe's model on the folders and run `job["steps"]` training steps (evaluation
+    batches for a recipe without training); → the record."""
     from atlas.assembly import build_model
     from atlas.config import load_config
     from atlas.real_size import training_paragraphs
-    from atlas.training.loop import make_optimizers
 
     batch, passages, length = job["batch"], job["passages"], job["length"]
     sizes = [f"reader.n_context={passages}", f"retriever.n_context={passages}", f"training.batch_size={batch}"]
@@ -114,27 +194,19 @@ def run_steps(job: dict) -> dict:
         sizes.append(f"reader.text_maxlength={length}")
     config = load_config(job["recipe"], [*job["overrides"], *sizes], check_data=False)
     model = build_model(config)
-    model.train()
-    optimizers = make_optimizers(model, config)
+    trains = config.training.steps > 0
     words = max(config.reader.text_maxlength, config.retriever.passage_maxlength)  # ≥ 1 token a word: full inputs
     paragraphs = training_paragraphs(SHARED_DATA / "wikitext-2" / "valid.txt")
-    examples, targets = synthetic_examples(paragraphs, batch, passages, words)
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.training.precision == "bf16")
-    trained = [p for p in model.parameters() if p.requires_grad]
-    seconds, resident, reset = [], None, False
-    for step in range(job["steps"]):
-        if step == job["steps"] - 1:
+    examples, targets = synthetic_examples(paragraphs, batch, passages, words, config.reader.answer_maxlength)
+    trained = [p for p in model.parameters() if p.requires_grad] if trains else []
+    seconds, resident, reset, parts = [], None, False, {}
+    step = training_step(model, config, examples, targets) if trains else evaluation_batch(model, config, examples)
+    for number in range(job["steps"]):
+        if number == job["steps"] - 1:
             reset = reset_peak()
             resident = status_kib("VmRSS")
         start = time.perf_counter()
-        with autocast:
-            parts = model.losses(examples, targets)
-        parts["total"].backward()
-        for optimizer, _ in optimizers.stepped_by_loop(deepspeed=False):
-            params = [p for group in optimizer.param_groups for p in group["params"]]
-            torch.nn.utils.clip_grad_norm_(params, config.training.clip_norm)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+        parts = step()
         seconds.append(time.perf_counter() - start)
     peak = status_kib("VmHWM")
     retriever = model.retriever
@@ -142,11 +214,13 @@ def run_steps(job: dict) -> dict:
     gradient_bytes = 4 * sum(p.numel() for p in trained)
     step_bytes = None if peak is None or resident is None or not reset else (peak - resident) * 1024
     return {
+        "run": "training step" if trains else "evaluation batch",
         "batch_size": batch,
         "passages": passages,
+        "answer_length": config.reader.answer_maxlength,
         "reader_length": config.reader.text_maxlength,
         "retriever_length": config.retriever.passage_maxlength,
-        "precision": config.training.precision,
+        "precision": config.training.precision if trains else config.inference.precision,
         "gradient_checkpointing": config.reader.gradient_checkpointing,
         "parameters": {
             "reader": sum(p.numel() for p in model.reader.parameters()),
@@ -164,6 +238,52 @@ def run_steps(job: dict) -> dict:
     }
 
 
+def training_step(model, config, examples, targets):
+    """→ one training step as the loop takes it: the recipe's losses (bf16 autocast where it says so), backward, the
+    loop's clipping and AdamW; the step returns the losses."""
+    import torch
+
+    from atlas.training.loop import make_optimizers
+
+    model.train()
+    optimizers = make_optimizers(model, config)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.training.precision == "bf16")
+
+    def step() -> dict:
+        with autocast:
+            parts = model.losses(examples, targets)
+        parts["total"].backward()
+        for optimizer, _ in optimizers.stepped_by_loop(deepspeed=False):
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            torch.nn.utils.clip_grad_norm_(params, config.training.clip_norm)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        return parts
+
+    return step
+
+
+def evaluation_batch(model, config, examples):
+    """→ one evaluation batch of a recipe without training (zero-shot MMLU): each of the B questions scored as
+    `atlas.evaluate.predict_multiple_choice` scores it, four options under the task's cyclic presentations (4 reader
+    passes of K passages, one question at a time); the step returns the mean option log-probability."""
+    import torch
+
+    letters = ["A", "B", "C", "D"]
+    model.eval()
+
+    @torch.no_grad()
+    def step() -> dict:
+        total = torch.zeros(())
+        for example in examples:
+            shown = [example] * len(letters)  # the cyclic presentations: one reading each, same length
+            logits = model.option_logits(shown, letters, [example.passages] * len(shown))  # (4, 4)
+            total += logits.float().log_softmax(-1).mean()
+        return {"total": total / len(examples)}
+
+    return step
+
+
 def child(job: dict) -> dict:
     """`run_steps(job)` in a fresh process (its peak RSS its own)."""
     command = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(job)]
@@ -174,12 +294,11 @@ def child(job: dict) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def choose_sizes(job: dict, config, memory_gib: float) -> tuple[int, int, dict | None]:
-    """(B, K) to run: the recipe's if they fit `memory_gib`, else the largest K that fits at the recipe's B, else
-    B = 1 and the largest K then; → (B, K, the probes' record). Two probe runs at the recipe's B (K = 1 and 2) give
-    the memory: the resident weights and AdamW state, plus fp32 gradients, plus per passage the larger of the two
-    runs' difference and the K = 2 run's own share (which carries the fixed part of a step: conservative)."""
-    batch, passages = config.training.batch_size, config.reader.n_context
+def choose_sizes(job: dict, batch: int, passages: int, memory_gib: float) -> tuple[int, int, dict | None]:
+    """(B, K) to run: `batch` and `passages` (the recipe's) if they fit `memory_gib`, else the largest K that fits at
+    that B, else B = 1 and the largest K then; → (B, K, the probes' record). Two probe runs at that B (K = 1 and 2)
+    give the memory: the resident weights and AdamW state, plus fp32 gradients, plus per passage the larger of the
+    two runs' difference and the K = 2 run's own share (which carries the fixed part of a step: conservative)."""
     probes = [child({**job, "batch": batch, "passages": k, "steps": 2}) for k in PROBE_PASSAGES]
     if any(p["step_memory_gib"] is None for p in probes):
         return batch, passages, {"probes": probes, "note": "no peak RSS reset on this system: the recipe's B, K"}
@@ -208,14 +327,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, help="shallower models (tests): layers of each stack")
     parser.add_argument("--pieces", type=int, help="the reader tokenizer's pieces (default: T5's 32,000)")
     parser.add_argument("--batch-size", type=int, help="B of every run (default: the recipe's, if it fits)")
-    parser.add_argument("--passages", type=int, help="K of every run (default: the recipe's, if it fits)")
+    parser.add_argument(
+        "--passages", type=int, help="K of every run, with no probes (default: the recipe's, if it fits)"
+    )
+    parser.add_argument("--reader", help="a larger reader than the recipe's (google/t5-large-lm-adapt, …)")
     parser.add_argument("--length", type=int, help="the reader's tokens per passage (default: the recipe's)")
     parser.add_argument("--memory-gib", type=float, default=20.0, help="what a run may use, for choosing B and K")
     parser.add_argument("--gpus", type=int, default=8, help="ranks of the ZeRO projection")
+    parser.add_argument(
+        "--page",
+        type=Path,
+        default=REPO_ROOT / "docs" / "results" / "real-size.md",
+        help="the results page whose table is written from --out and the other real-size*.json beside it",
+    )
+    parser.add_argument("--page-only", action="store_true", help="write the page's table from the JSON; run nothing")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(run_steps(json.loads(args.child))))
+        return 0
+    if args.page_only:
+        write_page(args.page, page_reports(args.out), args.gpus)
         return 0
 
     from atlas.config import load_config
@@ -228,9 +360,33 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("wikitext-2/valid.txt", "wikitext-2/test.txt", "squad/train-v1.1.json")
         for paragraph in training_paragraphs(SHARED_DATA / name)
     ]
-    started, results, written = time.perf_counter(), {}, {}
+    # what a record's figures depend on (the memory budget only chose its B and K, which it records)
+    measuring = ("steps", "head_dim", "layers", "pieces", "batch_size", "passages", "length")
+    run_settings = {k: getattr(args, k) for k in measuring}
+    previous = json.loads(args.out.read_text()) if args.out.is_file() else {}
+    results = {  # a run killed part way resumes: recipes measured with these settings are kept
+        label: record
+        for label, record in previous.get("recipes", {}).items()
+        if record.get("run_settings") == run_settings
+    }
+    started, written = time.perf_counter(), {}
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     for name in args.recipes:
-        config = load_config(CONFIGS / name, check_data=False)
+        overrides = [f"reader.model={args.reader}"] if args.reader else []
+        config = load_config(CONFIGS / name, overrides, check_data=False)
+        label = name if not args.reader else f"{name} with {args.reader.split('/')[-1]}"
+        shape = shape_of(config)
+        measured = next(
+            (other for other, r in results.items() if r.get("shape") == shape and "same_shape_as" not in r), None
+        )
+        if label in results:
+            print(label, "kept from", args.out, flush=True)
+            continue
+        if measured is not None:  # one shape, one measurement: a step of it costs the same whatever the task
+            results[label] = {"same_shape_as": measured, "shape": shape, "run_settings": run_settings}
+            print(label, "has the shape of", measured, flush=True)
+            write_report(args, argv, results, started, memory)
+            continue
         pair = (config.reader.model, config.retriever.model)
         if pair not in written:  # written once per architecture pair and size, and kept for the next run
             narrowed = "".join(
@@ -246,25 +402,103 @@ def main(argv: list[str] | None = None) -> int:
                     )
             written[pair] = folders.overrides()
         job = {"recipe": str(CONFIGS / name), "overrides": written[pair], "length": args.length, "steps": args.steps}
+        batch = args.batch_size or config.training.batch_size
+        passages = args.passages or config.reader.n_context
         fit = None
-        if args.batch_size is not None or args.passages is not None:
-            batch = args.batch_size or config.training.batch_size
-            passages = args.passages or config.reader.n_context
-        else:
-            batch, passages, fit = choose_sizes(job, config, args.memory_gib)
+        if args.passages is None:
+            batch, passages, fit = choose_sizes(job, batch, passages, args.memory_gib)
         record = child({**job, "batch": batch, "passages": passages})
         record["recipe_batch_size"], record["recipe_passages"] = config.training.batch_size, config.reader.n_context
+        record["reader_model"], record["shape"], record["run_settings"] = config.reader.model, shape, run_settings
+        record["load_average"] = [round(x, 2) for x in os.getloadavg()]  # what else ran on the cores
         if fit is not None:
             record["fit"] = fit
-        if record["step_memory_per_passage_mib"] is not None:
-            counts = record["parameters"]
-            step_bytes = record["step_memory_per_passage_mib"] * 2**20 * batch * passages
-            record[f"gpu_gib_{args.gpus}_ranks"] = project_gpu_gib(
-                counts["reader"], counts["retriever_trained"], counts["retriever_frozen"], step_bytes, args.gpus
-            )
-        results[name] = record
-        print(name, json.dumps(record), flush=True)
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        if record["run"] == "training step":
+            record["gpu_plan"] = gpu_plan(record, args.gpus)
+        results[label] = record
+        print(label, json.dumps(record), flush=True)
+        write_report(args, argv, results, started, memory)
+    write_report(args, argv, results, started, memory)
+    if args.page is not None and args.page.is_file():
+        write_page(args.page, page_reports(args.out), args.gpus)
+    return 0
+
+
+def page_reports(out: Path) -> list[dict]:
+    """The reports the page shows: `out` first, then every other real-size*.json beside it."""
+    files = [
+        out,
+        *sorted(p for p in out.parent.glob("real-size*.json") if p != out and p.name != "real-size-checkpoint.json"),
+    ]
+    return [json.loads(p.read_text()) for p in files if p.is_file()]
+
+
+PAGE_START, PAGE_END = "<!-- bench/real_size.py writes the table below -->", "<!-- end of the table -->"
+
+
+def page_table(reports: list[dict], gpus: int) -> str:
+    """The results page's table: one row per measured shape (the recipes sharing it named), its run, and the GPU
+    plan of its recipe as written (`gpu_plan`)."""
+    columns = [
+        "recipes",
+        "reader",
+        "parameters: reader; retriever trained + frozen",
+        "run: B × K (recipe's)",
+        "tokens: reader / answer / retriever",
+        "seconds",
+        "peak RSS",
+        f"GPU GiB as written: one / ZeRO-2 over {gpus} (projected)",
+        *(f"{size} GB GPU" for size in GPU_SIZES_GB),
+    ]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for report in reports:
+        recipes = report["recipes"]
+        for label, record in recipes.items():
+            if "same_shape_as" in record:
+                continue
+            sharing = [label, *(other for other, r in recipes.items() if r.get("same_shape_as") == label)]
+            counts = {k: f"{v / 1e6:.1f}M" for k, v in record["parameters"].items()}
+            plan = gpu_plan(record, gpus)
+            kind = "training" if record["run"] == "training step" else "evaluation"
+            run = f"{kind} {record['batch_size']} × {record['passages']}"
+            recipe_size = f"({record['recipe_batch_size']} × {record['recipe_passages']})"
+            lengths = [record["reader_length"], record["answer_length"], record["retriever_length"]]
+            if plan:
+                memory = f"{plan['one_gpu_gib']:.1f} / {plan[f'zero2_{gpus}_gpus_gib']:.1f}"
+                fits = [plan.get(f"{size}GB") or "does not fit" for size in GPU_SIZES_GB]
+            else:
+                memory, fits = "no training", ["—"] * len(GPU_SIZES_GB)
+            cells = [
+                ", ".join(f"`{name}`" for name in sharing),
+                record.get("reader_model", "").split("/")[-1],
+                f"{counts['reader']}; {counts['retriever_trained']} + {counts['retriever_frozen']}",
+                f"{run} {recipe_size}",
+                " / ".join(str(n) for n in lengths),
+                f"{record['seconds_per_step'][-1]:.0f}",
+                f"{record['peak_rss_gib']:.1f} GiB",
+                memory,
+                *fits,
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_page(page: Path, reports: list[dict], gpus: int) -> None:
+    """Put `page_table(reports)` between the page's markers (the prose around it is written by hand)."""
+    from common.io import atomic_write_text
+
+    text = page.read_text(encoding="utf-8")
+    if PAGE_START not in text or PAGE_END not in text:
+        raise ValueError(f"{page}: no '{PAGE_START}' … '{PAGE_END}' markers to put the table between")
+    before, rest = text.split(PAGE_START, 1)
+    after = rest.split(PAGE_END, 1)[1]
+    atomic_write_text(page, f"{before}{PAGE_START}\n{page_table(reports, gpus)}\n{PAGE_END}{after}")
+
+
+def write_report(args, argv, results: dict, started: float, memory: int) -> None:
+    """The JSON so far, written atomically after each recipe (a killed run resumes from it)."""
+    from common.io import atomic_write_json
+
     report = {
         "command": shlex.join(["python", "bench/real_size.py", *(argv if argv is not None else sys.argv[1:])]),
         "date": datetime.date.today().isoformat(),
@@ -274,8 +508,7 @@ def main(argv: list[str] | None = None) -> int:
         "recipes": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    return 0
+    atomic_write_json(args.out, report)
 
 
 if __name__ == "__main__":
