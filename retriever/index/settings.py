@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from common.config_section import config_section
+
 
 @dataclass(frozen=True)
 class IndexSettings:
@@ -64,7 +66,7 @@ class IndexSettings:
 DEFAULTS = IndexSettings()
 
 
-@dataclass
+@config_section
 class IndexConfig:
     """The passage corpus and the FAISS-style index over it (build settings: `retriever.index.settings`)."""
 
