@@ -1,9 +1,9 @@
 """Typed configuration: YAML recipes → nested dataclasses, dotted overrides, strict validation.
 
 A recipe is a YAML mapping with one section per component (`retriever`, `index`, `reader`,
-`task`, `training`, `evaluation`). Every key is checked against the dataclasses below: an
-unknown key or a value of the wrong type raises `ConfigError` naming the key and the file (or
-the command-line override it came from).
+`task`, `training`, `evaluation`). Every key is checked by pydantic against the section dataclasses
+(`common.config_section`'s rules): an unknown key or a value of the wrong type raises `ConfigError` naming the
+key and the file (or the command-line override it came from).
 
 Names that select a registered component are checked against their registry once the
 overrides are applied: `task.name` against the task registry (`tasks.base.TASKS`),
@@ -22,20 +22,20 @@ overrides apply after the whole chain, and the resolved config a run saves has n
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import logging
 import os
-import types
-import typing
-from dataclasses import dataclass, field
+import re
+from dataclasses import field
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
+import pydantic
 import yaml
 
 import tasks  # noqa: F401  (importing the package registers every task)
+from common.config_section import check_value, config_section, first_error
 from common.io import atomic_write_text
 from reader.reader_config import ReaderConfig
 from retriever.index.settings import IndexConfig, IndexSettings
@@ -50,7 +50,7 @@ class ConfigError(ValueError):
     """A configuration value that cannot be accepted; the message names key and source."""
 
 
-@dataclass
+@config_section
 class InferenceConfig:
     """How a model answers (`Atlas.answer`, `atlas ask|evaluate|serve`, a run's evaluations): the passages it
     reads, their input length, the decoding and its precision. Saved with every model, so a fine-tuned run
@@ -95,7 +95,7 @@ class InferenceConfig:
     require_support: bool = False
 
 
-@dataclass
+@config_section
 class TaskConfig:
     """Which task adapter formats the examples, and where the data is."""
 
@@ -117,7 +117,7 @@ class TaskConfig:
     allow_overlap: bool = False
 
 
-@dataclass
+@config_section
 class TrainingConfig:
     """The optimisation recipe."""
 
@@ -161,7 +161,7 @@ class TrainingConfig:
     deepspeed: str | None = None
 
 
-@dataclass
+@config_section
 class EvaluationConfig:
     """How predictions are made and scored."""
 
@@ -177,7 +177,7 @@ class EvaluationConfig:
     train_recall_examples: int = 64
 
 
-@dataclass
+@config_section
 class AtlasConfig:
     """A whole run: one section per component."""
 
@@ -195,87 +195,25 @@ class AtlasConfig:
         return IndexSettings.of(self.index, batch_size=self.retriever.batch_size)
 
 
-def _type_name(tp: Any) -> str:
-    if typing.get_origin(tp) is Literal:
-        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+_CHECKER = pydantic.TypeAdapter(AtlasConfig)
 
 
-def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
-    """Check `value` against the annotation `tp`, converting where unambiguous."""
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in [a for a in args if a is not type(None)]:
-            try:
-                return _coerce(value, arg, key, source)
-            except ConfigError as e:
-                errors.append(e)
-        raise (
-            errors[0] if len(errors) == 1 else ConfigError(f"{source}: '{key}' must be {_type_name(tp)}, got {value!r}")
-        )
-    if origin is Literal:
-        if value not in args:
-            raise ConfigError(f"{source}: '{key}' must be {_type_name(tp)}, got {value!r}")
-        return value
-    if origin is list:
-        if not isinstance(value, list):
-            raise ConfigError(f"{source}: '{key}' must be a list, got {value!r}")
-        return [_coerce(v, args[0], f"{key}[{i}]", source) for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{source}: '{key}' must be a mapping, got {value!r}")
-        return dict(value)
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if tp is Any or (tp is bool and isinstance(value, bool)) or (tp is int and number and isinstance(value, int)):
-        return value
-    if tp is float and (number or isinstance(value, str)):  # YAML 1.1 reads "4e-5" as a string
-        with contextlib.suppress(ValueError):
-            return float(value)
-    if tp is str and (number or isinstance(value, str)):
-        return str(value)
-    raise ConfigError(f"{source}: '{key}' must be {_type_name(tp)}, got {value!r}")
+def config_from_tree(tree: Any, source: str, origins: dict[str, str] | None = None) -> AtlasConfig:
+    """The recipe mapping `tree` checked and typed into an `AtlasConfig` (`common.config_section`'s rules); an error
+    names `source`, or the file `origins` says set the key."""
+    try:
+        return _CHECKER.validate_python(tree)
+    except pydantic.ValidationError as e:
+        error = first_error(e, AtlasConfig)
+        raise ConfigError(f"{_source_of(error.key, origins or {}, source)}: {error.message}") from None
 
 
-def _shape_section(cls: type, data: dict) -> dict:
-    """A loss as recipes write it, in its dataclass shape: the plain `loss: emdr` means the loss's default
-    options, and `{name: emdr, granularity: token}` → `{name: emdr, options: {granularity: token}}`."""
-    if cls is RetrieverConfig and isinstance(data.get("loss"), str):
-        data["loss"] = {"name": data["loss"]}
-    if cls is LossConfig:
-        shaped = {"options": {k: v for k, v in data.items() if k != "name"}}
-        return {"name": data["name"], **shaped} if "name" in data else shaped
-    return data
-
-
-def _build(cls: type, data: Any, prefix: str, source: str, origins: dict[str, str] | None = None) -> Any:
-    """`data` checked and typed into `cls`; an error names `source`, or the file `origins` says set the key."""
-    origins = origins or {}
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"{_source_of(prefix, origins, source)}: '{prefix or 'config'}' must be a mapping, got {data!r}"
-        )
-    data = _shape_section(cls, data)
-    hints = typing.get_type_hints(cls)
-    fields = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        key = f"{prefix}.{unknown[0]}" if prefix else unknown[0]
-        raise ConfigError(
-            f"{_source_of(key, origins, source)}: unknown key '{key}' (valid keys: {', '.join(sorted(fields))})"
-        )
-    kwargs = {}
-    for name in [name for name in fields if name in data]:  # every field has a default: those not given keep it
-        key = f"{prefix}.{name}" if prefix else name
-        tp = hints[name]
-        if dataclasses.is_dataclass(tp):
-            kwargs[name] = _build(tp, data[name] or {}, key, source, origins)
-        else:
-            kwargs[name] = _coerce(data[name], tp, key, _source_of(key, origins, source))
-    return cls(**kwargs)
+def _checked(value: Any, tp: Any, key: str, where: str) -> Any:
+    """`value` checked and converted as a field of type `tp` at `key`; a `ConfigError` naming `where` if not."""
+    try:
+        return check_value(value, tp)
+    except pydantic.ValidationError as e:
+        raise ConfigError(f"{where}: {first_error(e, tp, key).message}") from None
 
 
 def _set_dotted(tree: dict, dotted: str, value: Any, source: str) -> None:
@@ -316,8 +254,8 @@ def _option_type(default: Any) -> Any:
 
 
 def _source_of(key: str, origins: dict[str, str], default: str) -> str:
-    """The file or override that last set `key` (or a section containing it)."""
-    parts = key.split(".")
+    """The file or override that last set `key` (or a section containing it; `a.b[2]` is set with `a.b`)."""
+    parts = re.sub(r"\[\d+\]", "", key).split(".")
     for depth in range(len(parts), 0, -1):
         prefix = ".".join(parts[:depth])
         if prefix in origins:
@@ -349,7 +287,7 @@ def validate_components(config: AtlasConfig, origins: dict[str, str] | None = No
         if option not in loss_class.default_options:
             valid = ", ".join(sorted(loss_class.default_options)) or "(none)"
             raise ConfigError(f"{where}: unknown key '{key}' for retriever loss '{loss.name}' (valid options: {valid})")
-        checked[option] = _coerce(value, _option_type(loss_class.default_options[option]), key, where)
+        checked[option] = _checked(value, _option_type(loss_class.default_options[option]), key, where)
         choices = loss_class.option_choices.get(option)
         if choices is not None and checked[option] not in choices:
             raise ConfigError(f"{where}: '{key}' must be one of {', '.join(map(repr, choices))}, got {value!r}")
@@ -383,7 +321,7 @@ def validate_components(config: AtlasConfig, origins: dict[str, str] | None = No
         if option not in defaults:
             valid = ", ".join(sorted(defaults)) or "(none)"
             raise ConfigError(f"{where}: unknown key '{key}' for task '{name}' (valid options: {valid})")
-        checked[option] = _coerce(value, _option_type(defaults[option]), key, where)
+        checked[option] = _checked(value, _option_type(defaults[option]), key, where)
     config.task.options = checked
 
 
@@ -428,18 +366,22 @@ def _set_keys(tree: dict, prefix: str = "") -> list[str]:
     return keys
 
 
+def _loss_as_mapping(tree: dict) -> dict | None:
+    """The tree's `retriever.loss` as a mapping, made one in place where a recipe wrote a name alone (`emdr` →
+    `{name: emdr}`), so that a base's options or a dotted override (`retriever.loss.granularity=token`) can lay
+    over it; None where the tree sets no loss."""
+    retriever = tree.get("retriever")
+    loss = retriever.get("loss") if isinstance(retriever, dict) else None
+    if isinstance(loss, str):
+        retriever["loss"] = loss = {"name": loss}
+    return loss if isinstance(loss, dict) else None
+
+
 def _loss_over_base(base_tree: dict, tree: dict) -> None:
     """Let a recipe's `retriever.loss` lay over its base's as a loss, not as a plain value: both are
-    made mappings (`emdr` → `{name: emdr}`), so that `{granularity: token}` keeps the base's loss; and a
-    recipe that names another loss drops the base's options, which were that loss's."""
-
-    def as_mapping(section: dict) -> dict | None:
-        loss = section.get("retriever", {}).get("loss") if isinstance(section.get("retriever"), dict) else None
-        if isinstance(loss, str):
-            section["retriever"]["loss"] = loss = {"name": loss}
-        return loss if isinstance(loss, dict) else None
-
-    base_loss, loss = as_mapping(base_tree), as_mapping(tree)
+    made mappings, so that `{granularity: token}` keeps the base's loss; and a recipe that names another loss
+    drops the base's options, which were that loss's."""
+    base_loss, loss = _loss_as_mapping(base_tree), _loss_as_mapping(tree)
     if base_loss is not None and loss is not None and loss.get("name", base_loss.get("name")) != base_loss.get("name"):
         del base_tree["retriever"]["loss"]
 
@@ -542,11 +484,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), *, ch
         source = str(path)
         tree, origins = _read_recipe(Path(path), source)  # `base` chain resolved: the tree holds no `base`
         _resolve_recipe_paths(tree, origins)
-    config = _build(AtlasConfig, tree, "", source, origins)
+    config = config_from_tree(tree, source, origins)
     for text in overrides:
         key, value = parse_override(text)
+        _loss_as_mapping(tree)
         _set_dotted(tree, key, value, f"override '{text}'")
-        config = _build(AtlasConfig, tree, "", f"override '{text}'")
+        config = config_from_tree(tree, f"override '{text}'")
         # A later override of a section replaces what earlier ones set inside it.
         origins = {k: v for k, v in origins.items() if not k.startswith(key + ".")}
         origins[key] = f"override '{text}'"
@@ -565,8 +508,9 @@ def apply_overrides(config: AtlasConfig, overrides: list[str], *, source: str = 
     origins: dict[str, str] = {}
     for text in overrides:
         key, value = parse_override(text)
+        _loss_as_mapping(tree)
         _set_dotted(tree, key, value, f"override '{text}'")
-        config = _build(AtlasConfig, tree, "", f"override '{text}'")
+        config = config_from_tree(tree, f"override '{text}'")
         origins[key] = f"override '{text}'"
     validate_components(config, origins, source)
     return config

@@ -34,8 +34,8 @@ from atlas.config import (
     ConfigError,
     LossConfig,
     TaskConfig,
-    _build,
     apply_overrides,
+    config_from_tree,
     load_config,
     validate_components,
 )
@@ -173,7 +173,7 @@ def _reader_config(source: ModelSource, index: Path | None, task: str | None) ->
     """The config that runs a reader without training: the defaults, the reader folder's own settings, the
     index's encoder as retriever (MiniLM where the index records none), no retriever loss, no data."""
     tree = reader_settings(source.folder)
-    config = _build(AtlasConfig, tree, "", str((source.folder or Path(source.path)) / READER_SETTINGS_FILE))
+    config = config_from_tree(tree, str((source.folder or Path(source.path)) / READER_SETTINGS_FILE))
     encoder = index_encoder(index)
     if index is not None and not encoder.source:
         logger.warning(

@@ -4,10 +4,10 @@ description in the configuration reference."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from common.config_section import config_section
 
 
-@dataclass
+@config_section
 class ReaderConfig:
     """The Fusion-in-Decoder T5 reader."""
 

@@ -4,14 +4,17 @@ is its description in the configuration reference."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Literal
 
+from pydantic import model_validator
+
+from common.config_section import config_section
 from common.modeling import DEFAULT_ENCODER
 from retriever.index.settings import DEFAULTS as INDEX_DEFAULTS
 
 
-@dataclass
+@config_section
 class LossConfig:
     """A retriever loss: its name in `retriever.losses.RETRIEVER_LOSSES` and its own options.
 
@@ -24,8 +27,20 @@ class LossConfig:
     name: str = "pdist"
     options: dict[str, Any] = field(default_factory=dict)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _as_recipes_write_it(cls, data: Any) -> Any:
+        """`emdr` → `{name: emdr}`; `{name: emdr, granularity: token}` → `{name: emdr, options: {granularity:
+        token}}`. A loss built in code (`LossConfig(name=…, options=…)`) comes as it is."""
+        if isinstance(data, str):
+            return {"name": data}
+        if isinstance(data, dict):
+            options = {"options": {k: v for k, v in data.items() if k != "name"}}
+            return {"name": data["name"], **options} if "name" in data else options
+        return data
 
-@dataclass
+
+@config_section
 class RetrieverConfig:
     """The dense retriever (Contriever-style encoder) and how it is trained."""
 

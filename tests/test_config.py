@@ -460,3 +460,68 @@ def test_a_recipes_relative_paths_are_read_beside_it_then_from_the_working_direc
     assert main(["train", str(shipped), "training.steps=1", f"training.output_dir={tmp_path / 'run'}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "nq824/dev.jsonl: file not found (looked for /" in err[0], err
+
+
+# --- the type rules (common/config_section.py): strict, with YAML's two leniencies
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("training:\n  steps: '10'\n", "'training.steps' must be int, got '10'"),
+        ("training:\n  steps: 2.0\n", "'training.steps' must be int, got 2.0"),
+        ("training:\n  steps: true\n", "'training.steps' must be int, got True"),
+        ("retriever:\n  tied: 1\n", "'retriever.tied' must be bool, got 1"),
+        ("training:\n  lr: true\n", "'training.lr' must be float, got True"),
+        ("training:\n  output_dir: true\n", "'training.output_dir' must be str, got True"),
+        ("evaluation:\n  retrieval_k: [1, five]\n", "'evaluation.retrieval_k[1]' must be int, got 'five'"),
+        ("evaluation:\n  max_examples: many\n", "'evaluation.max_examples' must be int, got 'many'"),
+        ("retriever:\n  loss: 3\n", "'retriever.loss' must be a mapping, got 3"),
+        ("task:\n  options: [a]\n", "'task.options' must be a mapping, got ['a']"),
+    ],
+)
+def test_values_are_checked_strictly(tmp_path, text, message):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == f"{path}: {message}"
+
+
+def test_yaml_leniencies_numbers_for_strings_strings_for_floats_and_empty_sections(tmp_path):
+    path = write(
+        tmp_path,
+        "training:\n  output_dir: 2024\n  lr: '3e-5'\n  clip_norm: 2\ntask:\n  train_data: [1, a.jsonl]\nreader:\n",
+    )
+    config = load_config(path, check_data=False)
+    assert config.training.output_dir == "2024" and config.task.train_data == ["1", "a.jsonl"]
+    assert (
+        config.training.lr == 3e-5 and config.training.clip_norm == 2.0 and isinstance(config.training.clip_norm, float)
+    )
+    assert config.reader == AtlasConfig().reader  # `reader:` with nothing under it: the defaults
+
+
+def test_an_unknown_key_is_named_before_a_bad_value_in_the_same_section(tmp_path):
+    path = write(tmp_path, "training:\n  steps: ten\n  zeta: 1\n  alpha: 2\n")
+    with pytest.raises(ConfigError, match=r"unknown key 'training\.alpha'"):
+        load_config(path)
+
+
+def test_a_list_element_error_names_the_file_that_set_the_list(tmp_path):
+    parent = write_at(tmp_path / "parent.yaml", "evaluation:\n  retrieval_k: [1, x]\n")
+    child = write_at(tmp_path / "child.yaml", "base: parent.yaml\ntraining:\n  steps: 3\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(child)
+    assert str(info.value) == f"{parent}: 'evaluation.retrieval_k[1]' must be int, got 'x'"
+    with pytest.raises(ConfigError, match=r"^override 'evaluation\.retrieval_k=\[2, y\]': .*\[1\]' must be int"):
+        load_config(None, ["evaluation.retrieval_k=[2, y]"])
+
+
+def test_a_section_built_in_code_is_checked_too():
+    from atlas.config import TrainingConfig
+    from retriever.retriever_config import LossConfig
+
+    with pytest.raises(ValueError, match="steps"):
+        TrainingConfig(steps="ten")
+    with pytest.raises(ValueError, match="lrr"):
+        TrainingConfig(lrr=1.0)
+    assert LossConfig(name="emdr", options={"granularity": "token"}).options == {"granularity": "token"}

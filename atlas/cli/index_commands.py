@@ -117,19 +117,22 @@ def add_index_settings(parser: argparse.ArgumentParser, *names: str, at_search: 
     defaults and help from there (`IndexSettings.of(args)` reads them back). `at_search`: overrides of the
     index's own search settings, None by default."""
     import dataclasses
+    import typing
 
     from retriever.index.settings import DEFAULTS, IndexSettings  # light
 
+    hints = typing.get_type_hints(IndexSettings)
     for setting in dataclasses.fields(IndexSettings):
         if setting.name not in names:
             continue
         flag, text = "--" + setting.name.replace("_", "-"), setting.metadata["help"]
-        if setting.type == "bool":
+        kinds = typing.get_args(hints[setting.name]) or (hints[setting.name],)  # `int | None`: (int, NoneType)
+        if bool in kinds:
             parser.add_argument(flag, action="store_true", help=text)
             continue
         parser.add_argument(
             flag,
-            type=int if setting.type == "int" else str,
+            type=int if int in kinds else str,
             default=None if at_search else getattr(DEFAULTS, setting.name),
             metavar="K'" if setting.name == "exact_rerank" else None,
             help=text + ("; default: the index's own" if at_search else ""),

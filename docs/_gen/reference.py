@@ -295,7 +295,10 @@ def config_reference() -> str:
             "A recipe is a YAML mapping with one section per component; any key can be overridden on the "
             "command line as `section.key=value` (the value is read as YAML: `training.lr=4e-5`, "
             "`task.train_data=[a.jsonl,b.jsonl]`, `index.path=null`). Unknown keys, wrong types and unknown "
-            "registry names are refused with the key and the file or override they came from."
+            "registry names are refused with the key and the file or override they came from. Types are strict "
+            "(`10`, not `'10'` or `10.0`, for an int; `true`/`false` for a bool), with two exceptions for YAML: a "
+            "float may be written as a string (`lr: '4e-5'`) and a string as a number (`output_dir: 2024`); a "
+            "section left empty keeps its defaults."
         ),
         "",
         (

@@ -270,7 +270,7 @@ class Manifest:
     encoder: EncoderSettings = field(default_factory=EncoderSettings)
     embedding_precision: str = "fp32"  # of the rows as built (each later segment records its own)
     keep_embeddings: bool = False
-    exact_rerank: int = 0
+    exact_rerank: int = 0  # the k' the index was built with (0 = off): `IndexSettings.rerank_width`
     nprobe: int = DEFAULTS.nprobe
     ef_search: int = DEFAULTS.ef_search
     train_sample: int | None = None

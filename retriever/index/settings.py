@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from common.config_section import config_section
+
 
 @dataclass(frozen=True)
 class IndexSettings:
@@ -29,8 +31,9 @@ class IndexSettings:
     keep_embeddings: bool = field(
         default=False, metadata={"help": "keep the float16 vectors beside a compressed index (implied by exact_rerank)"}
     )
-    exact_rerank: int = field(
-        default=0,
+    # None, not 0, so that one default serves both uses: a search keeps the index's own k', a build re-ranks none
+    exact_rerank: int | None = field(
+        default=None,
         metadata={
             "help": "a compressed index's top k' candidates re-scored exactly from its float16 vectors (kept, "
             "memory-mapped; e.g. 10x k); recorded as the index's own; 0 = off"
@@ -45,13 +48,19 @@ class IndexSettings:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"index setting {name} must be a positive integer, got {value!r}")
-        if not isinstance(self.exact_rerank, int) or isinstance(self.exact_rerank, bool) or self.exact_rerank < 0:
-            raise ValueError(f"exact_rerank must be an integer k' >= 0 (0 = off), got {self.exact_rerank!r}")
+        k = self.exact_rerank
+        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 0):
+            raise ValueError(f"exact_rerank must be an integer k' >= 0 (0 = off), got {k!r}")
 
     @property
     def keeps_vectors(self) -> bool:
         """Whether the float16 vectors stay beside the index (asked for, or needed by the exact re-rank)."""
-        return self.keep_embeddings or self.exact_rerank > 0
+        return self.keep_embeddings or self.rerank_width > 0
+
+    @property
+    def rerank_width(self) -> int:
+        """The k' a build records as the index's own (0 = off)."""
+        return self.exact_rerank or 0
 
     @classmethod
     def of(cls, source, **given) -> IndexSettings:
@@ -64,7 +73,7 @@ class IndexSettings:
 DEFAULTS = IndexSettings()
 
 
-@dataclass
+@config_section
 class IndexConfig:
     """The passage corpus and the FAISS-style index over it (build settings: `retriever.index.settings`)."""
 
@@ -92,7 +101,7 @@ class IndexConfig:
     # float16 vectors kept memory-mapped on disk. None: the index's own setting (its manifest,
     # `exact_rerank`); 0: off. Building with k' > 0 keeps the vectors. Not `reencode_candidates`
     # (that re-encodes candidates with the current, training encoder).
-    exact_rerank: int | None = None
+    exact_rerank: int | None = DEFAULTS.exact_rerank
     # Pretext tasks drop a retrieved passage whose id is the example's own source: retrieve this many times k so that k
     # remain.
     filtering_overretrieve_ratio: int = 2

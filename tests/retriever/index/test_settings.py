@@ -39,7 +39,24 @@ def test_a_run_builds_with_its_index_section_and_its_retrievers_batch_size():
     )
     settings = config.index_settings()
     assert (settings.spec, settings.chunk_size, settings.batch_size) == ("HNSW16", 512, 16)
-    assert settings.exact_rerank == 0  # the config's null means the index's own: a build records none
+    # the config's null means the index's own: a build re-ranks none and records 0
+    assert (settings.exact_rerank, settings.rerank_width, settings.keeps_vectors) == (None, 0, False)
+
+
+def test_exact_rerank_has_one_default_for_the_recipe_the_command_line_and_the_build():
+    from atlas.cli.index_commands import add_index_settings
+
+    building, searching = argparse.ArgumentParser(), argparse.ArgumentParser()
+    add_index_settings(building, "exact_rerank")
+    add_index_settings(searching, "exact_rerank", at_search=True)
+    defaults = {
+        DEFAULTS.exact_rerank,
+        AtlasConfig().index.exact_rerank,
+        building.parse_args([]).exact_rerank,
+        searching.parse_args([]).exact_rerank,
+    }
+    assert defaults == {None}
+    assert IndexSettings(exact_rerank=40).rerank_width == 40 and IndexSettings(exact_rerank=0).keeps_vectors is False
 
 
 @pytest.mark.parametrize(
