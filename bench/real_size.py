@@ -14,15 +14,25 @@ step's working memory (peak − resident) with its share per passage once the gr
 B and K are the recipe's unless --memory-gib would not hold them. Two probe runs at the recipe's B with K = 1 and 2
 give the memory per passage; where the recipe's B and K would not fit, the largest K that fits at the recipe's B
 (else at B = 1) is run instead. The JSON says which (`recipe_batch_size`, `recipe_passages`, `fit`).
---batch-size and --passages force B and K, and skip the probes.
+--batch-size sets the B of the probes and the run (a recipe whose own B would not fit even at K = 1: pretrain-mlm's
+64, a T5-large reader's 8); --passages sets K and skips the probes.
+
+Recipes of one shape (`shape_of`: the same models, B, K, lengths, precision, loss; they differ in their data) are
+measured once. The JSON is written after each recipe, and a run started again keeps the recipes already measured
+with the same settings: a killed run resumes, and a recipe run alone with other settings joins the file.
 
 The GPU projection is computed from the counts, not measured. It gives GiB per GPU at ZeRO stages 0-3 over --gpus
 ranks: fp32 weights (4 B), fp32 gradients (4 B) and AdamW's two fp32 moments (8 B) per trainable reader parameter,
 partitioned as each stage partitions them. The retriever keeps its own AdamW outside DeepSpeed (16 B per trained
-parameter, 4 B per frozen one, on every rank). To that it adds the step's measured working memory per passage × B·K
-(activations under the recipe's autocast, measured on the CPU).
+parameter, 4 B per frozen one, on every rank). To that it adds the step's memory per passage read × the recipe's
+B·K: the slope of the peak RSS between the narrowest and the widest run measured (activations under the recipe's
+autocast, on the CPU). `gpu_plan` then says, per GPU size, the first way the recipe fits, and the results page's
+table (--page) is written from the JSON files.
 
     .venv/bin/python bench/real_size.py            # every paper recipe, real size: hours of CPU, 1.4 GB of disk
+    .venv/bin/python bench/real_size.py --recipes pretrain-mlm.yaml --batch-size 8
+    .venv/bin/python bench/real_size.py --recipes nq-64shot.yaml --reader google/t5-large-lm-adapt --batch-size 1 \
+        --out bench/results/cpu/real-size-large.json
     .venv/bin/python bench/real_size.py --recipes nq-64shot.yaml --head-dim 4 --layers 1 --pieces 500 \\
         --passages 2 --length 64 --work /tmp/real-size --out /tmp/real-size.json          # smoke test: a minute
 """
@@ -363,12 +373,10 @@ def main(argv: list[str] | None = None) -> int:
     # what a record's figures depend on (the memory budget only chose its B and K, which it records)
     measuring = ("steps", "head_dim", "layers", "pieces", "batch_size", "passages", "length")
     run_settings = {k: getattr(args, k) for k in measuring}
-    previous = json.loads(args.out.read_text()) if args.out.is_file() else {}
-    results = {  # a run killed part way resumes: recipes measured with these settings are kept
-        label: record
-        for label, record in previous.get("recipes", {}).items()
-        if record.get("run_settings") == run_settings
-    }
+    # a run killed part way resumes: recipes measured with these settings are kept, the others measured again; the
+    # file keeps every recipe, each with the command that measured it
+    results = json.loads(args.out.read_text())["recipes"] if args.out.is_file() else {}
+    command = shlex.join(["python", "bench/real_size.py", *(argv if argv is not None else sys.argv[1:])])
     started, written = time.perf_counter(), {}
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     for name in args.recipes:
@@ -376,12 +384,18 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(CONFIGS / name, overrides, check_data=False)
         label = name if not args.reader else f"{name} with {args.reader.split('/')[-1]}"
         shape = shape_of(config)
-        measured = next(
-            (other for other, r in results.items() if r.get("shape") == shape and "same_shape_as" not in r), None
-        )
-        if label in results:
+        if results.get(label, {}).get("run_settings") == run_settings:
             print(label, "kept from", args.out, flush=True)
             continue
+        results.pop(label, None)
+        measured = next(
+            (
+                other
+                for other, r in results.items()
+                if r.get("shape") == shape and "same_shape_as" not in r and r.get("run_settings") == run_settings
+            ),
+            None,
+        )
         if measured is not None:  # one shape, one measurement: a step of it costs the same whatever the task
             results[label] = {"same_shape_as": measured, "shape": shape, "run_settings": run_settings}
             print(label, "has the shape of", measured, flush=True)
@@ -410,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
         record = child({**job, "batch": batch, "passages": passages})
         record["recipe_batch_size"], record["recipe_passages"] = config.training.batch_size, config.reader.n_context
         record["reader_model"], record["shape"], record["run_settings"] = config.reader.model, shape, run_settings
+        record["command"] = command
         record["load_average"] = [round(x, 2) for x in os.getloadavg()]  # what else ran on the cores
         if fit is not None:
             record["fit"] = fit
