@@ -69,6 +69,7 @@ PAPER_RECIPES = (
 )
 GIB = 2**30
 PROBE_PASSAGES = (1, 2)
+DEFAULT_OUT = REPO_ROOT / "bench" / "results" / "cpu" / "real-size.json"
 
 
 def project_gpu_gib(reader: int, retriever_trained: int, retriever_frozen: int, step_bytes: float, gpus: int) -> dict:
@@ -331,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipes", nargs="+", default=list(PAPER_RECIPES), help="recipe files under configs/")
     parser.add_argument("--work", type=Path, default=REPO_ROOT / "runs" / "real-size", help="the real-size folders")
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "results" / "cpu" / "real-size.json")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--steps", type=int, default=2, help="training steps per run (the last is timed)")
     parser.add_argument("--head-dim", type=int, help="narrower models (tests): heads of this size (published 64)")
     parser.add_argument("--layers", type=int, help="shallower models (tests): layers of each stack")
@@ -347,16 +348,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--page",
         type=Path,
-        default=REPO_ROOT / "docs" / "results" / "real-size.md",
-        help="the results page whose table is written from --out and the other real-size*.json beside it",
+        help="the results page whose table is written from --out and the other real-size*.json beside it "
+        "(default: docs/results/real-size.md when --out is the default)",
     )
     parser.add_argument("--page-only", action="store_true", help="write the page's table from the JSON; run nothing")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.page is None and args.out.resolve() == DEFAULT_OUT:
+        args.page = REPO_ROOT / "docs" / "results" / "real-size.md"
     if args.child:
         print(json.dumps(run_steps(json.loads(args.child))))
         return 0
     if args.page_only:
+        if args.page is None:
+            parser.error("--page-only needs --page (or the default --out)")
         write_page(args.page, page_reports(args.out), args.gpus)
         return 0
 
@@ -434,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         print(label, json.dumps(record), flush=True)
         write_report(args, argv, results, started, memory)
     write_report(args, argv, results, started, memory)
-    if args.page is not None and args.page.is_file():
+    if args.page is not None:
         write_page(args.page, page_reports(args.out), args.gpus)
     return 0
 
@@ -519,7 +524,7 @@ def write_report(args, argv, results: dict, started: float, memory: int) -> None
         "date": datetime.date.today().isoformat(),
         "machine": f"{os.cpu_count()} CPU cores, {memory / GIB:.0f} GiB ({platform.machine()})",
         "wall_s": round(time.perf_counter() - started, 1),
-        "settings": {k: v for k, v in vars(args).items() if k not in ("child", "out", "work")},
+        "settings": {k: v for k, v in vars(args).items() if k not in ("child", "out", "work", "page", "page_only")},
         "recipes": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

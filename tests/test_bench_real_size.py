@@ -107,9 +107,14 @@ def test_a_steps_target_fills_the_recipes_answer_length(bench):
 def test_the_bench_at_reduced_size_measures_and_projects(bench, shared_data, tmp_path):
     out = tmp_path / "real-size.json"
     args = ["--recipes", "nq-64shot.yaml", "kilt-nq.yaml", "--head-dim", "2", "--layers", "1", "--pieces", "500"]
+    page = tmp_path / "page.md"
+    page.write_text(f"# Results\n\n{bench.PAGE_START}\nold table\n{bench.PAGE_END}\n\nWhat it shows.\n")
     args += ["--length", "48", "--memory-gib", "1.0", "--work", str(tmp_path / "work"), "--out", str(out)]
-    assert bench.main(args) == 0
+    assert bench.main([*args, "--page", str(page)]) == 0
     report = json.loads(out.read_text())
+    table = page.read_text().split(bench.PAGE_START)[1].split(bench.PAGE_END)[0]
+    assert "old table" not in table and "| `nq-64shot.yaml`, `kilt-nq.yaml` |" in table
+    assert page.read_text().endswith("What it shows.\n")  # the prose around the table is kept
     assert {"command", "date", "machine", "wall_s", "settings", "recipes"} <= set(report)
     record = report["recipes"]["nq-64shot.yaml"]
     assert record["parameters"]["reader"] > 32128 * 24 * 2  # the untied 32,128-row vocabulary at d_model 24
