@@ -242,8 +242,11 @@ class Atlas:
                 read = [] if passages is None else list(passages[n])
                 attention = None if reading.attention is None else [float(a) for a in reading.attention[n, : len(read)]]
                 answer, cited = self.task.postprocess(example, text), []
+                copied = None if reading.copied is None else reading.copied[n]
                 if self.task.cites_passages:
-                    answer, cited = supported_answer(answer, read, attention, require_support=require_support)
+                    answer, cited = supported_answer(
+                        answer, read, attention, require_support=require_support, copied=copied
+                    )
                 answers.append(Answer(questions[start + n], answer, read, attention, generation, cited))
         return answers
 

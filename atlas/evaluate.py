@@ -37,7 +37,7 @@ from common.io import atomic_write_json, write_jsonl
 from common.progress import progress_bar as tqdm
 from retriever.retrieval_eval import RetrievalExample, score_retrieval
 from tasks.base import Example
-from tasks.citations import NO_ANSWER, supported_answer
+from tasks.citations import NO_ANSWER, Span, supported_answer
 from tasks.kilt import KiltTask, write_kilt_predictions
 from tasks.multiple_choice import aggregate
 from tasks.passage import Passage
@@ -111,12 +111,14 @@ class Predictions:
     `texts`: raw generated text (generation) or the letter chosen on the original option order
     (multiple choice); `passages`: the passages per example (retrieved, or given with the
     example), None when closed-book; `probabilities`: multiple choice
-    only, the de-biased probability of each original option letter.
+    only, the de-biased probability of each original option letter; `copied`: where span-constrained decoding
+    says each answer stands in the passages read (`Reading.copied`), else None.
     """
 
     texts: list[str]
     passages: list[list[Passage]] | None
     probabilities: list[dict[str, float]] | None = None
+    copied: list[list[Span]] | None = None
 
     def take(self, n: int) -> Predictions:
         """The first `n` examples' predictions (drops the padding of a rank's share)."""
@@ -124,24 +126,28 @@ class Predictions:
             self.texts[:n],
             None if self.passages is None else self.passages[:n],
             None if self.probabilities is None else self.probabilities[:n],
+            None if self.copied is None else self.copied[:n],
         )
 
 
 @torch.no_grad()
 def predict_generation(model, task, examples: list[Example], config: EvaluationConfig, *, show: bool = True):
-    """Generate answers: → (raw generated texts, passages per example (all retrieved) or None).
+    """Generate answers: → (raw generated texts, passages per example (all retrieved) or None, None (no option
+    probabilities), where span-constrained decoding copied each answer from or None).
 
     Retrieves max(n_read, max(retrieval_k)) passages per example (one index search per batch of
     `config.batch_size`); the reader reads the first `model.n_read` (`AtlasModel.read`, the one answer path).
     """
     n_retrieve = max([model.n_read, *config.retrieval_k])
-    predictions, retrieved = [], []
+    predictions, retrieved, copied = [], [], []
     for batch in _batches(examples, config.batch_size, show=show):
         passages = model.passages_for(batch, n_retrieve)
         read = None if passages is None else [ps[: model.n_read] for ps in passages]
-        predictions.extend(model.read([e.query for e in batch], read).texts)
+        reading = model.read([e.query for e in batch], read)
+        predictions.extend(reading.texts)
         retrieved.extend(passages or [None] * len(batch))
-    return predictions, (None if model.closed_book else retrieved)
+        copied.extend(reading.copied or [None] * len(batch))
+    return predictions, (None if model.closed_book else retrieved), None, copied
 
 
 @torch.no_grad()
@@ -206,7 +212,7 @@ def _restore_texts(passages: list[list[Passage]] | None, index) -> None:
 
 def _gather(predictions: Predictions, context: DistributedContext, has_index: bool) -> Predictions | None:
     """All ranks' predictions on rank 0, in rank order (= example order); None on other ranks."""
-    payload = Predictions(predictions.texts, _strip_texts(predictions.passages, has_index), predictions.probabilities)
+    payload = replace(predictions, passages=_strip_texts(predictions.passages, has_index))
     gathered: list[Any] | None = [None] * context.world_size if context.is_main else None
     dist.gather_object(payload, gathered, dst=0)
     if not context.is_main:
@@ -214,7 +220,8 @@ def _gather(predictions: Predictions, context: DistributedContext, has_index: bo
     texts = [t for part in gathered for t in part.texts]
     passages = None if gathered[0].passages is None else [ps for part in gathered for ps in part.passages]
     probabilities = None if gathered[0].probabilities is None else [p for part in gathered for p in part.probabilities]
-    return Predictions(texts, passages, probabilities)
+    copied = None if gathered[0].copied is None else [c for part in gathered for c in part.copied]
+    return Predictions(texts, passages, probabilities, copied)
 
 
 def _share_result(result: dict | Exception, context: DistributedContext) -> dict[str, float]:
@@ -334,8 +341,9 @@ def _write_and_score(
     if cites:
         require_support = model.inference_config.require_support
         for i, passages in enumerate(retrieved):
+            copied = None if outputs.copied is None else outputs.copied[i]
             answers[i], citations[i] = supported_answer(
-                answers[i], passages or [], None, require_support=require_support
+                answers[i], passages or [], None, require_support=require_support, copied=copied
             )
         if require_support:  # an abstention is scored as its text
             outputs.texts = [a if a == NO_ANSWER else t for a, t in zip(answers, outputs.texts)]

@@ -25,7 +25,7 @@ from common.modeling import eval_mode
 from reader.dispersion_loss import mean_pairwise_cosine_distance
 from reader.fid import IGNORE_INDEX, FiDReader
 from reader.inputs import encode_reader_inputs, encode_targets
-from reader.span_constraint import PassageSpanConstraint
+from reader.span_constraint import PassageSpanConstraint, copied_spans
 from reader.surface import decode_answers, decoding_is_lossless
 from retriever.losses import RetrieverLoss
 from retriever.null_document import is_null_document, null_document, with_null_document
@@ -67,10 +67,13 @@ class Reading:
     """What the reader made of a batch: `texts[b]`, the generated text of example b as the reader's tokenizer
     decodes it (sentinels kept, for the task's `postprocess`); `attention` (B, K), each passage's share of the
     decoder's cross-attention while it wrote the answer (rows sum to 1 over the passages read, less the null
-    document's share where it is read), when asked."""
+    document's share where it is read), when asked; `copied[b]`, where decoding was span-constrained (and the
+    tokenizer gives character offsets), the places in example b's passages that its answer's ids stand
+    (`reader.span_constraint.copied_spans`: passage index, field, start, end), else None."""
 
     texts: list[str]
     attention: torch.Tensor | None = None
+    copied: list[list[tuple[int, str, int, int]]] | None = None
 
 
 class AtlasModel(nn.Module):
@@ -392,6 +395,9 @@ class AtlasModel(nn.Module):
         states = self.encode_for_answers(input_ids, attention_mask)  # (B, K, L, H)
         generated = self.generate(input_ids, attention_mask, read, encoder_states=states)  # (B, T')
         texts = self.decode(generated, read)
+        copied = None
+        if self.inference_config.span_answers and passages is not None and self.reader_tokenizer.is_fast:
+            copied = copied_spans(self.reader_tokenizer, self._answer_ids(generated), template_fields(passages))
         attention = None
         if with_attention:
             labels = generated[:, 1:].clone()
@@ -402,7 +408,18 @@ class AtlasModel(nn.Module):
             attention = torch.where(totals > 0, scores / totals.clamp_min(1e-30), scores)
             if null:  # not evidence: the passages given keep their shares
                 attention = attention[:, 1:]
-        return Reading(texts, attention)
+        return Reading(texts, attention, copied)
+
+    def _answer_ids(self, generated: torch.Tensor) -> list[list[int]]:
+        """(B, T') generated ids → each answer's ids: after the decoder start token and the answer prefix (as the
+        span constraint forces it), before `</s>`."""
+        prefix = self.reader_tokenizer(ANSWER_SENTINEL, add_special_tokens=False)["input_ids"]
+        eos = self.reader_tokenizer.eos_token_id
+        answers = []
+        for row in generated[:, 1:].tolist():
+            row = row[: row.index(eos)] if eos in row else row
+            answers.append(row[len(prefix) :] if row[: len(prefix)] == prefix else row)
+        return answers
 
     def _with_scored_null_document(self, queries: list[str], passages: list[list[Passage]]) -> list[list[Passage]]:
         """`passages` with the null document first, scored (s(q, ∅)) where the retrieval prior weighs the

@@ -11,6 +11,7 @@ the `prefix_allowed_tokens_fn` of Hugging Face's `generate` that enforces it (gr
 from __future__ import annotations
 
 import math
+import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -30,6 +31,47 @@ def continuation_token_ids(tokenizer) -> np.ndarray:
     else:
         ids = [i for token, i in vocab.items() if token.startswith("##")]
     return np.array(sorted(ids), dtype=np.int64)
+
+
+def copied_spans(
+    tokenizer, answers: Sequence[Sequence[int]], passages: Sequence[Sequence[Mapping[str, str]] | None]
+) -> list[list[tuple[int, str, int, int]]]:
+    """Where each answer's ids stand in its example's passages, as span-constrained decoding saw them: every
+    occurrence of the ids in a passage's title or text tokenised as `PassageSpanConstraint.from_passages` tokenises
+    it, starting and ending on word boundaries as the constraint lets a span start and end, as character offsets
+    from the tokenizer's offset mapping (a fast tokenizer's).
+
+    Args:
+        answers: per example, the generated answer's ids (after the answer prefix, before `</s>`).
+        passages: per example, the fields (`title`, `text`) of the passages read; None: closed book.
+    Returns:
+        per example, (passage index, "title" or "text", start, end) with `field[start:end]` the words the ids
+        stand for, passage by passage, the title before the text, earlier before later; [] where there is none
+        (an answer cut mid-word by the length limit, or one copied from the null document).
+    """
+    continuation = set(continuation_token_ids(tokenizer).tolist())
+    found = []
+    for ids, read in zip(answers, passages):
+        span, spans = [int(i) for i in ids], []
+        fields = [(n, key, p.get(key) or "") for n, p in enumerate(read or []) for key in ("title", "text")]
+        fields = [f for f in fields if f[2].strip()]
+        if span and fields:
+            encoded = tokenizer([f[2] for f in fields], add_special_tokens=False, return_offsets_mapping=True)
+            for (n, key, text), tokens, offsets in zip(fields, encoded["input_ids"], encoded["offset_mapping"]):
+                for at in range(len(tokens) - len(span) + 1):
+                    end = at + len(span)
+                    if tokens[at:end] == span and (end == len(tokens) or tokens[end] not in continuation):
+                        spans.append((n, key, offsets[at][0], _with_combining_marks(text, offsets[end - 1][1])))
+        found.append(spans)
+    return found
+
+
+def _with_combining_marks(text: str, end: int) -> int:
+    """`end` moved past the combining marks that follow it: a normaliser that strips accents maps "é" written as
+    e + U+0301 to the e alone, and the accent belongs to the cited letter."""
+    while end < len(text) and unicodedata.combining(text[end]):
+        end += 1
+    return end
 
 
 class PassageSpanConstraint:

@@ -7,6 +7,10 @@ white space or punctuation read as one separator, and the match starting and end
 passage's spelling of the answer ("Stafairk" for the answer "stafairk"). Every occurrence is cited; the passages
 most attended first (where the reader's attention shares are known), else in the order they were read, and in a
 passage, the title before the text and earlier before later.
+
+Where decoding was span-constrained, the reader's answer is a run of tokens of a passage it read, and the
+constraint's tokenisation says exactly where: those places (`reader.span_constraint.copied_spans`, mapped to
+characters with the tokenizer's offsets) are cited instead, in the same order (`find_citations(copied=...)`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Literal
 from tasks.passage import Passage
 
 Field = Literal["title", "text"]
+Span = tuple[int, Field, int, int]  # a passage's position among those read, its field, [start, end) there
 # What a model that must answer from its passages (`inference.require_support`) answers when none holds its answer
 NO_ANSWER = "no answer in the passages"
 
@@ -81,11 +86,27 @@ def find_in(answer: str, text: str) -> list[tuple[int, int]]:
 
 
 def find_citations(
-    answer: str, passages: Sequence[Passage], attention: Sequence[float] | None = None
+    answer: str,
+    passages: Sequence[Passage],
+    attention: Sequence[float] | None = None,
+    *,
+    copied: Sequence[Span] | None = None,
 ) -> list[Citation]:
     """Every place the passages read hold `answer` (see the module), best first: the passages by their attention
-    share where given, else in the order read. [] for an empty answer or no passages (closed book)."""
+    share where given, else in the order read. [] for an empty answer or no passages (closed book).
+
+    `copied`: where span-constrained decoding says the answer's tokens stand (`Reading.copied`: passage index,
+    field, start, end); when there are any, they are the citations, in the same order, and the text is not
+    searched. Those whose words the answer matches are kept where some do: `<unk>` stands for any character the
+    vocabulary lacks, so "首都" and "東京" may be the same ids, and an answer the reader respelled from its
+    passages ("東京") says which."""
     order = sorted(range(len(passages)), key=lambda n: -attention[n]) if attention is not None else range(len(passages))
+    if copied:
+        rank = {n: r for r, n in enumerate(order)}
+        spans = sorted(copied, key=lambda s: (rank[s[0]], s[1] != "title", s[2]))
+        cited = [Citation(passages[n].id, field, a, b, getattr(passages[n], field)[a:b]) for n, field, a, b in spans]
+        agreeing = [c for c in cited if find_in(answer, c.quote) == [(0, len(c.quote))]]
+        return agreeing or cited
     citations = []
     for n in order:
         passage = passages[n]
@@ -96,11 +117,16 @@ def find_citations(
 
 
 def supported_answer(
-    answer: str, passages: Sequence[Passage], attention: Sequence[float] | None, *, require_support: bool
+    answer: str,
+    passages: Sequence[Passage],
+    attention: Sequence[float] | None,
+    *,
+    require_support: bool,
+    copied: Sequence[Span] | None = None,
 ) -> tuple[str, list[Citation]]:
-    """`answer` and its citations; with `require_support`, NO_ANSWER (no citation) where passages were read and none
-    holds the answer. A closed-book answer (no passages) is kept as it is."""
-    citations = find_citations(answer, passages, attention)
+    """`answer` and its citations (`find_citations`); with `require_support`, NO_ANSWER (no citation) where passages
+    were read and none holds the answer. A closed-book answer (no passages) is kept as it is."""
+    citations = find_citations(answer, passages, attention, copied=copied)
     if require_support and passages and not citations:
         return NO_ANSWER, []
     return answer, citations

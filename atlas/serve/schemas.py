@@ -19,7 +19,7 @@ request's reading budget (questions x k x length, `atlas.serve.serve_settings`):
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
@@ -216,14 +216,33 @@ class Evidence(SearchHit):
     attention: float | None = None
 
 
+class Citation(BaseModel):
+    """Where the answer's words stand in a passage read (`tasks.citations.Citation`): `passage_id`'s `field`
+    ("title" or "text") holds them at the character offsets `[start, end)`; `quote` is that field's text there.
+    Offsets count Unicode code points (Python's `str` indices): JavaScript's UTF-16 string indices differ from
+    them past the Basic Multilingual Plane."""
+
+    passage_id: str
+    field: Literal["title", "text"]
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)
+    quote: str
+
+
 class AskResponse(BaseModel):
-    """The answer, the passages read (best retrieval score first) and the one attended to most."""
+    """The answer, the passages read (best retrieval score first), the one attended to most, and where the
+    answer's words stand in them."""
 
     question: str
     answer: str
     k: int
     evidence: list[Evidence]
     attended: str | None = Field(description="id of the passage the reader attended to most")
+    citations: list[Citation] = Field(
+        description="every place the passages read hold the answer, the most attended passage first; "
+        "empty when none does (or when the task's answers are labels, not words of a passage)"
+    )
+    supported: bool = Field(description="whether a passage read holds the answer (there is a citation)")
     generation: int = Field(description="the index generation the answer was read from")
     batch_size: int = Field(description="questions in the forward pass that answered this one")
     latency_ms: float

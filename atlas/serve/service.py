@@ -114,8 +114,9 @@ class AtlasService:
         """Answer a micro-batch: one retrieval and one reader pass per distinct k (`Atlas.answer_examples`).
 
         → per question {"question", "answer", "k", "evidence": [{id, title, text, score,
-        attention}], "attended", "generation"}; `attention` is the passage's share of the reader's
-        cross-attention mass while it produced the answer (`reader.attention_scores`).
+        attention}], "attended", "citations": [{passage_id, field, start, end, quote}], "supported",
+        "generation"}; `attention` is the passage's share of the reader's cross-attention mass while it
+        produced the answer (`reader.attention_scores`); `citations` are `Answer.citations`, best first.
         """
         self._pick_up_commits_made_elsewhere()
         results: list[dict | None] = [None] * len(questions)
@@ -142,6 +143,8 @@ class AtlasService:
                     "k": k,
                     "evidence": evidence,
                     "attended": attended,
+                    "citations": [c.record() for c in answer.citations],
+                    "supported": answer.supported,
                     "generation": answer.generation,
                 }
         return results

@@ -119,6 +119,22 @@ def test_the_api_cites_the_passage_an_answer_is_read_from(world):
     assert best.quote.lower() == answer.text.lower()
 
 
+def test_a_span_constrained_answer_is_cited_where_its_tokens_stand(world):
+    """The shipped reader decodes spans of its passages: the citations are where the answer's tokens stand in
+    them (`Reading.copied`), at the characters found here by hand."""
+    model, question = world["model"], world["questions"][0]
+    assert model.config.inference.span_answers  # the shipped reader's own decoding
+    answer = model.answer(question["question"])
+    ids = [p.id for p in answer.passages]
+    reading = model.model.read([model.task.query(answer.question)], [answer.passages])
+    gold = next(n for n, pid in enumerate(ids) if pid.startswith(question["gold_doc"]))  # Index.build's chunks
+    start = answer.passages[gold].text.lower().index(answer.text.lower())
+    assert (gold, "text", start, start + len(answer.text)) in reading.copied[0]
+    assert [(c.passage_id, c.field, c.start, c.end) for c in answer.citations] == [
+        (ids[n], field, a, b) for n, field, a, b in reading.copied[0]
+    ]
+
+
 def test_a_missing_hub_model_says_why_it_is_missing(tmp_path):
     """Online, a Hub id that is not cached and cannot be fetched is one line that does not blame HF_HUB_OFFLINE
     (before: "HF_HUB_OFFLINE is set" whether or not it was); offline, it says so."""

@@ -98,7 +98,20 @@ def test_ask_answers_with_evidence_and_the_passage_it_read(client):
     assert evidence[0]["score"] >= evidence[1]["score"]
     assert sum(e["attention"] for e in evidence) == pytest.approx(1.0, abs=1e-4)
     assert body["attended"] == "country-biole"  # the passage the answer is read from
-    assert "Stafairk" in evidence[0]["text"]
+    text = evidence[0]["text"]
+    start = text.index("Stafairk")  # where the fixture's passage holds the answer, found by hand
+    assert body["citations"][0] == {
+        "passage_id": "country-biole",
+        "field": "text",
+        "start": start,
+        "end": start + len("Stafairk"),
+        "quote": "Stafairk",
+    }
+    assert body["supported"] is True
+    for citation in body["citations"]:  # every one slices its passage back to the answer's words
+        passage = next(e for e in evidence if e["id"] == citation["passage_id"])
+        assert passage[citation["field"]][citation["start"] : citation["end"]] == citation["quote"]
+        assert citation["quote"].lower() == "stafairk"
 
 
 def test_batch_ask_and_search(client):
@@ -108,6 +121,11 @@ def test_batch_ask_and_search(client):
     answers = response.json()["answers"]
     assert [a["question"] for a in answers] == questions
     assert [a["answer"].lower() for a in answers] == ["stafairk", "tidroth"]
+    assert [(a["citations"][0]["passage_id"], a["citations"][0]["quote"].lower()) for a in answers] == [
+        ("country-biole", "stafairk"),
+        ("country-dreagriodros", "tidroth"),
+    ]
+    assert all(a["supported"] for a in answers)
     assert all(a["k"] == 2 for a in answers)  # the run's reader.n_context
     assert answers[0]["batch_size"] == 2  # one forward pass for both
     hits = client.post("/api/search", json={"query": "the capital of Biole", "k": 4}).json()["hits"]
@@ -499,6 +517,7 @@ def _chromium():
 
 
 def test_the_page_asks_shows_evidence_edits_and_shows_the_new_answer(live_url, service):
+    import httpx
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as seen
     from selenium.webdriver.support.ui import WebDriverWait
@@ -515,6 +534,11 @@ def test_the_page_asks_shows_evidence_edits_and_shows_the_new_answer(live_url, s
         attended = browser.find_element(By.CSS_SELECTOR, "#evidence .passage.attended")
         assert attended.get_attribute("data-id") == "country-biole"
         assert attended.find_element(By.TAG_NAME, "mark").text.lower() == "stafairk"  # the answer, highlighted
+        result = browser.execute_script("return state.last")  # the /api/ask response the page showed
+        assert result["citations"][0]["passage_id"] == "country-biole"
+        for card in browser.find_elements(By.CSS_SELECTOR, "#evidence .passage"):  # a mark for each citation
+            cited = [c for c in result["citations"] if c["passage_id"] == card.get_attribute("data-id")]
+            assert _marks(card) == [(c["field"], c["start"], c["end"], c["quote"]) for c in cited]
         shots = service.checkpoint  # the run folder, for humans to look at
         browser.save_screenshot(str(shots / "serve-page-before.png"))
 
@@ -531,5 +555,44 @@ def test_the_page_asks_shows_evidence_edits_and_shows_the_new_answer(live_url, s
         assert "Quillmoor" in first.text and "Stafairk" not in first.text
         browser.save_screenshot(str(shots / "serve-page-after.png"))
         assert (shots / "serve-page-after.png").stat().st_size > 10_000
+
+        # a passage holding HTML is shown as its text: no element made from it, no script run
+        title, text = (
+            "Vexmoor <i>isle</i>",
+            'Its capital is Ulbrin <b>x</b> <img src=x onerror="window.pwned=1">; Ulbrinville is a town.',
+        )
+        added = httpx.post(
+            f"{live_url}/api/passages",
+            json={"passages": [{"id": "markup-vexmoor", "title": title, "text": text}]},
+            headers=AUTH,
+            timeout=60,
+        )
+        assert added.status_code == 200, added.text
+        question = browser.find_element(By.ID, "question")
+        question.clear()
+        question.send_keys("What is the capital of Vexmoor?")
+        browser.find_element(By.ID, "ask").click()
+        card = wait.until(
+            seen.presence_of_element_located((By.CSS_SELECTOR, '#evidence .passage[data-id="markup-vexmoor"]'))
+        )
+        assert card.find_element(By.CSS_SELECTOR, ".title").text == title
+        assert card.find_element(By.TAG_NAME, "p").text == text
+        assert browser.find_elements(By.CSS_SELECTOR, "#evidence b, #evidence i, #evidence img") == []
+        assert browser.execute_script("return window.pwned") is None
+        # the mark is the reader's answer where the citation puts it: "Ulbrin", not the "Ulbrin" of "Ulbrinville"
+        assert browser.find_element(By.ID, "answer").text == "Ulbrin"
+        start = text.index("Ulbrin")
+        assert _marks(card) == [("text", start, start + len("Ulbrin"), "Ulbrin")]
     finally:
         browser.quit()
+        httpx.delete(f"{live_url}/api/passages/markup-vexmoor", headers=AUTH, timeout=60)
+
+
+def _marks(card) -> list[tuple[str, int, int, str]]:
+    """The marked words of a passage card: (field, start, end, the words)."""
+    from selenium.webdriver.common.by import By
+
+    return [
+        (m.get_attribute("data-field"), int(m.get_attribute("data-start")), int(m.get_attribute("data-end")), m.text)
+        for m in card.find_elements(By.TAG_NAME, "mark")
+    ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import numpy as np
 import pytest
@@ -14,8 +15,11 @@ from reader.span_constraint import (
     PassageSpanConstraint,
     StepPrefixConstraint,
     continuation_token_ids,
+    copied_spans,
 )
-from reader.tokenizer import build_reader_tokenizer
+from reader.tokenizer import build_reader_tokenizer, train_t5_tokenizer
+from tasks.citations import find_citations
+from tasks.passage import Passage
 from tests.reader.conftest import SPAN_PASSAGES, copy_head_reader_batch
 
 START, EOS, PAD, SENTINEL = 0, 1, 0, 3
@@ -217,3 +221,206 @@ def test_the_device_constraint_gives_the_step_constraints_scores_on_random_spans
         assert torch.equal(device(ids, scores.clone()), expected), length
         checked += int(torch.isfinite(expected).sum() < expected.numel())
     assert checked > 0
+
+
+# ----------------------------------------------------------------------------- exact citations from the tokens
+# (title, text, the occurrence a constrained reader copies: (field, the passage's words, n-th substring occurrence),
+#  the citations expected: [(field, words, n)], and where a tokenizer differs: {"spm" or "wp": its citations}).
+# "spm" is a SentencePiece tokenizer trained here on ASCII text (it is cased, and the letters it never saw are
+# <unk>); "wp" is MiniLM's WordPiece (uncased: it lower-cases and strips accents, and splits CJK by character).
+EXACT = [
+    ("Biole", "Biole's capital is Stafairk.", ("text", "Stafairk", 0), [("text", "Stafairk", 0)], {}),
+    (
+        "Biole",
+        "The capital is Stafairk; Stafairk lies inland.",
+        ("text", "Stafairk", 1),
+        [("text", "Stafairk", 0), ("text", "Stafairk", 1)],
+        {},
+    ),
+    ("Biole", "Biole is an island nation.", ("title", "Biole", 0), [("title", "Biole", 0), ("text", "Biole", 0)], {}),
+    ("Quimper", "", ("title", "Quimper", 0), [("title", "Quimper", 0)], {}),
+    (
+        "Olo",
+        "Mount Olo was first climbed by Anna Brook in 1820.",
+        ("text", "Anna Brook", 0),
+        [("text", "Anna Brook", 0)],
+        {},
+    ),
+    ("Belmont", "Belmont has a clock tower built in 1820.", ("text", "1820", 0), [("text", "1820", 0)], {}),
+    ("Olo", "Mount Olo is 3,000 metres high.", ("text", "3,000 metres", 0), [("text", "3,000 metres", 0)], {}),
+    ("Start", "The start of the art movement.", ("text", "art", 1), [("text", "art", 1)], {}),
+    (
+        "Tarsia",
+        "The currency of Tarsia is the florin. A florin is gold.",
+        ("text", "florin", 0),
+        [("text", "florin", 0), ("text", "florin", 1)],
+        {},
+    ),
+    ("Tarsia", "The currency of Tarsia is the florin.", ("text", "the florin", 0), [("text", "the florin", 0)], {}),
+    (
+        "Olo",
+        "mount olo, MOUNT OLO and Mount Olo.",
+        ("text", "Mount Olo", 0),
+        [("text", "mount olo", 0), ("text", "MOUNT OLO", 0), ("text", "Mount Olo", 0)],
+        {"spm": [("text", "Mount Olo", 0)]},  # cased pieces: other spellings are other ids
+    ),
+    (
+        "Biole",
+        "STAFAIRK or Stafairk.",
+        ("text", "Stafairk", 0),
+        [("text", "STAFAIRK", 0), ("text", "Stafairk", 0)],
+        {"spm": [("text", "Stafairk", 0)]},
+    ),
+    ("Brazil", "Its largest city is São Paulo.", ("text", "São Paulo", 0), [("text", "São Paulo", 0)], {}),
+    (
+        "São Paulo",
+        "São Paulo is large.",
+        ("text", "São Paulo", 0),
+        [("title", "São Paulo", 0), ("text", "São Paulo", 0)],
+        {},
+    ),
+    (
+        "Zurich",
+        "The bank moved to Zürich and then to Zurich.",
+        ("text", "Zürich", 0),
+        [("title", "Zurich", 0), ("text", "Zürich", 0), ("text", "Zurich", 0)],
+        {"spm": [("text", "Zürich", 0)]},  # "ü" is <unk> there, "u" is not
+    ),
+    ("Zürich", "Zürich is a city.", ("title", "Zürich", 0), [("title", "Zürich", 0), ("text", "Zürich", 0)], {}),
+    ("Composers", "A symphony by Antonín Dvořák.", ("text", "Dvořák", 0), [("text", "Dvořák", 0)], {}),
+    (
+        "Dvořák",
+        "Antonín Dvořák wrote nine symphonies; Dvořák died in 1904.",
+        ("text", "Dvořák", 1),
+        [("title", "Dvořák", 0), ("text", "Dvořák", 0), ("text", "Dvořák", 1)],
+        {},
+    ),
+    (
+        "日本",
+        "首都: 東京, Tokyo.",
+        ("text", "東京", 0),
+        [("text", "東京", 0)],
+        {
+            "spm": [("title", "日本", 0), ("text", "首都", 0), ("text", "東京", 0)]
+        },  # all "▁ <unk>": "<unk>" cannot choose
+    ),
+    ("日本", "首都: 東京, Tokyo.", ("text", "Tokyo", 0), [("text", "Tokyo", 0)], {}),
+    (
+        "Ports",
+        "Ostra, Varn and Ostra-on-Sea.",
+        ("text", "Ostra", 0),
+        [("text", "Ostra", 0), ("text", "Ostra", 1)],
+        {},
+    ),
+    ("Ports", "Ostra, Varn and Ostra-on-Sea.", ("text", "Ostra-on-Sea", 0), [("text", "Ostra-on-Sea", 0)], {}),
+    ("Plays", "A play by Eugene O'Neill.", ("text", "O'Neill", 0), [("text", "O'Neill", 0)], {}),
+    (
+        "Letters",
+        "The letter e is common; see e.g. here.",
+        ("text", "e", 3),
+        [("text", "e", 3), ("text", "e", 6)],
+        {},
+    ),
+    ("Paris", "Le Cafe\u0301 de Flore.", ("text", "Cafe\u0301", 0), [("text", "Cafe\u0301", 0)], {}),  # accent kept
+    ("Numbers", "It holds 1,000 or 1000 things.", ("text", "1,000", 0), [("text", "1,000", 0)], {}),
+    ("Dates", "In 1820 and again in 1820.", ("text", "1820", 1), [("text", "1820", 0), ("text", "1820", 1)], {}),
+    (
+        "Stafairk",
+        "Stafairk is a city. Stafairk harbour.",
+        ("title", "Stafairk", 0),
+        [("title", "Stafairk", 0), ("text", "Stafairk", 0), ("text", "Stafairk", 1)],
+        {},
+    ),
+    (
+        "Island",
+        "Stafairkian ships sail from Stafairk.",
+        ("text", "Stafairk", 1),
+        [("text", "Stafairk", 1)],  # not the start of "Stafairkian"
+        {},
+    ),
+    (
+        "Olo",
+        "Anna Brook, Anna  Brook and Anna\nBrook.",
+        ("text", "Anna Brook", 0),
+        [("text", "Anna Brook", 0), ("text", "Anna  Brook", 0), ("text", "Anna\nBrook", 0)],
+        {},
+    ),
+]
+
+
+def _located(title: str, text: str, expected) -> list[tuple[str, int, int]]:
+    """(field, words, n) → (field, start, end): the n-th occurrence of the words as a substring, by str.index."""
+    spans = []
+    for field, words, nth in expected:
+        value = title if field == "title" else text
+        at = -1
+        for _ in range(nth + 1):
+            at = value.index(words, at + 1)
+        spans.append((field, at, at + len(words)))
+    return spans
+
+
+@pytest.fixture(scope="module")
+def citation_tokenizers(tmp_path_factory):
+    """SentencePiece trained here on a few hundred ASCII lines of the table's words; MiniLM's WordPiece."""
+    words = sorted({w for title, text, *_ in EXACT for w in f"{title} {text}".split() if w.isascii()})
+    rng = random.Random(0)
+    lines = [" ".join(rng.choice(words) for _ in range(12)) for _ in range(300)]
+    spm = train_t5_tokenizer(lines, tmp_path_factory.mktemp("spm"), pieces=150)
+    assert spm.is_fast  # offsets
+    return {"spm": spm, "wp": build_reader_tokenizer(None)}
+
+
+def _copied_ids(tokenizer, value: str, start: int, end: int) -> list[int]:
+    """The ids a constrained reader writes to copy `value[start:end]`: the field's own tokens there."""
+    encoded = tokenizer(value, add_special_tokens=False, return_offsets_mapping=True)
+    return [i for i, (a, b) in zip(encoded["input_ids"], encoded["offset_mapping"]) if a >= start and b <= end]
+
+
+def test_the_exact_citation_table_is_at_least_thirty_questions():
+    assert len(EXACT) >= 30
+
+
+@pytest.mark.parametrize("name", ["spm", "wp"])
+@pytest.mark.parametrize(
+    ("title", "text", "copied", "expected", "differs"), EXACT, ids=[str(n) for n in range(len(EXACT))]
+)
+def test_copied_tokens_are_cited_at_the_passage_characters(
+    citation_tokenizers, name, title, text, copied, expected, differs
+):
+    """The reader copies an occurrence's tokens and decodes them; the citations are the occurrences of those
+    tokens, at the characters found by hand, and each slices its field back to the passage's words."""
+    tokenizer = citation_tokenizers[name]
+    ((field, start, end),) = _located(title, text, [copied])
+    ids = _copied_ids(tokenizer, title if field == "title" else text, start, end)
+    assert ids and ids[0] not in set(continuation_token_ids(tokenizer).tolist())  # a span the constraint allows
+    spans = copied_spans(tokenizer, [ids], [[{"title": title, "text": text}]])[0]
+    answer = tokenizer.decode(ids)  # what the reader writes, the tokenizer's spelling
+    passage = Passage(id="p", title=title, text=text)
+    cited = find_citations(answer, [passage], copied=spans)
+    assert [(c.field, c.start, c.end) for c in cited] == _located(title, text, differs.get(name, expected))
+    for c in cited:
+        assert c.quote == (title if c.field == "title" else text)[c.start : c.end]
+
+
+def test_an_answer_the_reader_respelled_chooses_among_unknown_pieces(citation_tokenizers):
+    """SentencePiece writes "首都" and "東京" alike (▁ <unk>); the answer respelled from the passage ("東京", as
+    `reader.surface` restores it) keeps the citation of its own words."""
+    spm, text = citation_tokenizers["spm"], "首都: 東京, Tokyo."
+    start = text.index("東京")
+    spans = copied_spans(spm, [_copied_ids(spm, text, start, start + 2)], [[{"title": "", "text": text}]])[0]
+    assert [(s[2], s[3]) for s in spans] == [(0, 2), (start, start + 2)]
+    cited = find_citations("東京", [Passage(id="p", title="", text=text)], copied=spans)
+    assert [(c.start, c.end, c.quote) for c in cited] == [(start, start + 2, "東京")]
+
+
+def test_a_span_cut_mid_word_or_from_no_passage_is_not_copied(citation_tokenizers):
+    wp = citation_tokenizers["wp"]
+    text = "Biole's capital is Stafairk."
+    start = text.index("Stafairk")
+    ids = _copied_ids(wp, text, start, start + len("Stafairk"))
+    passages = [[{"title": "Biole", "text": text}]]
+    assert copied_spans(wp, [ids[:-1]], passages) == [[]]  # the length limit cut it before the word's end
+    assert copied_spans(wp, [ids], [None]) == [[]]  # closed book
+    assert copied_spans(wp, [[]], passages) == [[]]  # an empty answer
+    assert copied_spans(wp, [ids], passages) == [[(0, "text", start, start + len("Stafairk"))]]

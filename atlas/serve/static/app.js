@@ -20,21 +20,25 @@ async function api(method, path, body) {
   return data;
 }
 
-// The text with every case-insensitive occurrence of `needle` wrapped in <mark> (DOM nodes, no HTML parsing).
-function highlighted(text, needle) {
-  const out = document.createElement("p");
-  const at = needle ? text.toLowerCase().indexOf(needle.toLowerCase()) : -1;
-  if (!needle || at < 0) { out.textContent = text; return out; }
-  let start = 0;
-  for (let i = at; i >= 0; i = text.toLowerCase().indexOf(needle.toLowerCase(), start)) {
-    out.append(text.slice(start, i));
+// `element` filled with `text` as text nodes, the cited `spans` ({start, end}: the server's citations of this field)
+// each in a <mark>; no span, no mark. Never parsed as HTML. The offsets count code points, as Python does:
+// Array.from splits the text by code point, where JavaScript's own indices count UTF-16 units.
+function highlighted(element, text, spans) {
+  const chars = Array.from(text);
+  let at = 0;
+  for (const span of [...spans].sort((a, b) => a.start - b.start)) {
+    if (span.start < at) continue;  // overlapping occurrences: the first marks them
+    element.append(chars.slice(at, span.start).join(""));
     const mark = document.createElement("mark");
-    mark.textContent = text.slice(i, i + needle.length);
-    out.append(mark);
-    start = i + needle.length;
+    mark.textContent = chars.slice(span.start, span.end).join("");
+    mark.dataset.field = span.field;
+    mark.dataset.start = span.start;
+    mark.dataset.end = span.end;
+    element.append(mark);
+    at = span.end;
   }
-  out.append(text.slice(start));
-  return out;
+  element.append(chars.slice(at).join(""));
+  return element;
 }
 
 function passageCard(passage, result) {
@@ -44,7 +48,9 @@ function passageCard(passage, result) {
   const header = document.createElement("header");
   const title = document.createElement("span");
   title.className = "title";
-  title.textContent = passage.title || passage.id;
+  const cited = (result.citations || []).filter((c) => c.passage_id === passage.id);
+  if (passage.title) highlighted(title, passage.title, cited.filter((c) => c.field === "title"));
+  else title.textContent = passage.id;
   const pid = document.createElement("span");
   pid.className = "pid";
   pid.textContent = passage.id;
@@ -62,7 +68,7 @@ function passageCard(passage, result) {
   bar.style.width = Math.round(60 * (passage.attention || 0)) + "px";
   scores.append(`score ${passage.score.toFixed(3)} · attention ${Math.round(100 * (passage.attention || 0))}% `, bar);
   header.append(scores);
-  card.append(header, highlighted(passage.text, result.answer));
+  card.append(header, highlighted(document.createElement("p"), passage.text, cited.filter((c) => c.field === "text")));
   if (state.info && state.info.serving.edits_allowed) {
     const actions = document.createElement("div");
     actions.className = "actions";
@@ -81,8 +87,9 @@ function passageCard(passage, result) {
 function show(result, previous) {
   $("answer-box").hidden = false;
   $("answer").textContent = result.answer || "(no answer)";
-  $("answer-meta").textContent =
-    `read ${result.evidence.length} passage(s) · index generation ${result.generation} · ${Math.round(result.latency_ms)} ms`;
+  const support = result.supported ? `cited in ${result.citations.length} place(s)` : "not in the passages read";
+  $("answer-meta").textContent = `read ${result.evidence.length} passage(s) · ${support} · ` +
+    `index generation ${result.generation} · ${Math.round(result.latency_ms)} ms`;
   const change = $("answer-change");
   if (previous && previous.question === result.question) {
     change.hidden = false;
