@@ -342,8 +342,9 @@ def _write_and_score(
         require_support = model.inference_config.require_support
         for i, passages in enumerate(retrieved):
             copied = None if outputs.copied is None else outputs.copied[i]
+            read = (passages or [])[: model.n_read]  # what the reader read, not the further ones retrieval_k scores
             answers[i], citations[i] = supported_answer(
-                answers[i], passages or [], None, require_support=require_support, copied=copied
+                answers[i], read, None, require_support=require_support, copied=copied
             )
         if require_support:  # an abstention is scored as its text
             outputs.texts = [a if a == NO_ANSWER else t for a, t in zip(answers, outputs.texts)]

@@ -12,6 +12,7 @@ import pytest
 
 import atlas
 from atlas.cli import main
+from atlas.config import load_config
 from atlas.demo.quickstart import DEMO, RECIPE
 from atlas.loading import SHIPPED_READER
 from common.io import read_jsonl
@@ -177,9 +178,11 @@ def test_ask_the_shipped_reader_by_name(demo_index, tmp_path, capsys):
     records = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     predicted = records[0]["prediction"]
     index = atlas.Index.load(demo_index["index"])
-    for record in records:  # every citation slices the passage it names back to the prediction's words
+    n_read = load_config(out / "config.yaml", check_data=False).reader.n_context
+    assert len(records[0]["passages"]) > n_read  # retrieval_k scores more passages than the reader reads
+    for record in records:  # every citation slices a passage read back to the prediction's words
         for citation in record["citations"]:
-            assert citation["passage_id"] in {p["id"] for p in record["passages"]}
+            assert citation["passage_id"] in {p["id"] for p in record["passages"][:n_read]}
             field = getattr(index.get(citation["passage_id"]), citation["field"])
             assert field[citation["start"] : citation["end"]] == citation["quote"]
             assert " ".join(citation["quote"].lower().split()) == " ".join(record["prediction"].lower().split())
