@@ -22,7 +22,11 @@ logger = logging.getLogger(__name__)
 
 
 def prepare_index(
-    config: AtlasConfig, *, retriever: Retriever | None = None, checkpoint: str | Path | None = None
+    config: AtlasConfig,
+    *,
+    retriever: Retriever | None = None,
+    checkpoint: str | Path | None = None,
+    progress: bool = True,
 ) -> Path | None:
     """The folder of the run's passage index, made when it has to be: `index.path`, else an index of
     `index.corpus` at OUT/index; None when the run has neither (closed book, given passages).
@@ -55,7 +59,9 @@ def prepare_index(
         path = Path(config.training.output_dir) / "index"
         if agree_on_rank0(not path.exists()):
             retriever = retriever or run_retriever(config, checkpoint)
-            _make_run_index(config, retriever, path, rank=rank, world_size=world_size, barrier=barrier)
+            _make_run_index(
+                config, retriever, path, rank=rank, world_size=world_size, barrier=barrier, progress=progress
+            )
     return None if path is None else Path(path)
 
 
@@ -94,9 +100,17 @@ def _warn_if_other_corpus(index_path: str, corpus_path: str) -> None:
 
 
 def _make_run_index(
-    config: AtlasConfig, retriever: Retriever, path: Path, *, rank: int, world_size: int, barrier: Callable[[], None]
+    config: AtlasConfig,
+    retriever: Retriever,
+    path: Path,
+    *,
+    rank: int,
+    world_size: int,
+    barrier: Callable[[], None],
+    progress: bool = True,
 ) -> None:
-    """Write the run's index of `index.corpus` at `path`: linked from the cache, or built and cached."""
+    """Write the run's index of `index.corpus` at `path`: linked from the cache, or built and cached (a progress bar
+    on rank 0 where `progress`)."""
     # heavy: pyarrow and faiss (corpus and index build), only for a run with an index
 
     corpus, index_settings = config.index.corpus, config.index_settings()
@@ -119,7 +133,7 @@ def _make_run_index(
         retriever,
         path,
         index_settings,
-        progress=rank == 0,
+        progress=progress and rank == 0,
         rank=rank,
         world_size=world_size,
         barrier=barrier,

@@ -127,3 +127,17 @@ def test_the_bench_at_reduced_size_measures_and_projects(bench, shared_data, tmp
     assert report["recipes"]["kilt-nq.yaml"]["same_shape_as"] == "nq-64shot.yaml"  # measured once
     assert bench.main(args) == 0  # again: the measured recipes are kept, not run again
     assert json.loads(out.read_text())["recipes"] == report["recipes"]
+
+
+def test_the_checkpoint_bench_resumes_a_recipe_bit_identically_at_reduced_width(shared_data, tmp_path):
+    spec = importlib.util.spec_from_file_location("checkpoint_bench", REPO / "bench" / "real_size_checkpoint.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "checkpoint.json"
+    narrow = ["--head-dim", "4", "--layers", "1", "--pieces", "1000"]
+    assert module.main(["--work", str(tmp_path / "work"), *narrow, "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["resumed_equals_straight"] is True
+    assert set(report["checkpoint_gib"]) == {"config.yaml", "reader", "retriever", "training_state.pt"}
+    assert report["parameters_saved"] > 32128 * 48  # the reader's untied 32,128-row head at d_model 48, and more
+    assert set(report["run_seconds"]) == {"straight", "halted", "resumed"}

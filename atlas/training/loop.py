@@ -307,7 +307,8 @@ class TrainingRecipe:
         if self.prebuilt is not None:
             self.model = model = self.prebuilt.to(context.device)
         else:
-            index = prepare_index(config, checkpoint=self.checkpoint)  # built (or linked from the cache) once
+            # built (or linked from the cache) once
+            index = prepare_index(config, checkpoint=self.checkpoint, progress=self.progress)
             spec = recipe_spec(config, checkpoint=self.checkpoint, index=index)
             self.model = model = load_model(spec, context=context)
         if context.is_main:
