@@ -131,8 +131,8 @@ GPU_HEADROOM = 0.9
 
 def gpu_plan(record: dict, gpus: int) -> dict:
     """Per GPU size, the first way the recipe's step fits (projected, module docstring): as written on one GPU, under
-    ZeRO-2 over `gpus`, or with B split into accumulation steps (B/2, B/4, … a step, same global batch) on one GPU;
-    None where even one question a step does not fit. → {"per_passage_gib", "one_gpu_gib", "zero2_gib", size: plan}"""
+    ZeRO-2 over `gpus`, or with B split into accumulation steps (the largest divisor of B that fits, the same global
+    batch) on one GPU; None where even one question a step does not fit. → {"per_passage_gib", "one_gpu_gib", "zero2_gib", size: plan}"""
     per_passage = memory_per_passage_gib(record)
     if per_passage is None or record.get("run") != "training step":
         return {}
@@ -157,7 +157,8 @@ def gpu_plan(record: dict, gpus: int) -> dict:
         elif projected(batch, gpus)["zero2"] <= room:
             plan[f"{size}GB"] = f"ZeRO-2 over {gpus} GPUs"
         else:
-            splits = [b for b in (batch // 2, batch // 4, batch // 8, 1) if b >= 1 and projected(b, 1)["zero0"] <= room]
+            smaller = [b for b in range(batch - 1, 0, -1) if batch % b == 0]  # B/2, B/4, …: the same global batch
+            splits = [b for b in smaller if projected(b, 1)["zero0"] <= room]
             if splits:
                 b = splits[0]
                 plan[f"{size}GB"] = f"training.batch_size={b} training.accumulation_steps={batch // b}"
