@@ -132,7 +132,8 @@ GPU_HEADROOM = 0.9
 def gpu_plan(record: dict, gpus: int) -> dict:
     """Per GPU size, the first way the recipe's step fits (projected, module docstring): as written on one GPU, under
     ZeRO-2 over `gpus`, or with B split into accumulation steps (the largest divisor of B that fits, the same global
-    batch) on one GPU; None where even one question a step does not fit. → {"per_passage_gib", "one_gpu_gib", "zero2_gib", size: plan}"""
+    batch) on one GPU; None where even one question a step does not fit.
+    → {"per_passage_gib", "one_gpu_gib", "zero2_<gpus>_gpus_gib", "<size>GB": plan}"""
     per_passage = memory_per_passage_gib(record)
     if per_passage is None or record.get("run") != "training step":
         return {}
