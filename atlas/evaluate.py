@@ -340,11 +340,10 @@ def _write_and_score(
     citations = [[] for _ in answers]
     if cites:
         require_support = model.inference_config.require_support
-        for i, passages in enumerate(retrieved):
+        for i, passages in enumerate(retrieved):  # cited among the passages read, not the further ones scored
             copied = None if outputs.copied is None else outputs.copied[i]
-            read = (passages or [])[: model.n_read]  # what the reader read, not the further ones retrieval_k scores
             answers[i], citations[i] = supported_answer(
-                answers[i], read, None, require_support=require_support, copied=copied
+                answers[i], (passages or [])[: model.n_read], None, require_support=require_support, copied=copied
             )
         if require_support:  # an abstention is scored as its text
             outputs.texts = [a if a == NO_ANSWER else t for a, t in zip(answers, outputs.texts)]
