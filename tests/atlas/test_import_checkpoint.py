@@ -439,10 +439,23 @@ def test_evaluate_and_ask_run_on_the_imported_run(tmp_path, reader_tokenizer_dir
     assert "no training state" in capsys.readouterr().err
 
 
+def assert_imported_reader_gives_t5s_logits(folder, tokenizer, t5) -> None:
+    """The reader imported into `folder` reads one passage to the logits `t5` gives, exactly."""
+    from reader.fid import FiDReader
+
+    reader = FiDReader.from_pretrained(folder).eval()
+    ids = torch.tensor([tokenizer("question: who climbed olo answer: <extra_id_0>")["input_ids"]])
+    decoder_ids = torch.tensor([[0, 7, 3]])
+    with torch.no_grad():
+        logits = reader(
+            input_ids=ids[:, None], attention_mask=torch.ones_like(ids)[:, None], decoder_input_ids=decoder_ids
+        ).logits
+    torch.testing.assert_close(logits, plain_t5_logits(t5, ids, decoder_ids), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("safe", [True, False], ids=["safetensors-shards", "bin-shards"])
 def test_a_sharded_fid_reader_folder_imports_whole(tmp_path, reader_tokenizer_dir, safe):
     """What save_pretrained writes above its shard size (a T5-XL reader): shards and an index, read whole."""
-    from reader.fid import FiDReader
     from reader.tokenizer import build_reader_tokenizer
 
     tokenizer = build_reader_tokenizer(reader_tokenizer_dir)
@@ -465,14 +478,7 @@ def test_a_sharded_fid_reader_folder_imports_whole(tmp_path, reader_tokenizer_di
 
     out = tmp_path / "out"
     assert main(["import", "fid-reader", str(src), str(out), "--tokenizer", str(reader_tokenizer_dir)]) == 0
-    reader = FiDReader.from_pretrained(out).eval()
-    ids = torch.tensor([tokenizer("question: who climbed olo answer: <extra_id_0>")["input_ids"]])
-    decoder_ids = torch.tensor([[0, 7, 3]])
-    with torch.no_grad():
-        logits = reader(
-            input_ids=ids[:, None], attention_mask=torch.ones_like(ids)[:, None], decoder_input_ids=decoder_ids
-        ).logits
-    torch.testing.assert_close(logits, plain_t5_logits(t5, ids, decoder_ids), rtol=0, atol=0)
+    assert_imported_reader_gives_t5s_logits(out, tokenizer, t5)
 
     # a shard that lacks what its index lists is named, not imported half
     shards = sorted(src.glob("*-of-*"))
@@ -483,7 +489,6 @@ def test_a_sharded_fid_reader_folder_imports_whole(tmp_path, reader_tokenizer_di
 
 
 def test_fid_reader_folder_imports_with_the_same_logits(tmp_path, reader_tokenizer_dir):
-    from reader.fid import FiDReader
     from reader.tokenizer import build_reader_tokenizer
 
     tokenizer = build_reader_tokenizer(reader_tokenizer_dir)
@@ -513,14 +518,7 @@ def test_fid_reader_folder_imports_with_the_same_logits(tmp_path, reader_tokeniz
     assert (
         main(["import", "fid-reader", str(src), str(tmp_path / "out"), "--tokenizer", str(reader_tokenizer_dir)]) == 0
     )
-    reader = FiDReader.from_pretrained(tmp_path / "out").eval()
-    ids = torch.tensor([tokenizer("question: who climbed olo answer: <extra_id_0>")["input_ids"]])
-    decoder_ids = torch.tensor([[0, 7, 3]])
-    with torch.no_grad():
-        logits = reader(
-            input_ids=ids[:, None], attention_mask=torch.ones_like(ids)[:, None], decoder_input_ids=decoder_ids
-        ).logits
-    torch.testing.assert_close(logits, plain_t5_logits(t5, ids, decoder_ids), rtol=0, atol=0)
+    assert_imported_reader_gives_t5s_logits(tmp_path / "out", tokenizer, t5)
     assert build_reader_tokenizer(tmp_path / "out").get_vocab() == tokenizer.get_vocab()
     # run as a reader folder, it answers as FiD decoded: with the tokenizer alone, nothing respelled
     from atlas.loading import model_spec
