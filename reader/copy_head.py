@@ -141,15 +141,43 @@ class CopyHead(nn.Module):
             log_prior,
         )
         rows, steps, width = attention.shape
-        attention = attention.reshape(len(source_ids), -1, width)  # (B, beams·T, S): beams folded into the query axis
-        batch, queries, _ = attention.shape
-        copy = attention.new_zeros(batch, queries, vocab_logits.shape[-1])
-        copy.scatter_add_(2, source_ids.unsqueeze(1).expand(-1, queries, -1), attention)
-        copy = copy.view(rows, steps, -1)
+        batch = len(source_ids)
+        vocab = vocab_logits.shape[-1]
+        generated = F.logsigmoid(gate) + F.log_softmax(vocab_logits.to(attention.dtype), dim=-1)  # (N, T, V)
+        # the copy distribution is zero but at the source's own ids: it is summed into one slot per distinct id
+        # of an example and mixed in there alone, instead of being spread over the V ids and mixed at each
+        slot_ids, slots, unused = distinct_id_slots(source_ids)  # (B, S) each
+        attention = attention.reshape(batch, -1, width)  # (B, beams·T, S): beams folded into the query axis
+        queries = attention.shape[1]
+        copy = attention.new_zeros(batch, queries, width)
+        copy.scatter_add_(2, slots.unsqueeze(1).expand(-1, queries, -1), attention)
+        copy = copy.view(rows, steps, width)
         log_copy = copy.clamp_min(1e-30).log().masked_fill(copy == 0, float("-inf"))
-        return torch.logaddexp(
-            F.logsigmoid(gate) + F.log_softmax(vocab_logits.to(attention.dtype), dim=-1), F.logsigmoid(-gate) + log_copy
-        )
+        beams = rows // batch
+        if torch.is_grad_enabled():  # unused slots to an extra column, cut off: an exact gradient
+            slot_ids = slot_ids.masked_fill(unused, vocab)
+            generated = F.pad(generated, (0, 1))
+        index = slot_ids.repeat_interleave(beams, dim=0).unsqueeze(1).expand(-1, steps, -1)  # (N, T, S)
+        copied = torch.logaddexp(generated.gather(2, index), F.logsigmoid(-gate) + log_copy)
+        if torch.is_grad_enabled():
+            return generated.scatter(2, index, copied)[..., :vocab]
+        # in place: an unused slot repeats its example's first id with nothing to copy, so that its value
+        # (logaddexp(x, -inf) = x) never exceeds the mixed one written there, and the larger is kept
+        return generated.scatter_reduce_(2, index, copied, reduce="amax")
+
+
+def distinct_id_slots(source_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each example's distinct source ids, one slot each: source_ids (B, S) → slot_ids (B, S), the distinct
+    ids in ascending order, then the first of them again in the slots left over; slots (B, S), the slot of
+    each position's id; unused (B, S) bool, the slots left over."""
+    ordered, order = source_ids.sort(dim=1, stable=True)
+    first = torch.ones_like(ordered, dtype=torch.bool)
+    first[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    slot_of_ordered = first.cumsum(1) - 1
+    slots = torch.empty_like(slot_of_ordered).scatter_(1, order, slot_of_ordered)
+    unused = torch.arange(source_ids.shape[1], device=source_ids.device) > slot_of_ordered[:, -1:]
+    slot_ids = ordered[:, :1].expand_as(ordered).scatter(1, slot_of_ordered, ordered)
+    return slot_ids, slots, unused
 
 
 def previous_source_ids(

@@ -43,6 +43,7 @@ from reader.cross_attention_bias import has_cross_attention_bias, load_cross_att
 from reader.embedding_init import transfer_token_embeddings
 from reader.encoder_precision import precision_autocast, resolve_precision
 from reader.inputs import IGNORE_INDEX  # noqa: F401  (re-exported: atlas imports it from reader.fid)
+from reader.int8_decoding import Int8Decoding
 from reader.reader_config import ReaderConfig
 from reader.span_constraint import DeviceSpanConstraint, PassageSpanConstraint, StepPrefixConstraint
 from reader.t5_untied import UntiedT5ForConditionalGeneration, saved_untied
@@ -58,6 +59,9 @@ logger = logging.getLogger(__name__)
 # most rows the encoder takes at once: enough for efficient matrix products, few enough that a
 # group's rows have similar lengths
 ENCODE_GROUP_ROWS = 16
+# a group ends before its padding would exceed this share of its real tokens: each row is encoded at
+# close to its own length, whatever the lengths of the rows read beside it
+ENCODE_GROUP_PADDING = 0.125
 
 
 # Presets built from config (no pretrained T5 exists offline). Sizes follow the T5 papers;
@@ -88,6 +92,7 @@ class FiDReader(nn.Module):
         super().__init__()
         self.seq2seq = seq2seq
         fold_beams_in_cross_attention(seq2seq)  # beam search reads each example's passages once
+        self.int8_decoding = Int8Decoding()  # the decoder's int8 copies, made at the first int8 answer
 
     @property
     def config(self) -> T5Config:
@@ -131,10 +136,9 @@ class FiDReader(nn.Module):
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, precision: str = "fp32") -> torch.Tensor:
         """Encode every passage independently.
 
-        The B·K rows are encoded in groups of up to `ENCODE_GROUP_ROWS` rows of similar length,
-        each group cut to its own longest row: a batch pads every row to its longest passage, and
-        a micro-batch of many questions would otherwise pay the encoder for that padding on
-        every row. Positions after a row's last real token are masked everywhere downstream, so
+        The B·K rows are encoded in groups of similar length (`length_groups`), each cut to its own
+        longest row: a batch pads every row to its longest passage, and the encoder would otherwise pay
+        for that padding on every row. Positions after a row's last real token are masked everywhere downstream, so
         their states (zero, or computed under the mask) never matter.
 
         Args:
@@ -146,8 +150,8 @@ class FiDReader(nn.Module):
         Returns:
             (B, K, L, H) encoder states in the encoder's dtype (with gradient when grad is enabled).
         """
-        if precision == "auto" and torch.is_grad_enabled():
-            precision = "fp32"
+        if precision == "int8" or (precision == "auto" and torch.is_grad_enabled()):
+            precision = "fp32"  # int8 is the decoder's alone (`reader.int8_decoding`)
         precision = resolve_precision(precision, self.seq2seq.encoder)
         state_dtype = next(self.seq2seq.encoder.parameters()).dtype
         batch, n_passages, length = input_ids.shape
@@ -158,7 +162,7 @@ class FiDReader(nn.Module):
         lengths = (mask.ne(0) * positions).amax(dim=-1).clamp(min=1)  # (B·K,)
         order = torch.argsort(lengths, descending=True, stable=True)
         groups = []
-        for rows in order.split(ENCODE_GROUP_ROWS):
+        for rows in order.split(length_groups(lengths[order].tolist())):
             used = int(lengths[rows[0]])  # the longest of the group: rows are sorted
             with precision_autocast(precision, ids.device):
                 group = self.seq2seq.encoder(
@@ -273,7 +277,8 @@ class FiDReader(nn.Module):
                 next ids` (e.g. `reader.span_constraint.PassageSpanConstraint`).
             length_penalty: beam search ranks by log-probability / length**length_penalty.
             precision: "fp32", "bf16" or "auto" (`reader.encoder_precision`) of the encoder pass (when
-                `encoder_states` is None); the decoder runs at the reader's precision (bfloat16 autocast
+                `encoder_states` is None), or "int8": the encoder in float32, the decoder and LM head in int8
+                (`reader.int8_decoding`); otherwise the decoder runs at the reader's precision (bfloat16 autocast
                 slowed its small per-step products on CPU: bench/reading.py).
             pack_passages: False decodes over the padded K·L layout (`fuse`): the same answers, slower
                 (the baseline of bench/reading.py's `--beam-paths unpacked`).
@@ -287,6 +292,12 @@ class FiDReader(nn.Module):
         # branch a few lines
         if encoder_states is None:
             encoder_states = self.encode(input_ids, attention_mask, precision=precision)
+        if precision == "int8":
+            with self.int8_decoding.applied(self.seq2seq):
+                return self.generate(
+                    *(input_ids, attention_mask, max_length, num_beams, encoder_states, prefix_allowed_tokens_fn),
+                    *(length_penalty, "fp32", pack_passages, passage_log_prior),
+                )
         source = self.source_kwargs(input_ids)
         if passage_log_prior is not None and not source:
             raise ValueError("passage_log_prior weights the copy head's pointer: this reader has no copy head")
@@ -526,6 +537,20 @@ def build_reader(
         "a local folder "
         "nor a hub name (owner/name)"
     )
+
+
+def length_groups(lengths: list[int]) -> list[int]:
+    """Sizes of consecutive groups of rows sorted longest first, `lengths`: each group at most
+    `ENCODE_GROUP_ROWS` rows, and padded to its first row's length with at most `ENCODE_GROUP_PADDING` of its
+    real tokens as padding."""
+    sizes, start, real = [], 0, 0
+    for i, length in enumerate(lengths):
+        rows = i - start + 1
+        if rows > ENCODE_GROUP_ROWS or rows * lengths[start] > (1 + ENCODE_GROUP_PADDING) * (real + length):
+            sizes.append(i - start)
+            start, real = i, 0
+        real += length
+    return [*sizes, len(lengths) - start] if lengths else []
 
 
 def constraint_kwargs(prefix_allowed_tokens_fn, num_beams: int, device: torch.device) -> dict:

@@ -274,7 +274,10 @@ class DeviceSpanConstraint(LogitsProcessor):
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """input_ids (B·beams, T); scores (B·beams, V) → scores, -inf where not allowed (as `StepPrefixConstraint`)."""
-        mask = torch.zeros_like(scores).masked_fill(~self.allowed(input_ids, scores.shape[1]), -math.inf)
-        processed = scores + mask
+        blocked = ~self.allowed(input_ids, scores.shape[1])
+        processed = scores.masked_fill(blocked, -math.inf)
         stuck = processed.amax(dim=-1).isneginf().view(-1, self.num_beams).all(dim=-1, keepdim=True)
+        if scores.device.type == "cpu" and not stuck.any():  # the usual case, seen without a wait on the host
+            return processed
+        mask = torch.zeros_like(scores).masked_fill_(blocked, -math.inf)
         return torch.where(stuck.repeat_interleave(self.num_beams, dim=0), mask, processed)

@@ -334,3 +334,47 @@ def test_grouped_encoding_of_a_pretrained_encoder_equals_each_passage_alone(toke
         n = int(mask[row, 0].sum())
         alone = reader.generate(ids[row : row + 1, :, :n], mask[row : row + 1, :, :n], max_length=5)
         assert batched[row, : alone.shape[1]].tolist() == alone[0].tolist()
+
+
+def _dense_pointer_generator(head, h, z, e, mask, ids, **kwargs):
+    """The copy head's mixture as written before it was computed on the source's ids alone: the copy
+    distribution spread over all V ids, mixed at every one (the bit-for-bit reference of the sparse mix)."""
+    attention, gate = head.copy_attention(h, e, mask, ids, **kwargs)
+    rows, steps, width = attention.shape
+    attention = attention.reshape(len(ids), -1, width)
+    copy = attention.new_zeros(*attention.shape[:2], z.shape[-1])
+    copy.scatter_add_(2, ids.unsqueeze(1).expand(-1, attention.shape[1], -1), attention)
+    copy = copy.view(rows, steps, -1)
+    log_copy = copy.clamp_min(1e-30).log().masked_fill(copy == 0, float("-inf"))
+    generated = torch.nn.functional.logsigmoid(gate) + torch.nn.functional.log_softmax(z, dim=-1)
+    return torch.logaddexp(generated, torch.nn.functional.logsigmoid(-gate) + log_copy)
+
+
+@pytest.mark.parametrize("beams", [1, 3])
+def test_copy_head_mixing_on_the_source_ids_equals_the_dense_mixture_bit_for_bit(beams):
+    """float32, repeated ids, padding, beams folded: the same logits to the bit, with and without grad."""
+    torch.manual_seed(1)
+    head = CopyHead(16)
+    with torch.no_grad():
+        head.continuation.fill_(2.0 / CONTINUATION_SCALE)
+    batch, steps, vocab = 3, 2, 50
+    h, e = torch.randn(batch * beams, steps, 16), torch.randn(batch, 7, 16)
+    z = torch.randn(batch * beams, steps, vocab) * 4
+    mask = torch.tensor([[1, 1, 1, 1, 1, 0, 0], [1] * 7, [1, 1, 0, 0, 0, 0, 0]])
+    ids = torch.tensor([[4, 7, 4, 9, 4, 0, 0], [49, 1, 2, 3, 1, 1, 0], [5, 5, 0, 0, 0, 0, 0]])
+    previous = torch.randint(0, vocab, (batch * beams, steps))
+    with torch.no_grad():
+        expected = _dense_pointer_generator(head, h, z, e, mask, ids, decoder_input_ids=previous, passage_length=7)
+        got = head(h, z, e, mask, ids, decoder_input_ids=previous, passage_length=7)
+    assert torch.equal(got, expected)
+    z.requires_grad_(True)
+    trained = head(h, z, e, mask, ids, decoder_input_ids=previous, passage_length=7)
+    assert torch.equal(trained.detach(), expected)
+    reference_z = z.detach().clone().requires_grad_(True)
+    reference = _dense_pointer_generator(
+        head, h, reference_z, e, mask, ids, decoder_input_ids=previous, passage_length=7
+    )
+    weights = torch.randn(trained.shape).masked_fill(expected.isinf(), 0)
+    (trained.masked_fill(expected.isinf(), 0) * weights).sum().backward()
+    (reference.masked_fill(expected.isinf(), 0) * weights).sum().backward()
+    torch.testing.assert_close(z.grad, reference_z.grad, rtol=0, atol=1e-6)

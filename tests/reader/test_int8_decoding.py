@@ -1,0 +1,78 @@
+"""int8 decoding (`inference.precision: int8`): the decoder and LM head swapped for int8 copies while `generate`
+runs, the encoder and the copy head left in float32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reader.int8_decoding import Int8Decoding, int8_supported, quantized_copy
+from tests.reader.conftest import random_batch
+
+
+def test_int8_greedy_decoding_is_the_argmax_of_the_int8_decoder(reader):
+    """Greedy int8 decoding picks, step by step, the argmax of the int8 copies' logits over the float32 states."""
+    input_ids, mask, _ = random_batch()
+    generated = reader.generate(input_ids, mask, max_length=5, precision="int8")
+    states = reader.encode(input_ids, mask)  # float32: int8 is the decoder's alone
+    decoded = torch.zeros(2, 1, dtype=torch.long)
+    finished = torch.zeros(2, dtype=torch.bool)
+    with reader.int8_decoding.applied(reader.seq2seq):
+        assert isinstance(reader.seq2seq.lm_head, torch.ao.nn.quantized.dynamic.Linear)
+        for _ in range(5):
+            logits = reader(attention_mask=mask, encoder_states=states, decoder_input_ids=decoded).logits[:, -1]
+            step = logits.argmax(-1).masked_fill(finished, 0)
+            decoded = torch.cat([decoded, step[:, None]], 1)
+            finished |= step == 1
+            if finished.all():
+                break
+    assert torch.equal(generated, decoded)
+
+
+def test_int8_copies_stay_close_to_float32_and_leave_the_model_as_it_was(reader):
+    input_ids, mask, labels = random_batch()
+    decoder, lm_head = reader.seq2seq.decoder, reader.seq2seq.lm_head
+    with torch.no_grad():
+        exact = reader(input_ids, mask, labels=labels).logits
+        with reader.int8_decoding.applied(reader.seq2seq):
+            int8 = reader(input_ids, mask, labels=labels).logits
+    assert reader.seq2seq.decoder is decoder and reader.seq2seq.lm_head is lm_head
+    assert not torch.equal(int8, exact)  # the int8 layers did run
+    cosine = torch.nn.functional.cosine_similarity(int8.flatten(1), exact.flatten(1))
+    assert cosine.min() > 0.99
+    with pytest.raises(RuntimeError, match="inside"), reader.int8_decoding.applied(reader.seq2seq):
+        raise RuntimeError("inside")
+    assert reader.seq2seq.decoder is decoder and reader.seq2seq.lm_head is lm_head  # restored after an error
+
+
+def test_int8_copies_are_made_again_when_the_weights_change(reader):
+    decoding = Int8Decoding()
+    with decoding.applied(reader.seq2seq):
+        first = reader.seq2seq.lm_head
+    with decoding.applied(reader.seq2seq):
+        assert reader.seq2seq.lm_head is first  # unchanged weights: the same copies
+    with torch.no_grad():
+        reader.seq2seq.lm_head.weight.mul_(2.0)  # as an optimizer step changes them, in place
+    with decoding.applied(reader.seq2seq):
+        again = reader.seq2seq.lm_head
+    assert again is not first
+    scale = again.weight().q_per_channel_scales() / first.weight().q_per_channel_scales()
+    torch.testing.assert_close(scale, torch.full_like(scale, 2.0), rtol=1e-5, atol=0)
+
+
+def test_int8_decoding_refuses_training_mode_and_non_cpu_devices(reader):
+    reader.train()
+    with pytest.raises(ValueError, match="for answering: call eval"), reader.int8_decoding.applied(reader.seq2seq):
+        pass
+    assert not int8_supported(torch.device("cuda"))
+    assert int8_supported(torch.device("cpu")) == bool(torch.backends.quantized.supported_engines)
+
+
+def test_quantized_copy_is_per_channel_and_leaves_the_original():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(8, 4)
+    copy = quantized_copy(linear)
+    assert copy.weight().qscheme() == torch.per_channel_affine
+    assert isinstance(linear, torch.nn.Linear) and linear.weight.dtype == torch.float32
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(copy(x), linear(x), atol=0.05, rtol=0.05)
