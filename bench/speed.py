@@ -1,6 +1,10 @@
 """How fast atlas embeds, reads and edits on this machine: today's float32 eager path against each faster one, in
 one run, side by side, with the CPU's features named.
 
+Every run first measures the machine's float32 roofline: the best GFLOP/s of `F.linear` on a 1024³ product and
+on an encoder's feed-forward shape; each embedding path and the reader's encoder pass report their useful GFLOP/s
+(2 per linear weight per real token, plus attention) and their share of it.
+
 Parts (--parts, comma-separated; all by default):
 - `embed`: passages/s embedding the same real passages (a seeded sample of the chunked nq824 + WikiText-2 corpus,
   MiniLM, max 256 tokens, batch 64, length-sorted batches) by `ContrieverEncoder.embed_texts` at fp32 (today's
@@ -12,17 +16,21 @@ Parts (--parts, comma-separated; all by default):
 - `recall`: nq824 answer recall@5 and @20 (578 dev questions) over the whole chunked corpus, embedded
   (passages and questions) at each precision, exact inner-product search.
 - `read`: the shipped reader's questions/s at K=1 (the gold paragraph) and K=5 (gold + 4 distractors MiniLM
-  ranks highest among the sample's paragraphs), span decoding, beam 4, batch 16, `inference.precision` fp32 and
-  bf16, on a seeded sample of SQuAD dev (bench/reading.py measures the quality of the same paths on 1,000).
-- `profile`: where a K=5 answer's time goes: tokenization (the reader inputs and the span constraint), the
-  encoder pass, the decoder steps (T5's forward with its copy head), the span constraint's calls, beam search's
-  bookkeeping and Python (the rest of `generate`), turning ids into answers.
+  ranks highest among the sample's paragraphs), span decoding, beam 4, batch 16, `inference.precision` fp32,
+  int8 (the decoder and LM head with int8 weights) and bf16, on a seeded sample of SQuAD dev, the path
+  `atlas` ships (bench/reading.py measures the quality of the same paths on 1,000); with --baseline-ref REF,
+  the fp32 rate of the code at commit REF on the same questions, in the same run.
+- `profile`: where a K=5 answer's time goes on the shipped path: tokenization (the reader inputs and the span
+  constraint), the encoder pass (its useful GFLOP/s and share of the roofline), and inside `generate` the
+  key/value prefill, the decoder layers, the LM head, the copy head, the span constraint, and the rest (beam
+  search's log-softmax, scores and top-k, the forward's glue), then turning ids into answers.
 - `edit`: a 1,000-passage `atlas index add` to an exact index of --edit-rows passages (grown from the nq824
   vectors as bench/scale.py grows its corpora, built from given vectors, so that no embedding is timed but the
   edit's), at --precision fp32 and auto.
 
     flock /work/cpu.lock .venv/bin/python bench/speed.py                      # everything
     .venv/bin/python bench/speed.py --parts embed --sample 256               # a quick look
+    .venv/bin/python bench/speed.py --parts read,profile --baseline-ref eabf369   # reading against a commit
 
 Writes JSON (--out, default bench/results/cpu/speed.json) and prints a table. Never runs in the test suite.
 """
@@ -92,6 +100,33 @@ def min_cosine(a: np.ndarray, b: np.ndarray) -> float:
     """The smallest row-wise cosine of (N, d) a and b."""
     cosine = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
     return float(cosine.min())
+
+
+def part_roofline(args) -> dict:
+    """The machine's float32 limit, measured in this run: the best GFLOP/s of `F.linear` on a cube and on an
+    encoder's feed-forward shape (every path's share of the roofline is taken against the larger)."""
+    generator = torch.Generator().manual_seed(args.seed)
+    results = {}
+    for name, (m, k, n) in {"1024x1024x1024": (1024, 1024, 1024), "5120x384x1536": (5120, 384, 1536)}.items():
+        x, w = torch.randn(m, k, generator=generator), torch.randn(n, k, generator=generator)
+        with torch.no_grad():
+            torch.nn.functional.linear(x, w)  # warm-up: kernel selection, packing
+            best = float("inf")
+            for _ in range(10):
+                started = time.perf_counter()
+                torch.nn.functional.linear(x, w)
+                best = min(best, time.perf_counter() - started)
+        results[name] = round(2 * m * k * n / best / 1e9, 1)
+    return {"float32_gflops": results, "roofline_gflops": max(results.values())}
+
+
+def encoder_flops(model: torch.nn.Module, lengths, width: int) -> float:
+    """The useful FLOPs of a transformer encoder over sequences of `lengths` real tokens (no padding): 2 per
+    weight of its linear layers per token, and 4·L²·d per layer per sequence for attention."""
+    weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    layers = sum(1 for m in model.modules() if type(m).__name__ in ("BertLayer", "T5Block"))
+    lengths = np.asarray(lengths, dtype=np.float64)
+    return float(2 * weights * lengths.sum() + layers * 4 * width * (lengths**2).sum())
 
 
 class OnnxEncoder:
@@ -203,9 +238,17 @@ def part_embed(args, retriever, texts: list[str], work: Path) -> dict:
         print(json.dumps({name: results[name]}), flush=True)
     today = results["fp32 eager (today)"]["passages_per_s"]
     sentence = results["SentenceTransformer.encode"]["passages_per_s"]
+    encoder = retriever.passage_encoder
+    lengths = [
+        len(ids)
+        for ids in encoder.tokenizer(texts, truncation=True, max_length=retriever.passage_maxlength)["input_ids"]
+    ]
+    flops_per_passage = encoder_flops(encoder.model, lengths, encoder.model.config.hidden_size) / len(texts)
     for result in results.values():
         result["vs_fp32_eager"] = round(result["passages_per_s"] / today, 2)
         result["vs_sentence_transformers"] = round(result["passages_per_s"] / sentence, 2)
+        result["useful_gflops"] = round(result["passages_per_s"] * flops_per_passage / 1e9, 1)
+        result["roofline_share"] = round(result["useful_gflops"] / args.roofline, 3)
     return {
         "passages": len(texts),
         "batch_size": args.batch_size,
@@ -305,14 +348,20 @@ def reading_setup(args, retriever):
     return reader, tokenizer, task, examples, [e.passages for e in examples], k5
 
 
+READ_PRECISIONS = ("fp32", "int8", "bf16")
+
+
 def part_read(args, setup) -> dict:
+    """Questions/s of the shipped reader at K=1 and K=5 at each `inference.precision`, on the shipped path
+    (`bench/reading.py`'s `read`: span decoding, beam 4, batch 16); with `--baseline-ref`, the same
+    questions read by that commit's code in the same run (`baseline_rates`)."""
     from reading import DECODINGS, read  # bench/reading.py
 
     reader, tokenizer, task, examples, k1, k5 = setup
     results = {}
-    for precision in ("fp32", "bf16"):
+    for precision in READ_PRECISIONS:
         settings = {"max_length": 320, "batch_size": 16, "beams": 4, "precision": precision, **DECODINGS["span"]}
-        read(reader, tokenizer, task, examples[:16], k5[:16], **settings)  # warm-up
+        read(reader, tokenizer, task, examples[:16], k5[:16], **settings)  # warm-up (and the int8 copies made)
         k1_metrics, k1_rate = read(reader, tokenizer, task, examples, k1, **settings)
         k5_metrics, k5_rate = read(reader, tokenizer, task, examples, k5, **settings)
         results[precision] = {
@@ -322,10 +371,39 @@ def part_read(args, setup) -> dict:
             "k5_exact_match": round(k5_metrics["exact_match"], 1),
         }
         print(json.dumps({precision: results[precision]}), flush=True)
+    baseline = baseline_rates(args) if args.baseline_ref else None
     for result in results.values():
         for k in ("k1", "k5"):
-            result[f"{k}_vs_fp32"] = round(result[f"{k}_questions_per_s"] / results["fp32"][f"{k}_questions_per_s"], 2)
-    return {"questions": len(examples), "decoding": "span, beam 4, batch 16", "precisions": results}
+            rate = result[f"{k}_questions_per_s"]
+            result[f"{k}_vs_fp32"] = round(rate / results["fp32"][f"{k}_questions_per_s"], 2)
+            if baseline:
+                result[f"{k}_vs_baseline"] = round(rate / baseline[f"{k}_questions_per_s"], 2)
+    report = {"questions": len(examples), "decoding": "span, beam 4, batch 16", "precisions": results}
+    if baseline:
+        report["baseline"] = {"ref": args.baseline_ref, **baseline}
+    return report
+
+
+def baseline_rates(args) -> dict:
+    """fp32 questions/s at K=1 and K=5 of the code at `--baseline-ref` on the same questions: its own
+    bench/speed.py `--parts read`, run from a detached worktree beside this one (so that ../shared is found)."""
+    import subprocess
+
+    ref = subprocess.run(
+        ["git", "rev-parse", "--short", args.baseline_ref], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    folder = ROOT.parent / f"speed-baseline-{ref}"
+    if not folder.is_dir():
+        subprocess.run(["git", "worktree", "add", "--detach", str(folder), args.baseline_ref], cwd=ROOT, check=True)
+    runs = folder / NQ824_RUN.relative_to(ROOT)
+    if not runs.exists():  # the chunked corpus its main() loads: this run's, not prepared again
+        runs.parent.mkdir(parents=True, exist_ok=True)
+        runs.symlink_to(NQ824_RUN)
+    out = folder / "runs" / "baseline-speed.json"
+    command = [sys.executable, "bench/speed.py", "--parts", "read", "--questions", str(args.questions)]
+    subprocess.run([*command, "--seed", str(args.seed), "--out", str(out)], cwd=folder, check=True)
+    fp32 = json.loads(out.read_text())["read"]["precisions"]["fp32"]
+    return {k: fp32[k] for k in ("k1_questions_per_s", "k5_questions_per_s", "k1_exact_match", "k5_exact_match")}
 
 
 class StageClock:
@@ -363,36 +441,67 @@ class StageClock:
         return timed
 
 
+PROFILE_STAGES = {  # a stage inside `generate` → what it times
+    "key/value prefill": "BeamSharedCrossAttentionCache.prefilled: every layer's cross-attention keys and values",
+    "decoder layers": "the T5 decoder stack, one step of every beam",
+    "LM head": "the output projection onto the 30,620-piece vocabulary",
+    "copy head": "the pointer over the passages' tokens and its mixture with the vocabulary distribution",
+    "span constraint": "DeviceSpanConstraint: the allowed next tokens, and the mask",
+}
+
+
 def part_profile(args, setup) -> dict:
-    """Where the time of K=5 answers goes (fp32, span decoding, beam 4, batch 16)."""
+    """Where the time of K=5 answers goes on the shipped path (fp32, span decoding, beam 4, batch 16): the
+    generation's stages timed by hooks on the modules and by wrapping the prefill and the constraint at their
+    classes (`generate` still builds what it ships: the on-device constraint, the shared key/value cache)."""
+    from unittest import mock
+
     from atlas.model import ANSWER_SENTINEL, template_fields
+    from reader.beam_attention import BeamSharedCrossAttentionCache
     from reader.inputs import encode_reader_inputs
-    from reader.span_constraint import PassageSpanConstraint
+    from reader.span_constraint import DeviceSpanConstraint, PassageSpanConstraint
     from reader.surface import decode_answers
 
     reader, tokenizer, _task, examples, _k1, k5 = setup
     clock = StageClock()
-    handles = clock.hook(reader.seq2seq, "decoder steps (T5 forward + copy head)")
-    started = time.perf_counter()
-    with torch.no_grad():
+    seq2seq = reader.seq2seq
+    handles = clock.hook(seq2seq.decoder, "decoder layers") + clock.hook(seq2seq.lm_head, "LM head")
+    if getattr(seq2seq, "copy_head", None) is not None:
+        handles += clock.hook(seq2seq.copy_head, "copy head")
+    prefilled = BeamSharedCrossAttentionCache.prefilled.__func__
+    patches = [
+        mock.patch.object(
+            BeamSharedCrossAttentionCache,
+            "prefilled",
+            classmethod(lambda cls, *a, **kw: clock.wrap(prefilled, "key/value prefill")(cls, *a, **kw)),
+        ),
+        mock.patch.object(
+            DeviceSpanConstraint, "__call__", clock.wrap(DeviceSpanConstraint.__call__, "span constraint")
+        ),
+    ]
+    real_tokens, started = [], time.perf_counter()
+    with torch.no_grad(), contextlib.ExitStack() as stack:
+        for patch in patches:
+            stack.enter_context(patch)
         for start in range(0, len(examples), 16):
             chunk = examples[start : start + 16]
             with clock.stage("tokenization (reader inputs + span constraint)"):
                 read = template_fields(k5[start : start + 16])
                 ids, mask = encode_reader_inputs(tokenizer, [e.query for e in chunk], read, 320)
                 constraint = PassageSpanConstraint.from_passages(
-                    tokenizer, read, answer_prefix=ANSWER_SENTINEL, vocab_size=reader.seq2seq.config.vocab_size
+                    tokenizer, read, answer_prefix=ANSWER_SENTINEL, vocab_size=seq2seq.config.vocab_size
                 )
+            real_tokens += mask.sum(-1).flatten().tolist()
             with clock.stage("encoder pass"):
                 states = reader.encode(ids, mask, precision="fp32")
-            with clock.stage("generate (all of decoding)"):
+            with clock.stage("generate"):
                 generated = reader.generate(
                     ids,
                     mask,
                     max_length=24,
                     num_beams=4,
                     length_penalty=0.0,
-                    prefix_allowed_tokens_fn=clock.wrap(constraint, "span constraint calls"),
+                    prefix_allowed_tokens_fn=constraint,
                     encoder_states=states,
                 )
             with clock.stage("ids → answers"):
@@ -400,24 +509,33 @@ def part_profile(args, setup) -> dict:
     total = time.perf_counter() - started
     for handle in handles:
         handle.remove()
+    return profile_report(args, clock, total, len(examples), real_tokens, seq2seq)
+
+
+def profile_report(args, clock: StageClock, total: float, questions: int, lengths: list[int], seq2seq) -> dict:
+    """The profile's stages in seconds and shares; the rest of `generate` (beam search's log-softmax, scores
+    and top-k, Hugging Face's bookkeeping, the forward's glue) by difference; the encoder's useful GFLOP/s."""
     seconds = dict(clock.seconds)
-    decoding = seconds.pop("generate (all of decoding)")
-    inside = seconds["decoder steps (T5 forward + copy head)"] + seconds["span constraint calls"]
-    seconds["beam bookkeeping + Python (rest of generate)"] = decoding - inside
-    seconds["other (loop, batching)"] = (
-        total - sum(v for k, v in seconds.items() if k in clock.seconds) - (decoding - inside)
-    )
+    inside = sum(seconds.get(stage, 0.0) for stage in PROFILE_STAGES)
+    seconds["rest of generate (beam search, glue)"] = seconds.pop("generate") - inside
+    seconds["other (loop, batching)"] = total - sum(seconds.values())
     stages = {
         name: {"seconds": round(value, 3), "share": round(value / total, 3), "calls": clock.calls.get(name)}
         for name, value in seconds.items()
     }
     for name, stage in stages.items():
         print(f"  {name:48s} {stage['seconds']:8.2f} s  {100 * stage['share']:5.1f} %", flush=True)
+    encoder = seq2seq.encoder
+    width = getattr(seq2seq.config, "d_model", None) or encoder.config.hidden_size
+    useful = encoder_flops(encoder, lengths, width) / seconds["encoder pass"] / 1e9
     return {
-        "questions": len(examples),
+        "questions": questions,
         "seconds": round(total, 2),
-        "questions_per_s": round(len(examples) / total, 2),
+        "questions_per_s": round(questions / total, 2),
         "stages": stages,
+        "stage_meanings": PROFILE_STAGES,
+        "encoder_useful_gflops": round(useful, 1),
+        "encoder_roofline_share": round(useful / args.roofline, 3),
     }
 
 
@@ -526,6 +644,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--recall-candidates", type=int, default=30, help="fp32 top passages per question embedded in emulated bf16"
     )
+    parser.add_argument(
+        "--baseline-ref", help="a commit whose fp32 reading is measured on the same questions in this run (`read`)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "bench-speed")
@@ -552,6 +673,9 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(),
     }
     print(json.dumps(report["machine"]), flush=True)
+    report["roofline"] = part_roofline(args)  # every part's share of the machine's limit is taken against it
+    args.roofline = report["roofline"]["roofline_gflops"]
+    print(json.dumps(report["roofline"]), flush=True)
     setup = None
     for part in parts:
         print(f"--- {part}", flush=True)

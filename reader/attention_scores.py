@@ -41,34 +41,37 @@ def cross_attention_scores(
     Returns:
         (B, K) float32 scores (see the module docstring).
     """
-    batch, n_passages, length, hidden = encoder_states.shape
+    batch, n_passages, length = encoder_states.shape[:3]
     modules = [block.layer[1].EncDecAttention for block in reader.seq2seq.decoder.block]
     queries_in: list[torch.Tensor] = []
+    projected: dict[str, list[torch.Tensor]] = {"k": [], "v": []}  # each layer's keys and values, as it made them
 
     def capture(_module, args, kwargs):
         queries_in.append(args[0] if args else kwargs["hidden_states"])
 
     handles = [m.register_forward_pre_hook(capture, with_kwargs=True) for m in modules]
+    for m in modules:
+        for name in ("k", "v"):
+            handles.append(getattr(m, name).register_forward_hook(lambda _m, _a, out, n=name: projected[n].append(out)))
     try:
         reader(input_ids=input_ids, attention_mask=attention_mask, encoder_states=encoder_states, labels=labels)
     finally:
         for handle in handles:
             handle.remove()
-    if len(queries_in) != len(modules):
+    if not len(queries_in) == len(projected["k"]) == len(projected["v"]) == len(modules):
         raise RuntimeError(f"captured {len(queries_in)} cross-attention inputs for {len(modules)} layers")
 
-    fused = encoder_states.reshape(batch, n_passages * length, hidden)
     key_mask = attention_mask.reshape(batch, 1, 1, n_passages * length).bool()
     bias = None  # a transformers-3 reader's cross-attention position bias, (1, h, T, K·L), on every layer
     if has_cross_attention_bias(reader.seq2seq):
         bias = cross_attention_bias(modules[0], labels.shape[1], n_passages * length).float()
     valid_t = (labels != IGNORE_INDEX).to(torch.float32)  # (B, T)
-    total = torch.zeros(batch, n_passages * length, dtype=torch.float32, device=fused.device)
-    for module, query_in in zip(modules, queries_in):
+    total = torch.zeros(batch, n_passages * length, dtype=torch.float32, device=encoder_states.device)
+    for module, query_in, keys, values in zip(modules, queries_in, projected["k"], projected["v"]):
         n_heads = module.n_heads
         q = _split_heads(module.q(query_in), n_heads).float()  # (B, h, T, d)
-        k = _split_heads(module.k(fused), n_heads).float()  # (B, h, K·L, d)
-        v = _split_heads(module.v(fused), n_heads).float()
+        k = _split_heads(keys, n_heads).float()  # (B, h, K·L, d): the pass's own, not projected again
+        v = _split_heads(values, n_heads).float()
         logits = torch.matmul(q, k.transpose(-1, -2)) * getattr(module, "scaling", 1.0)
         if bias is not None:
             logits = logits + bias
