@@ -79,3 +79,23 @@ def test_the_settings_are_light_to_import():
 
     code = "import retriever.index.settings, atlas.config, sys; print('faiss' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
+
+
+def test_the_recipes_index_section_holds_every_build_setting_but_the_two_owned_elsewhere():
+    """One list: each build setting is a key of the recipe's `index` section with the settings' own default, except
+    `batch_size` (the retriever's: `retriever.batch_size`) and `seed` (the sample's, 0 in a run), and a run's
+    settings are read from the section by name."""
+    import dataclasses
+
+    from retriever.index.settings import IndexConfig
+
+    recipe = {f.name: f for f in dataclasses.fields(IndexConfig)}
+    for field in dataclasses.fields(IndexSettings):
+        if field.name in ("batch_size", "seed"):
+            assert field.name not in recipe
+            continue
+        assert recipe[field.name].default == field.default, field.name
+    values = {"spec": "IVF4,Flat", "chunk_size": 64, "train_sample": 99, "keep_embeddings": True, "exact_rerank": 7}
+    values |= {"nprobe": 3, "ef_search": 5}
+    config = load_config(None, [f"index.{key}={value}" for key, value in values.items()])
+    assert {key: getattr(config.index_settings(), key) for key in values} == values
