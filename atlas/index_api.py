@@ -26,6 +26,7 @@ from atlas.quiet import quiet_libraries
 from common.limits import MAX_SEARCH_K, check_k
 from common.modeling import DEFAULT_ENCODER, MINILM, encoder_source, is_hub_id
 from retriever.corpus import Corpus, prepare_corpus, write_corpus
+from retriever.corpus_manifest import CORPUS_MANIFEST
 from retriever.index import PassageIndex
 from retriever.index.build import build_index
 from retriever.index.compact import compact_index
@@ -169,7 +170,7 @@ class Index:
         in_memory = not all(isinstance(s, (str, os.PathLike)) for s in sources)
         documents = passage_documents(sources) if in_memory else None  # checked before anything is loaded
         retriever = index_retriever(None, encoder, device=device)  # a wrong encoder fails before a corpus is written
-        if not in_memory and len(sources) == 1 and (Path(sources[0]) / "corpus.json").is_file():
+        if not in_memory and len(sources) == 1 and (Path(sources[0]) / CORPUS_MANIFEST).is_file():
             corpus = Path(sources[0])
         else:
             corpus = Path(corpus_out) if corpus_out is not None else out.parent / f"{out.name}-corpus"
@@ -340,7 +341,7 @@ class Index:
 
     def _edit(self, edit, passages, **options):
         """Run `edit` (`add_passages`, `update_passages`) on the passages given, then reopen the index."""
-        if isinstance(passages, (str, os.PathLike)) and (Path(passages) / "corpus.json").is_file():
+        if isinstance(passages, (str, os.PathLike)) and (Path(passages) / CORPUS_MANIFEST).is_file():
             records = Corpus.load(passages)  # a prepared corpus, added as it is
         elif isinstance(passages, (str, os.PathLike)):  # a file: read here, at the edge; errors name its lines
             records, origins = read_passage_files([passages])

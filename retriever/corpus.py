@@ -10,7 +10,7 @@ A prepared corpus folder holds:
     passages.arrow     columns id, doc_id, title, section, text, wikipedia_id (all strings)
     id_hashes.npy      sorted 64-bit hashes of the passage ids   (N,) uint64
     id_rows.npy        the row of each hash                      (N,) int64
-    corpus.json        counts, chunking settings, sources and the content fingerprint
+    corpus.json        counts, chunking settings, sources and the content fingerprint (`CorpusManifest`)
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import csv
 import functools
 import hashlib
-import json
 import logging
 import time
 from array import array
@@ -32,11 +31,11 @@ import pyarrow as pa
 
 from common.io import InputError, atomic_directory, read_jsonl, require_str
 from common.progress import progress_bar as tqdm
+from retriever.corpus_manifest import CorpusManifest, InvalidCorpusError
 from retriever.fingerprint import hash_file
 
 COLUMNS = ("id", "doc_id", "title", "section", "text", "wikipedia_id")
 SCHEMA = pa.schema([(name, pa.string()) for name in COLUMNS])
-FORMAT_VERSION = 1
 _WRITE_BATCH = 8192
 
 logger = logging.getLogger(__name__)
@@ -286,16 +285,14 @@ def prepare_corpus(
     return stats
 
 
-def _write_lookup_and_record(
-    folder: Path, sorted_hashes: np.ndarray, order: np.ndarray, *, stats: dict, **record: Any
-) -> None:
-    """The id lookup table (sorted id hashes, the row of each) and `corpus.json` (`record`: count, chunk_words,
-    stride, sources, …) of the corpus whose `passages.arrow` is written in `folder`."""
+def _write_lookup_and_record(folder: Path, sorted_hashes: np.ndarray, order: np.ndarray, **record: Any) -> None:
+    """The id lookup table (sorted id hashes, the row of each) and `corpus.json` (`record`: the `CorpusManifest`
+    fields count, chunk_words, stride, sources, stats, …) of the corpus whose `passages.arrow` is written in
+    `folder`."""
     np.save(folder / "id_hashes.npy", sorted_hashes)
     np.save(folder / "id_rows.npy", order.astype(np.int64))
-    record = {"format_version": FORMAT_VERSION, "fingerprint": hash_file(folder / "passages.arrow"), **record}
-    record |= {"created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "stats": stats}
-    (folder / "corpus.json").write_text(json.dumps(record, indent=2) + "\n")
+    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    CorpusManifest(fingerprint=hash_file(folder / "passages.arrow"), created=created, **record).save(folder)
 
 
 def write_corpus(
@@ -525,8 +522,8 @@ def merge_corpora(parts: list[tuple[Corpus, np.ndarray]], out: str | Path) -> Co
             sorted_hashes,
             order,
             count=count,
-            chunk_words=base.get("chunk_words"),
-            stride=base.get("stride"),
+            chunk_words=base.chunk_words,
+            stride=base.stride,
             sources=[str(corpus.path) for corpus, _ in parts],
             merged=True,
             stats={"passages": count},
@@ -545,16 +542,9 @@ class Corpus:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        manifest_path = self.path / "corpus.json"
-        if not manifest_path.exists():
-            raise FileNotFoundError(
-                f"{self.path} is not a prepared corpus (no corpus.json); "
-                "make one with `atlas corpus prepare INPUT... --out DIR`"
-            )
-        record = json.loads(manifest_path.read_text())
-        self.manifest: dict[str, Any] = record  # corpus.json as written (`atlas corpus info` prints it)
-        self.fingerprint: str = record["fingerprint"]
-        self.chunk_words: int = record.get("chunk_words") or 0  # words a passage was cut at (0: documents whole)
+        self.manifest = CorpusManifest.load(self.path)  # `atlas corpus info` prints it
+        self.fingerprint: str = self.manifest.fingerprint
+        self.chunk_words: int = self.manifest.chunk_words or 0  # words a passage was cut at (0: documents whole)
         # the map stays open as long as the table's buffers point into it
         arrow = self.path / "passages.arrow"
         try:
@@ -562,10 +552,10 @@ class Corpus:
             self._hashes = np.load(self.path / "id_hashes.npy", mmap_mode="r", allow_pickle=False)
             self._rows = np.load(self.path / "id_rows.npy", mmap_mode="r", allow_pickle=False)
         except (pa.ArrowException, OSError, ValueError, EOFError) as e:
-            raise ValueError(f"{self.path}: the corpus is damaged ({e}); prepare it again") from None
-        if len(self) != record["count"] or len(self._hashes) != len(self):
-            raise ValueError(
-                f"{self.path}: corpus files disagree (manifest count {record['count']}, "
+            raise InvalidCorpusError(f"{self.path}: the corpus is damaged ({e}); prepare it again") from None
+        if len(self) != self.manifest.count or len(self._hashes) != len(self):
+            raise InvalidCorpusError(
+                f"{self.path}: corpus files disagree (manifest count {self.manifest.count}, "
                 f"{len(self)} passages, {len(self._hashes)} ids): prepare it again"
             )
 

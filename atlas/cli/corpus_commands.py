@@ -77,5 +77,5 @@ def _info(args: argparse.Namespace) -> int:
     from retriever.corpus import Corpus
 
     corpus = Corpus.load(args.corpus)
-    print(json.dumps(corpus.manifest, indent=2))
+    print(json.dumps(corpus.manifest.to_json(), indent=2))
     return 0

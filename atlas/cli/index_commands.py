@@ -453,9 +453,10 @@ def _passages_in(paths: list[str], *, as_records: bool = False) -> tuple[object,
     its rows as records where `as_records`), or JSONL / TSV files as records, with the file and line of each
     (named in errors) → (passages, the edit's `origins` and `sources`)."""
     from retriever.corpus import Corpus
+    from retriever.corpus_manifest import CORPUS_MANIFEST
     from retriever.index.update import PASSAGE_FIELDS, read_passage_files
 
-    if len(paths) == 1 and (Path(paths[0]) / "corpus.json").is_file():
+    if len(paths) == 1 and (Path(paths[0]) / CORPUS_MANIFEST).is_file():
         corpus = Corpus.load(paths[0])
         if not as_records:
             return corpus, {}

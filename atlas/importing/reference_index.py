@@ -38,6 +38,7 @@ from atlas.importing.safe_pickle import load_plain_pickle, load_torch_file
 from atlas.loading import resolve_checkpoint
 from common.io import InputError, atomic_write_json
 from retriever.corpus import prepare_corpus
+from retriever.corpus_manifest import CORPUS_MANIFEST, CorpusManifest
 from retriever.index.build import BLOCK_ROWS, PROGRESS, build_index, work_dir_for
 from retriever.index.manifest import Manifest
 from retriever.index.settings import DEFAULTS, IndexSettings
@@ -258,18 +259,23 @@ def _write_corpus(
     """The corpus of the work folder's passages.jsonl at `corpus_out` (one passage per record, ids
     kept, the shards recorded as its sources); its fingerprint goes into the progress record. A
     duplicate id raises `InputError` naming the shard and entry it came from (the work folder removed)."""
+    sources = [str(p.resolve()) for _, p in shards]
     try:
-        prepare_corpus([work / "passages.jsonl"], corpus_out, chunk_words=0, progress=progress, overwrite=overwrite)
+        prepare_corpus(
+            [work / "passages.jsonl"],
+            corpus_out,
+            chunk_words=0,
+            sources=sources,
+            progress=progress,
+            overwrite=overwrite,
+        )
     except InputError as e:  # name the shard a duplicate id came from, not the work file
         shard = bisect.bisect_right(starts, (e.line or 1) - 1) - 1
         _discard(work, created)
         raise InputError(
             shards[shard][1], (e.line or 1) - 1 - starts[shard], e.field, e.message.split(" (first seen")[0]
         ) from None
-    corpus_record = json.loads((corpus_out / "corpus.json").read_text())
-    corpus_record["sources"] = [str(p.resolve()) for _, p in shards]
-    atomic_write_json(corpus_out / "corpus.json", corpus_record)
-    state["corpus_fingerprint"] = corpus_record["fingerprint"]
+    state["corpus_fingerprint"] = CorpusManifest.load(corpus_out).fingerprint
     atomic_write_json(work / STATE_FILE, state)
 
 
@@ -380,7 +386,7 @@ def _resumable_corpus(path: Path, index_out: Path, fingerprint: str | None = Non
     """Whether `path` is the corpus an interrupted import of `index_out` already wrote (a
     resumed import reuses it instead of refusing an existing output)."""
     state_path = work_dir_for(index_out) / STATE_FILE
-    if path == index_out or not (path / "corpus.json").is_file() or not state_path.is_file():
+    if path == index_out or not (path / CORPUS_MANIFEST).is_file() or not state_path.is_file():
         return False
     expected = fingerprint or json.loads(state_path.read_text()).get("corpus_fingerprint")
-    return expected is not None and json.loads((path / "corpus.json").read_text()).get("fingerprint") == expected
+    return expected is not None and CorpusManifest.load(path).fingerprint == expected

@@ -1,3 +1,3 @@
 """Nearest-neighbour language modelling: hidden-state keys (`lm`), the token datastore (`datastore`),
 search and interpolation (`search`), representation dispersion (`dispersion`). May import
-`retriever` (index types, fingerprints) and `common.io`; not the rest of `atlas`."""
+`retriever` (index types, fingerprints), `common.io` and `common.json_fields`; not the rest of `atlas`."""

@@ -19,14 +19,16 @@ the files come out byte-identical.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from common.io import atomic_write_json
+from common.json_fields import JsonFields, read_json
 from common.progress import progress_bar as tqdm
 
 MANIFEST = "manifest.json"
@@ -38,7 +40,8 @@ Producer = Callable[[np.ndarray, np.ndarray], tuple[dict[str, np.ndarray], np.nd
 @dataclass
 class DatastoreManifest:
     """A datastore's `manifest.json`: its rows, the dimension of each key type, whether it holds the producer's
-    log-probs, the producer's metadata (`lm.producer_meta`), and whether the build finished."""
+    log-probs, the producer's metadata (`lm.producer_meta`), and whether the build finished. The only code that
+    knows the file's keys; read through `common.json_fields`, as the index's and the corpus's manifests are."""
 
     n_rows: int
     key_dims: dict[str, int]
@@ -47,20 +50,41 @@ class DatastoreManifest:
     complete: bool = False
 
     @classmethod
-    def load(cls, path: Path) -> DatastoreManifest:
-        """The manifest file at `path`; ValueError naming the file and the field where one is missing or wrong."""
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: corrupted datastore manifest ({e})") from None
-        kinds = {"n_rows": int, "key_dims": dict, "with_lm_logprobs": bool, "meta": dict, "complete": bool}
-        for name, kind in kinds.items():
-            if not isinstance(data.get(name), kind):  # bad input: a ValueError, as every error of a file
-                raise ValueError(f"{path}: field {name} must be a {kind.__name__}, got {data.get(name)!r:.60}")  # noqa: TRY004
-        return cls(**{name: data[name] for name in kinds})
+    def load(cls, folder: str | os.PathLike) -> DatastoreManifest:
+        """The manifest of the datastore folder `folder`: FileNotFoundError where there is none, ValueError naming
+        the file and the field where one is missing or wrong (bad input: a ValueError, as every error of a file)."""
+        path = Path(folder) / MANIFEST
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no datastore manifest (was the build finished?)")
+        return cls.from_json(read_json(path, ValueError, "datastore manifest"), path)
 
-    def save(self, path: Path) -> None:
-        atomic_write_json(path, asdict(self))
+    def save(self, folder: str | os.PathLike) -> None:
+        """Atomically replace the folder's `manifest.json`."""
+        atomic_write_json(Path(folder) / MANIFEST, self.to_json())
+
+    @classmethod
+    def from_json(cls, data: Any, where: Path) -> DatastoreManifest:
+        """A manifest from its parsed JSON `data`, read from the file `where` (named in errors)."""
+        fields = JsonFields(data, where, error=ValueError)
+        key_dims = fields.get("key_dims", dict)
+        dims = fields.object("key_dims")
+        return cls(
+            n_rows=fields.count("n_rows"),
+            key_dims={name: dims.count(name) for name in key_dims},
+            with_lm_logprobs=fields.get("with_lm_logprobs", bool),
+            meta=fields.get("meta", dict),
+            complete=fields.get("complete", bool),
+        )
+
+    def to_json(self) -> dict:
+        """The manifest as `manifest.json` holds it."""
+        return {
+            "n_rows": self.n_rows,
+            "key_dims": self.key_dims,
+            "with_lm_logprobs": self.with_lm_logprobs,
+            "meta": self.meta,
+            "complete": self.complete,
+        }
 
 
 def key_file_name(key_name: str) -> str:
@@ -137,12 +161,9 @@ class Datastore:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        manifest_path = self.path / MANIFEST
-        if not manifest_path.exists():
-            raise FileNotFoundError(f"{manifest_path}: no datastore manifest (was the build finished?)")
-        self.manifest = DatastoreManifest.load(manifest_path)
+        self.manifest = DatastoreManifest.load(self.path)
         if not self.manifest.complete:
-            raise ValueError(f"{manifest_path}: datastore build is incomplete; rerun the build to resume it")
+            raise ValueError(f"{self.path / MANIFEST}: datastore build is incomplete; rerun the build to resume it")
 
     def __len__(self) -> int:
         return self.manifest.n_rows
@@ -190,8 +211,8 @@ class DatastoreWriter:
         self.path.mkdir(parents=True, exist_ok=True)
         manifest_path = self.path / MANIFEST
         if manifest_path.exists():
-            old = DatastoreManifest.load(manifest_path)
-            wanted, found = asdict(self.manifest), asdict(old)
+            old = DatastoreManifest.load(self.path)
+            wanted, found = self.manifest.to_json(), old.to_json()
             mismatched = [f for f in ("n_rows", "key_dims", "with_lm_logprobs", "meta") if found[f] != wanted[f]]
             if mismatched:
                 raise ValueError(
@@ -214,7 +235,7 @@ class DatastoreWriter:
         }
         self.lm_logprobs = self._open("lm_logprobs.npy", mode, np.float32, (n_rows,)) if with_lm_logprobs else None
         if mode == "w+":
-            self.manifest.save(manifest_path)
+            self.manifest.save(self.path)
             self.commit(0)
 
     def _open(self, name: str, mode: str, dtype, shape) -> np.ndarray:
@@ -258,7 +279,7 @@ class DatastoreWriter:
         """Mark the datastore complete and return a reader for it."""
         self.commit(self.n_done)
         self.manifest.complete = True
-        self.manifest.save(self.path / MANIFEST)
+        self.manifest.save(self.path)
         return Datastore(self.path)
 
 

@@ -20,13 +20,13 @@ size alone does not. The full SHA-256 stays the check of every byte (`--verify`)
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from common.io import atomic_write_json
+from common.json_fields import JsonFields, read_json
 from retriever.fingerprint import hash_file
 from retriever.index.settings import DEFAULTS
 
@@ -63,55 +63,9 @@ def sampled_sha256(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-_KIND_NAMES = {int: "an integer", str: "a string", bool: "true or false", list: "a list", dict: "an object"}
-
-
-class _Fields:
-    """Reads the fields of one JSON object of a manifest, each checked for its type; errors name the file and
-    the field (`segments[1].count`)."""
-
-    def __init__(self, data: Any, where: Path, prefix: str):
-        if not isinstance(data, dict):
-            raise InvalidIndexError(f"{where}: field {prefix or 'manifest'} must be an object, got {data!r:.60}")
-        self.data, self.where, self.prefix = data, where, prefix
-
-    def name(self, key: str) -> str:
-        return f"{self.prefix}.{key}" if self.prefix else key
-
-    def get(self, key: str, kind: type | tuple[type, ...], default: Any = ..., *, optional: bool = False) -> Any:
-        """The field `key`, of type `kind` (None too where `optional`); `default` where absent (required if none)."""
-        if key not in self.data:
-            if default is ...:
-                raise InvalidIndexError(f"{self.where}: field {self.name(key)} is missing")
-            return default
-        value = self.data[key]
-        if value is None and optional:
-            return None
-        kinds = kind if isinstance(kind, tuple) else (kind,)
-        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-            expected = " or ".join(_KIND_NAMES.get(k, k.__name__) for k in kinds)
-            raise InvalidIndexError(f"{self.where}: field {self.name(key)} must be {expected}, got {value!r:.60}")
-        return value
-
-    def count(self, key: str, default: Any = ...) -> int:
-        value = self.get(key, int, default)
-        if value is not None and value < 0:
-            raise InvalidIndexError(f"{self.where}: field {self.name(key)} must be >= 0, got {value}")
-        return value
-
-    def choice(self, key: str, choices: tuple[str, ...], default: Any = ...) -> str:
-        value = self.get(key, str, default)
-        if value not in choices:
-            raise InvalidIndexError(f"{self.where}: field {self.name(key)} must be one of {choices}, got {value!r}")
-        return value
-
-    def object(self, key: str) -> _Fields | None:
-        return _Fields(self.data[key], self.where, self.name(key)) if self.data.get(key) is not None else None
-
-    def settings(self, key: str, cls: type, **kinds: type) -> Any:
-        """`cls` of the fields `kinds` of the object `key` (each optional: None where absent); `cls()` without it."""
-        fields = self.object(key)
-        return cls(**{k: fields.get(k, kind, None, optional=True) for k, kind in kinds.items()}) if fields else cls()
+def _fields(data: Any, where: Path, prefix: str = "") -> JsonFields:
+    """The fields of one JSON object of a manifest; errors are `InvalidIndexError`s naming the file and the field."""
+    return JsonFields(data, where, prefix, error=InvalidIndexError)
 
 
 @dataclass
@@ -133,12 +87,10 @@ class FileRecord:
         return data | ({"sampled_sha256": self.sampled_sha256} if self.sampled_sha256 is not None else {})
 
     @classmethod
-    def from_json(cls, fields: _Fields) -> FileRecord:
+    def from_json(cls, fields: JsonFields) -> FileRecord:
         name = fields.get("name", str)
         if not name or name in (".", "..") or Path(name).name != name or "\\" in name:
-            raise InvalidIndexError(
-                f"{fields.where}: field {fields.name('name')} is {name!r}, not a file name inside the index folder"
-            )
+            raise fields.fail("name", f"is {name!r}, not a file name inside the index folder")
         return cls(name, fields.count("bytes"), fields.get("sha256", str), fields.get("sampled_sha256", str, None))
 
 
@@ -193,13 +145,10 @@ class Segment:
         return data
 
     @classmethod
-    def from_json(cls, fields: _Fields, precision: str) -> Segment:
+    def from_json(cls, fields: JsonFields, precision: str) -> Segment:
         corpus = fields.get("corpus", str)
         if not Path(corpus).is_absolute() and (not corpus or ".." in Path(corpus).parts):
-            raise InvalidIndexError(
-                f"{fields.where}: field {fields.name('corpus')} is {corpus!r}: a relative corpus path must stay "
-                "inside the index folder"
-            )
+            raise fields.fail("corpus", f"is {corpus!r}: a relative corpus path must stay inside the index folder")
         own = {role: fields.object(role) for role in SEGMENT_FILE_ROLES}
         return cls(
             corpus=corpus,
@@ -291,11 +240,7 @@ class Manifest:
         path = Path(folder) / MANIFEST
         if not path.is_file():
             raise FileNotFoundError(f"{folder} is not an index (no {MANIFEST}); build one with `atlas index build`")
-        try:
-            data = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise InvalidIndexError(f"{path}: corrupted manifest ({e})") from None
-        return cls.from_json(data, path)
+        return cls.from_json(read_json(path, InvalidIndexError), path)
 
     def save(self, folder: str | os.PathLike) -> None:
         """Atomically replace the folder's `manifest.json` (the commit point of every build and edit)."""
@@ -304,7 +249,7 @@ class Manifest:
     @classmethod
     def from_json(cls, data: Any, where: Path) -> Manifest:
         """A manifest from its parsed JSON `data`, read from the file `where` (named in errors)."""
-        fields = _Fields(data, where, "")
+        fields = _fields(data, where)
         version = data.get("format_version")
         if version not in READABLE_VERSIONS:
             raise InvalidIndexError(
@@ -329,9 +274,9 @@ class Manifest:
             total=fields.count("total"),
             encoder_fingerprint=fields.get("encoder_fingerprint", str),
             segments=[
-                Segment.from_json(_Fields(s, where, f"segments[{i}]"), precision) for i, s in enumerate(segments)
+                Segment.from_json(_fields(s, where, f"segments[{i}]"), precision) for i, s in enumerate(segments)
             ],
-            files={role: FileRecord.from_json(_Fields(r, where, f"files.{role}")) for role, r in files.items()},
+            files={role: FileRecord.from_json(_fields(r, where, f"files.{role}")) for role, r in files.items()},
             generation=fields.count("generation", 1),
             metric=fields.get("metric", str, "ip"),
             dtype=fields.get("dtype", str, "float16"),

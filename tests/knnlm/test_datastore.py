@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
 
-from atlas.knnlm.datastore import Datastore, DatastoreWriter, fill_datastore, sliding_windows
+from atlas.knnlm.datastore import Datastore, DatastoreManifest, DatastoreWriter, fill_datastore, sliding_windows
 
 DIM = 3
 
@@ -167,3 +168,41 @@ def test_stores_from_different_producers_are_not_searched_together(tmp_path):
         check_same_producer(same_1, other_tokenizer)
     with pytest.raises(ValueError, match=r"model_fingerprint: '\(not recorded\)' vs 'f1'"):
         check_same_producer(generic_a, same_1)  # one-sided: cannot be verified
+
+
+# manifest.json as the datastore has always written it (the dataclass's fields, in order)
+WRITTEN = {"n_rows": 19, "key_dims": {"ffn_input:-1": 8}, "with_lm_logprobs": True, "meta": {"text": "toy"}}
+
+
+def test_the_manifest_round_trips_and_reads_the_file_as_written(tmp_path):
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "manifest.json").write_text(json.dumps(WRITTEN | {"complete": True}, indent=2) + "\n")
+    manifest = DatastoreManifest.load(tmp_path / "old")
+    assert manifest == DatastoreManifest(19, {"ffn_input:-1": 8}, True, {"text": "toy"}, complete=True)
+    manifest.save(tmp_path / "new")
+    assert (tmp_path / "new" / "manifest.json").read_text() == (tmp_path / "old" / "manifest.json").read_text()
+    assert DatastoreManifest.from_json(manifest.to_json(), tmp_path / "new" / "manifest.json") == manifest
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "message"),
+    [
+        (lambda d: d.update(n_rows="19"), "field n_rows must be an integer, got '19'"),
+        (lambda d: d.pop("complete"), "field complete is missing"),
+        (lambda d: d.update(with_lm_logprobs=1), "field with_lm_logprobs must be true or false, got 1"),
+        (lambda d: d["key_dims"].update({"ffn_input:-1": "8"}), "field key_dims.ffn_input:-1 must be an integer"),
+        (lambda d: d.update(meta=[]), r"field meta must be an object, got \[\]"),
+    ],
+)
+def test_a_bad_manifest_field_is_one_error_naming_the_file_and_the_field(tmp_path, corrupt, message):
+    data = json.loads(json.dumps(WRITTEN | {"complete": True}))
+    corrupt(data)
+    (tmp_path / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=f"^{re.escape(str(tmp_path / 'manifest.json'))}: {message}"):
+        Datastore(tmp_path)
+    (tmp_path / "manifest.json").write_text("{")
+    with pytest.raises(ValueError, match="manifest.json: corrupted datastore manifest"):
+        Datastore(tmp_path)
+    (tmp_path / "manifest.json").unlink()
+    with pytest.raises(FileNotFoundError, match="manifest.json: no datastore manifest"):
+        Datastore(tmp_path)

@@ -135,7 +135,7 @@ def test_stride_overlaps_passages_and_is_recorded(tmp_path):
     doc = {"id": "d", "text": " ".join(f"w{i}" for i in range(10))}
     corpus = prepare(tmp_path, write_jsonl(tmp_path / "d.jsonl", [doc]), chunk_words=4, stride=3)
     assert [corpus[i]["text"] for i in range(len(corpus))] == ["w0 w1 w2 w3", "w3 w4 w5 w6", "w6 w7 w8 w9"]
-    assert corpus.manifest["stride"] == 3
+    assert corpus.manifest.stride == 3
     default = tmp_path / "default"
     prepare_corpus([tmp_path / "d.jsonl"], default, chunk_words=4, progress=False)
     assert json.loads((default / "corpus.json").read_text())["stride"] == 4  # None = no overlap
@@ -211,7 +211,7 @@ def test_skip_invalid_skips_an_empty_file_with_a_warning(tmp_path, suffix, caplo
         stats = prepare_corpus([empty, good], tmp_path / "out", skip_invalid=True, progress=False)
     assert stats.skipped_files == [str(empty)] and stats.documents == 3
     assert f"{empty}: skipped: the input is empty" in caplog.text
-    assert Corpus.load(tmp_path / "out").manifest["stats"]["skipped_files"] == [str(empty)]
+    assert Corpus.load(tmp_path / "out").manifest.stats["skipped_files"] == [str(empty)]
     # only empty inputs: still nothing to index, which is an error
     with pytest.raises(InputError, match="no valid documents in the input"):
         prepare_corpus([empty], tmp_path / "out2", skip_invalid=True, progress=False)
@@ -265,7 +265,7 @@ def test_skip_invalid_counts_and_keeps_the_rest(tmp_path):
     assert (stats.documents, stats.passages, stats.skipped) == (2, 2, 4)
     assert [corpus[i]["id"] for i in range(len(corpus))] == ["a-0", "d-0"]
     assert corpus.get("a-0")["text"] == "alpha beta"  # the first of the duplicates wins
-    assert corpus.manifest["count"] == 2
+    assert corpus.manifest.count == 2
 
 
 def test_existing_output_is_not_overwritten_without_asking(tmp_path):
