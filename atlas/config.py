@@ -70,10 +70,10 @@ class InferenceConfig:
     # every answer is a span of a passage read (constrained decoding, reader/span_constraint.py), for
     # extractive QA; closed-book examples and option scoring are unconstrained
     span_answers: bool = False
-    # the encoder pass under bfloat16 autocast: "bf16", "auto" (bf16 where the hardware multiplies it
-    # natively: reader/encoder_precision.py) or "fp32" (the reader's precision; the default, so that figures
-    # do not depend on the machine); or "int8": the encoder in float32, the decoder and LM head with int8
-    # weights (CPU only: reader/int8_decoding.py). Training is unaffected.
+    # "fp32": the reader's precision (the default, so that figures do not depend on the machine); "bf16": the
+    # encoder pass under bfloat16 autocast; "int8": the decoder and LM head with int8 weights, the encoder in
+    # float32 (CPU only: reader/int8_decoding.py); "auto": the encoder in bf16 where the hardware multiplies it
+    # natively (reader/encoder_precision.py), the decoder in int8 on a CPU. Training is unaffected.
     precision: Literal["fp32", "bf16", "auto", "int8"] = "fp32"
     # w of the retrieval prior: a copy head copies from retrieved passage k in proportion to its own pointer
     # times softmax_k(score_k / prior_temperature)^w (0 = off; readers with a copy head). Given passages

@@ -43,7 +43,7 @@ from reader.cross_attention_bias import has_cross_attention_bias, load_cross_att
 from reader.embedding_init import transfer_token_embeddings
 from reader.encoder_precision import precision_autocast, resolve_precision
 from reader.inputs import IGNORE_INDEX  # noqa: F401  (re-exported: atlas imports it from reader.fid)
-from reader.int8_decoding import Int8Decoding
+from reader.int8_decoding import Int8Decoding, int8_supported
 from reader.reader_config import ReaderConfig
 from reader.span_constraint import DeviceSpanConstraint, PassageSpanConstraint, StepPrefixConstraint
 from reader.t5_untied import UntiedT5ForConditionalGeneration, saved_untied
@@ -278,7 +278,8 @@ class FiDReader(nn.Module):
             length_penalty: beam search ranks by log-probability / length**length_penalty.
             precision: "fp32", "bf16" or "auto" (`reader.encoder_precision`) of the encoder pass (when
                 `encoder_states` is None), or "int8": the encoder in float32, the decoder and LM head in int8
-                (`reader.int8_decoding`); otherwise the decoder runs at the reader's precision (bfloat16 autocast
+                (`reader.int8_decoding`; "auto" decodes in int8 too on a CPU, where it kept SQuAD EM within 0.5);
+                otherwise the decoder runs at the reader's precision (bfloat16 autocast
                 slowed its small per-step products on CPU: bench/reading.py).
             pack_passages: False decodes over the padded K·L layout (`fuse`): the same answers, slower
                 (the baseline of bench/reading.py's `--beam-paths unpacked`).
@@ -292,7 +293,9 @@ class FiDReader(nn.Module):
         # branch a few lines
         if encoder_states is None:
             encoder_states = self.encode(input_ids, attention_mask, precision=precision)
-        if precision == "int8":
+        if precision == "int8" or (
+            precision == "auto" and not self.seq2seq.training and int8_supported(encoder_states.device)
+        ):
             with self.int8_decoding.applied(self.seq2seq):
                 return self.generate(
                     *(input_ids, attention_mask, max_length, num_beams, encoder_states, prefix_allowed_tokens_fn),

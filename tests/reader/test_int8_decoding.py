@@ -76,3 +76,12 @@ def test_quantized_copy_is_per_channel_and_leaves_the_original():
     assert isinstance(linear, torch.nn.Linear) and linear.weight.dtype == torch.float32
     x = torch.randn(3, 8)
     torch.testing.assert_close(copy(x), linear(x), atol=0.05, rtol=0.05)
+
+
+def test_auto_decodes_in_int8_on_a_cpu(reader):
+    input_ids, mask, _ = random_batch()
+    auto = reader.generate(input_ids, mask, max_length=5, num_beams=2, precision="auto")
+    assert reader.int8_decoding._key is not None  # the int8 copies were made and used
+    states = reader.encode(input_ids, mask, precision="auto")
+    int8 = reader.generate(input_ids, mask, max_length=5, num_beams=2, precision="int8", encoder_states=states)
+    assert torch.equal(auto, int8)
