@@ -113,6 +113,9 @@ class ClusteredVectors:
     def passage_fingerprint(self) -> str:
         return f"clustered-{self.shape[0]}-{self.dim}-seed{self.seed}"
 
+    def passage_lengths(self, passages) -> np.ndarray:
+        return np.zeros(len(passages), dtype=np.int64)  # no tokens: a build takes a chunk in row order
+
     def embed_passages(self, passages, **_) -> np.ndarray:
         return self[np.array([int(p["id"][1:]) for p in passages])]
 

@@ -263,6 +263,14 @@ class ContrieverEncoder(nn.Module):
         """Encode texts with gradients (respects train/eval mode): → (B, d) tensor."""
         return self(**self.tokenize(texts, max_length))
 
+    def token_lengths(self, texts: Sequence[str], max_length: int | None = None) -> np.ndarray:
+        """(N,) int64: the tokens each text is embedded with (truncated at `max_length`, as `embed_texts` truncates):
+        what `embed_texts` sorts its batches by."""
+        if len(texts) == 0:
+            return np.zeros(0, dtype=np.int64)
+        encoded = self.tokenizer(list(texts), truncation=True, max_length=max_length or self.max_length or 512)
+        return np.array([len(ids) for ids in encoded["input_ids"]], dtype=np.int64)
+
     def embed_texts(
         self,
         texts: Sequence[str],

@@ -133,6 +133,11 @@ class Retriever(nn.Module):
             precision=(precision if precision is not None else self.precision),
         )
 
+    def passage_lengths(self, passages: Sequence) -> np.ndarray:
+        """(N,) int64: the tokens each passage dict is embedded with by `embed_passages` (which sorts its batches by
+        them); the index build cuts a chunk into blocks in this order (`retriever.index.build.chunk_order`)."""
+        return self.passage_encoder.token_lengths([self.format_passage(p) for p in passages], self.passage_maxlength)
+
     def passage_fingerprint(self) -> str:
         """Hash of everything that fixes a passage's embedding: E_p weights, tokenizer, pooling,
         normalisation, passage format and passage max length. An index records it."""

@@ -39,7 +39,7 @@ from atlas.loading import resolve_checkpoint
 from common.io import InputError, atomic_write_json
 from retriever.corpus import prepare_corpus
 from retriever.corpus_manifest import CORPUS_MANIFEST, CorpusManifest
-from retriever.index.build import BLOCK_ROWS, PROGRESS, build_index, work_dir_for
+from retriever.index.build import BLOCK_ORDER, BLOCK_ROWS, PROGRESS, build_index, work_dir_for
 from retriever.index.manifest import Manifest
 from retriever.index.settings import DEFAULTS, IndexSettings
 from retriever.index.types import index_type
@@ -219,6 +219,7 @@ def import_atlas_index(
             "chunk_size": settings.chunk_size,
             "batch_size": settings.batch_size,
             "block_rows": BLOCK_ROWS,
+            "block_order": BLOCK_ORDER,
             "embedding_precision": "fp32",  # the reference embedded in float32 (and saved float16)
             "completed_chunks": -(-total // settings.chunk_size),
             "created": state["created"],

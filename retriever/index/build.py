@@ -1,11 +1,12 @@
 """Build a passage index, resumably: embed the corpus chunk by chunk, then index the vectors.
 
 Embeddings go into a float16 `.npy` memmap in a work folder beside the output
-(`OUT.building/`), one chunk of `chunk_size` passages at a time; after each chunk the
-memmap is flushed and `progress.json` is atomically rewritten. Kill the build at any
-moment and the same call continues after the last completed chunk. Each chunk's vectors
-depend only on its passages and the batch size, and the creation time is kept from the
-first attempt, so a resumed build writes the same bytes as an uninterrupted one.
+(`OUT.building/`), one chunk of `chunk_size` passages at a time, in blocks of passages of
+nearly one length (`BLOCK_ORDER`); after each block the memmap is flushed and `progress.json`
+is atomically rewritten. Kill the build at any moment and the same call continues after the
+last recorded block. Each chunk's vectors depend only on its passages and the batch size, and
+the creation time is kept from the first attempt, so a resumed build writes the same bytes as
+an uninterrupted one.
 
 A finished build can be published to a cache beside its corpus (`publish_to_cache`) and
 linked into another folder later (`cached_index`, `link_index`): `atlas.run_index.prepare_index`
@@ -51,9 +52,18 @@ from retriever.index.vectors import EncoderRecord, copy_checked, read_encoder_re
 PROGRESS = "progress.json"
 # Passages embedded between two progress records inside a chunk: seconds of MiniLM on a laptop CPU, so a
 # killed build loses at most that much whatever `chunk_size` is, and the progress bar moves as often. A
-# block's vectors depend only on its passages and the batch size (blocks start at fixed offsets in their
-# chunk), so a build resumed mid-chunk writes the same bytes as an uninterrupted one.
+# block's vectors depend only on its passages and the batch size (a block is a fixed slice of its chunk's
+# `chunk_order`, computed again on resume), so a build resumed mid-chunk writes the same bytes as an
+# uninterrupted one.
 BLOCK_ROWS = 512
+# The order in which a chunk's passages are cut into blocks. "length": longest first by the tokens each passage is
+# embedded with (the retriever's `passage_lengths`, the key its own batches are sorted by: the characters of the text
+# order 100-word passages too loosely to help), ties in row order, so that a block holds passages of nearly one length
+# and the encoder's batches pad to little more than their own (docs/results/indexes.md, "Index builds"). "corpus": row
+# order, as builds did before; kept as the baseline of bench/index_build_order.py. Recorded in the work folder: a
+# build resumes only in the order it was started in.
+BLOCK_ORDERS = ("length", "corpus")
+BLOCK_ORDER = "length"
 
 
 def work_dir_for(out: str | os.PathLike) -> Path:
@@ -76,19 +86,24 @@ def embed_corpus(
     world_size: int = 1,
     barrier: Callable[[], None] = lambda: None,
     precision: str = "fp32",
+    block_order: str = BLOCK_ORDER,
 ) -> tuple[Path, dict]:
     """Embed every passage of `corpus` into `work_dir/vectors.npy` ((N, d) float16) at `precision` ("fp32" or
-    "bf16": `embedding.embedding_precision`), resumably.
+    "bf16": `embedding.embedding_precision`), resumably, each chunk in blocks of BLOCK_ROWS passages taken in
+    `block_order` (`BLOCK_ORDERS`; "length" asks `retriever.passage_lengths`: `chunk_order`) and written at their
+    rows.
 
     With `world_size` > 1 (under torchrun, `work_dir` on a file system all ranks share), rank r
     embeds chunks r, r + N, r + 2N, … into the same file and records its own progress, so the
     result is the single-process file byte for byte; `barrier` synchronises the ranks.
 
     Returns the file and the progress record. A work folder left by an earlier attempt is
-    resumed when it was started with the same encoder, corpus, chunk and batch size;
+    resumed when it was started with the same encoder, corpus, chunk and batch size and block order;
     otherwise `ValueError` says what differs (`restart=True` discards it). `on_chunk(i)` is
     called after chunk i is durably recorded (progress reporting; tests stop builds there).
     """
+    if block_order not in BLOCK_ORDERS:
+        raise ValueError(f"block_order {block_order!r}: valid: {', '.join(BLOCK_ORDERS)}")
     settings = {
         "encoder_fingerprint": retriever.passage_fingerprint(),
         "corpus_fingerprint": corpus.fingerprint,
@@ -97,6 +112,7 @@ def embed_corpus(
         "chunk_size": chunk_size,
         "batch_size": batch_size,
         "block_rows": BLOCK_ROWS,
+        "block_order": block_order,
         "embedding_precision": precision,
     }
     vectors_path = work_dir / "vectors.npy"
@@ -114,18 +130,16 @@ def embed_corpus(
         total=len(corpus), initial=done_rows, unit="passage", desc="embedding", disable=not progress, dynamic_ncols=True
     )
     for n, chunk in enumerate(todo):
-        start = chunk * chunk_size
-        stop = min(start + chunk_size, len(corpus))
-        for block in range(start + (resumed_rows if n == 0 else 0), stop, BLOCK_ROWS):
-            end = min(block + BLOCK_ROWS, stop)
-            passages = corpus.rows(range(block, end))
-            embedded = embed_passages(retriever, passages, batch_size=batch_size, precision=precision)
-            vectors[block:end] = embedded.astype(np.float16)
+        order = chunk_order(corpus, chunk * chunk_size, chunk_size, retriever, block_order)
+        for first in range(resumed_rows if n == 0 else 0, len(order), BLOCK_ROWS):
+            rows = order[first : first + BLOCK_ROWS]  # (≤ BLOCK_ROWS,) rows of the corpus, not in row order
+            embedded = embed_passages(retriever, corpus.rows(rows), batch_size=batch_size, precision=precision)
+            vectors[rows] = embedded.astype(np.float16)
             vectors.flush()  # the data must be on disk before progress says so
-            if world_size == 1 and end < stop:
-                state["rows_in_chunk"] = end - start
+            if world_size == 1 and first + len(rows) < len(order):
+                state["rows_in_chunk"] = first + len(rows)  # positions of `order` done, not rows
                 atomic_write_json(work_dir / PROGRESS, state)
-            bar.update(end - block)
+            bar.update(len(rows))
         if world_size == 1:
             state["completed_chunks"], state["rows_in_chunk"] = chunk + 1, 0
             atomic_write_json(work_dir / PROGRESS, state)
@@ -137,6 +151,20 @@ def embed_corpus(
     bar.close()
     del vectors
     return vectors_path, state
+
+
+def chunk_order(corpus: Corpus, start: int, chunk_size: int, retriever, block_order: str) -> np.ndarray:
+    """The rows of the chunk of `corpus` that begins at row `start` in the order its blocks take them
+    (`BLOCK_ORDERS`): (n,) int64, n = min(chunk_size, len(corpus) - start). For "length", longest first by
+    `retriever.passage_lengths`, ties in row order (a stable sort: the same order at every attempt). The passages
+    are read BLOCK_ROWS at a time, so that a large chunk is never held whole."""
+    rows = np.arange(start, min(start + chunk_size, len(corpus)), dtype=np.int64)
+    if block_order == "corpus":
+        return rows
+    lengths = np.concatenate(
+        [retriever.passage_lengths(corpus.rows(rows[f : f + BLOCK_ROWS])) for f in range(0, len(rows), BLOCK_ROWS)]
+    )
+    return rows[np.argsort(-lengths, kind="stable")]
 
 
 def _open_work_dir(work_dir: Path, settings: dict, shape: tuple[int, int]) -> tuple[np.memmap, dict]:

@@ -24,6 +24,9 @@ class ClusteredSource:
     def passage_fingerprint(self) -> str:
         return f"clustered-{self.dim}"
 
+    def passage_lengths(self, passages) -> np.ndarray:
+        return np.zeros(len(passages), dtype=np.int64)  # no tokens: a build takes a chunk in row order
+
     def embed_passages(self, passages, **_) -> np.ndarray:
         rows = np.array([int(p["id"][1:]) for p in passages])
         noise = np.stack([np.random.default_rng(int(r)).standard_normal(self.dim) for r in rows])

@@ -168,6 +168,9 @@ class PrecisionSource:
     def passage_fingerprint(self) -> str:
         return self.source.passage_fingerprint()
 
+    def passage_lengths(self, passages) -> np.ndarray:
+        return self.source.passage_lengths(passages)
+
     def parameters(self):
         return iter([torch.zeros(1)])  # on the CPU
 
