@@ -14,9 +14,9 @@ Answering (`inference.precision`, off by default so that figures do not depend o
 runs its encoder pass the same way; its decoder stays in the reader's precision (autocast slowed the
 small per-step products of beam search on CPU).
 
-Not kept: PyTorch's dynamic int8 quantisation (per-tensor activation scales) is faster still, but MiniLM's
-activation outliers against per-tensor scales move its states far more, enough to change `adist`'s gold
-ranking (docs/results/retriever.md).
+Not kept for the encoder: PyTorch's dynamic int8 quantisation (per-tensor activation scales) is faster still, but
+MiniLM's activation outliers against per-tensor scales move its states far more, enough to change `adist`'s gold
+ranking (docs/results/retriever.md) and answers; the decoder keeps its answers in int8 (`reader.int8_decoding`).
 """
 
 from __future__ import annotations
