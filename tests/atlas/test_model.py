@@ -131,14 +131,15 @@ def test_gold_scores_reuse_the_training_pass_only_where_it_is_exact(tiny_world, 
         assert model.reader.encoder_is_dropout_free() is not encoder_dropout
         rows: list[int] = []  # passages (B·K rows) of each encoder pass
 
-        def count(_module, _args, kwargs, _output, rows=rows):
-            rows.append(kwargs["input_ids"].shape[0])
+        def counted(input_ids, *args, encode=model.reader.encode, rows=rows, **kwargs):
+            rows.append(input_ids.shape[0] * input_ids.shape[1])  # the B·K passages of one encoder pass
+            return encode(input_ids, *args, **kwargs)
 
-        handle = model.reader.seq2seq.encoder.register_forward_hook(count, with_kwargs=True)
+        model.reader.encode = counted
         try:
             got = model.losses(examples, targets)["retriever"]
         finally:
-            handle.remove()
+            del model.reader.encode
         calls[encoder_dropout] = rows
         # the definition: gold from an eval-mode pass over all scored passages
         scored = [ps[:n_scored] for ps in model.retrieve(examples, max(n_read, n_scored))]
