@@ -32,7 +32,7 @@ def quantized_copy(module: nn.Module) -> nn.Module:
         warnings.simplefilter("ignore")
         if isinstance(module, nn.Linear):  # quantize_dynamic swaps children only
             return quantize_dynamic(nn.Sequential(copy.deepcopy(module)), {nn.Linear: per_channel_dynamic_qconfig})[0]
-        return quantize_dynamic(copy.deepcopy(module), {nn.Linear: per_channel_dynamic_qconfig})
+        return quantize_dynamic(module, {nn.Linear: per_channel_dynamic_qconfig})  # a copy: inplace=False
 
 
 class Int8Decoding:
