@@ -1,9 +1,9 @@
 """atlas, the system. The Python API: `atlas.Atlas` (load, answer, fine-tune, evaluate, save) and `atlas.Index`
 (build, load, search, edit), with `atlas.Answer` the record an answer comes in.
 
-Core: `config`, `model` (retriever + reader wiring), `loading`, `build`, `evaluate`, `distributed`, `index`,
-`api`; rooms above it: `training/`, then the front ends `cli/`, `serve/`, `demo/`, `importing/`; below it:
-`knnlm/`. May import `tasks`, `retriever`, `reader`; those never import atlas."""
+Core: `config`, `model` (retriever + reader wiring), `loading`, `assembly`, `run_index`, `evaluate`, `distributed`,
+`real_size`, `api`, `index_api`; rooms above it: `training/`, then the front ends `cli/`, `serve/`, `demo/`,
+`importing/`; below it: `knnlm/`. May import `tasks`, `retriever`, `reader`; those never import atlas."""
 
 __all__ = ["Answer", "Atlas", "Index"]
 

@@ -70,11 +70,12 @@ class InferenceConfig:
     # every answer is a span of a passage read (constrained decoding, reader/span_constraint.py), for
     # extractive QA; closed-book examples and option scoring are unconstrained
     span_answers: bool = False
-    # "fp32": the reader's precision (the default, so that figures do not depend on the machine); "bf16": the
-    # encoder pass under bfloat16 autocast; "int8": the decoder and LM head with int8 weights, the encoder in
-    # float32 (CPU only: reader/int8_decoding.py); "auto": the encoder in bf16 where the hardware multiplies it
-    # natively (reader/encoder_precision.py), the decoder in int8 on a CPU. Training is unaffected.
-    precision: Literal["fp32", "bf16", "auto", "int8"] = "fp32"
+    # "auto" (the default): on a CPU "int8", where the answers held; elsewhere the encoder in bf16 where the
+    # hardware multiplies it natively. "fp32": every pass in float32, for figures that must not depend on the
+    # machine; "bf16": the encoder pass under bfloat16 autocast; "int8": the decoder and LM head with int8
+    # weights, the encoder in float32 (CPU only: reader/int8_decoding.py); "bf16-int8": both, the fastest on a
+    # CPU with native bf16, at some cost in answers (docs/results/speed.md). Training is unaffected.
+    precision: Literal["auto", "fp32", "bf16", "int8", "bf16-int8"] = "auto"
     # w of the retrieval prior: a copy head copies from retrieved passage k in proportion to its own pointer
     # times softmax_k(score_k / prior_temperature)^w (0 = off; readers with a copy head). Given passages
     # without retrieval scores get none.

@@ -25,6 +25,7 @@ from common.modeling import eval_mode
 from reader.dispersion_loss import mean_pairwise_cosine_distance
 from reader.fid import IGNORE_INDEX, FiDReader
 from reader.inputs import encode_reader_inputs, encode_targets
+from reader.int8_decoding import answering_plan
 from reader.span_constraint import PassageSpanConstraint, copied_spans
 from reader.surface import decode_answers, decoding_is_lossless
 from retriever.losses import RetrieverLoss
@@ -446,8 +447,9 @@ class AtlasModel(nn.Module):
 
     @torch.no_grad()
     def encode_for_answers(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """(B, K, L) reader inputs → (B, K, L, H) encoder states at `inference.precision`."""
-        return self.reader.encode(input_ids, attention_mask, precision=self.inference_config.precision)
+        """(B, K, L) reader inputs → (B, K, L, H) encoder states at `inference.precision`'s encoder precision."""
+        precision, _ = answering_plan(self.inference_config.precision, self.reader.seq2seq.device)
+        return self.reader.encode(input_ids, attention_mask, precision=precision)
 
     @torch.no_grad()
     def generate(

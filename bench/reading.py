@@ -8,7 +8,7 @@ search, Hugging Face's length penalty 1.0: the baseline), `lp0` (length penalty 
 by log-probability alone) and `span` (length penalty 0, answers constrained to spans of the passages
 read: `inference.span_answers`; `span-lp0.5` the same with length penalty 0.5), at every precision of
 --precisions (`fp32`; `bf16`: the encoder pass under bfloat16 autocast; `int8`: the decoder and LM head with
-int8 weights, `reader.int8_decoding`; `auto`: each where it pays; `inference.precision`),
+int8 weights, `reader.int8_decoding`; `bf16-int8`: both; `auto`: int8 on a CPU; `inference.precision`),
 every beam width of --beams (4 = the recipes' beam search, 1 = greedy) and every beam path of
 --beam-paths (`folded`: what `FiDReader.generate` does, keys/values of each example's passages
 projected and read once for all its beams, `reader.beam_attention`, and the decoder reading only the
@@ -43,7 +43,8 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from tasks.passage import Passage  # after the path: the bench runs as a script
+from reader.int8_decoding import ANSWERING_PRECISIONS  # after the path: the bench runs as a script
+from tasks.passage import Passage  # as above
 
 SQUAD_DEV = REPO_ROOT.parent / "shared" / "data" / "squad" / "dev-v1.1.json"
 SHIPPED = REPO_ROOT / "atlas" / "demo" / "atlas-reader"
@@ -235,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--precisions",
         default="fp32",
-        help="comma-separated inference precisions (fp32, bf16, int8, auto: `inference.precision`); "
+        help=f"comma-separated inference precisions ({', '.join(ANSWERING_PRECISIONS)}: `inference.precision`); "
         "each reader × decoding runs at each, in the same run",
     )
     parser.add_argument(
@@ -277,8 +278,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--beams {args.beams!r}: comma-separated positive integers")
     if not priors or min(priors) < 0:
         parser.error(f"--retrieval-priors {args.retrieval_priors!r}: comma-separated non-negative weights")
-    if not precisions or set(precisions) - {"fp32", "bf16", "int8", "auto"}:
-        parser.error(f"--precisions {args.precisions!r}: choose from fp32, bf16, int8, auto")
+    if not precisions or set(precisions) - set(ANSWERING_PRECISIONS):
+        parser.error(f"--precisions {args.precisions!r}: choose from {', '.join(ANSWERING_PRECISIONS)}")
     unknown = sorted(set(decodings) - set(DECODINGS))
     if unknown or not decodings:
         parser.error(f"--decodings: unknown {unknown}; choose from {list(DECODINGS)}")

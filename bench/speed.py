@@ -349,7 +349,7 @@ def reading_setup(args, retriever):
     return reader, tokenizer, task, examples, [e.passages for e in examples], k5
 
 
-READ_PRECISIONS = ("fp32", "int8", "bf16", "auto")
+READ_PRECISIONS = ("fp32", "int8", "bf16", "bf16-int8", "auto")
 
 
 def part_read(args, setup) -> dict:

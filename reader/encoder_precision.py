@@ -10,9 +10,9 @@ stay close to float32's (both measured: docs/results/retriever.md, "The cost of 
 keep their meaning (the same reader, eval mode, no grad); their change is
 measured by bench/gold_signal.py (`--gold-precision fp32,bf16`). Only the encoder runs in bfloat16: the
 decoder passes that turn states into likelihoods and attention masses stay in the reader's precision.
-Answering (`inference.precision`, off by default so that figures do not depend on the machine)
-runs its encoder pass the same way; its decoder stays in the reader's precision (autocast slowed the
-small per-step products of beam search on CPU).
+Answering runs its encoder pass the same way at `inference.precision: bf16` or `bf16-int8` (and `auto` on a
+GPU; on a CPU `auto` keeps the encoder in float32, where a bf16 encoder moved answers); its decoder is never
+autocast (autocast slowed the small per-step products of beam search on CPU).
 
 Not kept for the encoder: PyTorch's dynamic int8 quantisation (per-tensor activation scales) is faster still, but
 MiniLM's activation outliers against per-tensor scales move its states far more, enough to change `adist`'s gold

@@ -43,7 +43,7 @@ from reader.cross_attention_bias import has_cross_attention_bias, load_cross_att
 from reader.embedding_init import transfer_token_embeddings
 from reader.encoder_precision import precision_autocast, resolve_precision
 from reader.inputs import IGNORE_INDEX  # noqa: F401  (re-exported: atlas imports it from reader.fid)
-from reader.int8_decoding import Int8Decoding, int8_supported
+from reader.int8_decoding import Int8Decoding, answering_plan
 from reader.reader_config import ReaderConfig
 from reader.span_constraint import DeviceSpanConstraint, PassageSpanConstraint, StepPrefixConstraint
 from reader.t5_untied import UntiedT5ForConditionalGeneration, saved_untied
@@ -150,8 +150,8 @@ class FiDReader(nn.Module):
         Returns:
             (B, K, L, H) encoder states in the encoder's dtype (with gradient when grad is enabled).
         """
-        if precision == "int8" or (precision == "auto" and torch.is_grad_enabled()):
-            precision = "fp32"  # int8 is the decoder's alone (`reader.int8_decoding`)
+        if precision == "auto" and torch.is_grad_enabled():
+            precision = "fp32"
         precision = resolve_precision(precision, self.seq2seq.encoder)
         state_dtype = next(self.seq2seq.encoder.parameters()).dtype
         batch, n_passages, length = input_ids.shape
@@ -276,11 +276,10 @@ class FiDReader(nn.Module):
             prefix_allowed_tokens_fn: constrained decoding, `(example index, ids so far (T,)) → allowed
                 next ids` (e.g. `reader.span_constraint.PassageSpanConstraint`).
             length_penalty: beam search ranks by log-probability / length**length_penalty.
-            precision: "fp32", "bf16" or "auto" (`reader.encoder_precision`) of the encoder pass (when
-                `encoder_states` is None), or "int8": the encoder in float32, the decoder and LM head in int8
-                (`reader.int8_decoding`; "auto" decodes in int8 too on a CPU, where it kept SQuAD EM within 0.5);
-                otherwise the decoder runs at the reader's precision (bfloat16 autocast
-                slowed its small per-step products on CPU: bench/reading.py).
+            precision: an `inference.precision` (`reader.int8_decoding.answering_plan`): the encoder pass's
+                precision (when `encoder_states` is None) and whether the decoder and LM head run in int8
+                ("int8", "bf16-int8", and "auto" on a CPU, in eval mode); otherwise the decoder runs at the
+                reader's precision (bfloat16 autocast slowed its small per-step products on CPU: bench/reading.py).
             pack_passages: False decodes over the padded K·L layout (`fuse`): the same answers, slower
                 (the baseline of bench/reading.py's `--beam-paths unpacked`).
             passage_log_prior: (B, K) log-weights of the passages (e.g. `passage_log_prior` of their
@@ -291,11 +290,10 @@ class FiDReader(nn.Module):
         """
         # long: the one entry of every decoding path (greedy, beam, span answers, packed passages, copy head), each
         # branch a few lines
+        encoder_precision, int8 = answering_plan(precision, next(self.seq2seq.parameters()).device)
         if encoder_states is None:
-            encoder_states = self.encode(input_ids, attention_mask, precision=precision)
-        if precision == "int8" or (
-            precision == "auto" and not self.seq2seq.training and int8_supported(encoder_states.device)
-        ):
+            encoder_states = self.encode(input_ids, attention_mask, precision=encoder_precision)
+        if int8 and (precision != "auto" or not self.seq2seq.training):
             with self.int8_decoding.applied(self.seq2seq):
                 return self.generate(
                     *(input_ids, attention_mask, max_length, num_beams, encoder_states, prefix_allowed_tokens_fn),

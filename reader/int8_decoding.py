@@ -1,4 +1,4 @@
-"""Decoding with int8 linear layers: `inference.precision: int8`.
+"""Decoding with int8 linear layers: `inference.precision: int8` (and `bf16-int8`, and `auto` on a CPU).
 
 The decoder's and the LM head's linear layers are swapped for PyTorch's dynamically quantised ones (int8
 weights per output channel, activations quantised per batch on the fly) while `generate` runs; the encoder
@@ -24,6 +24,24 @@ def int8_supported(device: torch.device) -> bool:
     or Arm."""
     engines = set(torch.backends.quantized.supported_engines)
     return device.type == "cpu" and bool(engines & {"x86", "fbgemm", "onednn", "qnnpack"})
+
+
+# What `inference.precision` may say: the encoder pass's precision and whether the decoder runs in int8
+ANSWERING_PRECISIONS = ("auto", "fp32", "bf16", "int8", "bf16-int8")
+
+
+def answering_plan(precision: str, device: torch.device) -> tuple[str, bool]:
+    """An `inference.precision` → (the encoder pass's precision for `FiDReader.encode`: "fp32", "bf16" or "auto";
+    whether the decoder and LM head run in int8). "auto": int8 decoding and a float32 encoder where `device` can
+    decode in int8 (a CPU: the answers held, while a bf16 encoder moved some: docs/results/speed.md), else the
+    encoder in bf16 where the hardware multiplies it natively. ValueError for an unknown name."""
+    if precision not in ANSWERING_PRECISIONS:
+        raise ValueError(f"unknown inference precision {precision!r}; valid: {list(ANSWERING_PRECISIONS)}")
+    if precision == "auto":
+        return ("fp32", True) if int8_supported(device) else ("auto", False)
+    return {"fp32": ("fp32", False), "bf16": ("bf16", False), "int8": ("fp32", True), "bf16-int8": ("bf16", True)}[
+        precision
+    ]
 
 
 def quantized_copy(module: nn.Module) -> nn.Module:

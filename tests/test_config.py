@@ -419,7 +419,7 @@ def test_spellings_from_before_a_release_are_refused_naming_the_key(tmp_path, te
         (
             "inference:\n  precision: fp16\n",
             [],
-            r"'inference\.precision' must be one of 'fp32', 'bf16', 'auto'",
+            r"'inference\.precision' must be one of 'auto', 'fp32', 'bf16', 'int8', 'bf16-int8'",
         ),
     ],
 )

@@ -195,6 +195,7 @@ def config_from_options(opt: Any, *, tied: bool, closed_book: bool, source: str)
         length_penalty=float(_option(opt, "generation_length_penalty", base.inference.length_penalty)),
         restore_surface=False,  # the reference decodes with the tokenizer alone, whatever the tokenizer
         reference_decoding=True,  # and with transformers 4's decode(skip_special_tokens=True)
+        precision="fp32",  # in the reference's own arithmetic (no int8 or bf16 the reference never ran)
     )
     refresh = str(_option(opt, "refresh_index", "-1"))
     index = dataclasses.replace(
@@ -562,7 +563,7 @@ def import_fid_reader(
     """Import a facebookresearch/FiD reader folder (config.json + FiDT5 weights) as a plain
     HF T5 reader folder at `out` (with the reader tokenizer), usable as `reader.model=OUT`; its `atlas.yaml`
     keeps answers decoded as the reference decoded them (`inference.restore_surface: false`,
-    `inference.reference_decoding: true`).
+    `inference.reference_decoding: true`, `inference.precision: fp32`).
 
     tokenizer: a local tokenizer folder (default: `src` when it holds one). Written atomically.
     """
@@ -584,8 +585,8 @@ def import_fid_reader(
             os.replace(item, tmp / item.name)
         (tmp / "reader").rmdir()
         reader_tokenizer.save_pretrained(str(tmp))
-        # FiD decodes with the tokenizer alone, transformers 3's decode(skip_special_tokens=True)
-        settings = {"inference": {"restore_surface": False, "reference_decoding": True}}
+        # FiD decodes with the tokenizer alone, transformers 3's decode(skip_special_tokens=True), in float32
+        settings = {"inference": {"restore_surface": False, "reference_decoding": True, "precision": "fp32"}}
         atomic_write_text(tmp / READER_SETTINGS_FILE, yaml.safe_dump(settings, sort_keys=False))
         atomic_write_json(
             tmp / "import.json",

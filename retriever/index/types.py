@@ -140,7 +140,7 @@ def build_faiss_index(spec: str, dim: int, metric: Metric = "ip") -> faiss.Index
     parse_spec(spec, dim)
     index = faiss.index_factory(dim, spec.strip(), FAISS_METRICS[metric])
     # The factory turns on polysemous training for PQ codes: a simulated-annealing pass that
-    # only serves Hamming-filtered search (unused here) and dominates training time (~100x).
+    # only serves Hamming-filtered search (unused here) and would dominate training time.
     # (downcast: `try_extract_index_ivf` returns the IndexIVF base class, which has no such flag)
     inner = faiss.downcast_index(faiss.try_extract_index_ivf(index) or search_parameters_target(index))
     if hasattr(inner, "do_polysemous_training"):

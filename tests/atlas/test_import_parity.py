@@ -776,13 +776,18 @@ def test_imported_answers_are_the_references_for_any_generation(spm_imported):
 
 def test_both_imports_decode_as_the_reference(imported_atlas, imported_fid):
     """An imported Atlas run (its config.yaml) and an imported FiD reader (its atlas.yaml) decode as their
-    references; a model of this project's own keeps the tokenizer's decode."""
+    references, in float32; a model of this project's own keeps the tokenizer's decode, at `auto`."""
     from atlas.config import InferenceConfig
     from atlas.loading import checkpoint_config, model_spec
 
-    assert checkpoint_config(imported_atlas["folder"]).inference.reference_decoding is True
-    assert model_spec(imported_fid["folder"]).config.inference.reference_decoding is True
+    for inference in (
+        checkpoint_config(imported_atlas["folder"]).inference,
+        model_spec(imported_fid["folder"]).config.inference,
+    ):
+        assert inference.reference_decoding is True
+        assert inference.precision == "fp32"  # the reference's arithmetic, not the int8 decoding of `auto`
     assert InferenceConfig().reference_decoding is False
+    assert InferenceConfig().precision == "auto"
 
 
 def test_byte_pieces_are_printed_as_the_references_fast_tokenizer_printed_them(tmp_path, tiny_encoder_path):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reader.int8_decoding import Int8Decoding, int8_supported, quantized_copy
+from reader.int8_decoding import Int8Decoding, answering_plan, int8_supported, quantized_copy
 from tests.reader.conftest import random_batch
 
 
@@ -78,10 +78,39 @@ def test_quantized_copy_is_per_channel_and_leaves_the_original():
     torch.testing.assert_close(copy(x), linear(x), atol=0.05, rtol=0.05)
 
 
-def test_auto_decodes_in_int8_on_a_cpu(reader):
+def test_auto_is_int8_on_a_cpu_with_a_float32_encoder(reader):
+    """On a CPU `auto` decodes as `int8` does, its encoder in float32 even where bf16 is native (a bf16 encoder
+    moved answers); `bf16-int8` is both."""
     input_ids, mask, _ = random_batch()
     auto = reader.generate(input_ids, mask, max_length=5, num_beams=2, precision="auto")
     assert reader.int8_decoding._key is not None  # the int8 copies were made and used
-    states = reader.encode(input_ids, mask, precision="auto")
+    states = reader.encode(input_ids, mask, precision="fp32")
     int8 = reader.generate(input_ids, mask, max_length=5, num_beams=2, precision="int8", encoder_states=states)
     assert torch.equal(auto, int8)
+    bf16_states = reader.encode(input_ids, mask, precision="bf16")
+    both = reader.generate(input_ids, mask, max_length=5, num_beams=2, precision="bf16-int8")
+    assert torch.equal(
+        both, reader.generate(input_ids, mask, max_length=5, num_beams=2, precision="int8", encoder_states=bf16_states)
+    )
+
+
+@pytest.mark.parametrize(
+    ("precision", "device", "plan"),
+    [
+        ("auto", "cpu", ("fp32", True)),
+        ("auto", "cuda", ("auto", False)),  # bf16 where the GPU multiplies it natively
+        ("fp32", "cpu", ("fp32", False)),
+        ("bf16", "cpu", ("bf16", False)),
+        ("int8", "cpu", ("fp32", True)),
+        ("bf16-int8", "cpu", ("bf16", True)),
+    ],
+)
+def test_each_inference_precision_says_the_encoders_precision_and_whether_to_decode_in_int8(precision, device, plan):
+    if device == "cpu" and not int8_supported(torch.device("cpu")):
+        pytest.skip("this PyTorch has no quantised engine for this CPU")
+    assert answering_plan(precision, torch.device(device)) == plan
+
+
+def test_an_unknown_inference_precision_names_the_valid_ones():
+    with pytest.raises(ValueError, match=r"unknown inference precision 'fp16'; valid: \['auto', 'fp32'"):
+        answering_plan("fp16", torch.device("cpu"))
