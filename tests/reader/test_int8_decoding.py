@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reader.int8_decoding import Int8Decoding, answering_plan, int8_supported, quantized_copy
+from reader.int8_decoding import ANSWERING_PRECISIONS, Int8Decoding, answering_plan, int8_supported, quantized_copy
 from tests.reader.conftest import random_batch
 
 
@@ -114,3 +114,11 @@ def test_each_inference_precision_says_the_encoders_precision_and_whether_to_dec
 def test_an_unknown_inference_precision_names_the_valid_ones():
     with pytest.raises(ValueError, match=r"unknown inference precision 'fp16'; valid: \['auto', 'fp32'"):
         answering_plan("fp16", torch.device("cpu"))
+
+
+def test_the_config_accepts_exactly_the_precisions_the_reader_answers_at():
+    import typing
+
+    from atlas.config import InferenceConfig
+
+    assert typing.get_args(typing.get_type_hints(InferenceConfig)["precision"]) == ANSWERING_PRECISIONS
