@@ -43,7 +43,7 @@ from reader.cross_attention_bias import has_cross_attention_bias, load_cross_att
 from reader.embedding_init import transfer_token_embeddings
 from reader.encoder_precision import precision_autocast, resolve_precision
 from reader.inputs import IGNORE_INDEX  # noqa: F401  (re-exported: atlas imports it from reader.fid)
-from reader.int8_decoding import Int8Decoding, answering_plan
+from reader.int8_decoding import Int8Decoding, answering_plan, partitioned
 from reader.reader_config import ReaderConfig
 from reader.span_constraint import DeviceSpanConstraint, PassageSpanConstraint, StepPrefixConstraint
 from reader.t5_untied import UntiedT5ForConditionalGeneration, saved_untied
@@ -278,8 +278,9 @@ class FiDReader(nn.Module):
             length_penalty: beam search ranks by log-probability / length**length_penalty.
             precision: an `inference.precision` (`reader.int8_decoding.answering_plan`): the encoder pass's
                 precision (when `encoder_states` is None) and whether the decoder and LM head run in int8
-                ("int8", "bf16-int8", and "auto" on a CPU, in eval mode); otherwise the decoder runs at the
-                reader's precision (bfloat16 autocast slowed its small per-step products on CPU: bench/reading.py).
+                ("int8", "bf16-int8", and "auto" on a CPU in eval mode, the weights not partitioned by ZeRO-3);
+                otherwise the decoder runs at the reader's precision (bfloat16 autocast slowed its small
+                per-step products on CPU: bench/reading.py).
             pack_passages: False decodes over the padded K·L layout (`fuse`): the same answers, slower
                 (the baseline of bench/reading.py's `--beam-paths unpacked`).
             passage_log_prior: (B, K) log-weights of the passages (e.g. `passage_log_prior` of their
@@ -293,7 +294,7 @@ class FiDReader(nn.Module):
         encoder_precision, int8 = answering_plan(precision, next(self.seq2seq.parameters()).device)
         if encoder_states is None:
             encoder_states = self.encode(input_ids, attention_mask, precision=encoder_precision)
-        if int8 and (precision != "auto" or not self.seq2seq.training):
+        if int8 and (precision != "auto" or not (self.seq2seq.training or partitioned(self.seq2seq.decoder))):
             with self.int8_decoding.applied(self.seq2seq):
                 return self.generate(
                     *(input_ids, attention_mask, max_length, num_beams, encoder_states, prefix_allowed_tokens_fn),

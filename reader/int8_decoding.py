@@ -44,6 +44,12 @@ def answering_plan(precision: str, device: torch.device) -> tuple[str, bool]:
     ]
 
 
+def partitioned(module: nn.Module) -> bool:
+    """Whether DeepSpeed ZeRO-3 holds `module`'s weights partitioned over the ranks (`ds_id` on its parameters):
+    each rank's tensors are empty outside a forward, so there is no whole weight to quantise."""
+    return any(hasattr(p, "ds_id") for p in module.parameters())
+
+
 def quantized_copy(module: nn.Module) -> nn.Module:
     """A copy of `module` whose `nn.Linear` layers are dynamically quantised to int8, weights per channel."""
     with warnings.catch_warnings():  # the migration notice to torchao: the eager API is what runs here
@@ -74,6 +80,11 @@ class Int8Decoding:
         device = next(seq2seq.parameters()).device
         if not int8_supported(device):
             raise ValueError(f"inference.precision int8 runs on a CPU only, not on {device}")
+        if partitioned(seq2seq):
+            raise ValueError(
+                "inference.precision int8 needs each rank to hold the whole decoder, which DeepSpeed ZeRO-3 "
+                "partitions: answer at fp32 or auto (auto then decodes in float32)"
+            )
         key = self._weights_key(seq2seq)
         if key != self._key:
             self._parts = {name: quantized_copy(getattr(seq2seq, name)) for name in ("decoder", "lm_head")}

@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reader.int8_decoding import ANSWERING_PRECISIONS, Int8Decoding, answering_plan, int8_supported, quantized_copy
+from reader.int8_decoding import (
+    ANSWERING_PRECISIONS,
+    Int8Decoding,
+    answering_plan,
+    int8_supported,
+    quantized_copy,
+)
 from tests.reader.conftest import random_batch
 
 
@@ -122,3 +128,20 @@ def test_the_config_accepts_exactly_the_precisions_the_reader_answers_at():
     from atlas.config import InferenceConfig
 
     assert typing.get_args(typing.get_type_hints(InferenceConfig)["precision"]) == ANSWERING_PRECISIONS
+
+
+def test_weights_partitioned_by_zero3_decode_in_float32_at_auto_and_refuse_int8(reader):
+    """Under DeepSpeed ZeRO-3 each rank's parameters are empty outside a forward (DeepSpeed marks them with
+    `ds_id`): `auto` answers in float32 there, and an explicit int8 says why it cannot."""
+    input_ids, mask, _ = random_batch()
+    fp32 = reader.generate(input_ids, mask, max_length=5, num_beams=2, precision="fp32")
+    for param in reader.seq2seq.parameters():
+        param.ds_id = 0  # DeepSpeed's own marker of a partitioned parameter
+    try:
+        auto = reader.generate(input_ids, mask, max_length=5, num_beams=2, precision="auto")
+        assert torch.equal(auto, fp32) and reader.int8_decoding._key is None  # no int8 copies made
+        with pytest.raises(ValueError, match="DeepSpeed ZeRO-3 partitions: answer at fp32 or auto"):
+            reader.generate(input_ids, mask, max_length=5, precision="int8")
+    finally:
+        for param in reader.seq2seq.parameters():
+            del param.ds_id
